@@ -1,0 +1,83 @@
+# qlm build. `make` builds build/qlm; `make test` sets up what is missing and runs every test;
+# `make asan` runs the suite under AddressSanitizer + UndefinedBehaviorSanitizer;
+# `make CUDA=1` also compiles the CUDA backend with nvcc; `make run` runs the main job.
+
+CC      ?= gcc
+NVCC    ?= nvcc
+BUILD   ?= build
+OPT     ?= -O2
+CFLAGS  += -std=c11 $(OPT) -g -Wall -Wextra -D_GNU_SOURCE -fopenmp -I. $(shell pkg-config --cflags libpcre2-8 libcjson 2>/dev/null)
+LDLIBS  += -lcjson -lpcre2-8 -lopenblas -lm -lpthread -fopenmp
+TEST_LDLIBS = -lcmocka
+
+LIB_SRCS  := $(wildcard core/*.c quant/*.c loaders/*.c lora/*.c)
+CLI_SRCS  := $(wildcard cli/*.c)
+TEST_SRCS := $(wildcard tests/test_*.c)
+BENCH_SRCS := $(wildcard bench/*.c)
+
+ifeq ($(CUDA),1)
+CUDA_SRCS := $(wildcard cuda/*.cu)
+CUDA_OBJS := $(CUDA_SRCS:%.cu=$(BUILD)/%.o)
+CFLAGS    += -DQLM_WITH_CUDA
+LDLIBS    += -L/usr/local/cuda/lib64 -lcudart -lcublas -lcublasLt -lstdc++
+NVCCFLAGS ?= -O2 -std=c++17 -arch=sm_90 -I. -Xcompiler -Wall,-Wextra
+else
+CUDA_SRCS := cuda/backend_absent.c
+CUDA_OBJS := $(BUILD)/cuda/backend_absent.o
+endif
+
+LIB_OBJS  := $(LIB_SRCS:%.c=$(BUILD)/%.o) $(CUDA_OBJS)
+CLI_OBJS  := $(CLI_SRCS:%.c=$(BUILD)/%.o)
+TEST_BINS := $(TEST_SRCS:tests/%.c=$(BUILD)/tests/%)
+LIB       := $(BUILD)/libqlm.a
+
+.PHONY: all test asan run bench clean setup check-tests
+
+all: $(BUILD)/qlm
+
+$(BUILD)/%.o: %.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -MMD -MP -c $< -o $@
+
+$(BUILD)/%.o: %.cu
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVCCFLAGS) -c $< -o $@
+
+$(LIB): $(LIB_OBJS)
+	@rm -f $@
+	ar rcs $@ $^
+
+$(BUILD)/qlm: $(CLI_OBJS) $(LIB)
+	$(CC) $(CFLAGS) -o $@ $(CLI_OBJS) $(LIB) $(LDLIBS)
+
+$(BUILD)/tests/%: tests/%.c tests/test_util.h $(LIB)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -o $@ $< $(LIB) $(LDLIBS) $(TEST_LDLIBS)
+
+$(BUILD)/bench/%: bench/%.c $(LIB)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -o $@ $< $(LIB) $(LDLIBS)
+
+setup:
+	@scripts/setup.sh
+
+check-tests: $(BUILD)/qlm $(TEST_BINS)
+	@QLM_BIN=$(abspath $(BUILD)/qlm) scripts/run_tests.sh $(TEST_BINS)
+
+test: setup
+	@$(MAKE) --no-print-directory check-tests
+
+asan: setup
+	@$(MAKE) --no-print-directory BUILD=build/asan OPT="-O1 -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=undefined" \
+		check-tests
+
+run: setup $(BUILD)/qlm
+	@scripts/run_main_job.sh $(BUILD)/qlm
+
+bench: setup $(BUILD)/qlm
+	@scripts/bench.sh $(BUILD)/qlm
+
+clean:
+	rm -rf build
+
+-include $(shell find $(BUILD) -name '*.d' 2>/dev/null)

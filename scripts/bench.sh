@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# `make bench`: measures qlm on the default model (SmolLM2-135M-Instruct) in F32, BF16 and INT8
+# on this machine, in one run, and writes docs/benchmarks.md. Ratios matter more than absolute
+# numbers: the decode rate is compared with the memory-bandwidth bound measured in the same run.
+# If the Python package llama_cpp (llama-cpp-python) is importable, llama.cpp is measured on the
+# same model converted to Q8_0 for comparison (dev-time only; never part of qlm).
+set -euo pipefail
+qlm=${1:-build/qlm}
+cd "$(dirname "$0")/.."
+cache="${QLM_CACHE:-$HOME/.cache/qlm}"
+gguf="$cache/SmolLM2-135M-Instruct.Q4_1.gguf"
+reps=${QLM_BENCH_REPS:-3}
+threads=$(nproc)
+out=docs/benchmarks.md
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+
+calc() { awk "BEGIN { printf \"%.6f\", $1 }"; }
+json_field() { sed -n "s/.*\"$2\": \"\{0,1\}\([^,\"}]*\).*/\1/p" "$1"; }
+
+rows=()
+for spec in "f32:" "bf16:" "f16:" "int8:" "int8:--per-channel"; do
+    dt=${spec%%:*}; extra=${spec#*:}
+    echo "bench: $dt $extra ..." >&2
+    "$qlm" bench -m "$gguf" --dtype "$dt" $extra --pp 512 --tg 128 --reps "$reps" --json > "$tmp/$dt$extra.json"
+    rows+=("$tmp/$dt$extra.json")
+done
+
+llama_cpp=""
+if python3 -c "import llama_cpp" 2>/dev/null; then
+    echo "bench: llama.cpp (llama-cpp-python) ..." >&2
+    llama_cpp=$(python3 bench/llama_cpp_bench.py "$gguf" "$threads" 2>/dev/null || true)
+fi
+
+{
+    echo "# Benchmarks"
+    echo
+    echo "Written by \`make bench\` on $(date -u +%Y-%m-%d) ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), $threads threads,"
+    echo "kernels: $(json_field "${rows[0]}" isa)). Model: SmolLM2-135M-Instruct (the default model; GGUF Q4_1 dequantized, then stored"
+    echo "in the dtype of each row). pp512: prompt processing of 512 tokens; tg128: decoding 128 tokens one by one."
+    echo "Mean and sd over $reps repetitions."
+    echo
+    echo "| weights | weight MiB/token | pp512 tok/s | tg128 tok/s | bandwidth bound tok/s | tg / bound | peak RSS MiB |"
+    echo "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"
+    for f in "${rows[@]}"; do
+        printf "| %s | %.1f | %.1f ± %.1f | %.1f ± %.1f | %.1f | %.0f%% | %.0f |\n" "$(json_field "$f" dtype)" \
+            "$(calc "$(json_field "$f" weight_bytes) / 1048576")" "$(json_field "$f" pp_tps)" "$(json_field "$f" pp_sd)" \
+            "$(json_field "$f" tg_tps)" "$(json_field "$f" tg_sd)" "$(json_field "$f" tg_bound_tps)" \
+            "$(calc "100 * $(json_field "$f" tg_fraction_of_bound)")" "$(json_field "$f" peak_rss_mib)"
+    done
+    bf16=$(json_field "$tmp/bf16.json" tg_tps); i8=$(json_field "$tmp/int8.json" tg_tps); i8pc=$(json_field "$tmp/int8--per-channel.json" tg_tps)
+    echo
+    printf "Memory bandwidth measured in the same run: %.1f GB/s (best of several multi-threaded read passes).\n\n" \
+        "$(json_field "$tmp/int8.json" bandwidth_gbs)"
+    printf -- "- INT8 decode / BF16 decode: **%.2fx** per tensor, **%.2fx** per channel (target ≥ 1.6x).\n" \
+        "$(calc "$i8 / $bf16")" "$(calc "$i8pc / $bf16")"
+    printf -- "- INT8 decode / bandwidth bound: **%.0f%%** (target ≥ 60%%).\n" \
+        "$(calc "100 * $(json_field "$tmp/int8.json" tg_fraction_of_bound)")"
+    if [ -n "$llama_cpp" ]; then
+        echo "- llama.cpp (llama-cpp-python, same model requantized to Q8_0, $threads threads, same run): $llama_cpp"
+    else
+        echo "- llama.cpp: not measured (the Python package llama_cpp is not installed on this machine)."
+    fi
+    echo
+    echo "Reproduce: \`make bench\` (set QLM_BENCH_REPS to change the repetitions)."
+} > "$out.tmp"
+mv "$out.tmp" "$out"
+cat "$out"

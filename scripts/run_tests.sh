@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Runs each cmocka test program given as an argument from the repository root and prints
+# one closing line "N passed, N failed, N skipped". Exits non-zero if any test failed.
+set -u
+passed=0 failed=0 skipped=0 broken=()
+for t in "$@"; do
+    name=$(basename "$t")
+    log=$(mktemp)
+    "$t" >"$log" 2>&1
+    rc=$?
+    cat "$log"
+    p=$(sed -n 's/^\[  PASSED  \] \([0-9]*\) test.*/\1/p' "$log" | tail -n1)
+    f=$(sed -n 's/^\[  FAILED  \] \([0-9]*\) test.*/\1/p' "$log" | tail -n1)
+    s=$(sed -n 's/^\[  SKIPPED \] \([0-9]*\) test.*/\1/p' "$log" | tail -n1)
+    passed=$((passed + ${p:-0})) failed=$((failed + ${f:-0})) skipped=$((skipped + ${s:-0}))
+    if [ "$rc" -ne 0 ] && [ -z "$f" ]; then
+        failed=$((failed + 1)); broken+=("$name (exit $rc)")
+    elif [ -n "$f" ]; then
+        broken+=("$name")
+    fi
+    rm -f "$log"
+done
+[ ${#broken[@]} -eq 0 ] || printf 'failing programs: %s\n' "${broken[*]}"
+echo "$passed passed, $failed failed, $skipped skipped"
+[ "$failed" -eq 0 ]

