@@ -1,0 +1,35 @@
+/* Architecture hyper-parameters of a Llama-family decoder, as read from config.json,
+ * GGUF metadata or a llama2.c header. */
+#ifndef QLM_CONFIG_H
+#define QLM_CONFIG_H
+
+typedef struct {
+    char arch[32];      /* "llama", "qwen2", ... (informational) */
+    int dim;            /* hidden_size */
+    int hidden_dim;     /* intermediate_size */
+    int n_layers;
+    int n_heads;
+    int n_kv_heads;
+    int head_dim;       /* usually dim / n_heads */
+    int vocab_size;
+    int max_seq_len;    /* max_position_embeddings */
+    float rope_theta;
+    float norm_eps;
+    int tie_embeddings; /* lm_head shares the token embedding */
+    int attn_bias;      /* q/k/v projections have a bias (Qwen2) */
+    int attn_out_bias;  /* o_proj has a bias */
+    int mlp_bias;       /* gate/up/down have a bias */
+    /* Llama 3.x "rope_scaling": {"rope_type": "llama3", ...}; factor 0 means none. */
+    float rope_scale_factor;
+    float rope_low_freq_factor;
+    float rope_high_freq_factor;
+    int rope_orig_max_pos;
+    int bos_id;         /* -1 when unknown */
+    int eos_id;         /* -1 when unknown */
+} qlm_llama_config;
+
+/* Checks that the numbers are positive and consistent (heads divide, GQA groups, ...).
+ * `source` names the file for the message. */
+int qlm_config_validate(const qlm_llama_config *c, const char *source);
+
+#endif

@@ -1,0 +1,53 @@
+/* A generation session: one sequence, its KV cache, and the tokens in it. Prompts are
+ * prefilled in batches; new tokens are sampled and streamed as text through a callback;
+ * generation stops on an end-of-generation token, a stop string, max_new_tokens, or a
+ * full context. Later turns reuse the cached prefix. */
+#ifndef QLM_GENERATE_H
+#define QLM_GENERATE_H
+
+#include <stddef.h>
+
+#include "model.h"
+#include "sampler.h"
+#include "tokenizer.h"
+
+typedef struct {
+    qlm_sampling sampling;
+    int max_new_tokens;
+    const char *const *stop; /* stop strings (not included in the output) */
+    int n_stop;
+    int *out_ids; /* NULL, or room for max_new_tokens generated ids (EOS not included) */
+} qlm_gen_params;
+
+typedef enum { QLM_STOP_EOS, QLM_STOP_STRING, QLM_STOP_LENGTH, QLM_STOP_CONTEXT, QLM_STOP_CALLER } qlm_stop_reason;
+
+typedef struct {
+    int n_prompt;      /* prompt tokens evaluated (after prefix reuse) */
+    int n_generated;
+    qlm_stop_reason reason;
+    double prefill_seconds, decode_seconds;
+} qlm_gen_stats;
+
+/* Receives generated text as it is produced; return non-zero to stop. */
+typedef int (*qlm_emit_fn)(void *user, const char *text, size_t len);
+
+typedef struct {
+    const qlm_model *model;
+    const qlm_tokenizer *tok;
+    qlm_kv_state state;
+    int *tokens; /* tokens whose keys/values are in the cache */
+    int n_tokens;
+    float *logits; /* logits after the last evaluated token */
+    int have_logits;
+} qlm_session;
+
+int qlm_session_init(qlm_session *s, const qlm_model *m, const qlm_tokenizer *tok, int ctx, int max_batch);
+void qlm_session_free(qlm_session *s);
+/* Makes the cache hold exactly ids[0..n): keeps the longest common prefix, evaluates the rest. */
+int qlm_session_sync(qlm_session *s, const int *ids, int n, qlm_gen_stats *stats);
+/* Samples up to p->max_new_tokens tokens after the current ones, streaming text to emit. */
+int qlm_session_generate(qlm_session *s, const qlm_gen_params *p, qlm_emit_fn emit, void *user,
+                         qlm_gen_stats *stats);
+const char *qlm_stop_reason_name(qlm_stop_reason r);
+
+#endif

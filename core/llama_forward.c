@@ -1,0 +1,130 @@
+/* The Llama forward pass over a KV cache, written once against the backend op table. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "error.h"
+#include "model.h"
+
+int qlm_state_init(qlm_kv_state *s, const qlm_model *m, int max_seq, int max_batch) {
+    const qlm_llama_config *c = &m->cfg;
+    const qlm_backend *be = m->be;
+    memset(s, 0, sizeof *s);
+    if (max_seq <= 0 || max_batch <= 0) return qlm_errorf("context and batch sizes must be positive");
+    s->max_seq = max_seq;
+    s->max_batch = max_batch;
+    size_t kv_dim = (size_t)c->n_kv_heads * c->head_dim, q_dim = (size_t)c->n_heads * c->head_dim;
+    size_t B = (size_t)max_batch;
+    s->k_cache = calloc((size_t)c->n_layers, sizeof *s->k_cache);
+    s->v_cache = calloc((size_t)c->n_layers, sizeof *s->v_cache);
+    if (!s->k_cache || !s->v_cache) goto oom;
+    for (int l = 0; l < c->n_layers; l++) {
+        s->k_cache[l] = be->alloc((size_t)max_seq * kv_dim * sizeof(float));
+        s->v_cache[l] = be->alloc((size_t)max_seq * kv_dim * sizeof(float));
+        if (!s->k_cache[l] || !s->v_cache[l]) goto oom;
+    }
+    size_t xb_dim = (size_t)c->dim > q_dim ? (size_t)c->dim : q_dim;
+    s->x = be->alloc(B * c->dim * sizeof(float));
+    s->xb = be->alloc(B * xb_dim * sizeof(float));
+    s->q = be->alloc(B * q_dim * sizeof(float));
+    s->k = be->alloc(B * kv_dim * sizeof(float));
+    s->v = be->alloc(B * kv_dim * sizeof(float));
+    s->att = be->alloc(B * q_dim * sizeof(float));
+    s->hb = be->alloc(B * c->hidden_dim * sizeof(float));
+    s->hb2 = be->alloc(B * c->hidden_dim * sizeof(float));
+    s->logits_rows = be->alloc(B * c->dim * sizeof(float));
+    if (!s->x || !s->xb || !s->q || !s->k || !s->v || !s->att || !s->hb || !s->hb2 || !s->logits_rows) goto oom;
+    return 0;
+oom:
+    qlm_state_free(s, m);
+    return qlm_errorf("out of memory for a KV cache of %d positions (%.1f MiB)", max_seq,
+                      2.0 * c->n_layers * max_seq * kv_dim * sizeof(float) / 1048576.0);
+}
+
+void qlm_state_free(qlm_kv_state *s, const qlm_model *m) {
+    const qlm_backend *be = m->be;
+    if (s->k_cache)
+        for (int l = 0; l < m->cfg.n_layers; l++) be->free(s->k_cache[l]);
+    if (s->v_cache)
+        for (int l = 0; l < m->cfg.n_layers; l++) be->free(s->v_cache[l]);
+    free(s->k_cache);
+    free(s->v_cache);
+    float *bufs[] = {s->x, s->xb, s->q, s->k, s->v, s->att, s->hb, s->hb2, s->logits_rows};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) be->free(bufs[i]);
+    memset(s, 0, sizeof *s);
+}
+
+static void attention_forward(const qlm_model *m, const qlm_layer *L, qlm_kv_state *s, int l, const int *pos,
+                              int n) {
+    const qlm_llama_config *c = &m->cfg;
+    const qlm_backend *be = m->be;
+    int kv_dim = c->n_kv_heads * c->head_dim;
+    be->rmsnorm(s->xb, s->x, L->attn_norm, n, c->dim, c->norm_eps);
+    be->matmul(s->q, s->xb, n, &L->wq, L->bq);
+    be->matmul(s->k, s->xb, n, &L->wk, L->bk);
+    be->matmul(s->v, s->xb, n, &L->wv, L->bv);
+    be->rope(s->q, n, pos, c->n_heads, c->head_dim, m->inv_freq);
+    be->rope(s->k, n, pos, c->n_kv_heads, c->head_dim, m->inv_freq);
+    for (int i = 0; i < n; i++) {
+        be->copy(s->k_cache[l] + (size_t)pos[i] * kv_dim, s->k + (size_t)i * kv_dim, kv_dim);
+        be->copy(s->v_cache[l] + (size_t)pos[i] * kv_dim, s->v + (size_t)i * kv_dim, kv_dim);
+    }
+    qlm_attn_shape shape = {c->n_heads, c->n_kv_heads, c->head_dim, 1.0f / sqrtf((float)c->head_dim)};
+    be->attention(s->att, s->q, s->k_cache[l], s->v_cache[l], n, pos, &shape);
+    be->matmul(s->xb, s->att, n, &L->wo, L->bo);
+    be->add(s->x, s->xb, (long)n * c->dim);
+}
+
+static void mlp_forward(const qlm_model *m, const qlm_layer *L, qlm_kv_state *s, int n) {
+    const qlm_llama_config *c = &m->cfg;
+    const qlm_backend *be = m->be;
+    be->rmsnorm(s->xb, s->x, L->ffn_norm, n, c->dim, c->norm_eps);
+    be->matmul(s->hb, s->xb, n, &L->w_gate, L->b_gate);
+    be->matmul(s->hb2, s->xb, n, &L->w_up, L->b_up);
+    be->swiglu(s->hb, s->hb, s->hb2, (long)n * c->hidden_dim);
+    be->matmul(s->xb, s->hb, n, &L->w_down, L->b_down);
+    be->add(s->x, s->xb, (long)n * c->dim);
+}
+
+/* One chunk of at most max_batch tokens; logits for chunk rows rows[0..n_rows). */
+static void forward_chunk(const qlm_model *m, qlm_kv_state *s, const int *tokens, const int *pos, int n,
+                          const int *rows, int n_rows, float *logits) {
+    const qlm_llama_config *c = &m->cfg;
+    const qlm_backend *be = m->be;
+    be->embedding(s->x, &m->tok_embed, tokens, n);
+    for (int l = 0; l < c->n_layers; l++) {
+        attention_forward(m, &m->layers[l], s, l, pos, n);
+        mlp_forward(m, &m->layers[l], s, n);
+    }
+    if (n_rows == 0) return;
+    for (int r = 0; r < n_rows; r++) be->copy(s->logits_rows + (size_t)r * c->dim, s->x + (size_t)rows[r] * c->dim, c->dim);
+    be->rmsnorm(s->logits_rows, s->logits_rows, m->final_norm, n_rows, c->dim, c->norm_eps);
+    be->matmul(logits, s->logits_rows, n_rows, &m->lm_head, NULL);
+}
+
+int qlm_forward(const qlm_model *m, qlm_kv_state *s, const int *tokens, const int *pos, int n,
+                const int *logit_rows, int n_logit_rows, float *logits) {
+    const qlm_llama_config *c = &m->cfg;
+    for (int i = 0; i < n; i++) {
+        if (tokens[i] < 0 || tokens[i] >= c->vocab_size)
+            return qlm_errorf("token id %d is outside the vocabulary (0..%d)", tokens[i], c->vocab_size - 1);
+        if (pos[i] < 0 || pos[i] >= s->max_seq)
+            return qlm_errorf("position %d is outside the context window (%d tokens)", pos[i], s->max_seq);
+    }
+    for (int r = 0; r < n_logit_rows; r++)
+        if (logit_rows[r] < 0 || logit_rows[r] >= n) return qlm_errorf("logit row %d out of range", logit_rows[r]);
+    int *chunk_rows = malloc((size_t)(n_logit_rows ? n_logit_rows : 1) * sizeof *chunk_rows);
+    if (!chunk_rows) return qlm_errorf("out of memory");
+    int done_rows = 0;
+    for (int start = 0; start < n; start += s->max_batch) {
+        int len = n - start < s->max_batch ? n - start : s->max_batch;
+        int k = 0;
+        for (int r = 0; r < n_logit_rows; r++)
+            if (logit_rows[r] >= start && logit_rows[r] < start + len) chunk_rows[k++] = logit_rows[r] - start;
+        forward_chunk(m, s, tokens + start, pos + start, len, chunk_rows, k,
+                      logits + (size_t)done_rows * c->vocab_size);
+        done_rows += k;
+    }
+    free(chunk_rows);
+    return 0;
+}

@@ -1,0 +1,73 @@
+/* A Llama-family decoder (Llama 2/3, TinyLlama, SmolLM2, Qwen2, TinyStories) built from a
+ * tensor store, its weights converted once to the chosen storage dtype, and its forward
+ * pass written against the backend op table. Each layer's parameters live in one
+ * contiguous buffer (the unit that FSDP will shard), indexed by qlm_weight views. */
+#ifndef QLM_MODEL_H
+#define QLM_MODEL_H
+
+#include <stdint.h>
+
+#include "../loaders/tensor_store.h"
+#include "backend.h"
+#include "config.h"
+#include "weight.h"
+
+typedef struct {
+    float *attn_norm, *ffn_norm;
+    qlm_weight wq, wk, wv, wo, w_gate, w_up, w_down;
+    float *bq, *bk, *bv, *bo, *b_gate, *b_up, *b_down; /* NULL when absent */
+    void *buffer;                                     /* the layer's flat parameter buffer */
+    size_t buffer_bytes;
+} qlm_layer;
+
+typedef struct {
+    qlm_llama_config cfg;
+    qlm_dtype dtype;  /* storage dtype of the linear weights */
+    int per_channel;  /* INT8 with per-row scales */
+    const qlm_backend *be;
+    qlm_weight tok_embed;
+    qlm_weight lm_head; /* same data as tok_embed when tied */
+    float *final_norm;
+    float *inv_freq;    /* head_dim/2 RoPE frequencies (with llama3 scaling applied) */
+    qlm_layer *layers;
+    void *shared_buffer; /* embeddings, lm_head, final norm */
+    size_t shared_bytes;
+} qlm_model;
+
+typedef struct {
+    qlm_dtype dtype;     /* storage dtype for linear weights and embeddings */
+    int per_channel;     /* INT8: per-output-channel scales */
+    const qlm_backend *backend;
+} qlm_model_options;
+
+/* Builds the model from store (HF names). Converts each tensor to opts->dtype. */
+int qlm_model_build(qlm_model *m, const qlm_llama_config *cfg, const qlm_tensor_store *store,
+                    const qlm_model_options *opts);
+void qlm_model_free(qlm_model *m);
+/* Bytes of weights read per decoded token (all linear weights + lm_head, no embedding table
+ * unless tied), for bandwidth figures. */
+size_t qlm_model_weight_bytes(const qlm_model *m);
+/* Total parameter count. */
+int64_t qlm_model_param_count(const qlm_model *m);
+/* Writes the weights back into a store under HF names, in the model's storage dtype
+ * (INT8 with scales), e.g. for `qlm quantize` and `qlm convert`. The store owns copies. */
+int qlm_model_export(const qlm_model *m, qlm_tensor_store *store);
+
+/* The KV cache and scratch activations of one sequence. */
+typedef struct {
+    int max_seq;   /* positions the cache holds */
+    int max_batch; /* rows one forward call may process */
+    float **k_cache, **v_cache; /* per layer: [max_seq][kv_dim] */
+    float *x, *xb, *q, *k, *v, *att, *hb, *hb2, *logits_rows;
+} qlm_kv_state;
+
+int qlm_state_init(qlm_kv_state *s, const qlm_model *m, int max_seq, int max_batch);
+void qlm_state_free(qlm_kv_state *s, const qlm_model *m);
+
+/* Runs n tokens at positions pos[0..n) (all positions of earlier tokens must already be in the
+ * cache). Writes logits for the rows listed in logit_rows (n_logit_rows of them, each in [0,n))
+ * to logits[n_logit_rows][vocab]. n may exceed max_batch: the call is split into chunks. */
+int qlm_forward(const qlm_model *m, qlm_kv_state *s, const int *tokens, const int *pos, int n,
+                const int *logit_rows, int n_logit_rows, float *logits);
+
+#endif

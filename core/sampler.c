@@ -1,0 +1,177 @@
+#include "sampler.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <time.h>
+
+#include "error.h"
+
+qlm_sampling qlm_sampling_defaults(void) {
+    return (qlm_sampling){.temperature = 0.7f, .top_k = 40, .top_p = 0.9f, .repeat_penalty = 1.0f,
+                          .repeat_last_n = 64, .seed = 0};
+}
+
+int qlm_sampling_validate(const qlm_sampling *s) {
+    if (!(s->temperature >= 0) || s->temperature > 100) return qlm_errorf("--temp must be in [0, 100]");
+    if (s->top_k < 0) return qlm_errorf("--top-k must be >= 0");
+    if (!(s->top_p > 0) || s->top_p > 1) return qlm_errorf("--top-p must be in (0, 1]");
+    if (!(s->repeat_penalty > 0) || s->repeat_penalty > 100) return qlm_errorf("--repeat-penalty must be in (0, 100]");
+    if (s->repeat_last_n < 0) return qlm_errorf("--repeat-last-n must be >= 0");
+    return 0;
+}
+
+/* xorshift64* */
+static uint32_t next_u32(uint64_t *state) {
+    *state ^= *state >> 12;
+    *state ^= *state << 25;
+    *state ^= *state >> 27;
+    return (uint32_t)((*state * 0x2545F4914F6CDD1DULL) >> 32);
+}
+
+static float next_f32(uint64_t *state) { return (float)(next_u32(state) >> 8) / 16777216.0f; }
+
+int qlm_sampler_init(qlm_sampler *s, const qlm_sampling *p, int vocab) {
+    s->p = *p;
+    s->vocab = vocab;
+    s->rng = p->seed ? p->seed : (uint64_t)time(NULL) ^ ((uint64_t)clock() << 32);
+    s->idx = malloc((size_t)vocab * sizeof *s->idx);
+    s->prob = malloc((size_t)vocab * sizeof *s->prob);
+    if (!s->idx || !s->prob) {
+        qlm_sampler_free(s);
+        return qlm_errorf("out of memory");
+    }
+    return 0;
+}
+
+void qlm_sampler_free(qlm_sampler *s) {
+    free(s->idx);
+    free(s->prob);
+    s->idx = NULL;
+    s->prob = NULL;
+}
+
+int qlm_argmax(const float *x, int n) {
+    int best = 0;
+    for (int i = 1; i < n; i++)
+        if (x[i] > x[best]) best = i;
+    return best;
+}
+
+static void apply_repeat_penalty(float *logits, int vocab, const int *hist, int n, const qlm_sampling *p) {
+    if (p->repeat_penalty == 1.0f || p->repeat_last_n == 0) return;
+    int start = n > p->repeat_last_n ? n - p->repeat_last_n : 0;
+    /* A token repeated in the window is penalized once, as in HF's processor. */
+    for (int i = start; i < n; i++) {
+        int t = hist[i], seen = 0;
+        if (t < 0 || t >= vocab) continue;
+        for (int j = start; j < i && !seen; j++) seen = hist[j] == t;
+        if (seen) continue;
+        logits[t] = logits[t] > 0 ? logits[t] / p->repeat_penalty : logits[t] * p->repeat_penalty;
+    }
+}
+
+/* Sorts candidates by descending probability (idx/prob kept in step). */
+static void sort_desc(int *idx, float *prob, int n) {
+    for (int gap = n / 2; gap > 0; gap /= 2)
+        for (int i = gap; i < n; i++) {
+            float pv = prob[i];
+            int iv = idx[i], j = i;
+            for (; j >= gap && prob[j - gap] < pv; j -= gap) {
+                prob[j] = prob[j - gap];
+                idx[j] = idx[j - gap];
+            }
+            prob[j] = pv;
+            idx[j] = iv;
+        }
+}
+
+/* Keeps the k largest logits as candidates (partial selection with a min-heap). */
+static int select_top_k(const float *logits, int vocab, int k, int *idx, float *val) {
+    int n = 0;
+    for (int i = 0; i < vocab; i++) {
+        float v = logits[i];
+        if (n < k) {
+            int c = n++;
+            while (c > 0 && val[(c - 1) / 2] > v) {
+                val[c] = val[(c - 1) / 2];
+                idx[c] = idx[(c - 1) / 2];
+                c = (c - 1) / 2;
+            }
+            val[c] = v;
+            idx[c] = i;
+        } else if (v > val[0]) {
+            int c = 0;
+            for (;;) {
+                int l = 2 * c + 1, r = l + 1, m = c;
+                float mv = v;
+                if (l < k && val[l] < mv) m = l, mv = val[l];
+                if (r < k && val[r] < mv) m = r, mv = val[r];
+                if (m == c) break;
+                val[c] = val[m];
+                idx[c] = idx[m];
+                c = m;
+            }
+            val[c] = v;
+            idx[c] = i;
+        }
+    }
+    return n;
+}
+
+int qlm_sampler_sample(qlm_sampler *s, float *logits, const int *history, int n_history) {
+    const qlm_sampling *p = &s->p;
+    apply_repeat_penalty(logits, s->vocab, history, n_history, p);
+    if (p->temperature == 0.0f) return qlm_argmax(logits, s->vocab);
+    int n;
+    if (p->top_k > 0 && p->top_k < s->vocab) {
+        n = select_top_k(logits, s->vocab, p->top_k, s->idx, s->prob);
+    } else {
+        n = s->vocab;
+        for (int i = 0; i < n; i++) {
+            s->idx[i] = i;
+            s->prob[i] = logits[i];
+        }
+    }
+    float mx = -INFINITY;
+    for (int i = 0; i < n; i++)
+        if (s->prob[i] > mx) mx = s->prob[i];
+    double sum = 0;
+    for (int i = 0; i < n; i++) {
+        s->prob[i] = expf((s->prob[i] - mx) / p->temperature);
+        sum += s->prob[i];
+    }
+    for (int i = 0; i < n; i++) s->prob[i] = (float)(s->prob[i] / sum);
+    if (p->top_p < 1.0f) {
+        /* Tokens below (1-p)/(n-1) can never be in the nucleus; drop them before sorting. */
+        float cutoff = n > 1 ? (1.0f - p->top_p) / (float)(n - 1) : 0;
+        int m = 0;
+        for (int i = 0; i < n; i++)
+            if (s->prob[i] >= cutoff) {
+                s->idx[m] = s->idx[i];
+                s->prob[m++] = s->prob[i];
+            }
+        if (m == 0) m = n;
+        n = m;
+        sort_desc(s->idx, s->prob, n);
+        float cum = 0;
+        int last = n - 1;
+        for (int i = 0; i < n; i++) {
+            cum += s->prob[i];
+            if (cum > p->top_p) {
+                last = i;
+                break;
+            }
+        }
+        n = last + 1;
+        sum = cum;
+        if (sum <= 0) sum = 1;
+    } else {
+        sum = 1.0;
+    }
+    float r = next_f32(&s->rng) * (float)sum, acc = 0;
+    for (int i = 0; i < n; i++) {
+        acc += s->prob[i];
+        if (r < acc) return s->idx[i];
+    }
+    return s->idx[n - 1];
+}

@@ -1,0 +1,16 @@
+/* A 2-D weight matrix [rows][cols] in its storage dtype, as the matmul kernels take it.
+ * Row r holds the weights of output r (PyTorch nn.Linear layout). */
+#ifndef QLM_WEIGHT_H
+#define QLM_WEIGHT_H
+
+#include "dtype.h"
+
+typedef struct {
+    qlm_dtype dtype;
+    int rows, cols;
+    const void *data;
+    float scale;             /* I8: per-tensor scale (w = q * scale) */
+    const float *row_scales; /* I8: per-row scales, or NULL for per-tensor */
+} qlm_weight;
+
+#endif

@@ -1,0 +1,32 @@
+/* F32 <-> F16 / BF16 conversion (round to nearest even; NaN and Inf kept). */
+#ifndef QLM_HALF_H
+#define QLM_HALF_H
+
+#include <stdint.h>
+#include <string.h>
+
+static inline float qlm_bf16_to_f32(uint16_t h) {
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+static inline uint16_t qlm_f32_to_bf16(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40); /* quiet NaN */
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+
+float qlm_f16_to_f32(uint16_t h);
+uint16_t qlm_f32_to_f16(float f);
+
+/* Bulk conversions. */
+void qlm_f16_to_f32_n(float *dst, const uint16_t *src, long n);
+void qlm_bf16_to_f32_n(float *dst, const uint16_t *src, long n);
+void qlm_f32_to_f16_n(uint16_t *dst, const float *src, long n);
+void qlm_f32_to_bf16_n(uint16_t *dst, const float *src, long n);
+
+#endif

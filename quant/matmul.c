@@ -1,0 +1,233 @@
+/* Kernel selection, the scalar reference, and the threading of qlm_matmul.
+ *
+ * Decode (few rows of x) is a memory-bound GEMV: threads take contiguous runs of output rows
+ * (whole groups of 4, the kernels' row block) and stream their part of W once per x row block.
+ * Prefill (n >= GEMM_MIN_N) is compute-bound: each thread converts tiles of its rows of W to
+ * F32 in a per-thread buffer and multiplies them with single-threaded OpenBLAS sgemm; F32
+ * weights go to sgemm directly. All parallelism comes from OpenMP, so OpenBLAS is held at one
+ * thread for the duration of the call (the two pools would otherwise fight over the cores). */
+#include "matmul.h"
+
+#include <cblas.h>
+#if defined(__x86_64__)
+#include <cpuid.h>
+#endif
+#include <omp.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../core/error.h"
+#include "matmul_internal.h"
+
+/* Output rows the SIMD kernels handle together. */
+#define ROW_GROUP 4
+/* With several x rows, a block of W this tall is reused from L1/L2 for every x row. */
+#define GEMV_BLOCK_ROWS 16
+/* From this many x rows on, converting W to F32 tiles and running sgemm beats the blocked
+ * GEMV (measured on the SmolLM2 layer shapes: GEMV wins at n = 8, sgemm at n >= 16). */
+#define GEMM_MIN_N 16
+/* Target rows per converted tile: 128 rows of F32 stay within L2 for cols up to ~2k. */
+#define TILE_ROWS 128
+/* Multiply-adds per thread below which a parallel region costs more than it saves. */
+#define MIN_WORK_PER_THREAD 32768L
+
+static void scalar_gemv(float *y, const float *x, const qlm_weight *w, int r0, int r1, const float *bias) {
+    size_t stride = (size_t)w->cols * qlm_weight_elem_size(w->dtype);
+    for (int o = r0; o < r1; o++) {
+        const char *row = (const char *)w->data + (size_t)o * stride;
+        float s = 0;
+        for (long k = 0; k < w->cols; k++) s += qlm_weight_at(row, k, w->dtype) * x[k];
+        y[o] = qlm_gemv_finish(s, w, o, bias);
+    }
+}
+
+static void scalar_f16_to_f32(float *dst, const uint16_t *src, long n) {
+    for (long i = 0; i < n; i++) dst[i] = qlm_f16_to_f32(src[i]);
+}
+
+static void scalar_bf16_to_f32(float *dst, const uint16_t *src, long n) {
+    for (long i = 0; i < n; i++) dst[i] = qlm_bf16_to_f32(src[i]);
+}
+
+static void scalar_f32_to_f16(uint16_t *dst, const float *src, long n) {
+    for (long i = 0; i < n; i++) dst[i] = qlm_f32_to_f16(src[i]);
+}
+
+static void scalar_f32_to_bf16(uint16_t *dst, const float *src, long n) {
+    for (long i = 0; i < n; i++) dst[i] = qlm_f32_to_bf16(src[i]);
+}
+
+static void scalar_i8_to_f32(float *dst, const int8_t *src, long n, float scale) {
+    for (long i = 0; i < n; i++) dst[i] = (float)src[i] * scale;
+}
+
+static const qlm_kernel_table scalar_table = {
+    .name = "scalar",
+    .gemv = scalar_gemv,
+    .f16_to_f32 = scalar_f16_to_f32,
+    .bf16_to_f32 = scalar_bf16_to_f32,
+    .f32_to_f16 = scalar_f32_to_f16,
+    .f32_to_bf16 = scalar_f32_to_bf16,
+    .i8_to_f32 = scalar_i8_to_f32,
+};
+
+#if defined(__x86_64__)
+/* CPUID leaf 1, ECX bit 29. Asked directly because not every compiler's
+ * __builtin_cpu_supports knows "f16c". */
+static int cpu_has_f16c(void) {
+    unsigned a, b, c, d;
+    return __get_cpuid(1, &a, &b, &c, &d) && (c >> 29 & 1u);
+}
+#endif
+
+/* The table for name if this CPU can run it, else NULL. */
+static const qlm_kernel_table *table_named(const char *name) {
+    if (strcmp(name, "scalar") == 0) return &scalar_table;
+#if defined(__x86_64__)
+    __builtin_cpu_init();
+    int avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && cpu_has_f16c();
+    if (strcmp(name, "avx2") == 0 && avx2) return &qlm_kernels_avx2;
+    if (strcmp(name, "avx512") == 0 && avx2 && __builtin_cpu_supports("avx512f") &&
+        __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl"))
+        return &qlm_kernels_avx512;
+#endif
+    return NULL;
+}
+
+static _Atomic(const qlm_kernel_table *) g_table;
+
+const qlm_kernel_table *qlm_kernels(void) {
+    const qlm_kernel_table *t = atomic_load_explicit(&g_table, memory_order_relaxed);
+    if (t) return t;
+    static const char *const order[] = {"avx512", "avx2", "scalar"};
+    for (size_t i = 0; !t; i++) t = table_named(order[i]);
+    atomic_store_explicit(&g_table, t, memory_order_relaxed);
+    return t;
+}
+
+const char *qlm_matmul_isa(void) {
+    return qlm_kernels()->name;
+}
+
+int qlm_matmul_force_isa(const char *name) {
+    const qlm_kernel_table *t = name ? table_named(name) : NULL;
+    if (!t) return qlm_errorf("matmul: instruction set '%s' is unknown or not supported by this CPU", name ? name : "(null)");
+    atomic_store_explicit(&g_table, t, memory_order_relaxed);
+    return 0;
+}
+
+void qlm_matmul_scalar(float *y, const float *x, int n, const qlm_weight *w, const float *bias) {
+    for (int i = 0; i < n; i++)
+        scalar_gemv(y + (size_t)i * w->rows, x + (size_t)i * w->cols, w, 0, w->rows, bias);
+}
+
+static int min_int(int a, int b) {
+    return a < b ? a : b;
+}
+
+/* Threads worth using for work multiply-adds, at most omp_get_max_threads(). */
+static int threads_for(double work) {
+    int max = omp_get_max_threads();
+    double t = work / (double)MIN_WORK_PER_THREAD;
+    return t < 1 ? 1 : t < max ? (int)t : max;
+}
+
+/* Thread t's share [*r0, *r1) of rows, split in whole multiples of group rows. */
+static void thread_rows(int rows, int group, int t, int nt, int *r0, int *r1) {
+    long groups = (rows + group - 1) / group;
+    *r0 = min_int(rows, (int)(groups * t / nt) * group);
+    *r1 = min_int(rows, (int)(groups * (t + 1) / nt) * group);
+}
+
+static void gemv_rows(float *y, const float *x, int n, const qlm_weight *w, const float *bias,
+                      const qlm_kernel_table *kt, int r0, int r1) {
+    int block = n == 1 ? r1 - r0 : GEMV_BLOCK_ROWS;
+    for (int b = r0; b < r1; b += block) {
+        int e = min_int(r1, b + block);
+        for (int i = 0; i < n; i++) kt->gemv(y + (size_t)i * w->rows, x + (size_t)i * w->cols, w, b, e, bias);
+    }
+}
+
+static void gemv_parallel(float *y, const float *x, int n, const qlm_weight *w, const float *bias,
+                          const qlm_kernel_table *kt) {
+    int nth = threads_for((double)n * w->rows * w->cols);
+#pragma omp parallel num_threads(nth) if (nth > 1)
+    {
+        int r0, r1;
+        thread_rows(w->rows, ROW_GROUP, omp_get_thread_num(), omp_get_num_threads(), &r0, &r1);
+        gemv_rows(y, x, n, w, bias, kt, r0, r1);
+    }
+}
+
+/* Per-thread F32 tile buffer, kept across calls so steady-state prefill does not allocate.
+ * Thread-local, so concurrent callers with their own OpenMP teams never share one. */
+static _Thread_local float *t_tile;
+static _Thread_local size_t t_tile_cap;
+
+static float *tile_buffer(size_t n) {
+    if (n <= t_tile_cap) return t_tile;
+    float *p = realloc(t_tile, n * sizeof(float));
+    if (!p) return NULL;
+    t_tile = p;
+    t_tile_cap = n;
+    return p;
+}
+
+/* y[:, r0:r1] = x * W[r0:r1]^T (+ bias), W's rows as F32 in wf (row stride cols). */
+static void sgemm_rows(float *y, const float *x, int n, const qlm_weight *w, const float *bias,
+                       const float *wf, int r0, int r1) {
+    if (bias)
+        for (int i = 0; i < n; i++) memcpy(y + (size_t)i * w->rows + r0, bias + r0, (size_t)(r1 - r0) * sizeof(float));
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, r1 - r0, w->cols, 1.0f, x, w->cols, wf, w->cols,
+                bias ? 1.0f : 0.0f, y + r0, w->rows);
+}
+
+/* One thread's rows [r0, r1) of a prefill product. */
+static void gemm_rows(float *y, const float *x, int n, const qlm_weight *w, const float *bias,
+                      const qlm_kernel_table *kt, int r0, int r1) {
+    if (r0 >= r1) return;
+    if (w->dtype == QLM_F32) {
+        sgemm_rows(y, x, n, w, bias, (const float *)w->data + (size_t)r0 * w->cols, r0, r1);
+        return;
+    }
+    /* Equal tiles, each a multiple of 16 rows, rather than full tiles and a sliver. */
+    int ntiles = (r1 - r0 + TILE_ROWS - 1) / TILE_ROWS;
+    int tile = ((r1 - r0 + ntiles - 1) / ntiles + 15) / 16 * 16;
+    float *buf = tile_buffer((size_t)tile * w->cols);
+    for (int b = r0; b < r1; b += tile) {
+        int e = min_int(r1, b + tile);
+        if (!buf) {
+            /* Out of memory for the tile: still correct, only slower. */
+            gemv_rows(y, x, n, w, bias, kt, b, e);
+            continue;
+        }
+        qlm_weight_rows_f32(w, b, e, buf);
+        sgemm_rows(y, x, n, w, bias, buf, b, e);
+    }
+}
+
+static void gemm_parallel(float *y, const float *x, int n, const qlm_weight *w, const float *bias,
+                          const qlm_kernel_table *kt) {
+    int nth = min_int(threads_for((double)n * w->rows * w->cols), (w->rows + 15) / 16);
+    /* Inside a caller's parallel region this region gets one thread; the OpenBLAS setting is
+     * global, so leave it to the caller there. */
+    int blas_threads = omp_in_parallel() ? 1 : openblas_get_num_threads();
+    if (blas_threads != 1) openblas_set_num_threads(1);
+#pragma omp parallel num_threads(nth) if (nth > 1)
+    {
+        int r0, r1;
+        thread_rows(w->rows, 16, omp_get_thread_num(), omp_get_num_threads(), &r0, &r1);
+        gemm_rows(y, x, n, w, bias, kt, r0, r1);
+    }
+    if (blas_threads != 1) openblas_set_num_threads(blas_threads);
+}
+
+void qlm_matmul(float *y, const float *x, int n, const qlm_weight *w, const float *bias) {
+    if (n <= 0 || w->rows <= 0 || w->cols < 0) return;
+    const qlm_kernel_table *kt = qlm_kernels();
+    if (n >= GEMM_MIN_N && w->cols > 0)
+        gemm_parallel(y, x, n, w, bias, kt);
+    else
+        gemv_parallel(y, x, n, w, bias, kt);
+}

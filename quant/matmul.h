@@ -1,0 +1,21 @@
+/* CPU matrix products with weights in any storage dtype (weight-only quantization:
+ * activations stay F32). A portable scalar path and AVX2 / AVX-512 paths are chosen at
+ * run time; work is split across OpenMP threads. */
+#ifndef QLM_MATMUL_H
+#define QLM_MATMUL_H
+
+#include "../core/weight.h"
+
+/* y[i][o] = sum_k x[i][k] * W[o][k] (+ bias[o] when bias != NULL), i < n, o < w->rows, k < w->cols.
+ * x and y are row-major and must not alias. */
+void qlm_matmul(float *y, const float *x, int n, const qlm_weight *w, const float *bias);
+
+/* The scalar reference, for tests. */
+void qlm_matmul_scalar(float *y, const float *x, int n, const qlm_weight *w, const float *bias);
+
+/* Name of the SIMD path in use ("avx512", "avx2", "scalar"). */
+const char *qlm_matmul_isa(void);
+/* Forces a path ("scalar", "avx2", "avx512") if the CPU supports it; -1 otherwise. For tests/bench. */
+int qlm_matmul_force_isa(const char *name);
+
+#endif

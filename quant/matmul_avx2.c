@@ -1,0 +1,187 @@
+/* AVX2 + FMA + F16C kernels: 8 floats per vector. Every function carries the target
+ * attribute, so the rest of the build needs no -m flags; matmul.c only selects this table
+ * when the CPU reports all three extensions. */
+#include "matmul_internal.h"
+
+#if defined(__x86_64__)
+
+#include <immintrin.h>
+
+#define AVX2_FN static __attribute__((target("avx2,fma,f16c")))
+#define AVX2_INLINE static inline __attribute__((always_inline, target("avx2,fma,f16c")))
+
+
+/* Eight weights of a row from element k as F32 (I8 without its scale). dt is a constant at
+ * every call site, so the switch folds away. */
+AVX2_INLINE __m256 load8(const void *row, long k, qlm_dtype dt) {
+    switch (dt) {
+    case QLM_F16:
+        return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)row + k)));
+    case QLM_BF16: {
+        __m256i u = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)((const uint16_t *)row + k)));
+        return _mm256_castsi256_ps(_mm256_slli_epi32(u, 16));
+    }
+    case QLM_I8:
+        return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)((const int8_t *)row + k))));
+    default: return _mm256_loadu_ps((const float *)row + k);
+    }
+}
+
+/* {sum(a), sum(b), sum(c), sum(d)} */
+AVX2_INLINE __m128 hsum4(__m256 a, __m256 b, __m256 c, __m256 d) {
+    __m256 t = _mm256_hadd_ps(_mm256_hadd_ps(a, b), _mm256_hadd_ps(c, d));
+    return _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1));
+}
+
+AVX2_INLINE float hsum(__m256 a) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+/* Dot products of four rows (stride bytes apart) with x. Each x vector is loaded once for the
+ * four rows, and two accumulators per row hide the FMA latency. When pf is set, it is the
+ * start of the next four rows, which are prefetched a cache line or more per step: the
+ * hardware prefetchers lose track of four short interleaved row streams. */
+AVX2_INLINE __m128 dot4(const char *w0, size_t stride, const float *x, long cols, qlm_dtype dt, const char *pf) {
+    const char *w1 = w0 + stride, *w2 = w1 + stride, *w3 = w2 + stride;
+    const long esize = (long)qlm_weight_elem_size(dt);
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0;
+    long k = 0;
+    for (; k + 16 <= cols; k += 16) {
+        /* This step reads 4 rows x 16 weights = 64 * esize bytes; prefetch as many of the next rows. */
+        if (pf)
+            for (long j = 0; j < esize; j++) _mm_prefetch(pf + k * 4 * esize + 64 * j, _MM_HINT_T0);
+        __m256 x0 = _mm256_loadu_ps(x + k), x1 = _mm256_loadu_ps(x + k + 8);
+        a0 = _mm256_fmadd_ps(load8(w0, k, dt), x0, a0);
+        a1 = _mm256_fmadd_ps(load8(w1, k, dt), x0, a1);
+        a2 = _mm256_fmadd_ps(load8(w2, k, dt), x0, a2);
+        a3 = _mm256_fmadd_ps(load8(w3, k, dt), x0, a3);
+        b0 = _mm256_fmadd_ps(load8(w0, k + 8, dt), x1, b0);
+        b1 = _mm256_fmadd_ps(load8(w1, k + 8, dt), x1, b1);
+        b2 = _mm256_fmadd_ps(load8(w2, k + 8, dt), x1, b2);
+        b3 = _mm256_fmadd_ps(load8(w3, k + 8, dt), x1, b3);
+    }
+    if (k + 8 <= cols) {
+        __m256 x0 = _mm256_loadu_ps(x + k);
+        a0 = _mm256_fmadd_ps(load8(w0, k, dt), x0, a0);
+        a1 = _mm256_fmadd_ps(load8(w1, k, dt), x0, a1);
+        a2 = _mm256_fmadd_ps(load8(w2, k, dt), x0, a2);
+        a3 = _mm256_fmadd_ps(load8(w3, k, dt), x0, a3);
+        k += 8;
+    }
+    __m128 s = hsum4(_mm256_add_ps(a0, b0), _mm256_add_ps(a1, b1), _mm256_add_ps(a2, b2),
+                     _mm256_add_ps(a3, b3));
+    if (k < cols) {
+        float t[4] = {0, 0, 0, 0};
+        for (; k < cols; k++) {
+            t[0] += qlm_weight_at(w0, k, dt) * x[k];
+            t[1] += qlm_weight_at(w1, k, dt) * x[k];
+            t[2] += qlm_weight_at(w2, k, dt) * x[k];
+            t[3] += qlm_weight_at(w3, k, dt) * x[k];
+        }
+        s = _mm_add_ps(s, _mm_loadu_ps(t));
+    }
+    return s;
+}
+
+AVX2_INLINE float dot1(const char *w0, const float *x, long cols, qlm_dtype dt) {
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    long k = 0;
+    for (; k + 32 <= cols; k += 32) {
+        a0 = _mm256_fmadd_ps(load8(w0, k, dt), _mm256_loadu_ps(x + k), a0);
+        a1 = _mm256_fmadd_ps(load8(w0, k + 8, dt), _mm256_loadu_ps(x + k + 8), a1);
+        a2 = _mm256_fmadd_ps(load8(w0, k + 16, dt), _mm256_loadu_ps(x + k + 16), a2);
+        a3 = _mm256_fmadd_ps(load8(w0, k + 24, dt), _mm256_loadu_ps(x + k + 24), a3);
+    }
+    for (; k + 8 <= cols; k += 8) a0 = _mm256_fmadd_ps(load8(w0, k, dt), _mm256_loadu_ps(x + k), a0);
+    float s = hsum(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
+    for (; k < cols; k++) s += qlm_weight_at(w0, k, dt) * x[k];
+    return s;
+}
+
+AVX2_INLINE void gemv_dt(float *y, const float *x, const qlm_weight *w, int r0, int r1,
+                         const float *bias, qlm_dtype dt) {
+    size_t stride = (size_t)w->cols * qlm_weight_elem_size(dt);
+    const char *base = w->data;
+    int o = r0;
+    for (; o + 4 <= r1; o += 4) {
+        /* One group ahead was as fast as two or three and much faster than none (measured). */
+        const char *pf = o + 8 <= r1 ? base + (size_t)(o + 4) * stride : NULL;
+        __m128 s = dot4(base + (size_t)o * stride, stride, x, w->cols, dt, pf);
+        if (dt == QLM_I8)
+            s = _mm_mul_ps(s, w->row_scales ? _mm_loadu_ps(w->row_scales + o) : _mm_set1_ps(w->scale));
+        if (bias) s = _mm_add_ps(s, _mm_loadu_ps(bias + o));
+        _mm_storeu_ps(y + o, s);
+    }
+    for (; o < r1; o++) y[o] = qlm_gemv_finish(dot1(base + (size_t)o * stride, x, w->cols, dt), w, o, bias);
+}
+
+AVX2_FN void gemv(float *y, const float *x, const qlm_weight *w, int r0, int r1, const float *bias) {
+    switch (w->dtype) {
+    case QLM_F16: gemv_dt(y, x, w, r0, r1, bias, QLM_F16); break;
+    case QLM_BF16: gemv_dt(y, x, w, r0, r1, bias, QLM_BF16); break;
+    case QLM_I8: gemv_dt(y, x, w, r0, r1, bias, QLM_I8); break;
+    default: gemv_dt(y, x, w, r0, r1, bias, QLM_F32); break;
+    }
+}
+
+AVX2_FN void f16_to_f32(float *dst, const uint16_t *src, long n) {
+    long i = 0;
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(dst + i, load8(src, i, QLM_F16));
+    for (; i < n; i++) dst[i] = qlm_f16_to_f32(src[i]);
+}
+
+AVX2_FN void bf16_to_f32(float *dst, const uint16_t *src, long n) {
+    long i = 0;
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(dst + i, load8(src, i, QLM_BF16));
+    for (; i < n; i++) dst[i] = qlm_bf16_to_f32(src[i]);
+}
+
+AVX2_FN void i8_to_f32(float *dst, const int8_t *src, long n, float scale) {
+    __m256 s = _mm256_set1_ps(scale);
+    long i = 0;
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(dst + i, _mm256_mul_ps(load8(src, i, QLM_I8), s));
+    for (; i < n; i++) dst[i] = (float)src[i] * scale;
+}
+
+AVX2_FN void f32_to_f16(uint16_t *dst, const float *src, long n) {
+    long i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm_storeu_si128((__m128i *)(dst + i), _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT));
+    for (; i < n; i++) dst[i] = qlm_f32_to_f16(src[i]);
+}
+
+/* Round to nearest even on the upper 16 bits; NaNs are quieted like qlm_f32_to_bf16. Result
+ * in the low half of each 32-bit lane. */
+AVX2_INLINE __m256i bf16_round(__m256 v) {
+    __m256i u = _mm256_castps_si256(v);
+    __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+    __m256i r = _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7fff)), lsb), 16);
+    __m256i nan = _mm256_or_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(0x40));
+    return _mm256_blendv_epi8(r, nan, _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q)));
+}
+
+AVX2_FN void f32_to_bf16(uint16_t *dst, const float *src, long n) {
+    long i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m256i lo = bf16_round(_mm256_loadu_ps(src + i)), hi = bf16_round(_mm256_loadu_ps(src + i + 8));
+        /* packus interleaves the 128-bit lanes; the permute puts them back in order. */
+        __m256i p = _mm256_permute4x64_epi64(_mm256_packus_epi32(lo, hi), 0xd8);
+        _mm256_storeu_si256((__m256i *)(dst + i), p);
+    }
+    for (; i < n; i++) dst[i] = qlm_f32_to_bf16(src[i]);
+}
+
+const qlm_kernel_table qlm_kernels_avx2 = {
+    .name = "avx2",
+    .gemv = gemv,
+    .f16_to_f32 = f16_to_f32,
+    .bf16_to_f32 = bf16_to_f32,
+    .f32_to_f16 = f32_to_f16,
+    .f32_to_bf16 = f32_to_bf16,
+    .i8_to_f32 = i8_to_f32,
+};
+
+#endif

@@ -1,0 +1,57 @@
+/* Private to quant/: the table of ISA-specific kernels behind qlm_matmul and the bulk
+ * conversions. One table per instruction set; matmul.c picks the best the CPU supports. */
+#ifndef QLM_MATMUL_INTERNAL_H
+#define QLM_MATMUL_INTERNAL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "../core/weight.h"
+#include "half.h"
+
+typedef struct {
+    const char *name;
+    /* y[o] = dot(W[o], x) (* I8 scale) (+ bias[o]) for r0 <= o < r1; y and bias are indexed
+     * by the absolute output o. One row of x, single-threaded. */
+    void (*gemv)(float *y, const float *x, const qlm_weight *w, int r0, int r1, const float *bias);
+    void (*f16_to_f32)(float *dst, const uint16_t *src, long n);
+    void (*bf16_to_f32)(float *dst, const uint16_t *src, long n);
+    void (*f32_to_f16)(uint16_t *dst, const float *src, long n);
+    void (*f32_to_bf16)(uint16_t *dst, const float *src, long n);
+    /* dst[i] = src[i] * scale */
+    void (*i8_to_f32)(float *dst, const int8_t *src, long n, float scale);
+} qlm_kernel_table;
+
+#if defined(__x86_64__)
+extern const qlm_kernel_table qlm_kernels_avx2;
+extern const qlm_kernel_table qlm_kernels_avx512;
+#endif
+
+/* The table in use: the best the CPU supports, or the one forced by qlm_matmul_force_isa. */
+const qlm_kernel_table *qlm_kernels(void);
+
+/* Rows [r0, r1) of w as F32 (I8 scales applied) into dst[(r1 - r0) * cols]. */
+void qlm_weight_rows_f32(const qlm_weight *w, int r0, int r1, float *dst);
+
+/* Element size of the weight dtypes the kernels take. */
+static inline size_t qlm_weight_elem_size(qlm_dtype dt) {
+    return dt == QLM_F32 ? 4 : dt == QLM_I8 ? 1 : 2;
+}
+
+/* Element k of a row in storage dtype dt as F32, without the I8 scale (for scalar loops and tails). */
+static inline float qlm_weight_at(const void *row, long k, qlm_dtype dt) {
+    switch (dt) {
+    case QLM_F16: return qlm_f16_to_f32(((const uint16_t *)row)[k]);
+    case QLM_BF16: return qlm_bf16_to_f32(((const uint16_t *)row)[k]);
+    case QLM_I8: return (float)((const int8_t *)row)[k];
+    default: return ((const float *)row)[k];
+    }
+}
+
+/* Applies the I8 scale of output o and the bias to a raw dot product. */
+static inline float qlm_gemv_finish(float s, const qlm_weight *w, int o, const float *bias) {
+    if (w->dtype == QLM_I8) s *= w->row_scales ? w->row_scales[o] : w->scale;
+    return bias ? s + bias[o] : s;
+}
+
+#endif

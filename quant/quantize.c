@@ -1,0 +1,95 @@
+/* Symmetric INT8 quantization and dtype conversions.
+ *
+ * Rounding is half away from zero (roundf), so |w - q*s| <= s/2 for every finite w (up to the
+ * float rounding of w / s).
+ * Scales: s = max|w| / 127 over the finite values; a tensor (or row) with no nonzero finite
+ * value, or one so small that s underflows to 0, gets s = 1 (all q = 0), never NaN.
+ * Non-finite inputs: +-Inf clamp to +-127, NaN becomes 0. */
+#include "quantize.h"
+
+#include <math.h>
+#include <string.h>
+
+#include "half.h"
+#include "matmul_internal.h"
+
+static float absmax_finite(const float *w, long n) {
+    float m = 0;
+    for (long i = 0; i < n; i++) {
+        float a = fabsf(w[i]);
+        if (a > m && isfinite(a)) m = a;
+    }
+    return m;
+}
+
+static float scale_for(float absmax) {
+    float s = absmax / 127.0f;
+    return s > 0 ? s : 1.0f;
+}
+
+static void quantize_run(int8_t *q, const float *w, long n, float s) {
+    for (long i = 0; i < n; i++) {
+        float t = w[i] / s;
+        /* Checks first: converting NaN or out-of-range floats to int is undefined. */
+        q[i] = isnan(t) ? 0 : t >= 127.0f ? 127 : t <= -127.0f ? -127 : (int8_t)roundf(t);
+    }
+}
+
+float qlm_quantize_i8(int8_t *q, const float *w, long rows, long cols) {
+    float m = 0;
+#pragma omp parallel for reduction(max : m) schedule(static)
+    for (long r = 0; r < rows; r++) {
+        float a = absmax_finite(w + r * cols, cols);
+        if (a > m) m = a;
+    }
+    float s = scale_for(m);
+#pragma omp parallel for schedule(static)
+    for (long r = 0; r < rows; r++) quantize_run(q + r * cols, w + r * cols, cols, s);
+    return s;
+}
+
+void qlm_quantize_i8_rows(int8_t *q, float *scales, const float *w, long rows, long cols) {
+#pragma omp parallel for schedule(static)
+    for (long r = 0; r < rows; r++) {
+        scales[r] = scale_for(absmax_finite(w + r * cols, cols));
+        quantize_run(q + r * cols, w + r * cols, cols, scales[r]);
+    }
+}
+
+void qlm_convert_from_f32(void *dst, qlm_dtype dt, const float *src, long n) {
+    switch (dt) {
+    case QLM_F32: memcpy(dst, src, (size_t)n * sizeof(float)); break;
+    case QLM_F16: qlm_f32_to_f16_n(dst, src, n); break;
+    case QLM_BF16: qlm_f32_to_bf16_n(dst, src, n); break;
+    default: break; /* I8 needs a scale: use qlm_quantize_i8*. */
+    }
+}
+
+void qlm_convert_to_f32(float *dst, const void *src, qlm_dtype st, long n) {
+    switch (st) {
+    case QLM_F32: memcpy(dst, src, (size_t)n * sizeof(float)); break;
+    case QLM_F16: qlm_f16_to_f32_n(dst, src, n); break;
+    case QLM_BF16: qlm_bf16_to_f32_n(dst, src, n); break;
+    default: break; /* I8 needs a scale: use qlm_weight_row_f32. */
+    }
+}
+
+void qlm_weight_rows_f32(const qlm_weight *w, int r0, int r1, float *dst) {
+    size_t cols = (size_t)w->cols;
+    if (w->dtype != QLM_I8) {
+        const char *src = (const char *)w->data + (size_t)r0 * cols * qlm_weight_elem_size(w->dtype);
+        qlm_convert_to_f32(dst, src, w->dtype, (long)((size_t)(r1 - r0) * cols));
+        return;
+    }
+    const int8_t *q = (const int8_t *)w->data + (size_t)r0 * cols;
+    const qlm_kernel_table *kt = qlm_kernels();
+    if (!w->row_scales) {
+        kt->i8_to_f32(dst, q, (long)((size_t)(r1 - r0) * cols), w->scale);
+        return;
+    }
+    for (int r = r0; r < r1; r++) kt->i8_to_f32(dst + (size_t)(r - r0) * cols, q + (size_t)(r - r0) * cols, (long)cols, w->row_scales[r]);
+}
+
+void qlm_weight_row_f32(const qlm_weight *w, int r, float *out) {
+    qlm_weight_rows_f32(w, r, r + 1, out);
+}
