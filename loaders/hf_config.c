@@ -1,0 +1,335 @@
+/* config.json of LlamaForCausalLM, Qwen2ForCausalLM and MistralForCausalLM checkpoints.
+ * Defaults follow transformers' own config classes (tie_word_embeddings is false for all
+ * three; rope_theta 10000). Both the old RoPE keys ("rope_theta", "rope_scaling") and the
+ * transformers 5 form ("rope_parameters": {"rope_type", "rope_theta", ...}) are read. */
+#include "hf_config.h"
+
+#include <errno.h>
+#include <limits.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include <cjson/cJSON.h>
+
+#include "../core/error.h"
+#include "atomic_file.h"
+
+#define HF_CONFIG_MAX_BYTES (16u * 1024u * 1024u)
+
+typedef enum { ARCH_LLAMA, ARCH_QWEN2, ARCH_MISTRAL } hf_arch;
+
+/* Indexed by hf_arch. */
+static const struct { const char *model_type, *architecture; } ARCHES[] = {
+    [ARCH_LLAMA] = {"llama", "LlamaForCausalLM"},
+    [ARCH_QWEN2] = {"qwen2", "Qwen2ForCausalLM"},
+    [ARCH_MISTRAL] = {"mistral", "MistralForCausalLM"},
+};
+#define N_ARCHES (sizeof ARCHES / sizeof ARCHES[0])
+
+typedef struct {
+    const char *path;
+    const cJSON *root;
+    const char *prefix; /* "rope_scaling." while reading a nested object, for messages */
+} hf_ctx;
+
+static const cJSON *field(const cJSON *obj, const char *key) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, key);
+    return cJSON_IsNull(v) ? NULL : v;
+}
+
+/* Integer field of obj: *out = dflt when absent or null (an error when required). */
+static int get_int(const hf_ctx *c, const cJSON *obj, const char *key, int required, int dflt, int *out) {
+    const cJSON *v = field(obj, key);
+    if (!v) {
+        if (required) return qlm_errorf("%s: missing required field %s%s", c->path, c->prefix, key);
+        *out = dflt;
+        return 0;
+    }
+    double d = v->valuedouble;
+    if (!cJSON_IsNumber(v) || d != floor(d) || d < INT_MIN || d > INT_MAX)
+        return qlm_errorf("%s: field %s%s must be an integer", c->path, c->prefix, key);
+    *out = (int)d;
+    return 0;
+}
+
+static int get_float(const hf_ctx *c, const cJSON *obj, const char *key, int required, float dflt, float *out) {
+    const cJSON *v = field(obj, key);
+    if (!v) {
+        if (required) return qlm_errorf("%s: missing required field %s%s", c->path, c->prefix, key);
+        *out = dflt;
+        return 0;
+    }
+    if (!cJSON_IsNumber(v) || !isfinite(v->valuedouble))
+        return qlm_errorf("%s: field %s%s must be a number", c->path, c->prefix, key);
+    *out = (float)v->valuedouble;
+    return 0;
+}
+
+static int get_bool(const hf_ctx *c, const char *key, int dflt, int *out) {
+    const cJSON *v = field(c->root, key);
+    if (!v) {
+        *out = dflt;
+        return 0;
+    }
+    if (!cJSON_IsBool(v)) return qlm_errorf("%s: field %s must be true or false", c->path, key);
+    *out = cJSON_IsTrue(v);
+    return 0;
+}
+
+/* A string field, or NULL when absent/null; -1 if it has another type. */
+static int get_str(const hf_ctx *c, const cJSON *obj, const char *key, const char **out) {
+    const cJSON *v = field(obj, key);
+    *out = NULL;
+    if (!v) return 0;
+    if (!cJSON_IsString(v)) return qlm_errorf("%s: field %s%s must be a string", c->path, c->prefix, key);
+    *out = v->valuestring;
+    return 0;
+}
+
+/* bos/eos may be an integer or a list of integers (the first one is used). */
+static int get_token_id(const hf_ctx *c, const char *key, int *out) {
+    const cJSON *v = field(c->root, key);
+    *out = -1;
+    if (!v) return 0;
+    if (cJSON_IsArray(v)) {
+        if (!v->child) return 0;
+        v = v->child;
+    }
+    double d = v->valuedouble;
+    if (!cJSON_IsNumber(v) || d != floor(d) || d < 0 || d > INT_MAX)
+        return qlm_errorf("%s: field %s must be a token id or a list of token ids", c->path, key);
+    *out = (int)d;
+    return 0;
+}
+
+static int find_arch(const hf_ctx *c, hf_arch *arch) {
+    const char *mt;
+    if (get_str(c, c->root, "model_type", &mt) != 0) return -1;
+    const cJSON *archs = field(c->root, "architectures");
+    if (archs && !cJSON_IsArray(archs)) return qlm_errorf("%s: field architectures must be a list", c->path);
+    const char *an = archs && cJSON_IsString(archs->child) ? archs->child->valuestring : NULL;
+    for (size_t i = 0; i < N_ARCHES; i++)
+        if ((mt && strcmp(mt, ARCHES[i].model_type) == 0) || (!mt && an && strcmp(an, ARCHES[i].architecture) == 0)) {
+            *arch = (hf_arch)i;
+            return 0;
+        }
+    return qlm_errorf("%s: unsupported model (model_type %s, architecture %s; supported: llama, qwen2, mistral)",
+                      c->path, mt ? mt : "absent", an ? an : "absent");
+}
+
+/* rope_scaling (old) wins over rope_parameters (transformers 5), as in transformers. */
+static int read_rope(const hf_ctx *c, qlm_llama_config *cfg) {
+    const cJSON *rope = field(c->root, "rope_scaling");
+    const char *key = "rope_scaling";
+    if (!rope) {
+        rope = field(c->root, "rope_parameters");
+        key = "rope_parameters";
+    }
+    float partial;
+    if (get_float(c, c->root, "rope_theta", 0, 10000.0f, &cfg->rope_theta) != 0 ||
+        get_float(c, c->root, "partial_rotary_factor", 0, 1.0f, &partial) != 0)
+        return -1;
+    if (rope && !cJSON_IsObject(rope)) return qlm_errorf("%s: field %s must be an object", c->path, key);
+    char prefix[32];
+    snprintf(prefix, sizeof prefix, "%s.", key);
+    hf_ctx rc = {c->path, c->root, prefix};
+    if (rope && (get_float(&rc, rope, "rope_theta", 0, cfg->rope_theta, &cfg->rope_theta) != 0 ||
+                 get_float(&rc, rope, "partial_rotary_factor", 0, partial, &partial) != 0))
+        return -1;
+    if (partial != 1.0f) return qlm_errorf("%s: partial_rotary_factor %g is not supported", c->path, partial);
+    if (!rope) return 0;
+    const char *type, *legacy_type;
+    if (get_str(&rc, rope, "rope_type", &type) != 0 || get_str(&rc, rope, "type", &legacy_type) != 0) return -1;
+    if (!type) type = legacy_type ? legacy_type : "default";
+    if (strcmp(type, "default") == 0) return 0;
+    if (strcmp(type, "llama3") != 0)
+        return qlm_errorf("%s: %s type \"%s\" is not supported (only default and llama3)", c->path, key, type);
+    if (get_float(&rc, rope, "factor", 1, 0, &cfg->rope_scale_factor) != 0 ||
+        get_float(&rc, rope, "low_freq_factor", 1, 0, &cfg->rope_low_freq_factor) != 0 ||
+        get_float(&rc, rope, "high_freq_factor", 1, 0, &cfg->rope_high_freq_factor) != 0 ||
+        get_int(&rc, rope, "original_max_position_embeddings", 0, cfg->max_seq_len, &cfg->rope_orig_max_pos) != 0)
+        return -1;
+    if (!(cfg->rope_scale_factor > 0) || !(cfg->rope_low_freq_factor > 0) ||
+        !(cfg->rope_high_freq_factor > cfg->rope_low_freq_factor) || cfg->rope_orig_max_pos <= 0)
+        return qlm_errorf("%s: %s: llama3 factors must be positive with high_freq_factor > low_freq_factor", c->path, key);
+    return 0;
+}
+
+/* Attention limited to a sliding window is plain causal attention for sequences that fit
+ * in the window, so the usable context is capped at the window. */
+static int read_sliding_window(const hf_ctx *c, hf_arch arch, qlm_llama_config *cfg) {
+    if (arch == ARCH_LLAMA) return 0;
+    int use = 1, window;
+    if (arch == ARCH_QWEN2 && get_bool(c, "use_sliding_window", 0, &use) != 0) return -1;
+    if (get_int(c, c->root, "sliding_window", 0, 0, &window) != 0) return -1;
+    if (use && window > 0 && window < cfg->max_seq_len) cfg->max_seq_len = window;
+    return 0;
+}
+
+static int read_biases(const hf_ctx *c, hf_arch arch, qlm_llama_config *cfg) {
+    switch (arch) {
+    case ARCH_QWEN2:
+        cfg->attn_bias = 1;
+        return 0;
+    case ARCH_MISTRAL:
+        return 0;
+    case ARCH_LLAMA:
+        if (get_bool(c, "attention_bias", 0, &cfg->attn_bias) != 0 || get_bool(c, "mlp_bias", 0, &cfg->mlp_bias) != 0)
+            return -1;
+        cfg->attn_out_bias = cfg->attn_bias;
+        return 0;
+    }
+    return 0;
+}
+
+static int read_config(const hf_ctx *c, qlm_llama_config *cfg) {
+    hf_arch arch = ARCH_LLAMA;
+    if (find_arch(c, &arch) != 0) return -1;
+    memset(cfg, 0, sizeof *cfg);
+    snprintf(cfg->arch, sizeof cfg->arch, "%s", ARCHES[arch].model_type);
+    const char *act;
+    if (get_str(c, c->root, "hidden_act", &act) != 0) return -1;
+    if (act && strcmp(act, "silu") != 0) return qlm_errorf("%s: hidden_act \"%s\" is not supported (only silu)", c->path, act);
+    if (get_int(c, c->root, "hidden_size", 1, 0, &cfg->dim) != 0 ||
+        get_int(c, c->root, "intermediate_size", 1, 0, &cfg->hidden_dim) != 0 ||
+        get_int(c, c->root, "num_hidden_layers", 1, 0, &cfg->n_layers) != 0 ||
+        get_int(c, c->root, "num_attention_heads", 1, 0, &cfg->n_heads) != 0 ||
+        get_int(c, c->root, "num_key_value_heads", 0, cfg->n_heads, &cfg->n_kv_heads) != 0 ||
+        get_int(c, c->root, "vocab_size", 1, 0, &cfg->vocab_size) != 0 ||
+        get_int(c, c->root, "max_position_embeddings", 1, 0, &cfg->max_seq_len) != 0 ||
+        get_float(c, c->root, "rms_norm_eps", 1, 0, &cfg->norm_eps) != 0)
+        return -1;
+    if (cfg->n_heads <= 0) return qlm_errorf("%s: num_attention_heads must be positive", c->path);
+    if (get_int(c, c->root, "head_dim", 0, cfg->dim / cfg->n_heads, &cfg->head_dim) != 0 ||
+        get_bool(c, "tie_word_embeddings", 0, &cfg->tie_embeddings) != 0 || read_biases(c, arch, cfg) != 0 ||
+        read_rope(c, cfg) != 0 || read_sliding_window(c, arch, cfg) != 0 ||
+        get_token_id(c, "bos_token_id", &cfg->bos_id) != 0 || get_token_id(c, "eos_token_id", &cfg->eos_id) != 0)
+        return -1;
+    return qlm_config_validate(cfg, c->path);
+}
+
+int qlm_hf_config_load(const char *path, qlm_llama_config *cfg) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return qlm_errorf("%s: cannot open: %s", path, strerror(errno));
+    struct stat st;
+    char *text = NULL;
+    int rc = -1;
+    if (fstat(fileno(f), &st) != 0 || !S_ISREG(st.st_mode) || (uint64_t)st.st_size > HF_CONFIG_MAX_BYTES)
+        qlm_errorf("%s: not a regular file of at most %u bytes", path, HF_CONFIG_MAX_BYTES);
+    else if (!(text = malloc((size_t)st.st_size + 1)))
+        qlm_errorf("out of memory");
+    else if (fread(text, 1, (size_t)st.st_size, f) != (size_t)st.st_size)
+        qlm_errorf("%s: read error", path);
+    else
+        rc = 0;
+    fclose(f);
+    if (rc != 0) {
+        free(text);
+        return -1;
+    }
+    cJSON *root = cJSON_ParseWithLength(text, (size_t)st.st_size);
+    free(text);
+    if (!root) return qlm_errorf("%s: not valid JSON", path);
+    hf_ctx c = {path, root, ""};
+    rc = cJSON_IsObject(root) ? read_config(&c, cfg) : qlm_errorf("%s: not a JSON object", path);
+    cJSON_Delete(root);
+    return rc;
+}
+
+/* ---------- writing ---------- */
+
+/* Shortest decimal that reads back as the same float, written as a JSON float ("1e-05", "10000.0"). */
+static cJSON *add_float(cJSON *obj, const char *key, float v) {
+    char buf[48];
+    if (v == floorf(v) && fabsf(v) < 1e15f) {
+        snprintf(buf, sizeof buf, "%.1f", (double)v);
+    } else {
+        for (int prec = 1; prec <= 9; prec++) {
+            snprintf(buf, sizeof buf, "%.*g", prec, (double)v);
+            if (strtof(buf, NULL) == v) break;
+        }
+    }
+    return cJSON_AddRawToObject(obj, key, buf);
+}
+
+static cJSON *add_token(cJSON *obj, const char *key, int id) {
+    return id >= 0 ? cJSON_AddNumberToObject(obj, key, id) : cJSON_AddNullToObject(obj, key);
+}
+
+/* Qwen2 is the only supported family with q/k/v biases but no o_proj bias; Llama's
+ * attention_bias covers all four projections. */
+static int pick_arch(const qlm_llama_config *cfg, const char *path, hf_arch *arch) {
+    if (cfg->attn_bias && !cfg->attn_out_bias) {
+        if (cfg->mlp_bias) return qlm_errorf("%s: q/k/v bias without o_proj bias plus MLP bias has no HF model", path);
+        *arch = ARCH_QWEN2;
+    } else if (!cfg->attn_bias && cfg->attn_out_bias) {
+        return qlm_errorf("%s: an o_proj bias without q/k/v biases has no HF model", path);
+    } else if (strcmp(cfg->arch, "mistral") == 0 && !cfg->attn_bias && !cfg->mlp_bias) {
+        *arch = ARCH_MISTRAL;
+    } else {
+        *arch = ARCH_LLAMA;
+    }
+    return 0;
+}
+
+static int fill_json(cJSON *root, const qlm_llama_config *cfg, hf_arch arch) {
+    const char *names[2] = {ARCHES[arch].architecture, NULL};
+    cJSON *archs = cJSON_CreateStringArray(names, 1);
+    if (!archs || !cJSON_AddItemToObject(root, "architectures", archs)) {
+        cJSON_Delete(archs);
+        return -1;
+    }
+    int ok = cJSON_AddStringToObject(root, "model_type", ARCHES[arch].model_type) &&
+             cJSON_AddStringToObject(root, "hidden_act", "silu") &&
+             cJSON_AddNumberToObject(root, "hidden_size", cfg->dim) &&
+             cJSON_AddNumberToObject(root, "intermediate_size", cfg->hidden_dim) &&
+             cJSON_AddNumberToObject(root, "num_hidden_layers", cfg->n_layers) &&
+             cJSON_AddNumberToObject(root, "num_attention_heads", cfg->n_heads) &&
+             cJSON_AddNumberToObject(root, "num_key_value_heads", cfg->n_kv_heads) &&
+             cJSON_AddNumberToObject(root, "head_dim", cfg->head_dim) &&
+             cJSON_AddNumberToObject(root, "vocab_size", cfg->vocab_size) &&
+             cJSON_AddNumberToObject(root, "max_position_embeddings", cfg->max_seq_len) &&
+             add_float(root, "rope_theta", cfg->rope_theta) && add_float(root, "rms_norm_eps", cfg->norm_eps) &&
+             cJSON_AddBoolToObject(root, "tie_word_embeddings", cfg->tie_embeddings) &&
+             add_token(root, "bos_token_id", cfg->bos_id) && add_token(root, "eos_token_id", cfg->eos_id) &&
+             cJSON_AddStringToObject(root, "torch_dtype", "float32");
+    if (ok && arch == ARCH_LLAMA)
+        ok = cJSON_AddBoolToObject(root, "attention_bias", cfg->attn_bias) &&
+             cJSON_AddBoolToObject(root, "mlp_bias", cfg->mlp_bias);
+    if (ok && arch == ARCH_MISTRAL) ok = cJSON_AddNullToObject(root, "sliding_window") != NULL;
+    if (ok && cfg->rope_scale_factor > 0) {
+        cJSON *rope = cJSON_AddObjectToObject(root, "rope_scaling");
+        ok = rope && cJSON_AddStringToObject(rope, "rope_type", "llama3") &&
+             add_float(rope, "factor", cfg->rope_scale_factor) &&
+             add_float(rope, "low_freq_factor", cfg->rope_low_freq_factor) &&
+             add_float(rope, "high_freq_factor", cfg->rope_high_freq_factor) &&
+             cJSON_AddNumberToObject(rope, "original_max_position_embeddings", cfg->rope_orig_max_pos);
+    } else if (ok) {
+        ok = cJSON_AddNullToObject(root, "rope_scaling") != NULL;
+    }
+    return ok ? 0 : -1;
+}
+
+int qlm_hf_config_save(const char *path, const qlm_llama_config *cfg) {
+    hf_arch arch = ARCH_LLAMA;
+    if (qlm_config_validate(cfg, path) != 0 || pick_arch(cfg, path, &arch) != 0) return -1;
+    cJSON *root = cJSON_CreateObject();
+    char *text = NULL;
+    if (!root || fill_json(root, cfg, arch) != 0 || !(text = cJSON_Print(root))) {
+        cJSON_Delete(root);
+        return qlm_errorf("%s: out of memory building config.json", path);
+    }
+    cJSON_Delete(root);
+    qlm_atomic_file af;
+    int rc = qlm_atomic_open(&af, path);
+    if (rc == 0) rc = qlm_atomic_write(&af, text, strlen(text));
+    if (rc == 0) rc = qlm_atomic_write(&af, "\n", 1);
+    if (rc == 0) rc = qlm_atomic_commit(&af);
+    else if (af.f) qlm_atomic_abort(&af);
+    free(text);
+    return rc;
+}

@@ -1,0 +1,178 @@
+#include "model_source.h"
+
+#include <stdio.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "../core/error.h"
+#include "gguf.h"
+#include "hf_config.h"
+#include "llama2c.h"
+#include "safetensors.h"
+
+const char *qlm_format_name(qlm_format f) {
+    static const char *names[] = {"safetensors", "gguf", "llama2.c"};
+    return names[f];
+}
+
+static int is_dir(const char *p) {
+    struct stat st;
+    return stat(p, &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+static int is_file(const char *p) {
+    struct stat st;
+    return stat(p, &st) == 0 && S_ISREG(st.st_mode);
+}
+
+static int has_suffix(const char *s, const char *suffix) {
+    size_t n = strlen(s), m = strlen(suffix);
+    return n >= m && strcmp(s + n - m, suffix) == 0;
+}
+
+static int file_magic_is_gguf(const char *path) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return 0;
+    char magic[4] = {0};
+    size_t n = fread(magic, 1, 4, f);
+    fclose(f);
+    return n == 4 && memcmp(magic, "GGUF", 4) == 0;
+}
+
+/* Directory part of path (without trailing slash) into buf. */
+static void dir_of(const char *path, char *buf, size_t cap) {
+    snprintf(buf, cap, "%s", path);
+    char *slash = strrchr(buf, '/');
+    if (slash && slash != buf)
+        *slash = 0;
+    else
+        snprintf(buf, cap, "%s", slash ? "/" : ".");
+}
+
+qlm_tokenizer *qlm_tokenizer_open(const char *path, int vocab_size) {
+    char buf[4200];
+    if (is_dir(path)) {
+        snprintf(buf, sizeof buf, "%s/tokenizer.json", path);
+        if (!is_file(buf)) {
+            qlm_errorf("%s: no tokenizer.json in this folder", path);
+            return NULL;
+        }
+        return qlm_tokenizer_load_json(buf, NULL);
+    }
+    if (!is_file(path)) {
+        qlm_errorf("%s: no such tokenizer file", path);
+        return NULL;
+    }
+    if (has_suffix(path, ".json")) return qlm_tokenizer_load_json(path, NULL);
+    if (file_magic_is_gguf(path)) {
+        qlm_gguf *g = qlm_gguf_open(path);
+        if (!g) return NULL;
+        qlm_tokenizer *t = qlm_gguf_tokenizer(g);
+        qlm_gguf_close(g);
+        return t;
+    }
+    return qlm_tokenizer_load_llama2c(path, vocab_size);
+}
+
+/* The stored dtype of the first attention weight decides the default compute dtype. */
+static void note_stored_dtype(qlm_source *src) {
+    const qlm_tensor_entry *e = qlm_store_find(src->store, "model.layers.0.self_attn.q_proj.weight");
+    src->stored_dtype = e ? e->dtype : QLM_F32;
+    src->stored_per_channel = e && e->row_scales != NULL;
+}
+
+static int open_safetensors(qlm_source *src, const char *dir, const char *file) {
+    char cfg_path[4200];
+    snprintf(cfg_path, sizeof cfg_path, "%s/config.json", dir);
+    if (qlm_hf_config_load(cfg_path, &src->cfg) != 0) return -1;
+    int rc = file ? qlm_safetensors_load(file, src->store) : qlm_safetensors_load_dir(dir, src->store);
+    if (rc != 0) return -1;
+    char tok_path[4200];
+    snprintf(tok_path, sizeof tok_path, "%s/tokenizer.json", dir);
+    if (is_file(tok_path)) {
+        src->tok = qlm_tokenizer_load_json(tok_path, NULL);
+        if (!src->tok) return -1;
+    }
+    return 0;
+}
+
+static int open_gguf(qlm_source *src, const char *path) {
+    qlm_gguf *g = qlm_gguf_open(path);
+    if (!g) return -1;
+    int rc = qlm_gguf_llama_config(g, &src->cfg);
+    if (rc == 0) rc = qlm_gguf_load_tensors(g, &src->cfg, src->store);
+    if (rc == 0) {
+        src->tok = qlm_gguf_tokenizer(g);
+        if (!src->tok) rc = -1;
+    }
+    qlm_gguf_close(g);
+    return rc;
+}
+
+/* llama2.c ships tokenizers as tok<vocab>.bin or tokenizer.bin beside the checkpoint. */
+static int open_llama2c(qlm_source *src, const char *path) {
+    if (qlm_llama2c_load(path, &src->cfg, src->store) != 0) return -1;
+    char dir[4096], cand[4200];
+    dir_of(path, dir, sizeof dir);
+    for (int i = 0; i < 2; i++) {
+        if (i == 0)
+            snprintf(cand, sizeof cand, "%s/tok%d.bin", dir, src->cfg.vocab_size);
+        else
+            snprintf(cand, sizeof cand, "%s/tokenizer.bin", dir);
+        if (is_file(cand)) {
+            src->tok = qlm_tokenizer_load_llama2c(cand, src->cfg.vocab_size);
+            return src->tok ? 0 : -1;
+        }
+    }
+    return 0;
+}
+
+int qlm_source_open(qlm_source *src, const char *model_path, const char *tokenizer_path) {
+    memset(src, 0, sizeof *src);
+    snprintf(src->path, sizeof src->path, "%s", model_path);
+    src->store = qlm_store_new();
+    if (!src->store) return -1;
+    int rc;
+    if (is_dir(model_path)) {
+        src->format = QLM_FMT_SAFETENSORS;
+        rc = open_safetensors(src, model_path, NULL);
+    } else if (!is_file(model_path)) {
+        rc = qlm_errorf("%s: no such file or folder", model_path);
+    } else if (file_magic_is_gguf(model_path)) {
+        src->format = QLM_FMT_GGUF;
+        rc = open_gguf(src, model_path);
+    } else if (has_suffix(model_path, ".safetensors")) {
+        char dir[4096];
+        dir_of(model_path, dir, sizeof dir);
+        src->format = QLM_FMT_SAFETENSORS;
+        rc = open_safetensors(src, dir, model_path);
+    } else if (qlm_llama2c_probe(model_path)) {
+        src->format = QLM_FMT_LLAMA2C;
+        rc = open_llama2c(src, model_path);
+    } else {
+        rc = qlm_errorf("%s: not a model qlm can read (expected a model folder, .safetensors, .gguf or a "
+                        "llama2.c checkpoint)", model_path);
+    }
+    if (rc == 0 && tokenizer_path) {
+        if (src->tok) qlm_tokenizer_free(src->tok);
+        src->tok = qlm_tokenizer_open(tokenizer_path, src->cfg.vocab_size);
+        if (!src->tok) rc = -1;
+    }
+    if (rc == 0 && src->tok && qlm_tokenizer_vocab_size(src->tok) > src->cfg.vocab_size)
+        rc = qlm_errorf("tokenizer has %d tokens but the model only %d", qlm_tokenizer_vocab_size(src->tok),
+                        src->cfg.vocab_size);
+    if (rc != 0) {
+        if (!strstr(qlm_last_error(), model_path)) qlm_error_context("%s", model_path);
+        qlm_source_close(src);
+        return -1;
+    }
+    note_stored_dtype(src);
+    return 0;
+}
+
+void qlm_source_close(qlm_source *src) {
+    if (src->tok) qlm_tokenizer_free(src->tok);
+    if (src->store) qlm_store_free(src->store);
+    src->tok = NULL;
+    src->store = NULL;
+}

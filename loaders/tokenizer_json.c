@@ -1,0 +1,436 @@
+/* Hugging Face tokenizer.json (model.type "BPE") plus the tokenizer_config.json beside it.
+ * Supported pipelines: normalizer Prepend("▁")+Replace(" ","▁") (Llama 2 / TinyLlama), Metaspace
+ * pre-tokenizer (Mistral style), ByteLevel (GPT-2), Digits+ByteLevel (SmolLM), and Split(regex)+
+ * ByteLevel with the Llama 3 or Qwen2 regex. An NFC normalizer (Qwen2) is accepted but not
+ * applied: input that is not already NFC may tokenize differently from HF. */
+#include <cjson/cJSON.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../core/error.h"
+#include "../core/tokenizer.h"
+
+#define MAX_JSON (1u << 30)
+#define SPM_SPACE "\xE2\x96\x81"
+
+/* The Split regexes of the Llama 3 and Qwen2 tokenizer.json files, as they appear there. */
+static const char RE_LLAMA3[] = "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}"
+                                "| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
+static const char RE_QWEN2[] = "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}"
+                               "| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
+
+typedef struct {
+    const char *path;
+    cJSON *root;
+    const char **tokens;
+    int *types;
+    unsigned char *flags;
+    char **merges;
+    int n_merges;
+    int has_replace, has_prepend;
+    int template_bos, template_eos; /* ids the post-processor adds around a single sequence */
+    qlm_tokenizer_spec spec;
+} json_load;
+
+/* Parses path into *out. A missing file is an error unless optional (then *out is NULL). */
+static int read_json(const char *path, int optional, cJSON **out) {
+    *out = NULL;
+    FILE *f = fopen(path, "rb");
+    if (!f) return optional ? 0 : qlm_errorf("%s: cannot open", path);
+    char *buf = NULL;
+    long n = -1;
+    if (fseek(f, 0, SEEK_END) == 0) n = ftell(f);
+    int rc = -1;
+    if (n < 0 || (unsigned long)n > MAX_JSON || fseek(f, 0, SEEK_SET) != 0) {
+        qlm_errorf("%s: cannot determine the size or it exceeds %u bytes", path, MAX_JSON);
+    } else if (!(buf = malloc((size_t)n + 1))) {
+        qlm_errorf("%s: out of memory", path);
+    } else if (fread(buf, 1, (size_t)n, f) != (size_t)n) {
+        qlm_errorf("%s: read error", path);
+    } else if (!(*out = cJSON_ParseWithLength(buf, (size_t)n))) {
+        const char *at = cJSON_GetErrorPtr();
+        qlm_errorf("%s: not valid JSON (near byte %ld)", path, at && at >= buf && at <= buf + n ? (long)(at - buf) : -1L);
+    } else if (!cJSON_IsObject(*out)) {
+        qlm_errorf("%s: top level is not a JSON object", path);
+        cJSON_Delete(*out);
+        *out = NULL;
+    } else {
+        rc = 0;
+    }
+    free(buf);
+    fclose(f);
+    return rc;
+}
+
+/* ---- small JSON helpers ---- */
+
+static int get_bool(const cJSON *obj, const char *key, int dflt) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, key);
+    return cJSON_IsBool(v) ? cJSON_IsTrue(v) : dflt;
+}
+
+static const char *get_str(const cJSON *obj, const char *key) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, key);
+    return cJSON_IsString(v) ? v->valuestring : NULL;
+}
+
+static int type_is(const cJSON *obj, const char *type) {
+    const char *t = get_str(obj, "type");
+    return t && strcmp(t, type) == 0;
+}
+
+static int json_id(const cJSON *v, int *id) {
+    if (!cJSON_IsNumber(v) || v->valuedouble < 0 || v->valuedouble >= (1 << 24) || v->valuedouble != (int)v->valuedouble)
+        return -1;
+    *id = (int)v->valuedouble;
+    return 0;
+}
+
+/* ---- vocabulary ---- */
+
+static int set_token(json_load *L, int id, const char *s, const char *field) {
+    if (L->tokens[id] && strcmp(L->tokens[id], s) != 0)
+        return qlm_errorf("%s: %s: id %d is both \"%.60s\" and \"%.60s\"", L->path, field, id, L->tokens[id], s);
+    L->tokens[id] = s;
+    return 0;
+}
+
+static int count_ids(json_load *L, const cJSON *vocab, const cJSON *added, int *n_vocab) {
+    int max_id = -1, entries = 0, id;
+    const cJSON *e;
+    cJSON_ArrayForEach(e, vocab) {
+        if (json_id(e, &id) != 0)
+            return qlm_errorf("%s: model.vocab: \"%.60s\" has no valid id", L->path, e->string ? e->string : "");
+        max_id = id > max_id ? id : max_id;
+        entries++;
+    }
+    cJSON_ArrayForEach(e, added) {
+        if (!cJSON_IsString(cJSON_GetObjectItemCaseSensitive(e, "content")) ||
+            json_id(cJSON_GetObjectItemCaseSensitive(e, "id"), &id) != 0)
+            return qlm_errorf("%s: added_tokens[%d]: needs a string \"content\" and an integer \"id\"", L->path, entries);
+        max_id = id > max_id ? id : max_id;
+        entries++;
+    }
+    if (max_id < 0) return qlm_errorf("%s: model.vocab is empty", L->path);
+    /* Ids must be dense, so the largest cannot exceed the number of entries. */
+    if (max_id >= entries) return qlm_errorf("%s: model.vocab: id %d leaves gaps (%d entries)", L->path, max_id, entries);
+    *n_vocab = max_id + 1;
+    return 0;
+}
+
+static int load_added(json_load *L, const cJSON *added) {
+    const cJSON *e;
+    cJSON_ArrayForEach(e, added) {
+        int id = -1;
+        if (json_id(cJSON_GetObjectItemCaseSensitive(e, "id"), &id) != 0 || id >= L->spec.n_vocab)
+            return qlm_errorf("%s: added_tokens: entry with id %d is invalid", L->path, id);
+        if (set_token(L, id, get_str(e, "content"), "added_tokens") != 0) return -1;
+        L->types[id] = get_bool(e, "special", 0) ? QLM_TOKEN_CONTROL : QLM_TOKEN_USER_DEFINED;
+        L->flags[id] = get_bool(e, "normalized", 0) ? QLM_ADDED_NORMALIZED : 0;
+    }
+    return 0;
+}
+
+static int load_vocab(json_load *L, const cJSON *model) {
+    const cJSON *vocab = cJSON_GetObjectItemCaseSensitive(model, "vocab");
+    const cJSON *added = cJSON_GetObjectItemCaseSensitive(L->root, "added_tokens");
+    if (!cJSON_IsObject(vocab)) return qlm_errorf("%s: model.vocab is missing or not an object", L->path);
+    if (added && !cJSON_IsArray(added) && !cJSON_IsNull(added))
+        return qlm_errorf("%s: added_tokens is not an array", L->path);
+    int n = 0;
+    if (count_ids(L, vocab, cJSON_IsArray(added) ? added : NULL, &n) != 0) return -1;
+    L->spec.n_vocab = n;
+    L->tokens = calloc((size_t)n, sizeof(char *));
+    L->types = malloc(sizeof(int) * (size_t)n);
+    L->flags = calloc((size_t)n, 1);
+    if (!L->tokens || !L->types || !L->flags) return qlm_errorf("%s: out of memory", L->path);
+    for (int i = 0; i < n; i++) L->types[i] = QLM_TOKEN_NORMAL;
+    const cJSON *e;
+    cJSON_ArrayForEach(e, vocab) {
+        int id = -1;
+        if (json_id(e, &id) != 0 || id >= L->spec.n_vocab || set_token(L, id, e->string, "model.vocab") != 0)
+            return -1;
+    }
+    if (cJSON_IsArray(added) && load_added(L, added) != 0) return -1;
+    for (int i = 0; i < n; i++)
+        if (!L->tokens[i]) return qlm_errorf("%s: model.vocab: no token has id %d", L->path, i);
+    L->spec.tokens = L->tokens;
+    L->spec.token_types = L->types;
+    L->spec.token_flags = L->flags;
+    return 0;
+}
+
+/* Merges are "left right" strings or, in newer files, ["left", "right"] pairs. */
+static int load_merges(json_load *L, const cJSON *model) {
+    const cJSON *merges = cJSON_GetObjectItemCaseSensitive(model, "merges");
+    if (!cJSON_IsArray(merges)) return qlm_errorf("%s: model.merges is missing or not an array", L->path);
+    int n = cJSON_GetArraySize(merges);
+    L->merges = calloc((size_t)n + 1, sizeof(char *));
+    if (!L->merges) return qlm_errorf("%s: out of memory", L->path);
+    const cJSON *e;
+    cJSON_ArrayForEach(e, merges) {
+        const cJSON *a = cJSON_GetArrayItem(e, 0), *b = cJSON_GetArrayItem(e, 1);
+        char *m = NULL;
+        if (cJSON_IsString(e)) {
+            m = strdup(e->valuestring);
+        } else if (cJSON_IsArray(e) && cJSON_GetArraySize(e) == 2 && cJSON_IsString(a) && cJSON_IsString(b)) {
+            size_t la = strlen(a->valuestring), lb = strlen(b->valuestring);
+            if ((m = malloc(la + lb + 2))) {
+                memcpy(m, a->valuestring, la);
+                m[la] = ' ';
+                memcpy(m + la + 1, b->valuestring, lb + 1);
+            }
+        } else {
+            return qlm_errorf("%s: model.merges[%d] is neither \"a b\" nor [\"a\", \"b\"]", L->path, L->n_merges);
+        }
+        if (!m) return qlm_errorf("%s: out of memory", L->path);
+        L->merges[L->n_merges++] = m;
+    }
+    L->spec.merges = (const char *const *)L->merges;
+    L->spec.n_merges = L->n_merges;
+    return 0;
+}
+
+static int load_model(json_load *L) {
+    const cJSON *model = cJSON_GetObjectItemCaseSensitive(L->root, "model");
+    if (!cJSON_IsObject(model)) return qlm_errorf("%s: model is missing or not an object", L->path);
+    const char *type = get_str(model, "type");
+    if (!type) return qlm_errorf("%s: model.type is missing", L->path);
+    if (strcmp(type, "BPE") != 0)
+        return qlm_errorf("%s: model.type \"%s\" is not supported (only BPE)", L->path, type);
+    const cJSON *dropout = cJSON_GetObjectItemCaseSensitive(model, "dropout");
+    if (cJSON_IsNumber(dropout) && dropout->valuedouble > 0)
+        return qlm_errorf("%s: model.dropout %g is not supported", L->path, dropout->valuedouble);
+    const char *prefix = get_str(model, "continuing_subword_prefix"), *suffix = get_str(model, "end_of_word_suffix");
+    if ((prefix && *prefix) || (suffix && *suffix))
+        return qlm_errorf("%s: model.continuing_subword_prefix/end_of_word_suffix are not supported", L->path);
+    L->spec.byte_fallback = get_bool(model, "byte_fallback", 0);
+    L->spec.fuse_unk = get_bool(model, "fuse_unk", 0);
+    L->spec.ignore_merges = get_bool(model, "ignore_merges", 0);
+    if (load_vocab(L, model) != 0 || load_merges(L, model) != 0) return -1;
+    const char *unk = get_str(model, "unk_token");
+    L->spec.unk_id = -1;
+    for (int i = 0; unk && i < L->spec.n_vocab && L->spec.unk_id < 0; i++)
+        if (strcmp(L->tokens[i], unk) == 0) L->spec.unk_id = i;
+    if (unk && L->spec.unk_id < 0) return qlm_errorf("%s: model.unk_token \"%.60s\" is not in the vocabulary", L->path, unk);
+    return 0;
+}
+
+/* ---- normalizer and pre-tokenizer ---- */
+
+static int load_one_normalizer(json_load *L, const cJSON *n) {
+    const char *type = get_str(n, "type");
+    if (!type) return qlm_errorf("%s: normalizer without a type", L->path);
+    if (strcmp(type, "Prepend") == 0) {
+        const char *p = get_str(n, "prepend");
+        if (!p || strcmp(p, SPM_SPACE) != 0) return qlm_errorf("%s: normalizer Prepend: only \"▁\" is supported", L->path);
+        L->has_prepend = 1;
+        return 0;
+    }
+    if (strcmp(type, "Replace") == 0) {
+        const char *from = get_str(cJSON_GetObjectItemCaseSensitive(n, "pattern"), "String"), *to = get_str(n, "content");
+        if (!from || !to || strcmp(from, " ") != 0 || strcmp(to, SPM_SPACE) != 0)
+            return qlm_errorf("%s: normalizer Replace: only \" \" -> \"▁\" is supported", L->path);
+        L->has_replace = 1;
+        return 0;
+    }
+    if (strcmp(type, "NFC") == 0) return 0;
+    return qlm_errorf("%s: normalizer \"%s\" is not supported", L->path, type);
+}
+
+static int load_normalizer(json_load *L) {
+    const cJSON *n = cJSON_GetObjectItemCaseSensitive(L->root, "normalizer");
+    if (!n || cJSON_IsNull(n)) return 0;
+    if (!type_is(n, "Sequence")) return load_one_normalizer(L, n);
+    const cJSON *list = cJSON_GetObjectItemCaseSensitive(n, "normalizers"), *e;
+    if (!cJSON_IsArray(list)) return qlm_errorf("%s: normalizer.normalizers is not an array", L->path);
+    cJSON_ArrayForEach(e, list) {
+        if (load_one_normalizer(L, e) != 0) return -1;
+    }
+    return 0;
+}
+
+static int load_metaspace(json_load *L, const cJSON *p) {
+    const char *rep = get_str(p, "replacement"), *scheme = get_str(p, "prepend_scheme");
+    if (!rep || strcmp(rep, SPM_SPACE) != 0) return qlm_errorf("%s: pre_tokenizer Metaspace: replacement must be \"▁\"", L->path);
+    if (!scheme) scheme = get_bool(p, "add_prefix_space", 1) ? "always" : "never";
+    if (strcmp(scheme, "always") != 0 && strcmp(scheme, "first") != 0 && strcmp(scheme, "never") != 0)
+        return qlm_errorf("%s: pre_tokenizer Metaspace: unknown prepend_scheme \"%s\"", L->path, scheme);
+    L->spec.type = QLM_TOK_SPM_BPE;
+    L->spec.spm_metaspace = 1;
+    L->spec.add_space_prefix = strcmp(scheme, "never") != 0;
+    L->spec.space_prefix_first = strcmp(scheme, "first") == 0;
+    L->spec.split_words = get_bool(p, "split", 1);
+    return 0;
+}
+
+static int byte_level(json_load *L, const cJSON *p, int use_regex) {
+    if (!type_is(p, "ByteLevel") || get_bool(p, "add_prefix_space", 0) || get_bool(p, "use_regex", 1) != use_regex)
+        return -1;
+    L->spec.type = QLM_TOK_BYTE_BPE;
+    return 0;
+}
+
+/* Sequence[Digits(individual), ByteLevel(regex)] or Sequence[Split(Llama 3/Qwen2 regex), ByteLevel]. */
+static int load_sequence(json_load *L, const cJSON *p) {
+    const cJSON *list = cJSON_GetObjectItemCaseSensitive(p, "pretokenizers");
+    const cJSON *a = cJSON_GetArrayItem(list, 0), *b = cJSON_GetArrayItem(list, 1);
+    if (!cJSON_IsArray(list) || cJSON_GetArraySize(list) != 2) return -1;
+    if (type_is(a, "Digits") && get_bool(a, "individual_digits", 0)) {
+        L->spec.pre = QLM_PRE_SMOLLM;
+        return byte_level(L, b, 1);
+    }
+    const char *re = get_str(cJSON_GetObjectItemCaseSensitive(a, "pattern"), "Regex"), *behavior = get_str(a, "behavior");
+    if (!type_is(a, "Split") || !re || !behavior || strcmp(behavior, "Isolated") != 0 || get_bool(a, "invert", 0))
+        return -1;
+    if (strcmp(re, RE_LLAMA3) == 0) L->spec.pre = QLM_PRE_LLAMA3;
+    else if (strcmp(re, RE_QWEN2) == 0) L->spec.pre = QLM_PRE_QWEN2;
+    else return -1;
+    return byte_level(L, b, 0);
+}
+
+static int load_pre_tokenizer(json_load *L) {
+    const cJSON *p = cJSON_GetObjectItemCaseSensitive(L->root, "pre_tokenizer");
+    L->spec.type = QLM_TOK_SPM_BPE;
+    if (p && !cJSON_IsNull(p)) {
+        int rc = type_is(p, "Metaspace") ? load_metaspace(L, p)
+                 : type_is(p, "Sequence") ? load_sequence(L, p)
+                                          : byte_level(L, p, 1);
+        if (rc != 0) {
+            const char *type = get_str(p, "type");
+            return qlm_errorf("%s: pre_tokenizer \"%s\" with these settings is not supported", L->path, type ? type : "?");
+        }
+    }
+    if (L->spec.type == QLM_TOK_BYTE_BPE && (L->has_prepend || L->has_replace))
+        return qlm_errorf("%s: a \"▁\" normalizer with a ByteLevel pre-tokenizer is not supported", L->path);
+    if (L->spec.type == QLM_TOK_SPM_BPE && !L->spec.spm_metaspace) {
+        if (!L->has_replace)
+            return qlm_errorf("%s: normalizer: BPE without ByteLevel or Metaspace needs Replace(\" \", \"▁\")", L->path);
+        L->spec.add_space_prefix = L->has_prepend;
+    }
+    return 0;
+}
+
+/* ---- post-processor: which special tokens frame a single sequence ---- */
+
+static int special_id(json_load *L, const cJSON *post, const char *name) {
+    const cJSON *st = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(post, "special_tokens"), name);
+    int id;
+    if (json_id(cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(st, "ids"), 0), &id) == 0 && id < L->spec.n_vocab)
+        return id;
+    for (int i = 0; i < L->spec.n_vocab; i++)
+        if (strcmp(L->tokens[i], name) == 0) return i;
+    return -1;
+}
+
+static void load_template(json_load *L, const cJSON *post) {
+    const cJSON *single = cJSON_GetObjectItemCaseSensitive(post, "single"), *e;
+    int seen_seq = 0;
+    cJSON_ArrayForEach(e, single) {
+        const char *name = get_str(cJSON_GetObjectItemCaseSensitive(e, "SpecialToken"), "id");
+        if (cJSON_GetObjectItemCaseSensitive(e, "Sequence")) seen_seq = 1;
+        else if (name && !seen_seq) L->template_bos = special_id(L, post, name);
+        else if (name) L->template_eos = special_id(L, post, name);
+    }
+}
+
+static void load_post_processor(json_load *L) {
+    const cJSON *post = cJSON_GetObjectItemCaseSensitive(L->root, "post_processor"), *e;
+    L->template_bos = L->template_eos = -1;
+    if (type_is(post, "TemplateProcessing")) load_template(L, post);
+    if (!type_is(post, "Sequence")) return;
+    cJSON_ArrayForEach(e, cJSON_GetObjectItemCaseSensitive(post, "processors")) {
+        if (type_is(e, "TemplateProcessing")) load_template(L, e);
+    }
+}
+
+/* ---- tokenizer_config.json ---- */
+
+/* bos_token etc.: a string or {"content": ...}; *id = -1 when absent. */
+static int config_token(json_load *L, const cJSON *cfg, const char *cfg_path, const char *key, int *id) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(cfg, key);
+    const char *s = cJSON_IsString(v) ? v->valuestring : get_str(v, "content");
+    *id = -1;
+    if (!v || cJSON_IsNull(v)) return 0;
+    if (!s) return qlm_errorf("%s: %s is neither a string nor {\"content\": ...}", cfg_path, key);
+    for (int i = 0; i < L->spec.n_vocab; i++)
+        if (strcmp(L->tokens[i], s) == 0) return *id = i, 0;
+    return qlm_errorf("%s: %s \"%.60s\" is not in the vocabulary of %s", cfg_path, key, s, L->path);
+}
+
+/* chat_template: a string, or [{"name": ..., "template": ...}] of which "default" is used. */
+static const char *config_chat_template(const cJSON *cfg) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(cfg, "chat_template"), *e;
+    if (cJSON_IsString(v)) return v->valuestring;
+    if (!cJSON_IsArray(v)) return NULL;
+    cJSON_ArrayForEach(e, v) {
+        const char *name = get_str(e, "name");
+        if (name && strcmp(name, "default") == 0) return get_str(e, "template");
+    }
+    return NULL;
+}
+
+static int load_config(json_load *L, const cJSON *cfg, const char *cfg_path) {
+    int bos = -1, eos = -1, pad = -1;
+    if (cfg && (config_token(L, cfg, cfg_path, "bos_token", &bos) != 0 ||
+                config_token(L, cfg, cfg_path, "eos_token", &eos) != 0))
+        return -1;
+    if (cfg && config_token(L, cfg, cfg_path, "pad_token", &pad) != 0) pad = -1; /* padding is optional */
+    L->spec.bos_id = bos >= 0 ? bos : L->template_bos;
+    L->spec.eos_id = eos >= 0 ? eos : L->template_eos;
+    L->spec.pad_id = pad;
+    L->spec.add_bos = get_bool(cfg, "add_bos_token", L->template_bos >= 0) && L->spec.bos_id >= 0;
+    L->spec.add_eos = get_bool(cfg, "add_eos_token", L->template_eos >= 0) && L->spec.eos_id >= 0;
+    L->spec.chat_template = cfg ? config_chat_template(cfg) : NULL;
+    return 0;
+}
+
+static char *sibling_config(const char *json_path) {
+    const char *slash = strrchr(json_path, '/');
+    size_t dir = slash ? (size_t)(slash - json_path + 1) : 0;
+    const char *name = "tokenizer_config.json";
+    char *p = malloc(dir + strlen(name) + 1);
+    if (!p) return NULL;
+    memcpy(p, json_path, dir);
+    strcpy(p + dir, name);
+    return p;
+}
+
+static qlm_tokenizer *load(json_load *L, const char *config_path) {
+    if (load_model(L) != 0 || load_normalizer(L) != 0 || load_pre_tokenizer(L) != 0) return NULL;
+    load_post_processor(L);
+    char *sibling = config_path ? NULL : sibling_config(L->path);
+    const char *cfg_path = config_path ? config_path : sibling;
+    if (!cfg_path) {
+        qlm_errorf("%s: out of memory", L->path);
+        return NULL;
+    }
+    cJSON *cfg = NULL;
+    qlm_tokenizer *t = NULL;
+    /* The sibling config is optional; an explicit one, or one that exists but is broken, is not. */
+    if (read_json(cfg_path, config_path == NULL, &cfg) == 0 && load_config(L, cfg, cfg_path) == 0) {
+        t = qlm_tokenizer_build(&L->spec);
+        if (!t) qlm_error_context("%s", L->path);
+    }
+    cJSON_Delete(cfg);
+    free(sibling);
+    return t;
+}
+
+qlm_tokenizer *qlm_tokenizer_load_json(const char *tokenizer_json, const char *tokenizer_config) {
+    if (!tokenizer_json) {
+        qlm_errorf("tokenizer.json: no path");
+        return NULL;
+    }
+    json_load L = {.path = tokenizer_json};
+    L.spec.bos_id = L.spec.eos_id = L.spec.unk_id = L.spec.pad_id = -1;
+    qlm_tokenizer *t = read_json(tokenizer_json, 0, &L.root) == 0 ? load(&L, tokenizer_config) : NULL;
+    for (int i = 0; L.merges && i < L.n_merges; i++) free(L.merges[i]);
+    free(L.merges);
+    free(L.tokens);
+    free(L.types);
+    free(L.flags);
+    cJSON_Delete(L.root);
+    return t;
+}
