@@ -1,0 +1,316 @@
+/* Kernel benchmark: memory bandwidth, then GEMV (decode, n = 1) and GEMM (prefill) speed per
+ * weight dtype for the SmolLM2-135M matrix shapes.
+ *
+ * GEMV runs "cold": it cycles through enough copies of the matrix to exceed the caches, as
+ * decode does (a whole model never fits in L3), so GB/s is comparable with the measured
+ * bandwidth. --hot reuses one copy instead. GEMM reuses one copy (it is compute-bound).
+ *
+ * usage: bench_kernels [--isa scalar|avx2|avx512] [--hot] [--n N] [--quick] [--only gemv|gemm] */
+#include <cblas.h>
+#include <omp.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "core/dtype.h"
+#include "core/error.h"
+#include "core/membw.h"
+#include "quant/half.h"
+#include "quant/matmul.h"
+#include "quant/quantize.h"
+
+/* Bytes of weight copies a cold GEMV cycles through: 4x a 32 MiB L3. */
+#define COLD_BYTES (128L << 20)
+
+typedef struct {
+    const char *name;
+    int rows, cols;
+} shape;
+
+static const shape k_shapes[] = {
+    {"q/o 576x576", 576, 576},      {"k/v 192x576", 192, 576},         {"gate/up 1536x576", 1536, 576},
+    {"down 576x1536", 576, 1536},   {"lm_head 49152x576", 49152, 576},
+};
+#define NSHAPES (int)(sizeof k_shapes / sizeof k_shapes[0])
+
+typedef struct {
+    qlm_dtype dtype;
+    int per_row; /* I8 only */
+    const char *label;
+} variant;
+
+static const variant k_variants[] = {
+    {QLM_F32, 0, "f32"}, {QLM_F16, 0, "f16"}, {QLM_BF16, 0, "bf16"}, {QLM_I8, 0, "int8"}, {QLM_I8, 1, "int8/row"},
+};
+#define NVARIANTS (int)(sizeof k_variants / sizeof k_variants[0])
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static uint64_t g_rng = 0x9e3779b97f4a7c15ull;
+
+static float frand(void) {
+    g_rng ^= g_rng << 13;
+    g_rng ^= g_rng >> 7;
+    g_rng ^= g_rng << 17;
+    return (float)((g_rng >> 40) * (1.0 / 16777216.0)) * 2.0f - 1.0f;
+}
+
+/* Copies of one random rows x cols matrix in the variant's dtype, back to back. */
+typedef struct {
+    void *data;
+    float *row_scales;
+    float scale;
+    size_t bytes; /* of one copy */
+    long copies;
+} weights;
+
+static void weights_free(weights *wt) {
+    free(wt->data);
+    free(wt->row_scales);
+    wt->data = NULL;
+    wt->row_scales = NULL;
+}
+
+static int weights_make(weights *wt, const shape *s, const variant *v, long copies) {
+    long n = (long)s->rows * s->cols;
+    float *f = malloc((size_t)n * sizeof(float));
+    wt->bytes = (size_t)n * qlm_dtype_size(v->dtype);
+    wt->copies = copies;
+    wt->data = malloc(wt->bytes * (size_t)copies);
+    wt->row_scales = v->per_row ? malloc((size_t)s->rows * sizeof(float)) : NULL;
+    if (!f || !wt->data || (v->per_row && !wt->row_scales)) {
+        free(f);
+        weights_free(wt);
+        return qlm_errorf("bench: cannot allocate %zu MiB of weights", (wt->bytes * (size_t)copies) >> 20);
+    }
+    for (long i = 0; i < n; i++) f[i] = frand() * 0.05f;
+    wt->scale = 1.0f;
+    if (v->dtype == QLM_I8 && v->per_row)
+        qlm_quantize_i8_rows(wt->data, wt->row_scales, f, s->rows, s->cols);
+    else if (v->dtype == QLM_I8)
+        wt->scale = qlm_quantize_i8(wt->data, f, s->rows, s->cols);
+    else
+        qlm_convert_from_f32(wt->data, v->dtype, f, n);
+    for (long c = 1; c < copies; c++) memcpy((char *)wt->data + (size_t)c * wt->bytes, wt->data, wt->bytes);
+    free(f);
+    return 0;
+}
+
+static qlm_weight weights_copy(const weights *wt, const shape *s, const variant *v, long c) {
+    qlm_weight w = {v->dtype, s->rows, s->cols, (const char *)wt->data + (size_t)c * wt->bytes, wt->scale, wt->row_scales};
+    return w;
+}
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* Seconds per qlm_matmul call over about budget_s, cycling through the copies: the 20th
+ * percentile of the call times. Not the mean: on a shared 2-core machine one preemption of an
+ * OpenMP thread costs a whole scheduler tick and would swamp microsecond calls. */
+static double time_matmul(const weights *wt, const shape *s, const variant *v, int n, const float *x, float *y,
+                          double budget_s) {
+    enum { MAX_CALLS = 1 << 16 };
+    static double times[MAX_CALLS];
+    int calls = 0;
+    long c = 0;
+    double start = now_s(), t0 = start, t1;
+    do {
+        qlm_weight w = weights_copy(wt, s, v, c);
+        qlm_matmul(y, x, n, &w, NULL);
+        c = (c + 1) % wt->copies;
+        t1 = now_s();
+        times[calls++] = t1 - t0;
+        t0 = t1;
+    } while (t1 - start < budget_s && calls < MAX_CALLS);
+    qsort(times, (size_t)calls, sizeof times[0], cmp_double);
+    return times[calls / 5];
+}
+
+static double memcpy_gbs(void) {
+    size_t bytes = (size_t)COLD_BYTES / 2;
+    char *a = malloc(bytes), *b = malloc(bytes);
+    if (!a || !b) {
+        free(a);
+        free(b);
+        return -1;
+    }
+    memset(a, 1, bytes);
+    memset(b, 2, bytes);
+    double best = 1e30;
+    for (int pass = 0; pass < 5; pass++) {
+        double t0 = now_s();
+#pragma omp parallel
+        {
+            int nt = omp_get_num_threads(), t = omp_get_thread_num();
+            size_t chunk = bytes / (size_t)nt, off = chunk * (size_t)t;
+            memcpy(b + off, a + off, t == nt - 1 ? bytes - off : chunk);
+        }
+        double dt = now_s() - t0;
+        if (dt < best) best = dt;
+    }
+    free(a);
+    free(b);
+    /* memcpy reads and writes every byte. */
+    return 2.0 * (double)bytes / best / 1e9;
+}
+
+typedef struct {
+    int hot, quick, gemm_n;
+    const char *only; /* "gemv", "gemm" or NULL for both */
+} options;
+
+static int parse_args(int argc, char **argv, options *o) {
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--hot") == 0) {
+            o->hot = 1;
+        } else if (strcmp(argv[i], "--quick") == 0) {
+            o->quick = 1;
+        } else if (strcmp(argv[i], "--isa") == 0 && i + 1 < argc) {
+            if (qlm_matmul_force_isa(argv[++i]) != 0) {
+                fprintf(stderr, "bench_kernels: %s\n", qlm_last_error());
+                return -1;
+            }
+        } else if (strcmp(argv[i], "--only") == 0 && i + 1 < argc) {
+            o->only = argv[++i];
+        } else if (strcmp(argv[i], "--n") == 0 && i + 1 < argc) {
+            o->gemm_n = atoi(argv[++i]);
+            if (o->gemm_n < 1 || o->gemm_n > 4096) {
+                fprintf(stderr, "bench_kernels: --n must be in 1..4096\n");
+                return -1;
+            }
+        } else {
+            fprintf(stderr, "usage: bench_kernels [--isa scalar|avx2|avx512] [--hot] [--n N] [--quick] [--only gemv|gemm]\n");
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* Seconds per GEMV for each shape and variant, printing one row per pair. The variants of a
+ * shape are timed in ROUNDS interleaved rounds and the best round counts, so a burst of other
+ * load on the machine spoils one round of one variant rather than a whole row. */
+#define ROUNDS 4
+static int bench_gemv(const options *o, double bw, double gemv_s[NSHAPES][NVARIANTS]) {
+    double budget = (o->quick ? 0.15 : 0.6) / ROUNDS;
+    printf("\nGEMV n=1 (%s)\n%-20s %-9s %10s %9s %9s %8s\n", o->hot ? "hot: one copy" : "cold: cycling copies > L3",
+           "shape", "dtype", "us/call", "GFLOP/s", "GB/s", "of BW");
+    for (int si = 0; si < NSHAPES; si++) {
+        const shape *s = &k_shapes[si];
+        float *x = malloc((size_t)s->cols * sizeof(float)), *y = malloc((size_t)s->rows * sizeof(float));
+        weights wt[NVARIANTS] = {{0}};
+        int ok = x && y;
+        if (!ok) qlm_errorf("bench: out of memory");
+        for (int vi = 0; ok && vi < NVARIANTS; vi++) {
+            const variant *v = &k_variants[vi];
+            size_t bytes = (size_t)s->rows * s->cols * qlm_dtype_size(v->dtype);
+            long copies = o->hot ? 1 : (long)((COLD_BYTES + bytes - 1) / bytes);
+            if (copies < 2 && !o->hot) copies = 2;
+            ok = weights_make(&wt[vi], s, v, copies) == 0;
+        }
+        if (ok) {
+            for (int k = 0; k < s->cols; k++) x[k] = frand();
+            for (int vi = 0; vi < NVARIANTS; vi++) gemv_s[si][vi] = 1e30;
+            for (int round = 0; round < ROUNDS; round++)
+                for (int vi = 0; vi < NVARIANTS; vi++) {
+                    double t = time_matmul(&wt[vi], s, &k_variants[vi], 1, x, y, budget);
+                    if (t < gemv_s[si][vi]) gemv_s[si][vi] = t;
+                }
+            for (int vi = 0; vi < NVARIANTS; vi++) {
+                double t = gemv_s[si][vi], gbs = (double)wt[vi].bytes / t / 1e9;
+                printf("%-20s %-9s %10.2f %9.2f %9.2f %7.0f%%\n", s->name, k_variants[vi].label, t * 1e6,
+                       2.0 * s->rows * s->cols / t / 1e9, gbs, 100.0 * gbs / bw);
+            }
+        }
+        for (int vi = 0; vi < NVARIANTS; vi++) weights_free(&wt[vi]);
+        free(x);
+        free(y);
+        if (!ok) return -1;
+    }
+    return 0;
+}
+
+static int bench_gemm(const options *o) {
+    int n = o->gemm_n;
+    double budget = o->quick ? 0.15 : 0.5;
+    printf("\nGEMM n=%d (prefill, hot)\n%-20s %-9s %10s %9s\n", n, "shape", "dtype", "ms/call", "GFLOP/s");
+    for (int si = 0; si < NSHAPES; si++) {
+        const shape *s = &k_shapes[si];
+        float *x = malloc((size_t)n * s->cols * sizeof(float)), *y = malloc((size_t)n * s->rows * sizeof(float));
+        if (!x || !y) {
+            free(x);
+            free(y);
+            return qlm_errorf("bench: out of memory");
+        }
+        for (long k = 0; k < (long)n * s->cols; k++) x[k] = frand();
+        for (int vi = 0; vi < NVARIANTS; vi++) {
+            const variant *v = &k_variants[vi];
+            weights wt;
+            if (weights_make(&wt, s, v, 1) != 0) {
+                free(x);
+                free(y);
+                return -1;
+            }
+            double t = time_matmul(&wt, s, v, n, x, y, budget);
+            printf("%-20s %-9s %10.3f %9.2f\n", s->name, v->label, t * 1e3, 2.0 * n * s->rows * s->cols / t / 1e9);
+            if (v->dtype == QLM_F32) {
+                /* Reference: one sgemm call threaded by OpenBLAS itself. */
+                double best = 1e30;
+                for (int rep = 0; rep < 5; rep++) {
+                    double t0 = now_s();
+                    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, s->rows, s->cols, 1.0f, x, s->cols,
+                                wt.data, s->cols, 0.0f, y, s->rows);
+                    double dt = now_s() - t0;
+                    if (dt < best) best = dt;
+                }
+                printf("%-20s %-9s %10.3f %9.2f\n", s->name, "(blas)", best * 1e3,
+                       2.0 * n * s->rows * s->cols / best / 1e9);
+            }
+            weights_free(&wt);
+        }
+        free(x);
+        free(y);
+    }
+    return 0;
+}
+
+int main(int argc, char **argv) {
+    options o = {0, 0, 128, NULL};
+    if (parse_args(argc, argv, &o) != 0) return 2;
+    printf("isa %s, %d OpenMP threads, OpenBLAS %d threads\n", qlm_matmul_isa(), omp_get_max_threads(),
+           openblas_get_num_threads());
+    double bw = qlm_measure_bandwidth_gbs();
+    if (bw <= 0) {
+        fprintf(stderr, "bench_kernels: %s\n", qlm_last_error());
+        return 1;
+    }
+    printf("memory bandwidth: read %.2f GB/s, memcpy %.2f GB/s (read+write)\n", bw, memcpy_gbs());
+
+    static double gemv_s[NSHAPES][NVARIANTS];
+    int gemv = !o.only || strcmp(o.only, "gemv") == 0, gemm = !o.only || strcmp(o.only, "gemm") == 0;
+    if ((gemv && bench_gemv(&o, bw, gemv_s) != 0) || (gemm && bench_gemm(&o) != 0)) {
+        fprintf(stderr, "bench_kernels: %s\n", qlm_last_error());
+        return 1;
+    }
+    if (!gemv) return 0;
+
+    printf("\nGEMV speedup over bf16 (time ratio) and int8 bandwidth use\n%-20s %8s %8s %8s %10s\n", "shape",
+           "f16", "int8", "int8/row", "int8 of BW");
+    double sum[NVARIANTS] = {0};
+    for (int si = 0; si < NSHAPES; si++) {
+        double bf = gemv_s[si][2];
+        size_t bytes8 = (size_t)k_shapes[si].rows * k_shapes[si].cols;
+        printf("%-20s %7.2fx %7.2fx %7.2fx %9.0f%%\n", k_shapes[si].name, bf / gemv_s[si][1], bf / gemv_s[si][3],
+               bf / gemv_s[si][4], 100.0 * (double)bytes8 / gemv_s[si][3] / 1e9 / bw);
+        for (int vi = 0; vi < NVARIANTS; vi++) sum[vi] += gemv_s[si][vi];
+    }
+    printf("%-20s %7.2fx %7.2fx %7.2fx\n", "all shapes (sum)", sum[2] / sum[1], sum[2] / sum[3], sum[2] / sum[4]);
+    return 0;
+}

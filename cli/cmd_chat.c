@@ -1,0 +1,230 @@
+/* qlm chat: multi-turn conversation rendered with the model's chat template. The KV cache
+ * keeps the conversation so each turn only evaluates its new tokens; when the history no
+ * longer fits the context window, the oldest turns are dropped (the system prompt stays). */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "../core/chat.h"
+#include "../core/error.h"
+#include "commands.h"
+#include "common.h"
+
+static const char *k_usage =
+    "usage: qlm chat -m MODEL [options]\n"
+    "Interactive chat: type a message and press Enter. Commands: /reset (forget the conversation),\n"
+    "/exit. With -p the messages are sent one after another and qlm exits.\n\n" CLI_MODEL_HELP CLI_SAMPLING_HELP
+    "  -p, --prompt TEXT      send TEXT as a user message (repeatable); no interactive input\n"
+    "      --system TEXT      system prompt\n"
+    "      --quiet            no load line or timing on stderr\n";
+
+typedef struct {
+    qlm_chat_message *msgs;
+    int n, cap;
+} history;
+
+static int history_add(history *h, const char *role, const char *content) {
+    if (h->n == h->cap) {
+        int cap = h->cap ? h->cap * 2 : 16;
+        qlm_chat_message *m = realloc(h->msgs, (size_t)cap * sizeof *m);
+        if (!m) return qlm_errorf("out of memory");
+        h->msgs = m;
+        h->cap = cap;
+    }
+    char *copy = strdup(content);
+    if (!copy) return qlm_errorf("out of memory");
+    h->msgs[h->n++] = (qlm_chat_message){role, copy};
+    return 0;
+}
+
+/* Removes message i (freeing its content). */
+static void history_remove(history *h, int i) {
+    free((char *)h->msgs[i].content);
+    memmove(&h->msgs[i], &h->msgs[i + 1], (size_t)(h->n - i - 1) * sizeof h->msgs[0]);
+    h->n--;
+}
+
+static void history_clear(history *h, int keep) {
+    while (h->n > keep) history_remove(h, h->n - 1);
+}
+
+typedef struct {
+    char *buf;
+    size_t len, cap;
+} reply_buf;
+
+static int emit_reply(void *user, const char *text, size_t len) {
+    reply_buf *r = user;
+    fwrite(text, 1, len, stdout);
+    fflush(stdout);
+    if (r->len + len + 1 > r->cap) {
+        size_t cap = (r->len + len + 1) * 2;
+        char *b = realloc(r->buf, cap);
+        if (!b) return 1;
+        r->buf = b;
+        r->cap = cap;
+    }
+    memcpy(r->buf + r->len, text, len);
+    r->len += len;
+    r->buf[r->len] = 0;
+    return 0;
+}
+
+/* Renders and tokenizes the conversation, dropping the oldest turns until prompt + reply fit. */
+static int fit_prompt(const qlm_tokenizer *tok, history *h, int first_turn, int ctx, int reserve, int **ids, int *n) {
+    const char *tmpl = qlm_tokenizer_chat_template(tok);
+    int bos = qlm_tokenizer_bos(tok), eos = qlm_tokenizer_eos(tok);
+    const char *bos_s = bos >= 0 ? qlm_tokenizer_token(tok, bos) : "";
+    const char *eos_s = eos >= 0 ? qlm_tokenizer_token(tok, eos) : "";
+    for (;;) {
+        char *text = NULL;
+        if (qlm_chat_render(tmpl, h->msgs, h->n, 1, bos_s, eos_s, &text) != 0) return -1;
+        int rc = qlm_tokenizer_encode(tok, text, strlen(text), 0, 1, ids, n);
+        free(text);
+        if (rc != 0) return -1;
+        if (*n + reserve <= ctx) return 0;
+        free(*ids);
+        *ids = NULL;
+        if (h->n - first_turn <= 1)
+            return qlm_errorf("the message (%d tokens with its reply budget of %d) does not fit the context window of %d",
+                              *n, reserve, ctx);
+        history_remove(h, first_turn); /* oldest user message, then its reply */
+        if (h->n > first_turn && strcmp(h->msgs[first_turn].role, "assistant") == 0) history_remove(h, first_turn);
+    }
+}
+
+static int chat_turn(qlm_session *s, history *h, int first_turn, const char *message, const cli_sampling_opts *so,
+                     int quiet) {
+    if (history_add(h, "user", message) != 0) return -1;
+    int *ids = NULL, n = 0;
+    int reserve = so->gen.max_new_tokens < s->state.max_seq / 2 ? so->gen.max_new_tokens : s->state.max_seq / 2;
+    if (fit_prompt(s->tok, h, first_turn, s->state.max_seq, reserve, &ids, &n) != 0) {
+        history_remove(h, h->n - 1);
+        return -1;
+    }
+    qlm_gen_stats pst = {0}, st = {0};
+    reply_buf reply = {0};
+    int rc = qlm_session_sync(s, ids, n, &pst);
+    if (rc == 0) rc = qlm_session_generate(s, &so->gen, emit_reply, &reply, &st);
+    free(ids);
+    fputc('\n', stdout);
+    fflush(stdout);
+    if (rc == 0) rc = history_add(h, "assistant", reply.buf ? reply.buf : "");
+    else history_remove(h, h->n - 1);
+    free(reply.buf);
+    if (rc == 0 && !quiet)
+        fprintf(stderr, "[%d new prompt tokens in %.2f s, %d tokens at %.1f tok/s, stop: %s]\n", pst.n_prompt,
+                pst.prefill_seconds, st.n_generated, st.n_generated / (st.decode_seconds + 1e-9),
+                qlm_stop_reason_name(st.reason));
+    return rc;
+}
+
+/* Reads one line of any length from f; NULL at end of input. */
+static char *read_line(FILE *f) {
+    size_t cap = 256, n = 0;
+    char *buf = malloc(cap);
+    int ch;
+    if (!buf) return NULL;
+    while ((ch = fgetc(f)) != EOF && ch != '\n') {
+        if (n + 1 >= cap) {
+            char *b = realloc(buf, cap * 2);
+            if (!b) {
+                free(buf);
+                return NULL;
+            }
+            buf = b;
+            cap *= 2;
+        }
+        buf[n++] = (char)ch;
+    }
+    if (ch == EOF && n == 0) {
+        free(buf);
+        return NULL;
+    }
+    if (n && buf[n - 1] == '\r') n--;
+    buf[n] = 0;
+    return buf;
+}
+
+int cmd_chat(int argc, char **argv) {
+    cli_model_opts mo;
+    cli_sampling_opts so;
+    cli_model_opts_init(&mo);
+    cli_sampling_opts_init(&so);
+    const char *system = NULL, *prompts[64];
+    int n_prompts = 0, quiet = 0;
+    static const struct option opts[] = {CLI_MODEL_OPTIONS, CLI_SAMPLING_OPTIONS,
+                                         {"prompt", required_argument, 0, OPT_PROMPT},
+                                         {"system", required_argument, 0, OPT_SYSTEM},
+                                         {"quiet", no_argument, 0, OPT_QUIET},
+                                         {0, 0, 0, 0}};
+    optind = 1;
+    int c;
+    while ((c = getopt_long(argc, argv, "m:t:p:n:h", opts, NULL)) != -1) {
+        int r = cli_model_flag(&mo, c, optarg);
+        if (r == 0) r = cli_sampling_flag(&so, c, optarg);
+        if (r < 0) return 2;
+        if (r > 0) continue;
+        switch (c) {
+        case OPT_HELP: fputs(k_usage, stdout); return 0;
+        case OPT_PROMPT:
+            if (n_prompts == (int)(sizeof prompts / sizeof prompts[0])) {
+                fprintf(stderr, "qlm chat: at most 64 -p messages\n");
+                return 2;
+            }
+            prompts[n_prompts++] = optarg;
+            break;
+        case OPT_SYSTEM: system = optarg; break;
+        case OPT_QUIET: quiet = 1; break;
+        default: return cli_usage_error("chat", k_usage);
+        }
+    }
+    if (optind < argc || !mo.model) {
+        fprintf(stderr, optind < argc ? "qlm chat: unexpected argument '%s'\n" : "qlm chat: no model given (-m MODEL)\n",
+                optind < argc ? argv[optind] : "");
+        return cli_usage_error("chat", k_usage);
+    }
+    cli_model cm;
+    if (cli_load_model(&mo, &cm, 1, quiet) != 0) return cli_fail("chat");
+    qlm_session s;
+    if (qlm_session_init(&s, &cm.model, cm.src.tok, cli_context_size(&mo, &cm), mo.batch) != 0) {
+        cli_free_model(&cm);
+        return cli_fail("chat");
+    }
+    if (!quiet) fprintf(stderr, "qlm: chat template: %s\n", qlm_chat_family_name(qlm_chat_detect(qlm_tokenizer_chat_template(cm.src.tok))));
+    history h = {0};
+    int rc = 0, first_turn = 0;
+    if (system && history_add(&h, "system", system) != 0) rc = 1;
+    first_turn = h.n;
+    if (rc == 0 && n_prompts > 0) {
+        for (int i = 0; i < n_prompts && rc == 0; i++) {
+            if (!quiet) fprintf(stderr, "> %s\n", prompts[i]);
+            if (chat_turn(&s, &h, first_turn, prompts[i], &so, quiet) != 0) rc = 1;
+        }
+    } else if (rc == 0) {
+        int tty = isatty(0);
+        for (;;) {
+            if (tty) fputs("> ", stderr);
+            char *line = read_line(stdin);
+            if (!line) break;
+            if (!strcmp(line, "/exit") || !strcmp(line, "/quit")) {
+                free(line);
+                break;
+            }
+            if (!strcmp(line, "/reset")) {
+                history_clear(&h, first_turn);
+                fprintf(stderr, "[conversation cleared]\n");
+            } else if (line[0] && chat_turn(&s, &h, first_turn, line, &so, quiet) != 0) {
+                fprintf(stderr, "qlm chat: %s\n", qlm_last_error());
+            }
+            free(line);
+        }
+    }
+    if (rc) cli_fail("chat");
+    history_clear(&h, 0);
+    free(h.msgs);
+    qlm_session_free(&s);
+    cli_free_model(&cm);
+    return rc;
+}

@@ -1,0 +1,168 @@
+/* qlm generate: continue a prompt, streaming tokens to stdout. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../core/error.h"
+#include "commands.h"
+#include "common.h"
+
+static const char *k_usage =
+    "usage: qlm generate -m MODEL [-t TOKENIZER] [-p PROMPT | -f FILE] [options]\n"
+    "Continues PROMPT (default: empty, i.e. from BOS) and streams the text to stdout.\n\n" CLI_MODEL_HELP
+    CLI_SAMPLING_HELP
+    "  -p, --prompt TEXT      the prompt\n"
+    "  -f, --file PATH        read the prompt from a file ('-' = stdin)\n"
+    "      --no-bos           do not prepend the BOS token\n"
+    "      --no-special       treat special-token text in the prompt as plain text\n"
+    "      --json             print one JSON object: prompt ids, generated ids, text, stop reason\n"
+    "      --quiet            no load line or timing on stderr\n";
+
+typedef struct {
+    char *buf;
+    size_t len, cap;
+    int echo;
+} out_text;
+
+static int emit_text(void *user, const char *text, size_t len) {
+    out_text *o = user;
+    if (o->echo) {
+        fwrite(text, 1, len, stdout);
+        fflush(stdout);
+        return 0;
+    }
+    if (o->len + len + 1 > o->cap) {
+        size_t cap = (o->len + len + 1) * 2;
+        char *b = realloc(o->buf, cap);
+        if (!b) return 1;
+        o->buf = b;
+        o->cap = cap;
+    }
+    memcpy(o->buf + o->len, text, len);
+    o->len += len;
+    o->buf[o->len] = 0;
+    return 0;
+}
+
+static void print_ids(const char *key, const int *ids, int n) {
+    printf("\"%s\": [", key);
+    for (int i = 0; i < n; i++) printf("%s%d", i ? ", " : "", ids[i]);
+    printf("]");
+}
+
+static void print_json_text(const char *s, size_t n) {
+    putchar('"');
+    for (size_t i = 0; i < n; i++) {
+        unsigned char c = (unsigned char)s[i];
+        if (c == '"' || c == '\\') printf("\\%c", c);
+        else if (c == '\n') printf("\\n");
+        else if (c < 0x20) printf("\\u%04x", c);
+        else putchar(c);
+    }
+    putchar('"');
+}
+
+int cmd_generate(int argc, char **argv) {
+    cli_model_opts mo;
+    cli_sampling_opts so;
+    cli_model_opts_init(&mo);
+    cli_sampling_opts_init(&so);
+    const char *prompt = "", *file = NULL;
+    int no_bos = 0, no_special = 0, quiet = 0, json = 0;
+    static const struct option opts[] = {CLI_MODEL_OPTIONS, CLI_SAMPLING_OPTIONS,
+                                         {"prompt", required_argument, 0, OPT_PROMPT},
+                                         {"file", required_argument, 0, 'f'},
+                                         {"no-bos", no_argument, 0, OPT_NO_BOS},
+                                         {"no-special", no_argument, 0, OPT_NO_SPECIAL},
+                                         {"quiet", no_argument, 0, OPT_QUIET},
+                                         {"json", no_argument, 0, OPT_JSON},
+                                         {0, 0, 0, 0}};
+    optind = 1;
+    int c;
+    while ((c = getopt_long(argc, argv, "m:t:p:n:f:h", opts, NULL)) != -1) {
+        int r = cli_model_flag(&mo, c, optarg);
+        if (r == 0) r = cli_sampling_flag(&so, c, optarg);
+        if (r < 0) return 2;
+        if (r > 0) continue;
+        switch (c) {
+        case OPT_HELP: fputs(k_usage, stdout); return 0;
+        case OPT_PROMPT: prompt = optarg; break;
+        case 'f': file = optarg; break;
+        case OPT_NO_BOS: no_bos = 1; break;
+        case OPT_NO_SPECIAL: no_special = 1; break;
+        case OPT_QUIET: quiet = 1; break;
+        case OPT_JSON: json = 1; break;
+        default: return cli_usage_error("generate", k_usage);
+        }
+    }
+    if (optind < argc) {
+        fprintf(stderr, "qlm generate: unexpected argument '%s'\n", argv[optind]);
+        return cli_usage_error("generate", k_usage);
+    }
+    if (!mo.model) {
+        fprintf(stderr, "qlm generate: no model given (-m MODEL)\n");
+        return cli_usage_error("generate", k_usage);
+    }
+    char *file_text = NULL;
+    if (file) {
+        file_text = cli_read_text(file, NULL);
+        if (!file_text) return cli_fail("generate");
+        prompt = file_text;
+    }
+    cli_model cm;
+    if (cli_load_model(&mo, &cm, 1, quiet) != 0) {
+        free(file_text);
+        return cli_fail("generate");
+    }
+    int rc = 1, *ids = NULL, n_ids = 0, *gen_ids = NULL;
+    out_text text = {.echo = !json};
+    qlm_session s;
+    int have_session = 0;
+    if (qlm_tokenizer_encode(cm.src.tok, prompt, strlen(prompt), !no_bos, !no_special, &ids, &n_ids) != 0) goto out;
+    if (n_ids == 0) {
+        int bos = qlm_tokenizer_bos(cm.src.tok);
+        if (bos < 0) {
+            qlm_errorf("empty prompt and the tokenizer has no BOS token to start from");
+            goto out;
+        }
+        free(ids);
+        ids = malloc(sizeof *ids);
+        if (!ids) goto out;
+        ids[0] = bos;
+        n_ids = 1;
+    }
+    if (qlm_session_init(&s, &cm.model, cm.src.tok, cli_context_size(&mo, &cm), mo.batch) != 0) goto out;
+    have_session = 1;
+    qlm_gen_stats st = {0}, pst = {0};
+    if (qlm_session_sync(&s, ids, n_ids, &pst) != 0) goto out;
+    gen_ids = malloc(((size_t)so.gen.max_new_tokens + 1) * sizeof *gen_ids);
+    if (!gen_ids) goto out;
+    so.gen.out_ids = gen_ids;
+    if (!json) fputs(prompt, stdout);
+    if (qlm_session_generate(&s, &so.gen, emit_text, &text, &st) != 0) goto out;
+    if (json) {
+        printf("{");
+        print_ids("prompt_ids", ids, n_ids);
+        printf(", ");
+        print_ids("ids", gen_ids, st.n_generated);
+        printf(", \"text\": ");
+        print_json_text(text.buf ? text.buf : "", text.len);
+        printf(", \"stop\": \"%s\"}\n", qlm_stop_reason_name(st.reason));
+    } else {
+        fputc('\n', stdout);
+    }
+    if (!quiet)
+        fprintf(stderr, "qlm: prompt %d tokens in %.3f s (%.1f tok/s); generated %d tokens in %.3f s (%.1f tok/s); stop: %s\n",
+                pst.n_prompt, pst.prefill_seconds, pst.n_prompt / (pst.prefill_seconds + 1e-9), st.n_generated,
+                st.decode_seconds, st.n_generated / (st.decode_seconds + 1e-9), qlm_stop_reason_name(st.reason));
+    rc = 0;
+out:
+    if (rc) cli_fail("generate");
+    if (have_session) qlm_session_free(&s);
+    free(ids);
+    free(gen_ids);
+    free(text.buf);
+    free(file_text);
+    cli_free_model(&cm);
+    return rc;
+}

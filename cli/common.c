@@ -1,0 +1,206 @@
+#include "common.h"
+
+#include <errno.h>
+#include <omp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "../core/error.h"
+
+void cli_model_opts_init(cli_model_opts *o) {
+    memset(o, 0, sizeof *o);
+    o->device = "auto";
+    o->batch = 512;
+}
+
+void cli_sampling_opts_init(cli_sampling_opts *s) {
+    memset(s, 0, sizeof *s);
+    s->gen.sampling = qlm_sampling_defaults();
+    s->gen.max_new_tokens = 256;
+    s->gen.stop = s->stops;
+}
+
+int cli_int(const char *flag, const char *arg, long min, long max, int *out) {
+    char *end;
+    errno = 0;
+    long v = strtol(arg, &end, 10);
+    if (errno || end == arg || *end || v < min || v > max) {
+        fprintf(stderr, "qlm: %s expects an integer in [%ld, %ld], got '%s'\n", flag, min, max, arg);
+        return -1;
+    }
+    *out = (int)v;
+    return 0;
+}
+
+int cli_float(const char *flag, const char *arg, double min, double max, float *out) {
+    char *end;
+    errno = 0;
+    double v = strtod(arg, &end);
+    if (errno || end == arg || *end || !(v >= min && v <= max)) {
+        fprintf(stderr, "qlm: %s expects a number in [%g, %g], got '%s'\n", flag, min, max, arg);
+        return -1;
+    }
+    *out = (float)v;
+    return 0;
+}
+
+int cli_model_flag(cli_model_opts *o, int opt, const char *arg) {
+    switch (opt) {
+    case OPT_MODEL: o->model = arg; return 1;
+    case OPT_TOKENIZER: o->tokenizer = arg; return 1;
+    case OPT_DTYPE: {
+        qlm_dtype d;
+        if (qlm_dtype_parse(arg, &d) != 0) {
+            fprintf(stderr, "qlm: --dtype must be f32, bf16, f16 or int8, got '%s'\n", arg);
+            return -1;
+        }
+        o->dtype = arg;
+        return 1;
+    }
+    case OPT_PER_CHANNEL: o->per_channel = 1; return 1;
+    case OPT_THREADS: return cli_int("--threads", arg, 1, 1024, &o->threads) ? -1 : 1;
+    case OPT_CTX: return cli_int("--ctx", arg, 1, 1 << 24, &o->ctx) ? -1 : 1;
+    case OPT_BATCH: return cli_int("--batch", arg, 1, 1 << 16, &o->batch) ? -1 : 1;
+    case OPT_DEVICE:
+        if (strcmp(arg, "cpu") && strcmp(arg, "cuda") && strcmp(arg, "auto")) {
+            fprintf(stderr, "qlm: --device must be cpu, cuda or auto, got '%s'\n", arg);
+            return -1;
+        }
+        o->device = arg;
+        return 1;
+    default: return 0;
+    }
+}
+
+int cli_sampling_flag(cli_sampling_opts *s, int opt, const char *arg) {
+    qlm_sampling *p = &s->gen.sampling;
+    int v;
+    switch (opt) {
+    case OPT_TEMP: return cli_float("--temp", arg, 0, 100, &p->temperature) ? -1 : 1;
+    case OPT_TOP_K: return cli_int("--top-k", arg, 0, 1 << 24, &p->top_k) ? -1 : 1;
+    case OPT_TOP_P: return cli_float("--top-p", arg, 1e-6, 1, &p->top_p) ? -1 : 1;
+    case OPT_REPEAT_PENALTY: return cli_float("--repeat-penalty", arg, 1e-3, 100, &p->repeat_penalty) ? -1 : 1;
+    case OPT_REPEAT_LAST_N: return cli_int("--repeat-last-n", arg, 0, 1 << 24, &p->repeat_last_n) ? -1 : 1;
+    case OPT_SEED: {
+        char *end;
+        errno = 0;
+        unsigned long long seed = strtoull(arg, &end, 10);
+        if (errno || end == arg || *end || arg[0] == '-') {
+            fprintf(stderr, "qlm: --seed expects a non-negative integer, got '%s'\n", arg);
+            return -1;
+        }
+        p->seed = seed ? seed : 0x9E3779B97F4A7C15ULL; /* 0 would mean "from the clock" */
+        return 1;
+    }
+    case OPT_NTOK:
+        if (cli_int("--max-tokens", arg, 0, 1 << 24, &v) != 0) return -1;
+        s->gen.max_new_tokens = v;
+        return 1;
+    case OPT_STOP:
+        if (s->gen.n_stop == (int)(sizeof s->stops / sizeof s->stops[0])) {
+            fprintf(stderr, "qlm: at most %zu --stop strings\n", sizeof s->stops / sizeof s->stops[0]);
+            return -1;
+        }
+        if (!arg[0]) {
+            fprintf(stderr, "qlm: --stop needs a non-empty string\n");
+            return -1;
+        }
+        s->stops[s->gen.n_stop++] = arg;
+        return 1;
+    default: return 0;
+    }
+}
+
+int cli_fail(const char *cmd) {
+    fprintf(stderr, "qlm %s: %s\n", cmd, qlm_last_error());
+    return 1;
+}
+
+int cli_usage_error(const char *cmd, const char *usage) {
+    fprintf(stderr, "%sRun 'qlm %s --help' for all options.\n", usage, cmd);
+    return 2;
+}
+
+int cli_load_model(const cli_model_opts *o, cli_model *cm, int need_tokenizer, int quiet) {
+    memset(cm, 0, sizeof *cm);
+    if (!o->model) return qlm_errorf("no model given (use -m PATH)");
+    if (o->threads > 0) omp_set_num_threads(o->threads);
+    const qlm_backend *be = qlm_backend_by_name(o->device);
+    if (!be) return -1;
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    if (qlm_source_open(&cm->src, o->model, o->tokenizer) != 0) return -1;
+    if (need_tokenizer && !cm->src.tok) {
+        qlm_source_close(&cm->src);
+        return qlm_errorf("%s: no tokenizer found beside the model; give one with -t", o->model);
+    }
+    qlm_model_options mo = {.dtype = cm->src.stored_dtype, .per_channel = o->per_channel || cm->src.stored_per_channel,
+                            .backend = be};
+    if (o->dtype) qlm_dtype_parse(o->dtype, &mo.dtype);
+    if (o->dtype && mo.dtype == QLM_I8) mo.per_channel = o->per_channel;
+    if (qlm_model_build(&cm->model, &cm->src.cfg, cm->src.store, &mo) != 0) {
+        qlm_error_context("%s", o->model);
+        qlm_source_close(&cm->src);
+        return -1;
+    }
+    /* The converted weights are all the model needs; release the file mappings. */
+    qlm_store_free(cm->src.store);
+    cm->src.store = NULL;
+    cm->loaded = 1;
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    if (!quiet) {
+        const qlm_model *m = &cm->model;
+        fprintf(stderr, "qlm: loaded %s (%s, %s) in %.2f s: %d layers, dim %d, %.1fM params, %s%s weights, %s backend, %d threads\n",
+                o->model, qlm_format_name(cm->src.format), m->cfg.arch[0] ? m->cfg.arch : "llama",
+                (t1.tv_sec - t0.tv_sec) + (t1.tv_nsec - t0.tv_nsec) * 1e-9, m->cfg.n_layers, m->cfg.dim,
+                qlm_model_param_count(m) / 1e6, qlm_dtype_name(m->dtype), m->per_channel ? " per-channel" : "",
+                be->name, omp_get_max_threads());
+    }
+    return 0;
+}
+
+void cli_free_model(cli_model *cm) {
+    if (cm->loaded) qlm_model_free(&cm->model);
+    qlm_source_close(&cm->src);
+    cm->loaded = 0;
+}
+
+int cli_context_size(const cli_model_opts *o, const cli_model *cm) {
+    int ctx = o->ctx > 0 ? o->ctx : 4096;
+    return ctx < cm->model.cfg.max_seq_len ? ctx : cm->model.cfg.max_seq_len;
+}
+
+char *cli_read_text(const char *path, size_t *len) {
+    FILE *f = strcmp(path, "-") == 0 ? stdin : fopen(path, "rb");
+    if (!f) {
+        qlm_errorf("%s: %s", path, strerror(errno));
+        return NULL;
+    }
+    size_t cap = 4096, n = 0;
+    char *buf = malloc(cap);
+    while (buf) {
+        if (n + 1 >= cap) {
+            char *b = realloc(buf, cap * 2);
+            if (!b) break;
+            buf = b;
+            cap *= 2;
+        }
+        size_t r = fread(buf + n, 1, cap - n - 1, f);
+        n += r;
+        if (r == 0) {
+            if (ferror(f)) {
+                qlm_errorf("%s: read error", path);
+                free(buf);
+                buf = NULL;
+            }
+            break;
+        }
+    }
+    if (f != stdin) fclose(f);
+    if (!buf) return NULL;
+    buf[n] = 0;
+    if (len) *len = n;
+    return buf;
+}

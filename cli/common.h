@@ -1,0 +1,93 @@
+/* Shared parts of the qlm subcommands: model/sampling flags, loading, parsing numbers. */
+#ifndef QLM_CLI_COMMON_H
+#define QLM_CLI_COMMON_H
+
+#include <getopt.h>
+
+#include "../core/generate.h"
+#include "../core/model.h"
+#include "../loaders/model_source.h"
+
+/* Long-option ids shared by several commands (values above any short option). */
+enum {
+    OPT_MODEL = 'm', OPT_TOKENIZER = 't', OPT_PROMPT = 'p', OPT_NTOK = 'n', OPT_HELP = 'h',
+    OPT_DTYPE = 256, OPT_PER_CHANNEL, OPT_THREADS, OPT_CTX, OPT_DEVICE, OPT_BATCH,
+    OPT_TEMP, OPT_TOP_K, OPT_TOP_P, OPT_REPEAT_PENALTY, OPT_REPEAT_LAST_N, OPT_SEED, OPT_STOP,
+    OPT_JSON, OPT_SYSTEM, OPT_NO_BOS, OPT_RAW, OPT_FILE, OPT_REPS, OPT_PP, OPT_TG, OPT_QUIET,
+    OPT_NO_SPECIAL,
+};
+
+#define CLI_MODEL_OPTIONS                                                                                 \
+    {"model", required_argument, 0, OPT_MODEL}, {"tokenizer", required_argument, 0, OPT_TOKENIZER},       \
+        {"dtype", required_argument, 0, OPT_DTYPE}, {"per-channel", no_argument, 0, OPT_PER_CHANNEL},     \
+        {"threads", required_argument, 0, OPT_THREADS}, {"ctx", required_argument, 0, OPT_CTX},           \
+        {"device", required_argument, 0, OPT_DEVICE}, {"batch", required_argument, 0, OPT_BATCH},         \
+        {"help", no_argument, 0, OPT_HELP}
+
+#define CLI_SAMPLING_OPTIONS                                                                              \
+    {"temp", required_argument, 0, OPT_TEMP}, {"top-k", required_argument, 0, OPT_TOP_K},                 \
+        {"top-p", required_argument, 0, OPT_TOP_P}, {"repeat-penalty", required_argument, 0, OPT_REPEAT_PENALTY}, \
+        {"repeat-last-n", required_argument, 0, OPT_REPEAT_LAST_N}, {"seed", required_argument, 0, OPT_SEED}, \
+        {"max-tokens", required_argument, 0, OPT_NTOK}, {"stop", required_argument, 0, OPT_STOP}
+
+#define CLI_MODEL_HELP                                                                                    \
+    "  -m, --model PATH       model folder, .safetensors, .gguf or llama2.c .bin\n"                       \
+    "  -t, --tokenizer PATH   tokenizer.json, tokenizer.bin or .gguf (default: beside the model)\n"       \
+    "      --dtype D          weight dtype: f32, bf16, f16, int8 (default: as stored; f32 for GGUF)\n"    \
+    "      --per-channel      int8 with one scale per output channel\n"                                   \
+    "      --threads N        CPU threads (default: all cores)\n"                                         \
+    "      --ctx N            context window in tokens (default: min(model, 4096))\n"                     \
+    "      --batch N          tokens per forward pass during prefill (default 512)\n"                     \
+    "      --device D         cpu, cuda or auto (default auto)\n"
+
+#define CLI_SAMPLING_HELP                                                                                 \
+    "  -n, --max-tokens N     tokens to generate (default 256)\n"                                         \
+    "      --temp T           temperature; 0 is greedy (default 0.7)\n"                                   \
+    "      --top-k K          sample among the K most likely tokens; 0 = all (default 40)\n"              \
+    "      --top-p P          nucleus sampling threshold (default 0.9)\n"                                 \
+    "      --repeat-penalty R penalty for recent tokens; 1 = off (default 1)\n"                           \
+    "      --repeat-last-n N  how many recent tokens the penalty sees (default 64)\n"                     \
+    "      --seed S           random seed (default: from the clock)\n"                                    \
+    "      --stop STR         stop when STR is generated (repeatable)\n"
+
+typedef struct {
+    const char *model, *tokenizer, *dtype, *device;
+    int per_channel, threads, ctx, batch;
+} cli_model_opts;
+
+typedef struct {
+    qlm_gen_params gen;
+    const char *stops[16];
+} cli_sampling_opts;
+
+void cli_model_opts_init(cli_model_opts *o);
+void cli_sampling_opts_init(cli_sampling_opts *s);
+/* 1 if opt was a model/sampling flag and was stored, 0 if not one, -1 on a bad value (message printed). */
+int cli_model_flag(cli_model_opts *o, int opt, const char *arg);
+int cli_sampling_flag(cli_sampling_opts *s, int opt, const char *arg);
+
+/* Strict number parsing with a message naming the flag. */
+int cli_int(const char *flag, const char *arg, long min, long max, int *out);
+int cli_float(const char *flag, const char *arg, double min, double max, float *out);
+
+typedef struct {
+    qlm_source src;
+    qlm_model model;
+    int loaded;
+} cli_model;
+
+/* Opens the model named by o->model, builds it in the chosen dtype, prints a load line to stderr
+ * unless quiet. need_tokenizer: fail if none was found. */
+int cli_load_model(const cli_model_opts *o, cli_model *cm, int need_tokenizer, int quiet);
+void cli_free_model(cli_model *cm);
+int cli_context_size(const cli_model_opts *o, const cli_model *cm);
+
+/* Prints "qlm <cmd>: <qlm_last_error()>" to stderr; returns 1 (the exit status). */
+int cli_fail(const char *cmd);
+/* Reports an unknown flag / missing value from getopt; returns 2. */
+int cli_usage_error(const char *cmd, const char *usage);
+
+/* Reads a whole file ("-" = stdin) into a malloc'd NUL-terminated string. */
+char *cli_read_text(const char *path, size_t *len);
+
+#endif
