@@ -1,0 +1,230 @@
+/* End-to-end tests of the qlm binary ($QLM_BIN, default build/qlm) on real assets:
+ * llama2.c reference outputs, the TinyStories-656K reference ids, upstream perplexity,
+ * quantize/convert round trips and error handling of the command line. */
+#include <cjson/cJSON.h>
+#include <math.h>
+#include <sys/wait.h>
+
+#include "test_util.h"
+
+static const char *qlm_bin(void) {
+    const char *b = getenv("QLM_BIN");
+    return b && *b ? b : "build/qlm";
+}
+
+/* Runs "qlm ARGS" through the shell; returns the exit status and the captured stdout (malloc'd). */
+static int run_qlm(char **out, const char *fmt, ...) {
+    char args[4096], cmd[8192];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(args, sizeof args, fmt, ap);
+    va_end(ap);
+    snprintf(cmd, sizeof cmd, "%s %s", qlm_bin(), args);
+    FILE *p = popen(cmd, "r");
+    assert_non_null(p);
+    size_t cap = 1 << 16, n = 0;
+    char *buf = malloc(cap);
+    size_t r;
+    while ((r = fread(buf + n, 1, cap - n - 1, p)) > 0) {
+        n += r;
+        if (n + 1 >= cap) buf = realloc(buf, cap *= 2);
+    }
+    buf[n] = 0;
+    int status = pclose(p);
+    if (out) *out = buf;
+    else free(buf);
+    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+static void test_stories260k_greedy_matches_llama2c(void **state) {
+    (void)state;
+    char model[512], ref_path[512];
+    test_asset(model, sizeof model, "stories260K/stories260K.bin");
+    test_asset(ref_path, sizeof ref_path, "stories260K/reference_greedy_t0_n256.txt");
+    REQUIRE_ASSET(model);
+    char *ref = test_read_file(ref_path, NULL), *out = NULL;
+    assert_non_null(ref);
+    assert_int_equal(run_qlm(&out, "generate -m %s --temp 0 -n 256 --quiet", model), 0);
+    assert_string_equal(out, ref);
+    free(out);
+    free(ref);
+}
+
+static void test_tinystories656k_greedy_ids(void **state) {
+    (void)state;
+    char dir[512], ref_path[512];
+    test_asset(dir, sizeof dir, "tinystories-656K-hf");
+    test_asset(ref_path, sizeof ref_path, "tinystories-656K-hf/reference_greedy_from_bos_numpy_f64.txt");
+    REQUIRE_ASSET(dir);
+    char *ref = test_read_file(ref_path, NULL), *out = NULL;
+    assert_non_null(ref);
+    char *list = strstr(ref, "greedy ids [");
+    assert_non_null(list);
+    cJSON *ref_ids = cJSON_Parse(list + strlen("greedy ids "));
+    assert_non_null(ref_ids);
+    assert_int_equal(run_qlm(&out, "generate -m %s --temp 0 -n 120 --json --quiet", dir), 0);
+    cJSON *j = cJSON_Parse(out);
+    assert_non_null(j);
+    cJSON *prompt = cJSON_GetObjectItem(j, "prompt_ids"), *ids = cJSON_GetObjectItem(j, "ids");
+    assert_int_equal(cJSON_GetArraySize(prompt), 1);
+    assert_int_equal(cJSON_GetArrayItem(prompt, 0)->valueint, cJSON_GetArrayItem(ref_ids, 0)->valueint);
+    int match = 0;
+    while (match < cJSON_GetArraySize(ids) && match + 1 < cJSON_GetArraySize(ref_ids) &&
+           cJSON_GetArrayItem(ids, match)->valueint == cJSON_GetArrayItem(ref_ids, match + 1)->valueint)
+        match++;
+    print_message("tinystories-656K: %d of 120 greedy ids equal the float64 reference\n", match);
+    assert_true(match >= 60);
+    cJSON_Delete(j);
+    cJSON_Delete(ref_ids);
+    free(out);
+    free(ref);
+}
+
+static double perplexity_nll(const char *model, const char *text, const char *extra) {
+    char *out = NULL;
+    assert_int_equal(run_qlm(&out, "perplexity -m %s -f %s --json --quiet %s", model, text, extra), 0);
+    cJSON *j = cJSON_Parse(out);
+    assert_non_null(j);
+    double nll = cJSON_GetObjectItem(j, "nll")->valuedouble;
+    int tokens = cJSON_GetObjectItem(j, "tokens")->valueint;
+    print_message("stories260K %-22s NLL %.4f nats/token over %d tokens\n", extra[0] ? extra : "f32", nll, tokens);
+    assert_int_equal(tokens, 1809);
+    cJSON_Delete(j);
+    free(out);
+    return nll;
+}
+
+static void test_stories260k_perplexity(void **state) {
+    (void)state;
+    char model[512], text[512];
+    test_asset(model, sizeof model, "stories260K/stories260K.bin");
+    test_asset(text, sizeof text, "tinystories-text/tinystories_sample.txt");
+    REQUIRE_ASSET(model);
+    REQUIRE_ASSET(text);
+    double f32 = perplexity_nll(model, text, "");
+    assert_true(fabs(f32 - 1.2757) <= 0.002);
+    double bf16 = perplexity_nll(model, text, "--dtype bf16");
+    double i8 = perplexity_nll(model, text, "--dtype int8");
+    double i8pc = perplexity_nll(model, text, "--dtype int8 --per-channel");
+    assert_true(fabs(bf16 - f32) < 0.005);
+    assert_true(fabs(i8 - f32) < 0.01);
+    assert_true(fabs(i8pc - f32) < 0.01);
+}
+
+static void test_quantize_roundtrip(void **state) {
+    (void)state;
+    char dir[512], tmp[256], out_dir[600];
+    test_asset(dir, sizeof dir, "tinystories-656K-hf");
+    REQUIRE_ASSET(dir);
+    assert_non_null(test_tmpdir(tmp, sizeof tmp));
+    snprintf(out_dir, sizeof out_dir, "%s/int8", tmp);
+    assert_int_equal(run_qlm(NULL, "quantize %s %s --dtype int8 --per-channel 2>/dev/null", dir, out_dir), 0);
+    char *a = NULL, *b = NULL;
+    assert_int_equal(run_qlm(&a, "generate -m %s --dtype int8 --per-channel --temp 0 -n 40 --json --quiet", dir), 0);
+    assert_int_equal(run_qlm(&b, "generate -m %s --temp 0 -n 40 --json --quiet", out_dir), 0);
+    /* Quantizing in memory or from the written file gives the same weights, so the same tokens. */
+    assert_string_equal(a, b);
+    free(a);
+    free(b);
+    char *info = NULL;
+    assert_int_equal(run_qlm(&info, "info %s --tensors", out_dir), 0);
+    assert_non_null(strstr(info, "per-channel scales"));
+    free(info);
+    char cmd[1400];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", tmp);
+    assert_int_equal(system(cmd), 0);
+}
+
+static void test_convert_llama2c_roundtrip(void **state) {
+    (void)state;
+    char model[512], tmp[256], out_dir[600];
+    test_asset(model, sizeof model, "stories260K/stories260K.bin");
+    REQUIRE_ASSET(model);
+    assert_non_null(test_tmpdir(tmp, sizeof tmp));
+    snprintf(out_dir, sizeof out_dir, "%s/hf", tmp);
+    assert_int_equal(run_qlm(NULL, "convert %s %s 2>/dev/null", model, out_dir), 0);
+    char *a = NULL, *b = NULL;
+    assert_int_equal(run_qlm(&a, "generate -m %s --temp 0 -n 60 --quiet", model), 0);
+    assert_int_equal(run_qlm(&b, "generate -m %s --temp 0 -n 60 --quiet", out_dir), 0);
+    assert_string_equal(a, b);
+    free(a);
+    free(b);
+    char cmd[1400];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", tmp);
+    assert_int_equal(system(cmd), 0);
+}
+
+static void test_sampling_is_seeded(void **state) {
+    (void)state;
+    char model[512];
+    test_asset(model, sizeof model, "stories260K/stories260K.bin");
+    REQUIRE_ASSET(model);
+    char *a = NULL, *b = NULL, *c = NULL;
+    const char *flags = "--temp 1.0 --top-p 0.9 --top-k 0 -n 100 --quiet";
+    assert_int_equal(run_qlm(&a, "generate -m %s %s --seed 42", model, flags), 0);
+    assert_int_equal(run_qlm(&b, "generate -m %s %s --seed 42", model, flags), 0);
+    assert_int_equal(run_qlm(&c, "generate -m %s %s --seed 43", model, flags), 0);
+    assert_string_equal(a, b);
+    assert_string_not_equal(a, c);
+    free(a);
+    free(b);
+    free(c);
+}
+
+static void test_stop_string_and_max_tokens(void **state) {
+    (void)state;
+    char model[512];
+    test_asset(model, sizeof model, "stories260K/stories260K.bin");
+    REQUIRE_ASSET(model);
+    char *full = NULL, *stopped = NULL;
+    assert_int_equal(run_qlm(&full, "generate -m %s --temp 0 -n 255 --quiet", model), 0);
+    assert_int_equal(run_qlm(&stopped, "generate -m %s --temp 0 -n 255 --quiet --stop Lily", model), 0);
+    char *cut = strstr(full, "Lily");
+    assert_non_null(cut);
+    size_t keep = (size_t)(cut - full);
+    assert_int_equal(strlen(stopped), keep + 1); /* text before the stop string, then the newline */
+    assert_memory_equal(stopped, full, keep);
+    free(full);
+    free(stopped);
+}
+
+static void test_command_line_errors(void **state) {
+    (void)state;
+    assert_int_equal(run_qlm(NULL, "2>/dev/null"), 2);
+    assert_int_equal(run_qlm(NULL, "frobnicate 2>/dev/null"), 2);
+    const char *cmds[] = {"generate", "chat", "info", "tokenize", "perplexity", "quantize", "convert", "bench"};
+    for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++) {
+        char *out = NULL;
+        assert_int_equal(run_qlm(&out, "%s --help", cmds[i]), 0);
+        assert_non_null(strstr(out, "usage: qlm"));
+        free(out);
+    }
+    char *err = NULL;
+    assert_int_equal(run_qlm(&err, "generate -m /nonexistent/model.gguf -p hi 2>&1"), 1);
+    assert_non_null(strstr(err, "/nonexistent/model.gguf"));
+    free(err);
+    assert_int_equal(run_qlm(&err, "generate -m x --temp -1 2>&1"), 2);
+    assert_non_null(strstr(err, "--temp"));
+    free(err);
+    assert_int_equal(run_qlm(&err, "generate -m x --top-p abc 2>&1"), 2);
+    free(err);
+    assert_int_equal(run_qlm(&err, "quantize a b 2>&1"), 2);
+    assert_non_null(strstr(err, "--dtype"));
+    free(err);
+    assert_int_equal(run_qlm(&err, "generate -m x --dtype q3 2>&1"), 2);
+    free(err);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_stories260k_greedy_matches_llama2c),
+        cmocka_unit_test(test_tinystories656k_greedy_ids),
+        cmocka_unit_test(test_stories260k_perplexity),
+        cmocka_unit_test(test_quantize_roundtrip),
+        cmocka_unit_test(test_convert_llama2c_roundtrip),
+        cmocka_unit_test(test_sampling_is_seeded),
+        cmocka_unit_test(test_stop_string_and_max_tokens),
+        cmocka_unit_test(test_command_line_errors),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

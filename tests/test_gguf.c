@@ -1,0 +1,471 @@
+/* GGUF loader against references from tools/make_gguf_fixtures.py: metadata of every value
+ * type as gguf-py reads it, synthetic Llama/Qwen2 files whose tensors (every supported type)
+ * were dequantized by gguf-py and un-permuted as transformers does, and the real SmolLM2 Q4_1
+ * file summarized by gguf-py and transformers. */
+#include "test_util.h"
+
+#include <cjson/cJSON.h>
+#include <math.h>
+#include <unistd.h>
+
+#include "../core/error.h"
+#include "../loaders/gguf.h"
+
+#define FIX "tests/fixtures/gguf/"
+
+static cJSON *load_json(const char *path) {
+    char *text = test_read_file(path, NULL);
+    assert_non_null(text);
+    cJSON *j = cJSON_Parse(text);
+    free(text);
+    assert_non_null(j);
+    return j;
+}
+
+static double jnum(const cJSON *obj, const char *key) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, key);
+    assert_true(cJSON_IsNumber(v));
+    return v->valuedouble;
+}
+
+/* |a - b| <= rel * |b|, with a tiny absolute floor for exact zeros. */
+static int near(double a, double b, double rel) { return fabs(a - b) <= rel * fabs(b) + 1e-30; }
+
+static qlm_gguf *open_ok(const char *path) {
+    qlm_gguf *g = qlm_gguf_open(path);
+    if (!g) fail_msg("%s", qlm_last_error());
+    return g;
+}
+
+/* ---------- metadata of every type ---------- */
+
+static void check_int_kv(qlm_gguf *g, const char *key, const cJSON *value) {
+    long long i;
+    double f;
+    const char *s;
+    assert_int_equal(qlm_gguf_get_int(g, key, &i), 0);
+    assert_true((double)i == value->valuedouble);
+    assert_int_equal(qlm_gguf_get_float(g, key, &f), 0);
+    assert_true(f == value->valuedouble);
+    assert_int_equal(qlm_gguf_get_str(g, key, &s), -1);
+    assert_non_null(strstr(qlm_last_error(), key));
+}
+
+static void check_array_kv(qlm_gguf *g, const char *key, const char *elem, const cJSON *value) {
+    int n = cJSON_GetArraySize(value), m;
+    int is_float = strcmp(elem, "FLOAT32") == 0 || strcmp(elem, "FLOAT64") == 0;
+    int is_int = !is_float && strcmp(elem, "BOOL") != 0 && strcmp(elem, "STRING") != 0;
+    if (strcmp(elem, "STRING") == 0) {
+        const char *const *items;
+        assert_int_equal(qlm_gguf_get_str_array(g, key, &items, &m), 0);
+        assert_int_equal(m, n);
+        for (int i = 0; i < n; i++) assert_string_equal(items[i], cJSON_GetArrayItem(value, i)->valuestring);
+        return;
+    }
+    float *fv = NULL;
+    int *iv = NULL;
+    assert_int_equal(qlm_gguf_get_float_array(g, key, &fv, &m), is_int || is_float ? 0 : -1);
+    if (fv) {
+        assert_int_equal(m, n);
+        for (int i = 0; i < n; i++) assert_true(fv[i] == (float)cJSON_GetArrayItem(value, i)->valuedouble);
+        free(fv);
+    }
+    /* Integer arrays convert to int only when every element fits. */
+    int fits = is_int;
+    for (int i = 0; i < n && fits; i++) fits = fabs(cJSON_GetArrayItem(value, i)->valuedouble) <= 2147483647.0;
+    assert_int_equal(qlm_gguf_get_int_array(g, key, &iv, &m), fits ? 0 : -1);
+    if (iv) {
+        assert_int_equal(m, n);
+        for (int i = 0; i < n; i++) assert_true(iv[i] == cJSON_GetArrayItem(value, i)->valuedouble);
+        free(iv);
+    }
+}
+
+static void test_kv_types(void **state) {
+    (void)state;
+    cJSON *ref = load_json(FIX "kv_types.json");
+    qlm_gguf *g = open_ok(FIX "kv_types.gguf");
+    assert_int_equal(qlm_gguf_n_tensors(g), 0);
+    assert_int_equal(qlm_gguf_n_kv(g), cJSON_GetArraySize(ref) + 1); /* + general.architecture */
+    const char *s;
+    assert_int_equal(qlm_gguf_get_str(g, "general.architecture", &s), 0);
+    assert_string_equal(s, "llama");
+    for (const cJSON *e = ref->child; e; e = e->next) {
+        const char *key = e->string;
+        const char *type = cJSON_GetObjectItemCaseSensitive(e, "type")->valuestring;
+        const cJSON *value = cJSON_GetObjectItemCaseSensitive(e, "value");
+        long long i;
+        double f;
+        int b;
+        if (strcmp(type, "STRING") == 0) {
+            assert_int_equal(qlm_gguf_get_str(g, key, &s), 0);
+            assert_string_equal(s, value->valuestring);
+        } else if (strcmp(type, "BOOL") == 0) {
+            assert_int_equal(qlm_gguf_get_bool(g, key, &b), 0);
+            assert_int_equal(b, cJSON_IsTrue(value));
+            assert_int_equal(qlm_gguf_get_int(g, key, &i), -1);
+        } else if (strcmp(type, "FLOAT32") == 0 || strcmp(type, "FLOAT64") == 0) {
+            assert_int_equal(qlm_gguf_get_float(g, key, &f), 0);
+            assert_true(f == value->valuedouble);
+            assert_int_equal(qlm_gguf_get_int(g, key, &i), -1);
+        } else if (strcmp(type, "ARRAY") != 0) {
+            check_int_kv(g, key, value);
+        } else {
+            const char *elem = cJSON_GetObjectItemCaseSensitive(e, "elem")->valuestring;
+            if (strcmp(elem, "ARRAY") != 0) {
+                check_array_kv(g, key, elem, value);
+            } else {
+                int *iv, n;
+                assert_int_equal(qlm_gguf_get_int_array(g, key, &iv, &n), -1);
+            }
+        }
+    }
+    qlm_gguf_close(g);
+    cJSON_Delete(ref);
+}
+
+/* Described values as `qlm info` prints them; nested arrays are skipped correctly when the
+ * entries after them still read right. */
+static void test_kv_describe(void **state) {
+    (void)state;
+    qlm_gguf *g = open_ok(FIX "kv_types.gguf");
+    struct { const char *key, *want; } cases[] = {
+        {"test.u64", "12345678901234"},
+        {"test.i8", "-100"},
+        {"test.f32", "0.100000001"},
+        {"test.bool_false", "false"},
+        {"test.str", "\"h\xc3\xa9llo \\\"w\xc3\xb6rld\\\"\\n\""},
+        {"test.arr.bool", "[3 x bool] true, false, true"},
+        {"test.arr.str", "[4 x string] \"a\", \"\", \"\xc4\xa0the\", \"<|im_end|>\""},
+        {"test.arr.nested", "[3 x array]"},
+        {"test.arr.nested_str", "[2 x array]"},
+        {"test.arr.u64", "[2 x u64] 1, 1099511627776"},
+    };
+    int found = 0;
+    for (int i = 0; i < qlm_gguf_n_kv(g); i++) {
+        const char *key;
+        char value[200];
+        assert_int_equal(qlm_gguf_kv_describe(g, i, &key, value, sizeof value), 0);
+        for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++)
+            if (strcmp(key, cases[c].key) == 0) {
+                assert_string_equal(value, cases[c].want);
+                found++;
+            }
+        /* Tiny buffers are truncated, never overrun (ASan checks the bounds). */
+        for (size_t cap = 1; cap < 12; cap++) {
+            char *small = malloc(cap);
+            assert_int_equal(qlm_gguf_kv_describe(g, i, &key, small, cap), 0);
+            assert_true(strlen(small) < cap);
+            free(small);
+        }
+    }
+    assert_int_equal(found, (int)(sizeof cases / sizeof cases[0]));
+    const char *key;
+    char value[8];
+    assert_int_equal(qlm_gguf_kv_describe(g, qlm_gguf_n_kv(g), &key, value, sizeof value), -1);
+    qlm_gguf_close(g);
+}
+
+/* ---------- synthetic models: config and every tensor element ---------- */
+
+static void check_config(const qlm_llama_config *c, const cJSON *ref) {
+    assert_string_equal(c->arch, cJSON_GetObjectItemCaseSensitive(ref, "arch")->valuestring);
+    assert_int_equal(c->dim, (int)jnum(ref, "dim"));
+    assert_int_equal(c->hidden_dim, (int)jnum(ref, "hidden_dim"));
+    assert_int_equal(c->n_layers, (int)jnum(ref, "n_layers"));
+    assert_int_equal(c->n_heads, (int)jnum(ref, "n_heads"));
+    assert_int_equal(c->n_kv_heads, (int)jnum(ref, "n_kv_heads"));
+    assert_int_equal(c->head_dim, (int)jnum(ref, "head_dim"));
+    assert_int_equal(c->vocab_size, (int)jnum(ref, "vocab_size"));
+    assert_int_equal(c->max_seq_len, (int)jnum(ref, "max_seq_len"));
+    assert_true(c->rope_theta == (float)jnum(ref, "rope_theta"));
+    assert_true(c->norm_eps == (float)jnum(ref, "norm_eps"));
+    assert_int_equal(c->bos_id, (int)jnum(ref, "bos_id"));
+    assert_int_equal(c->eos_id, (int)jnum(ref, "eos_id"));
+    assert_int_equal(c->tie_embeddings, (int)jnum(ref, "tie_embeddings"));
+    assert_int_equal(c->attn_bias, (int)jnum(ref, "attn_bias"));
+    assert_int_equal(c->attn_out_bias, 0);
+    assert_int_equal(c->mlp_bias, 0);
+    if (cJSON_GetObjectItemCaseSensitive(ref, "rope_scale_factor")) {
+        assert_true(c->rope_scale_factor == (float)jnum(ref, "rope_scale_factor"));
+        assert_true(c->rope_low_freq_factor == (float)jnum(ref, "rope_low_freq_factor"));
+        assert_true(c->rope_high_freq_factor == (float)jnum(ref, "rope_high_freq_factor"));
+        assert_int_equal(c->rope_orig_max_pos, (int)jnum(ref, "rope_orig_max_pos"));
+    } else {
+        assert_true(c->rope_scale_factor == 0);
+    }
+}
+
+/* Every tensor of the reference, element by element, and no other tensor in the store. */
+static void check_tensors(const qlm_tensor_store *s, const cJSON *tensors, const float *ref, size_t ref_floats) {
+    assert_int_equal(qlm_store_count(s), cJSON_GetArraySize(tensors));
+    for (const cJSON *t = tensors->child; t; t = t->next) {
+        const char *hf = cJSON_GetObjectItemCaseSensitive(t, "hf")->valuestring;
+        const cJSON *shape = cJSON_GetObjectItemCaseSensitive(t, "shape");
+        const qlm_tensor_entry *e = qlm_store_find(s, hf);
+        if (!e) fail_msg("tensor %s missing from the store", hf);
+        assert_int_equal(e->dtype, QLM_F32);
+        assert_int_equal(e->ndim, cJSON_GetArraySize(shape));
+        for (int d = 0; d < e->ndim; d++) assert_int_equal(e->shape[d], cJSON_GetArrayItem(shape, d)->valueint);
+        size_t off = (size_t)jnum(t, "offset"), n = (size_t)qlm_entry_numel(e);
+        assert_true(off + n <= ref_floats);
+        assert_int_equal(e->nbytes, n * sizeof(float));
+        const float *got = e->data;
+        for (size_t i = 0; i < n; i++)
+            if (!near(got[i], ref[off + i], 1e-6))
+                fail_msg("%s (%s) element %zu: %.9g, gguf-py %.9g", hf,
+                         cJSON_GetObjectItemCaseSensitive(t, "type")->valuestring, i, got[i], ref[off + i]);
+    }
+}
+
+static void check_model(const char *name) {
+    char path[256];
+    snprintf(path, sizeof path, FIX "%s.json", name);
+    cJSON *ref = load_json(path);
+    snprintf(path, sizeof path, FIX "%s.f32", name);
+    size_t len = 0;
+    float *values = (float *)test_read_file(path, &len);
+    assert_non_null(values);
+    snprintf(path, sizeof path, FIX "%s.gguf", name);
+    qlm_gguf *g = open_ok(path);
+    qlm_llama_config cfg;
+    if (qlm_gguf_llama_config(g, &cfg) != 0) fail_msg("%s", qlm_last_error());
+    check_config(&cfg, cJSON_GetObjectItemCaseSensitive(ref, "config"));
+    qlm_tensor_store *s = qlm_store_new();
+    if (qlm_gguf_load_tensors(g, &cfg, s) != 0) fail_msg("%s", qlm_last_error());
+    check_tensors(s, cJSON_GetObjectItemCaseSensitive(ref, "tensors"), values, len / sizeof(float));
+    qlm_store_free(s);
+    qlm_gguf_close(g);
+    free(values);
+    cJSON_Delete(ref);
+}
+
+static void test_tiny_llama(void **state) {
+    (void)state;
+    check_model("tiny_llama");
+}
+
+static void test_tiny_qwen2(void **state) {
+    (void)state;
+    check_model("tiny_qwen2");
+}
+
+/* Tensor infos as listed by gguf-py: names, type names, dims innermost first. */
+static void test_tensor_describe(void **state) {
+    (void)state;
+    cJSON *ref = load_json(FIX "tiny_llama.json");
+    const cJSON *tensors = cJSON_GetObjectItemCaseSensitive(ref, "tensors");
+    qlm_gguf *g = open_ok(FIX "tiny_llama.gguf");
+    assert_int_equal(qlm_gguf_n_tensors(g), cJSON_GetArraySize(tensors) + 1); /* + rope_freqs.weight */
+    int matched = 0;
+    for (int i = 0; i < qlm_gguf_n_tensors(g); i++) {
+        const char *name, *type;
+        int nd;
+        long long dims[4];
+        assert_int_equal(qlm_gguf_tensor_describe(g, i, &name, &type, &nd, dims), 0);
+        for (const cJSON *t = tensors->child; t; t = t->next) {
+            if (strcmp(cJSON_GetObjectItemCaseSensitive(t, "gguf")->valuestring, name) != 0) continue;
+            const cJSON *shape = cJSON_GetObjectItemCaseSensitive(t, "shape");
+            assert_string_equal(type, cJSON_GetObjectItemCaseSensitive(t, "type")->valuestring);
+            assert_int_equal(nd, cJSON_GetArraySize(shape));
+            for (int d = 0; d < nd; d++) assert_int_equal(dims[d], cJSON_GetArrayItem(shape, nd - 1 - d)->valueint);
+            matched++;
+        }
+    }
+    assert_int_equal(matched, cJSON_GetArraySize(tensors));
+    qlm_gguf_close(g);
+    cJSON_Delete(ref);
+}
+
+/* ---------- errors that name the tensor ---------- */
+
+/* A copy of tiny_llama.gguf with `count` bytes replaced at `at` bytes from the start of the
+ * tensor info name `name`, written to a fresh temporary folder. */
+static void patched_copy(const char *name, size_t at, const void *bytes, size_t count, char *out, size_t cap) {
+    size_t len = 0;
+    char *data = test_read_file(FIX "tiny_llama.gguf", &len);
+    assert_non_null(data);
+    size_t nlen = strlen(name), pos = 8;
+    uint64_t prefix = nlen; /* the name's u64 length field comes right before it */
+    while (pos + nlen <= len && !(memcmp(data + pos, name, nlen) == 0 && memcmp(data + pos - 8, &prefix, 8) == 0))
+        pos++;
+    assert_true(pos + at + count <= len);
+    memcpy(data + pos + at, bytes, count);
+    char dir[256];
+    assert_non_null(test_tmpdir(dir, sizeof dir));
+    snprintf(out, cap, "%s/patched.gguf", dir);
+    assert_int_equal(test_write_file(out, data, len), 0);
+    free(data);
+}
+
+static void expect_load_error(const char *path, const char *what1, const char *what2) {
+    qlm_gguf *g = open_ok(path);
+    qlm_llama_config cfg;
+    if (qlm_gguf_llama_config(g, &cfg) != 0) fail_msg("%s", qlm_last_error());
+    qlm_tensor_store *s = qlm_store_new();
+    assert_int_equal(qlm_gguf_load_tensors(g, &cfg, s), -1);
+    const char *msg = qlm_last_error();
+    if (!strstr(msg, what1) || !strstr(msg, what2)) fail_msg("unexpected message: %s", msg);
+    qlm_store_free(s);
+    qlm_gguf_close(g);
+    remove(path);
+    *strrchr((char *)path, '/') = 0;
+    rmdir(path);
+}
+
+static void test_unsupported_type(void **state) {
+    (void)state;
+    char path[300];
+    /* blk.0.ffn_gate.weight is Q4_0 (18-byte blocks of 32); IQ4_NL has the same geometry. The
+     * type id follows the name, n_dims (4 bytes) and two dims (16 bytes). */
+    const char *name = "blk.0.ffn_gate.weight";
+    const uint8_t iq4_nl[4] = {20, 0, 0, 0};
+    patched_copy(name, strlen(name) + 20, iq4_nl, 4, path, sizeof path);
+    expect_load_error(path, "blk.0.ffn_gate.weight", "IQ4_NL");
+}
+
+static void test_missing_and_misshaped(void **state) {
+    (void)state;
+    char path[300];
+    const char *up = "blk.2.ffn_up.weight", *norm = "output_norm.weight";
+    patched_copy(up, strlen(up) - 1, "x", 1, path, sizeof path); /* renamed blk.2.ffn_up.weighx */
+    expect_load_error(path, "blk.2.ffn_up.weight", "missing");
+    const uint8_t ne0_16[8] = {16, 0, 0, 0, 0, 0, 0, 0}; /* output_norm [32] -> [16] */
+    patched_copy(norm, strlen(norm) + 4, ne0_16, 8, path, sizeof path);
+    expect_load_error(path, "output_norm.weight", "shape [16], expected [32]");
+}
+
+/* ---------- the real default model ---------- */
+
+static void check_real_metadata(qlm_gguf *g, const cJSON *ref) {
+    for (const cJSON *m = cJSON_GetObjectItemCaseSensitive(ref, "metadata")->child; m; m = m->next) {
+        if (cJSON_IsString(m)) {
+            const char *s;
+            assert_int_equal(qlm_gguf_get_str(g, m->string, &s), 0);
+            assert_string_equal(s, m->valuestring);
+        } else {
+            double f;
+            assert_int_equal(qlm_gguf_get_float(g, m->string, &f), 0);
+            assert_true(f == m->valuedouble);
+        }
+    }
+    for (const cJSON *a = cJSON_GetObjectItemCaseSensitive(ref, "arrays")->child; a; a = a->next) {
+        int n = (int)jnum(a, "n"), m;
+        const cJSON *items = cJSON_GetObjectItemCaseSensitive(a, "items");
+        if (strcmp(a->string, "tokenizer.ggml.token_type") == 0) {
+            int *v;
+            assert_int_equal(qlm_gguf_get_int_array(g, a->string, &v, &m), 0);
+            assert_int_equal(m, n);
+            for (const cJSON *it = items->child; it; it = it->next) assert_int_equal(v[atoi(it->string)], it->valueint);
+            free(v);
+        } else {
+            const char *const *v;
+            assert_int_equal(qlm_gguf_get_str_array(g, a->string, &v, &m), 0);
+            assert_int_equal(m, n);
+            for (const cJSON *it = items->child; it; it = it->next) assert_string_equal(v[atoi(it->string)], it->valuestring);
+        }
+    }
+    assert_int_equal(qlm_gguf_n_kv(g), (int)jnum(ref, "n_kv"));
+    const cJSON *infos = cJSON_GetObjectItemCaseSensitive(ref, "tensor_infos");
+    assert_int_equal(qlm_gguf_n_tensors(g), cJSON_GetArraySize(infos));
+    int i = 0;
+    for (const cJSON *t = infos->child; t; t = t->next, i++) {
+        const char *name, *type;
+        int nd;
+        long long dims[4];
+        assert_int_equal(qlm_gguf_tensor_describe(g, i, &name, &type, &nd, dims), 0);
+        assert_string_equal(name, cJSON_GetObjectItemCaseSensitive(t, "name")->valuestring);
+        assert_string_equal(type, cJSON_GetObjectItemCaseSensitive(t, "type")->valuestring);
+        const cJSON *ne = cJSON_GetObjectItemCaseSensitive(t, "ne");
+        assert_int_equal(nd, cJSON_GetArraySize(ne));
+        for (int d = 0; d < nd; d++) assert_int_equal(dims[d], cJSON_GetArrayItem(ne, d)->valueint);
+    }
+}
+
+static void check_real_tensor(const qlm_tensor_entry *e, const cJSON *ref) {
+    const cJSON *shape = cJSON_GetObjectItemCaseSensitive(ref, "shape");
+    assert_int_equal(e->ndim, cJSON_GetArraySize(shape));
+    for (int d = 0; d < e->ndim; d++) assert_int_equal(e->shape[d], cJSON_GetArrayItem(shape, d)->valueint);
+    const float *x = e->data;
+    int64_t n = qlm_entry_numel(e);
+    double sum = 0, sum_abs = 0, sum_sq = 0;
+    for (int64_t i = 0; i < n; i++) {
+        sum += x[i];
+        sum_abs += fabs(x[i]);
+        sum_sq += (double)x[i] * x[i];
+    }
+    if (!near(sum_abs, jnum(ref, "sum_abs"), 1e-9) || !near(sum_sq, jnum(ref, "sum_sq"), 1e-9) ||
+        fabs(sum - jnum(ref, "sum")) > 1e-9 * sum_abs)
+        fail_msg("%s: sums %.12g %.12g %.12g, transformers %.12g %.12g %.12g", e->name, sum, sum_abs, sum_sq,
+                 jnum(ref, "sum"), jnum(ref, "sum_abs"), jnum(ref, "sum_sq"));
+    for (const cJSON *s = cJSON_GetObjectItemCaseSensitive(ref, "samples")->child; s; s = s->next)
+        assert_true(x[atoll(s->string)] == (float)s->valuedouble);
+}
+
+/* Q/K row sums pin down the row order: a wrong (or missing) un-permutation moves them. */
+static void check_row_sums(const qlm_tensor_entry *e, const cJSON *rows) {
+    assert_int_equal(e->shape[0], cJSON_GetArraySize(rows));
+    const float *x = e->data;
+    int r = 0;
+    for (const cJSON *v = rows->child; v; v = v->next, r++) {
+        double s = 0, a = 0;
+        for (int64_t c = 0; c < e->shape[1]; c++) {
+            s += x[r * e->shape[1] + c];
+            a += fabs(x[r * e->shape[1] + c]);
+        }
+        if (fabs(s - v->valuedouble) > 1e-9 * a + 1e-12) fail_msg("%s row %d: %.10g vs %.10g", e->name, r, s, v->valuedouble);
+    }
+}
+
+static void test_smollm2(void **state) {
+    (void)state;
+    char path[4096];
+    test_default_gguf(path, sizeof path);
+    REQUIRE_ASSET(path);
+    cJSON *ref = load_json(FIX "smollm2_q4_1.json");
+    qlm_gguf *g = open_ok(path);
+    check_real_metadata(g, ref);
+    qlm_llama_config c;
+    if (qlm_gguf_llama_config(g, &c) != 0) fail_msg("%s", qlm_last_error());
+    assert_string_equal(c.arch, "llama");
+    assert_int_equal(c.dim, 576);
+    assert_int_equal(c.hidden_dim, 1536);
+    assert_int_equal(c.n_layers, 30);
+    assert_int_equal(c.n_heads, 9);
+    assert_int_equal(c.n_kv_heads, 3);
+    assert_int_equal(c.head_dim, 64);
+    assert_int_equal(c.vocab_size, 49152);
+    assert_int_equal(c.max_seq_len, 8192);
+    assert_true(c.rope_theta == 100000.0f);
+    assert_true(c.norm_eps == 1e-5f);
+    assert_int_equal(c.tie_embeddings, 1);
+    assert_int_equal(c.attn_bias, 0);
+    assert_true(c.rope_scale_factor == 0);
+    assert_int_equal(c.bos_id, 1);
+    assert_int_equal(c.eos_id, 2);
+    qlm_tensor_store *s = qlm_store_new();
+    if (qlm_gguf_load_tensors(g, &c, s) != 0) fail_msg("%s", qlm_last_error());
+    qlm_gguf_close(g);
+    const cJSON *sums = cJSON_GetObjectItemCaseSensitive(ref, "tensor_sums");
+    assert_int_equal(qlm_store_count(s), cJSON_GetArraySize(sums));
+    assert_null(qlm_store_find(s, "lm_head.weight"));
+    for (const cJSON *t = sums->child; t; t = t->next) {
+        const qlm_tensor_entry *e = qlm_store_find(s, t->string);
+        if (!e) fail_msg("tensor %s missing", t->string);
+        check_real_tensor(e, t);
+    }
+    for (const cJSON *r = cJSON_GetObjectItemCaseSensitive(ref, "row_sums")->child; r; r = r->next)
+        check_row_sums(qlm_store_find(s, r->string), r);
+    qlm_store_free(s);
+    cJSON_Delete(ref);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_kv_types),         cmocka_unit_test(test_kv_describe),
+        cmocka_unit_test(test_tiny_llama),       cmocka_unit_test(test_tiny_qwen2),
+        cmocka_unit_test(test_tensor_describe),  cmocka_unit_test(test_unsupported_type),
+        cmocka_unit_test(test_missing_and_misshaped), cmocka_unit_test(test_smollm2),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

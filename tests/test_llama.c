@@ -1,0 +1,183 @@
+/* HF parity of the Llama-family forward pass: random-initialized models saved by
+ * tools/make_llama_fixtures.py with transformers, their logits for every position of a
+ * fixed sequence, and their 64-token greedy continuation. F32 must match to 1e-4; lower
+ * precisions within the tolerances documented in docs/ARCHITECTURE.md. */
+#include <cjson/cJSON.h>
+#include <math.h>
+
+#include "../core/error.h"
+#include "../core/generate.h"
+#include "../core/model.h"
+#include "../loaders/model_source.h"
+#include "test_util.h"
+
+typedef struct {
+    int *tokens, n_tokens;
+    int *prompt, n_prompt;
+    int *greedy, n_greedy;
+    float *logits; /* [n_tokens][vocab] */
+    double max_abs;
+} reference;
+
+static int *json_ints(const cJSON *arr, int *n) {
+    *n = cJSON_GetArraySize(arr);
+    int *out = malloc((size_t)(*n ? *n : 1) * sizeof *out);
+    for (int i = 0; i < *n; i++) out[i] = cJSON_GetArrayItem(arr, i)->valueint;
+    return out;
+}
+
+static void load_reference(const char *dir, reference *r, int vocab) {
+    char path[512];
+    snprintf(path, sizeof path, "%s/reference.json", dir);
+    char *text = test_read_file(path, NULL);
+    assert_non_null(text);
+    cJSON *j = cJSON_Parse(text);
+    assert_non_null(j);
+    r->tokens = json_ints(cJSON_GetObjectItem(j, "tokens"), &r->n_tokens);
+    r->prompt = json_ints(cJSON_GetObjectItem(j, "prompt_ids"), &r->n_prompt);
+    r->greedy = json_ints(cJSON_GetObjectItem(j, "greedy_ids"), &r->n_greedy);
+    r->max_abs = cJSON_GetObjectItem(j, "logits_max_abs")->valuedouble;
+    cJSON_Delete(j);
+    free(text);
+    snprintf(path, sizeof path, "%s/logits.f32", dir);
+    size_t len = 0;
+    r->logits = (float *)test_read_file(path, &len);
+    assert_non_null(r->logits);
+    assert_int_equal(len, (size_t)r->n_tokens * vocab * sizeof(float));
+}
+
+static void free_reference(reference *r) {
+    free(r->tokens);
+    free(r->prompt);
+    free(r->greedy);
+    free(r->logits);
+}
+
+/* Max |qlm - HF| over all positions' logits. */
+static double logits_max_diff(const qlm_model *m, const reference *r) {
+    qlm_kv_state st;
+    assert_int_equal(qlm_state_init(&st, m, r->n_tokens, 16), 0); /* 16: exercises chunked prefill */
+    int n = r->n_tokens, vocab = m->cfg.vocab_size;
+    int *pos = malloc((size_t)n * sizeof *pos), *rows = malloc((size_t)n * sizeof *rows);
+    float *logits = malloc((size_t)n * vocab * sizeof *logits);
+    for (int i = 0; i < n; i++) pos[i] = rows[i] = i;
+    assert_int_equal(qlm_forward(m, &st, r->tokens, pos, n, rows, n, logits), 0);
+    double worst = 0;
+    for (size_t i = 0; i < (size_t)n * vocab; i++) {
+        double d = fabs((double)logits[i] - r->logits[i]);
+        if (d > worst) worst = d;
+    }
+    free(pos);
+    free(rows);
+    free(logits);
+    qlm_state_free(&st, m);
+    return worst;
+}
+
+/* Number of leading greedy tokens that equal the reference continuation. */
+static int greedy_match(const qlm_model *m, const reference *r) {
+    qlm_session s;
+    assert_int_equal(qlm_session_init(&s, m, NULL, r->n_prompt + r->n_greedy + 1, 8), 0);
+    assert_int_equal(qlm_session_sync(&s, r->prompt, r->n_prompt, NULL), 0);
+    int *out = calloc((size_t)r->n_greedy, sizeof *out);
+    qlm_gen_params p = {.sampling = qlm_sampling_defaults(), .max_new_tokens = r->n_greedy, .out_ids = out};
+    p.sampling.temperature = 0;
+    qlm_gen_stats st;
+    assert_int_equal(qlm_session_generate(&s, &p, NULL, NULL, &st), 0);
+    int k = 0;
+    while (k < st.n_generated && out[k] == r->greedy[k]) k++;
+    free(out);
+    qlm_session_free(&s);
+    return k;
+}
+
+typedef struct {
+    qlm_dtype dtype;
+    int per_channel;
+    double tol_rel; /* max |diff| allowed, relative to the largest |logit| */
+    int min_greedy; /* leading greedy tokens that must match */
+} precision_case;
+
+static void check_fixture(const char *name) {
+    char dir[256];
+    snprintf(dir, sizeof dir, "tests/fixtures/llama/%s", name);
+    qlm_source src;
+    if (qlm_source_open(&src, dir, NULL) != 0) fail_msg("%s", qlm_last_error());
+    reference r;
+    load_reference(dir, &r, src.cfg.vocab_size);
+    const precision_case cases[] = {
+        {QLM_F32, 0, 0, 64},          /* absolute 1e-4, checked below */
+        {QLM_BF16, 0, 0.025, 16},     {QLM_F16, 0, 0.004, 32},
+        {QLM_I8, 0, 0.12, 0},         {QLM_I8, 1, 0.10, 0},
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        qlm_model m;
+        qlm_model_options o = {.dtype = cases[c].dtype, .per_channel = cases[c].per_channel, .backend = qlm_backend_cpu()};
+        if (qlm_model_build(&m, &src.cfg, src.store, &o) != 0) fail_msg("%s", qlm_last_error());
+        double diff = logits_max_diff(&m, &r);
+        int greedy = greedy_match(&m, &r);
+        print_message("%-12s %-5s%s max|diff| %.3g (%.4f of max|logit| %.2f), greedy match %d/%d\n", name,
+                      qlm_dtype_name(cases[c].dtype), cases[c].per_channel ? "-pc" : "   ", diff, diff / r.max_abs,
+                      r.max_abs, greedy, r.n_greedy);
+        if (cases[c].dtype == QLM_F32) {
+            assert_true(diff <= 1e-4);
+            assert_int_equal(greedy, r.n_greedy);
+        } else {
+            assert_true(diff <= cases[c].tol_rel * r.max_abs);
+            assert_true(greedy >= cases[c].min_greedy);
+        }
+        qlm_model_free(&m);
+    }
+    free_reference(&r);
+    qlm_source_close(&src);
+}
+
+static void test_mha_untied(void **state) { (void)state; check_fixture("mha_untied"); }
+static void test_gqa_tied(void **state) { (void)state; check_fixture("gqa_tied"); }
+static void test_qwen2_bias(void **state) { (void)state; check_fixture("qwen2_bias"); }
+static void test_llama3_rope(void **state) { (void)state; check_fixture("llama3_rope"); }
+
+/* Decoding token by token must give the same logits as one batched prefill. */
+static void test_incremental_equals_batched(void **state) {
+    (void)state;
+    qlm_source src;
+    if (qlm_source_open(&src, "tests/fixtures/llama/gqa_tied", NULL) != 0) fail_msg("%s", qlm_last_error());
+    qlm_model m;
+    qlm_model_options o = {.dtype = QLM_F32, .backend = qlm_backend_cpu()};
+    assert_int_equal(qlm_model_build(&m, &src.cfg, src.store, &o), 0);
+    int vocab = m.cfg.vocab_size, n = 20;
+    int ids[20], pos[20], rows[20];
+    for (int i = 0; i < n; i++) ids[i] = (i * 37 + 5) % vocab, pos[i] = rows[i] = i;
+    float *batched = malloc((size_t)n * vocab * sizeof(float)), *one = malloc((size_t)vocab * sizeof(float));
+    qlm_kv_state st;
+    assert_int_equal(qlm_state_init(&st, &m, n, n), 0);
+    assert_int_equal(qlm_forward(&m, &st, ids, pos, n, rows, n, batched), 0);
+    double worst = 0;
+    for (int i = 0; i < n; i++) {
+        int row = 0;
+        assert_int_equal(qlm_forward(&m, &st, &ids[i], &pos[i], 1, &row, 1, one), 0);
+        for (int v = 0; v < vocab; v++) worst = fmax(worst, fabs(one[v] - batched[(size_t)i * vocab + v]));
+    }
+    assert_true(worst < 1e-4);
+    int bad_tok = vocab, p0 = 0, r0 = 0;
+    assert_int_equal(qlm_forward(&m, &st, &bad_tok, &p0, 1, &r0, 1, one), -1);
+    assert_non_null(strstr(qlm_last_error(), "outside the vocabulary"));
+    int bad_pos = n;
+    assert_int_equal(qlm_forward(&m, &st, ids, &bad_pos, 1, &r0, 1, one), -1);
+    free(batched);
+    free(one);
+    qlm_state_free(&st, &m);
+    qlm_model_free(&m);
+    qlm_source_close(&src);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_mha_untied),
+        cmocka_unit_test(test_gqa_tied),
+        cmocka_unit_test(test_qwen2_bias),
+        cmocka_unit_test(test_llama3_rope),
+        cmocka_unit_test(test_incremental_equals_batched),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,288 @@
+/* qlm_matmul on every supported ISA (scalar, AVX2, AVX-512) and qlm_matmul_scalar against a
+ * double-precision product of the dequantized weights, for odd shapes (cols not multiples of
+ * 8/16/32/64, rows not multiples of 4), n = 1, 3 (GEMV), 17, 64 (sgemm on F32 tiles), with and
+ * without bias; against torch (tests/fixtures/quant/matmul.txt, tools/make_quant_fixtures.py);
+ * and GEMV results independent of the thread count.
+ *
+ * Bound: every path sums exactly-dequantized F32 weights times x in F32, so the error is float
+ * summation error: |y - ref| <= 1e-5 * (sum_k |x_k w_k| + |bias|). */
+#include <math.h>
+#include <omp.h>
+
+#include "test_util.h"
+
+#include "quant/half.h"
+#include "quant/matmul.h"
+#include "quant/quantize.h"
+
+#define MATMUL_FIXTURE "tests/fixtures/quant/matmul.txt"
+#define REL_TOL 1e-5
+
+static const char *const k_isas[] = {"scalar", "avx2", "avx512"};
+
+typedef struct {
+    qlm_dtype dtype;
+    int per_row;
+    const char *name;
+} kind;
+
+static const kind k_kinds[] = {
+    {QLM_F32, 0, "f32"}, {QLM_F16, 0, "f16"}, {QLM_BF16, 0, "bf16"}, {QLM_I8, 0, "int8"}, {QLM_I8, 1, "int8/row"},
+};
+#define NKINDS (int)(sizeof k_kinds / sizeof k_kinds[0])
+
+static uint64_t g_rng = 0x2545F4914F6CDD1Dull;
+
+static float frand(void) {
+    g_rng ^= g_rng << 13;
+    g_rng ^= g_rng >> 7;
+    g_rng ^= g_rng << 17;
+    return (float)((g_rng >> 40) * (1.0 / 16777216.0)) * 2.0f - 1.0f;
+}
+
+/* A weight in storage dtype plus its exact dequantized values in double. */
+typedef struct {
+    qlm_weight w;
+    void *data;
+    float *row_scales;
+    double *deq;
+} test_weight;
+
+static void make_weight(test_weight *t, const kind *k, const float *src, int rows, int cols) {
+    long n = (long)rows * cols;
+    t->data = malloc(n * 4 + 1);
+    t->row_scales = malloc(rows * sizeof(float));
+    t->deq = malloc(n * sizeof(double));
+    assert_true(t->data && t->row_scales && t->deq);
+    t->w = (qlm_weight){k->dtype, rows, cols, t->data, 1.0f, NULL};
+    switch (k->dtype) {
+    case QLM_I8:
+        if (k->per_row) {
+            qlm_quantize_i8_rows(t->data, t->row_scales, src, rows, cols);
+            t->w.row_scales = t->row_scales;
+        } else {
+            t->w.scale = qlm_quantize_i8(t->data, src, rows, cols);
+        }
+        for (long i = 0; i < n; i++)
+            t->deq[i] = (double)((int8_t *)t->data)[i] * (k->per_row ? t->row_scales[i / cols] : t->w.scale);
+        break;
+    case QLM_F16:
+    case QLM_BF16:
+        qlm_convert_from_f32(t->data, k->dtype, src, n);
+        for (long i = 0; i < n; i++) {
+            uint16_t h = ((uint16_t *)t->data)[i];
+            t->deq[i] = k->dtype == QLM_F16 ? qlm_f16_to_f32(h) : qlm_bf16_to_f32(h);
+        }
+        break;
+    default:
+        memcpy(t->data, src, n * sizeof(float));
+        for (long i = 0; i < n; i++) t->deq[i] = src[i];
+    }
+}
+
+static void free_weight(test_weight *t) {
+    free(t->data);
+    free(t->row_scales);
+    free(t->deq);
+}
+
+/* ref = x deq^T + bias in double; mag = the error scale sum |x w| + |bias|. */
+static void reference(double *ref, double *mag, const float *x, int n, const test_weight *t, const float *bias) {
+    int rows = t->w.rows, cols = t->w.cols;
+    for (int i = 0; i < n; i++)
+        for (int o = 0; o < rows; o++) {
+            double s = bias ? bias[o] : 0, m = bias ? fabs(bias[o]) : 0;
+            for (int k = 0; k < cols; k++) {
+                double p = (double)x[(size_t)i * cols + k] * t->deq[(size_t)o * cols + k];
+                s += p;
+                m += fabs(p);
+            }
+            ref[(size_t)i * rows + o] = s;
+            mag[(size_t)i * rows + o] = m;
+        }
+}
+
+static void check_close(const float *y, const double *ref, const double *mag, long count, const char *what) {
+    for (long i = 0; i < count; i++) {
+        double err = fabs((double)y[i] - ref[i]);
+        if (!(err <= REL_TOL * mag[i] + 1e-30)) fail_msg("%s: y[%ld] = %.9g, reference %.9g (scale %g)", what, i, y[i], ref[i], mag[i]);
+    }
+}
+
+/* Runs one shape for every kind and ISA, with and without bias. */
+static void check_shape(int n, int rows, int cols) {
+    long nw = (long)rows * cols, nx = (long)n * cols, ny = (long)n * rows;
+    float *src = malloc(nw * sizeof(float)), *x = malloc(nx * sizeof(float)), *bias = malloc(rows * sizeof(float));
+    float *y = malloc((ny + 1) * sizeof(float)), *ys = malloc(ny * sizeof(float));
+    double *ref = malloc(ny * sizeof(double)), *mag = malloc(ny * sizeof(double));
+    assert_true(src && x && bias && y && ys && ref && mag);
+    for (long i = 0; i < nw; i++) src[i] = frand() * 0.2f;
+    for (long i = 0; i < nx; i++) x[i] = frand();
+    for (int o = 0; o < rows; o++) bias[o] = frand();
+    const char *orig = qlm_matmul_isa();
+    for (int ki = 0; ki < NKINDS; ki++) {
+        test_weight t;
+        make_weight(&t, &k_kinds[ki], src, rows, cols);
+        for (int b = 0; b < 2; b++) {
+            const float *bp = b ? bias : NULL;
+            char what[128];
+            reference(ref, mag, x, n, &t, bp);
+            qlm_matmul_scalar(ys, x, n, &t.w, bp);
+            snprintf(what, sizeof what, "%s n=%d %dx%d bias=%d scalar ref", k_kinds[ki].name, n, rows, cols, b);
+            check_close(ys, ref, mag, ny, what);
+            for (size_t ii = 0; ii < sizeof k_isas / sizeof k_isas[0]; ii++) {
+                if (qlm_matmul_force_isa(k_isas[ii]) != 0) continue;
+                y[ny] = 12345.0f; /* sentinel: nothing may be written past y */
+                qlm_matmul(y, x, n, &t.w, bp);
+                snprintf(what, sizeof what, "%s n=%d %dx%d bias=%d %s", k_kinds[ki].name, n, rows, cols, b, k_isas[ii]);
+                check_close(y, ref, mag, ny, what);
+                assert_true(y[ny] == 12345.0f);
+            }
+        }
+        free_weight(&t);
+    }
+    assert_int_equal(qlm_matmul_force_isa(orig), 0);
+    free(src);
+    free(x);
+    free(bias);
+    free(y);
+    free(ys);
+    free(ref);
+    free(mag);
+}
+
+static void test_odd_shapes(void **state) {
+    (void)state;
+    static const int ns[] = {1, 3, 17, 64};
+    static const int rows[] = {1, 3, 4, 5, 13, 37};
+    static const int cols[] = {1, 7, 8, 9, 15, 17, 31, 33, 63, 65, 100, 257};
+    for (size_t a = 0; a < sizeof ns / sizeof ns[0]; a++)
+        for (size_t b = 0; b < sizeof rows / sizeof rows[0]; b++)
+            for (size_t c = 0; c < sizeof cols / sizeof cols[0]; c++) check_shape(ns[a], rows[b], cols[c]);
+}
+
+/* Big enough for several threads, several tiles per thread and a ragged last tile. */
+static void test_threaded_shapes(void **state) {
+    (void)state;
+    check_shape(1, 1003, 577);
+    check_shape(2, 1003, 577);
+    check_shape(9, 1003, 577);
+    check_shape(16, 1003, 577);
+    check_shape(24, 517, 1539);
+}
+
+/* GEMV rows are split among threads in whole kernel groups, so results do not depend on it. */
+static void test_thread_count_invariance(void **state) {
+    (void)state;
+    const int rows = 333, cols = 129;
+    float *src = malloc(rows * cols * sizeof(float)), *x = malloc(3 * cols * sizeof(float));
+    float *y1 = malloc(3 * rows * sizeof(float)), *y2 = malloc(3 * rows * sizeof(float));
+    assert_true(src && x && y1 && y2);
+    for (int i = 0; i < rows * cols; i++) src[i] = frand();
+    for (int i = 0; i < 3 * cols; i++) x[i] = frand();
+    int saved = omp_get_max_threads();
+    for (int ki = 0; ki < NKINDS; ki++) {
+        test_weight t;
+        make_weight(&t, &k_kinds[ki], src, rows, cols);
+        omp_set_num_threads(1);
+        qlm_matmul(y1, x, 3, &t.w, NULL);
+        omp_set_num_threads(3);
+        qlm_matmul(y2, x, 3, &t.w, NULL);
+        assert_memory_equal(y1, y2, 3 * rows * sizeof(float));
+        free_weight(&t);
+    }
+    omp_set_num_threads(saved);
+    free(src);
+    free(x);
+    free(y1);
+    free(y2);
+}
+
+static void read_hex(FILE *f, const char *key, float *out, long count) {
+    char k[32];
+    assert_int_equal(fscanf(f, "%31s", k), 1);
+    assert_string_equal(k, key);
+    for (long i = 0; i < count; i++) {
+        unsigned u;
+        assert_int_equal(fscanf(f, "%x", &u), 1);
+        memcpy(&out[i], &u, 4);
+    }
+}
+
+static void read_doubles(FILE *f, const char *key, double *out, long count) {
+    char k[32];
+    assert_int_equal(fscanf(f, "%31s", k), 1);
+    assert_string_equal(k, key);
+    for (long i = 0; i < count; i++) assert_int_equal(fscanf(f, "%lf", &out[i]), 1);
+}
+
+/* The torch products; x is also stacked STACK times (n = 20, past the GEMV-to-sgemm switch) to
+ * take the sgemm path. */
+#define STACK 4
+static void test_vs_torch(void **state) {
+    (void)state;
+    FILE *f = fopen(MATMUL_FIXTURE, "r");
+    assert_non_null(f);
+    char line[256];
+    assert_non_null(fgets(line, sizeof line, f));
+    int n, rows, cols;
+    assert_int_equal(fscanf(f, " dims %d %d %d", &n, &rows, &cols), 3);
+    long ny = (long)n * rows;
+    float *x = malloc(STACK * n * cols * sizeof(float)), *w = malloc(rows * cols * sizeof(float));
+    float *bias = malloc(rows * sizeof(float)), *y = malloc(STACK * ny * sizeof(float));
+    double *ref = malloc(STACK * ny * sizeof(double)), *mag = malloc(STACK * ny * sizeof(double));
+    assert_true(x && w && bias && y && ref && mag);
+    read_hex(f, "x", x, n * cols);
+    for (int c = 1; c < STACK; c++) memcpy(x + c * n * cols, x, n * cols * sizeof(float));
+    read_hex(f, "w", w, rows * cols);
+    read_hex(f, "bias", bias, rows);
+    for (long i = 0; i < ny; i++) {
+        int o = i % rows;
+        mag[i] = fabs(bias[o]);
+        for (int k = 0; k < cols; k++) mag[i] += fabs(x[(i / rows) * cols + k] * w[o * cols + k]);
+        for (int c = 1; c < STACK; c++) mag[i + c * ny] = mag[i];
+    }
+    static const char *const keys[] = {"y_f32", "y_f16", "y_bf16", "y_int8_rows"};
+    static const int kind_of[] = {0, 1, 2, 4};
+    for (int ki = 0; ki < 4; ki++) {
+        read_doubles(f, keys[ki], ref, ny);
+        for (int c = 1; c < STACK; c++) memcpy(ref + c * ny, ref, ny * sizeof(double));
+        test_weight t;
+        make_weight(&t, &k_kinds[kind_of[ki]], w, rows, cols);
+        qlm_matmul(y, x, n, &t.w, bias);
+        check_close(y, ref, mag, ny, keys[ki]);
+        qlm_matmul(y, x, STACK * n, &t.w, bias);
+        check_close(y, ref, mag, STACK * ny, keys[ki]);
+        free_weight(&t);
+    }
+    fclose(f);
+    free(x);
+    free(w);
+    free(bias);
+    free(y);
+    free(ref);
+    free(mag);
+}
+
+static void test_isa_selection(void **state) {
+    (void)state;
+    const char *orig = qlm_matmul_isa();
+    assert_true(strcmp(orig, "avx512") == 0 || strcmp(orig, "avx2") == 0 || strcmp(orig, "scalar") == 0);
+    assert_int_equal(qlm_matmul_force_isa("scalar"), 0);
+    assert_string_equal(qlm_matmul_isa(), "scalar");
+    assert_int_equal(qlm_matmul_force_isa("sse9"), -1);
+    assert_string_equal(qlm_matmul_isa(), "scalar");
+    for (size_t i = 0; i < sizeof k_isas / sizeof k_isas[0]; i++)
+        if (qlm_matmul_force_isa(k_isas[i]) != 0) print_message("isa %s not supported here: its paths are not tested\n", k_isas[i]);
+    assert_int_equal(qlm_matmul_force_isa(orig), 0);
+    assert_string_equal(qlm_matmul_isa(), orig);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_isa_selection),   cmocka_unit_test(test_odd_shapes),
+        cmocka_unit_test(test_threaded_shapes), cmocka_unit_test(test_thread_count_invariance),
+        cmocka_unit_test(test_vs_torch),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

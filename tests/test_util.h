@@ -1,0 +1,97 @@
+/* Shared helpers for the cmocka test programs: where the assets and fixtures are,
+ * and the rule that a missing asset skips a test unless QLM_REQUIRE_ASSETS=1. */
+#ifndef QLM_TEST_UTIL_H
+#define QLM_TEST_UTIL_H
+
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include <cmocka.h>
+
+/* ../shared/assets relative to the repository root (tests run from the root), or $QLM_ASSETS. */
+static inline const char *test_assets_dir(void) {
+    const char *env = getenv("QLM_ASSETS");
+    return env && *env ? env : "../shared/assets";
+}
+
+/* Writes "<assets>/<rel>" into buf and returns buf. */
+static inline const char *test_asset(char *buf, size_t cap, const char *rel) {
+    snprintf(buf, cap, "%s/%s", test_assets_dir(), rel);
+    return buf;
+}
+
+static inline int test_path_exists(const char *path) {
+    struct stat st;
+    return stat(path, &st) == 0;
+}
+
+/* Skips the current test when path is missing, or fails it when QLM_REQUIRE_ASSETS=1. */
+#define REQUIRE_ASSET(path)                                                                  \
+    do {                                                                                     \
+        if (!test_path_exists(path)) {                                                       \
+            const char *req_ = getenv("QLM_REQUIRE_ASSETS");                                 \
+            if (req_ && strcmp(req_, "1") == 0) fail_msg("required asset missing: %s", path); \
+            print_message("asset missing, skipping: %s\n", path);                            \
+            skip();                                                                          \
+        }                                                                                    \
+    } while (0)
+
+/* The default model (SmolLM2-135M-Instruct GGUF) fetched by scripts/setup.sh. */
+static inline const char *test_default_gguf(char *buf, size_t cap) {
+    const char *env = getenv("QLM_DEFAULT_MODEL");
+    if (env && *env) {
+        snprintf(buf, cap, "%s", env);
+        return buf;
+    }
+    const char *cache = getenv("QLM_CACHE");
+    const char *home = getenv("HOME");
+    if (cache && *cache)
+        snprintf(buf, cap, "%s/SmolLM2-135M-Instruct.Q4_1.gguf", cache);
+    else
+        snprintf(buf, cap, "%s/.cache/qlm/SmolLM2-135M-Instruct.Q4_1.gguf", home ? home : ".");
+    return buf;
+}
+
+/* Reads a whole file; returns malloc'd bytes (NUL-terminated) or NULL. */
+static inline char *test_read_file(const char *path, size_t *len) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *buf = malloc((size_t)n + 1);
+    if (buf && fread(buf, 1, (size_t)n, f) != (size_t)n) {
+        free(buf);
+        buf = NULL;
+    }
+    fclose(f);
+    if (buf) {
+        buf[n] = 0;
+        if (len) *len = (size_t)n;
+    }
+    return buf;
+}
+
+/* Writes bytes to a file; returns 0 on success. */
+static inline int test_write_file(const char *path, const void *data, size_t len) {
+    FILE *f = fopen(path, "wb");
+    if (!f) return -1;
+    size_t w = fwrite(data, 1, len, f);
+    fclose(f);
+    return w == len ? 0 : -1;
+}
+
+/* A fresh temporary directory (mkdtemp under $TMPDIR or /tmp); path written into buf. */
+static inline const char *test_tmpdir(char *buf, size_t cap) {
+    const char *t = getenv("TMPDIR");
+    snprintf(buf, cap, "%s/qlm-test-XXXXXX", t && *t ? t : "/tmp");
+    return mkdtemp(buf);
+}
+
+#endif

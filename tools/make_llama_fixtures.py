@@ -1,0 +1,210 @@
+#!/usr/bin/env python3
+"""Dev-time generator of the small Hugging Face parity fixtures in tests/fixtures/llama/
+and the safetensors format fixture in tests/fixtures/safetensors/. qlm never runs Python;
+this script only produces the committed reference files (see tests/fixtures/README.md).
+
+Usage (from the repository root):  python3 tools/make_llama_fixtures.py [--out tests/fixtures]
+Needs torch, transformers, safetensors, numpy. Runs on the CPU in float32 with fixed seeds.
+"""
+import argparse
+import json
+import os
+import shutil
+import sys
+
+import numpy as np
+import torch
+import transformers
+from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+N_NEW = 64
+PROMPT_LEN = 12
+MIN_MARGIN = 0.02
+MIN_DISTINCT = 16
+
+FIXTURES = {
+    # MHA, untied lm_head, mlp/attention without bias.
+    "mha_untied": dict(
+        cls=(LlamaConfig, LlamaForCausalLM), seed=1001,
+        cfg=dict(hidden_size=64, intermediate_size=176, num_hidden_layers=2, num_attention_heads=4,
+                 num_key_value_heads=4, vocab_size=384, max_position_embeddings=256, rms_norm_eps=1e-5,
+                 rope_theta=10000.0, tie_word_embeddings=False, bos_token_id=1, eos_token_id=2)),
+    # GQA 8 query heads / 2 kv heads, tied embeddings (only model.embed_tokens.weight is stored).
+    "gqa_tied": dict(
+        cls=(LlamaConfig, LlamaForCausalLM), seed=2002,
+        cfg=dict(hidden_size=64, intermediate_size=160, num_hidden_layers=2, num_attention_heads=8,
+                 num_key_value_heads=2, vocab_size=320, max_position_embeddings=256, rms_norm_eps=1e-6,
+                 rope_theta=10000.0, tie_word_embeddings=True, bos_token_id=1, eos_token_id=2)),
+    # Qwen2: q/k/v bias, no o_proj bias, GQA 4/2, untied.
+    "qwen2_bias": dict(
+        cls=(Qwen2Config, Qwen2ForCausalLM), seed=3003,
+        cfg=dict(hidden_size=64, intermediate_size=192, num_hidden_layers=2, num_attention_heads=4,
+                 num_key_value_heads=2, vocab_size=448, max_position_embeddings=256, rms_norm_eps=1e-6,
+                 rope_theta=1000000.0, tie_word_embeddings=False, bos_token_id=1, eos_token_id=[2, 3])),
+    # Llama 3 RoPE scaling, rope_theta 500000, head_dim 32 != hidden/heads (16), 3 layers.
+    # original_max_position_embeddings is small so that the scaling changes most frequencies.
+    "llama3_rope": dict(
+        cls=(LlamaConfig, LlamaForCausalLM), seed=4004,
+        cfg=dict(hidden_size=64, intermediate_size=128, num_hidden_layers=3, num_attention_heads=4,
+                 num_key_value_heads=2, head_dim=32, vocab_size=256, max_position_embeddings=256,
+                 rms_norm_eps=1e-5, tie_word_embeddings=False, bos_token_id=1, eos_token_id=2,
+                 rope_scaling=dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
+                                   original_max_position_embeddings=32, rope_theta=500000.0),
+                 rope_theta=500000.0)),
+}
+
+
+def init_weights(model, seed):
+    """Non-trivial random init so that logits are spread out and greedy choices are clear."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.copy_(0.7 + 0.6 * torch.rand(p.shape, generator=g))
+            elif name.endswith(".bias"):
+                p.copy_(0.2 * torch.randn(p.shape, generator=g))
+            elif "embed_tokens" in name or name == "lm_head.weight":
+                # Small enough that a tied model's logits are not dominated by the input token.
+                p.copy_(0.3 * torch.randn(p.shape, generator=g))
+            else:
+                p.copy_(0.15 * torch.randn(p.shape, generator=g))
+
+
+def full_forward_greedy(model, prompt, n_new):
+    """Greedy continuation by full re-evaluation (no cache), with the top1-top2 margin of every step."""
+    ids = list(prompt)
+    margins = []
+    with torch.no_grad():
+        for _ in range(n_new):
+            logits = model(torch.tensor([ids])).logits[0, -1]
+            top = torch.topk(logits, 2)
+            margins.append(float(top.values[0] - top.values[1]))
+            ids.append(int(top.indices[0]))
+    return ids[len(prompt):], margins
+
+
+def tensor_summary(model_dir):
+    from safetensors.numpy import load_file
+    out = {}
+    for name, a in sorted(load_file(os.path.join(model_dir, "model.safetensors")).items()):
+        a64 = a.astype(np.float64)
+        out[name] = {"dtype": str(a.dtype), "shape": list(a.shape), "sum": float(a64.sum()),
+                     "abs_sum": float(np.abs(a64).sum()), "first": [float(x) for x in a.reshape(-1)[:4]]}
+    return out
+
+
+def build(spec, seed):
+    """Model, prompt, greedy ids and step margins for one seed."""
+    cfg_cls, model_cls = spec["cls"]
+    torch.manual_seed(seed)
+    config = cfg_cls(**spec["cfg"])
+    model = model_cls(config).float().eval()
+    init_weights(model, seed)
+    if config.tie_word_embeddings:
+        assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
+    rng = np.random.default_rng(seed)
+    prompt = [1] + [int(x) for x in rng.integers(3, config.vocab_size, PROMPT_LEN - 1)]
+    greedy, margins = full_forward_greedy(model, prompt, N_NEW)
+    return model, config, prompt, greedy, margins
+
+
+def make_fixture(name, spec, root):
+    # The first seed from spec["seed"] on whose greedy path no step is a near-tie (margin
+    # >= MIN_MARGIN) and that does not collapse into repeating a few tokens.
+    for seed in range(spec["seed"], spec["seed"] + 100):
+        model, config, prompt, ref_greedy, margins = build(spec, seed)
+        if min(margins) >= MIN_MARGIN and len(set(ref_greedy)) >= MIN_DISTINCT:
+            break
+    else:
+        sys.exit(f"{name}: no seed without near-ties")
+    model_cls = spec["cls"][1]
+    gen_cfg = GenerationConfig(do_sample=False, max_new_tokens=N_NEW, eos_token_id=None, pad_token_id=0,
+                               bos_token_id=1)
+    with torch.no_grad():
+        out = model.generate(torch.tensor([prompt]), generation_config=gen_cfg)
+    greedy = [int(x) for x in out[0, len(prompt):]]
+    if greedy != ref_greedy:
+        sys.exit(f"{name}: generate() and full-forward greedy disagree")
+    seq = prompt + greedy
+    with torch.no_grad():
+        logits = model(torch.tensor([seq])).logits[0].float().numpy()
+        prompt_logits = model(torch.tensor([prompt])).logits[0].float().numpy()
+    # Logits of the prompt positions do not depend on what follows (causal mask).
+    assert np.allclose(logits[: len(prompt)], prompt_logits, atol=1e-5)
+    top2 = np.sort(logits, axis=1)[:, -2:]
+    pos_margins = top2[:, 1] - top2[:, 0]
+
+    d = os.path.join(root, "llama", name)
+    shutil.rmtree(d, ignore_errors=True)
+    model.save_pretrained(d, safe_serialization=True)
+    gen_path = os.path.join(d, "generation_config.json")
+    if os.path.exists(gen_path):
+        os.remove(gen_path)  # not needed; keeps the fixture to config + weights + references
+    logits.astype("<f4").tofile(os.path.join(d, "logits.f32"))
+    ref = {
+        "model_class": model_cls.__name__,
+        "seed": seed,
+        "tokens": seq,
+        "prompt_len": len(prompt),
+        "prompt_ids": prompt,
+        "greedy_ids": greedy,
+        "logits_file": "logits.f32",
+        "logits_shape": [len(seq), config.vocab_size],
+        "logits_max_abs": float(np.abs(logits).max()),
+        "logits_mean_abs": float(np.abs(logits).mean()),
+        "min_greedy_margin": float(min(margins)),
+        "min_position_margin": float(pos_margins.min()),
+        "tensors": tensor_summary(d),
+        "versions": versions(),
+    }
+    with open(os.path.join(d, "reference.json"), "w") as f:
+        json.dump(ref, f, indent=1)
+        f.write("\n")
+    size = sum(os.path.getsize(os.path.join(d, x)) for x in os.listdir(d))
+    print(f"{name}: {size} bytes, logits max|.| {ref['logits_max_abs']:.3f} mean|.| {ref['logits_mean_abs']:.3f}, "
+          f"min greedy margin {ref['min_greedy_margin']:.4f}, min position margin {ref['min_position_margin']:.4f}, "
+          f"{len(set(greedy))} distinct greedy ids, seed {seed}")
+
+
+def make_mixed_safetensors(root):
+    """One file with every dtype qlm reads, INT8 with per-tensor and per-row "_scale" companions,
+    written by the Python library itself (qlm must load it and re-save it byte for byte)."""
+    from safetensors.torch import save_file
+    ar = torch.arange(24, dtype=torch.float64)
+    tensors = {
+        "f32.matrix": (ar.reshape(4, 6) * 0.25 - 3.0).float(),
+        "f16.vector": (ar[:5] * 0.5 - 1.0).half(),
+        "bf16.vector": torch.tensor([1.0, -2.0, 3.140625, 0.0, float("inf"), 0.25], dtype=torch.bfloat16),
+        "i8.per_tensor": (ar[:6].reshape(2, 3) * 11 - 60).to(torch.int8),
+        "i8.per_tensor_scale": torch.tensor([0.125], dtype=torch.float32),
+        "i8.per_row": torch.tensor([[127, -127, 0], [1, -1, 64], [-128, 5, 9]], dtype=torch.int8),
+        "i8.per_row_scale": torch.tensor([0.5, 0.25, 2.0], dtype=torch.float32),
+        "empty": torch.zeros((0, 3), dtype=torch.float32),
+        "scalar": torch.tensor(7.5, dtype=torch.float32),
+    }
+    d = os.path.join(root, "safetensors")
+    os.makedirs(d, exist_ok=True)
+    path = os.path.join(d, "mixed.safetensors")
+    save_file(tensors, path, metadata={"format": "pt"})
+    print(f"safetensors/mixed.safetensors: {os.path.getsize(path)} bytes")
+
+
+def versions():
+    import safetensors
+    return {"torch": torch.__version__, "transformers": transformers.__version__,
+            "safetensors": safetensors.__version__, "numpy": np.__version__}
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default="tests/fixtures")
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    for name, spec in FIXTURES.items():
+        make_fixture(name, spec, args.out)
+    make_mixed_safetensors(args.out)
+    print(json.dumps(versions()))
+
+
+if __name__ == "__main__":
+    main()
