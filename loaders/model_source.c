@@ -1,5 +1,6 @@
 #include "model_source.h"
 
+#include <dirent.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -127,7 +128,41 @@ static int open_llama2c(qlm_source *src, const char *path) {
     return 0;
 }
 
+/* A folder without config.json may still hold one GGUF file or one llama2.c checkpoint (as
+ * llama2.c's own model folders do); its path goes to out. Returns 0 when exactly one is found. */
+static int single_model_file_in(const char *dir, char *out, size_t cap) {
+    DIR *d = opendir(dir);
+    if (!d) return qlm_errorf("%s: cannot open folder", dir);
+    int found = 0;
+    char cand[4200];
+    for (struct dirent *e; (e = readdir(d));) {
+        if (e->d_name[0] == '.') continue;
+        int len = snprintf(cand, sizeof cand, "%s/%s", dir, e->d_name);
+        if (len < 0 || (size_t)len >= cap || !is_file(cand)) continue;
+        int model = file_magic_is_gguf(cand) || (has_suffix(e->d_name, ".bin") && strncmp(e->d_name, "tok", 3) != 0 &&
+                                                 qlm_llama2c_probe(cand));
+        if (model && found++ == 0) memcpy(out, cand, (size_t)len + 1);
+    }
+    closedir(d);
+    if (found == 1) return 0;
+    return qlm_errorf("%s: no config.json, and %s", dir,
+                      found ? "more than one model file: name the one to load" : "no .gguf or llama2.c checkpoint in it");
+}
+
 int qlm_source_open(qlm_source *src, const char *model_path, const char *tokenizer_path) {
+    char cfg_path[4200], inner[sizeof src->path];
+    if (strlen(model_path) >= sizeof src->path) {
+        memset(src, 0, sizeof *src);
+        return qlm_errorf("model path is longer than %zu bytes", sizeof src->path - 1);
+    }
+    snprintf(cfg_path, sizeof cfg_path, "%s/config.json", model_path);
+    if (is_dir(model_path) && !is_file(cfg_path)) {
+        if (single_model_file_in(model_path, inner, sizeof inner) != 0) {
+            memset(src, 0, sizeof *src);
+            return -1;
+        }
+        model_path = inner;
+    }
     memset(src, 0, sizeof *src);
     snprintf(src->path, sizeof src->path, "%s", model_path);
     src->store = qlm_store_new();

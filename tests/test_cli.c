@@ -171,10 +171,11 @@ static void test_sampling_is_seeded(void **state) {
     free(c);
 }
 
+/* Also loads the llama2.c checkpoint through its folder (no config.json: the one .bin in it). */
 static void test_stop_string_and_max_tokens(void **state) {
     (void)state;
     char model[512];
-    test_asset(model, sizeof model, "stories260K/stories260K.bin");
+    test_asset(model, sizeof model, "stories260K");
     REQUIRE_ASSET(model);
     char *full = NULL, *stopped = NULL;
     assert_int_equal(run_qlm(&full, "generate -m %s --temp 0 -n 255 --quiet", model), 0);
@@ -202,6 +203,9 @@ static void test_command_line_errors(void **state) {
     char *err = NULL;
     assert_int_equal(run_qlm(&err, "generate -m /nonexistent/model.gguf -p hi 2>&1"), 1);
     assert_non_null(strstr(err, "/nonexistent/model.gguf"));
+    free(err);
+    assert_int_equal(run_qlm(&err, "generate -m tests -p hi 2>&1"), 1);
+    assert_non_null(strstr(err, "tests: no config.json"));
     free(err);
     assert_int_equal(run_qlm(&err, "generate -m x --temp -1 2>&1"), 2);
     assert_non_null(strstr(err, "--temp"));
