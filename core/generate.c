@@ -123,7 +123,7 @@ static int flush_text(text_buf *t, const qlm_gen_params *p, qlm_emit_fn emit, vo
     }
     size_t out = found || final ? cut : t->len - held_suffix(t->buf, t->len, p);
     if (out > 0 && emit && emit(user, t->buf, out) != 0) *caller_stop = 1;
-    memmove(t->buf, t->buf + out, t->len - out);
+    if (out > 0) memmove(t->buf, t->buf + out, t->len - out);
     t->len -= out;
     if (t->buf) t->buf[t->len] = 0;
     return found;

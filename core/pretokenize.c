@@ -14,13 +14,19 @@
 /* Family regexes as published in the models' tokenizer.json files (HF tokenizers runs them with
  * Oniguruma; PCRE2 with UCP gives the same classes). Invalid UTF-8 never matches; such bytes
  * become pre-tokens of their own. */
-#define RE_GPT2 "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+"
-#define RE_LLAMA3                                                                                  \
-    "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|" \
-    "\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"
-#define RE_QWEN2                                                                                 \
-    "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|" \
-    "\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"
+static const char RE_GPT2[] = "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+";
+static const char RE_LLAMA3[] = "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}"
+                                "| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
+static const char RE_QWEN2[] = "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}"
+                               "| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
+
+const char *qlm_pretokenizer_regex(qlm_pretokenizer pre) {
+    switch (pre) {
+    case QLM_PRE_LLAMA3: return RE_LLAMA3;
+    case QLM_PRE_QWEN2: return RE_QWEN2;
+    default: return RE_GPT2;
+    }
+}
 
 static void *compile(const char *pattern) {
     int err;
@@ -39,10 +45,7 @@ static void *compile(const char *pattern) {
 
 int tok_pre_init(qlm_tokenizer *t) {
     if (t->type != QLM_TOK_BYTE_BPE) return 0;
-    const char *pattern = RE_GPT2;
-    if (t->pre == QLM_PRE_LLAMA3) pattern = RE_LLAMA3;
-    if (t->pre == QLM_PRE_QWEN2) pattern = RE_QWEN2;
-    t->re = compile(pattern);
+    t->re = compile(qlm_pretokenizer_regex(t->pre));
     if (!t->re) return -1;
     if (t->pre == QLM_PRE_SMOLLM && !(t->re_digit = compile("\\p{N}"))) return -1;
     return 0;

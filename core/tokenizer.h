@@ -20,6 +20,10 @@ typedef enum {
     QLM_PRE_QWEN2 = 3,  /* Qwen2 regex: the Llama 3 one with single digits (its NFC step is not applied) */
 } qlm_pretokenizer;
 
+/* The split regex of a byte-level family, exactly as its tokenizer.json files publish it (the
+ * JSON reader recognises Llama 3 and Qwen2 by it). SmolLM's digit split comes before GPT-2's. */
+const char *qlm_pretokenizer_regex(qlm_pretokenizer pre);
+
 /* Token attribute, as GGUF's tokenizer.ggml.token_type values. */
 typedef enum {
     QLM_TOKEN_NORMAL = 1,

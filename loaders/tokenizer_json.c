@@ -14,12 +14,6 @@
 #define MAX_JSON (1u << 30)
 #define SPM_SPACE "\xE2\x96\x81"
 
-/* The Split regexes of the Llama 3 and Qwen2 tokenizer.json files, as they appear there. */
-static const char RE_LLAMA3[] = "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}"
-                                "| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
-static const char RE_QWEN2[] = "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}"
-                               "| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
-
 typedef struct {
     const char *path;
     cJSON *root;
@@ -284,8 +278,8 @@ static int load_sequence(json_load *L, const cJSON *p) {
     const char *re = get_str(cJSON_GetObjectItemCaseSensitive(a, "pattern"), "Regex"), *behavior = get_str(a, "behavior");
     if (!type_is(a, "Split") || !re || !behavior || strcmp(behavior, "Isolated") != 0 || get_bool(a, "invert", 0))
         return -1;
-    if (strcmp(re, RE_LLAMA3) == 0) L->spec.pre = QLM_PRE_LLAMA3;
-    else if (strcmp(re, RE_QWEN2) == 0) L->spec.pre = QLM_PRE_QWEN2;
+    if (strcmp(re, qlm_pretokenizer_regex(QLM_PRE_LLAMA3)) == 0) L->spec.pre = QLM_PRE_LLAMA3;
+    else if (strcmp(re, qlm_pretokenizer_regex(QLM_PRE_QWEN2)) == 0) L->spec.pre = QLM_PRE_QWEN2;
     else return -1;
     return byte_level(L, b, 0);
 }

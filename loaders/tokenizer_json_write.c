@@ -18,13 +18,6 @@
 
 #define SPM_SPACE "\xE2\x96\x81"
 
-/* The Split regexes of the Llama 3 and Qwen2 tokenizer.json files; the reader recognises the
- * families by these exact strings. */
-static const char RE_LLAMA3[] = "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}"
-                                "| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
-static const char RE_QWEN2[] = "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}"
-                               "| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
-
 /* cJSON building: an allocation failure anywhere sets oom, checked once when the tree is done. */
 typedef struct {
     const qlm_tokenizer *t;
@@ -269,7 +262,7 @@ static void put_byte_pipeline(writer *w, cJSON *root) {
         return;
     }
     cJSON *split = put_typed(w, list, NULL, "Split");
-    put_str(w, put_obj(w, split, "pattern"), "Regex", t->pre == QLM_PRE_LLAMA3 ? RE_LLAMA3 : RE_QWEN2);
+    put_str(w, put_obj(w, split, "pattern"), "Regex", qlm_pretokenizer_regex(t->pre));
     put_str(w, split, "behavior", "Isolated");
     put_bool(w, split, "invert", 0);
     put_byte_level(w, list, NULL, 0, 1);

@@ -95,31 +95,9 @@ AVX512_INLINE float dot1(const char *w0, const float *x, long cols, qlm_dtype dt
     return _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)));
 }
 
-AVX512_INLINE void gemv_dt(float *y, const float *x, const qlm_weight *w, int r0, int r1,
-                           const float *bias, qlm_dtype dt) {
-    size_t stride = (size_t)w->cols * qlm_weight_elem_size(dt);
-    const char *base = w->data;
-    int o = r0;
-    for (; o + 4 <= r1; o += 4) {
-        /* One group ahead, as in the AVX2 kernel. */
-        const char *pf = o + 8 <= r1 ? base + (size_t)(o + 4) * stride : NULL;
-        __m128 s = dot4(base + (size_t)o * stride, stride, x, w->cols, dt, pf);
-        if (dt == QLM_I8)
-            s = _mm_mul_ps(s, w->row_scales ? _mm_loadu_ps(w->row_scales + o) : _mm_set1_ps(w->scale));
-        if (bias) s = _mm_add_ps(s, _mm_loadu_ps(bias + o));
-        _mm_storeu_ps(y + o, s);
-    }
-    for (; o < r1; o++) y[o] = qlm_gemv_finish(dot1(base + (size_t)o * stride, x, w->cols, dt), w, o, bias);
-}
-
-AVX512_FN void gemv(float *y, const float *x, const qlm_weight *w, int r0, int r1, const float *bias) {
-    switch (w->dtype) {
-    case QLM_F16: gemv_dt(y, x, w, r0, r1, bias, QLM_F16); break;
-    case QLM_BF16: gemv_dt(y, x, w, r0, r1, bias, QLM_BF16); break;
-    case QLM_I8: gemv_dt(y, x, w, r0, r1, bias, QLM_I8); break;
-    default: gemv_dt(y, x, w, r0, r1, bias, QLM_F32); break;
-    }
-}
+#define KERNEL_FN AVX512_FN
+#define KERNEL_INLINE AVX512_INLINE
+#include "gemv_rows.h"
 
 AVX512_INLINE __mmask16 block_mask(long i, long n) {
     return n - i >= 16 ? (__mmask16)0xffff : tail_mask(n - i);
