@@ -16,6 +16,7 @@ def main():
     if not os.path.exists(q8):
         params = llama_cpp.llama_model_quantize_default_params()
         params.ftype = llama_cpp.LLAMA_FTYPE_MOSTLY_Q8_0
+        params.allow_requantize = True  # the source is Q4_1
         ok = llama_cpp.llama_model_quantize(src.encode(), q8.encode(), ctypes.byref(params))
         if ok != 0:
             raise SystemExit("quantize failed")
