@@ -1,0 +1,190 @@
+#include "param_pack.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../quant/quantize.h"
+#include "error.h"
+
+int qlm_param_check_shape(const qlm_tensor_entry *e, int64_t rows, int64_t cols) {
+    int ok = cols ? (e->ndim == 2 && e->shape[0] == rows && e->shape[1] == cols)
+                  : (e->ndim == 1 && e->shape[0] == rows);
+    if (ok) return 0;
+    char got[96] = "";
+    for (int i = 0; i < e->ndim; i++)
+        snprintf(got + strlen(got), sizeof got - strlen(got), "%s%lld", i ? "," : "", (long long)e->shape[i]);
+    if (cols)
+        return qlm_errorf("tensor %s has shape [%s], expected [%lld,%lld]", e->name, got, (long long)rows,
+                          (long long)cols);
+    return qlm_errorf("tensor %s has shape [%s], expected [%lld]", e->name, got, (long long)rows);
+}
+
+/* Any stored dtype (I8 with its scales) to F32. */
+static void entry_to_f32(const qlm_tensor_entry *e, float *out) {
+    int64_t n = qlm_entry_numel(e);
+    if (e->dtype != QLM_I8) {
+        qlm_convert_to_f32(out, e->data, e->dtype, n);
+        return;
+    }
+    int64_t rows = e->ndim >= 1 ? e->shape[0] : 1, cols = rows ? n / rows : 0;
+    const int8_t *q = e->data;
+    for (int64_t r = 0; r < rows; r++) {
+        float s = e->row_scales ? e->row_scales[r] : e->scale;
+        for (int64_t j = 0; j < cols; j++) out[r * cols + j] = q[r * cols + j] * s;
+    }
+}
+
+static size_t align64(size_t n) { return (n + 63) & ~(size_t)63; }
+
+/* Bytes a matrix takes in the storage dtype, scales included, each part aligned. */
+static size_t matrix_bytes(qlm_dtype dt, int per_channel, int64_t rows, int64_t cols) {
+    size_t b = align64((size_t)(rows * cols) * qlm_dtype_size(dt));
+    if (dt == QLM_I8 && per_channel) b += align64((size_t)rows * sizeof(float));
+    return b;
+}
+
+/* Converts entry e into the matrix w placed at *cursor (advanced past it). */
+static int fill_matrix(qlm_weight *w, const qlm_tensor_entry *e, qlm_dtype dt, int per_channel, char **cursor) {
+    int64_t rows = e->shape[0], cols = e->shape[1], n = rows * cols;
+    char *dst = *cursor;
+    *cursor += align64((size_t)n * qlm_dtype_size(dt));
+    *w = (qlm_weight){.dtype = dt, .rows = (int)rows, .cols = (int)cols, .data = dst, .scale = 1.0f};
+    float *row_scales = NULL;
+    if (dt == QLM_I8 && per_channel) {
+        row_scales = (float *)*cursor;
+        w->row_scales = row_scales;
+        *cursor += align64((size_t)rows * sizeof(float));
+    }
+    if (e->dtype == dt && dt != QLM_I8) {
+        memcpy(dst, e->data, (size_t)n * qlm_dtype_size(dt));
+        return 0;
+    }
+    /* INT8 stays as stored when the scale granularity allows it: no second rounding. */
+    if (e->dtype == QLM_I8 && dt == QLM_I8 && (per_channel || !e->row_scales)) {
+        memcpy(dst, e->data, (size_t)n);
+        if (per_channel)
+            for (int64_t r = 0; r < rows; r++) row_scales[r] = e->row_scales ? e->row_scales[r] : e->scale;
+        else
+            w->scale = e->scale;
+        return 0;
+    }
+    float *tmp = malloc((size_t)n * sizeof *tmp);
+    if (!tmp) return qlm_errorf("out of memory converting %s", e->name);
+    entry_to_f32(e, tmp);
+    if (dt == QLM_I8) {
+        if (per_channel)
+            qlm_quantize_i8_rows((int8_t *)dst, row_scales, tmp, rows, cols);
+        else
+            w->scale = qlm_quantize_i8((int8_t *)dst, tmp, rows, cols);
+    } else {
+        qlm_convert_from_f32(dst, dt, tmp, n);
+    }
+    free(tmp);
+    return 0;
+}
+
+int qlm_params_pack(const qlm_param *p, int n, const qlm_tensor_store *store, qlm_dtype dtype, int per_channel,
+                    const qlm_backend *be, void **buffer, size_t *bytes) {
+    *buffer = NULL;
+    *bytes = 0;
+    const qlm_tensor_entry **ent = calloc((size_t)(n ? n : 1), sizeof *ent);
+    if (!ent) return qlm_errorf("out of memory");
+    size_t total = 0;
+    for (int i = 0; i < n; i++) {
+        ent[i] = qlm_store_find(store, p[i].name);
+        if (!ent[i]) {
+            if (p[i].optional) continue;
+            free(ent);
+            return qlm_errorf("tensor %s is missing", p[i].name);
+        }
+        if (qlm_param_check_shape(ent[i], p[i].rows, p[i].cols) != 0) {
+            free(ent);
+            return -1;
+        }
+        total += p[i].cols ? matrix_bytes(dtype, per_channel, p[i].rows, p[i].cols)
+                           : align64((size_t)p[i].rows * sizeof(float));
+    }
+    char *buf = aligned_alloc(64, total ? total : 64);
+    if (!buf) {
+        free(ent);
+        return qlm_errorf("out of memory for %zu bytes of weights", total);
+    }
+    char *cur = buf;
+    int rc = 0;
+    for (int i = 0; i < n && rc == 0; i++) {
+        if (p[i].cols) {
+            *p[i].matrix = (qlm_weight){0};
+            if (!ent[i]) continue;
+            rc = fill_matrix(p[i].matrix, ent[i], dtype, per_channel, &cur);
+            if (rc == 0) rc = be->upload_weight(p[i].matrix);
+        } else {
+            *p[i].vector = NULL;
+            if (!ent[i]) continue;
+            *p[i].vector = (float *)cur;
+            cur += align64((size_t)p[i].rows * sizeof(float));
+            entry_to_f32(ent[i], *p[i].vector);
+        }
+    }
+    free(ent);
+    if (rc != 0) {
+        free(buf);
+        return -1;
+    }
+    *buffer = buf;
+    *bytes = total;
+    return 0;
+}
+
+size_t qlm_weight_bytes(const qlm_weight *w) {
+    size_t b = (size_t)w->rows * w->cols * qlm_dtype_size(w->dtype);
+    if (w->row_scales) b += (size_t)w->rows * sizeof(float);
+    return b;
+}
+
+static int export_matrix(qlm_tensor_store *s, const char *name, const qlm_weight *w) {
+    int64_t shape[2] = {w->rows, w->cols};
+    void *data;
+    qlm_tensor_entry *e = qlm_store_add_owned(s, name, w->dtype, 2, shape, &data);
+    if (!e) return -1;
+    memcpy(data, w->data, (size_t)w->rows * w->cols * qlm_dtype_size(w->dtype));
+    e->scale = w->scale;
+    if (w->row_scales) {
+        float *rs = malloc((size_t)w->rows * sizeof *rs);
+        if (!rs || qlm_store_keep_buffer(s, rs) != 0) {
+            free(rs);
+            return qlm_errorf("out of memory");
+        }
+        memcpy(rs, w->row_scales, (size_t)w->rows * sizeof *rs);
+        e->row_scales = rs;
+    }
+    return 0;
+}
+
+static int export_vector(qlm_tensor_store *s, const char *name, const float *v, int64_t n) {
+    void *data;
+    if (!qlm_store_add_owned(s, name, QLM_F32, 1, &n, &data)) return -1;
+    memcpy(data, v, (size_t)n * sizeof(float));
+    return 0;
+}
+
+int qlm_params_export(const qlm_param *p, int n, qlm_tensor_store *store) {
+    for (int i = 0; i < n; i++) {
+        int rc = 0;
+        if (p[i].cols && p[i].matrix->data)
+            rc = export_matrix(store, p[i].name, p[i].matrix);
+        else if (!p[i].cols && *p[i].vector)
+            rc = export_vector(store, p[i].name, *p[i].vector, p[i].rows);
+        if (rc != 0) return -1;
+    }
+    return 0;
+}
+
+int64_t qlm_params_count(const qlm_param *p, int n) {
+    int64_t total = 0;
+    for (int i = 0; i < n; i++) {
+        if (p[i].cols && p[i].matrix->data) total += p[i].rows * p[i].cols;
+        if (!p[i].cols && *p[i].vector) total += p[i].rows;
+    }
+    return total;
+}

@@ -1,0 +1,40 @@
+/* Packing a model's parameters from a tensor store into one flat, 64-byte-aligned buffer per
+ * unit (a layer, or the embeddings), converted once to the storage dtype. Architectures
+ * describe each unit as a list of qlm_param; sizing, filling, exporting and counting walk the
+ * same list, so no model writes that code again. */
+#ifndef QLM_PARAM_PACK_H
+#define QLM_PARAM_PACK_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "../loaders/tensor_store.h"
+#include "backend.h"
+#include "weight.h"
+
+typedef struct {
+    char name[160];     /* tensor name in the store (Hugging Face naming) */
+    int64_t rows, cols; /* expected shape; cols 0: an F32 vector of rows values */
+    int optional;       /* absent tensors leave the destination empty (NULL vector, 0x0 matrix) */
+    qlm_weight *matrix; /* destination when cols > 0: converted to the storage dtype */
+    float **vector;     /* destination when cols == 0: kept F32 */
+} qlm_param;
+
+/* Finds, checks, sizes, allocates and fills every parameter of the list into *buffer, uploading
+ * matrices to the backend. Errors name the tensor. On failure *buffer is freed and NULL. */
+int qlm_params_pack(const qlm_param *p, int n, const qlm_tensor_store *store, qlm_dtype dtype, int per_channel,
+                    const qlm_backend *be, void **buffer, size_t *bytes);
+
+/* Adds copies of the present parameters to store under their names (storage dtype, I8 scales). */
+int qlm_params_export(const qlm_param *p, int n, qlm_tensor_store *store);
+
+/* Number of values in the present parameters. */
+int64_t qlm_params_count(const qlm_param *p, int n);
+
+/* Bytes one matrix occupies in its storage dtype, per-row scales included. */
+size_t qlm_weight_bytes(const qlm_weight *w);
+
+/* "[a,b]" shape check of a store entry; the error names the tensor. cols 0: a vector. */
+int qlm_param_check_shape(const qlm_tensor_entry *e, int64_t rows, int64_t cols);
+
+#endif
