@@ -193,7 +193,8 @@ static void test_command_line_errors(void **state) {
     (void)state;
     assert_int_equal(run_qlm(NULL, "2>/dev/null"), 2);
     assert_int_equal(run_qlm(NULL, "frobnicate 2>/dev/null"), 2);
-    const char *cmds[] = {"generate", "chat", "info", "tokenize", "perplexity", "quantize", "convert", "bench"};
+    const char *cmds[] = {"generate", "chat", "info", "tokenize", "perplexity",
+                          "quantize", "convert", "bench", "rouge"};
     for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++) {
         char *out = NULL;
         assert_int_equal(run_qlm(&out, "%s --help", cmds[i]), 0);
