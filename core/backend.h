@@ -12,8 +12,22 @@
 /* Shape of one attention call over a KV cache laid out as [max_seq][n_kv_heads * head_dim]. */
 typedef struct {
     int n_heads, n_kv_heads, head_dim;
-    float scale; /* softmax scale, usually 1/sqrt(head_dim) */
+    float scale; /* softmax scale: 1/sqrt(head_dim) for Llama, 1 for T5 */
+    /* 0: causal, query row i sees cache rows 0..pos[i]. > 0: every row sees rows 0..n_keys-1
+     * (T5's encoder and cross-attention). */
+    int n_keys;
+    /* NULL, or an additive score bias by relative position (T5): for query position p and key
+     * row t, pos_bias[h * pos_bias_span + t - p + pos_bias_offset]. */
+    const float *pos_bias;
+    int pos_bias_span, pos_bias_offset;
 } qlm_attn_shape;
+
+/* Activation functions of the feed-forward blocks. */
+typedef enum {
+    QLM_ACT_SILU,      /* x * sigmoid(x): Llama's SwiGLU */
+    QLM_ACT_GELU_TANH, /* GELU, tanh approximation ("gelu_new"): T5 v1.1 / FLAN-T5 */
+    QLM_ACT_RELU,      /* original T5 */
+} qlm_act;
 
 typedef struct qlm_backend {
     const char *name;
@@ -30,18 +44,23 @@ typedef struct qlm_backend {
     /* Rotate-half RoPE in place on n rows of n_heads*head_dim values; row i at position pos[i].
      * inv_freq has head_dim/2 entries. */
     void (*rope)(float *x, int n, const int *pos, int n_heads, int head_dim, const float *inv_freq);
-    /* Causal attention of n query rows; row i attends to cache rows 0..pos[i] of the cache
-     * (k_cache/v_cache: [max_seq][n_kv_heads*head_dim]). out: [n][n_heads*head_dim]. */
+    /* Attention of n query rows over the cache (k_cache/v_cache: [rows][n_kv_heads*head_dim]),
+     * causal or over a fixed key count, with an optional relative-position bias (see
+     * qlm_attn_shape). pos[i] is query row i's position. out: [n][n_heads*head_dim]. */
     void (*attention)(float *out, const float *q, const float *k_cache, const float *v_cache, int n,
                       const int *pos, const qlm_attn_shape *shape);
-    /* out = silu(gate) * up, elementwise over n values (out may alias gate). */
-    void (*swiglu)(float *out, const float *gate, const float *up, long n);
+    /* out = act(gate) * up, elementwise over n values (out may alias gate). */
+    void (*glu)(float *out, const float *gate, const float *up, long n, qlm_act act);
+    /* x = act(x) in place over n values. */
+    void (*activate)(float *x, long n, qlm_act act);
     /* y += x over n values. */
     void (*add)(float *y, const float *x, long n);
     /* out[i] = row ids[i] of the table, as F32. */
     void (*embedding)(float *out, const qlm_weight *table, const int *ids, int n);
     /* Copies n floats between device buffers. */
     void (*copy)(float *dst, const float *src, long n);
+    /* Copies bytes from host memory into device memory (tables computed on the host). */
+    void (*to_device)(void *dst, const void *src, size_t bytes);
 } qlm_backend;
 
 const qlm_backend *qlm_backend_cpu(void);

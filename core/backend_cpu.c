@@ -52,24 +52,28 @@ static void cpu_rope(float *x, int n, const int *pos, int n_heads, int head_dim,
 static void cpu_attention(float *out, const float *q, const float *k_cache, const float *v_cache, int n,
                           const int *pos, const qlm_attn_shape *sh) {
     int hd = sh->head_dim, kv_dim = sh->n_kv_heads * hd, group = sh->n_heads / sh->n_kv_heads;
-    int max_len = 0;
-    for (int i = 0; i < n; i++)
+    int max_len = sh->n_keys;
+    for (int i = 0; i < n && !sh->n_keys; i++)
         if (pos[i] + 1 > max_len) max_len = pos[i] + 1;
 #pragma omp parallel
     {
-        float *scores = malloc((size_t)max_len * sizeof *scores);
+        /* On the stack when small, so the common case allocates nothing and cannot fail. */
+        float small[4096];
+        float *scores = max_len <= 4096 ? small : malloc((size_t)max_len * sizeof *scores);
 #pragma omp for collapse(2) schedule(dynamic, 1)
         for (int i = 0; i < n; i++) {
             for (int h = 0; h < sh->n_heads; h++) {
                 const float *qi = q + ((size_t)i * sh->n_heads + h) * hd;
                 float *oi = out + ((size_t)i * sh->n_heads + h) * hd;
-                int kvh = h / group, len = pos[i] + 1;
+                int kvh = h / group, len = sh->n_keys ? sh->n_keys : pos[i] + 1;
+                const float *bias = sh->pos_bias ? sh->pos_bias + (size_t)h * sh->pos_bias_span + sh->pos_bias_offset - pos[i] : NULL;
                 float mx = -INFINITY;
                 for (int t = 0; t < len; t++) {
                     const float *kt = k_cache + (size_t)t * kv_dim + (size_t)kvh * hd;
                     float s = 0;
                     for (int d = 0; d < hd; d++) s += qi[d] * kt[d];
                     s *= sh->scale;
+                    if (bias) s += bias[t];
                     scores[t] = s;
                     if (s > mx) mx = s;
                 }
@@ -87,16 +91,26 @@ static void cpu_attention(float *out, const float *q, const float *k_cache, cons
                 }
             }
         }
-        free(scores);
+        if (scores != small) free(scores);
     }
 }
 
-static void cpu_swiglu(float *out, const float *gate, const float *up, long n) {
-#pragma omp parallel for if (n > 4096)
-    for (long i = 0; i < n; i++) {
-        float g = gate[i];
-        out[i] = g / (1.0f + expf(-g)) * up[i];
+static inline float act(float x, qlm_act a) {
+    switch (a) {
+    case QLM_ACT_GELU_TANH: return 0.5f * x * (1.0f + tanhf(0.7978845608028654f * (x + 0.044715f * x * x * x)));
+    case QLM_ACT_RELU: return x > 0 ? x : 0;
+    default: return x / (1.0f + expf(-x));
     }
+}
+
+static void cpu_glu(float *out, const float *gate, const float *up, long n, qlm_act a) {
+#pragma omp parallel for if (n > 4096)
+    for (long i = 0; i < n; i++) out[i] = act(gate[i], a) * up[i];
+}
+
+static void cpu_activate(float *x, long n, qlm_act a) {
+#pragma omp parallel for if (n > 4096)
+    for (long i = 0; i < n; i++) x[i] = act(x[i], a);
 }
 
 static void cpu_add(float *y, const float *x, long n) {
@@ -110,6 +124,8 @@ static void cpu_embedding(float *out, const qlm_weight *table, const int *ids, i
 
 static void cpu_copy(float *dst, const float *src, long n) { memmove(dst, src, (size_t)n * sizeof *dst); }
 
+static void cpu_to_device(void *dst, const void *src, size_t bytes) { memcpy(dst, src, bytes); }
+
 static const qlm_backend cpu_backend = {
     .name = "cpu",
     .alloc = cpu_alloc,
@@ -119,10 +135,12 @@ static const qlm_backend cpu_backend = {
     .rmsnorm = cpu_rmsnorm,
     .rope = cpu_rope,
     .attention = cpu_attention,
-    .swiglu = cpu_swiglu,
+    .glu = cpu_glu,
+    .activate = cpu_activate,
     .add = cpu_add,
     .embedding = cpu_embedding,
     .copy = cpu_copy,
+    .to_device = cpu_to_device,
 };
 
 const qlm_backend *qlm_backend_cpu(void) { return &cpu_backend; }

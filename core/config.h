@@ -32,4 +32,21 @@ typedef struct {
  * `source` names the file for the message. */
 int qlm_config_validate(const qlm_llama_config *c, const char *source);
 
+/* Hyper-parameters of a T5 encoder-decoder (T5, T5 v1.1, FLAN-T5), as in config.json. */
+typedef struct {
+    int d_model, d_kv, d_ff;
+    int n_layers, n_dec_layers, n_heads;
+    int vocab_size;
+    int rel_buckets, rel_max_distance; /* relative_attention_num_buckets / _max_distance */
+    float norm_eps;                    /* layer_norm_epsilon */
+    int gated;                         /* feed_forward_proj "gated-*": act(wi_0 x) * wi_1 x */
+    int act;                           /* qlm_act of the feed-forward (core/backend.h) */
+    /* Original T5 ties the head to the shared embedding and scales the decoder output by
+     * d_model^-0.5; v1.1/FLAN-T5 have their own lm_head and no scaling. */
+    int tie_embeddings;
+    int decoder_start_id, eos_id, pad_id;
+} qlm_t5_config;
+
+int qlm_t5_config_validate(const qlm_t5_config *c, const char *source);
+
 #endif

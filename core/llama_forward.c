@@ -69,7 +69,8 @@ static void attention_forward(const qlm_model *m, const qlm_layer *L, qlm_kv_sta
         be->copy(s->k_cache[l] + (size_t)pos[i] * kv_dim, s->k + (size_t)i * kv_dim, kv_dim);
         be->copy(s->v_cache[l] + (size_t)pos[i] * kv_dim, s->v + (size_t)i * kv_dim, kv_dim);
     }
-    qlm_attn_shape shape = {c->n_heads, c->n_kv_heads, c->head_dim, 1.0f / sqrtf((float)c->head_dim)};
+    qlm_attn_shape shape = {.n_heads = c->n_heads, .n_kv_heads = c->n_kv_heads, .head_dim = c->head_dim,
+                            .scale = 1.0f / sqrtf((float)c->head_dim)};
     be->attention(s->att, s->q, s->k_cache[l], s->v_cache[l], n, pos, &shape);
     be->matmul(s->xb, s->att, n, &L->wo, L->bo);
     be->add(s->x, s->xb, (long)n * c->dim);
@@ -81,7 +82,7 @@ static void mlp_forward(const qlm_model *m, const qlm_layer *L, qlm_kv_state *s,
     be->rmsnorm(s->xb, s->x, L->ffn_norm, n, c->dim, c->norm_eps);
     be->matmul(s->hb, s->xb, n, &L->w_gate, L->b_gate);
     be->matmul(s->hb2, s->xb, n, &L->w_up, L->b_up);
-    be->swiglu(s->hb, s->hb, s->hb2, (long)n * c->hidden_dim);
+    be->glu(s->hb, s->hb, s->hb2, (long)n * c->hidden_dim, QLM_ACT_SILU);
     be->matmul(s->xb, s->hb, n, &L->w_down, L->b_down);
     be->add(s->x, s->xb, (long)n * c->dim);
 }

@@ -102,8 +102,8 @@ int qlm_params_pack(const qlm_param *p, int n, const qlm_tensor_store *store, ql
             free(ent);
             return -1;
         }
-        total += p[i].cols ? matrix_bytes(dtype, per_channel, p[i].rows, p[i].cols)
-                           : align64((size_t)p[i].rows * sizeof(float));
+        total += p[i].matrix ? matrix_bytes(dtype, per_channel, p[i].rows, p[i].cols)
+                             : align64((size_t)qlm_entry_numel(ent[i]) * sizeof(float));
     }
     char *buf = aligned_alloc(64, total ? total : 64);
     if (!buf) {
@@ -113,7 +113,7 @@ int qlm_params_pack(const qlm_param *p, int n, const qlm_tensor_store *store, ql
     char *cur = buf;
     int rc = 0;
     for (int i = 0; i < n && rc == 0; i++) {
-        if (p[i].cols) {
+        if (p[i].matrix) {
             *p[i].matrix = (qlm_weight){0};
             if (!ent[i]) continue;
             rc = fill_matrix(p[i].matrix, ent[i], dtype, per_channel, &cur);
@@ -122,7 +122,7 @@ int qlm_params_pack(const qlm_param *p, int n, const qlm_tensor_store *store, ql
             *p[i].vector = NULL;
             if (!ent[i]) continue;
             *p[i].vector = (float *)cur;
-            cur += align64((size_t)p[i].rows * sizeof(float));
+            cur += align64((size_t)qlm_entry_numel(ent[i]) * sizeof(float));
             entry_to_f32(ent[i], *p[i].vector);
         }
     }
@@ -161,20 +161,21 @@ static int export_matrix(qlm_tensor_store *s, const char *name, const qlm_weight
     return 0;
 }
 
-static int export_vector(qlm_tensor_store *s, const char *name, const float *v, int64_t n) {
+static int export_vector(qlm_tensor_store *s, const qlm_param *p) {
+    int64_t shape[2] = {p->rows, p->cols};
     void *data;
-    if (!qlm_store_add_owned(s, name, QLM_F32, 1, &n, &data)) return -1;
-    memcpy(data, v, (size_t)n * sizeof(float));
+    if (!qlm_store_add_owned(s, p->name, QLM_F32, p->cols ? 2 : 1, shape, &data)) return -1;
+    memcpy(data, *p->vector, (size_t)(p->rows * (p->cols ? p->cols : 1)) * sizeof(float));
     return 0;
 }
 
 int qlm_params_export(const qlm_param *p, int n, qlm_tensor_store *store) {
     for (int i = 0; i < n; i++) {
         int rc = 0;
-        if (p[i].cols && p[i].matrix->data)
+        if (p[i].matrix && p[i].matrix->data)
             rc = export_matrix(store, p[i].name, p[i].matrix);
-        else if (!p[i].cols && *p[i].vector)
-            rc = export_vector(store, p[i].name, *p[i].vector, p[i].rows);
+        else if (!p[i].matrix && *p[i].vector)
+            rc = export_vector(store, &p[i]);
         if (rc != 0) return -1;
     }
     return 0;
@@ -183,8 +184,8 @@ int qlm_params_export(const qlm_param *p, int n, qlm_tensor_store *store) {
 int64_t qlm_params_count(const qlm_param *p, int n) {
     int64_t total = 0;
     for (int i = 0; i < n; i++) {
-        if (p[i].cols && p[i].matrix->data) total += p[i].rows * p[i].cols;
-        if (!p[i].cols && *p[i].vector) total += p[i].rows;
+        int present = p[i].matrix ? p[i].matrix->data != NULL : *p[i].vector != NULL;
+        if (present) total += p[i].rows * (p[i].cols ? p[i].cols : 1);
     }
     return total;
 }

@@ -14,10 +14,10 @@
 
 typedef struct {
     char name[160];     /* tensor name in the store (Hugging Face naming) */
-    int64_t rows, cols; /* expected shape; cols 0: an F32 vector of rows values */
+    int64_t rows, cols; /* expected shape; cols 0: a 1-D tensor of rows values */
     int optional;       /* absent tensors leave the destination empty (NULL vector, 0x0 matrix) */
-    qlm_weight *matrix; /* destination when cols > 0: converted to the storage dtype */
-    float **vector;     /* destination when cols == 0: kept F32 */
+    qlm_weight *matrix; /* a linear weight, converted to the storage dtype, or */
+    float **vector;     /* values kept F32 (norms, biases, small tables), row-major */
 } qlm_param;
 
 /* Finds, checks, sizes, allocates and fills every parameter of the list into *buffer, uploading

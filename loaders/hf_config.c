@@ -15,6 +15,7 @@
 
 #include <cjson/cJSON.h>
 
+#include "../core/backend.h"
 #include "../core/error.h"
 #include "atomic_file.h"
 
@@ -212,7 +213,9 @@ static int read_config(const hf_ctx *c, qlm_llama_config *cfg) {
     return qlm_config_validate(cfg, c->path);
 }
 
-int qlm_hf_config_load(const char *path, qlm_llama_config *cfg) {
+/* Reads and parses path as a JSON object into *root (the caller deletes it). */
+static int load_root(const char *path, cJSON **root) {
+    *root = NULL;
     FILE *f = fopen(path, "rb");
     if (!f) return qlm_errorf("%s: cannot open: %s", path, strerror(errno));
     struct stat st;
@@ -231,11 +234,70 @@ int qlm_hf_config_load(const char *path, qlm_llama_config *cfg) {
         free(text);
         return -1;
     }
-    cJSON *root = cJSON_ParseWithLength(text, (size_t)st.st_size);
+    *root = cJSON_ParseWithLength(text, (size_t)st.st_size);
     free(text);
-    if (!root) return qlm_errorf("%s: not valid JSON", path);
+    if (!*root) return qlm_errorf("%s: not valid JSON", path);
+    if (!cJSON_IsObject(*root)) {
+        cJSON_Delete(*root);
+        *root = NULL;
+        return qlm_errorf("%s: not a JSON object", path);
+    }
+    return 0;
+}
+
+int qlm_hf_config_load(const char *path, qlm_llama_config *cfg) {
+    cJSON *root;
+    if (load_root(path, &root) != 0) return -1;
     hf_ctx c = {path, root, ""};
-    rc = cJSON_IsObject(root) ? read_config(&c, cfg) : qlm_errorf("%s: not a JSON object", path);
+    int rc = read_config(&c, cfg);
+    cJSON_Delete(root);
+    return rc;
+}
+
+int qlm_hf_config_is_t5(const char *path) {
+    cJSON *root;
+    if (load_root(path, &root) != 0) return -1;
+    const cJSON *mt = field(root, "model_type");
+    int t5 = cJSON_IsString(mt) && strcmp(mt->valuestring, "t5") == 0;
+    cJSON_Delete(root);
+    return t5;
+}
+
+/* feed_forward_proj: "relu" (T5), "gated-gelu" (v1.1/FLAN: the tanh GELU), "gated-silu". */
+static int read_t5_ffn(const hf_ctx *c, qlm_t5_config *cfg) {
+    const char *proj;
+    if (get_str(c, c->root, "feed_forward_proj", &proj) != 0) return -1;
+    if (!proj || strcmp(proj, "relu") == 0) {
+        cfg->gated = 0;
+        cfg->act = QLM_ACT_RELU;
+    } else if (strcmp(proj, "gated-gelu") == 0 || strcmp(proj, "gated-silu") == 0) {
+        cfg->gated = 1;
+        cfg->act = proj[6] == 'g' ? QLM_ACT_GELU_TANH : QLM_ACT_SILU;
+    } else {
+        return qlm_errorf("%s: feed_forward_proj \"%s\" is not supported (relu, gated-gelu, gated-silu)", c->path, proj);
+    }
+    return 0;
+}
+
+int qlm_hf_t5_config_load(const char *path, qlm_t5_config *cfg) {
+    cJSON *root;
+    if (load_root(path, &root) != 0) return -1;
+    hf_ctx c = {path, root, ""};
+    memset(cfg, 0, sizeof *cfg);
+    int rc = -1;
+    if (get_int(&c, root, "d_model", 1, 0, &cfg->d_model) == 0 && get_int(&c, root, "d_kv", 1, 0, &cfg->d_kv) == 0 &&
+        get_int(&c, root, "d_ff", 1, 0, &cfg->d_ff) == 0 && get_int(&c, root, "num_layers", 1, 0, &cfg->n_layers) == 0 &&
+        get_int(&c, root, "num_decoder_layers", 0, cfg->n_layers, &cfg->n_dec_layers) == 0 &&
+        get_int(&c, root, "num_heads", 1, 0, &cfg->n_heads) == 0 &&
+        get_int(&c, root, "vocab_size", 1, 0, &cfg->vocab_size) == 0 &&
+        get_int(&c, root, "relative_attention_num_buckets", 0, 32, &cfg->rel_buckets) == 0 &&
+        get_int(&c, root, "relative_attention_max_distance", 0, 128, &cfg->rel_max_distance) == 0 &&
+        get_float(&c, root, "layer_norm_epsilon", 0, 1e-6f, &cfg->norm_eps) == 0 && read_t5_ffn(&c, cfg) == 0 &&
+        get_bool(&c, "tie_word_embeddings", 1, &cfg->tie_embeddings) == 0 &&
+        get_int(&c, root, "pad_token_id", 0, 0, &cfg->pad_id) == 0 &&
+        get_int(&c, root, "eos_token_id", 0, 1, &cfg->eos_id) == 0 &&
+        get_int(&c, root, "decoder_start_token_id", 0, cfg->pad_id, &cfg->decoder_start_id) == 0)
+        rc = qlm_t5_config_validate(cfg, path);
     cJSON_Delete(root);
     return rc;
 }

@@ -1,0 +1,81 @@
+/* A T5 encoder-decoder (T5, T5 v1.1, FLAN-T5) built from a tensor store with Hugging Face
+ * names, written against the same op table as the Llama family: RMS layer norms without
+ * bias, relative-position attention biases (computed by the first block of each stack and
+ * shared by the others), no 1/sqrt(d) attention scaling, a ReLU or gated-GELU feed-forward.
+ * The encoder runs once per input; the decoder keeps a self-attention KV cache and the
+ * cross-attention keys/values of the encoder output, computed once per input. */
+#ifndef QLM_T5_H
+#define QLM_T5_H
+
+#include <stdint.h>
+
+#include "../loaders/tensor_store.h"
+#include "backend.h"
+#include "config.h"
+#include "model.h"
+#include "weight.h"
+
+typedef struct {
+    float *attn_norm;         /* before self-attention */
+    qlm_weight q, k, v, o;
+    float *cross_norm;        /* decoder only: before cross-attention */
+    qlm_weight cq, ck, cv, co;
+    float *ffn_norm;
+    qlm_weight wi0, wi1, wo;  /* wi1 only when gated ("wi" of original T5 is wi0) */
+    void *buffer;
+    size_t buffer_bytes;
+} qlm_t5_layer;
+
+typedef struct {
+    qlm_t5_config cfg;
+    qlm_dtype dtype;
+    int per_channel;
+    const qlm_backend *be;
+    qlm_weight shared;    /* token embedding of both stacks */
+    qlm_weight lm_head;   /* the shared embedding when tied */
+    float *enc_final_norm, *dec_final_norm;
+    float *head_norm;     /* dec_final_norm, times d_model^-0.5 when tied */
+    float *enc_rel_bias, *dec_rel_bias; /* [buckets][heads] */
+    qlm_t5_layer *enc, *dec;
+    void *shared_buffer;
+    size_t shared_bytes;
+} qlm_t5_model;
+
+int qlm_t5_build(qlm_t5_model *m, const qlm_t5_config *cfg, const qlm_tensor_store *store,
+                 const qlm_model_options *opts);
+void qlm_t5_free(qlm_t5_model *m);
+int64_t qlm_t5_param_count(const qlm_t5_model *m);
+/* Bytes of weights one decoder step reads (decoder layers and the head). */
+size_t qlm_t5_decoder_weight_bytes(const qlm_t5_model *m);
+/* Writes the weights back under HF names in the storage dtype (for `qlm quantize`). */
+int qlm_t5_export(const qlm_t5_model *m, qlm_tensor_store *store);
+
+/* T5's bucket of a relative position (key position - query position). */
+int qlm_t5_rel_bucket(int rel, int bidirectional, int n_buckets, int max_distance);
+
+/* The state of one input: encoder output, cross-attention K/V, decoder KV cache, scratch. */
+typedef struct {
+    int max_src, max_tgt, n_src;
+    float *enc_out;               /* [max_src][d_model] */
+    float **cross_k, **cross_v;   /* per decoder layer: [max_src][heads * d_kv] */
+    float **k_cache, **v_cache;   /* per decoder layer: [max_tgt][heads * d_kv] */
+    float *enc_bias, *dec_bias;   /* relative biases by delta: [heads][span] */
+    int enc_span, dec_span;
+    int rows;                     /* scratch rows: max(max_src, max_tgt) */
+    float *x, *xb, *q, *k, *v, *att, *hb, *hb2;
+    int *pos;                     /* host positions 0..rows-1 for the encoder */
+} qlm_t5_state;
+
+int qlm_t5_state_init(qlm_t5_state *s, const qlm_t5_model *m, int max_src, int max_tgt);
+void qlm_t5_state_free(qlm_t5_state *s, const qlm_t5_model *m);
+
+/* Runs the encoder over ids[0..n) and computes every decoder layer's cross-attention K/V.
+ * Resets the decoder (its cache is for this input from now on). */
+int qlm_t5_encode(const qlm_t5_model *m, qlm_t5_state *s, const int *ids, int n);
+
+/* Runs n decoder tokens at positions pos[0..n) (earlier positions already cached) and writes
+ * the logits of the listed rows, as qlm_forward does for decoder-only models. */
+int qlm_t5_decode(const qlm_t5_model *m, qlm_t5_state *s, const int *tokens, const int *pos, int n,
+                  const int *logit_rows, int n_logit_rows, float *logits);
+
+#endif

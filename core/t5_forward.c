@@ -1,0 +1,199 @@
+/* The T5 forward pass, written once against the backend op table. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "error.h"
+#include "t5.h"
+
+/* Host table of relative biases by delta (key - query) in [-(len-1), len-1]: [heads][2*len-1]. */
+static float *bias_by_delta(const qlm_t5_model *m, const float *rel_bias, int len, int bidirectional, int *span) {
+    const qlm_t5_config *c = &m->cfg;
+    *span = 2 * len - 1;
+    float *host = malloc((size_t)c->n_heads * *span * sizeof *host);
+    float *dev = m->be->alloc((size_t)c->n_heads * *span * sizeof(float));
+    if (host && dev) {
+        for (int d = -(len - 1); d <= len - 1; d++) {
+            int bucket = qlm_t5_rel_bucket(d, bidirectional, c->rel_buckets, c->rel_max_distance);
+            for (int h = 0; h < c->n_heads; h++) host[(size_t)h * *span + d + len - 1] = rel_bias[bucket * c->n_heads + h];
+        }
+        m->be->to_device(dev, host, (size_t)c->n_heads * *span * sizeof(float));
+    } else if (dev) {
+        m->be->free(dev);
+        dev = NULL;
+    }
+    free(host);
+    return dev;
+}
+
+int qlm_t5_state_init(qlm_t5_state *s, const qlm_t5_model *m, int max_src, int max_tgt) {
+    const qlm_t5_config *c = &m->cfg;
+    const qlm_backend *be = m->be;
+    memset(s, 0, sizeof *s);
+    if (max_src <= 0 || max_tgt <= 0) return qlm_errorf("input and output lengths must be positive");
+    s->max_src = max_src;
+    s->max_tgt = max_tgt;
+    s->rows = max_src > max_tgt ? max_src : max_tgt;
+    size_t R = (size_t)s->rows, d = (size_t)c->d_model, inner = (size_t)c->n_heads * c->d_kv, nd = (size_t)c->n_dec_layers;
+    s->cross_k = calloc(nd, sizeof *s->cross_k);
+    s->cross_v = calloc(nd, sizeof *s->cross_v);
+    s->k_cache = calloc(nd, sizeof *s->k_cache);
+    s->v_cache = calloc(nd, sizeof *s->v_cache);
+    s->pos = malloc(R * sizeof *s->pos);
+    if (!s->cross_k || !s->cross_v || !s->k_cache || !s->v_cache || !s->pos) goto oom;
+    for (size_t l = 0; l < nd; l++) {
+        s->cross_k[l] = be->alloc((size_t)max_src * inner * sizeof(float));
+        s->cross_v[l] = be->alloc((size_t)max_src * inner * sizeof(float));
+        s->k_cache[l] = be->alloc((size_t)max_tgt * inner * sizeof(float));
+        s->v_cache[l] = be->alloc((size_t)max_tgt * inner * sizeof(float));
+        if (!s->cross_k[l] || !s->cross_v[l] || !s->k_cache[l] || !s->v_cache[l]) goto oom;
+    }
+    size_t xb = d > inner ? d : inner;
+    s->enc_out = be->alloc((size_t)max_src * d * sizeof(float));
+    s->x = be->alloc(R * d * sizeof(float));
+    s->xb = be->alloc(R * xb * sizeof(float));
+    s->q = be->alloc(R * inner * sizeof(float));
+    s->k = be->alloc(R * inner * sizeof(float));
+    s->v = be->alloc(R * inner * sizeof(float));
+    s->att = be->alloc(R * inner * sizeof(float));
+    s->hb = be->alloc(R * c->d_ff * sizeof(float));
+    s->hb2 = be->alloc(R * c->d_ff * sizeof(float));
+    s->enc_bias = bias_by_delta(m, m->enc_rel_bias, max_src, 1, &s->enc_span);
+    s->dec_bias = bias_by_delta(m, m->dec_rel_bias, max_tgt, 0, &s->dec_span);
+    if (!s->enc_out || !s->x || !s->xb || !s->q || !s->k || !s->v || !s->att || !s->hb || !s->hb2 || !s->enc_bias ||
+        !s->dec_bias)
+        goto oom;
+    for (int i = 0; i < s->rows; i++) s->pos[i] = i;
+    return 0;
+oom:
+    qlm_t5_state_free(s, m);
+    return qlm_errorf("out of memory for a T5 state of %d input and %d output tokens", max_src, max_tgt);
+}
+
+void qlm_t5_state_free(qlm_t5_state *s, const qlm_t5_model *m) {
+    const qlm_backend *be = m->be;
+    float **per_layer[] = {s->cross_k, s->cross_v, s->k_cache, s->v_cache};
+    for (size_t i = 0; i < 4; i++) {
+        for (int l = 0; per_layer[i] && l < m->cfg.n_dec_layers; l++) be->free(per_layer[i][l]);
+        free(per_layer[i]);
+    }
+    float *bufs[] = {s->enc_out, s->x, s->xb, s->q, s->k, s->v, s->att, s->hb, s->hb2, s->enc_bias, s->dec_bias};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) be->free(bufs[i]);
+    free(s->pos);
+    memset(s, 0, sizeof *s);
+}
+
+static qlm_attn_shape attn_shape(const qlm_t5_model *m, int n_keys, const float *bias, int span, int offset) {
+    return (qlm_attn_shape){.n_heads = m->cfg.n_heads, .n_kv_heads = m->cfg.n_heads, .head_dim = m->cfg.d_kv,
+                            .scale = 1.0f, .n_keys = n_keys, .pos_bias = bias, .pos_bias_span = span,
+                            .pos_bias_offset = offset};
+}
+
+static void ffn_forward(const qlm_t5_model *m, const qlm_t5_layer *L, qlm_t5_state *s, int n) {
+    const qlm_t5_config *c = &m->cfg;
+    const qlm_backend *be = m->be;
+    long nf = (long)n * c->d_ff;
+    be->rmsnorm(s->xb, s->x, L->ffn_norm, n, c->d_model, c->norm_eps);
+    be->matmul(s->hb, s->xb, n, &L->wi0, NULL);
+    if (c->gated) {
+        be->matmul(s->hb2, s->xb, n, &L->wi1, NULL);
+        be->glu(s->hb, s->hb, s->hb2, nf, (qlm_act)c->act);
+    } else {
+        be->activate(s->hb, nf, (qlm_act)c->act);
+    }
+    be->matmul(s->xb, s->hb, n, &L->wo, NULL);
+    be->add(s->x, s->xb, (long)n * c->d_model);
+}
+
+int qlm_t5_encode(const qlm_t5_model *m, qlm_t5_state *s, const int *ids, int n) {
+    const qlm_t5_config *c = &m->cfg;
+    const qlm_backend *be = m->be;
+    if (n <= 0 || n > s->max_src) return qlm_errorf("input of %d tokens does not fit (1..%d)", n, s->max_src);
+    for (int i = 0; i < n; i++)
+        if (ids[i] < 0 || ids[i] >= c->vocab_size)
+            return qlm_errorf("token id %d is outside the vocabulary (0..%d)", ids[i], c->vocab_size - 1);
+    qlm_attn_shape self = attn_shape(m, n, s->enc_bias, s->enc_span, s->max_src - 1);
+    be->embedding(s->x, &m->shared, ids, n);
+    for (int l = 0; l < c->n_layers; l++) {
+        const qlm_t5_layer *L = &m->enc[l];
+        be->rmsnorm(s->xb, s->x, L->attn_norm, n, c->d_model, c->norm_eps);
+        be->matmul(s->q, s->xb, n, &L->q, NULL);
+        be->matmul(s->k, s->xb, n, &L->k, NULL);
+        be->matmul(s->v, s->xb, n, &L->v, NULL);
+        be->attention(s->att, s->q, s->k, s->v, n, s->pos, &self);
+        be->matmul(s->xb, s->att, n, &L->o, NULL);
+        be->add(s->x, s->xb, (long)n * c->d_model);
+        ffn_forward(m, L, s, n);
+    }
+    be->rmsnorm(s->enc_out, s->x, m->enc_final_norm, n, c->d_model, c->norm_eps);
+    for (int l = 0; l < c->n_dec_layers; l++) {
+        be->matmul(s->cross_k[l], s->enc_out, n, &m->dec[l].ck, NULL);
+        be->matmul(s->cross_v[l], s->enc_out, n, &m->dec[l].cv, NULL);
+    }
+    s->n_src = n;
+    return 0;
+}
+
+/* One chunk of at most s->rows decoder tokens. */
+static void decode_chunk(const qlm_t5_model *m, qlm_t5_state *s, const int *tokens, const int *pos, int n,
+                         const int *rows, int n_rows, float *logits) {
+    const qlm_t5_config *c = &m->cfg;
+    const qlm_backend *be = m->be;
+    int inner = c->n_heads * c->d_kv;
+    qlm_attn_shape self = attn_shape(m, 0, s->dec_bias, s->dec_span, s->max_tgt - 1);
+    qlm_attn_shape cross = attn_shape(m, s->n_src, NULL, 0, 0);
+    be->embedding(s->x, &m->shared, tokens, n);
+    for (int l = 0; l < c->n_dec_layers; l++) {
+        const qlm_t5_layer *L = &m->dec[l];
+        be->rmsnorm(s->xb, s->x, L->attn_norm, n, c->d_model, c->norm_eps);
+        be->matmul(s->q, s->xb, n, &L->q, NULL);
+        be->matmul(s->k, s->xb, n, &L->k, NULL);
+        be->matmul(s->v, s->xb, n, &L->v, NULL);
+        for (int i = 0; i < n; i++) {
+            be->copy(s->k_cache[l] + (size_t)pos[i] * inner, s->k + (size_t)i * inner, inner);
+            be->copy(s->v_cache[l] + (size_t)pos[i] * inner, s->v + (size_t)i * inner, inner);
+        }
+        be->attention(s->att, s->q, s->k_cache[l], s->v_cache[l], n, pos, &self);
+        be->matmul(s->xb, s->att, n, &L->o, NULL);
+        be->add(s->x, s->xb, (long)n * c->d_model);
+
+        be->rmsnorm(s->xb, s->x, L->cross_norm, n, c->d_model, c->norm_eps);
+        be->matmul(s->q, s->xb, n, &L->cq, NULL);
+        be->attention(s->att, s->q, s->cross_k[l], s->cross_v[l], n, pos, &cross);
+        be->matmul(s->xb, s->att, n, &L->co, NULL);
+        be->add(s->x, s->xb, (long)n * c->d_model);
+
+        ffn_forward(m, L, s, n);
+    }
+    if (n_rows == 0) return;
+    for (int r = 0; r < n_rows; r++)
+        be->copy(s->xb + (size_t)r * c->d_model, s->x + (size_t)rows[r] * c->d_model, c->d_model);
+    be->rmsnorm(s->xb, s->xb, m->head_norm, n_rows, c->d_model, c->norm_eps);
+    be->matmul(logits, s->xb, n_rows, &m->lm_head, NULL);
+}
+
+int qlm_t5_decode(const qlm_t5_model *m, qlm_t5_state *s, const int *tokens, const int *pos, int n,
+                  const int *logit_rows, int n_logit_rows, float *logits) {
+    const qlm_t5_config *c = &m->cfg;
+    if (s->n_src <= 0) return qlm_errorf("T5: decode before encode");
+    for (int i = 0; i < n; i++) {
+        if (tokens[i] < 0 || tokens[i] >= c->vocab_size)
+            return qlm_errorf("token id %d is outside the vocabulary (0..%d)", tokens[i], c->vocab_size - 1);
+        if (pos[i] < 0 || pos[i] >= s->max_tgt)
+            return qlm_errorf("output position %d is outside the output window (%d tokens)", pos[i], s->max_tgt);
+    }
+    for (int r = 0; r < n_logit_rows; r++)
+        if (logit_rows[r] < 0 || logit_rows[r] >= n || (r > 0 && logit_rows[r] <= logit_rows[r - 1]))
+            return qlm_errorf("logit rows must be ascending and within 0..%d", n - 1);
+    int *chunk_rows = malloc((size_t)(n_logit_rows ? n_logit_rows : 1) * sizeof *chunk_rows);
+    if (!chunk_rows) return qlm_errorf("out of memory");
+    int done = 0;
+    for (int start = 0; start < n; start += s->rows) {
+        int len = n - start < s->rows ? n - start : s->rows, k = 0;
+        for (int r = 0; r < n_logit_rows; r++)
+            if (logit_rows[r] >= start && logit_rows[r] < start + len) chunk_rows[k++] = logit_rows[r] - start;
+        decode_chunk(m, s, tokens + start, pos + start, len, chunk_rows, k, logits + (size_t)done * c->vocab_size);
+        done += k;
+    }
+    free(chunk_rows);
+    return 0;
+}
