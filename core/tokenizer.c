@@ -1,6 +1,6 @@
 /* Tokenizer construction from a qlm_tokenizer_spec, decoding, streaming pieces and lookups.
- * Encoding lives in tokenizer_encode.c, the merge loop in tokenizer_bpe.c and the pre-tokenizers
- * in pretokenize.c. */
+ * Encoding lives in tokenizer_encode.c, the merge loop in tokenizer_bpe.c, the Unigram model in
+ * tokenizer_unigram.c and the pre-tokenizers in pretokenize.c. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -12,7 +12,7 @@ static int valid_id(const qlm_tokenizer_spec *spec, int id) { return id >= -1 &&
 
 static int check_spec(const qlm_tokenizer_spec *spec) {
     if (!spec) return qlm_errorf("tokenizer: no spec");
-    if (spec->type != QLM_TOK_SPM_BPE && spec->type != QLM_TOK_BYTE_BPE)
+    if (spec->type != QLM_TOK_SPM_BPE && spec->type != QLM_TOK_BYTE_BPE && spec->type != QLM_TOK_UNIGRAM)
         return qlm_errorf("tokenizer: unknown tokenizer type %d", (int)spec->type);
     if ((int)spec->pre < QLM_PRE_GPT2 || spec->pre > QLM_PRE_QWEN2)
         return qlm_errorf("tokenizer: unknown pre-tokenizer %d", (int)spec->pre);
@@ -22,6 +22,8 @@ static int check_spec(const qlm_tokenizer_spec *spec) {
         return qlm_errorf("tokenizer: %d merges but no merge list", spec->n_merges);
     if (spec->type == QLM_TOK_SPM_BPE && spec->n_merges == 0 && !spec->scores)
         return qlm_errorf("tokenizer: SentencePiece BPE needs merges or scores");
+    if (spec->type == QLM_TOK_UNIGRAM && (!spec->piece_scores || spec->unk_id < 0))
+        return qlm_errorf("tokenizer: Unigram needs piece scores and an unknown token");
     if (!valid_id(spec, spec->bos_id) || !valid_id(spec, spec->eos_id) || !valid_id(spec, spec->unk_id) ||
         !valid_id(spec, spec->pad_id))
         return qlm_errorf("tokenizer: bos/eos/unk/pad id (%d/%d/%d/%d) outside the vocabulary of %d", spec->bos_id,
@@ -77,11 +79,11 @@ static int byte_piece(const char *s, size_t n) {
 static void find_byte_ids(qlm_tokenizer *t) {
     for (int b = 0; b < 256; b++) {
         char s[8];
-        int n = t->type == QLM_TOK_SPM_BPE ? snprintf(s, sizeof(s), "<0x%02X>", b)
+        int n = t->type != QLM_TOK_BYTE_BPE ? snprintf(s, sizeof(s), "<0x%02X>", b)
                                            : tok_utf8_put(tok_byte_to_cp((unsigned char)b), s);
         t->byte_ids[b] = tok_vocab_find(t, s, (size_t)n);
         /* A byte piece that is an added token (<0x0A> marked special) is no fallback target. */
-        if (t->type == QLM_TOK_SPM_BPE && t->byte_ids[b] >= 0 && t->types[t->byte_ids[b]] == QLM_TOKEN_CONTROL)
+        if (t->type != QLM_TOK_BYTE_BPE && t->byte_ids[b] >= 0 && t->types[t->byte_ids[b]] == QLM_TOKEN_CONTROL)
             t->byte_ids[b] = -1;
     }
 }
@@ -93,7 +95,7 @@ static int decode_token(const qlm_tokenizer *t, int id, tok_buf *out) {
     int ty = t->types[id];
     if (ty == QLM_TOKEN_CONTROL || ty == QLM_TOKEN_USER_DEFINED || ty == QLM_TOKEN_UNKNOWN)
         return tok_buf_put(out, s, n);
-    if (t->type == QLM_TOK_SPM_BPE) {
+    if (t->type != QLM_TOK_BYTE_BPE) {
         int b = t->byte_fallback || ty == QLM_TOKEN_BYTE ? byte_piece(s, n) : -1;
         if (b >= 0) {
             char c = (char)b;
@@ -156,7 +158,7 @@ static void copy_options(qlm_tokenizer *t, const qlm_tokenizer_spec *spec) {
     t->bos = spec->bos_id, t->eos = spec->eos_id, t->unk = spec->unk_id, t->pad = spec->pad_id;
     t->add_bos = spec->add_bos, t->add_eos = spec->add_eos;
     t->byte_fallback = spec->byte_fallback, t->fuse_unk = spec->fuse_unk, t->ignore_merges = spec->ignore_merges;
-    if (spec->type == QLM_TOK_SPM_BPE) {
+    if (spec->type != QLM_TOK_BYTE_BPE) {
         t->add_space_prefix = spec->add_space_prefix, t->spm_metaspace = spec->spm_metaspace;
         t->space_prefix_first = spec->space_prefix_first, t->split_words = spec->split_words;
     }
@@ -169,13 +171,14 @@ static int build(qlm_tokenizer *t, const qlm_tokenizer_spec *spec) {
         t->scores = malloc(sizeof(float) * (size_t)t->n_vocab);
         if (!t->scores) return qlm_errorf("tokenizer: out of memory");
         memcpy(t->scores, spec->scores, sizeof(float) * (size_t)t->n_vocab);
-    } else if (tok_merges_build(t, spec->merges, spec->n_merges) != 0) {
+    } else if (spec->type != QLM_TOK_UNIGRAM && tok_merges_build(t, spec->merges, spec->n_merges) != 0) {
         return -1;
     }
-    if (spec->type == QLM_TOK_SPM_BPE && !spec->token_types && spec->byte_fallback)
+    if (spec->type != QLM_TOK_BYTE_BPE && !spec->token_types && spec->byte_fallback)
         for (int id = 0; id < t->n_vocab; id++)
             if (byte_piece(tok_str(t, id), t->len[id]) >= 0) t->types[id] = QLM_TOKEN_BYTE;
     find_byte_ids(t);
+    if (spec->type == QLM_TOK_UNIGRAM && tok_unigram_build(t, spec) != 0) return -1;
     if (build_decode_table(t) != 0 || tok_added_build(t, spec->token_flags) != 0 || build_eog(t, spec) != 0)
         return -1;
     if (spec->chat_template && qlm_tokenizer_set_chat_template(t, spec->chat_template) != 0) return -1;
@@ -199,6 +202,7 @@ qlm_tokenizer *qlm_tokenizer_build(const qlm_tokenizer_spec *spec) {
 void qlm_tokenizer_free(qlm_tokenizer *t) {
     if (!t) return;
     tok_pre_free(t);
+    tok_unigram_free(t);
     tok_strmap_free(&t->vocab);
     tok_pairmap_free(&t->merges);
     tok_added_free(&t->raw_added);
@@ -222,26 +226,33 @@ static int skipped(const qlm_tokenizer *t, int id) {
     return t->types[id] == QLM_TOKEN_CONTROL || t->types[id] == QLM_TOKEN_UNKNOWN;
 }
 
-static int strips_prefix_space(const qlm_tokenizer *t) { return t->type == QLM_TOK_SPM_BPE && t->add_space_prefix; }
+static int strips_prefix_space(const qlm_tokenizer *t) { return t->type != QLM_TOK_BYTE_BPE && t->add_space_prefix; }
+
+/* sentencepiece's own decoder drops the leading space of every piece until one adds text. */
+static int strips_until_text(const qlm_tokenizer *t) { return t->uni && t->uni->spm_normalizer; }
 
 int qlm_tokenizer_decode(const qlm_tokenizer *t, const int *ids, int n_ids, int skip_special, char **out,
                          size_t *out_len) {
     if (!t || !out || n_ids < 0 || (n_ids > 0 && !ids)) return qlm_errorf("tokenizer decode: invalid arguments");
     tok_buf buf = {0};
-    int rc = tok_buf_put(&buf, "", 0);
+    int rc = tok_buf_put(&buf, "", 0), strip = strips_prefix_space(t);
     for (int i = 0; rc == 0 && i < n_ids; i++) {
         int id = ids[i];
         if (id < 0 || id >= t->n_vocab) {
             rc = qlm_errorf("tokenizer decode: id %d at position %d outside the vocabulary of %d", id, i, t->n_vocab);
         } else if (!(skip_special && skipped(t, id))) {
-            rc = tok_buf_put(&buf, t->dec + t->dec_off[id], t->dec_len[id]);
+            const char *s = t->dec + t->dec_off[id];
+            uint32_t n = t->dec_len[id];
+            /* The first bytes of the output lose one leading space (or, for sentencepiece, each
+             * piece does until one adds text). */
+            if (strip && buf.n == 0 && n > 0 && s[0] == ' ') s++, n--, strip = strips_until_text(t);
+            rc = tok_buf_put(&buf, s, n);
         }
     }
     if (rc != 0) {
         free(buf.p);
         return -1;
     }
-    if (strips_prefix_space(t) && buf.n > 0 && buf.p[0] == ' ') memmove(buf.p, buf.p + 1, buf.n--);
     *out = buf.p;
     if (out_len) *out_len = buf.n;
     return 0;
@@ -282,7 +293,8 @@ int qlm_tokenizer_find(const qlm_tokenizer *t, const char *token) {
 const char *qlm_tokenizer_chat_template(const qlm_tokenizer *t) { return t ? t->chat_template : NULL; }
 
 int qlm_tokenizer_is_lossless(const qlm_tokenizer *t) {
-    if (!t || (t->type == QLM_TOK_SPM_BPE && !t->byte_fallback)) return 0;
+    /* Unigram normalization folds characters and spaces. */
+    if (!t || t->type == QLM_TOK_UNIGRAM || (t->type == QLM_TOK_SPM_BPE && !t->byte_fallback)) return 0;
     /* Metaspace adds no "▁" before a leading space, yet decoding drops one. */
     if (t->spm_metaspace && t->add_space_prefix) return 0;
     for (int b = 0; b < 256; b++) {

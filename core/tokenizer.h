@@ -1,7 +1,8 @@
 /* Tokenizers: SentencePiece-style BPE with byte fallback (Llama 2, TinyLlama,
- * TinyStories) and GPT-2 style byte-level BPE with a regex pre-tokenizer (GPT-2,
- * Llama 3, SmolLM2, Qwen2). Built from a qlm_tokenizer_spec that each file format
- * (tokenizer.json, llama2.c tokenizer.bin, GGUF metadata) fills in. */
+ * TinyStories), GPT-2 style byte-level BPE with a regex pre-tokenizer (GPT-2,
+ * Llama 3, SmolLM2, Qwen2) and SentencePiece Unigram (T5, FLAN-T5). Built from a
+ * qlm_tokenizer_spec that each file format (tokenizer.json, SentencePiece .model,
+ * llama2.c tokenizer.bin, GGUF metadata) fills in. */
 #ifndef QLM_TOKENIZER_H
 #define QLM_TOKENIZER_H
 
@@ -10,6 +11,7 @@
 typedef enum {
     QLM_TOK_SPM_BPE = 1,  /* "▁" for spaces, byte fallback <0xNN>, merges by rank or by score */
     QLM_TOK_BYTE_BPE = 2, /* GPT-2 byte-to-unicode alphabet, regex pre-tokenizer, merges by rank */
+    QLM_TOK_UNIGRAM = 3,  /* "▁" for spaces, best segmentation by summed piece log-probabilities */
 } qlm_tokenizer_type;
 
 /* How the byte-level pre-tokenizer splits text (the regex differs per model family). */
@@ -77,6 +79,17 @@ typedef struct {
     int fuse_unk;           /* consecutive unknown characters become one unk id (HF fuse_unk) */
     int ignore_merges;      /* a pre-token that is a vocabulary entry is emitted whole without
                                merging (HF ignore_merges, Llama 3) */
+    /* Unigram. The "▁" fields above keep their meaning (spm_metaspace, add_space_prefix,
+     * space_prefix_first, split_words, fuse_unk, byte_fallback); unk_id is required. */
+    const double *piece_scores; /* n_vocab log-probabilities */
+    const void *charsmap;       /* SentencePiece precompiled_charsmap (rules applied before the "▁"
+                                   rules), or NULL */
+    size_t charsmap_len;
+    int collapse_spaces;        /* runs of spaces become one after the charsmap (HF Replace " {2,}") */
+    int spm_normalizer;         /* as the sentencepiece library rather than HF tokenizers: rules by
+                                   longest match instead of per grapheme cluster, one "▁" prefix per
+                                   segment (add_space_prefix), only normal pieces matched in text */
+    int remove_extra_spaces;    /* spm_normalizer: drop leading, trailing and repeated spaces */
 } qlm_tokenizer_spec;
 
 typedef struct qlm_tokenizer qlm_tokenizer;
@@ -87,6 +100,10 @@ void qlm_tokenizer_free(qlm_tokenizer *t);
 
 /* Loaders for the file formats. tokenizer_config may be NULL (then looked up beside tokenizer_json). */
 qlm_tokenizer *qlm_tokenizer_load_json(const char *tokenizer_json, const char *tokenizer_config);
+/* SentencePiece ModelProto (spiece.model, tokenizer.model) of a Unigram model. encode(add_special)
+ * appends EOS, as T5's tokenizers do; the text is normalized and segmented as the sentencepiece
+ * library does. */
+qlm_tokenizer *qlm_tokenizer_load_spiece(const char *path);
 /* llama2.c tokenizer.bin; vocab_size from the checkpoint header. */
 qlm_tokenizer *qlm_tokenizer_load_llama2c(const char *path, int vocab_size);
 
@@ -97,16 +114,18 @@ int qlm_tokenizer_encode(const qlm_tokenizer *t, const char *text, size_t len, i
                          int parse_special, int **ids, int *n_ids);
 
 /* Decodes ids to UTF-8 (skipping control and unknown tokens when skip_special). *out malloc'd and
- * NUL-terminated. SPM tokenizers with a space prefix drop one leading space of the whole output,
- * as HF's Strip decoder does. Byte pieces are emitted as raw bytes (HF would turn an invalid
- * UTF-8 run into U+FFFD). */
+ * NUL-terminated. SPM and Unigram tokenizers with a space prefix drop one leading space of the
+ * whole output, as HF's Strip and Metaspace decoders do; Unigram ones from a SentencePiece model
+ * drop the leading space of every token until one adds text, as sentencepiece does. Byte pieces
+ * are emitted as raw bytes (HF would turn an invalid UTF-8 run into U+FFFD). */
 int qlm_tokenizer_decode(const qlm_tokenizer *t, const int *ids, int n_ids, int skip_special,
                          char **out, size_t *out_len);
 
 /* Streaming: bytes that token `id` adds when it follows token `prev` (-1 at start), written to buf.
  * Control and unknown tokens add nothing. SPM tokenizers with a space prefix drop the leading
  * space of a token that follows -1 or BOS. Byte pieces give single bytes. The pieces of a
- * sequence concatenate to decode(skip_special=1) whenever BOS appears only at its start.
+ * sequence concatenate to decode(skip_special=1) whenever BOS appears only at its start (and, for
+ * Unigram ones from a SentencePiece model, the sequence does not start with a lone "▁").
  * Returns the byte count (which may be a partial UTF-8 sequence), or -1 if cap is too small or
  * id is out of range. */
 int qlm_tokenizer_piece(const qlm_tokenizer *t, int prev, int id, char *buf, int cap);

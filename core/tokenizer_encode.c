@@ -1,8 +1,8 @@
 /* Encoding driver. As HF tokenizers does: the text is first split on added tokens matched in the
  * raw text (leftmost, then longest), each remaining segment is normalized ("▁" rules of SPM
- * tokenizers) and split again on added tokens whose normalized form is matched, and what is left
- * is pre-tokenized and BPE-encoded. Special (control) added tokens take part only with
- * parse_special. */
+ * tokenizers, the charsmap and space rules of Unigram ones) and split again on added tokens whose
+ * normalized form is matched, and what is left is pre-tokenized and BPE- or Unigram-encoded.
+ * Special (control) added tokens take part only with parse_special. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -138,6 +138,7 @@ typedef struct {
     const qlm_tokenizer *t;
     int parse_special;
     tok_bpe_scratch scratch;
+    tok_unigram_scratch uni;
     tok_buf norm;
     tok_ids out;
 } enc_ctx;
@@ -161,6 +162,7 @@ static int split_on(enc_ctx *c, const tok_added_set *set, const char *s, size_t 
 }
 
 static int pre_encode(enc_ctx *c, const char *s, size_t n, int at_start) {
+    if (c->t->type == QLM_TOK_UNIGRAM) return tok_unigram_encode(c->t, &c->uni, s, n, at_start, &c->out);
     return tok_pre_encode(c->t, &c->scratch, s, n, at_start, &c->out);
 }
 
@@ -168,6 +170,9 @@ static int normalize_segment(enc_ctx *c, const char *s, size_t n, int at_start) 
     const qlm_tokenizer *t = c->t;
     if (t->type == QLM_TOK_SPM_BPE && !t->spm_metaspace) {
         if (tok_spm_normalize(s, n, t->add_space_prefix, &c->norm) != 0) return -1;
+        s = c->norm.p, n = c->norm.n;
+    } else if (t->type == QLM_TOK_UNIGRAM) {
+        if (tok_unigram_normalize(t, s, n, &c->norm) != 0) return -1;
         s = c->norm.p, n = c->norm.n;
     }
     return split_on(c, &t->norm_added, s, n, at_start, pre_encode);
@@ -177,7 +182,7 @@ int qlm_tokenizer_encode(const qlm_tokenizer *t, const char *text, size_t len, i
                          int **ids, int *n_ids) {
     if (!t || !ids || !n_ids || (!text && len > 0)) return qlm_errorf("tokenizer encode: invalid arguments");
     if (len > (size_t)INT32_MAX / 2) return qlm_errorf("tokenizer encode: text of %zu bytes is too long", len);
-    enc_ctx c = {t, parse_special, {0}, {0}, {0}};
+    enc_ctx c = {t, parse_special, {0}, {0}, {0}, {0}};
     int rc = 0;
     if (add_special && t->add_bos && t->bos >= 0) rc = tok_ids_push(&c.out, t->bos);
     if (rc == 0 && len > 0) rc = split_on(&c, &t->raw_added, text, len, 1, normalize_segment);
@@ -187,6 +192,7 @@ int qlm_tokenizer_encode(const qlm_tokenizer *t, const char *text, size_t len, i
         c.out.n = 0;
     }
     tok_bpe_scratch_free(&c.scratch);
+    tok_unigram_scratch_free(&c.uni);
     free(c.norm.p);
     if (rc != 0) {
         free(c.out.v);

@@ -1,5 +1,6 @@
 /* Private to the tokenizer sources (tokenizer.c, tokenizer_encode.c, tokenizer_bpe.c,
- * pretokenize.c, utf8.c): the tokenizer object and the helpers they share. */
+ * tokenizer_unigram.c, normalize_charsmap.c, pretokenize.c, utf8.c): the tokenizer object and the
+ * helpers they share. */
 #ifndef QLM_TOKENIZER_INTERNAL_H
 #define QLM_TOKENIZER_INTERNAL_H
 
@@ -52,6 +53,29 @@ typedef struct {
     char *arena;    /* normalized patterns */
 } tok_added_set;
 
+/* A SentencePiece precompiled_charsmap: normalization rules in a Darts double-array trie. */
+typedef struct {
+    unsigned char *blob; /* the serialized map as read (kept for writing it back) */
+    size_t blob_len;
+    uint32_t *units;     /* trie units, host order */
+    uint32_t n_units;
+    const char *pool;    /* NUL-terminated replacement strings, inside blob */
+    uint32_t pool_len;
+} tok_charsmap;
+
+/* Unigram model: piece scores, a byte trie of the pieces that text can match, normalization. */
+typedef struct {
+    double *scores;
+    double unk_score;     /* lowest piece score minus 10, for characters no piece covers */
+    int32_t *node_id;     /* trie node -> id of the piece ending there, or -1 */
+    uint64_t *edge_keys;  /* (node << 8 | byte) + 1, 0 when empty */
+    int32_t *edge_child;
+    uint32_t edge_mask;
+    tok_charsmap map;
+    void *grapheme_re;    /* pcre2_code *: \X, for applying the map per grapheme cluster */
+    int collapse_spaces, spm_normalizer, remove_extra_spaces;
+} tok_unigram;
+
 struct qlm_tokenizer {
     qlm_tokenizer_type type;
     qlm_pretokenizer pre;
@@ -79,6 +103,7 @@ struct qlm_tokenizer {
     char *chat_template;
     void *re;       /* pcre2_code *: the family's pre-tokenizer regex (byte-level only) */
     void *re_digit; /* pcre2_code *: \p{N} for the SmolLM digit split */
+    tok_unigram *uni; /* Unigram only */
 };
 
 static inline const char *tok_str(const qlm_tokenizer *t, int id) { return t->text + t->off[id]; }
@@ -124,6 +149,43 @@ int tok_pre_encode(const qlm_tokenizer *t, tok_bpe_scratch *s, const char *seg, 
                    tok_ids *out);
 /* SPM "▁" normalization of a segment: optional "▁" prefix, spaces to "▁". */
 int tok_spm_normalize(const char *s, size_t n, int prefix, tok_buf *out);
+
+/* normalize_charsmap.c */
+/* Checks and copies a serialized charsmap (empty: no rules). */
+int tok_charsmap_init(tok_charsmap *m, const void *blob, size_t n);
+void tok_charsmap_free(tok_charsmap *m);
+/* \X compiled for tok_charsmap_normalize_hf (pcre2_code *), or NULL with the error set. */
+void *tok_grapheme_re(void);
+void tok_grapheme_re_free(void *re);
+/* HF tokenizers' Precompiled normalizer: each grapheme cluster shorter than 6 bytes that starts
+ * with a rule's key is replaced by that (shortest) rule's string, other clusters character by
+ * character; runs of spaces then become one when collapse. Invalid UTF-8 bytes become U+FFFD. */
+int tok_charsmap_normalize_hf(const tok_charsmap *m, void *grapheme_re, const char *s, size_t n, int collapse,
+                              tok_buf *out);
+/* The sentencepiece normalizer: the longest rule at each position; with remove_extra, no leading,
+ * trailing or repeated spaces; one "▁" first when prefix; spaces become "▁". Invalid UTF-8 bytes
+ * become U+FFFD. */
+int tok_charsmap_normalize_spm(const tok_charsmap *m, const char *s, size_t n, int prefix, int remove_extra,
+                               tok_buf *out);
+
+/* tokenizer_unigram.c */
+int tok_unigram_build(qlm_tokenizer *t, const qlm_tokenizer_spec *spec);
+void tok_unigram_free(qlm_tokenizer *t);
+/* Normalizes one text segment (no added tokens inside) into out. */
+int tok_unigram_normalize(const qlm_tokenizer *t, const char *s, size_t n, tok_buf *out);
+
+/* Reusable scratch space for tok_unigram_encode. */
+typedef struct {
+    double *score;
+    int32_t *start, *id, *path;
+    size_t cap;
+    tok_buf word;
+} tok_unigram_scratch;
+void tok_unigram_scratch_free(tok_unigram_scratch *s);
+/* Encodes a normalized segment: the Metaspace rules (unless spm_normalizer) and the best
+ * segmentation of each word. at_start: the segment begins the input. */
+int tok_unigram_encode(const qlm_tokenizer *t, tok_unigram_scratch *s, const char *seg, size_t n, int at_start,
+                       tok_ids *out);
 
 /* tokenizer_encode.c */
 int tok_added_build(qlm_tokenizer *t, const unsigned char *flags);

@@ -54,17 +54,18 @@ qlm_tokenizer *qlm_tokenizer_open(const char *path, int vocab_size) {
     char buf[4200];
     if (is_dir(path)) {
         snprintf(buf, sizeof buf, "%s/tokenizer.json", path);
-        if (!is_file(buf)) {
-            qlm_errorf("%s: no tokenizer.json in this folder", path);
-            return NULL;
-        }
-        return qlm_tokenizer_load_json(buf, NULL);
+        if (is_file(buf)) return qlm_tokenizer_load_json(buf, NULL);
+        snprintf(buf, sizeof buf, "%s/spiece.model", path); /* T5's SentencePiece model */
+        if (is_file(buf)) return qlm_tokenizer_load_spiece(buf);
+        qlm_errorf("%s: no tokenizer.json or spiece.model in this folder", path);
+        return NULL;
     }
     if (!is_file(path)) {
         qlm_errorf("%s: no such tokenizer file", path);
         return NULL;
     }
     if (has_suffix(path, ".json")) return qlm_tokenizer_load_json(path, NULL);
+    if (has_suffix(path, ".model")) return qlm_tokenizer_load_spiece(path);
     if (file_magic_is_gguf(path)) {
         qlm_gguf *g = qlm_gguf_open(path);
         if (!g) return NULL;
@@ -77,7 +78,8 @@ qlm_tokenizer *qlm_tokenizer_open(const char *path, int vocab_size) {
 
 /* The stored dtype of the first attention weight decides the default compute dtype. */
 static void note_stored_dtype(qlm_source *src) {
-    const qlm_tensor_entry *e = qlm_store_find(src->store, "model.layers.0.self_attn.q_proj.weight");
+    const char *first = src->is_t5 ? "encoder.block.0.layer.0.SelfAttention.q.weight" : "model.layers.0.self_attn.q_proj.weight";
+    const qlm_tensor_entry *e = qlm_store_find(src->store, first);
     src->stored_dtype = e ? e->dtype : QLM_F32;
     src->stored_per_channel = e && e->row_scales != NULL;
 }
@@ -85,13 +87,17 @@ static void note_stored_dtype(qlm_source *src) {
 static int open_safetensors(qlm_source *src, const char *dir, const char *file) {
     char cfg_path[4200];
     snprintf(cfg_path, sizeof cfg_path, "%s/config.json", dir);
-    if (qlm_hf_config_load(cfg_path, &src->cfg) != 0) return -1;
+    int t5 = qlm_hf_config_is_t5(cfg_path);
+    if (t5 < 0) return -1;
+    src->is_t5 = t5;
+    if ((t5 ? qlm_hf_t5_config_load(cfg_path, &src->t5) : qlm_hf_config_load(cfg_path, &src->cfg)) != 0) return -1;
     int rc = file ? qlm_safetensors_load(file, src->store) : qlm_safetensors_load_dir(dir, src->store);
     if (rc != 0) return -1;
-    char tok_path[4200];
-    snprintf(tok_path, sizeof tok_path, "%s/tokenizer.json", dir);
-    if (is_file(tok_path)) {
-        src->tok = qlm_tokenizer_load_json(tok_path, NULL);
+    char tok_json[4200], spiece[4200];
+    snprintf(tok_json, sizeof tok_json, "%s/tokenizer.json", dir);
+    snprintf(spiece, sizeof spiece, "%s/spiece.model", dir);
+    if (is_file(tok_json) || is_file(spiece)) {
+        src->tok = qlm_tokenizer_open(dir, 0);
         if (!src->tok) return -1;
     }
     return 0;
@@ -193,9 +199,9 @@ int qlm_source_open(qlm_source *src, const char *model_path, const char *tokeniz
         src->tok = qlm_tokenizer_open(tokenizer_path, src->cfg.vocab_size);
         if (!src->tok) rc = -1;
     }
-    if (rc == 0 && src->tok && qlm_tokenizer_vocab_size(src->tok) > src->cfg.vocab_size)
-        rc = qlm_errorf("tokenizer has %d tokens but the model only %d", qlm_tokenizer_vocab_size(src->tok),
-                        src->cfg.vocab_size);
+    int vocab = src->is_t5 ? src->t5.vocab_size : src->cfg.vocab_size;
+    if (rc == 0 && src->tok && qlm_tokenizer_vocab_size(src->tok) > vocab)
+        rc = qlm_errorf("tokenizer has %d tokens but the model only %d", qlm_tokenizer_vocab_size(src->tok), vocab);
     if (rc != 0) {
         if (!strstr(qlm_last_error(), model_path)) qlm_error_context("%s", model_path);
         qlm_source_close(src);

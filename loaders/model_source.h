@@ -1,5 +1,5 @@
 /* Opens whatever a user points -m at: a Hugging Face model folder (config.json +
- * safetensors + tokenizer.json), a single .safetensors file beside its config.json, a
+ * safetensors + tokenizer.json or spiece.model; Llama family or T5), a single .safetensors file beside its config.json, a
  * GGUF file, or a llama2.c checkpoint (tokenizer.bin beside it or given with -t). */
 #ifndef QLM_MODEL_SOURCE_H
 #define QLM_MODEL_SOURCE_H
@@ -13,7 +13,9 @@ typedef enum { QLM_FMT_SAFETENSORS, QLM_FMT_GGUF, QLM_FMT_LLAMA2C } qlm_format;
 
 typedef struct {
     qlm_format format;
+    int is_t5;              /* an encoder-decoder: t5 holds its config, cfg is unused */
     qlm_llama_config cfg;
+    qlm_t5_config t5;
     qlm_tensor_store *store;
     qlm_tokenizer *tok;     /* NULL when no tokenizer was found (ids-only use) */
     qlm_dtype stored_dtype; /* dtype of the stored linear weights (F32 for dequantized GGUF) */

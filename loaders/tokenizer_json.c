@@ -1,9 +1,12 @@
-/* Hugging Face tokenizer.json (model.type "BPE") plus the tokenizer_config.json beside it.
- * Supported pipelines: normalizer Prepend("▁")+Replace(" ","▁") (Llama 2 / TinyLlama), Metaspace
- * pre-tokenizer (Mistral style), ByteLevel (GPT-2), Digits+ByteLevel (SmolLM), and Split(regex)+
- * ByteLevel with the Llama 3 or Qwen2 regex. An NFC normalizer (Qwen2) is accepted but not
- * applied: input that is not already NFC may tokenize differently from HF. */
+/* Hugging Face tokenizer.json (model.type "BPE" or "Unigram") plus the tokenizer_config.json
+ * beside it. Supported BPE pipelines: normalizer Prepend("▁")+Replace(" ","▁") (Llama 2 /
+ * TinyLlama), Metaspace pre-tokenizer (Mistral style), ByteLevel (GPT-2), Digits+ByteLevel
+ * (SmolLM), and Split(regex)+ByteLevel with the Llama 3 or Qwen2 regex. An NFC normalizer (Qwen2)
+ * is accepted but not applied: input that is not already NFC may tokenize differently from HF.
+ * Unigram (T5): normalizers Precompiled (SentencePiece charsmap) and Replace(" {2,}", " "), then a
+ * Metaspace pre-tokenizer. */
 #include <cjson/cJSON.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -22,6 +25,9 @@ typedef struct {
     unsigned char *flags;
     char **merges;
     int n_merges;
+    int unigram;
+    double *scores;          /* Unigram piece scores */
+    unsigned char *charsmap; /* Precompiled normalizer's precompiled_charsmap, decoded */
     int has_replace, has_prepend;
     int template_bos, template_eos; /* ids the post-processor adds around a single sequence */
     qlm_tokenizer_spec spec;
@@ -94,7 +100,8 @@ static int count_ids(json_load *L, const cJSON *vocab, const cJSON *added, int *
     int max_id = -1, entries = 0, id;
     const cJSON *e;
     cJSON_ArrayForEach(e, vocab) {
-        if (json_id(e, &id) != 0)
+        if (L->unigram) id = entries; /* [piece, score] pairs in id order */
+        else if (json_id(e, &id) != 0)
             return qlm_errorf("%s: model.vocab: \"%.60s\" has no valid id", L->path, e->string ? e->string : "");
         max_id = id > max_id ? id : max_id;
         entries++;
@@ -113,6 +120,15 @@ static int count_ids(json_load *L, const cJSON *vocab, const cJSON *added, int *
     return 0;
 }
 
+/* A Unigram vocabulary entry: [piece, score]. */
+static int unigram_piece(json_load *L, const cJSON *e, int id) {
+    const cJSON *piece = cJSON_GetArrayItem(e, 0), *score = cJSON_GetArrayItem(e, 1);
+    if (!cJSON_IsArray(e) || cJSON_GetArraySize(e) != 2 || !cJSON_IsString(piece) || !cJSON_IsNumber(score))
+        return qlm_errorf("%s: model.vocab[%d] is not a Unigram [piece, score] pair", L->path, id);
+    L->scores[id] = score->valuedouble;
+    return set_token(L, id, piece->valuestring, "model.vocab");
+}
+
 static int load_added(json_load *L, const cJSON *added) {
     const cJSON *e;
     cJSON_ArrayForEach(e, added) {
@@ -129,7 +145,9 @@ static int load_added(json_load *L, const cJSON *added) {
 static int load_vocab(json_load *L, const cJSON *model) {
     const cJSON *vocab = cJSON_GetObjectItemCaseSensitive(model, "vocab");
     const cJSON *added = cJSON_GetObjectItemCaseSensitive(L->root, "added_tokens");
-    if (!cJSON_IsObject(vocab)) return qlm_errorf("%s: model.vocab is missing or not an object", L->path);
+    if (L->unigram ? !cJSON_IsArray(vocab) : !cJSON_IsObject(vocab))
+        return qlm_errorf("%s: model.vocab is missing or not an %s", L->path,
+                          L->unigram ? "array (Unigram)" : "object");
     if (added && !cJSON_IsArray(added) && !cJSON_IsNull(added))
         return qlm_errorf("%s: added_tokens is not an array", L->path);
     int n = 0;
@@ -138,12 +156,17 @@ static int load_vocab(json_load *L, const cJSON *model) {
     L->tokens = calloc((size_t)n, sizeof(char *));
     L->types = malloc(sizeof(int) * (size_t)n);
     L->flags = calloc((size_t)n, 1);
-    if (!L->tokens || !L->types || !L->flags) return qlm_errorf("%s: out of memory", L->path);
+    L->scores = L->unigram ? calloc((size_t)n, sizeof(double)) : NULL;
+    if (!L->tokens || !L->types || !L->flags || (L->unigram && !L->scores))
+        return qlm_errorf("%s: out of memory", L->path);
     for (int i = 0; i < n; i++) L->types[i] = QLM_TOKEN_NORMAL;
     const cJSON *e;
+    int k = 0;
     cJSON_ArrayForEach(e, vocab) {
         int id = -1;
-        if (json_id(e, &id) != 0 || id >= L->spec.n_vocab || set_token(L, id, e->string, "model.vocab") != 0)
+        if (L->unigram ? unigram_piece(L, e, k++) != 0
+                       : json_id(e, &id) != 0 || id >= L->spec.n_vocab ||
+                             set_token(L, id, e->string, "model.vocab") != 0)
             return -1;
     }
     if (cJSON_IsArray(added) && load_added(L, added) != 0) return -1;
@@ -152,6 +175,7 @@ static int load_vocab(json_load *L, const cJSON *model) {
     L->spec.tokens = L->tokens;
     L->spec.token_types = L->types;
     L->spec.token_flags = L->flags;
+    L->spec.piece_scores = L->scores;
     return 0;
 }
 
@@ -186,13 +210,32 @@ static int load_merges(json_load *L, const cJSON *model) {
     return 0;
 }
 
+/* Unigram: "vocab" [[piece, score], ...], "unk_id" (an index or null), "byte_fallback". */
+static int load_unigram(json_load *L, const cJSON *model) {
+    const cJSON *vocab = cJSON_GetObjectItemCaseSensitive(model, "vocab");
+    const cJSON *unk = cJSON_GetObjectItemCaseSensitive(model, "unk_id");
+    if (!cJSON_IsArray(vocab) || cJSON_GetArraySize(vocab) == 0)
+        return qlm_errorf("%s: model.vocab of the Unigram model is missing or empty", L->path);
+    L->spec.byte_fallback = get_bool(model, "byte_fallback", 0);
+    L->spec.fuse_unk = 1; /* tokenizers always fuses unknowns in Unigram */
+    if (load_vocab(L, model) != 0) return -1;
+    L->spec.unk_id = -1;
+    if (unk && !cJSON_IsNull(unk) && (json_id(unk, &L->spec.unk_id) != 0 || L->spec.unk_id >= L->spec.n_vocab))
+        return qlm_errorf("%s: model.unk_id is not an id of the vocabulary", L->path);
+    return 0;
+}
+
 static int load_model(json_load *L) {
     const cJSON *model = cJSON_GetObjectItemCaseSensitive(L->root, "model");
     if (!cJSON_IsObject(model)) return qlm_errorf("%s: model is missing or not an object", L->path);
     const char *type = get_str(model, "type");
     if (!type) return qlm_errorf("%s: model.type is missing", L->path);
+    if (strcmp(type, "Unigram") == 0) {
+        L->unigram = 1;
+        return load_unigram(L, model);
+    }
     if (strcmp(type, "BPE") != 0)
-        return qlm_errorf("%s: model.type \"%s\" is not supported (only BPE)", L->path, type);
+        return qlm_errorf("%s: model.type \"%s\" is not supported (only BPE and Unigram)", L->path, type);
     const cJSON *dropout = cJSON_GetObjectItemCaseSensitive(model, "dropout");
     if (cJSON_IsNumber(dropout) && dropout->valuedouble > 0)
         return qlm_errorf("%s: model.dropout %g is not supported", L->path, dropout->valuedouble);
@@ -213,9 +256,40 @@ static int load_model(json_load *L) {
 
 /* ---- normalizer and pre-tokenizer ---- */
 
+static int base64_value(unsigned char c) {
+    if (c >= 'A' && c <= 'Z') return c - 'A';
+    if (c >= 'a' && c <= 'z') return c - 'a' + 26;
+    if (c >= '0' && c <= '9') return c - '0' + 52;
+    return c == '+' ? 62 : c == '/' ? 63 : -1;
+}
+
+/* Precompiled: the SentencePiece charsmap, base64 (padded) in "precompiled_charsmap". */
+static int load_precompiled(json_load *L, const cJSON *n) {
+    const char *b64 = get_str(n, "precompiled_charsmap");
+    if (!b64) return qlm_errorf("%s: normalizer Precompiled: precompiled_charsmap is missing", L->path);
+    if (L->charsmap || L->spec.collapse_spaces)
+        return qlm_errorf("%s: normalizer Precompiled: only one, before any Replace, is supported", L->path);
+    size_t len = strlen(b64), n_out = 0;
+    if (len % 4 != 0) return qlm_errorf("%s: normalizer Precompiled: precompiled_charsmap is not base64", L->path);
+    L->charsmap = malloc(len / 4 * 3 + 1);
+    if (!L->charsmap) return qlm_errorf("%s: out of memory", L->path);
+    for (size_t i = 0; i < len; i += 4) {
+        int v[4], pad = (b64[i + 3] == '=') + (b64[i + 2] == '=' && b64[i + 3] == '=');
+        for (int k = 0; k < 4; k++) v[k] = k >= 4 - pad ? 0 : base64_value((unsigned char)b64[i + k]);
+        if (v[0] < 0 || v[1] < 0 || v[2] < 0 || v[3] < 0 || (pad > 0 && i + 4 < len))
+            return qlm_errorf("%s: normalizer Precompiled: precompiled_charsmap is not base64", L->path);
+        uint32_t w = (uint32_t)v[0] << 18 | (uint32_t)v[1] << 12 | (uint32_t)v[2] << 6 | (uint32_t)v[3];
+        for (int k = 0; k < 3 - pad; k++) L->charsmap[n_out++] = (unsigned char)(w >> (16 - 8 * k));
+    }
+    L->spec.charsmap = L->charsmap;
+    L->spec.charsmap_len = n_out;
+    return 0;
+}
+
 static int load_one_normalizer(json_load *L, const cJSON *n) {
     const char *type = get_str(n, "type");
     if (!type) return qlm_errorf("%s: normalizer without a type", L->path);
+    if (strcmp(type, "Precompiled") == 0) return load_precompiled(L, n);
     if (strcmp(type, "Prepend") == 0) {
         const char *p = get_str(n, "prepend");
         if (!p || strcmp(p, SPM_SPACE) != 0) return qlm_errorf("%s: normalizer Prepend: only \"▁\" is supported", L->path);
@@ -223,9 +297,15 @@ static int load_one_normalizer(json_load *L, const cJSON *n) {
         return 0;
     }
     if (strcmp(type, "Replace") == 0) {
-        const char *from = get_str(cJSON_GetObjectItemCaseSensitive(n, "pattern"), "String"), *to = get_str(n, "content");
+        const cJSON *pattern = cJSON_GetObjectItemCaseSensitive(n, "pattern");
+        const char *from = get_str(pattern, "String"), *re = get_str(pattern, "Regex"), *to = get_str(n, "content");
+        if (re && to && strcmp(re, " {2,}") == 0 && strcmp(to, " ") == 0) {
+            L->spec.collapse_spaces = 1;
+            return 0;
+        }
         if (!from || !to || strcmp(from, " ") != 0 || strcmp(to, SPM_SPACE) != 0)
-            return qlm_errorf("%s: normalizer Replace: only \" \" -> \"▁\" is supported", L->path);
+            return qlm_errorf("%s: normalizer Replace: only \" \" -> \"▁\" and \" {2,}\" -> \" \" are supported",
+                              L->path);
         L->has_replace = 1;
         return 0;
     }
@@ -251,7 +331,6 @@ static int load_metaspace(json_load *L, const cJSON *p) {
     if (!scheme) scheme = get_bool(p, "add_prefix_space", 1) ? "always" : "never";
     if (strcmp(scheme, "always") != 0 && strcmp(scheme, "first") != 0 && strcmp(scheme, "never") != 0)
         return qlm_errorf("%s: pre_tokenizer Metaspace: unknown prepend_scheme \"%s\"", L->path, scheme);
-    L->spec.type = QLM_TOK_SPM_BPE;
     L->spec.spm_metaspace = 1;
     L->spec.add_space_prefix = strcmp(scheme, "never") != 0;
     L->spec.space_prefix_first = strcmp(scheme, "first") == 0;
@@ -286,7 +365,7 @@ static int load_sequence(json_load *L, const cJSON *p) {
 
 static int load_pre_tokenizer(json_load *L) {
     const cJSON *p = cJSON_GetObjectItemCaseSensitive(L->root, "pre_tokenizer");
-    L->spec.type = QLM_TOK_SPM_BPE;
+    L->spec.type = L->unigram ? QLM_TOK_UNIGRAM : QLM_TOK_SPM_BPE;
     if (p && !cJSON_IsNull(p)) {
         int rc = type_is(p, "Metaspace") ? load_metaspace(L, p)
                  : type_is(p, "Sequence") ? load_sequence(L, p)
@@ -296,6 +375,11 @@ static int load_pre_tokenizer(json_load *L) {
             return qlm_errorf("%s: pre_tokenizer \"%s\" with these settings is not supported", L->path, type ? type : "?");
         }
     }
+    if (L->unigram && (L->spec.type != QLM_TOK_UNIGRAM || !L->spec.spm_metaspace || L->has_prepend || L->has_replace))
+        return qlm_errorf("%s: a Unigram model needs a Metaspace pre-tokenizer and no \"▁\" normalizer", L->path);
+    if (!L->unigram && (L->spec.charsmap || L->spec.collapse_spaces))
+        return qlm_errorf("%s: normalizers Precompiled and Replace(\" {2,}\") are supported with Unigram only",
+                          L->path);
     if (L->spec.type == QLM_TOK_BYTE_BPE && (L->has_prepend || L->has_replace))
         return qlm_errorf("%s: a \"▁\" normalizer with a ByteLevel pre-tokenizer is not supported", L->path);
     if (L->spec.type == QLM_TOK_SPM_BPE && !L->spec.spm_metaspace) {
@@ -425,6 +509,8 @@ qlm_tokenizer *qlm_tokenizer_load_json(const char *tokenizer_json, const char *t
     free(L.tokens);
     free(L.types);
     free(L.flags);
+    free(L.scores);
+    free(L.charsmap);
     cJSON_Delete(L.root);
     return t;
 }

@@ -1,7 +1,10 @@
 /* Hugging Face tokenizer.json + tokenizer_config.json for any qlm tokenizer, in the pipelines
  * loaders/tokenizer_json.c reads back: SentencePiece-style BPE as the Llama tokenizers write it
- * (Prepend/Replace normalizer or Metaspace, byte fallback, ByteFallback/Fuse/Strip decoder) and
- * byte-level BPE with its family's pre-tokenizer. Tokenizers that merge by score (llama2.c
+ * (Prepend/Replace normalizer or Metaspace, byte fallback, ByteFallback/Fuse/Strip decoder),
+ * byte-level BPE with its family's pre-tokenizer, and Unigram as the T5 files have it
+ * (Precompiled charsmap + Replace(" {2,}") normalizer, Metaspace, </s> template). A Unigram
+ * tokenizer read from a SentencePiece model gets the pipeline transformers' converter gives it,
+ * so HF tokenizers keeps a trailing space as "▁" where sentencepiece drops it. Tokenizers that merge by score (llama2.c
  * tokenizer.bin, GGUF "llama") get a merge list derived from the scores the way HF's SentencePiece
  * converter does it: every split of a piece into two vocabulary pieces, ordered by the merged
  * piece's score, then by the ids of the left and right pieces. */
@@ -221,15 +224,61 @@ static void put_replace(writer *w, cJSON *parent, const char *from, const char *
     put_str(w, r, "content", to);
 }
 
+static void put_metaspace(writer *w, cJSON *parent, const char *key, int split) {
+    const qlm_tokenizer *t = w->t;
+    cJSON *p = put_typed(w, parent, key, "Metaspace");
+    put_str(w, p, "replacement", SPM_SPACE);
+    put_str(w, p, "prepend_scheme", !t->add_space_prefix ? "never" : t->space_prefix_first ? "first" : "always");
+    put_bool(w, p, "split", split);
+}
+
+/* The charsmap as padded base64. */
+static char *base64(const unsigned char *b, size_t n) {
+    static const char digits[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    char *out = malloc((n + 2) / 3 * 4 + 1), *o = out;
+    if (!out) return NULL;
+    for (size_t i = 0; i < n; i += 3) {
+        uint32_t v = (uint32_t)b[i] << 16 | (i + 1 < n ? (uint32_t)b[i + 1] << 8 : 0) | (i + 2 < n ? b[i + 2] : 0);
+        *o++ = digits[v >> 18];
+        *o++ = digits[v >> 12 & 63];
+        *o++ = i + 1 < n ? digits[v >> 6 & 63] : '=';
+        *o++ = i + 2 < n ? digits[v & 63] : '=';
+    }
+    *o = 0;
+    return out;
+}
+
+/* Unigram: Precompiled (the charsmap) and Replace(" {2,}", " ") normalizers, then Metaspace. A
+ * SentencePiece model's removal of extra spaces becomes the Replace, and its single "▁" prefix
+ * a split Metaspace. */
+static void put_unigram_pipeline(writer *w, cJSON *root) {
+    const tok_unigram *u = w->t->uni;
+    int collapse = u->spm_normalizer ? u->remove_extra_spaces : u->collapse_spaces;
+    if (!u->map.blob_len && !collapse) {
+        put(w, root, "normalizer", cJSON_CreateNull());
+    } else {
+        cJSON *list = put_arr(w, put_typed(w, root, "normalizer", "Sequence"), "normalizers");
+        if (u->map.blob_len) {
+            char *b64 = base64(u->map.blob, u->map.blob_len);
+            if (!b64) w->oom = 1;
+            else put_str(w, put_typed(w, list, NULL, "Precompiled"), "precompiled_charsmap", b64);
+            free(b64);
+        }
+        if (collapse) {
+            cJSON *r = put_typed(w, list, NULL, "Replace");
+            put_str(w, put_obj(w, r, "pattern"), "Regex", " {2,}");
+            put_str(w, r, "content", " ");
+        }
+    }
+    put_metaspace(w, root, "pre_tokenizer", u->spm_normalizer || w->t->split_words);
+}
+
 /* SentencePiece "▁" rules: a Prepend/Replace normalizer, or a Metaspace pre-tokenizer. */
 static void put_spm_pipeline(writer *w, cJSON *root) {
     const qlm_tokenizer *t = w->t;
     if (t->spm_metaspace) {
         put(w, root, "normalizer", cJSON_CreateNull());
-        cJSON *p = put_typed(w, root, "pre_tokenizer", "Metaspace");
-        put_str(w, p, "replacement", SPM_SPACE);
-        put_str(w, p, "prepend_scheme", !t->add_space_prefix ? "never" : t->space_prefix_first ? "first" : "always");
-        put_bool(w, p, "split", t->split_words);
+        put_metaspace(w, root, "pre_tokenizer", t->split_words);
         return;
     }
     cJSON *n = put_typed(w, root, "normalizer", "Sequence"), *list = put_arr(w, n, "normalizers");
@@ -309,7 +358,7 @@ static void put_template(writer *w, cJSON *parent, const char *key) {
 static void put_post_processor(writer *w, cJSON *root) {
     const qlm_tokenizer *t = w->t;
     int framed = adds_bos(t) || adds_eos(t);
-    if (t->type == QLM_TOK_SPM_BPE) {
+    if (t->type != QLM_TOK_BYTE_BPE) {
         if (framed) put_template(w, root, "post_processor");
         else put(w, root, "post_processor", cJSON_CreateNull());
         return;
@@ -330,6 +379,10 @@ static void put_decoder(writer *w, cJSON *root) {
         put_byte_level(w, root, "decoder", 1, 1);
         return;
     }
+    if (t->type == QLM_TOK_UNIGRAM) {
+        put_metaspace(w, root, "decoder", 1);
+        return;
+    }
     cJSON *list = put_arr(w, put_typed(w, root, "decoder", "Sequence"), "decoders");
     put_replace(w, list, SPM_SPACE, " ");
     if (t->byte_fallback) put_typed(w, list, NULL, "ByteFallback");
@@ -342,8 +395,26 @@ static void put_decoder(writer *w, cJSON *root) {
     }
 }
 
+/* Unigram: [piece, score] pairs in id order. */
+static void put_unigram_model(writer *w, cJSON *root) {
+    const qlm_tokenizer *t = w->t;
+    cJSON *model = put_typed(w, root, "model", "Unigram");
+    put_int(w, model, "unk_id", t->unk);
+    cJSON *vocab = put_arr(w, model, "vocab");
+    for (int id = 0; id < t->n_vocab && !w->oom; id++) {
+        cJSON *pair = put_arr(w, vocab, NULL);
+        put_str(w, pair, NULL, tok_str(t, id));
+        put(w, pair, NULL, cJSON_CreateNumber(t->uni->scores[id]));
+    }
+    put_bool(w, model, "byte_fallback", t->byte_fallback);
+}
+
 static int put_model(writer *w, cJSON *root) {
     const qlm_tokenizer *t = w->t;
+    if (t->type == QLM_TOK_UNIGRAM) {
+        put_unigram_model(w, root);
+        return 0;
+    }
     cJSON *model = put_typed(w, root, "model", "BPE");
     put(w, model, "dropout", cJSON_CreateNull());
     put_str(w, model, "unk_token", token_or_null(t, t->unk));
@@ -371,7 +442,8 @@ static cJSON *tokenizer_json(writer *w) {
     put(w, root, "truncation", cJSON_CreateNull());
     put(w, root, "padding", cJSON_CreateNull());
     put_added_tokens(w, root);
-    if (w->t->type == QLM_TOK_SPM_BPE) put_spm_pipeline(w, root);
+    if (w->t->type == QLM_TOK_UNIGRAM) put_unigram_pipeline(w, root);
+    else if (w->t->type == QLM_TOK_SPM_BPE) put_spm_pipeline(w, root);
     else put_byte_pipeline(w, root);
     put_post_processor(w, root);
     put_decoder(w, root);
