@@ -9,6 +9,7 @@
 #include "../eval/rouge.h"
 #include "commands.h"
 #include "common.h"
+#include "jsonl.h"
 
 static const char *k_usage =
     "usage: qlm rouge --pred PRED.jsonl --ref REF.jsonl [options]\n"
@@ -30,96 +31,6 @@ enum { OPT_PRED = 512, OPT_REF, OPT_PRED_FIELD, OPT_REF_FIELD, OPT_ID_FIELD };
 
 #define MAX_REF_FIELDS 64
 
-/* The non-blank lines of a JSONL file, parsed. */
-typedef struct {
-    const char *path;
-    char *text;
-    int n;
-    cJSON **rec;
-    int *line; /* 1-based line number of each record */
-} jsonl;
-
-static void jsonl_free(jsonl *f) {
-    for (int i = 0; i < f->n; i++) cJSON_Delete(f->rec[i]);
-    free(f->rec);
-    free(f->line);
-    free(f->text);
-}
-
-/* Strict UTF-8 (no overlong forms, surrogates or code points above U+10FFFF), as Python decodes. */
-static int utf8_valid(const unsigned char *s, size_t n) {
-    for (size_t i = 0; i < n;) {
-        unsigned c = s[i];
-        size_t len = c < 0x80 ? 1 : c < 0xC2 ? 0 : c < 0xE0 ? 2 : c < 0xF0 ? 3 : c < 0xF5 ? 4 : 0;
-        if (len == 0 || i + len > n) return 0;
-        for (size_t k = 1; k < len; k++)
-            if ((s[i + k] & 0xC0) != 0x80) return 0;
-        if ((c == 0xE0 && s[i + 1] < 0xA0) || (c == 0xED && s[i + 1] > 0x9F) || (c == 0xF0 && s[i + 1] < 0x90) ||
-            (c == 0xF4 && s[i + 1] > 0x8F))
-            return 0;
-        i += len;
-    }
-    return 1;
-}
-
-/* cJSON ends a string at an escaped NUL, but to ROUGE a NUL is a separator like a space (it is not
- * alphanumeric and not a newline), so "\u0000" becomes "\u0020" before parsing. */
-static void space_nul_escapes(char *s) {
-    for (; *s; s++)
-        if (*s == '\\') {
-            if (strncmp(s + 1, "u0000", 5) == 0) memcpy(s + 1, "u0020", 5);
-            if (s[1]) s++; /* skip the escaped character, so "\\" never starts an escape */
-        }
-}
-
-static int jsonl_load(jsonl *f, const char *path) {
-    memset(f, 0, sizeof *f);
-    f->path = path;
-    size_t len;
-    f->text = cli_read_text(path, &len);
-    if (!f->text) return -1;
-    int cap = 0;
-    char *p = f->text, *end = f->text + len;
-    for (int line = 1; p < end; line++) {
-        char *nl = memchr(p, '\n', (size_t)(end - p)), *stop = nl ? nl : end;
-        size_t n = (size_t)(stop - p);
-        *stop = 0;
-        char *q = p;
-        while (*q == ' ' || *q == '\t' || *q == '\r') q++;
-        if (q < stop) {
-            if (memchr(p, 0, n)) return qlm_errorf("%s:%d: line holds a NUL byte", path, line);
-            if (!utf8_valid((const unsigned char *)p, n)) return qlm_errorf("%s:%d: not valid UTF-8", path, line);
-            space_nul_escapes(p);
-            const char *err = NULL;
-            cJSON *rec = cJSON_ParseWithOpts(p, &err, 1);
-            if (!rec) return qlm_errorf("%s:%d: invalid JSON at column %d", path, line, err ? (int)(err - p) + 1 : 1);
-            if (f->n == cap) {
-                cap = cap ? cap * 2 : 256;
-                cJSON **r = realloc(f->rec, (size_t)cap * sizeof *r);
-                if (r) f->rec = r;
-                int *l = realloc(f->line, (size_t)cap * sizeof *l);
-                if (l) f->line = l;
-                if (!r || !l) {
-                    cJSON_Delete(rec);
-                    return qlm_errorf("%s: out of memory", path);
-                }
-            }
-            f->rec[f->n] = rec;
-            f->line[f->n++] = line;
-            if (!cJSON_IsObject(rec)) return qlm_errorf("%s:%d: expected a JSON object", path, line);
-        }
-        p = stop + 1;
-    }
-    return 0;
-}
-
-/* The string value of a record's field, or NULL with the error naming file, line and field. */
-static const char *field_text(const jsonl *f, int i, const char *name) {
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(f->rec[i], name);
-    if (!v) qlm_errorf("%s:%d: missing field \"%s\"", f->path, f->line[i], name);
-    else if (!cJSON_IsString(v)) qlm_errorf("%s:%d: field \"%s\" is not a string", f->path, f->line[i], name);
-    return v && cJSON_IsString(v) ? v->valuestring : NULL;
-}
 
 typedef struct {
     char *id;
@@ -129,7 +40,7 @@ typedef struct {
 static int cmp_keyed(const void *a, const void *b) { return strcmp(((const keyed *)a)->id, ((const keyed *)b)->id); }
 
 /* Each record's id (a string, or a number as text), sorted by id; a repeated id is an error. */
-static keyed *sorted_ids(const jsonl *f, const char *field) {
+static keyed *sorted_ids(const cli_jsonl *f, const char *field) {
     keyed *k = calloc((size_t)f->n, sizeof *k);
     if (!k) {
         qlm_errorf("out of memory");
@@ -164,7 +75,7 @@ fail:
 }
 
 /* ref_of[i]: the reference record paired with prediction i. */
-static int pair_by_id(const jsonl *pred, const jsonl *ref, const char *field, int *ref_of) {
+static int pair_by_id(const cli_jsonl *pred, const cli_jsonl *ref, const char *field, int *ref_of) {
     int rc = -1;
     keyed *kp = sorted_ids(pred, field), *kr = kp ? sorted_ids(ref, field) : NULL;
     if (!kr) goto out;
@@ -263,10 +174,10 @@ int cmd_rouge(int argc, char **argv) {
     int n_ref_fields = 1;
     if (ref_list && split_fields(ref_list, ref_fields, &n_ref_fields) != 0) return cli_usage_error("rouge", k_usage);
 
-    jsonl pred = {0}, ref = {0};
+    cli_jsonl pred = {0}, ref = {0};
     int rc = 1, *ref_of = NULL;
     qlm_rouge_scores *scores = NULL;
-    if (jsonl_load(&pred, pred_path) != 0 || jsonl_load(&ref, ref_path) != 0) goto out;
+    if (cli_jsonl_load(&pred, pred_path) != 0 || cli_jsonl_load(&ref, ref_path) != 0) goto out;
     if (pred.n == 0) {
         qlm_errorf("%s: no predictions", pred_path);
         goto out;
@@ -291,10 +202,10 @@ int cmd_rouge(int argc, char **argv) {
         for (int i = 0; i < pred.n; i++) ref_of[i] = i;
     }
     for (int i = 0; i < pred.n; i++) {
-        const char *text = field_text(&pred, i, pred_field), *refs[MAX_REF_FIELDS];
+        const char *text = cli_jsonl_text(&pred, i, pred_field), *refs[MAX_REF_FIELDS];
         if (!text) goto out;
         for (int k = 0; k < n_ref_fields; k++)
-            if (!(refs[k] = field_text(&ref, ref_of[i], ref_fields[k]))) goto out;
+            if (!(refs[k] = cli_jsonl_text(&ref, ref_of[i], ref_fields[k]))) goto out;
         if (qlm_rouge_score(text, refs, n_ref_fields, &scores[i]) != 0) {
             qlm_error_context("%s:%d", pred_path, pred.line[i]);
             goto out;
@@ -318,7 +229,7 @@ out:
     if (rc) cli_fail("rouge");
     free(scores);
     free(ref_of);
-    jsonl_free(&pred);
-    jsonl_free(&ref);
+    cli_jsonl_free(&pred);
+    cli_jsonl_free(&ref);
     return rc;
 }
