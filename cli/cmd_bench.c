@@ -98,6 +98,10 @@ int cmd_bench(int argc, char **argv) {
     }
     cli_model cm;
     if (cli_load_model(&mo, &cm, 0, json) != 0) return cli_fail("bench");
+    if (cli_require_decoder_only(&cm, "bench") != 0) {
+        cli_free_model(&cm);
+        return cli_fail("bench");
+    }
     const qlm_model *m = &cm.model;
     int ctx = pp > tg ? pp : tg;
     if (ctx > m->cfg.max_seq_len) {

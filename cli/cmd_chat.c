@@ -187,6 +187,10 @@ int cmd_chat(int argc, char **argv) {
     }
     cli_model cm;
     if (cli_load_model(&mo, &cm, 1, quiet) != 0) return cli_fail("chat");
+    if (cli_require_decoder_only(&cm, "chat") != 0) {
+        cli_free_model(&cm);
+        return cli_fail("chat");
+    }
     qlm_session s;
     if (qlm_session_init(&s, &cm.model, cm.src.tok, cli_context_size(&mo, &cm), mo.batch) != 0) {
         cli_free_model(&cm);

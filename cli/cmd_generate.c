@@ -9,7 +9,8 @@
 
 static const char *k_usage =
     "usage: qlm generate -m MODEL [-t TOKENIZER] [-p PROMPT | -f FILE] [options]\n"
-    "Continues PROMPT (default: empty, i.e. from BOS) and streams the text to stdout.\n\n" CLI_MODEL_HELP
+    "Continues PROMPT (default: empty, i.e. from BOS) and streams the text to stdout; a T5 model\n"
+    "answers PROMPT instead (its encoder reads it, its decoder writes the output).\n\n" CLI_MODEL_HELP
     CLI_SAMPLING_HELP
     "  -p, --prompt TEXT      the prompt\n"
     "  -f, --file PATH        read the prompt from a file ('-' = stdin)\n"
@@ -131,14 +132,15 @@ int cmd_generate(int argc, char **argv) {
         ids[0] = bos;
         n_ids = 1;
     }
-    if (qlm_session_init(&s, &cm.model, cm.src.tok, cli_context_size(&mo, &cm), mo.batch) != 0) goto out;
+    if (cli_session_init(&mo, &cm, &s, so.gen.max_new_tokens) != 0) goto out;
     have_session = 1;
     qlm_gen_stats st = {0}, pst = {0};
     if (qlm_session_sync(&s, ids, n_ids, &pst) != 0) goto out;
     gen_ids = malloc(((size_t)so.gen.max_new_tokens + 1) * sizeof *gen_ids);
     if (!gen_ids) goto out;
     so.gen.out_ids = gen_ids;
-    if (!json) fputs(prompt, stdout);
+    /* A decoder continues the prompt; an encoder-decoder answers it. */
+    if (!json && !cm.src.is_t5) fputs(prompt, stdout);
     if (qlm_session_generate(&s, &so.gen, emit_text, &text, &st) != 0) goto out;
     if (json) {
         printf("{");

@@ -52,8 +52,9 @@ int cmd_perplexity(int argc, char **argv) {
     char *text = cli_read_text(file, NULL);
     if (!text) return cli_fail("perplexity");
     cli_model cm;
-    if (cli_load_model(&mo, &cm, 1, quiet) != 0) {
+    if (cli_load_model(&mo, &cm, 1, quiet) != 0 || cli_require_decoder_only(&cm, "perplexity") != 0) {
         free(text);
+        cli_free_model(&cm);
         return cli_fail("perplexity");
     }
     qlm_kv_state st;

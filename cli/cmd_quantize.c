@@ -122,6 +122,10 @@ static int run(int argc, char **argv, const char *cmd, const char *usage, int re
     const char *out = argv[optind + 1];
     cli_model cm;
     if (cli_load_model(&mo, &cm, 0, 0) != 0) return cli_fail(cmd);
+    if (cli_require_decoder_only(&cm, cmd) != 0) {
+        cli_free_model(&cm);
+        return cli_fail(cmd);
+    }
     fprintf(stderr, "qlm %s: writing %s (%s%s weights)\n", cmd, out, qlm_dtype_name(cm.model.dtype),
             cm.model.per_channel ? ", per-channel scales" : "");
     int rc = write_folder(&cm, out);

@@ -140,7 +140,9 @@ int cli_load_model(const cli_model_opts *o, cli_model *cm, int need_tokenizer, i
                             .backend = be};
     if (o->dtype) qlm_dtype_parse(o->dtype, &mo.dtype);
     if (o->dtype && mo.dtype == QLM_I8) mo.per_channel = o->per_channel;
-    if (qlm_model_build(&cm->model, &cm->src.cfg, cm->src.store, &mo) != 0) {
+    int rc = cm->src.is_t5 ? qlm_t5_build(&cm->t5, &cm->src.t5, cm->src.store, &mo)
+                           : qlm_model_build(&cm->model, &cm->src.cfg, cm->src.store, &mo);
+    if (rc != 0) {
         qlm_error_context("%s", o->model);
         qlm_source_close(&cm->src);
         return -1;
@@ -150,19 +152,27 @@ int cli_load_model(const cli_model_opts *o, cli_model *cm, int need_tokenizer, i
     cm->src.store = NULL;
     cm->loaded = 1;
     clock_gettime(CLOCK_MONOTONIC, &t1);
-    if (!quiet) {
+    if (quiet) return 0;
+    double secs = (t1.tv_sec - t0.tv_sec) + (t1.tv_nsec - t0.tv_nsec) * 1e-9;
+    if (cm->src.is_t5) {
+        const qlm_t5_model *m = &cm->t5;
+        fprintf(stderr, "qlm: loaded %s (%s, t5) in %.2f s: %d+%d layers, d_model %d, %.1fM params, %s%s weights, %s backend, %d threads\n",
+                o->model, qlm_format_name(cm->src.format), secs, m->cfg.n_layers, m->cfg.n_dec_layers, m->cfg.d_model,
+                qlm_t5_param_count(m) / 1e6, qlm_dtype_name(m->dtype), m->per_channel ? " per-channel" : "", be->name,
+                omp_get_max_threads());
+    } else {
         const qlm_model *m = &cm->model;
         fprintf(stderr, "qlm: loaded %s (%s, %s) in %.2f s: %d layers, dim %d, %.1fM params, %s%s weights, %s backend, %d threads\n",
-                o->model, qlm_format_name(cm->src.format), m->cfg.arch[0] ? m->cfg.arch : "llama",
-                (t1.tv_sec - t0.tv_sec) + (t1.tv_nsec - t0.tv_nsec) * 1e-9, m->cfg.n_layers, m->cfg.dim,
-                qlm_model_param_count(m) / 1e6, qlm_dtype_name(m->dtype), m->per_channel ? " per-channel" : "",
-                be->name, omp_get_max_threads());
+                o->model, qlm_format_name(cm->src.format), m->cfg.arch[0] ? m->cfg.arch : "llama", secs,
+                m->cfg.n_layers, m->cfg.dim, qlm_model_param_count(m) / 1e6, qlm_dtype_name(m->dtype),
+                m->per_channel ? " per-channel" : "", be->name, omp_get_max_threads());
     }
     return 0;
 }
 
 void cli_free_model(cli_model *cm) {
-    if (cm->loaded) qlm_model_free(&cm->model);
+    if (cm->loaded && cm->src.is_t5) qlm_t5_free(&cm->t5);
+    if (cm->loaded && !cm->src.is_t5) qlm_model_free(&cm->model);
     qlm_source_close(&cm->src);
     cm->loaded = 0;
 }
@@ -170,6 +180,18 @@ void cli_free_model(cli_model *cm) {
 int cli_context_size(const cli_model_opts *o, const cli_model *cm) {
     int ctx = o->ctx > 0 ? o->ctx : 4096;
     return ctx < cm->model.cfg.max_seq_len ? ctx : cm->model.cfg.max_seq_len;
+}
+
+int cli_session_init(const cli_model_opts *o, const cli_model *cm, qlm_session *s, int max_new_tokens) {
+    if (cm->src.is_t5)
+        return qlm_session_init_t5(s, &cm->t5, cm->src.tok, o->ctx > 0 ? o->ctx : 2048, max_new_tokens + 1);
+    return qlm_session_init(s, &cm->model, cm->src.tok, cli_context_size(o, cm), o->batch);
+}
+
+int cli_require_decoder_only(const cli_model *cm, const char *cmd) {
+    if (!cm->src.is_t5) return 0;
+    return qlm_errorf("%s is a T5 encoder-decoder; `qlm %s` needs a decoder-only model (T5 runs with generate and "
+                      "summarize)", cm->src.path, cmd);
 }
 
 char *cli_read_text(const char *path, size_t *len) {

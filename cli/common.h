@@ -6,6 +6,7 @@
 
 #include "../core/generate.h"
 #include "../core/model.h"
+#include "../core/t5.h"
 #include "../loaders/model_source.h"
 
 /* Long-option ids shared by several commands (values above any short option). */
@@ -72,7 +73,8 @@ int cli_float(const char *flag, const char *arg, double min, double max, float *
 
 typedef struct {
     qlm_source src;
-    qlm_model model;
+    qlm_model model;  /* decoder-only models, or */
+    qlm_t5_model t5;  /* encoder-decoders (src.is_t5) */
     int loaded;
 } cli_model;
 
@@ -81,6 +83,11 @@ typedef struct {
 int cli_load_model(const cli_model_opts *o, cli_model *cm, int need_tokenizer, int quiet);
 void cli_free_model(cli_model *cm);
 int cli_context_size(const cli_model_opts *o, const cli_model *cm);
+/* A generation session for either architecture, with room for max_new_tokens outputs (T5's
+ * input window is --ctx, default 2048). */
+int cli_session_init(const cli_model_opts *o, const cli_model *cm, qlm_session *s, int max_new_tokens);
+/* For commands that need a decoder-only model: an error naming cmd for T5 models. */
+int cli_require_decoder_only(const cli_model *cm, const char *cmd);
 
 /* Prints "qlm <cmd>: <qlm_last_error()>" to stderr; returns 1 (the exit status). */
 int cli_fail(const char *cmd);

@@ -32,23 +32,47 @@ int qlm_session_init(qlm_session *s, const qlm_model *m, const qlm_tokenizer *to
     return 0;
 }
 
+int qlm_session_init_t5(qlm_session *s, const qlm_t5_model *m, const qlm_tokenizer *tok, int max_input,
+                        int max_output) {
+    memset(s, 0, sizeof *s);
+    s->t5 = m;
+    s->tok = tok;
+    if (qlm_t5_state_init(&s->t5_state, m, max_input, max_output, 1) != 0) return -1;
+    s->tokens = malloc((size_t)max_output * sizeof *s->tokens);
+    s->input = malloc((size_t)max_input * sizeof *s->input);
+    s->logits = malloc((size_t)m->cfg.vocab_size * sizeof *s->logits);
+    if (!s->tokens || !s->input || !s->logits) {
+        qlm_session_free(s);
+        return qlm_errorf("out of memory");
+    }
+    return 0;
+}
+
 void qlm_session_free(qlm_session *s) {
     if (s->model) qlm_state_free(&s->state, s->model);
+    if (s->t5) qlm_t5_state_free(&s->t5_state, s->t5);
     free(s->tokens);
+    free(s->input);
     free(s->logits);
     memset(s, 0, sizeof *s);
+}
+
+/* Tokens the cache holds at most (the decoder's output window for T5). */
+static int capacity(const qlm_session *s) {
+    return s->t5 ? s->t5_state.max_tgt : s->state.max_seq;
 }
 
 /* Appends ids to the cache and keeps the logits of the last one. */
 static int eval_tokens(qlm_session *s, const int *ids, int n) {
     if (n == 0) return 0;
-    if (s->n_tokens + n > s->state.max_seq)
-        return qlm_errorf("%d tokens do not fit the context window of %d", s->n_tokens + n, s->state.max_seq);
+    if (s->n_tokens + n > capacity(s))
+        return qlm_errorf("%d tokens do not fit the context window of %d", s->n_tokens + n, capacity(s));
     int *pos = malloc((size_t)n * sizeof *pos);
     if (!pos) return qlm_errorf("out of memory");
     for (int i = 0; i < n; i++) pos[i] = s->n_tokens + i;
     int last = n - 1;
-    int rc = qlm_forward(s->model, &s->state, ids, pos, n, &last, 1, s->logits);
+    int rc = s->t5 ? qlm_t5_decode(s->t5, &s->t5_state, ids, pos, NULL, n, &last, 1, s->logits)
+                   : qlm_forward(s->model, &s->state, ids, pos, n, &last, 1, s->logits);
     free(pos);
     if (rc != 0) return -1;
     memcpy(s->tokens + s->n_tokens, ids, (size_t)n * sizeof *ids);
@@ -57,7 +81,28 @@ static int eval_tokens(qlm_session *s, const int *ids, int n) {
     return 0;
 }
 
+static int sync_t5(qlm_session *s, const int *ids, int n, qlm_gen_stats *stats) {
+    double t0 = now_seconds();
+    int same = n == s->n_input && memcmp(ids, s->input, (size_t)n * sizeof *ids) == 0;
+    if (!same) {
+        s->n_input = 0;
+        if (qlm_t5_encode(s->t5, &s->t5_state, 0, ids, n) != 0) return -1;
+        memcpy(s->input, ids, (size_t)n * sizeof *ids);
+        s->n_input = n;
+    }
+    s->n_tokens = 0;
+    s->have_logits = 0;
+    int start = s->t5->cfg.decoder_start_id;
+    int rc = eval_tokens(s, &start, 1);
+    if (stats) {
+        stats->n_prompt = same ? 0 : n;
+        stats->prefill_seconds = now_seconds() - t0;
+    }
+    return rc;
+}
+
 int qlm_session_sync(qlm_session *s, const int *ids, int n, qlm_gen_stats *stats) {
+    if (s->t5) return sync_t5(s, ids, n, stats);
     if (n > s->state.max_seq)
         return qlm_errorf("prompt of %d tokens does not fit the context window of %d", n, s->state.max_seq);
     int common = 0;
@@ -131,16 +176,18 @@ static int flush_text(text_buf *t, const qlm_gen_params *p, qlm_emit_fn emit, vo
 
 int qlm_session_generate(qlm_session *s, const qlm_gen_params *p, qlm_emit_fn emit, void *user,
                          qlm_gen_stats *stats) {
-    const qlm_model *m = s->model;
+    int vocab = s->t5 ? s->t5->cfg.vocab_size : s->model->cfg.vocab_size;
     qlm_gen_stats local = {0};
     if (!stats) stats = &local;
     stats->n_generated = 0;
     stats->reason = QLM_STOP_LENGTH;
     if (!s->have_logits) return qlm_errorf("nothing to continue from: evaluate a prompt first");
     qlm_sampler sampler;
-    if (qlm_sampler_init(&sampler, &p->sampling, m->cfg.vocab_size) != 0) return -1;
+    if (qlm_sampler_init(&sampler, &p->sampling, vocab) != 0) return -1;
     text_buf text = {0};
-    int rc = 0, prev = s->n_tokens ? s->tokens[s->n_tokens - 1] : -1, caller_stop = 0;
+    /* T5's decoder-start token is no text: the first piece starts the output, as after BOS. */
+    int rc = 0, caller_stop = 0;
+    int prev = s->n_tokens && !(s->t5 && s->n_tokens == 1) ? s->tokens[s->n_tokens - 1] : -1;
     double t0 = now_seconds();
     for (int i = 0; i < p->max_new_tokens; i++) {
         int id = qlm_sampler_sample(&sampler, s->logits, s->tokens, s->n_tokens);
@@ -168,7 +215,7 @@ int qlm_session_generate(qlm_session *s, const qlm_gen_params *p, qlm_emit_fn em
         }
         prev = id;
         if (i + 1 == p->max_new_tokens) break;
-        if (s->n_tokens >= s->state.max_seq) {
+        if (s->n_tokens >= capacity(s)) {
             stats->reason = QLM_STOP_CONTEXT;
             break;
         }

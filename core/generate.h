@@ -1,13 +1,15 @@
 /* A generation session: one sequence, its KV cache, and the tokens in it. Prompts are
  * prefilled in batches; new tokens are sampled and streamed as text through a callback;
  * generation stops on an end-of-generation token, a stop string, max_new_tokens, or a
- * full context. Later turns reuse the cached prefix. */
+ * full context. Later turns reuse the cached prefix. With an encoder-decoder (T5) the
+ * prompt is the encoder's input and the tokens are the decoder's, from its start token. */
 #ifndef QLM_GENERATE_H
 #define QLM_GENERATE_H
 
 #include <stddef.h>
 
 #include "model.h"
+#include "t5.h"
 #include "sampler.h"
 #include "tokenizer.h"
 
@@ -32,9 +34,13 @@ typedef struct {
 typedef int (*qlm_emit_fn)(void *user, const char *text, size_t len);
 
 typedef struct {
-    const qlm_model *model;
+    const qlm_model *model;   /* decoder-only, or */
+    const qlm_t5_model *t5;   /* encoder-decoder */
     const qlm_tokenizer *tok;
     qlm_kv_state state;
+    qlm_t5_state t5_state;
+    int *input;               /* T5: the encoded input */
+    int n_input;
     int *tokens; /* tokens whose keys/values are in the cache */
     int n_tokens;
     float *logits; /* logits after the last evaluated token */
@@ -42,8 +48,12 @@ typedef struct {
 } qlm_session;
 
 int qlm_session_init(qlm_session *s, const qlm_model *m, const qlm_tokenizer *tok, int ctx, int max_batch);
+/* An encoder-decoder session for inputs of up to max_input and outputs of up to max_output tokens. */
+int qlm_session_init_t5(qlm_session *s, const qlm_t5_model *m, const qlm_tokenizer *tok, int max_input,
+                        int max_output);
 void qlm_session_free(qlm_session *s);
-/* Makes the cache hold exactly ids[0..n): keeps the longest common prefix, evaluates the rest. */
+/* Makes the cache hold exactly ids[0..n): keeps the longest common prefix, evaluates the rest.
+ * T5: encodes ids as the input (unless it is the one already encoded) and restarts the decoder. */
 int qlm_session_sync(qlm_session *s, const int *ids, int n, qlm_gen_stats *stats);
 /* Samples up to p->max_new_tokens tokens after the current ones, streaming text to emit. */
 int qlm_session_generate(qlm_session *s, const qlm_gen_params *p, qlm_emit_fn emit, void *user,

@@ -7,11 +7,17 @@
 #include "model.h"
 
 int qlm_state_init(qlm_kv_state *s, const qlm_model *m, int max_seq, int max_batch) {
+    return qlm_state_init_slots(s, m, max_seq, 1, max_batch);
+}
+
+int qlm_state_init_slots(qlm_kv_state *s, const qlm_model *m, int max_seq, int n_slots, int max_batch) {
     const qlm_llama_config *c = &m->cfg;
     const qlm_backend *be = m->be;
     memset(s, 0, sizeof *s);
-    if (max_seq <= 0 || max_batch <= 0) return qlm_errorf("context and batch sizes must be positive");
+    if (max_seq <= 0 || max_batch <= 0 || n_slots <= 0)
+        return qlm_errorf("context, slot and batch sizes must be positive");
     s->max_seq = max_seq;
+    s->n_slots = n_slots;
     s->max_batch = max_batch;
     size_t kv_dim = (size_t)c->n_kv_heads * c->head_dim, q_dim = (size_t)c->n_heads * c->head_dim;
     size_t B = (size_t)max_batch;
@@ -19,8 +25,8 @@ int qlm_state_init(qlm_kv_state *s, const qlm_model *m, int max_seq, int max_bat
     s->v_cache = calloc((size_t)c->n_layers, sizeof *s->v_cache);
     if (!s->k_cache || !s->v_cache) goto oom;
     for (int l = 0; l < c->n_layers; l++) {
-        s->k_cache[l] = be->alloc((size_t)max_seq * kv_dim * sizeof(float));
-        s->v_cache[l] = be->alloc((size_t)max_seq * kv_dim * sizeof(float));
+        s->k_cache[l] = be->alloc((size_t)n_slots * max_seq * kv_dim * sizeof(float));
+        s->v_cache[l] = be->alloc((size_t)n_slots * max_seq * kv_dim * sizeof(float));
         if (!s->k_cache[l] || !s->v_cache[l]) goto oom;
     }
     size_t xb_dim = (size_t)c->dim > q_dim ? (size_t)c->dim : q_dim;
@@ -37,8 +43,8 @@ int qlm_state_init(qlm_kv_state *s, const qlm_model *m, int max_seq, int max_bat
     return 0;
 oom:
     qlm_state_free(s, m);
-    return qlm_errorf("out of memory for a KV cache of %d positions (%.1f MiB)", max_seq,
-                      2.0 * c->n_layers * max_seq * kv_dim * sizeof(float) / 1048576.0);
+    return qlm_errorf("out of memory for a KV cache of %d x %d positions (%.1f MiB)", n_slots, max_seq,
+                      2.0 * c->n_layers * n_slots * max_seq * kv_dim * sizeof(float) / 1048576.0);
 }
 
 void qlm_state_free(qlm_kv_state *s, const qlm_model *m) {
@@ -54,11 +60,13 @@ void qlm_state_free(qlm_kv_state *s, const qlm_model *m) {
     memset(s, 0, sizeof *s);
 }
 
+/* Rows with the same slot are consecutive runs; each run attends over its own slot's cache. */
 static void attention_forward(const qlm_model *m, const qlm_layer *L, qlm_kv_state *s, int l, const int *pos,
-                              int n) {
+                              const int *slots, int n) {
     const qlm_llama_config *c = &m->cfg;
     const qlm_backend *be = m->be;
-    int kv_dim = c->n_kv_heads * c->head_dim;
+    size_t kv_dim = (size_t)c->n_kv_heads * c->head_dim, q_dim = (size_t)c->n_heads * c->head_dim;
+    size_t slot_size = (size_t)s->max_seq * kv_dim;
     be->rmsnorm(s->xb, s->x, L->attn_norm, n, c->dim, c->norm_eps);
     be->matmul(s->q, s->xb, n, &L->wq, L->bq);
     be->matmul(s->k, s->xb, n, &L->wk, L->bk);
@@ -66,12 +74,19 @@ static void attention_forward(const qlm_model *m, const qlm_layer *L, qlm_kv_sta
     be->rope(s->q, n, pos, c->n_heads, c->head_dim, m->inv_freq);
     be->rope(s->k, n, pos, c->n_kv_heads, c->head_dim, m->inv_freq);
     for (int i = 0; i < n; i++) {
-        be->copy(s->k_cache[l] + (size_t)pos[i] * kv_dim, s->k + (size_t)i * kv_dim, kv_dim);
-        be->copy(s->v_cache[l] + (size_t)pos[i] * kv_dim, s->v + (size_t)i * kv_dim, kv_dim);
+        size_t at = (size_t)(slots ? slots[i] : 0) * slot_size + (size_t)pos[i] * kv_dim;
+        be->copy(s->k_cache[l] + at, s->k + (size_t)i * kv_dim, (long)kv_dim);
+        be->copy(s->v_cache[l] + at, s->v + (size_t)i * kv_dim, (long)kv_dim);
     }
     qlm_attn_shape shape = {.n_heads = c->n_heads, .n_kv_heads = c->n_kv_heads, .head_dim = c->head_dim,
                             .scale = 1.0f / sqrtf((float)c->head_dim)};
-    be->attention(s->att, s->q, s->k_cache[l], s->v_cache[l], n, pos, &shape);
+    for (int i = 0, j; i < n; i = j) {
+        int slot = slots ? slots[i] : 0;
+        for (j = i + 1; j < n && (slots ? slots[j] : 0) == slot; j++) {}
+        size_t base = (size_t)slot * slot_size;
+        be->attention(s->att + (size_t)i * q_dim, s->q + (size_t)i * q_dim, s->k_cache[l] + base, s->v_cache[l] + base,
+                      j - i, pos + i, &shape);
+    }
     be->matmul(s->xb, s->att, n, &L->wo, L->bo);
     be->add(s->x, s->xb, (long)n * c->dim);
 }
@@ -88,13 +103,13 @@ static void mlp_forward(const qlm_model *m, const qlm_layer *L, qlm_kv_state *s,
 }
 
 /* One chunk of at most max_batch tokens; logits for chunk rows rows[0..n_rows). */
-static void forward_chunk(const qlm_model *m, qlm_kv_state *s, const int *tokens, const int *pos, int n,
-                          const int *rows, int n_rows, float *logits) {
+static void forward_chunk(const qlm_model *m, qlm_kv_state *s, const int *tokens, const int *pos, const int *slots,
+                          int n, const int *rows, int n_rows, float *logits) {
     const qlm_llama_config *c = &m->cfg;
     const qlm_backend *be = m->be;
     be->embedding(s->x, &m->tok_embed, tokens, n);
     for (int l = 0; l < c->n_layers; l++) {
-        attention_forward(m, &m->layers[l], s, l, pos, n);
+        attention_forward(m, &m->layers[l], s, l, pos, slots, n);
         mlp_forward(m, &m->layers[l], s, n);
     }
     if (n_rows == 0) return;
@@ -105,15 +120,23 @@ static void forward_chunk(const qlm_model *m, qlm_kv_state *s, const int *tokens
 
 int qlm_forward(const qlm_model *m, qlm_kv_state *s, const int *tokens, const int *pos, int n,
                 const int *logit_rows, int n_logit_rows, float *logits) {
+    return qlm_forward_slots(m, s, tokens, pos, NULL, n, logit_rows, n_logit_rows, logits);
+}
+
+int qlm_forward_slots(const qlm_model *m, qlm_kv_state *s, const int *tokens, const int *pos, const int *slots,
+                      int n, const int *logit_rows, int n_logit_rows, float *logits) {
     const qlm_llama_config *c = &m->cfg;
     for (int i = 0; i < n; i++) {
         if (tokens[i] < 0 || tokens[i] >= c->vocab_size)
             return qlm_errorf("token id %d is outside the vocabulary (0..%d)", tokens[i], c->vocab_size - 1);
         if (pos[i] < 0 || pos[i] >= s->max_seq)
             return qlm_errorf("position %d is outside the context window (%d tokens)", pos[i], s->max_seq);
+        if (slots && (slots[i] < 0 || slots[i] >= s->n_slots))
+            return qlm_errorf("slot %d out of range (0..%d)", slots[i], s->n_slots - 1);
     }
     for (int r = 0; r < n_logit_rows; r++)
-        if (logit_rows[r] < 0 || logit_rows[r] >= n) return qlm_errorf("logit row %d out of range", logit_rows[r]);
+        if (logit_rows[r] < 0 || logit_rows[r] >= n || (r > 0 && logit_rows[r] <= logit_rows[r - 1]))
+            return qlm_errorf("logit rows must be ascending and within 0..%d", n - 1);
     int *chunk_rows = malloc((size_t)(n_logit_rows ? n_logit_rows : 1) * sizeof *chunk_rows);
     if (!chunk_rows) return qlm_errorf("out of memory");
     int done_rows = 0;
@@ -122,7 +145,7 @@ int qlm_forward(const qlm_model *m, qlm_kv_state *s, const int *tokens, const in
         int k = 0;
         for (int r = 0; r < n_logit_rows; r++)
             if (logit_rows[r] >= start && logit_rows[r] < start + len) chunk_rows[k++] = logit_rows[r] - start;
-        forward_chunk(m, s, tokens + start, pos + start, len, chunk_rows, k,
+        forward_chunk(m, s, tokens + start, pos + start, slots ? slots + start : NULL, len, chunk_rows, k,
                       logits + (size_t)done_rows * c->vocab_size);
         done_rows += k;
     }

@@ -53,21 +53,30 @@ int64_t qlm_model_param_count(const qlm_model *m);
  * (INT8 with scales), e.g. for `qlm quantize` and `qlm convert`. The store owns copies. */
 int qlm_model_export(const qlm_model *m, qlm_tensor_store *store);
 
-/* The KV cache and scratch activations of one sequence. */
+/* The KV caches and scratch activations of up to n_slots sequences decoded together. Each slot
+ * holds max_seq positions of every layer's keys and values. */
 typedef struct {
-    int max_seq;   /* positions the cache holds */
+    int max_seq;   /* positions one slot holds */
+    int n_slots;
     int max_batch; /* rows one forward call may process */
-    float **k_cache, **v_cache; /* per layer: [max_seq][kv_dim] */
+    float **k_cache, **v_cache; /* per layer: [n_slots][max_seq][kv_dim] */
     float *x, *xb, *q, *k, *v, *att, *hb, *hb2, *logits_rows;
 } qlm_kv_state;
 
+/* One sequence (one slot). */
 int qlm_state_init(qlm_kv_state *s, const qlm_model *m, int max_seq, int max_batch);
+int qlm_state_init_slots(qlm_kv_state *s, const qlm_model *m, int max_seq, int n_slots, int max_batch);
 void qlm_state_free(qlm_kv_state *s, const qlm_model *m);
 
 /* Runs n tokens at positions pos[0..n) (all positions of earlier tokens must already be in the
- * cache). Writes logits for the rows listed in logit_rows (n_logit_rows of them, each in [0,n))
- * to logits[n_logit_rows][vocab]. n may exceed max_batch: the call is split into chunks. */
+ * cache). Writes logits for the rows listed in logit_rows (n_logit_rows of them, ascending, each
+ * in [0,n)) to logits[n_logit_rows][vocab]. n may exceed max_batch: the call is split into chunks. */
 int qlm_forward(const qlm_model *m, qlm_kv_state *s, const int *tokens, const int *pos, int n,
                 const int *logit_rows, int n_logit_rows, float *logits);
+/* The same for rows of several sequences: row i belongs to slot slots[i] (NULL: all slot 0).
+ * The weights are read once for all rows, so decoding many sequences together costs little
+ * more than one. */
+int qlm_forward_slots(const qlm_model *m, qlm_kv_state *s, const int *tokens, const int *pos, const int *slots,
+                      int n, const int *logit_rows, int n_logit_rows, float *logits);
 
 #endif

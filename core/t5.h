@@ -53,29 +53,32 @@ int qlm_t5_export(const qlm_t5_model *m, qlm_tensor_store *store);
 /* T5's bucket of a relative position (key position - query position). */
 int qlm_t5_rel_bucket(int rel, int bidirectional, int n_buckets, int max_distance);
 
-/* The state of one input: encoder output, cross-attention K/V, decoder KV cache, scratch. */
+/* The state of up to n_slots inputs decoded together: per slot its encoder output's
+ * cross-attention K/V and its decoder KV cache; scratch shared by all. */
 typedef struct {
-    int max_src, max_tgt, n_src;
-    float *enc_out;               /* [max_src][d_model] */
-    float **cross_k, **cross_v;   /* per decoder layer: [max_src][heads * d_kv] */
-    float **k_cache, **v_cache;   /* per decoder layer: [max_tgt][heads * d_kv] */
+    int max_src, max_tgt, n_slots;
+    int *n_src;                   /* per slot: encoded input length (0: none yet) */
+    float *enc_out;               /* [max_src][d_model] of the last encoded input */
+    float **cross_k, **cross_v;   /* per decoder layer: [n_slots][max_src][heads * d_kv] */
+    float **k_cache, **v_cache;   /* per decoder layer: [n_slots][max_tgt][heads * d_kv] */
     float *enc_bias, *dec_bias;   /* relative biases by delta: [heads][span] */
     int enc_span, dec_span;
-    int rows;                     /* scratch rows: max(max_src, max_tgt) */
+    int rows;                     /* scratch rows: max(max_src, max_tgt, n_slots) */
     float *x, *xb, *q, *k, *v, *att, *hb, *hb2;
     int *pos;                     /* host positions 0..rows-1 for the encoder */
 } qlm_t5_state;
 
-int qlm_t5_state_init(qlm_t5_state *s, const qlm_t5_model *m, int max_src, int max_tgt);
+int qlm_t5_state_init(qlm_t5_state *s, const qlm_t5_model *m, int max_src, int max_tgt, int n_slots);
 void qlm_t5_state_free(qlm_t5_state *s, const qlm_t5_model *m);
 
-/* Runs the encoder over ids[0..n) and computes every decoder layer's cross-attention K/V.
- * Resets the decoder (its cache is for this input from now on). */
-int qlm_t5_encode(const qlm_t5_model *m, qlm_t5_state *s, const int *ids, int n);
+/* Runs the encoder over ids[0..n) and computes every decoder layer's cross-attention K/V for
+ * slot; the slot's decoder starts over. */
+int qlm_t5_encode(const qlm_t5_model *m, qlm_t5_state *s, int slot, const int *ids, int n);
 
-/* Runs n decoder tokens at positions pos[0..n) (earlier positions already cached) and writes
- * the logits of the listed rows, as qlm_forward does for decoder-only models. */
-int qlm_t5_decode(const qlm_t5_model *m, qlm_t5_state *s, const int *tokens, const int *pos, int n,
-                  const int *logit_rows, int n_logit_rows, float *logits);
+/* Runs n decoder tokens at positions pos[0..n), row i in slot slots[i] (NULL: all slot 0;
+ * earlier positions already cached), and writes the logits of the listed rows (ascending), as
+ * qlm_forward_slots does for decoder-only models. */
+int qlm_t5_decode(const qlm_t5_model *m, qlm_t5_state *s, const int *tokens, const int *pos, const int *slots,
+                  int n, const int *logit_rows, int n_logit_rows, float *logits);
 
 #endif

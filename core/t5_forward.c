@@ -25,26 +25,29 @@ static float *bias_by_delta(const qlm_t5_model *m, const float *rel_bias, int le
     return dev;
 }
 
-int qlm_t5_state_init(qlm_t5_state *s, const qlm_t5_model *m, int max_src, int max_tgt) {
+int qlm_t5_state_init(qlm_t5_state *s, const qlm_t5_model *m, int max_src, int max_tgt, int n_slots) {
     const qlm_t5_config *c = &m->cfg;
     const qlm_backend *be = m->be;
     memset(s, 0, sizeof *s);
-    if (max_src <= 0 || max_tgt <= 0) return qlm_errorf("input and output lengths must be positive");
+    if (max_src <= 0 || max_tgt <= 0 || n_slots <= 0) return qlm_errorf("input, output and slot counts must be positive");
     s->max_src = max_src;
     s->max_tgt = max_tgt;
+    s->n_slots = n_slots;
     s->rows = max_src > max_tgt ? max_src : max_tgt;
+    if (n_slots > s->rows) s->rows = n_slots;
     size_t R = (size_t)s->rows, d = (size_t)c->d_model, inner = (size_t)c->n_heads * c->d_kv, nd = (size_t)c->n_dec_layers;
     s->cross_k = calloc(nd, sizeof *s->cross_k);
     s->cross_v = calloc(nd, sizeof *s->cross_v);
     s->k_cache = calloc(nd, sizeof *s->k_cache);
     s->v_cache = calloc(nd, sizeof *s->v_cache);
     s->pos = malloc(R * sizeof *s->pos);
-    if (!s->cross_k || !s->cross_v || !s->k_cache || !s->v_cache || !s->pos) goto oom;
+    s->n_src = calloc((size_t)n_slots, sizeof *s->n_src);
+    if (!s->n_src || !s->cross_k || !s->cross_v || !s->k_cache || !s->v_cache || !s->pos) goto oom;
     for (size_t l = 0; l < nd; l++) {
-        s->cross_k[l] = be->alloc((size_t)max_src * inner * sizeof(float));
-        s->cross_v[l] = be->alloc((size_t)max_src * inner * sizeof(float));
-        s->k_cache[l] = be->alloc((size_t)max_tgt * inner * sizeof(float));
-        s->v_cache[l] = be->alloc((size_t)max_tgt * inner * sizeof(float));
+        s->cross_k[l] = be->alloc((size_t)n_slots * max_src * inner * sizeof(float));
+        s->cross_v[l] = be->alloc((size_t)n_slots * max_src * inner * sizeof(float));
+        s->k_cache[l] = be->alloc((size_t)n_slots * max_tgt * inner * sizeof(float));
+        s->v_cache[l] = be->alloc((size_t)n_slots * max_tgt * inner * sizeof(float));
         if (!s->cross_k[l] || !s->cross_v[l] || !s->k_cache[l] || !s->v_cache[l]) goto oom;
     }
     size_t xb = d > inner ? d : inner;
@@ -66,7 +69,7 @@ int qlm_t5_state_init(qlm_t5_state *s, const qlm_t5_model *m, int max_src, int m
     return 0;
 oom:
     qlm_t5_state_free(s, m);
-    return qlm_errorf("out of memory for a T5 state of %d input and %d output tokens", max_src, max_tgt);
+    return qlm_errorf("out of memory for a T5 state of %d x (%d input + %d output) tokens", n_slots, max_src, max_tgt);
 }
 
 void qlm_t5_state_free(qlm_t5_state *s, const qlm_t5_model *m) {
@@ -79,6 +82,7 @@ void qlm_t5_state_free(qlm_t5_state *s, const qlm_t5_model *m) {
     float *bufs[] = {s->enc_out, s->x, s->xb, s->q, s->k, s->v, s->att, s->hb, s->hb2, s->enc_bias, s->dec_bias};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) be->free(bufs[i]);
     free(s->pos);
+    free(s->n_src);
     memset(s, 0, sizeof *s);
 }
 
@@ -104,9 +108,10 @@ static void ffn_forward(const qlm_t5_model *m, const qlm_t5_layer *L, qlm_t5_sta
     be->add(s->x, s->xb, (long)n * c->d_model);
 }
 
-int qlm_t5_encode(const qlm_t5_model *m, qlm_t5_state *s, const int *ids, int n) {
+int qlm_t5_encode(const qlm_t5_model *m, qlm_t5_state *s, int slot, const int *ids, int n) {
     const qlm_t5_config *c = &m->cfg;
     const qlm_backend *be = m->be;
+    if (slot < 0 || slot >= s->n_slots) return qlm_errorf("slot %d out of range (0..%d)", slot, s->n_slots - 1);
     if (n <= 0 || n > s->max_src) return qlm_errorf("input of %d tokens does not fit (1..%d)", n, s->max_src);
     for (int i = 0; i < n; i++)
         if (ids[i] < 0 || ids[i] >= c->vocab_size)
@@ -125,22 +130,36 @@ int qlm_t5_encode(const qlm_t5_model *m, qlm_t5_state *s, const int *ids, int n)
         ffn_forward(m, L, s, n);
     }
     be->rmsnorm(s->enc_out, s->x, m->enc_final_norm, n, c->d_model, c->norm_eps);
+    size_t at = (size_t)slot * s->max_src * c->n_heads * c->d_kv;
     for (int l = 0; l < c->n_dec_layers; l++) {
-        be->matmul(s->cross_k[l], s->enc_out, n, &m->dec[l].ck, NULL);
-        be->matmul(s->cross_v[l], s->enc_out, n, &m->dec[l].cv, NULL);
+        be->matmul(s->cross_k[l] + at, s->enc_out, n, &m->dec[l].ck, NULL);
+        be->matmul(s->cross_v[l] + at, s->enc_out, n, &m->dec[l].cv, NULL);
     }
-    s->n_src = n;
+    s->n_src[slot] = n;
     return 0;
 }
 
+/* Attention of rows [0, n) in runs of equal slot, each over its slot's keys and values. */
+static void slot_attention(const qlm_t5_model *m, qlm_t5_state *s, float **k, float **v, int l, size_t slot_rows,
+                           const int *pos, const int *slots, int n, int cross) {
+    const qlm_backend *be = m->be;
+    size_t inner = (size_t)m->cfg.n_heads * m->cfg.d_kv;
+    for (int i = 0, j; i < n; i = j) {
+        int slot = slots ? slots[i] : 0;
+        for (j = i + 1; j < n && (slots ? slots[j] : 0) == slot; j++) {}
+        qlm_attn_shape sh = cross ? attn_shape(m, s->n_src[slot], NULL, 0, 0)
+                                  : attn_shape(m, 0, s->dec_bias, s->dec_span, s->max_tgt - 1);
+        size_t base = (size_t)slot * slot_rows * inner;
+        be->attention(s->att + (size_t)i * inner, s->q + (size_t)i * inner, k[l] + base, v[l] + base, j - i, pos + i, &sh);
+    }
+}
+
 /* One chunk of at most s->rows decoder tokens. */
-static void decode_chunk(const qlm_t5_model *m, qlm_t5_state *s, const int *tokens, const int *pos, int n,
-                         const int *rows, int n_rows, float *logits) {
+static void decode_chunk(const qlm_t5_model *m, qlm_t5_state *s, const int *tokens, const int *pos, const int *slots,
+                         int n, const int *rows, int n_rows, float *logits) {
     const qlm_t5_config *c = &m->cfg;
     const qlm_backend *be = m->be;
-    int inner = c->n_heads * c->d_kv;
-    qlm_attn_shape self = attn_shape(m, 0, s->dec_bias, s->dec_span, s->max_tgt - 1);
-    qlm_attn_shape cross = attn_shape(m, s->n_src, NULL, 0, 0);
+    size_t inner = (size_t)c->n_heads * c->d_kv;
     be->embedding(s->x, &m->shared, tokens, n);
     for (int l = 0; l < c->n_dec_layers; l++) {
         const qlm_t5_layer *L = &m->dec[l];
@@ -149,16 +168,17 @@ static void decode_chunk(const qlm_t5_model *m, qlm_t5_state *s, const int *toke
         be->matmul(s->k, s->xb, n, &L->k, NULL);
         be->matmul(s->v, s->xb, n, &L->v, NULL);
         for (int i = 0; i < n; i++) {
-            be->copy(s->k_cache[l] + (size_t)pos[i] * inner, s->k + (size_t)i * inner, inner);
-            be->copy(s->v_cache[l] + (size_t)pos[i] * inner, s->v + (size_t)i * inner, inner);
+            size_t at = ((size_t)(slots ? slots[i] : 0) * s->max_tgt + (size_t)pos[i]) * inner;
+            be->copy(s->k_cache[l] + at, s->k + (size_t)i * inner, (long)inner);
+            be->copy(s->v_cache[l] + at, s->v + (size_t)i * inner, (long)inner);
         }
-        be->attention(s->att, s->q, s->k_cache[l], s->v_cache[l], n, pos, &self);
+        slot_attention(m, s, s->k_cache, s->v_cache, l, (size_t)s->max_tgt, pos, slots, n, 0);
         be->matmul(s->xb, s->att, n, &L->o, NULL);
         be->add(s->x, s->xb, (long)n * c->d_model);
 
         be->rmsnorm(s->xb, s->x, L->cross_norm, n, c->d_model, c->norm_eps);
         be->matmul(s->q, s->xb, n, &L->cq, NULL);
-        be->attention(s->att, s->q, s->cross_k[l], s->cross_v[l], n, pos, &cross);
+        slot_attention(m, s, s->cross_k, s->cross_v, l, (size_t)s->max_src, pos, slots, n, 1);
         be->matmul(s->xb, s->att, n, &L->co, NULL);
         be->add(s->x, s->xb, (long)n * c->d_model);
 
@@ -171,11 +191,13 @@ static void decode_chunk(const qlm_t5_model *m, qlm_t5_state *s, const int *toke
     be->matmul(logits, s->xb, n_rows, &m->lm_head, NULL);
 }
 
-int qlm_t5_decode(const qlm_t5_model *m, qlm_t5_state *s, const int *tokens, const int *pos, int n,
-                  const int *logit_rows, int n_logit_rows, float *logits) {
+int qlm_t5_decode(const qlm_t5_model *m, qlm_t5_state *s, const int *tokens, const int *pos, const int *slots,
+                  int n, const int *logit_rows, int n_logit_rows, float *logits) {
     const qlm_t5_config *c = &m->cfg;
-    if (s->n_src <= 0) return qlm_errorf("T5: decode before encode");
     for (int i = 0; i < n; i++) {
+        int slot = slots ? slots[i] : 0;
+        if (slot < 0 || slot >= s->n_slots) return qlm_errorf("slot %d out of range (0..%d)", slot, s->n_slots - 1);
+        if (s->n_src[slot] <= 0) return qlm_errorf("T5: decode before encode (slot %d)", slot);
         if (tokens[i] < 0 || tokens[i] >= c->vocab_size)
             return qlm_errorf("token id %d is outside the vocabulary (0..%d)", tokens[i], c->vocab_size - 1);
         if (pos[i] < 0 || pos[i] >= s->max_tgt)
@@ -191,7 +213,8 @@ int qlm_t5_decode(const qlm_t5_model *m, qlm_t5_state *s, const int *tokens, con
         int len = n - start < s->rows ? n - start : s->rows, k = 0;
         for (int r = 0; r < n_logit_rows; r++)
             if (logit_rows[r] >= start && logit_rows[r] < start + len) chunk_rows[k++] = logit_rows[r] - start;
-        decode_chunk(m, s, tokens + start, pos + start, len, chunk_rows, k, logits + (size_t)done * c->vocab_size);
+        decode_chunk(m, s, tokens + start, pos + start, slots ? slots + start : NULL, len, chunk_rows, k,
+                     logits + (size_t)done * c->vocab_size);
         done += k;
     }
     free(chunk_rows);

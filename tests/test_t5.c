@@ -99,14 +99,14 @@ static int forced_logits_r(const qlm_t5_model *m, const fixture *f, float **out,
     int *dec = json_ids(cJSON_GetObjectItem(f->ref, "decoder_ids"), &n_dec);
     n_dec--; /* the last greedy id is predicted, never read */
     qlm_t5_state s;
-    assert_int_equal(qlm_t5_state_init(&s, m, n_src, n_dec), 0);
-    assert_int_equal(qlm_t5_encode(m, &s, src, n_src), 0);
+    assert_int_equal(qlm_t5_state_init(&s, m, n_src, n_dec, 1), 0);
+    assert_int_equal(qlm_t5_encode(m, &s, 0, src, n_src), 0);
     if (residual_max)
         for (size_t i = 0; i < (size_t)n_src * m->cfg.d_model; i++) *residual_max = fmax(*residual_max, fabs(s.x[i]));
     int *pos = malloc((size_t)n_dec * sizeof *pos);
     for (int i = 0; i < n_dec; i++) pos[i] = i;
     *out = malloc((size_t)n_dec * m->cfg.vocab_size * sizeof **out);
-    assert_int_equal(qlm_t5_decode(m, &s, dec, pos, n_dec, pos, n_dec, *out), 0);
+    assert_int_equal(qlm_t5_decode(m, &s, dec, pos, NULL, n_dec, pos, n_dec, *out), 0);
     if (enc_out) {
         *enc_out = malloc((size_t)n_src * m->cfg.d_model * sizeof **enc_out);
         memcpy(*enc_out, s.enc_out, (size_t)n_src * m->cfg.d_model * sizeof **enc_out);
@@ -128,12 +128,12 @@ static int greedy_agreement(const qlm_t5_model *m, const fixture *f) {
     int *src = json_ids(cJSON_GetObjectItem(f->ref, "input_ids"), &n_src);
     int *ref = json_ids(cJSON_GetObjectItem(f->ref, "greedy_ids"), &n_greedy);
     qlm_t5_state s;
-    assert_int_equal(qlm_t5_state_init(&s, m, n_src, n_greedy), 0);
-    assert_int_equal(qlm_t5_encode(m, &s, src, n_src), 0);
+    assert_int_equal(qlm_t5_state_init(&s, m, n_src, n_greedy, 1), 0);
+    assert_int_equal(qlm_t5_encode(m, &s, 0, src, n_src), 0);
     float *logits = malloc((size_t)m->cfg.vocab_size * sizeof *logits);
     int tok = m->cfg.decoder_start_id, agree = 0, row = 0;
     for (int p = 0; p < n_greedy; p++) {
-        assert_int_equal(qlm_t5_decode(m, &s, &tok, &p, 1, &row, 1, logits), 0);
+        assert_int_equal(qlm_t5_decode(m, &s, &tok, &p, NULL, 1, &row, 1, logits), 0);
         int best = 0;
         for (int v = 1; v < m->cfg.vocab_size; v++)
             if (logits[v] > logits[best]) best = v;
@@ -315,16 +315,16 @@ static void test_errors(void **state) {
     qlm_t5_model m;
     build(&m, &f, QLM_F32, 0);
     qlm_t5_state s;
-    assert_int_equal(qlm_t5_state_init(&s, &m, 4, 4), 0);
+    assert_int_equal(qlm_t5_state_init(&s, &m, 4, 4, 1), 0);
     int ids[5] = {3, 4, 5, 6, 1}, bad = m.cfg.vocab_size, pos = 0, row = 0;
     float *logits = malloc((size_t)m.cfg.vocab_size * sizeof *logits);
-    assert_int_equal(qlm_t5_decode(&m, &s, ids, &pos, 1, &row, 1, logits), -1);
+    assert_int_equal(qlm_t5_decode(&m, &s, ids, &pos, NULL, 1, &row, 1, logits), -1);
     assert_non_null(strstr(qlm_last_error(), "before encode"));
-    assert_int_equal(qlm_t5_encode(&m, &s, ids, 5), -1);
-    assert_int_equal(qlm_t5_encode(&m, &s, &bad, 1), -1);
-    assert_int_equal(qlm_t5_encode(&m, &s, ids, 4), 0);
+    assert_int_equal(qlm_t5_encode(&m, &s, 0, ids, 5), -1);
+    assert_int_equal(qlm_t5_encode(&m, &s, 0, &bad, 1), -1);
+    assert_int_equal(qlm_t5_encode(&m, &s, 0, ids, 4), 0);
     pos = 4;
-    assert_int_equal(qlm_t5_decode(&m, &s, ids, &pos, 1, &row, 1, logits), -1);
+    assert_int_equal(qlm_t5_decode(&m, &s, ids, &pos, NULL, 1, &row, 1, logits), -1);
     free(logits);
     qlm_t5_state_free(&s, &m);
     qlm_t5_free(&m);
