@@ -6,6 +6,8 @@
 #include <cjson/cJSON.h>
 #include <math.h>
 #include <stdint.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "../core/error.h"
 #include "../core/t5.h"
@@ -308,6 +310,85 @@ static void test_f16_does_not_overflow(void **state) {
     close_fixture(&f);
 }
 
+/* Runs "build/qlm ARGS" ($QLM_BIN) and returns its stdout (malloc'd) and exit status. */
+static int run_qlm(char **out, const char *args) {
+    const char *bin = getenv("QLM_BIN");
+    char cmd[8192];
+    snprintf(cmd, sizeof cmd, "%s %s", bin && *bin ? bin : "build/qlm", args);
+    FILE *p = popen(cmd, "r");
+    assert_non_null(p);
+    size_t cap = 1 << 16, n = 0, r;
+    char *buf = malloc(cap);
+    while ((r = fread(buf + n, 1, cap - n - 1, p)) > 0)
+        if ((n += r) + 1 >= cap) buf = realloc(buf, cap *= 2);
+    buf[n] = 0;
+    int status = pclose(p);
+    *out = buf;
+    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+/* End to end through the CLI: flan_small written as a model folder (safetensors, its config.json,
+ * flan-t5-small's tokenizer.json); `qlm generate` must tokenize the prompt to the fixture's ids
+ * and decode greedily to its greedy ids (up to an EOS, where generation stops). */
+static void test_cli_generate_folder(void **state) {
+    (void)state;
+    char tok[512];
+    test_asset(tok, sizeof tok, "flan-t5-small/tokenizer.json");
+    REQUIRE_ASSET(tok);
+    fixture f;
+    open_fixture(&f, "flan_small", 1);
+    char dir[256], path[512], args[1024];
+    assert_non_null(test_tmpdir(dir, sizeof dir));
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    assert_int_equal(qlm_safetensors_save(path, f.store, NULL), 0);
+    size_t len = 0;
+    char *text = test_read_file(FIX "/flan_small/config.json", &len);
+    assert_non_null(text);
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    assert_int_equal(test_write_file(path, text, len), 0);
+    free(text);
+    text = test_read_file(tok, &len);
+    assert_non_null(text);
+    snprintf(path, sizeof path, "%s/tokenizer.json", dir);
+    assert_int_equal(test_write_file(path, text, len), 0);
+    free(text);
+    const char *prompt = cJSON_GetObjectItem(f.ref, "prompt")->valuestring;
+    snprintf(path, sizeof path, "%s/prompt.txt", dir);
+    assert_int_equal(test_write_file(path, prompt, strlen(prompt)), 0);
+
+    char *out = NULL;
+    snprintf(args, sizeof args, "generate -m %s -f %s --temp 0 -n 32 --json --quiet", dir, path);
+    assert_int_equal(run_qlm(&out, args), 0);
+    cJSON *got = cJSON_Parse(out);
+    assert_non_null(got);
+    int n_want, n_got, n_src, n_prompt;
+    int *want = json_ids(cJSON_GetObjectItem(f.ref, "greedy_ids"), &n_want);
+    int *ids = json_ids(cJSON_GetObjectItem(got, "ids"), &n_got);
+    int *src = json_ids(cJSON_GetObjectItem(f.ref, "input_ids"), &n_src);
+    int *prompt_ids = json_ids(cJSON_GetObjectItem(got, "prompt_ids"), &n_prompt);
+    assert_int_equal(n_prompt, n_src);
+    assert_memory_equal(prompt_ids, src, (size_t)n_src * sizeof *src);
+    int expect = 0;
+    while (expect < n_want && want[expect] != f.cfg.eos_id) expect++;
+    print_message("t5 flan_small via `qlm generate`: %d ids, stop %s\n", n_got,
+                  cJSON_GetObjectItem(got, "stop")->valuestring);
+    assert_int_equal(n_got, expect);
+    assert_memory_equal(ids, want, (size_t)expect * sizeof *ids);
+    free(want);
+    free(ids);
+    free(src);
+    free(prompt_ids);
+    cJSON_Delete(got);
+    free(out);
+    const char *names[] = {"model.safetensors", "config.json", "tokenizer.json", "prompt.txt"};
+    for (int i = 0; i < 4; i++) {
+        snprintf(path, sizeof path, "%s/%s", dir, names[i]);
+        remove(path);
+    }
+    rmdir(dir);
+    close_fixture(&f);
+}
+
 static void test_errors(void **state) {
     (void)state;
     fixture f;
@@ -342,6 +423,7 @@ int main(void) {
         cmocka_unit_test(test_low_precision),
         cmocka_unit_test(test_flan_small_shapes),
         cmocka_unit_test(test_f16_does_not_overflow),
+        cmocka_unit_test(test_cli_generate_folder),
         cmocka_unit_test(test_errors),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
