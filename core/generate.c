@@ -5,6 +5,7 @@
 #include <time.h>
 
 #include "error.h"
+#include "token_stream.h"
 
 static double now_seconds(void) {
     struct timespec ts;
@@ -120,101 +121,19 @@ int qlm_session_sync(qlm_session *s, const int *ids, int n, qlm_gen_stats *stats
     return rc;
 }
 
-/* Text held back because it might be the start of a stop string. */
-typedef struct {
-    char *buf;
-    size_t len, cap;
-} text_buf;
-
-static int text_append(text_buf *t, const char *s, size_t n) {
-    if (t->len + n + 1 > t->cap) {
-        size_t cap = (t->len + n + 1) * 2;
-        char *b = realloc(t->buf, cap);
-        if (!b) return qlm_errorf("out of memory");
-        t->buf = b;
-        t->cap = cap;
-    }
-    memcpy(t->buf + t->len, s, n);
-    t->len += n;
-    t->buf[t->len] = 0;
-    return 0;
-}
-
-/* Length of the longest suffix of text that is a proper prefix of some stop string. */
-static size_t held_suffix(const char *text, size_t len, const qlm_gen_params *p) {
-    size_t best = 0;
-    for (int i = 0; i < p->n_stop; i++) {
-        size_t sl = strlen(p->stop[i]);
-        for (size_t k = sl > len ? len : sl - 1; k > best; k--)
-            if (memcmp(text + len - k, p->stop[i], k) == 0) {
-                best = k;
-                break;
-            }
-    }
-    return best;
-}
-
-/* Emits what is safe to emit; returns 1 when a stop string was found. */
-static int flush_text(text_buf *t, const qlm_gen_params *p, qlm_emit_fn emit, void *user, int final, int *caller_stop) {
-    size_t cut = t->len;
-    int found = 0;
-    for (int i = 0; i < p->n_stop; i++) {
-        if (!p->stop[i][0]) continue;
-        char *hit = strstr(t->buf ? t->buf : "", p->stop[i]);
-        if (hit && (size_t)(hit - t->buf) < cut) {
-            cut = (size_t)(hit - t->buf);
-            found = 1;
-        }
-    }
-    size_t out = found || final ? cut : t->len - held_suffix(t->buf, t->len, p);
-    if (out > 0 && emit && emit(user, t->buf, out) != 0) *caller_stop = 1;
-    if (out > 0) memmove(t->buf, t->buf + out, t->len - out);
-    t->len -= out;
-    if (t->buf) t->buf[t->len] = 0;
-    return found;
-}
-
 int qlm_session_generate(qlm_session *s, const qlm_gen_params *p, qlm_emit_fn emit, void *user,
                          qlm_gen_stats *stats) {
     int vocab = s->t5 ? s->t5->cfg.vocab_size : s->model->cfg.vocab_size;
     qlm_gen_stats local = {0};
     if (!stats) stats = &local;
-    stats->n_generated = 0;
-    stats->reason = QLM_STOP_LENGTH;
     if (!s->have_logits) return qlm_errorf("nothing to continue from: evaluate a prompt first");
-    qlm_sampler sampler;
-    if (qlm_sampler_init(&sampler, &p->sampling, vocab) != 0) return -1;
-    text_buf text = {0};
     /* T5's decoder-start token is no text: the first piece starts the output, as after BOS. */
-    int rc = 0, caller_stop = 0;
     int prev = s->n_tokens && !(s->t5 && s->n_tokens == 1) ? s->tokens[s->n_tokens - 1] : -1;
+    qlm_token_stream ts;
+    if (qlm_token_stream_init(&ts, s->tok, p, vocab, prev, emit, user, stats) != 0) return -1;
+    int rc = 0, id;
     double t0 = now_seconds();
-    for (int i = 0; i < p->max_new_tokens; i++) {
-        int id = qlm_sampler_sample(&sampler, s->logits, s->tokens, s->n_tokens);
-        if (s->tok && qlm_tokenizer_is_eog(s->tok, id)) {
-            stats->reason = QLM_STOP_EOS;
-            break;
-        }
-        if (p->out_ids) p->out_ids[stats->n_generated] = id;
-        stats->n_generated++;
-        if (s->tok) {
-            char piece[256];
-            int len = qlm_tokenizer_piece(s->tok, prev, id, piece, sizeof piece);
-            if (len > 0 && text_append(&text, piece, (size_t)len) != 0) {
-                rc = -1;
-                break;
-            }
-            if (flush_text(&text, p, emit, user, 0, &caller_stop)) {
-                stats->reason = QLM_STOP_STRING;
-                break;
-            }
-        }
-        if (caller_stop) {
-            stats->reason = QLM_STOP_CALLER;
-            break;
-        }
-        prev = id;
-        if (i + 1 == p->max_new_tokens) break;
+    while ((rc = qlm_token_stream_next(&ts, s->logits, s->tokens, s->n_tokens, &id)) == 0) {
         if (s->n_tokens >= capacity(s)) {
             stats->reason = QLM_STOP_CONTEXT;
             break;
@@ -224,9 +143,7 @@ int qlm_session_generate(qlm_session *s, const qlm_gen_params *p, qlm_emit_fn em
             break;
         }
     }
-    if (rc == 0 && stats->reason != QLM_STOP_STRING) flush_text(&text, p, emit, user, 1, &caller_stop);
+    qlm_token_stream_finish(&ts);
     stats->decode_seconds = now_seconds() - t0;
-    free(text.buf);
-    qlm_sampler_free(&sampler);
-    return rc;
+    return rc < 0 ? -1 : 0;
 }

@@ -1,0 +1,209 @@
+#include "batch.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "error.h"
+#include "token_stream.h"
+
+typedef struct {
+    int active;
+    qlm_batch_request req;
+    int *tokens; /* decoder-only: prompt + output; T5: decoder tokens from its start token */
+    int n_tokens;
+    qlm_token_stream ts;
+    qlm_gen_stats stats;
+    char *text;
+    size_t len, cap;
+} slot;
+
+typedef struct {
+    const qlm_batch_config *cfg;
+    qlm_kv_state kv;
+    qlm_t5_state t5;
+    slot *slots;
+    int vocab, capacity;
+    float *logits;      /* [n_slots][vocab]: each slot's next-token logits */
+    float *row_logits;  /* [n_slots][vocab]: one decode step's output rows */
+    int *ids, *pos, *slot_of, *rows;
+} batch;
+
+static int collect_text(void *user, const char *text, size_t len) {
+    slot *s = user;
+    if (s->len + len + 1 > s->cap) {
+        size_t cap = (s->len + len + 1) * 2;
+        char *b = realloc(s->text, cap);
+        if (!b) return 1;
+        s->text = b;
+        s->cap = cap;
+    }
+    memcpy(s->text + s->len, text, len);
+    s->len += len;
+    s->text[s->len] = 0;
+    return 0;
+}
+
+/* Evaluates rows (ids at pos in slots) and keeps the logits of each listed row in its slot. */
+static int forward(batch *b, const int *ids, const int *pos, const int *slots, int n, const int *rows, int n_rows) {
+    const qlm_batch_config *c = b->cfg;
+    int rc = c->t5 ? qlm_t5_decode(c->t5, &b->t5, ids, pos, slots, n, rows, n_rows, b->row_logits)
+                   : qlm_forward_slots(c->model, &b->kv, ids, pos, slots, n, rows, n_rows, b->row_logits);
+    if (rc != 0) return -1;
+    for (int r = 0; r < n_rows; r++)
+        memcpy(b->logits + (size_t)slots[rows[r]] * b->vocab, b->row_logits + (size_t)r * b->vocab,
+               (size_t)b->vocab * sizeof(float));
+    return 0;
+}
+
+/* Puts a new request into slot i: prefills it so that its first token's logits are ready. */
+static int admit(batch *b, int i, const qlm_batch_request *req, qlm_batch_stats *st) {
+    const qlm_batch_config *c = b->cfg;
+    slot *s = &b->slots[i];
+    if (req->n_ids <= 0 || req->n_ids > c->max_prompt)
+        return qlm_errorf("a prompt of %d tokens does not fit the batch's limit of 1..%d", req->n_ids, c->max_prompt);
+    s->req = *req;
+    s->len = 0;
+    int start, n, prev = -1;
+    if (c->t5) {
+        if (qlm_t5_encode(c->t5, &b->t5, i, req->ids, req->n_ids) != 0) return -1;
+        start = c->t5->cfg.decoder_start_id;
+        s->tokens[0] = start;
+        n = 1;
+    } else {
+        memcpy(s->tokens, req->ids, (size_t)req->n_ids * sizeof *req->ids);
+        n = req->n_ids;
+        prev = s->tokens[n - 1];
+    }
+    int *pos = malloc((size_t)n * 2 * sizeof *pos);
+    if (!pos) return qlm_errorf("out of memory");
+    int *slots = pos + n, last = n - 1;
+    for (int k = 0; k < n; k++) {
+        pos[k] = k;
+        slots[k] = i;
+    }
+    int rc = forward(b, s->tokens, pos, slots, n, &last, 1);
+    free(pos);
+    if (rc != 0) return -1;
+    s->n_tokens = n;
+    if (qlm_token_stream_init(&s->ts, c->tok, req->params, b->vocab, prev, collect_text, s, &s->stats) != 0) return -1;
+    s->active = 1;
+    st->prompt_tokens += req->n_ids;
+    return 0;
+}
+
+/* Reports a finished slot and frees it. */
+static int retire(batch *b, int i, qlm_batch_done_fn done, void *ctx, qlm_batch_stats *st) {
+    slot *s = &b->slots[i];
+    qlm_token_stream_finish(&s->ts);
+    s->active = 0;
+    st->requests++;
+    st->generated_tokens += s->stats.n_generated;
+    if (done(ctx, &s->req, s->text ? s->text : "", s->len, &s->stats) != 0)
+        return qlm_errorf("batch: stopped by the caller");
+    return 0;
+}
+
+static int alloc_batch(batch *b, const qlm_batch_config *c) {
+    int n = c->n_slots;
+    b->cfg = c;
+    b->vocab = c->t5 ? c->t5->cfg.vocab_size : c->model->cfg.vocab_size;
+    if (c->t5) {
+        b->capacity = c->max_output + 1;
+        if (qlm_t5_state_init(&b->t5, c->t5, c->max_prompt, b->capacity, n) != 0) return -1;
+    } else {
+        b->capacity = c->max_prompt + c->max_output;
+        if (b->capacity > c->model->cfg.max_seq_len)
+            return qlm_errorf("prompt (%d) + output (%d) tokens exceed the model's %d positions", c->max_prompt,
+                              c->max_output, c->model->cfg.max_seq_len);
+        int rows = n > 256 ? n : 256;
+        if (qlm_state_init_slots(&b->kv, c->model, b->capacity, n, rows) != 0) return -1;
+    }
+    b->slots = calloc((size_t)n, sizeof *b->slots);
+    b->logits = malloc((size_t)n * b->vocab * sizeof *b->logits);
+    b->row_logits = malloc((size_t)n * b->vocab * sizeof *b->row_logits);
+    b->ids = malloc((size_t)n * 4 * sizeof *b->ids);
+    if (!b->slots || !b->logits || !b->row_logits || !b->ids) return qlm_errorf("out of memory");
+    b->pos = b->ids + n;
+    b->slot_of = b->pos + n;
+    b->rows = b->slot_of + n;
+    for (int i = 0; i < n; i++)
+        if (!(b->slots[i].tokens = malloc((size_t)b->capacity * sizeof(int)))) return qlm_errorf("out of memory");
+    return 0;
+}
+
+static void free_batch(batch *b) {
+    const qlm_batch_config *c = b->cfg;
+    for (int i = 0; b->slots && i < c->n_slots; i++) {
+        if (b->slots[i].active) qlm_token_stream_finish(&b->slots[i].ts);
+        free(b->slots[i].tokens);
+        free(b->slots[i].text);
+    }
+    if (c->t5 && b->t5.n_slots) qlm_t5_state_free(&b->t5, c->t5);
+    if (!c->t5 && b->kv.n_slots) qlm_state_free(&b->kv, c->model);
+    free(b->slots);
+    free(b->logits);
+    free(b->row_logits);
+    free(b->ids);
+}
+
+static double now_seconds(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+int qlm_batch_run(const qlm_batch_config *cfg, qlm_batch_next_fn next, qlm_batch_done_fn done, void *ctx,
+                  qlm_batch_stats *stats) {
+    qlm_batch_stats local;
+    if (!stats) stats = &local;
+    memset(stats, 0, sizeof *stats);
+    if (!cfg->model == !cfg->t5) return qlm_errorf("batch: give exactly one model");
+    if (cfg->n_slots <= 0 || cfg->max_prompt <= 0 || cfg->max_output <= 0)
+        return qlm_errorf("batch: slots, prompt and output sizes must be positive");
+    batch b = {0};
+    double t0 = now_seconds();
+    int rc = alloc_batch(&b, cfg), more = 1;
+    while (rc == 0) {
+        for (int i = 0; i < cfg->n_slots && more && rc == 0; i++) {
+            if (b.slots[i].active) continue;
+            qlm_batch_request req;
+            int r = next(ctx, &req);
+            if (r < 0) rc = -1;
+            else if (r == 0) more = 0;
+            else rc = admit(&b, i, &req, stats);
+        }
+        if (rc != 0) break;
+        /* Sample every active slot; the ones that go on form this step's rows. */
+        int n = 0;
+        for (int i = 0; i < cfg->n_slots && rc == 0; i++) {
+            slot *s = &b.slots[i];
+            if (!s->active) continue;
+            int id, r = qlm_token_stream_next(&s->ts, b.logits + (size_t)i * b.vocab, s->tokens, s->n_tokens, &id);
+            if (r == 0 && s->n_tokens >= b.capacity) {
+                s->stats.reason = QLM_STOP_CONTEXT;
+                r = 1;
+            }
+            if (r < 0) rc = -1;
+            else if (r == 1) rc = retire(&b, i, done, ctx, stats);
+            else {
+                b.ids[n] = id;
+                b.pos[n] = s->n_tokens;
+                b.slot_of[n] = i;
+                b.rows[n] = n;
+                s->tokens[s->n_tokens++] = id;
+                n++;
+            }
+        }
+        if (rc != 0) break;
+        if (n == 0) {
+            if (!more) break;
+            continue;
+        }
+        rc = forward(&b, b.ids, b.pos, b.slot_of, n, b.rows, n);
+        stats->steps++;
+    }
+    free_batch(&b);
+    stats->seconds = now_seconds() - t0;
+    return rc;
+}

@@ -1,0 +1,42 @@
+/* Continuous batching: many independent requests decoded together on one model. Each request
+ * takes a free slot (its own KV cache region), is prefilled on its own, then joins the decode
+ * step, where one forward pass computes the next token of every active slot, reading the
+ * weights once for all of them. A finished request frees its slot at once for the next one. */
+#ifndef QLM_BATCH_H
+#define QLM_BATCH_H
+
+#include "generate.h"
+
+typedef struct {
+    const int *ids; /* the prompt (T5: the encoder's input); valid until the request is done */
+    int n_ids;
+    const qlm_gen_params *params;
+    void *user;
+} qlm_batch_request;
+
+/* Fills *req with the next request: 1, or 0 when there are no more, or -1 on error. */
+typedef int (*qlm_batch_next_fn)(void *ctx, qlm_batch_request *req);
+/* A finished request, with all its text (stop strings removed); non-zero aborts the run. */
+typedef int (*qlm_batch_done_fn)(void *ctx, const qlm_batch_request *req, const char *text, size_t len,
+                                 const qlm_gen_stats *stats);
+
+typedef struct {
+    const qlm_model *model;   /* decoder-only, or */
+    const qlm_t5_model *t5;   /* encoder-decoder */
+    const qlm_tokenizer *tok;
+    int n_slots;              /* requests decoded together */
+    int max_prompt;           /* longest prompt (T5: input) a slot takes */
+    int max_output;           /* most tokens a request generates */
+} qlm_batch_config;
+
+typedef struct {
+    int requests;
+    long prompt_tokens, generated_tokens;
+    long steps;               /* decode forward passes */
+    double seconds;
+} qlm_batch_stats;
+
+int qlm_batch_run(const qlm_batch_config *cfg, qlm_batch_next_fn next, qlm_batch_done_fn done, void *ctx,
+                  qlm_batch_stats *stats);
+
+#endif

@@ -1,0 +1,173 @@
+/* The batch scheduler gives every request exactly what a session alone gives it: texts,
+ * ids and stop reasons for a mix of prompts, lengths, stop strings and seeded sampling, with
+ * fewer slots than requests so that slots are reused; for a decoder (stories260K, with its
+ * tokenizer) and for T5 (the gated_untied fixture, ids only). */
+#include "../core/batch.h"
+#include "../core/error.h"
+#include "../loaders/model_source.h"
+#include "test_util.h"
+
+enum { N_REQ = 7 };
+
+typedef struct {
+    int ids[64], n_ids;
+    qlm_gen_params params;
+    int out[64];
+    const char *stops[1];
+} request;
+
+typedef struct {
+    request *reqs;
+    int next, n;
+    char *text[N_REQ];
+    qlm_gen_stats stats[N_REQ];
+    int order[N_REQ], n_done;
+} run_ctx;
+
+static int next_req(void *ctx, qlm_batch_request *req) {
+    run_ctx *c = ctx;
+    if (c->next == c->n) return 0;
+    request *r = &c->reqs[c->next];
+    *req = (qlm_batch_request){r->ids, r->n_ids, &r->params, (void *)(intptr_t)c->next};
+    c->next++;
+    return 1;
+}
+
+static int done_req(void *ctx, const qlm_batch_request *req, const char *text, size_t len, const qlm_gen_stats *st) {
+    run_ctx *c = ctx;
+    int i = (int)(intptr_t)req->user;
+    c->text[i] = strndup(text, len);
+    c->stats[i] = *st;
+    c->order[c->n_done++] = i;
+    return 0;
+}
+
+static int collect(void *user, const char *text, size_t len) {
+    char **acc = user;
+    size_t old = *acc ? strlen(*acc) : 0;
+    *acc = realloc(*acc, old + len + 1);
+    memcpy(*acc + old, text, len);
+    (*acc)[old + len] = 0;
+    return 0;
+}
+
+/* Requests: prompts of 1..19 tokens, 0..40 new tokens, one stop string, some sampled. */
+static void make_requests(request *r, int vocab, int first_id) {
+    for (int i = 0; i < N_REQ; i++) {
+        r[i].n_ids = 1 + (i * 7) % 19;
+        r[i].ids[0] = first_id;
+        for (int k = 1; k < r[i].n_ids; k++) r[i].ids[k] = 3 + (i * 31 + k * 17) % (vocab - 3);
+        r[i].params = (qlm_gen_params){.sampling = qlm_sampling_defaults(), .max_new_tokens = (i * 13) % 41,
+                                       .out_ids = r[i].out};
+        r[i].params.sampling.temperature = i % 3 == 2 ? 1.0f : 0.0f;
+        r[i].params.sampling.seed = 100 + i;
+        if (i == 4) {
+            r[i].stops[0] = "the";
+            r[i].params.stop = r[i].stops;
+            r[i].params.n_stop = 1;
+        }
+    }
+}
+
+static void compare(const qlm_batch_config *bc, request *reqs, qlm_session *single) {
+    run_ctx c = {.reqs = reqs, .n = N_REQ};
+    qlm_batch_stats bs;
+    if (qlm_batch_run(bc, next_req, done_req, &c, &bs) != 0) fail_msg("%s", qlm_last_error());
+    assert_int_equal(c.n_done, N_REQ);
+    assert_int_equal(bs.requests, N_REQ);
+    for (int i = 0; i < N_REQ; i++) {
+        int batch_out[64];
+        memcpy(batch_out, reqs[i].out, sizeof batch_out);
+        char *text = NULL;
+        qlm_gen_stats st;
+        assert_int_equal(qlm_session_sync(single, reqs[i].ids, reqs[i].n_ids, NULL), 0);
+        assert_int_equal(qlm_session_generate(single, &reqs[i].params, collect, &text, &st), 0);
+        assert_int_equal(c.stats[i].n_generated, st.n_generated);
+        assert_int_equal(c.stats[i].reason, st.reason);
+        assert_memory_equal(batch_out, reqs[i].out, (size_t)st.n_generated * sizeof(int));
+        assert_string_equal(c.text[i], text ? text : "");
+        free(text);
+        free(c.text[i]);
+    }
+    print_message("batch of %d requests in %d slots: %ld decode steps, %ld tokens generated, completion order", N_REQ,
+                  bc->n_slots, bs.steps, bs.generated_tokens);
+    for (int i = 0; i < N_REQ; i++) print_message(" %d", c.order[i]);
+    print_message("\n");
+}
+
+static void test_decoder_matches_session(void **state) {
+    (void)state;
+    char path[512];
+    test_asset(path, sizeof path, "stories260K");
+    REQUIRE_ASSET(path);
+    qlm_source src;
+    if (qlm_source_open(&src, path, NULL) != 0) fail_msg("%s", qlm_last_error());
+    qlm_model m;
+    qlm_model_options o = {.dtype = QLM_F32, .backend = qlm_backend_cpu()};
+    assert_int_equal(qlm_model_build(&m, &src.cfg, src.store, &o), 0);
+    request reqs[N_REQ];
+    make_requests(reqs, m.cfg.vocab_size, qlm_tokenizer_bos(src.tok));
+    qlm_session single;
+    assert_int_equal(qlm_session_init(&single, &m, src.tok, 64, 64), 0);
+    qlm_batch_config bc = {.model = &m, .tok = src.tok, .n_slots = 3, .max_prompt = 20, .max_output = 44};
+    compare(&bc, reqs, &single);
+    qlm_session_free(&single);
+    qlm_model_free(&m);
+    qlm_source_close(&src);
+}
+
+static void test_t5_matches_session(void **state) {
+    (void)state;
+    qlm_source src;
+    if (qlm_source_open(&src, "tests/fixtures/t5/gated_untied", NULL) != 0) fail_msg("%s", qlm_last_error());
+    assert_true(src.is_t5);
+    qlm_t5_model m;
+    qlm_model_options o = {.dtype = QLM_F32, .backend = qlm_backend_cpu()};
+    assert_int_equal(qlm_t5_build(&m, &src.t5, src.store, &o), 0);
+    request reqs[N_REQ];
+    make_requests(reqs, m.cfg.vocab_size, 5);
+    qlm_session single;
+    assert_int_equal(qlm_session_init_t5(&single, &m, NULL, 20, 45), 0);
+    qlm_batch_config bc = {.t5 = &m, .n_slots = 4, .max_prompt = 20, .max_output = 44};
+    compare(&bc, reqs, &single);
+    qlm_session_free(&single);
+    qlm_t5_free(&m);
+    qlm_source_close(&src);
+}
+
+static int refuse(void *ctx, qlm_batch_request *req) {
+    (void)ctx;
+    static int ids[100];
+    *req = (qlm_batch_request){ids, 100, NULL, NULL};
+    return 1;
+}
+
+static int unused_done(void *ctx, const qlm_batch_request *req, const char *text, size_t len, const qlm_gen_stats *st) {
+    (void)ctx, (void)req, (void)text, (void)len, (void)st;
+    return 0;
+}
+
+static void test_errors(void **state) {
+    (void)state;
+    qlm_source src;
+    if (qlm_source_open(&src, "tests/fixtures/t5/relu_tied", NULL) != 0) fail_msg("%s", qlm_last_error());
+    qlm_t5_model m;
+    qlm_model_options o = {.dtype = QLM_F32, .backend = qlm_backend_cpu()};
+    assert_int_equal(qlm_t5_build(&m, &src.t5, src.store, &o), 0);
+    qlm_batch_config bc = {.t5 = &m, .n_slots = 2, .max_prompt = 20, .max_output = 8};
+    assert_int_equal(qlm_batch_run(&bc, refuse, unused_done, NULL, NULL), -1);
+    assert_non_null(strstr(qlm_last_error(), "100 tokens"));
+    bc.n_slots = 0;
+    assert_int_equal(qlm_batch_run(&bc, refuse, unused_done, NULL, NULL), -1);
+    qlm_t5_free(&m);
+    qlm_source_close(&src);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_decoder_matches_session),
+        cmocka_unit_test(test_t5_matches_session),
+        cmocka_unit_test(test_errors),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
