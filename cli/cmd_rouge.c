@@ -219,10 +219,7 @@ int cmd_rouge(int argc, char **argv) {
         printf("%d pairs, paired by %s", pred.n, id_field ? id_field : "line order");
         if (n_ref_fields > 1) printf(", best of %d references per metric", n_ref_fields);
         printf("; means over pairs (rouge_score, use_stemmer=True)\n");
-        printf("%-11s %9s %9s %9s\n", "metric", "precision", "recall", "F1");
-        for (int m = 0; m < QLM_ROUGE_N_METRICS; m++)
-            printf("%-11s %9.4f %9.4f %9.4f\n", qlm_rouge_metric_name(m), mean.m[m].precision, mean.m[m].recall,
-                   mean.m[m].fmeasure);
+        qlm_rouge_print_table(stdout, &mean);
     }
     rc = 0;
 out:

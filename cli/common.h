@@ -22,7 +22,7 @@ enum {
     {"model", required_argument, 0, OPT_MODEL}, {"tokenizer", required_argument, 0, OPT_TOKENIZER},       \
         {"dtype", required_argument, 0, OPT_DTYPE}, {"per-channel", no_argument, 0, OPT_PER_CHANNEL},     \
         {"threads", required_argument, 0, OPT_THREADS}, {"ctx", required_argument, 0, OPT_CTX},           \
-        {"device", required_argument, 0, OPT_DEVICE}, {"batch", required_argument, 0, OPT_BATCH},         \
+        {"device", required_argument, 0, OPT_DEVICE}, {"chunk", required_argument, 0, OPT_BATCH},        \
         {"help", no_argument, 0, OPT_HELP}
 
 #define CLI_SAMPLING_OPTIONS                                                                              \
@@ -38,7 +38,7 @@ enum {
     "      --per-channel      int8 with one scale per output channel\n"                                   \
     "      --threads N        CPU threads (default: all cores)\n"                                         \
     "      --ctx N            context window in tokens (default: min(model, 4096))\n"                     \
-    "      --batch N          tokens per forward pass during prefill (default 512)\n"                     \
+    "      --chunk N          tokens per forward pass during prefill (default 512)\n"                     \
     "      --device D         cpu, cuda or auto (default auto)\n"
 
 #define CLI_SAMPLING_HELP                                                                                 \

@@ -16,6 +16,7 @@ static const struct {
     {"quantize", cmd_quantize, "write a model in f32, bf16, f16 or int8 as safetensors"},
     {"convert", cmd_convert, "turn a GGUF or llama2.c model into a safetensors folder"},
     {"bench", cmd_bench, "prefill and decode speed"},
+    {"summarize", cmd_summarize, "summarize a dialogue, or a JSONL file of them in batches"},
     {"rouge", cmd_rouge, "ROUGE-1/2/L/Lsum of predictions against references (JSONL)"},
 };
 

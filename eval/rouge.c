@@ -350,3 +350,10 @@ int qlm_rouge_mean(const qlm_rouge_scores *scores, size_t n, qlm_rouge_scores *m
     }
     return 0;
 }
+
+void qlm_rouge_print_table(FILE *f, const qlm_rouge_scores *mean) {
+    fprintf(f, "%-11s %9s %9s %9s\n", "metric", "precision", "recall", "F1");
+    for (int m = 0; m < QLM_ROUGE_N_METRICS; m++)
+        fprintf(f, "%-11s %9.4f %9.4f %9.4f\n", qlm_rouge_metric_name(m), mean->m[m].precision, mean->m[m].recall,
+                mean->m[m].fmeasure);
+}

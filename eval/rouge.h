@@ -20,6 +20,7 @@
 #define QLM_ROUGE_H
 
 #include <stddef.h>
+#include <stdio.h>
 
 enum { QLM_ROUGE_1, QLM_ROUGE_2, QLM_ROUGE_L, QLM_ROUGE_LSUM, QLM_ROUGE_N_METRICS };
 
@@ -58,5 +59,8 @@ int qlm_rouge_score(const char *pred, const char *const *refs, int n_refs, qlm_r
  * BootstrapAggregator reports the median of bootstrap resamples of this mean ("mid"), which is
  * random and equal to this mean only in expectation; qlm reports the plain mean. */
 int qlm_rouge_mean(const qlm_rouge_scores *scores, size_t n, qlm_rouge_scores *mean);
+
+/* Prints the metric / precision / recall / F1 table of mean scores. */
+void qlm_rouge_print_table(FILE *f, const qlm_rouge_scores *mean);
 
 #endif

@@ -4,6 +4,7 @@
 #include <cjson/cJSON.h>
 #include <math.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include "test_util.h"
 
@@ -189,12 +190,141 @@ static void test_stop_string_and_max_tokens(void **state) {
     free(stopped);
 }
 
+
+/* Dialogues for the summarize tests: short, varied, one with quotes and a newline-free line. */
+static const char *k_dialogues[] = {
+    "#Person1#: Hello, Lily. Do you want to play?\n#Person2#: Yes, let us play in the park.",
+    "#Person1#: The cat is sad.\n#Person2#: Why?\n#Person1#: It lost its \"red\" ball.",
+    "#Person1#: Tom found a big stick.",
+    "#Person1#: Can we go home now?\n#Person2#: Not yet, the sun is still up.",
+    "#Person1#: I like the blue bird.\n#Person2#: Me too! It can sing.",
+    "#Person1#: Mom made a cake.\n#Person2#: Can I have some?\n#Person1#: After dinner.",
+};
+enum { N_DIALOGUES = sizeof k_dialogues / sizeof k_dialogues[0] };
+
+/* Writes the dialogues as JSONL ({"id": "d<i>", "dialogue": ..., "summary": ...}) into path. */
+static void write_dialogues(const char *path) {
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    for (int i = 0; i < N_DIALOGUES; i++) {
+        cJSON *o = cJSON_CreateObject();
+        char id[16];
+        snprintf(id, sizeof id, "d%d", i);
+        cJSON_AddStringToObject(o, "id", id);
+        cJSON_AddStringToObject(o, "dialogue", k_dialogues[i]);
+        cJSON_AddStringToObject(o, "summary", "Lily and Tom play with the ball in the park.");
+        char *line = cJSON_PrintUnformatted(o);
+        fprintf(f, "%s\n", line);
+        free(line);
+        cJSON_Delete(o);
+    }
+    fclose(f);
+}
+
+/* The summary of single mode is the greedy continuation of the lab's prompt, with whitespace
+ * trimmed; batch mode gives every line the same, keeps the other fields, and resumes after a
+ * torn last line without redoing or losing a line. */
+static void test_summarize(void **state) {
+    (void)state;
+    char model[512], dir[256], in[512], out[512], one[512], prompt[512];
+    test_asset(model, sizeof model, "stories260K");
+    REQUIRE_ASSET(model);
+    assert_non_null(test_tmpdir(dir, sizeof dir));
+    snprintf(in, sizeof in, "%s/in.jsonl", dir);
+    snprintf(out, sizeof out, "%s/out.jsonl", dir);
+    snprintf(one, sizeof one, "%s/one.txt", dir);
+    snprintf(prompt, sizeof prompt, "%s/prompt.txt", dir);
+    write_dialogues(in);
+    const char *flags = "--temp 0 -n 24 --quiet";
+    char *single[N_DIALOGUES];
+    for (int i = 0; i < N_DIALOGUES; i++) {
+        assert_int_equal(test_write_file(one, k_dialogues[i], strlen(k_dialogues[i])), 0);
+        assert_int_equal(run_qlm(&single[i], "summarize -m %s %s %s", model, one, flags), 0);
+        char text[1024];
+        snprintf(text, sizeof text, "Summarize the following conversation.\n\n%s\n\nSummary: ", k_dialogues[i]);
+        assert_int_equal(test_write_file(prompt, text, strlen(text)), 0);
+        char *gen = NULL;
+        assert_int_equal(run_qlm(&gen, "generate -m %s -f %s %s", model, prompt, flags), 0);
+        /* generate prints prompt + continuation + newline; summarize the trimmed continuation + newline */
+        char *cont = gen + strlen(text);
+        while (*cont == ' ' || *cont == '\n') cont++;
+        size_t n = strlen(cont);
+        while (n && (cont[n - 1] == ' ' || cont[n - 1] == '\n')) n--;
+        assert_int_equal(strlen(single[i]), n + 1);
+        assert_memory_equal(single[i], cont, n);
+        single[i][n] = 0;
+        free(gen);
+    }
+    char *err = NULL;
+    assert_int_equal(run_qlm(&err, "summarize -m %s --batch %s --out %s --batch-size 4 %s", model, in, out, flags), 0);
+    free(err);
+    size_t len;
+    char *full = test_read_file(out, &len);
+    assert_non_null(full);
+    char *line = full;
+    for (int i = 0; i < N_DIALOGUES; i++) {
+        char *nl = strchr(line, '\n');
+        assert_non_null(nl);
+        *nl = 0;
+        cJSON *rec = cJSON_Parse(line);
+        assert_non_null(rec);
+        char id[16];
+        snprintf(id, sizeof id, "d%d", i);
+        assert_string_equal(cJSON_GetObjectItem(rec, "id")->valuestring, id);
+        assert_null(cJSON_GetObjectItem(rec, "dialogue"));
+        assert_string_equal(cJSON_GetObjectItem(rec, "summary")->valuestring, single[i]);
+        cJSON_Delete(rec);
+        *nl = '\n';
+        line = nl + 1;
+    }
+    assert_int_equal(*line, 0);
+
+    /* Not overwritten without --resume. */
+    assert_int_equal(run_qlm(&err, "summarize -m %s --batch %s --out %s %s 2>&1", model, in, out, flags), 1);
+    assert_non_null(strstr(err, "--resume"));
+    free(err);
+    /* Two complete lines and a torn third: --resume cuts the torn line and finishes the rest. */
+    char *second_nl = strchr(strchr(full, '\n') + 1, '\n');
+    size_t keep = (size_t)(second_nl - full) + 1;
+    assert_int_equal(test_write_file(out, full, keep + 10), 0);
+    assert_int_equal(run_qlm(&err, "summarize -m %s --batch %s --out %s --resume --batch-size 3 %s", model, in, out,
+                             flags), 0);
+    free(err);
+    char *resumed = test_read_file(out, NULL);
+    assert_string_equal(resumed, full);
+    free(resumed);
+    /* --eval scores the output against the input's summary field. */
+    assert_int_equal(run_qlm(&err, "summarize -m %s --batch %s --out %s --resume --eval %s", model, in, out, flags), 0);
+    assert_non_null(strstr(err, "ROUGE-Lsum"));
+    free(err);
+
+    /* Bad input names the file and line. */
+    FILE *f = fopen(in, "a");
+    fputs("{\"id\": \"bad\"}\n", f);
+    fclose(f);
+    remove(out);
+    assert_int_equal(run_qlm(&err, "summarize -m %s --batch %s --out %s %s 2>&1", model, in, out, flags), 1);
+    assert_non_null(strstr(err, "in.jsonl:7: missing field \"dialogue\""));
+    free(err);
+    assert_int_equal(run_qlm(&err, "summarize -m %s --batch %s %s 2>&1", model, in, flags), 2);
+    free(err);
+    assert_int_equal(run_qlm(&err, "summarize -m %s --shots 1 %s %s 2>&1", model, one, flags), 2);
+    assert_non_null(strstr(err, "--examples"));
+    free(err);
+
+    for (int i = 0; i < N_DIALOGUES; i++) free(single[i]);
+    free(full);
+    const char *names[] = {in, out, one, prompt};
+    for (int i = 0; i < 4; i++) remove(names[i]);
+    rmdir(dir);
+}
+
 static void test_command_line_errors(void **state) {
     (void)state;
     assert_int_equal(run_qlm(NULL, "2>/dev/null"), 2);
     assert_int_equal(run_qlm(NULL, "frobnicate 2>/dev/null"), 2);
     const char *cmds[] = {"generate", "chat", "info", "tokenize", "perplexity",
-                          "quantize", "convert", "bench", "rouge"};
+                          "quantize", "convert", "bench", "rouge", "summarize"};
     for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++) {
         char *out = NULL;
         assert_int_equal(run_qlm(&out, "%s --help", cmds[i]), 0);
@@ -229,6 +359,7 @@ int main(void) {
         cmocka_unit_test(test_convert_llama2c_roundtrip),
         cmocka_unit_test(test_sampling_is_seeded),
         cmocka_unit_test(test_stop_string_and_max_tokens),
+        cmocka_unit_test(test_summarize),
         cmocka_unit_test(test_command_line_errors),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

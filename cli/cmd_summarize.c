@@ -1,0 +1,496 @@
+/* qlm summarize: dialogue summarization with the DialogSum lab's prompts (zero-, one- and
+ * few-shot), as plain text for T5 and base models or through an instruction-tuned decoder's chat
+ * template; one dialogue from a file or stdin, or a JSONL file of them through the batch
+ * scheduler, written in input order line by line so that a crash loses nothing written and
+ * --resume continues where the output ends; --eval scores the output with ROUGE. */
+#include <cjson/cJSON.h>
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "../core/batch.h"
+#include "../core/error.h"
+#include "../core/summary_prompt.h"
+#include "../eval/rouge.h"
+#include "commands.h"
+#include "common.h"
+#include "jsonl.h"
+
+static const char *k_usage =
+    "usage: qlm summarize -m MODEL [FILE | -] [options]\n"
+    "       qlm summarize -m MODEL --batch IN.jsonl --out OUT.jsonl [options]\n"
+    "Summarizes a dialogue (FILE, or stdin) and prints the summary; with --batch, every line of IN.\n"
+    "The prompt is the DialogSum lab's: \"Summarize the following conversation.\\n\\n{dialogue}\\n\\nSummary: \",\n"
+    "after --shots worked examples; instruction-tuned decoders get it as chat turns in their template.\n"
+    "Greedy (--temp 0) unless sampling flags say otherwise.\n\n" CLI_MODEL_HELP CLI_SAMPLING_HELP
+    "      --shots N          worked examples before the dialogue (default 0), from --examples\n"
+    "      --examples FILE    JSONL with \"dialogue\" and \"summary\" fields; its first N lines are the shots\n"
+    "      --prompt-template FILE  a template with {dialogue} instead of the lab's\n"
+    "      --format F         auto (chat template when the model has one, else plain), plain, chat\n"
+    "      --batch IN.jsonl   summarize the --field of every line of IN\n"
+    "      --out OUT.jsonl    batch output: each input line without --field, plus --out-field\n"
+    "      --field NAME       input field holding the dialogue (default dialogue)\n"
+    "      --out-field NAME   output field for the summary (default summary)\n"
+    "      --batch-size B     dialogues decoded together (default 16)\n"
+    "      --resume           continue after the last complete line of OUT\n"
+    "      --eval             score OUT against IN's reference fields with ROUGE when done\n"
+    "      --ref-field A[,B]  reference fields for --eval (default summary1,summary2,summary3 when IN has\n"
+    "                         summary1, else summary)\n"
+    "      --quiet            no load line, progress or timing on stderr\n";
+
+enum {
+    OPT_SHOTS = 600, OPT_EXAMPLES, OPT_TEMPLATE, OPT_FORMAT, OPT_BATCH_IN, OPT_OUT, OPT_FIELD, OPT_OUT_FIELD,
+    OPT_BATCH_SIZE, OPT_RESUME, OPT_EVAL, OPT_REF_FIELD,
+};
+
+#define MAX_REFS 16
+
+typedef struct {
+    cli_model_opts mo;
+    cli_sampling_opts so;
+    const char *input, *examples, *template_path, *format, *batch_in, *out, *field, *out_field, *ref_fields;
+    int shots, batch_size, resume, eval, quiet;
+} options;
+
+/* Everything that turns a dialogue into prompt ids. */
+typedef struct {
+    char *tmpl;
+    cli_jsonl examples;
+    qlm_shot *shots;
+    int n_shots;
+    const char *chat_template, *bos, *eos;
+    const qlm_tokenizer *tok;
+} prompter;
+
+static int parse(int argc, char **argv, options *o) {
+    memset(o, 0, sizeof *o);
+    cli_model_opts_init(&o->mo);
+    cli_sampling_opts_init(&o->so);
+    o->so.gen.sampling.temperature = 0;
+    o->so.gen.max_new_tokens = 128;
+    o->format = "auto";
+    o->field = "dialogue";
+    o->out_field = "summary";
+    o->batch_size = 16;
+    static const struct option opts[] = {CLI_MODEL_OPTIONS, CLI_SAMPLING_OPTIONS,
+                                         {"shots", required_argument, 0, OPT_SHOTS},
+                                         {"examples", required_argument, 0, OPT_EXAMPLES},
+                                         {"prompt-template", required_argument, 0, OPT_TEMPLATE},
+                                         {"format", required_argument, 0, OPT_FORMAT},
+                                         {"batch", required_argument, 0, OPT_BATCH_IN},
+                                         {"out", required_argument, 0, OPT_OUT},
+                                         {"field", required_argument, 0, OPT_FIELD},
+                                         {"out-field", required_argument, 0, OPT_OUT_FIELD},
+                                         {"batch-size", required_argument, 0, OPT_BATCH_SIZE},
+                                         {"resume", no_argument, 0, OPT_RESUME},
+                                         {"eval", no_argument, 0, OPT_EVAL},
+                                         {"ref-field", required_argument, 0, OPT_REF_FIELD},
+                                         {"quiet", no_argument, 0, OPT_QUIET},
+                                         {0, 0, 0, 0}};
+    optind = 1;
+    int c;
+    while ((c = getopt_long(argc, argv, "m:t:n:h", opts, NULL)) != -1) {
+        int r = cli_model_flag(&o->mo, c, optarg);
+        if (r == 0) r = cli_sampling_flag(&o->so, c, optarg);
+        if (r < 0) return 2;
+        if (r > 0) continue;
+        switch (c) {
+        case OPT_HELP: fputs(k_usage, stdout); return 1;
+        case OPT_SHOTS: if (cli_int("--shots", optarg, 0, 64, &o->shots) != 0) return 2; break;
+        case OPT_EXAMPLES: o->examples = optarg; break;
+        case OPT_TEMPLATE: o->template_path = optarg; break;
+        case OPT_FORMAT: o->format = optarg; break;
+        case OPT_BATCH_IN: o->batch_in = optarg; break;
+        case OPT_OUT: o->out = optarg; break;
+        case OPT_FIELD: o->field = optarg; break;
+        case OPT_OUT_FIELD: o->out_field = optarg; break;
+        case OPT_BATCH_SIZE: if (cli_int("--batch-size", optarg, 1, 1024, &o->batch_size) != 0) return 2; break;
+        case OPT_RESUME: o->resume = 1; break;
+        case OPT_EVAL: o->eval = 1; break;
+        case OPT_REF_FIELD: o->ref_fields = optarg; break;
+        case OPT_QUIET: o->quiet = 1; break;
+        default: return cli_usage_error("summarize", k_usage);
+        }
+    }
+    const char *why = NULL;
+    if (optind < argc - 1) why = "at most one input FILE";
+    else if (o->batch_in && optind < argc) why = "either FILE or --batch, not both";
+    else if (o->batch_in && !o->out) why = "--batch needs --out";
+    else if (!o->batch_in && (o->out || o->resume || o->eval)) why = "--out, --resume and --eval go with --batch";
+    else if (o->shots && !o->examples) why = "--shots needs --examples FILE";
+    else if (strcmp(o->format, "auto") && strcmp(o->format, "plain") && strcmp(o->format, "chat"))
+        why = "--format is auto, plain or chat";
+    else if (!o->field[0] || !o->out_field[0]) why = "--field and --out-field need a name";
+    if (why) {
+        fprintf(stderr, "qlm summarize: %s\n", why);
+        return cli_usage_error("summarize", k_usage);
+    }
+    if (!o->mo.model) {
+        fprintf(stderr, "qlm summarize: need -m MODEL\n");
+        return cli_usage_error("summarize", k_usage);
+    }
+    o->input = optind < argc ? argv[optind] : "-";
+    return 0;
+}
+
+static void prompter_free(prompter *p) {
+    free(p->tmpl);
+    free(p->shots);
+    cli_jsonl_free(&p->examples);
+}
+
+static int prompter_init(prompter *p, const options *o, const cli_model *cm) {
+    memset(p, 0, sizeof *p);
+    p->tok = cm->src.tok;
+    p->tmpl = o->template_path ? cli_read_text(o->template_path, NULL) : strdup(QLM_SUMMARY_TEMPLATE);
+    if (!p->tmpl) return o->template_path ? -1 : qlm_errorf("out of memory");
+    if (qlm_summary_template_check(p->tmpl, o->template_path ? o->template_path : "built-in template") != 0) return -1;
+    if (o->shots) {
+        if (cli_jsonl_load(&p->examples, o->examples) != 0) return -1;
+        if (p->examples.n < o->shots)
+            return qlm_errorf("%s: %d examples, but --shots %d", o->examples, p->examples.n, o->shots);
+        if (!(p->shots = calloc((size_t)o->shots, sizeof *p->shots))) return qlm_errorf("out of memory");
+        for (int i = 0; i < o->shots; i++) {
+            p->shots[i].dialogue = cli_jsonl_text(&p->examples, i, "dialogue");
+            p->shots[i].summary = cli_jsonl_text(&p->examples, i, "summary");
+            if (!p->shots[i].dialogue || !p->shots[i].summary) return -1;
+        }
+        p->n_shots = o->shots;
+    }
+    const char *tmpl = qlm_tokenizer_chat_template(p->tok);
+    int chat = strcmp(o->format, "chat") == 0 || (strcmp(o->format, "auto") == 0 && tmpl && !cm->src.is_t5);
+    if (chat && !tmpl) return qlm_errorf("%s: --format chat, but the tokenizer has no chat template", o->mo.model);
+    if (chat) {
+        int bos = qlm_tokenizer_bos(p->tok), eos = qlm_tokenizer_eos(p->tok);
+        p->chat_template = tmpl;
+        p->bos = bos >= 0 ? qlm_tokenizer_token(p->tok, bos) : "";
+        p->eos = eos >= 0 ? qlm_tokenizer_token(p->tok, eos) : "";
+    }
+    return 0;
+}
+
+/* The prompt ids for one dialogue. A chat template writes its own special tokens; plain prompts
+ * get the tokenizer's (BOS for decoders, </s> for T5). */
+static int prompt_ids(const prompter *p, const char *dialogue, int **ids, int *n) {
+    char *text;
+    if (qlm_summary_prompt(p->tmpl, p->shots, p->n_shots, dialogue, p->chat_template, p->bos, p->eos, &text) != 0)
+        return -1;
+    int rc = qlm_tokenizer_encode(p->tok, text, strlen(text), !p->chat_template, 1, ids, n);
+    free(text);
+    return rc;
+}
+
+/* Leading and trailing whitespace off a summary, in place; returns its new length. */
+static size_t trim(char *s, size_t len) {
+    size_t a = 0;
+    while (a < len && (s[a] == ' ' || s[a] == '\n' || s[a] == '\t' || s[a] == '\r')) a++;
+    while (len > a && (s[len - 1] == ' ' || s[len - 1] == '\n' || s[len - 1] == '\t' || s[len - 1] == '\r')) len--;
+    memmove(s, s + a, len - a);
+    s[len - a] = 0;
+    return len - a;
+}
+
+static int emit_stdout(void *user, const char *text, size_t len) {
+    (void)user;
+    fwrite(text, 1, len, stdout);
+    fflush(stdout);
+    return 0;
+}
+
+static int summarize_one(const options *o, cli_model *cm, const prompter *p) {
+    char *dialogue = cli_read_text(o->input, NULL);
+    if (!dialogue) return -1;
+    int *ids = NULL, n = 0, rc = -1;
+    qlm_session s;
+    int have_session = 0;
+    qlm_gen_stats pst = {0}, st = {0};
+    if (prompt_ids(p, dialogue, &ids, &n) != 0) goto out;
+    if (cli_session_init(&o->mo, cm, &s, o->so.gen.max_new_tokens) != 0) goto out;
+    have_session = 1;
+    if (qlm_session_sync(&s, ids, n, &pst) != 0) goto out;
+    if (qlm_session_generate(&s, &o->so.gen, emit_stdout, NULL, &st) != 0) goto out;
+    fputc('\n', stdout);
+    if (!o->quiet)
+        fprintf(stderr, "qlm: prompt %d tokens in %.2f s; summary %d tokens in %.2f s (%.1f tok/s), stop: %s\n",
+                pst.n_prompt, pst.prefill_seconds, st.n_generated, st.decode_seconds,
+                st.n_generated / (st.decode_seconds + 1e-9), qlm_stop_reason_name(st.reason));
+    rc = 0;
+out:
+    if (have_session) qlm_session_free(&s);
+    free(ids);
+    free(dialogue);
+    return rc;
+}
+
+/* ---- batch mode ---- */
+
+static volatile sig_atomic_t g_interrupted;
+
+static void on_interrupt(int sig) {
+    (void)sig;
+    g_interrupted = 1;
+}
+
+typedef struct {
+    const options *o;
+    cli_jsonl in;
+    int first, next, written; /* input records: first to do, next to hand out, next to write */
+    int **ids;
+    int *n_ids;
+    char **summary;           /* finished, waiting for the ones before them */
+    FILE *out;
+    double t0;
+    long generated;
+    int done_this_run;
+    int shown; /* progress last printed at this count (-1: never) */
+} batch_job;
+
+static double now_seconds(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static void progress(batch_job *j, int final) {
+    if (j->o->quiet || (final && j->shown == j->written)) return;
+    j->shown = j->written;
+    int total = j->in.n - j->first, done = j->written - j->first;
+    double secs = now_seconds() - j->t0, rate = done / (secs + 1e-9);
+    double eta = rate > 0 ? (total - done) / rate : 0;
+    int width = 30, fill = total ? (int)((long)width * done / total) : width;
+    int tty = isatty(STDERR_FILENO);
+    /* On a terminal the bar redraws in place; in a log, one line per tenth of the work. */
+    if (!tty && !final && total >= 10 && done % (total / 10) != 0) return;
+    fprintf(stderr, "%ssummarize [%.*s%*s] %d/%d dialogues, %.2f dialogues/s, %.1f tok/s, ETA %dm%02ds%s",
+            tty ? "\r" : "", fill, "##############################", width - fill, "", done, total, rate,
+            j->generated / (secs + 1e-9), (int)eta / 60, (int)eta % 60, tty && !final && done < total ? "" : "\n");
+    fflush(stderr);
+}
+
+/* Appends record i (its input fields but the dialogue, plus the summary) as one line, durably. */
+static int write_record(batch_job *j, int i) {
+    const options *o = j->o;
+    cJSON *rec = cJSON_Duplicate(j->in.rec[i], 1);
+    if (!rec) return qlm_errorf("out of memory");
+    cJSON_DeleteItemFromObjectCaseSensitive(rec, o->field);
+    cJSON_DeleteItemFromObjectCaseSensitive(rec, o->out_field);
+    char *line = NULL;
+    if (cJSON_AddStringToObject(rec, o->out_field, j->summary[i])) line = cJSON_PrintUnformatted(rec);
+    cJSON_Delete(rec);
+    if (!line) return qlm_errorf("out of memory");
+    int ok = fputs(line, j->out) >= 0 && fputc('\n', j->out) != EOF && fflush(j->out) == 0 &&
+             fdatasync(fileno(j->out)) == 0;
+    free(line);
+    if (!ok) return qlm_errorf("%s: write failed: %s", o->out, strerror(errno));
+    return 0;
+}
+
+static int next_dialogue(void *ctx, qlm_batch_request *req) {
+    batch_job *j = ctx;
+    if (j->next == j->in.n || g_interrupted) return 0;
+    int i = j->next++;
+    *req = (qlm_batch_request){j->ids[i], j->n_ids[i], &j->o->so.gen, (void *)(intptr_t)i};
+    return 1;
+}
+
+static int finished_dialogue(void *ctx, const qlm_batch_request *req, const char *text, size_t len,
+                             const qlm_gen_stats *st) {
+    batch_job *j = ctx;
+    int i = (int)(intptr_t)req->user;
+    char *s = malloc(len + 1);
+    if (!s) return 1;
+    memcpy(s, text, len);
+    s[len] = 0;
+    trim(s, len);
+    j->summary[i] = s;
+    j->generated += st->n_generated;
+    /* Lines go out in input order, so the output's length always says where to resume. */
+    while (j->written < j->in.n && j->summary[j->written]) {
+        if (write_record(j, j->written) != 0) {
+            fprintf(stderr, "qlm summarize: %s\n", qlm_last_error());
+            return 1;
+        }
+        free(j->summary[j->written]);
+        j->summary[j->written] = NULL;
+        j->written++;
+        j->done_this_run++;
+        progress(j, 0);
+    }
+    return g_interrupted ? 1 : 0;
+}
+
+/* With --resume: the complete lines of OUT (each a JSON object) are kept, a torn last line is cut
+ * off, and *done is their count. Without: OUT must not hold anything yet. */
+static int open_output(batch_job *j) {
+    const options *o = j->o;
+    struct stat st;
+    int exists = stat(o->out, &st) == 0 && st.st_size > 0;
+    if (exists && !o->resume)
+        return qlm_errorf("%s already holds results: use --resume to continue it, or remove it", o->out);
+    if (exists) {
+        size_t len;
+        char *text = cli_read_text(o->out, &len);
+        if (!text) return -1;
+        size_t keep = 0;
+        int lines = 0;
+        for (size_t at = 0; at < len;) {
+            char *nl = memchr(text + at, '\n', len - at);
+            if (!nl) break; /* a torn line from an interrupted write */
+            *nl = 0;
+            cJSON *rec = cJSON_Parse(text + at);
+            int ok = cJSON_IsObject(rec) && cJSON_IsString(cJSON_GetObjectItemCaseSensitive(rec, o->out_field));
+            cJSON_Delete(rec);
+            if (!ok) {
+                free(text);
+                return qlm_errorf("%s:%d: not a summary line this command wrote; not resuming", o->out, lines + 1);
+            }
+            lines++;
+            at = (size_t)(nl - text) + 1;
+            keep = at;
+        }
+        free(text);
+        if (lines > j->in.n)
+            return qlm_errorf("%s has %d lines but %s only %d records", o->out, lines, o->batch_in, j->in.n);
+        if (keep < (size_t)st.st_size && truncate(o->out, (off_t)keep) != 0)
+            return qlm_errorf("%s: cannot cut the torn last line: %s", o->out, strerror(errno));
+        j->first = lines;
+    }
+    j->out = fopen(o->out, "a");
+    if (!j->out) return qlm_errorf("%s: %s", o->out, strerror(errno));
+    return 0;
+}
+
+/* Splits "a,b,c" into names (in place). */
+static int split_names(char *list, const char **names, int max) {
+    int n = 0;
+    for (char *tok = strtok(list, ","); tok; tok = strtok(NULL, ","))
+        if (n < max) names[n++] = tok;
+    return n;
+}
+
+/* ROUGE of OUT's summaries against IN's references, in input order. */
+static int evaluate(const batch_job *j, double seconds) {
+    const options *o = j->o;
+    cli_jsonl out = {0};
+    char fields[512];
+    const char *names[MAX_REFS];
+    int rc = -1;
+    qlm_rouge_scores *scores = NULL;
+    if (o->ref_fields)
+        snprintf(fields, sizeof fields, "%s", o->ref_fields);
+    else
+        snprintf(fields, sizeof fields, "%s",
+                 cJSON_GetObjectItemCaseSensitive(j->in.rec[0], "summary1") ? "summary1,summary2,summary3" : "summary");
+    int n_refs = split_names(fields, names, MAX_REFS);
+    if (n_refs == 0) return qlm_errorf("--ref-field needs at least one name");
+    if (cli_jsonl_load(&out, o->out) != 0) goto done;
+    if (out.n != j->in.n) {
+        qlm_errorf("%s has %d summaries for %d dialogues", o->out, out.n, j->in.n);
+        goto done;
+    }
+    scores = malloc((size_t)out.n * sizeof *scores);
+    if (!scores) goto done;
+    for (int i = 0; i < out.n; i++) {
+        const char *refs[MAX_REFS], *pred = cli_jsonl_text(&out, i, o->out_field);
+        if (!pred) goto done;
+        for (int k = 0; k < n_refs; k++)
+            if (!(refs[k] = cli_jsonl_text(&j->in, i, names[k]))) goto done;
+        if (qlm_rouge_score(pred, refs, n_refs, &scores[i]) != 0) goto done;
+    }
+    qlm_rouge_scores mean;
+    qlm_rouge_mean(scores, (size_t)out.n, &mean);
+    printf("ROUGE of %s against %s (%d dialogues, best of %d reference%s per metric, stemmed):\n", o->out,
+           o->batch_in, out.n, n_refs, n_refs > 1 ? "s" : "");
+    qlm_rouge_print_table(stdout, &mean);
+    printf("generation took %.1f s (%d dialogues this run)\n", seconds, j->done_this_run);
+    rc = 0;
+done:
+    free(scores);
+    cli_jsonl_free(&out);
+    return rc;
+}
+
+static int summarize_batch(const options *o, cli_model *cm, const prompter *p) {
+    batch_job j = {.o = o, .shown = -1};
+    int rc = -1;
+    if (cli_jsonl_load(&j.in, o->batch_in) != 0) goto out;
+    if (j.in.n == 0) {
+        qlm_errorf("%s: no records", o->batch_in);
+        goto out;
+    }
+    for (int i = 0; i < j.in.n; i++)
+        if (!cli_jsonl_text(&j.in, i, o->field)) goto out;
+    if (open_output(&j) != 0) goto out;
+    j.ids = calloc((size_t)j.in.n, sizeof *j.ids);
+    j.n_ids = calloc((size_t)j.in.n, sizeof *j.n_ids);
+    j.summary = calloc((size_t)j.in.n, sizeof *j.summary);
+    if (!j.ids || !j.n_ids || !j.summary) {
+        qlm_errorf("out of memory");
+        goto out;
+    }
+    int max_prompt = 1;
+    for (int i = j.first; i < j.in.n; i++) {
+        if (prompt_ids(p, cli_jsonl_text(&j.in, i, o->field), &j.ids[i], &j.n_ids[i]) != 0) {
+            qlm_error_context("%s:%d", o->batch_in, j.in.line[i]);
+            goto out;
+        }
+        if (j.n_ids[i] > max_prompt) max_prompt = j.n_ids[i];
+    }
+    j.next = j.written = j.first;
+    qlm_batch_config bc = {.model = cm->src.is_t5 ? NULL : &cm->model, .t5 = cm->src.is_t5 ? &cm->t5 : NULL,
+                           .tok = cm->src.tok, .n_slots = o->batch_size, .max_prompt = max_prompt,
+                           .max_output = o->so.gen.max_new_tokens};
+    if (!o->quiet)
+        fprintf(stderr, "summarize: %d of %d dialogues to do (%d already in %s), %d at a time, prompts up to %d tokens\n",
+                j.in.n - j.first, j.in.n, j.first, o->out, o->batch_size, max_prompt);
+    struct sigaction sa = {.sa_handler = on_interrupt}, old_int, old_term;
+    sigaction(SIGINT, &sa, &old_int);
+    sigaction(SIGTERM, &sa, &old_term);
+    j.t0 = now_seconds();
+    qlm_batch_stats bs;
+    int brc = j.first < j.in.n ? qlm_batch_run(&bc, next_dialogue, finished_dialogue, &j, &bs) : 0;
+    double seconds = now_seconds() - j.t0;
+    sigaction(SIGINT, &old_int, NULL);
+    sigaction(SIGTERM, &old_term, NULL);
+    if (j.first < j.in.n) progress(&j, 1);
+    if (g_interrupted) {
+        qlm_errorf("interrupted: %d of %d dialogues are in %s; run again with --resume to continue", j.written,
+                   j.in.n, o->out);
+        goto out;
+    }
+    if (brc != 0) goto out;
+    if (!o->quiet && j.first < j.in.n)
+        fprintf(stderr, "summarize: %d dialogues in %.1f s (%.2f dialogues/s), %ld tokens generated (%.1f tok/s), "
+                        "%ld decode steps\n",
+                j.done_this_run, seconds, j.done_this_run / (seconds + 1e-9), bs.generated_tokens,
+                bs.generated_tokens / (seconds + 1e-9), bs.steps);
+    rc = o->eval ? evaluate(&j, seconds) : 0;
+out:
+    if (j.out && fclose(j.out) != 0 && rc == 0) rc = qlm_errorf("%s: %s", o->out, strerror(errno));
+    for (int i = 0; j.ids && i < j.in.n; i++) free(j.ids[i]);
+    for (int i = 0; j.summary && i < j.in.n; i++) free(j.summary[i]);
+    free(j.ids);
+    free(j.n_ids);
+    free(j.summary);
+    cli_jsonl_free(&j.in);
+    return rc;
+}
+
+int cmd_summarize(int argc, char **argv) {
+    options o;
+    int r = parse(argc, argv, &o);
+    if (r) return r == 1 ? 0 : r;
+    cli_model cm;
+    if (cli_load_model(&o.mo, &cm, 1, o.quiet) != 0) return cli_fail("summarize");
+    prompter p;
+    int rc = prompter_init(&p, &o, &cm);
+    if (rc == 0) rc = o.batch_in ? summarize_batch(&o, &cm, &p) : summarize_one(&o, &cm, &p);
+    prompter_free(&p);
+    cli_free_model(&cm);
+    return rc == 0 ? 0 : cli_fail("summarize");
+}
