@@ -31,7 +31,7 @@ CLI_OBJS  := $(CLI_SRCS:%.c=$(BUILD)/%.o)
 TEST_BINS := $(TEST_SRCS:tests/%.c=$(BUILD)/tests/%)
 LIB       := $(BUILD)/libqlm.a
 
-.PHONY: all test asan run bench clean setup check-tests
+.PHONY: all test asan run bench eval clean setup check-tests
 
 all: $(BUILD)/qlm
 
@@ -76,6 +76,9 @@ run: setup $(BUILD)/qlm
 
 bench: setup $(BUILD)/qlm
 	@scripts/bench.sh $(BUILD)/qlm
+
+eval: setup $(BUILD)/qlm
+	@scripts/eval_dialogsum.sh $(BUILD)/qlm
 
 clean:
 	rm -rf build

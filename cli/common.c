@@ -63,6 +63,7 @@ int cli_model_flag(cli_model_opts *o, int opt, const char *arg) {
     case OPT_THREADS: return cli_int("--threads", arg, 1, 1024, &o->threads) ? -1 : 1;
     case OPT_CTX: return cli_int("--ctx", arg, 1, 1 << 24, &o->ctx) ? -1 : 1;
     case OPT_BATCH: return cli_int("--chunk", arg, 1, 1 << 16, &o->batch) ? -1 : 1;
+    case OPT_RANDOM_WEIGHTS: o->random_weights = 1; return 1;
     case OPT_DEVICE:
         if (strcmp(arg, "cpu") && strcmp(arg, "cuda") && strcmp(arg, "auto")) {
             fprintf(stderr, "qlm: --device must be cpu, cuda or auto, got '%s'\n", arg);
@@ -131,7 +132,9 @@ int cli_load_model(const cli_model_opts *o, cli_model *cm, int need_tokenizer, i
     if (!be) return -1;
     struct timespec t0, t1;
     clock_gettime(CLOCK_MONOTONIC, &t0);
-    if (qlm_source_open(&cm->src, o->model, o->tokenizer) != 0) return -1;
+    int rc = o->random_weights ? qlm_source_open_random(&cm->src, o->model, o->tokenizer, 0x716c6d)
+                               : qlm_source_open(&cm->src, o->model, o->tokenizer);
+    if (rc != 0) return -1;
     if (need_tokenizer && !cm->src.tok) {
         qlm_source_close(&cm->src);
         return qlm_errorf("%s: no tokenizer found beside the model; give one with -t", o->model);
@@ -140,7 +143,7 @@ int cli_load_model(const cli_model_opts *o, cli_model *cm, int need_tokenizer, i
                             .backend = be};
     if (o->dtype) qlm_dtype_parse(o->dtype, &mo.dtype);
     if (o->dtype && mo.dtype == QLM_I8) mo.per_channel = o->per_channel;
-    int rc = cm->src.is_t5 ? qlm_t5_build(&cm->t5, &cm->src.t5, cm->src.store, &mo)
+    rc = cm->src.is_t5 ? qlm_t5_build(&cm->t5, &cm->src.t5, cm->src.store, &mo)
                            : qlm_model_build(&cm->model, &cm->src.cfg, cm->src.store, &mo);
     if (rc != 0) {
         qlm_error_context("%s", o->model);

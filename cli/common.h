@@ -15,7 +15,7 @@ enum {
     OPT_DTYPE = 256, OPT_PER_CHANNEL, OPT_THREADS, OPT_CTX, OPT_DEVICE, OPT_BATCH,
     OPT_TEMP, OPT_TOP_K, OPT_TOP_P, OPT_REPEAT_PENALTY, OPT_REPEAT_LAST_N, OPT_SEED, OPT_STOP,
     OPT_JSON, OPT_SYSTEM, OPT_NO_BOS, OPT_RAW, OPT_FILE, OPT_REPS, OPT_PP, OPT_TG, OPT_QUIET,
-    OPT_NO_SPECIAL,
+    OPT_NO_SPECIAL, OPT_RANDOM_WEIGHTS,
 };
 
 #define CLI_MODEL_OPTIONS                                                                                 \
@@ -23,6 +23,7 @@ enum {
         {"dtype", required_argument, 0, OPT_DTYPE}, {"per-channel", no_argument, 0, OPT_PER_CHANNEL},     \
         {"threads", required_argument, 0, OPT_THREADS}, {"ctx", required_argument, 0, OPT_CTX},           \
         {"device", required_argument, 0, OPT_DEVICE}, {"chunk", required_argument, 0, OPT_BATCH},        \
+        {"random-weights", no_argument, 0, OPT_RANDOM_WEIGHTS},                                           \
         {"help", no_argument, 0, OPT_HELP}
 
 #define CLI_SAMPLING_OPTIONS                                                                              \
@@ -39,7 +40,8 @@ enum {
     "      --threads N        CPU threads (default: all cores)\n"                                         \
     "      --ctx N            context window in tokens (default: min(model, 4096))\n"                     \
     "      --chunk N          tokens per forward pass during prefill (default 512)\n"                     \
-    "      --device D         cpu, cuda or auto (default auto)\n"
+    "      --device D         cpu, cuda or auto (default auto)\n"                                       \
+    "      --random-weights   random weights of the shape in MODEL/config.json (for speed measurements)\n"
 
 #define CLI_SAMPLING_HELP                                                                                 \
     "  -n, --max-tokens N     tokens to generate (default 256)\n"                                         \
@@ -53,7 +55,7 @@ enum {
 
 typedef struct {
     const char *model, *tokenizer, *dtype, *device;
-    int per_channel, threads, ctx, batch;
+    int per_channel, threads, ctx, batch, random_weights;
 } cli_model_opts;
 
 typedef struct {

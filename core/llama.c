@@ -105,6 +105,30 @@ static int build_inv_freq(qlm_model *m) {
     return 0;
 }
 
+int qlm_model_random_store(const qlm_llama_config *cfg, uint64_t seed, qlm_tensor_store *store) {
+    if (qlm_config_validate(cfg, "model config") != 0) return -1;
+    qlm_model m = {.cfg = *cfg};
+    m.layers = calloc((size_t)cfg->n_layers, sizeof *m.layers);
+    if (!m.layers) return qlm_errorf("out of memory");
+    qlm_param p[N_LAYER_PARAMS];
+    int n = shared_params(&m, "model.embed_tokens.weight", p), rc = qlm_params_add_random(p, n, seed, store);
+    for (int l = 0; l < cfg->n_layers && rc == 0; l++) {
+        layer_params(&m, l, p);
+        /* Biases only where the config has them. */
+        int keep = 0;
+        for (int i = 0; i < N_LAYER_PARAMS; i++) {
+            const char *name = p[i].name;
+            int is_bias = strstr(name, ".bias") != NULL;
+            int wanted = !is_bias || (strstr(name, "o_proj") ? cfg->attn_out_bias
+                                      : strstr(name, "mlp.") ? cfg->mlp_bias : cfg->attn_bias);
+            if (wanted) p[keep++] = p[i];
+        }
+        rc = qlm_params_add_random(p, keep, seed + 1000003u * (uint64_t)(l + 1), store);
+    }
+    free(m.layers);
+    return rc;
+}
+
 int qlm_model_build(qlm_model *m, const qlm_llama_config *cfg, const qlm_tensor_store *store,
                     const qlm_model_options *opts) {
     memset(m, 0, sizeof *m);

@@ -44,6 +44,9 @@ typedef struct {
 int qlm_model_build(qlm_model *m, const qlm_llama_config *cfg, const qlm_tensor_store *store,
                     const qlm_model_options *opts);
 void qlm_model_free(qlm_model *m);
+/* Fills store with every tensor a model of this config needs, random as qlm_params_add_random
+ * makes them: for measuring a model's shape without its weights. */
+int qlm_model_random_store(const qlm_llama_config *cfg, uint64_t seed, qlm_tensor_store *store);
 /* Bytes of weights read per decoded token (all linear weights + lm_head, no embedding table
  * unless tied), for bandwidth figures. */
 size_t qlm_model_weight_bytes(const qlm_model *m);

@@ -1,5 +1,6 @@
 #include "param_pack.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -188,4 +189,26 @@ int64_t qlm_params_count(const qlm_param *p, int n) {
         if (present) total += p[i].rows * (p[i].cols ? p[i].cols : 1);
     }
     return total;
+}
+
+static uint64_t splitmix64(uint64_t x) {
+    x += 0x9E3779B97F4A7C15ull;
+    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+    x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+    return x ^ (x >> 31);
+}
+
+int qlm_params_add_random(const qlm_param *p, int n, uint64_t seed, qlm_tensor_store *store) {
+    for (int k = 0; k < n; k++) {
+        int64_t shape[2] = {p[k].rows, p[k].cols}, count = p[k].rows * (p[k].cols ? p[k].cols : 1);
+        void *data;
+        if (!qlm_store_add_owned(store, p[k].name, QLM_F32, p[k].cols ? 2 : 1, shape, &data)) return -1;
+        float *w = data, gain = p[k].matrix ? 1.0f / sqrtf((float)p[k].cols) : 1.0f;
+        uint64_t base = splitmix64(seed + (uint64_t)k) << 32;
+        for (int64_t i = 0; i < count; i++) {
+            float u = (float)((double)(splitmix64(base + (uint64_t)i) >> 40) / 16777216.0 * 2.0 - 1.0);
+            w[i] = p[k].cols ? u * gain : 1.0f;
+        }
+    }
+    return 0;
 }

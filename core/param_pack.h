@@ -31,6 +31,11 @@ int qlm_params_export(const qlm_param *p, int n, qlm_tensor_store *store);
 /* Number of values in the present parameters. */
 int64_t qlm_params_count(const qlm_param *p, int n);
 
+/* Adds every parameter of the list to store as F32, deterministic in seed: 1-D tensors (norms) 1,
+ * other tables uniform in [-1, 1), linear weights uniform with variance 1/(3 cols). For measuring
+ * a model's shape without its weights. */
+int qlm_params_add_random(const qlm_param *p, int n, uint64_t seed, qlm_tensor_store *store);
+
 /* Bytes one matrix occupies in its storage dtype, per-row scales included. */
 size_t qlm_weight_bytes(const qlm_weight *w);
 

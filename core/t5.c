@@ -166,6 +166,26 @@ size_t qlm_t5_decoder_weight_bytes(const qlm_t5_model *m) {
     return b;
 }
 
+int qlm_t5_random_store(const qlm_t5_config *cfg, uint64_t seed, qlm_tensor_store *store) {
+    if (qlm_t5_config_validate(cfg, "model config") != 0) return -1;
+    /* Only the parameter lists are needed: a model with layer arrays but no weights yet. */
+    qlm_t5_model m = {.cfg = *cfg};
+    m.enc = calloc((size_t)cfg->n_layers, sizeof *m.enc);
+    m.dec = calloc((size_t)cfg->n_dec_layers, sizeof *m.dec);
+    int rc = m.enc && m.dec ? 0 : qlm_errorf("out of memory");
+    qlm_param p[MAX_BLOCK_PARAMS];
+    int n = shared_params(&m, "shared.weight", p);
+    if (rc == 0) rc = qlm_params_add_random(p, n, seed, store);
+    for (int dec = 0; dec < 2 && rc == 0; dec++)
+        for (int b = 0; b < (dec ? cfg->n_dec_layers : cfg->n_layers) && rc == 0; b++) {
+            n = block_params(&m, dec, b, p);
+            rc = qlm_params_add_random(p, n, seed + 1000003u * (uint64_t)(dec * 4096 + b + 1), store);
+        }
+    free(m.enc);
+    free(m.dec);
+    return rc;
+}
+
 /* As transformers computes it: exact buckets for small distances, then logarithmic ones up to
  * max_distance, in float32 so the rounding of the bucket edges agrees. */
 int qlm_t5_rel_bucket(int rel, int bidirectional, int n_buckets, int max_distance) {

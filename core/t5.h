@@ -50,6 +50,10 @@ size_t qlm_t5_decoder_weight_bytes(const qlm_t5_model *m);
 /* Writes the weights back under HF names in the storage dtype (for `qlm quantize`). */
 int qlm_t5_export(const qlm_t5_model *m, qlm_tensor_store *store);
 
+/* Fills store with every tensor a T5 of this config needs, random as qlm_params_add_random makes
+ * them: for measuring a model's shape without its weights (e.g. flan-t5-base's config.json alone). */
+int qlm_t5_random_store(const qlm_t5_config *cfg, uint64_t seed, qlm_tensor_store *store);
+
 /* T5's bucket of a relative position (key position - query position). */
 int qlm_t5_rel_bucket(int rel, int bidirectional, int n_buckets, int max_distance);
 

@@ -9,6 +9,8 @@
 #include "gguf.h"
 #include "hf_config.h"
 #include "llama2c.h"
+#include "../core/model.h"
+#include "../core/t5.h"
 #include "safetensors.h"
 
 const char *qlm_format_name(qlm_format f) {
@@ -208,6 +210,38 @@ int qlm_source_open(qlm_source *src, const char *model_path, const char *tokeniz
         return -1;
     }
     note_stored_dtype(src);
+    return 0;
+}
+
+int qlm_source_open_random(qlm_source *src, const char *folder, const char *tokenizer_path, uint64_t seed) {
+    memset(src, 0, sizeof *src);
+    snprintf(src->path, sizeof src->path, "%s", folder);
+    char cfg_path[4200];
+    snprintf(cfg_path, sizeof cfg_path, "%s/config.json", folder);
+    src->format = QLM_FMT_SAFETENSORS;
+    src->store = qlm_store_new();
+    int rc = src->store ? 0 : -1, t5 = rc == 0 ? qlm_hf_config_is_t5(cfg_path) : -1;
+    if (t5 < 0) rc = -1;
+    src->is_t5 = t5 > 0;
+    if (rc == 0)
+        rc = src->is_t5 ? qlm_hf_t5_config_load(cfg_path, &src->t5) : qlm_hf_config_load(cfg_path, &src->cfg);
+    if (rc == 0)
+        rc = src->is_t5 ? qlm_t5_random_store(&src->t5, seed, src->store)
+                        : qlm_model_random_store(&src->cfg, seed, src->store);
+    const char *tok = tokenizer_path ? tokenizer_path : folder;
+    char json[4200], spiece[4200];
+    snprintf(json, sizeof json, "%s/tokenizer.json", folder);
+    snprintf(spiece, sizeof spiece, "%s/spiece.model", folder);
+    if (rc == 0 && (tokenizer_path || is_file(json) || is_file(spiece))) {
+        src->tok = qlm_tokenizer_open(tok, src->cfg.vocab_size);
+        if (!src->tok) rc = -1;
+    }
+    if (rc != 0) {
+        if (!strstr(qlm_last_error(), folder)) qlm_error_context("%s", folder);
+        qlm_source_close(src);
+        return -1;
+    }
+    src->stored_dtype = QLM_F32;
     return 0;
 }
 

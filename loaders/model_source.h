@@ -4,6 +4,8 @@
 #ifndef QLM_MODEL_SOURCE_H
 #define QLM_MODEL_SOURCE_H
 
+#include <stdint.h>
+
 #include "../core/config.h"
 #include "../core/dtype.h"
 #include "../core/tokenizer.h"
@@ -26,6 +28,9 @@ typedef struct {
 /* tokenizer_path may be NULL (found beside the model). Fails if the model cannot be read;
  * a missing tokenizer is not an error here (src->tok stays NULL). */
 int qlm_source_open(qlm_source *src, const char *model_path, const char *tokenizer_path);
+/* A model folder's config.json (and tokenizer) with random weights of its shape instead of its
+ * files' (see qlm_params_add_random): for measuring speed when only the config is at hand. */
+int qlm_source_open_random(qlm_source *src, const char *folder, const char *tokenizer_path, uint64_t seed);
 void qlm_source_close(qlm_source *src);
 /* Loads a tokenizer from a tokenizer.json, a tokenizer.bin (vocab_size needed), a .gguf or a folder. */
 qlm_tokenizer *qlm_tokenizer_open(const char *path, int vocab_size);

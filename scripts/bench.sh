@@ -7,9 +7,11 @@
 set -euo pipefail
 qlm=${1:-build/qlm}
 cd "$(dirname "$0")/.."
-cache="${QLM_CACHE:-$HOME/.cache/qlm}"
-gguf="$cache/SmolLM2-135M-Instruct.Q4_1.gguf"
+. scripts/default_model.sh
+assets="${QLM_ASSETS:-../shared/assets}"
 reps=${QLM_BENCH_REPS:-3}
+n_dialogues=${QLM_BENCH_DIALOGUES:-32}
+summary_tokens=${QLM_BENCH_SUMMARY_TOKENS:-64}
 threads=$(nproc)
 out=docs/benchmarks.md
 tmp=$(mktemp -d)
@@ -24,6 +26,27 @@ for spec in "f32:" "bf16:" "f16:" "int8:" "int8:--per-channel"; do
     echo "bench: $dt $extra ..." >&2
     "$qlm" bench -m "$gguf" --dtype "$dt" $extra --pp 512 --tg 128 --reps "$reps" --json > "$tmp/$dt$extra.json"
     rows+=("$tmp/$dt$extra.json")
+done
+
+# Batch summarization: the first DialogSum test dialogues through `qlm summarize --batch` at
+# several batch sizes, for SmolLM2 and for a model of flan-t5-base's exact shape (random weights:
+# its config.json is at hand, its weights are not), both in BF16.
+head -n "$n_dialogues" "$assets/dialogsum/dialogsum.test.jsonl" > "$tmp/dialogues.jsonl"
+summary_rows=()
+for spec in "SmolLM2-135M-Instruct|$model|" "flan-t5-base shape, random weights|$assets/flan-t5-base|--random-weights"; do
+    IFS='|' read -r name path extra <<< "$spec"
+    for bs in 1 8 32; do
+        echo "bench: summarize $name, batch size $bs ..." >&2
+        rm -f "$tmp/out.jsonl"
+        "$qlm" summarize -m "$path" $extra --dtype bf16 --batch "$tmp/dialogues.jsonl" --out "$tmp/out.jsonl" \
+            --batch-size "$bs" -n "$summary_tokens" 2> "$tmp/summarize.log"
+        # "summarize: N dialogues in S s (D dialogues/s), T tokens generated (R tok/s), K decode steps"
+        line=$(grep '^summarize: .* dialogues in ' "$tmp/summarize.log")
+        dps=$(sed 's/.*(\([0-9.]*\) dialogues\/s).*/\1/' <<< "$line")
+        tps=$(sed 's/.*generated (\([0-9.]*\) tok\/s).*/\1/' <<< "$line")
+        secs=$(sed 's/.* dialogues in \([0-9.]*\) s .*/\1/' <<< "$line")
+        summary_rows+=("$name|$bs|$secs|$dps|$tps")
+    done
 done
 
 llama_cpp=""
@@ -62,7 +85,27 @@ fi
         echo "- llama.cpp: not measured (the Python package llama_cpp is not installed on this machine)."
     fi
     echo
-    echo "Reproduce: \`make bench\` (set QLM_BENCH_REPS to change the repetitions)."
+    echo "## Batch summarization"
+    echo
+    echo "\`qlm summarize --batch\` over the first $n_dialogues DialogSum test dialogues (zero-shot prompt; chat template for"
+    echo "SmolLM2, plain for T5), greedy, at most $summary_tokens new tokens each, BF16 weights, in the same run. Each"
+    echo "dialogue is prefilled (T5: encoded) on its own; decode steps are shared by the batch."
+    echo
+    echo "| model | batch size | seconds | dialogues/s | generated tok/s | vs batch 1 |"
+    echo "| --- | ---: | ---: | ---: | ---: | ---: |"
+    base=""
+    for r in "${summary_rows[@]}"; do
+        IFS='|' read -r name bs secs dps tps <<< "$r"
+        [ "$bs" = 1 ] && base=$dps
+        printf "| %s | %s | %.1f | %.3f | %.1f | %.2fx |\n" "$name" "$bs" "$secs" "$dps" "$tps" "$(calc "$dps / $base")"
+    done
+    echo
+    echo "Reproduce: \`make bench\` (QLM_BENCH_REPS, QLM_BENCH_DIALOGUES and QLM_BENCH_SUMMARY_TOKENS change the"
+    echo "repetitions, the number of dialogues and the summary length)."
+    # The DialogSum ROUGE block that `make eval` writes is kept.
+    if [ -f "$out" ]; then
+        awk '/<!-- dialogsum-eval -->/ { keep = 1; print "" } keep { print } /<!-- \/dialogsum-eval -->/ { keep = 0 }' "$out"
+    fi
 } > "$out.tmp"
 mv "$out.tmp" "$out"
 cat "$out"

@@ -389,6 +389,33 @@ static void test_cli_generate_folder(void **state) {
     close_fixture(&f);
 }
 
+/* Random weights of a config's shape (for --random-weights): every tensor present, finite logits,
+ * the same for the same seed and different for another. */
+static void test_random_weights(void **state) {
+    (void)state;
+    fixture f;
+    open_fixture(&f, "gated_untied", 1);
+    float *logits[3];
+    int n = 0;
+    for (int k = 0; k < 3; k++) {
+        qlm_tensor_store *store = qlm_store_new();
+        assert_int_equal(qlm_t5_random_store(&f.cfg, k < 2 ? 7 : 8, store), 0);
+        assert_int_equal(qlm_store_count(store), qlm_store_count(f.store));
+        qlm_t5_model m;
+        qlm_model_options o = {.dtype = QLM_BF16, .backend = qlm_backend_cpu()};
+        if (qlm_t5_build(&m, &f.cfg, store, &o) != 0) fail_msg("%s", qlm_last_error());
+        n = forced_logits(&m, &f, &logits[k], NULL);
+        for (size_t i = 0; i < (size_t)n * m.cfg.vocab_size; i++) assert_true(isfinite(logits[k][i]));
+        qlm_t5_free(&m);
+        qlm_store_free(store);
+    }
+    size_t bytes = (size_t)n * f.cfg.vocab_size * sizeof(float);
+    assert_memory_equal(logits[0], logits[1], bytes);
+    assert_memory_not_equal(logits[0], logits[2], bytes);
+    for (int k = 0; k < 3; k++) free(logits[k]);
+    close_fixture(&f);
+}
+
 static void test_errors(void **state) {
     (void)state;
     fixture f;
@@ -424,6 +451,7 @@ int main(void) {
         cmocka_unit_test(test_flan_small_shapes),
         cmocka_unit_test(test_f16_does_not_overflow),
         cmocka_unit_test(test_cli_generate_folder),
+        cmocka_unit_test(test_random_weights),
         cmocka_unit_test(test_errors),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
