@@ -56,15 +56,17 @@ static int write_folder(cli_model *cm, const char *out_dir) {
     if (!store) return -1;
     char path[4200];
     char quant[64];
-    snprintf(quant, sizeof quant, "%s%s", qlm_dtype_name(cm->model.dtype),
-             cm->model.dtype == QLM_I8 ? (cm->model.per_channel ? "-per-channel" : "-per-tensor") : "");
+    int t5 = cm->src.is_t5;
+    qlm_dtype dt = t5 ? cm->t5.dtype : cm->model.dtype;
+    int per_channel = t5 ? cm->t5.per_channel : cm->model.per_channel;
+    snprintf(quant, sizeof quant, "%s%s", qlm_dtype_name(dt), dt == QLM_I8 ? (per_channel ? "-per-channel" : "-per-tensor") : "");
     const char *meta[] = {"format", "pt", "qlm.dtype", quant, NULL};
-    int rc = qlm_model_export(&cm->model, store);
+    int rc = t5 ? qlm_t5_export(&cm->t5, store) : qlm_model_export(&cm->model, store);
     snprintf(path, sizeof path, "%s/model.safetensors", out_dir);
     if (rc == 0) rc = qlm_safetensors_save(path, store, meta);
     qlm_store_free(store);
     snprintf(path, sizeof path, "%s/config.json", out_dir);
-    if (rc == 0) rc = qlm_hf_config_save(path, &cm->model.cfg);
+    if (rc == 0) rc = t5 ? qlm_hf_t5_config_save(path, &cm->t5.cfg) : qlm_hf_config_save(path, &cm->model.cfg);
     if (rc != 0 || !cm->src.tok) return rc;
     if (cm->src.format == QLM_FMT_SAFETENSORS) {
         char src_dir[4096];
@@ -76,7 +78,7 @@ static int write_folder(cli_model *cm, const char *out_dir) {
             else snprintf(src_dir, sizeof src_dir, ".");
         }
         const char *files[] = {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
-                               "generation_config.json"};
+                               "generation_config.json", "spiece.model"};
         for (size_t i = 0; i < sizeof files / sizeof files[0] && rc == 0; i++) rc = copy_if_exists(src_dir, out_dir, files[i]);
         return rc;
     }
@@ -122,12 +124,9 @@ static int run(int argc, char **argv, const char *cmd, const char *usage, int re
     const char *out = argv[optind + 1];
     cli_model cm;
     if (cli_load_model(&mo, &cm, 0, 0) != 0) return cli_fail(cmd);
-    if (cli_require_decoder_only(&cm, cmd) != 0) {
-        cli_free_model(&cm);
-        return cli_fail(cmd);
-    }
-    fprintf(stderr, "qlm %s: writing %s (%s%s weights)\n", cmd, out, qlm_dtype_name(cm.model.dtype),
-            cm.model.per_channel ? ", per-channel scales" : "");
+    qlm_dtype dt = cm.src.is_t5 ? cm.t5.dtype : cm.model.dtype;
+    int pc = cm.src.is_t5 ? cm.t5.per_channel : cm.model.per_channel;
+    fprintf(stderr, "qlm %s: writing %s (%s%s weights)\n", cmd, out, qlm_dtype_name(dt), pc ? ", per-channel scales" : "");
     int rc = write_folder(&cm, out);
     cli_free_model(&cm);
     if (rc != 0) return cli_fail(cmd);

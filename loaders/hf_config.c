@@ -376,16 +376,11 @@ static int fill_json(cJSON *root, const qlm_llama_config *cfg, hf_arch arch) {
     return ok ? 0 : -1;
 }
 
-int qlm_hf_config_save(const char *path, const qlm_llama_config *cfg) {
-    hf_arch arch = ARCH_LLAMA;
-    if (qlm_config_validate(cfg, path) != 0 || pick_arch(cfg, path, &arch) != 0) return -1;
-    cJSON *root = cJSON_CreateObject();
-    char *text = NULL;
-    if (!root || fill_json(root, cfg, arch) != 0 || !(text = cJSON_Print(root))) {
-        cJSON_Delete(root);
-        return qlm_errorf("%s: out of memory building config.json", path);
-    }
+/* Writes root as pretty JSON to path atomically, then frees it. */
+static int save_json(const char *path, cJSON *root) {
+    char *text = root ? cJSON_Print(root) : NULL;
     cJSON_Delete(root);
+    if (!text) return qlm_errorf("%s: out of memory building config.json", path);
     qlm_atomic_file af;
     int rc = qlm_atomic_open(&af, path);
     if (rc == 0) rc = qlm_atomic_write(&af, text, strlen(text));
@@ -394,4 +389,43 @@ int qlm_hf_config_save(const char *path, const qlm_llama_config *cfg) {
     else if (af.f) qlm_atomic_abort(&af);
     free(text);
     return rc;
+}
+
+int qlm_hf_config_save(const char *path, const qlm_llama_config *cfg) {
+    hf_arch arch = ARCH_LLAMA;
+    if (qlm_config_validate(cfg, path) != 0 || pick_arch(cfg, path, &arch) != 0) return -1;
+    cJSON *root = cJSON_CreateObject();
+    if (root && fill_json(root, cfg, arch) != 0) {
+        cJSON_Delete(root);
+        root = NULL;
+    }
+    return save_json(path, root);
+}
+
+int qlm_hf_t5_config_save(const char *path, const qlm_t5_config *cfg) {
+    if (qlm_t5_config_validate(cfg, path) != 0) return -1;
+    const char *proj = !cfg->gated ? "relu" : cfg->act == QLM_ACT_SILU ? "gated-silu" : "gated-gelu";
+    const char *names[1] = {"T5ForConditionalGeneration"};
+    cJSON *root = cJSON_CreateObject(), *archs = cJSON_CreateStringArray(names, 1);
+    int ok = root && archs && cJSON_AddItemToObject(root, "architectures", archs);
+    if (!ok) cJSON_Delete(archs);
+    ok = ok && cJSON_AddStringToObject(root, "model_type", "t5") && cJSON_AddNumberToObject(root, "d_model", cfg->d_model) &&
+         cJSON_AddNumberToObject(root, "d_kv", cfg->d_kv) && cJSON_AddNumberToObject(root, "d_ff", cfg->d_ff) &&
+         cJSON_AddNumberToObject(root, "num_layers", cfg->n_layers) &&
+         cJSON_AddNumberToObject(root, "num_decoder_layers", cfg->n_dec_layers) &&
+         cJSON_AddNumberToObject(root, "num_heads", cfg->n_heads) &&
+         cJSON_AddNumberToObject(root, "vocab_size", cfg->vocab_size) &&
+         cJSON_AddNumberToObject(root, "relative_attention_num_buckets", cfg->rel_buckets) &&
+         cJSON_AddNumberToObject(root, "relative_attention_max_distance", cfg->rel_max_distance) &&
+         add_float(root, "layer_norm_epsilon", cfg->norm_eps) && cJSON_AddStringToObject(root, "feed_forward_proj", proj) &&
+         cJSON_AddBoolToObject(root, "tie_word_embeddings", cfg->tie_embeddings) &&
+         cJSON_AddBoolToObject(root, "is_encoder_decoder", 1) && cJSON_AddNumberToObject(root, "pad_token_id", cfg->pad_id) &&
+         cJSON_AddNumberToObject(root, "eos_token_id", cfg->eos_id) &&
+         cJSON_AddNumberToObject(root, "decoder_start_token_id", cfg->decoder_start_id) &&
+         cJSON_AddStringToObject(root, "torch_dtype", "float32");
+    if (!ok) {
+        cJSON_Delete(root);
+        root = NULL;
+    }
+    return save_json(path, root);
 }

@@ -9,6 +9,8 @@ int qlm_hf_config_load(const char *path, qlm_llama_config *cfg);
 int qlm_hf_config_is_t5(const char *path);
 /* config.json of T5ForConditionalGeneration (T5, T5 v1.1, FLAN-T5). */
 int qlm_hf_t5_config_load(const char *path, qlm_t5_config *cfg);
+/* Writes cfg as a T5ForConditionalGeneration config.json (atomically). */
+int qlm_hf_t5_config_save(const char *path, const qlm_t5_config *cfg);
 /* Writes cfg as a config.json that transformers loads (atomically). */
 int qlm_hf_config_save(const char *path, const qlm_llama_config *cfg);
 

@@ -12,6 +12,7 @@
 #include "../core/error.h"
 #include "../core/t5.h"
 #include "../loaders/hf_config.h"
+#include "../loaders/model_source.h"
 #include "../loaders/safetensors.h"
 #include "test_util.h"
 
@@ -389,6 +390,52 @@ static void test_cli_generate_folder(void **state) {
     close_fixture(&f);
 }
 
+/* `qlm quantize` of a T5 folder: the written folder loads back as the same model, bit for bit
+ * (INT8 per-channel scales and F16 values are stored as they are held). */
+static void test_quantize_roundtrip(void **state) {
+    (void)state;
+    const struct { const char *flags; qlm_dtype dt; int pc; } cases[] = {
+        {"--dtype int8 --per-channel", QLM_I8, 1}, {"--dtype f16", QLM_F16, 0}};
+    for (int c = 0; c < 2; c++) {
+        char dir[256], args[512], *out = NULL;
+        assert_non_null(test_tmpdir(dir, sizeof dir));
+        snprintf(args, sizeof args, "quantize " FIX "/gated_untied %s/q %s 2>&1", dir, cases[c].flags);
+        assert_int_equal(run_qlm(&out, args), 0);
+        free(out);
+        fixture f;
+        open_fixture(&f, "gated_untied", 1);
+        qlm_t5_model direct, reloaded;
+        build(&direct, &f, cases[c].dt, cases[c].pc);
+        char qdir[300];
+        snprintf(qdir, sizeof qdir, "%s/q", dir);
+        qlm_source src;
+        if (qlm_source_open(&src, qdir, NULL) != 0) fail_msg("%s", qlm_last_error());
+        assert_true(src.is_t5);
+        assert_memory_equal(&src.t5, &f.cfg, sizeof f.cfg);
+        assert_int_equal(src.stored_dtype, cases[c].dt);
+        qlm_model_options o = {.dtype = cases[c].dt, .per_channel = cases[c].pc, .backend = qlm_backend_cpu()};
+        if (qlm_t5_build(&reloaded, &src.t5, src.store, &o) != 0) fail_msg("%s", qlm_last_error());
+        float *a, *b;
+        int n = forced_logits(&direct, &f, &a, NULL);
+        assert_int_equal(forced_logits(&reloaded, &f, &b, NULL), n);
+        assert_memory_equal(a, b, (size_t)n * f.cfg.vocab_size * sizeof *a);
+        free(a);
+        free(b);
+        qlm_t5_free(&direct);
+        qlm_t5_free(&reloaded);
+        qlm_source_close(&src);
+        close_fixture(&f);
+        const char *names[] = {"q/model.safetensors", "q/config.json"};
+        for (int i = 0; i < 2; i++) {
+            char path[400];
+            snprintf(path, sizeof path, "%s/%s", dir, names[i]);
+            remove(path);
+        }
+        rmdir(qdir);
+        rmdir(dir);
+    }
+}
+
 /* Random weights of a config's shape (for --random-weights): every tensor present, finite logits,
  * the same for the same seed and different for another. */
 static void test_random_weights(void **state) {
@@ -451,6 +498,7 @@ int main(void) {
         cmocka_unit_test(test_flan_small_shapes),
         cmocka_unit_test(test_f16_does_not_overflow),
         cmocka_unit_test(test_cli_generate_folder),
+        cmocka_unit_test(test_quantize_roundtrip),
         cmocka_unit_test(test_random_weights),
         cmocka_unit_test(test_errors),
     };
