@@ -11,13 +11,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 
 #include <cjson/cJSON.h>
 
 #include "../core/backend.h"
 #include "../core/error.h"
 #include "atomic_file.h"
+#include "read_file.h"
 
 #define HF_CONFIG_MAX_BYTES (16u * 1024u * 1024u)
 
@@ -215,26 +215,11 @@ static int read_config(const hf_ctx *c, qlm_llama_config *cfg) {
 
 /* Reads and parses path as a JSON object into *root (the caller deletes it). */
 static int load_root(const char *path, cJSON **root) {
+    size_t n;
+    char *text = qlm_read_file(path, HF_CONFIG_MAX_BYTES, &n);
     *root = NULL;
-    FILE *f = fopen(path, "rb");
-    if (!f) return qlm_errorf("%s: cannot open: %s", path, strerror(errno));
-    struct stat st;
-    char *text = NULL;
-    int rc = -1;
-    if (fstat(fileno(f), &st) != 0 || !S_ISREG(st.st_mode) || (uint64_t)st.st_size > HF_CONFIG_MAX_BYTES)
-        qlm_errorf("%s: not a regular file of at most %u bytes", path, HF_CONFIG_MAX_BYTES);
-    else if (!(text = malloc((size_t)st.st_size + 1)))
-        qlm_errorf("out of memory");
-    else if (fread(text, 1, (size_t)st.st_size, f) != (size_t)st.st_size)
-        qlm_errorf("%s: read error", path);
-    else
-        rc = 0;
-    fclose(f);
-    if (rc != 0) {
-        free(text);
-        return -1;
-    }
-    *root = cJSON_ParseWithLength(text, (size_t)st.st_size);
+    if (!text) return -1;
+    *root = cJSON_ParseWithLength(text, n);
     free(text);
     if (!*root) return qlm_errorf("%s: not valid JSON", path);
     if (!cJSON_IsObject(*root)) {

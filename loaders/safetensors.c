@@ -27,6 +27,7 @@
 
 #include "../core/error.h"
 #include "atomic_file.h"
+#include "read_file.h"
 
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
 #error "safetensors data is little-endian; big-endian hosts are not supported"
@@ -334,29 +335,6 @@ static int is_file(const char *path) {
     return stat(path, &st) == 0 && S_ISREG(st.st_mode);
 }
 
-static char *read_small_file(const char *path, size_t max) {
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        qlm_errorf("%s: cannot open: %s", path, strerror(errno));
-        return NULL;
-    }
-    struct stat st;
-    char *buf = NULL;
-    if (fstat(fileno(f), &st) != 0 || st.st_size < 0 || (uint64_t)st.st_size > max) {
-        qlm_errorf("%s: missing or larger than %zu bytes", path, max);
-    } else if (!(buf = malloc((size_t)st.st_size + 1))) {
-        qlm_errorf("out of memory");
-    } else if (fread(buf, 1, (size_t)st.st_size, f) != (size_t)st.st_size) {
-        qlm_errorf("%s: read error", path);
-        free(buf);
-        buf = NULL;
-    } else {
-        buf[st.st_size] = 0;
-    }
-    fclose(f);
-    return buf;
-}
-
 static int valid_shard_name(const char *s) {
     return s[0] && !strchr(s, '/') && !strchr(s, '\\') && !strstr(s, "..");
 }
@@ -464,7 +442,7 @@ done:
 }
 
 static int load_index(const char *dir, const char *index_path, qlm_tensor_store *store) {
-    char *text = read_small_file(index_path, ST_MAX_INDEX);
+    char *text = qlm_read_file(index_path, ST_MAX_INDEX, &(size_t){0});
     if (!text) return -1;
     cJSON *root = cJSON_Parse(text);
     free(text);

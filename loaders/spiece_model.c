@@ -20,6 +20,7 @@
 
 #include "../core/error.h"
 #include "../core/tokenizer.h"
+#include "read_file.h"
 
 #define MAX_MODEL (1u << 30)
 
@@ -273,36 +274,13 @@ static qlm_tokenizer *build(spm_load *L) {
     return t;
 }
 
-static unsigned char *read_file(const char *path, size_t *size) {
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        qlm_errorf("%s: cannot open", path);
-        return NULL;
-    }
-    unsigned char *buf = NULL;
-    long n = -1;
-    if (fseek(f, 0, SEEK_END) == 0) n = ftell(f);
-    if (n < 0 || (unsigned long)n > MAX_MODEL || fseek(f, 0, SEEK_SET) != 0) {
-        qlm_errorf("%s: cannot determine the size or it exceeds %u bytes", path, MAX_MODEL);
-    } else if (!(buf = malloc((size_t)n + 1))) {
-        qlm_errorf("%s: out of memory", path);
-    } else if (fread(buf, 1, (size_t)n, f) != (size_t)n) {
-        qlm_errorf("%s: read error", path);
-        free(buf);
-        buf = NULL;
-    }
-    fclose(f);
-    *size = (size_t)n;
-    return buf;
-}
-
 qlm_tokenizer *qlm_tokenizer_load_spiece(const char *path) {
     if (!path) {
         qlm_errorf("spiece.model: no path");
         return NULL;
     }
     size_t size = 0;
-    unsigned char *data = read_file(path, &size);
+    unsigned char *data = (unsigned char *)qlm_read_file(path, MAX_MODEL, &size);
     if (!data) return NULL;
     spm_load L = {.path = path, .data = data, .model_type = 1, .unk_id = 0, .bos_id = 1, .eos_id = 2, .pad_id = -1,
                   .add_dummy_prefix = 1, .remove_extra = 1, .escape_whitespaces = 1};

@@ -10,9 +10,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "../core/error.h"
 #include "../core/tokenizer.h"
+#include "read_file.h"
 
 #define MAX_JSON (1u << 30)
 #define SPM_SPACE "\xE2\x96\x81"
@@ -36,19 +38,13 @@ typedef struct {
 /* Parses path into *out. A missing file is an error unless optional (then *out is NULL). */
 static int read_json(const char *path, int optional, cJSON **out) {
     *out = NULL;
-    FILE *f = fopen(path, "rb");
-    if (!f) return optional ? 0 : qlm_errorf("%s: cannot open", path);
-    char *buf = NULL;
-    long n = -1;
-    if (fseek(f, 0, SEEK_END) == 0) n = ftell(f);
+    struct stat st;
+    if (optional && stat(path, &st) != 0) return 0;
+    size_t n;
+    char *buf = qlm_read_file(path, MAX_JSON, &n);
+    if (!buf) return -1;
     int rc = -1;
-    if (n < 0 || (unsigned long)n > MAX_JSON || fseek(f, 0, SEEK_SET) != 0) {
-        qlm_errorf("%s: cannot determine the size or it exceeds %u bytes", path, MAX_JSON);
-    } else if (!(buf = malloc((size_t)n + 1))) {
-        qlm_errorf("%s: out of memory", path);
-    } else if (fread(buf, 1, (size_t)n, f) != (size_t)n) {
-        qlm_errorf("%s: read error", path);
-    } else if (!(*out = cJSON_ParseWithLength(buf, (size_t)n))) {
+    if (!(*out = cJSON_ParseWithLength(buf, n))) {
         const char *at = cJSON_GetErrorPtr();
         qlm_errorf("%s: not valid JSON (near byte %ld)", path, at && at >= buf && at <= buf + n ? (long)(at - buf) : -1L);
     } else if (!cJSON_IsObject(*out)) {
@@ -59,7 +55,6 @@ static int read_json(const char *path, int optional, cJSON **out) {
         rc = 0;
     }
     free(buf);
-    fclose(f);
     return rc;
 }
 

@@ -8,32 +8,10 @@
 #include <string.h>
 
 #include "../core/error.h"
+#include "read_file.h"
 #include "../core/tokenizer.h"
 
 #define MAX_FILE (256u << 20)
-
-static unsigned char *read_all(const char *path, size_t *size) {
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        qlm_errorf("%s: cannot open", path);
-        return NULL;
-    }
-    unsigned char *buf = NULL;
-    long n = -1;
-    if (fseek(f, 0, SEEK_END) == 0) n = ftell(f);
-    if (n < 0 || (unsigned long)n > MAX_FILE || fseek(f, 0, SEEK_SET) != 0) {
-        qlm_errorf("%s: cannot determine the size or it exceeds %u bytes", path, MAX_FILE);
-    } else if (!(buf = malloc((size_t)n + 1))) {
-        qlm_errorf("%s: out of memory", path);
-    } else if (fread(buf, 1, (size_t)n, f) != (size_t)n) {
-        qlm_errorf("%s: read error", path);
-        free(buf);
-        buf = NULL;
-    }
-    fclose(f);
-    *size = (size_t)n;
-    return buf;
-}
 
 static int32_t rd_i32(const unsigned char *p) {
     uint32_t v = (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
@@ -101,7 +79,7 @@ qlm_tokenizer *qlm_tokenizer_load_llama2c(const char *path, int vocab_size) {
         return NULL;
     }
     size_t size = 0;
-    unsigned char *buf = read_all(path, &size);
+    unsigned char *buf = (unsigned char *)qlm_read_file(path, MAX_FILE, &size);
     if (!buf) return NULL;
     l2c_vocab v = {calloc((size_t)vocab_size, sizeof(char *)), malloc(sizeof(float) * (size_t)vocab_size),
                    malloc(sizeof(int) * (size_t)vocab_size)};

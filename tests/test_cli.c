@@ -8,34 +8,6 @@
 
 #include "test_util.h"
 
-static const char *qlm_bin(void) {
-    const char *b = getenv("QLM_BIN");
-    return b && *b ? b : "build/qlm";
-}
-
-/* Runs "qlm ARGS" through the shell; returns the exit status and the captured stdout (malloc'd). */
-static int run_qlm(char **out, const char *fmt, ...) {
-    char args[4096], cmd[8192];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(args, sizeof args, fmt, ap);
-    va_end(ap);
-    snprintf(cmd, sizeof cmd, "%s %s", qlm_bin(), args);
-    FILE *p = popen(cmd, "r");
-    assert_non_null(p);
-    size_t cap = 1 << 16, n = 0;
-    char *buf = malloc(cap);
-    size_t r;
-    while ((r = fread(buf + n, 1, cap - n - 1, p)) > 0) {
-        n += r;
-        if (n + 1 >= cap) buf = realloc(buf, cap *= 2);
-    }
-    buf[n] = 0;
-    int status = pclose(p);
-    if (out) *out = buf;
-    else free(buf);
-    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-}
 
 static void test_stories260k_greedy_matches_llama2c(void **state) {
     (void)state;
@@ -45,7 +17,7 @@ static void test_stories260k_greedy_matches_llama2c(void **state) {
     REQUIRE_ASSET(model);
     char *ref = test_read_file(ref_path, NULL), *out = NULL;
     assert_non_null(ref);
-    assert_int_equal(run_qlm(&out, "generate -m %s --temp 0 -n 256 --quiet", model), 0);
+    assert_int_equal(test_run_qlm(&out, "generate -m %s --temp 0 -n 256 --quiet", model), 0);
     assert_string_equal(out, ref);
     free(out);
     free(ref);
@@ -63,7 +35,7 @@ static void test_tinystories656k_greedy_ids(void **state) {
     assert_non_null(list);
     cJSON *ref_ids = cJSON_Parse(list + strlen("greedy ids "));
     assert_non_null(ref_ids);
-    assert_int_equal(run_qlm(&out, "generate -m %s --temp 0 -n 120 --json --quiet", dir), 0);
+    assert_int_equal(test_run_qlm(&out, "generate -m %s --temp 0 -n 120 --json --quiet", dir), 0);
     cJSON *j = cJSON_Parse(out);
     assert_non_null(j);
     cJSON *prompt = cJSON_GetObjectItem(j, "prompt_ids"), *ids = cJSON_GetObjectItem(j, "ids");
@@ -83,7 +55,7 @@ static void test_tinystories656k_greedy_ids(void **state) {
 
 static double perplexity_nll(const char *model, const char *text, const char *extra) {
     char *out = NULL;
-    assert_int_equal(run_qlm(&out, "perplexity -m %s -f %s --json --quiet %s", model, text, extra), 0);
+    assert_int_equal(test_run_qlm(&out, "perplexity -m %s -f %s --json --quiet %s", model, text, extra), 0);
     cJSON *j = cJSON_Parse(out);
     assert_non_null(j);
     double nll = cJSON_GetObjectItem(j, "nll")->valuedouble;
@@ -119,16 +91,16 @@ static void test_quantize_roundtrip(void **state) {
     REQUIRE_ASSET(dir);
     assert_non_null(test_tmpdir(tmp, sizeof tmp));
     snprintf(out_dir, sizeof out_dir, "%s/int8", tmp);
-    assert_int_equal(run_qlm(NULL, "quantize %s %s --dtype int8 --per-channel 2>/dev/null", dir, out_dir), 0);
+    assert_int_equal(test_run_qlm(NULL, "quantize %s %s --dtype int8 --per-channel 2>/dev/null", dir, out_dir), 0);
     char *a = NULL, *b = NULL;
-    assert_int_equal(run_qlm(&a, "generate -m %s --dtype int8 --per-channel --temp 0 -n 40 --json --quiet", dir), 0);
-    assert_int_equal(run_qlm(&b, "generate -m %s --temp 0 -n 40 --json --quiet", out_dir), 0);
+    assert_int_equal(test_run_qlm(&a, "generate -m %s --dtype int8 --per-channel --temp 0 -n 40 --json --quiet", dir), 0);
+    assert_int_equal(test_run_qlm(&b, "generate -m %s --temp 0 -n 40 --json --quiet", out_dir), 0);
     /* Quantizing in memory or from the written file gives the same weights, so the same tokens. */
     assert_string_equal(a, b);
     free(a);
     free(b);
     char *info = NULL;
-    assert_int_equal(run_qlm(&info, "info %s --tensors", out_dir), 0);
+    assert_int_equal(test_run_qlm(&info, "info %s --tensors", out_dir), 0);
     assert_non_null(strstr(info, "per-channel scales"));
     free(info);
     char cmd[1400];
@@ -143,10 +115,10 @@ static void test_convert_llama2c_roundtrip(void **state) {
     REQUIRE_ASSET(model);
     assert_non_null(test_tmpdir(tmp, sizeof tmp));
     snprintf(out_dir, sizeof out_dir, "%s/hf", tmp);
-    assert_int_equal(run_qlm(NULL, "convert %s %s 2>/dev/null", model, out_dir), 0);
+    assert_int_equal(test_run_qlm(NULL, "convert %s %s 2>/dev/null", model, out_dir), 0);
     char *a = NULL, *b = NULL;
-    assert_int_equal(run_qlm(&a, "generate -m %s --temp 0 -n 60 --quiet", model), 0);
-    assert_int_equal(run_qlm(&b, "generate -m %s --temp 0 -n 60 --quiet", out_dir), 0);
+    assert_int_equal(test_run_qlm(&a, "generate -m %s --temp 0 -n 60 --quiet", model), 0);
+    assert_int_equal(test_run_qlm(&b, "generate -m %s --temp 0 -n 60 --quiet", out_dir), 0);
     assert_string_equal(a, b);
     free(a);
     free(b);
@@ -162,9 +134,9 @@ static void test_sampling_is_seeded(void **state) {
     REQUIRE_ASSET(model);
     char *a = NULL, *b = NULL, *c = NULL;
     const char *flags = "--temp 1.0 --top-p 0.9 --top-k 0 -n 100 --quiet";
-    assert_int_equal(run_qlm(&a, "generate -m %s %s --seed 42", model, flags), 0);
-    assert_int_equal(run_qlm(&b, "generate -m %s %s --seed 42", model, flags), 0);
-    assert_int_equal(run_qlm(&c, "generate -m %s %s --seed 43", model, flags), 0);
+    assert_int_equal(test_run_qlm(&a, "generate -m %s %s --seed 42", model, flags), 0);
+    assert_int_equal(test_run_qlm(&b, "generate -m %s %s --seed 42", model, flags), 0);
+    assert_int_equal(test_run_qlm(&c, "generate -m %s %s --seed 43", model, flags), 0);
     assert_string_equal(a, b);
     assert_string_not_equal(a, c);
     free(a);
@@ -179,8 +151,8 @@ static void test_stop_string_and_max_tokens(void **state) {
     test_asset(model, sizeof model, "stories260K");
     REQUIRE_ASSET(model);
     char *full = NULL, *stopped = NULL;
-    assert_int_equal(run_qlm(&full, "generate -m %s --temp 0 -n 255 --quiet", model), 0);
-    assert_int_equal(run_qlm(&stopped, "generate -m %s --temp 0 -n 255 --quiet --stop Lily", model), 0);
+    assert_int_equal(test_run_qlm(&full, "generate -m %s --temp 0 -n 255 --quiet", model), 0);
+    assert_int_equal(test_run_qlm(&stopped, "generate -m %s --temp 0 -n 255 --quiet --stop Lily", model), 0);
     char *cut = strstr(full, "Lily");
     assert_non_null(cut);
     size_t keep = (size_t)(cut - full);
@@ -239,12 +211,12 @@ static void test_summarize(void **state) {
     char *single[N_DIALOGUES];
     for (int i = 0; i < N_DIALOGUES; i++) {
         assert_int_equal(test_write_file(one, k_dialogues[i], strlen(k_dialogues[i])), 0);
-        assert_int_equal(run_qlm(&single[i], "summarize -m %s %s %s", model, one, flags), 0);
+        assert_int_equal(test_run_qlm(&single[i], "summarize -m %s %s %s", model, one, flags), 0);
         char text[1024];
         snprintf(text, sizeof text, "Summarize the following conversation.\n\n%s\n\nSummary: ", k_dialogues[i]);
         assert_int_equal(test_write_file(prompt, text, strlen(text)), 0);
         char *gen = NULL;
-        assert_int_equal(run_qlm(&gen, "generate -m %s -f %s %s", model, prompt, flags), 0);
+        assert_int_equal(test_run_qlm(&gen, "generate -m %s -f %s %s", model, prompt, flags), 0);
         /* generate prints prompt + continuation + newline; summarize the trimmed continuation + newline */
         char *cont = gen + strlen(text);
         while (*cont == ' ' || *cont == '\n') cont++;
@@ -256,7 +228,7 @@ static void test_summarize(void **state) {
         free(gen);
     }
     char *err = NULL;
-    assert_int_equal(run_qlm(&err, "summarize -m %s --batch %s --out %s --batch-size 4 %s", model, in, out, flags), 0);
+    assert_int_equal(test_run_qlm(&err, "summarize -m %s --batch %s --out %s --batch-size 4 %s", model, in, out, flags), 0);
     free(err);
     size_t len;
     char *full = test_read_file(out, &len);
@@ -280,21 +252,21 @@ static void test_summarize(void **state) {
     assert_int_equal(*line, 0);
 
     /* Not overwritten without --resume. */
-    assert_int_equal(run_qlm(&err, "summarize -m %s --batch %s --out %s %s 2>&1", model, in, out, flags), 1);
+    assert_int_equal(test_run_qlm(&err, "summarize -m %s --batch %s --out %s %s 2>&1", model, in, out, flags), 1);
     assert_non_null(strstr(err, "--resume"));
     free(err);
     /* Two complete lines and a torn third: --resume cuts the torn line and finishes the rest. */
     char *second_nl = strchr(strchr(full, '\n') + 1, '\n');
     size_t keep = (size_t)(second_nl - full) + 1;
     assert_int_equal(test_write_file(out, full, keep + 10), 0);
-    assert_int_equal(run_qlm(&err, "summarize -m %s --batch %s --out %s --resume --batch-size 3 %s", model, in, out,
+    assert_int_equal(test_run_qlm(&err, "summarize -m %s --batch %s --out %s --resume --batch-size 3 %s", model, in, out,
                              flags), 0);
     free(err);
     char *resumed = test_read_file(out, NULL);
     assert_string_equal(resumed, full);
     free(resumed);
     /* --eval scores the output against the input's summary field. */
-    assert_int_equal(run_qlm(&err, "summarize -m %s --batch %s --out %s --resume --eval %s", model, in, out, flags), 0);
+    assert_int_equal(test_run_qlm(&err, "summarize -m %s --batch %s --out %s --resume --eval %s", model, in, out, flags), 0);
     assert_non_null(strstr(err, "ROUGE-Lsum"));
     free(err);
 
@@ -303,12 +275,12 @@ static void test_summarize(void **state) {
     fputs("{\"id\": \"bad\"}\n", f);
     fclose(f);
     remove(out);
-    assert_int_equal(run_qlm(&err, "summarize -m %s --batch %s --out %s %s 2>&1", model, in, out, flags), 1);
+    assert_int_equal(test_run_qlm(&err, "summarize -m %s --batch %s --out %s %s 2>&1", model, in, out, flags), 1);
     assert_non_null(strstr(err, "in.jsonl:7: missing field \"dialogue\""));
     free(err);
-    assert_int_equal(run_qlm(&err, "summarize -m %s --batch %s %s 2>&1", model, in, flags), 2);
+    assert_int_equal(test_run_qlm(&err, "summarize -m %s --batch %s %s 2>&1", model, in, flags), 2);
     free(err);
-    assert_int_equal(run_qlm(&err, "summarize -m %s --shots 1 %s %s 2>&1", model, one, flags), 2);
+    assert_int_equal(test_run_qlm(&err, "summarize -m %s --shots 1 %s %s 2>&1", model, one, flags), 2);
     assert_non_null(strstr(err, "--examples"));
     free(err);
 
@@ -321,32 +293,32 @@ static void test_summarize(void **state) {
 
 static void test_command_line_errors(void **state) {
     (void)state;
-    assert_int_equal(run_qlm(NULL, "2>/dev/null"), 2);
-    assert_int_equal(run_qlm(NULL, "frobnicate 2>/dev/null"), 2);
+    assert_int_equal(test_run_qlm(NULL, "2>/dev/null"), 2);
+    assert_int_equal(test_run_qlm(NULL, "frobnicate 2>/dev/null"), 2);
     const char *cmds[] = {"generate", "chat", "info", "tokenize", "perplexity",
                           "quantize", "convert", "bench", "rouge", "summarize"};
     for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++) {
         char *out = NULL;
-        assert_int_equal(run_qlm(&out, "%s --help", cmds[i]), 0);
+        assert_int_equal(test_run_qlm(&out, "%s --help", cmds[i]), 0);
         assert_non_null(strstr(out, "usage: qlm"));
         free(out);
     }
     char *err = NULL;
-    assert_int_equal(run_qlm(&err, "generate -m /nonexistent/model.gguf -p hi 2>&1"), 1);
+    assert_int_equal(test_run_qlm(&err, "generate -m /nonexistent/model.gguf -p hi 2>&1"), 1);
     assert_non_null(strstr(err, "/nonexistent/model.gguf"));
     free(err);
-    assert_int_equal(run_qlm(&err, "generate -m tests -p hi 2>&1"), 1);
+    assert_int_equal(test_run_qlm(&err, "generate -m tests -p hi 2>&1"), 1);
     assert_non_null(strstr(err, "tests: no config.json"));
     free(err);
-    assert_int_equal(run_qlm(&err, "generate -m x --temp -1 2>&1"), 2);
+    assert_int_equal(test_run_qlm(&err, "generate -m x --temp -1 2>&1"), 2);
     assert_non_null(strstr(err, "--temp"));
     free(err);
-    assert_int_equal(run_qlm(&err, "generate -m x --top-p abc 2>&1"), 2);
+    assert_int_equal(test_run_qlm(&err, "generate -m x --top-p abc 2>&1"), 2);
     free(err);
-    assert_int_equal(run_qlm(&err, "quantize a b 2>&1"), 2);
+    assert_int_equal(test_run_qlm(&err, "quantize a b 2>&1"), 2);
     assert_non_null(strstr(err, "--dtype"));
     free(err);
-    assert_int_equal(run_qlm(&err, "generate -m x --dtype q3 2>&1"), 2);
+    assert_int_equal(test_run_qlm(&err, "generate -m x --dtype q3 2>&1"), 2);
     free(err);
 }
 

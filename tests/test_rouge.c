@@ -235,33 +235,6 @@ static void test_fixture_pairs(void **state) {
     free_jsonl(refs, nr);
 }
 
-static const char *qlm_bin(void) {
-    const char *b = getenv("QLM_BIN");
-    return b && *b ? b : "build/qlm";
-}
-
-/* Runs "qlm ARGS" through the shell; returns the exit status and the captured stdout (malloc'd). */
-static int run_qlm(char **out, const char *fmt, ...) {
-    char args[4096], cmd[8192];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(args, sizeof args, fmt, ap);
-    va_end(ap);
-    snprintf(cmd, sizeof cmd, "%s %s", qlm_bin(), args);
-    FILE *p = popen(cmd, "r");
-    assert_non_null(p);
-    size_t cap = 1 << 16, n = 0, r;
-    char *buf = malloc(cap);
-    while ((r = fread(buf + n, 1, cap - n - 1, p)) > 0) {
-        n += r;
-        if (n + 1 >= cap) buf = realloc(buf, cap *= 2);
-    }
-    buf[n] = 0;
-    int status = pclose(p);
-    if (out) *out = buf;
-    else free(buf);
-    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-}
 
 /* Checks `qlm rouge ... --json` output against a {rouge1: {precision, ...}, ...} object. */
 static double cli_diff(const char *out, const cJSON *want, int pairs, const char *paired_by) {
@@ -308,7 +281,7 @@ static void test_cli(void **state) {
     /* Fixture files as they are: paired by fname; one and three reference fields. */
     for (int c = 0; c < cJSON_GetArraySize(cli); c++) {
         const cJSON *run = cJSON_GetArrayItem(cli, c);
-        assert_int_equal(run_qlm(&out, "%s --ref-field %s --json", base, str_field(run, "ref_field")), 0);
+        assert_int_equal(test_run_qlm(&out, "%s --ref-field %s --json", base, str_field(run, "ref_field")), 0);
         max_diff = fmax(max_diff, cli_diff(out, cJSON_GetObjectItemCaseSensitive(run, "mean"), n, "fname"));
         free(out);
     }
@@ -326,7 +299,7 @@ static void test_cli(void **state) {
     char **rev = malloc((size_t)n * sizeof *rev);
     for (int i = 0; i < n; i++) rev[i] = lines[n - 1 - i];
     write_lines(path, sizeof path, tmp, "reversed.jsonl", rev, n);
-    assert_int_equal(run_qlm(&out, "rouge --pred %s --ref " FIX "refs.jsonl --ref-field summary1 --json", path), 0);
+    assert_int_equal(test_run_qlm(&out, "rouge --pred %s --ref " FIX "refs.jsonl --ref-field summary1 --json", path), 0);
     max_diff = fmax(max_diff, cli_diff(out, single, n, "fname"));
     free(out);
     char **noid = malloc((size_t)n * sizeof *noid);
@@ -337,72 +310,72 @@ static void test_cli(void **state) {
         cJSON_Delete(o);
     }
     write_lines(path, sizeof path, tmp, "noid.jsonl", noid, n);
-    assert_int_equal(run_qlm(&out, "rouge --pred %s --ref " FIX "refs.jsonl --ref-field summary1 --json", path), 0);
+    assert_int_equal(test_run_qlm(&out, "rouge --pred %s --ref " FIX "refs.jsonl --ref-field summary1 --json", path), 0);
     max_diff = fmax(max_diff, cli_diff(out, single, n, NULL));
     free(out);
     print_message("qlm rouge: max |diff| %g from rouge_score in the means\n", max_diff);
     assert_true(max_diff <= TOL);
 
     /* The table. */
-    assert_int_equal(run_qlm(&out, "%s --ref-field summary1,summary2,summary3", base), 0);
+    assert_int_equal(test_run_qlm(&out, "%s --ref-field summary1,summary2,summary3", base), 0);
     assert_non_null(strstr(out, "ROUGE-Lsum"));
     char count[32];
     snprintf(count, sizeof count, "%d pairs", n);
     assert_non_null(strstr(out, count));
     free(out);
-    assert_int_equal(run_qlm(&out, "rouge --help"), 0);
+    assert_int_equal(test_run_qlm(&out, "rouge --help"), 0);
     assert_memory_equal(out, "usage: qlm rouge", strlen("usage: qlm rouge"));
     free(out);
 
     /* Bad data: exit 1 with the file, line and field named. */
     char *bad[3] = {lines[0], lines[1], "{\"fname\": \"x\", \"summary\": \"unterminated}"};
     write_lines(path, sizeof path, tmp, "badjson.jsonl", bad, 3);
-    assert_int_equal(run_qlm(&out, "rouge --pred %s --ref %s 2>&1", path, path), 1);
+    assert_int_equal(test_run_qlm(&out, "rouge --pred %s --ref %s 2>&1", path, path), 1);
     assert_non_null(strstr(out, "badjson.jsonl:3: invalid JSON"));
     free(out);
     bad[1] = "{\"fname\": \"test_x\", \"text\": \"no summary here\"}";
     bad[2] = lines[2];
     write_lines(path, sizeof path, tmp, "nofield.jsonl", bad, 3);
-    assert_int_equal(run_qlm(&out, "rouge --pred %s --ref %s --ref-field text 2>&1", path, path), 1);
+    assert_int_equal(test_run_qlm(&out, "rouge --pred %s --ref %s --ref-field text 2>&1", path, path), 1);
     assert_non_null(strstr(out, "nofield.jsonl:1: missing field \"text\""));
     free(out);
-    assert_int_equal(run_qlm(&out, "rouge --pred %s --ref %s --ref-field summary 2>&1", path, path), 1);
+    assert_int_equal(test_run_qlm(&out, "rouge --pred %s --ref %s --ref-field summary 2>&1", path, path), 1);
     assert_non_null(strstr(out, "nofield.jsonl:2: missing field \"summary\""));
     free(out);
     bad[1] = "{\"fname\": \"test_x\", \"summary\": 42}";
     write_lines(path, sizeof path, tmp, "nonstring.jsonl", bad, 3);
-    assert_int_equal(run_qlm(&out, "rouge --pred %s --ref %s 2>&1", path, path), 1);
+    assert_int_equal(test_run_qlm(&out, "rouge --pred %s --ref %s 2>&1", path, path), 1);
     assert_non_null(strstr(out, "nonstring.jsonl:2: field \"summary\" is not a string"));
     free(out);
     bad[1] = "[1, 2]";
     write_lines(path, sizeof path, tmp, "array.jsonl", bad, 3);
-    assert_int_equal(run_qlm(&out, "rouge --pred %s --ref %s 2>&1", path, path), 1);
+    assert_int_equal(test_run_qlm(&out, "rouge --pred %s --ref %s 2>&1", path, path), 1);
     assert_non_null(strstr(out, "array.jsonl:2: expected a JSON object"));
     free(out);
     /* Mismatched records: counts, ids, repeated ids. */
     write_lines(path2, sizeof path2, tmp, "two.jsonl", lines, 2);
-    assert_int_equal(run_qlm(&out, "rouge --pred %s --ref " FIX "refs.jsonl 2>&1", path2), 1);
+    assert_int_equal(test_run_qlm(&out, "rouge --pred %s --ref " FIX "refs.jsonl 2>&1", path2), 1);
     assert_non_null(strstr(out, "two.jsonl has 2 records"));
     free(out);
     char *swapped[2] = {lines[0], lines[2]};
     write_lines(path, sizeof path, tmp, "other.jsonl", swapped, 2);
-    assert_int_equal(run_qlm(&out, "rouge --pred %s --ref %s 2>&1", path, path2), 1);
+    assert_int_equal(test_run_qlm(&out, "rouge --pred %s --ref %s 2>&1", path, path2), 1);
     assert_non_null(strstr(out, "other.jsonl:2: fname"));
     free(out);
     char *twice[2] = {lines[0], lines[0]};
     write_lines(path, sizeof path, tmp, "twice.jsonl", twice, 2);
-    assert_int_equal(run_qlm(&out, "rouge --pred %s --ref %s 2>&1", path, path2), 1);
+    assert_int_equal(test_run_qlm(&out, "rouge --pred %s --ref %s 2>&1", path, path2), 1);
     assert_non_null(strstr(out, "twice.jsonl:2: id"));
     free(out);
-    assert_int_equal(run_qlm(&out, "rouge --pred /nonexistent.jsonl --ref %s 2>&1", path2), 1);
+    assert_int_equal(test_run_qlm(&out, "rouge --pred /nonexistent.jsonl --ref %s 2>&1", path2), 1);
     assert_non_null(strstr(out, "/nonexistent.jsonl"));
     free(out);
 
     /* Usage errors: exit 2. */
-    assert_int_equal(run_qlm(NULL, "rouge 2>/dev/null"), 2);
-    assert_int_equal(run_qlm(NULL, "rouge --pred %s 2>/dev/null", path2), 2);
-    assert_int_equal(run_qlm(NULL, "%s --ref-field a,,b 2>/dev/null", base), 2);
-    assert_int_equal(run_qlm(NULL, "%s --frobnicate 2>/dev/null", base), 2);
+    assert_int_equal(test_run_qlm(NULL, "rouge 2>/dev/null"), 2);
+    assert_int_equal(test_run_qlm(NULL, "rouge --pred %s 2>/dev/null", path2), 2);
+    assert_int_equal(test_run_qlm(NULL, "%s --ref-field a,,b 2>/dev/null", base), 2);
+    assert_int_equal(test_run_qlm(NULL, "%s --frobnicate 2>/dev/null", base), 2);
 
     for (int i = 0; i < n; i++) free(noid[i]);
     free(noid);

@@ -311,22 +311,6 @@ static void test_f16_does_not_overflow(void **state) {
     close_fixture(&f);
 }
 
-/* Runs "build/qlm ARGS" ($QLM_BIN) and returns its stdout (malloc'd) and exit status. */
-static int run_qlm(char **out, const char *args) {
-    const char *bin = getenv("QLM_BIN");
-    char cmd[8192];
-    snprintf(cmd, sizeof cmd, "%s %s", bin && *bin ? bin : "build/qlm", args);
-    FILE *p = popen(cmd, "r");
-    assert_non_null(p);
-    size_t cap = 1 << 16, n = 0, r;
-    char *buf = malloc(cap);
-    while ((r = fread(buf + n, 1, cap - n - 1, p)) > 0)
-        if ((n += r) + 1 >= cap) buf = realloc(buf, cap *= 2);
-    buf[n] = 0;
-    int status = pclose(p);
-    *out = buf;
-    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-}
 
 /* End to end through the CLI: flan_small written as a model folder (safetensors, its config.json,
  * flan-t5-small's tokenizer.json); `qlm generate` must tokenize the prompt to the fixture's ids
@@ -359,7 +343,7 @@ static void test_cli_generate_folder(void **state) {
 
     char *out = NULL;
     snprintf(args, sizeof args, "generate -m %s -f %s --temp 0 -n 32 --json --quiet", dir, path);
-    assert_int_equal(run_qlm(&out, args), 0);
+    assert_int_equal(test_run_qlm(&out, "%s", args), 0);
     cJSON *got = cJSON_Parse(out);
     assert_non_null(got);
     int n_want, n_got, n_src, n_prompt;
@@ -400,7 +384,7 @@ static void test_quantize_roundtrip(void **state) {
         char dir[256], args[512], *out = NULL;
         assert_non_null(test_tmpdir(dir, sizeof dir));
         snprintf(args, sizeof args, "quantize " FIX "/gated_untied %s/q %s 2>&1", dir, cases[c].flags);
-        assert_int_equal(run_qlm(&out, args), 0);
+        assert_int_equal(test_run_qlm(&out, "%s", args), 0);
         free(out);
         fixture f;
         open_fixture(&f, "gated_untied", 1);

@@ -15,54 +15,6 @@
 
 /* ---- corpus and fixtures ---- */
 
-typedef struct {
-    char *data;
-    const char **line;
-    size_t *len;
-    int n;
-} corpus;
-
-static corpus load_corpus(void) {
-    corpus c = {0};
-    size_t size = 0;
-    c.data = test_read_file(FIXTURES "corpus.txt", &size);
-    assert_non_null(c.data);
-    for (size_t i = 0; i < size; i++) c.n += c.data[i] == '\n';
-    c.line = malloc(sizeof(char *) * (size_t)c.n);
-    c.len = malloc(sizeof(size_t) * (size_t)c.n);
-    assert_true(c.line && c.len);
-    size_t start = 0;
-    for (int k = 0; k < c.n; k++) {
-        const char *nl = memchr(c.data + start, '\n', size - start);
-        c.line[k] = c.data + start;
-        c.len[k] = (size_t)(nl - (c.data + start));
-        start += c.len[k] + 1;
-    }
-    return c;
-}
-
-static void free_corpus(corpus *c) {
-    free(c->data);
-    free(c->line);
-    free(c->len);
-}
-
-/* "\n".join(lines[i:i+n]) */
-static char *corpus_text(const corpus *c, int i, int n, size_t *len) {
-    size_t total = 0;
-    for (int k = i; k < i + n; k++) total += c->len[k] + 1;
-    char *s = malloc(total + 1), *p = s;
-    assert_non_null(s);
-    for (int k = i; k < i + n; k++) {
-        if (k > i) *p++ = '\n';
-        memcpy(p, c->line[k], c->len[k]);
-        p += c->len[k];
-    }
-    *p = 0;
-    *len = (size_t)(p - s);
-    return s;
-}
-
 static int ids_match(const int *got, int n, const cJSON *want) {
     if (cJSON_GetArraySize(want) != n) return 0;
     for (int i = 0; i < n; i++)
@@ -151,12 +103,12 @@ static void check_ids(const qlm_tokenizer *tok, int rec, const char *text, size_
     *ids_out = ids, *n_out = n;
 }
 
-static void check_record(const qlm_tokenizer *tok, const corpus *c, const cJSON *r, tally *t) {
+static void check_record(const qlm_tokenizer *tok, const test_corpus *c, const cJSON *r, tally *t) {
     int i = cJSON_GetObjectItem(r, "i")->valueint, n = 1, rec = t->records++;
     const cJSON *jn = cJSON_GetObjectItem(r, "n"), *ids = cJSON_GetObjectItem(r, "ids");
     if (jn) n = jn->valueint;
     size_t len;
-    char *text = corpus_text(c, i, n, &len);
+    char *text = test_corpus_text(c, i, n, &len);
     const cJSON *raw = cJSON_GetObjectItem(r, "raw"), *dec = cJSON_GetObjectItem(r, "dec");
     const cJSON *decs = cJSON_GetObjectItem(r, "decs");
     const char *want_skip = dec ? dec->valuestring : text;
@@ -187,7 +139,7 @@ static int check_fixture(const qlm_tokenizer *tok, const char *name) {
     snprintf(path, sizeof(path), FIXTURES "%s.jsonl", name);
     char *data = test_read_file(path, NULL);
     assert_non_null(data);
-    corpus c = load_corpus();
+    test_corpus c = test_corpus_load(FIXTURES "corpus.txt");
     tally t = {0};
     for (char *line = data, *nl; *line; line = nl + 1) {
         nl = strchr(line, '\n');
@@ -208,7 +160,7 @@ static int check_fixture(const qlm_tokenizer *tok, const char *name) {
     print_message("%s: %d records (%d streamed), %d mismatches\n", name, t.records, t.streamed, t.mismatches);
     assert_int_equal(t.mismatches, 0);
     assert_true(t.streamed >= t.records / 4);
-    free_corpus(&c);
+    test_corpus_free(&c);
     free(data);
     return t.records;
 }
@@ -474,16 +426,16 @@ static double encode_ms(const qlm_tokenizer *t, const char *text, size_t len, in
 }
 
 static void check_speed(const qlm_tokenizer *t, const char *name) {
-    corpus c = load_corpus();
+    test_corpus c = test_corpus_load(FIXTURES "corpus.txt");
     size_t len;
-    char *all = corpus_text(&c, 0, c.n, &len);
+    char *all = test_corpus_text(&c, 0, c.n, &len);
     int n_ids = 0;
     double ms10 = encode_ms(t, all, 10000, &n_ids), ms_all = encode_ms(t, all, len, &n_ids);
     print_message("%s: 10 kB in %.2f ms, %zu bytes (%d tokens) in %.2f ms\n", name, ms10, len, n_ids, ms_all);
     /* Generous for sanitizer builds; a quadratic merge loop takes seconds on the 70 kB text. */
     assert_true(ms_all < 1000.0);
     free(all);
-    free_corpus(&c);
+    test_corpus_free(&c);
 }
 
 static void test_robustness_and_speed(void **state) {

@@ -75,37 +75,6 @@ static cJSON *read_json_file(const char *dir, const char *name) {
 
 /* ---- comparison ---- */
 
-typedef struct {
-    char *data;
-    const char **line;
-    size_t *len;
-    int n;
-} corpus;
-
-static corpus load_corpus(void) {
-    corpus c = {0};
-    size_t size = 0;
-    c.data = test_read_file(CORPUS, &size);
-    assert_non_null(c.data);
-    for (size_t i = 0; i < size; i++) c.n += c.data[i] == '\n';
-    c.line = malloc(sizeof(char *) * (size_t)c.n);
-    c.len = malloc(sizeof(size_t) * (size_t)c.n);
-    assert_true(c.line && c.len);
-    for (int k = 0, start = 0; k < c.n; k++) {
-        const char *nl = memchr(c.data + start, '\n', size - (size_t)start);
-        c.line[k] = c.data + start;
-        c.len[k] = (size_t)(nl - c.line[k]);
-        start += (int)c.len[k] + 1;
-    }
-    return c;
-}
-
-static void free_corpus(corpus *c) {
-    free(c->data);
-    free(c->line);
-    free(c->len);
-}
-
 static int same_ids(const int *a, int na, const int *b, int nb) {
     return na == nb && (na == 0 || memcmp(a, b, sizeof(int) * (size_t)na) == 0);
 }
@@ -225,7 +194,7 @@ static int check_export(const qlm_tokenizer *t, const char *name, out_dir *keep_
     qlm_tokenizer *back = round_trip(t, &d);
     compare_tokens(t, back);
     compare_merges(t, back);
-    corpus c = load_corpus();
+    test_corpus c = test_corpus_load(CORPUS);
     tally s = {0};
     for (int i = 0; i < c.n; i++) compare_line(t, back, c.line[i], c.len[i], i, &s);
     size_t all_len = (size_t)(c.line[c.n - 1] + c.len[c.n - 1] - c.data);
@@ -233,7 +202,7 @@ static int check_export(const qlm_tokenizer *t, const char *name, out_dir *keep_
     print_message("%s: %d encodes, %d mismatches, %d with <unk> parsed\n", name, s.encodes, s.mismatches,
                   s.unk_parsed);
     assert_int_equal(s.mismatches, 0);
-    free_corpus(&c);
+    test_corpus_free(&c);
     qlm_tokenizer_free(back);
     if (keep_open) *keep_open = d;
     else close_out_dir(&d);

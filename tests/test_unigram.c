@@ -19,54 +19,6 @@
 
 /* ---- corpus and fixtures ---- */
 
-typedef struct {
-    char *data;
-    const char **line;
-    size_t *len;
-    int n;
-} corpus;
-
-static corpus load_corpus(void) {
-    corpus c = {0};
-    size_t size = 0;
-    c.data = test_read_file(FIXTURES "corpus.txt", &size);
-    assert_non_null(c.data);
-    for (size_t i = 0; i < size; i++) c.n += c.data[i] == '\n';
-    c.line = malloc(sizeof(char *) * (size_t)c.n);
-    c.len = malloc(sizeof(size_t) * (size_t)c.n);
-    assert_true(c.line && c.len);
-    size_t start = 0;
-    for (int k = 0; k < c.n; k++) {
-        const char *nl = memchr(c.data + start, '\n', size - start);
-        c.line[k] = c.data + start;
-        c.len[k] = (size_t)(nl - (c.data + start));
-        start += c.len[k] + 1;
-    }
-    return c;
-}
-
-static void free_corpus(corpus *c) {
-    free(c->data);
-    free(c->line);
-    free(c->len);
-}
-
-/* "\n".join(lines[i:i+n]) */
-static char *corpus_text(const corpus *c, int i, int n, size_t *len) {
-    size_t total = 1;
-    for (int k = i; k < i + n; k++) total += c->len[k] + 1;
-    char *s = malloc(total), *p = s;
-    assert_non_null(s);
-    for (int k = i; k < i + n; k++) {
-        if (k > i) *p++ = '\n';
-        memcpy(p, c->line[k], c->len[k]);
-        p += c->len[k];
-    }
-    *p = 0;
-    *len = (size_t)(p - s);
-    return s;
-}
-
 /* The fixture's records (every line after the meta line), parsed. */
 static cJSON **load_records(const char *name, int *n) {
     char path[256];
@@ -146,12 +98,12 @@ static const char *str_or(const cJSON *r, const char *key, const char *dflt) {
 
 /* tokenizers records: "ids" with special tokens parsed and </s> appended, "raw" without either,
  * and both decodes. */
-static void check_tokenizers_record(const qlm_tokenizer *t, const corpus *c, const cJSON *r, tally *y) {
+static void check_tokenizers_record(const qlm_tokenizer *t, const test_corpus *c, const cJSON *r, tally *y) {
     int i = cJSON_GetObjectItem(r, "i")->valueint, rec = y->records++;
     const cJSON *jn = cJSON_GetObjectItem(r, "n"), *ids = cJSON_GetObjectItem(r, "ids");
     const cJSON *raw = cJSON_GetObjectItem(r, "raw");
     size_t len;
-    char *text = corpus_text(c, i, jn ? jn->valueint : 1, &len);
+    char *text = test_corpus_text(c, i, jn ? jn->valueint : 1, &len);
     check_ids(t, rec, text, len, 1, 1, ids, -1, y);
     if (raw) {
         check_ids(t, rec, text, len, 0, 0, raw, -1, y);
@@ -167,29 +119,29 @@ static void check_tokenizers_record(const qlm_tokenizer *t, const corpus *c, con
 }
 
 /* sentencepiece records: "ids" without special tokens; with add_special EOS follows. */
-static void check_sentencepiece_record(const qlm_tokenizer *t, const corpus *c, const cJSON *r, tally *y) {
+static void check_sentencepiece_record(const qlm_tokenizer *t, const test_corpus *c, const cJSON *r, tally *y) {
     int i = cJSON_GetObjectItem(r, "i")->valueint, rec = y->records++;
     const cJSON *jn = cJSON_GetObjectItem(r, "n"), *ids = cJSON_GetObjectItem(r, "ids");
     size_t len;
-    char *text = corpus_text(c, i, jn ? jn->valueint : 1, &len);
+    char *text = test_corpus_text(c, i, jn ? jn->valueint : 1, &len);
     check_ids(t, rec, text, len, 0, 0, ids, -1, y);
     check_ids(t, rec, text, len, 1, 0, ids, qlm_tokenizer_eos(t), y);
     check_decode(t, rec, ids, 1, str_or(r, "dec", text), y);
     free(text);
 }
 
-typedef void (*record_fn)(const qlm_tokenizer *, const corpus *, const cJSON *, tally *);
+typedef void (*record_fn)(const qlm_tokenizer *, const test_corpus *, const cJSON *, tally *);
 
 static int check_fixture(const qlm_tokenizer *t, const char *name, record_fn check) {
     int n = 0;
     cJSON **recs = load_records(name, &n);
-    corpus c = load_corpus();
+    test_corpus c = test_corpus_load(FIXTURES "corpus.txt");
     tally y = {0};
     for (int k = 0; k < n; k++) check(t, &c, recs[k], &y);
     print_message("%s: %d records over %d corpus lines, %d mismatches\n", name, y.records, c.n, y.mismatches);
     assert_int_equal(y.mismatches, 0);
     assert_true(c.n >= 1000);
-    free_corpus(&c);
+    test_corpus_free(&c);
     free_records(recs, n);
     return y.records;
 }
@@ -349,9 +301,9 @@ static void test_save_json(void **state) {
     const char *keep = getenv("QLM_EXPORT_DIR");
     static const char *const sources[] = {T5_JSON, T5_SPIECE};
     static const char *const names[] = {"t5_json", "t5_spiece"};
-    corpus c = load_corpus();
+    test_corpus c = test_corpus_load(FIXTURES "corpus.txt");
     size_t len;
-    char *all = corpus_text(&c, 0, c.n, &len);
+    char *all = test_corpus_text(&c, 0, c.n, &len);
     for (int k = 0; k < 2; k++) {
         qlm_tokenizer *t = load_asset(sources[k], k);
         if (keep && *keep) {
@@ -399,7 +351,7 @@ static void test_save_json(void **state) {
         }
     }
     free(all);
-    free_corpus(&c);
+    test_corpus_free(&c);
 }
 
 /* ---- speed ---- */
@@ -408,9 +360,9 @@ static void test_speed(void **state) {
     (void)state;
     char path[512];
     REQUIRE_ASSET(test_asset(path, sizeof(path), T5_SPIECE));
-    corpus c = load_corpus();
+    test_corpus c = test_corpus_load(FIXTURES "corpus.txt");
     size_t len;
-    char *all = corpus_text(&c, 0, c.n, &len);
+    char *all = test_corpus_text(&c, 0, c.n, &len);
     for (int k = 0; k < 2; k++) {
         qlm_tokenizer *t = load_asset(k ? T5_SPIECE : T5_JSON, k);
         struct timespec a, b;
@@ -425,7 +377,7 @@ static void test_speed(void **state) {
         qlm_tokenizer_free(t);
     }
     free(all);
-    free_corpus(&c);
+    test_corpus_free(&c);
 }
 
 /* ---- malformed spiece.model ---- */

@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 
 #include <cmocka.h>
 
@@ -92,6 +93,82 @@ static inline const char *test_tmpdir(char *buf, size_t cap) {
     const char *t = getenv("TMPDIR");
     snprintf(buf, cap, "%s/qlm-test-XXXXXX", t && *t ? t : "/tmp");
     return mkdtemp(buf);
+}
+
+/* The lines of a text file (each ending in '\n'), in one buffer. */
+typedef struct {
+    char *data;
+    const char **line;
+    size_t *len;
+    int n;
+} test_corpus;
+
+static inline test_corpus test_corpus_load(const char *path) {
+    test_corpus c = {0};
+    size_t size = 0;
+    c.data = test_read_file(path, &size);
+    assert_non_null(c.data);
+    for (size_t i = 0; i < size; i++) c.n += c.data[i] == '\n';
+    c.line = malloc(sizeof(char *) * (size_t)(c.n ? c.n : 1));
+    c.len = malloc(sizeof(size_t) * (size_t)(c.n ? c.n : 1));
+    assert_true(c.line && c.len);
+    size_t start = 0;
+    for (int k = 0; k < c.n; k++) {
+        const char *nl = memchr(c.data + start, '\n', size - start);
+        c.line[k] = c.data + start;
+        c.len[k] = (size_t)(nl - (c.data + start));
+        start += c.len[k] + 1;
+    }
+    return c;
+}
+
+static inline void test_corpus_free(test_corpus *c) {
+    free(c->data);
+    free(c->line);
+    free(c->len);
+}
+
+/* "\n".join(lines[i:i+n]), malloc'd. */
+static inline char *test_corpus_text(const test_corpus *c, int i, int n, size_t *len) {
+    size_t total = 1;
+    for (int k = i; k < i + n; k++) total += c->len[k] + 1;
+    char *s = malloc(total), *p = s;
+    assert_non_null(s);
+    for (int k = i; k < i + n; k++) {
+        if (k > i) *p++ = '\n';
+        memcpy(p, c->line[k], c->len[k]);
+        p += c->len[k];
+    }
+    *p = 0;
+    *len = (size_t)(p - s);
+    return s;
+}
+
+/* Runs "$QLM_BIN ARGS" (default build/qlm) through the shell; returns its exit status and, when
+ * out is not NULL, its captured stdout (malloc'd). */
+static inline int test_run_qlm(char **out, const char *fmt, ...) {
+    const char *bin = getenv("QLM_BIN");
+    char args[4096], cmd[8192];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(args, sizeof args, fmt, ap);
+    va_end(ap);
+    snprintf(cmd, sizeof cmd, "%s %s", bin && *bin ? bin : "build/qlm", args);
+    FILE *p = popen(cmd, "r");
+    assert_non_null(p);
+    size_t cap = 1 << 16, n = 0, r;
+    char *buf = malloc(cap);
+    assert_non_null(buf);
+    while ((r = fread(buf + n, 1, cap - n - 1, p)) > 0)
+        if ((n += r) + 1 >= cap) {
+            buf = realloc(buf, cap *= 2);
+            assert_non_null(buf);
+        }
+    buf[n] = 0;
+    int status = pclose(p);
+    if (out) *out = buf;
+    else free(buf);
+    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
 }
 
 #endif
