@@ -12,5 +12,6 @@ int cmd_tokenize(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
 int cmd_rouge(int argc, char **argv);
 int cmd_summarize(int argc, char **argv);
+int cmd_lora(int argc, char **argv);
 
 #endif

@@ -18,6 +18,7 @@ static const struct {
     {"bench", cmd_bench, "prefill and decode speed"},
     {"summarize", cmd_summarize, "summarize a dialogue, or a JSONL file of them in batches"},
     {"rouge", cmd_rouge, "ROUGE-1/2/L/Lsum of predictions against references (JSONL)"},
+    {"lora", cmd_lora, "inspect a PEFT LoRA adapter, or merge one into a model"},
 };
 
 static void usage(FILE *f) {

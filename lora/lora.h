@@ -1,0 +1,168 @@
+/* LoRA adapters in Hugging Face PEFT's format: adapter_config.json + adapter_model.safetensors with
+ * tensors base_model.model.<module>.lora_A.weight [r, in] and .lora_B.weight [out, r]. A module's
+ * output becomes W0 x + scale·B(A x), scale = lora_alpha / r (lora_alpha / sqrt(r) with rsLoRA).
+ *
+ * An adapter is validated against its base model's configuration when loaded and then holds, per
+ * adapted projection, A and B as qlm_weight matrices (F32 or BF16) that the matmul kernels take
+ * directly, found in O(1) by (stack, layer, target). A registry keeps several resident by name;
+ * merge/unmerge fold one into the base weights in place. */
+#ifndef QLM_LORA_H
+#define QLM_LORA_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "../core/config.h"
+#include "../core/model.h"
+#include "../core/t5.h"
+#include "../core/weight.h"
+
+/* The projections an adapter can change. Llama: q_proj..down_proj. T5: self-attention q/k/v/o
+ * are Q/K/V/O, the decoder's EncDecAttention q/k/v/o are CROSS_*, DenseReluDense wi_0 (or the
+ * ungated "wi"), wi_1, wo are WI0, WI1, WO. */
+typedef enum {
+    QLM_LORA_Q, QLM_LORA_K, QLM_LORA_V, QLM_LORA_O,
+    QLM_LORA_GATE, QLM_LORA_UP, QLM_LORA_DOWN,
+    QLM_LORA_CROSS_Q, QLM_LORA_CROSS_K, QLM_LORA_CROSS_V, QLM_LORA_CROSS_O,
+    QLM_LORA_WI0, QLM_LORA_WI1, QLM_LORA_WO,
+    QLM_LORA_N_TARGETS
+} qlm_lora_target;
+
+/* Stacks: Llama's layers and T5's encoder are 0, T5's decoder is 1. */
+enum { QLM_LORA_MAX_STACKS = 2 };
+
+typedef struct {
+    int stack, layer;
+    qlm_lora_target target;
+    char path[64];   /* module path under the model, e.g. "model.layers.3.self_attn.q_proj" */
+    int r;
+    float scale;     /* alpha / r or alpha / sqrt(r), with this module's rank_pattern / alpha_pattern */
+    qlm_weight a;    /* [r][in] */
+    qlm_weight b;    /* [out][r] */
+} qlm_lora_module;
+
+/* target_modules / exclude_modules / layers_pattern as adapter_config.json gives them: a string
+ * (a regex that must match the whole module path, as re.fullmatch; "all-linear" for targets), or a
+ * list of names, each a module path or its last dot-separated components ("q_proj"). */
+typedef struct {
+    char *regex;
+    char **names;
+    int n_names;
+    int is_list;     /* a list was given (possibly empty); else regex or nothing */
+} qlm_lora_selector;
+
+typedef struct {
+    char *key;       /* a regex for the end of the module path: (.*\.)?(KEY)$ as peft matches it */
+    double value;
+} qlm_lora_pattern;
+
+/* The supported part of adapter_config.json. */
+typedef struct {
+    int r;
+    double lora_alpha;
+    int use_rslora;
+    int fan_in_fan_out;      /* kept as read: peft ignores it for nn.Linear, and so does qlm */
+    qlm_lora_selector target_modules; /* none given: peft's default for the architecture (q, v) */
+    qlm_lora_selector exclude_modules;
+    qlm_lora_selector layers_pattern;
+    int *layers_to_transform;         /* layer indices, or NULL for all */
+    int n_layers_to_transform;
+    int layers_to_transform_is_int;   /* written back as a number rather than a list */
+    qlm_lora_pattern *rank_pattern, *alpha_pattern;
+    int n_rank_pattern, n_alpha_pattern;
+    char *base_model_name_or_path, *task_type; /* NULL when absent */
+} qlm_lora_config;
+
+typedef struct {
+    char name[64];
+    char path[4096];          /* the folder it was loaded from */
+    qlm_lora_config cfg;
+    int is_t5;
+    int t5_gated;             /* T5: 1 wi_0/wi_1, 0 "wi", -1 unknown (no base, no feed-forward module) */
+    int has_base;             /* shapes were checked against a base configuration */
+    int n_layers[QLM_LORA_MAX_STACKS];
+    qlm_dtype dtype;          /* of every A and B (F32 or BF16) */
+    qlm_lora_module *modules; /* in the order stack, layer, target */
+    int n_modules;
+    const qlm_lora_module **index; /* [stack-major layers][QLM_LORA_N_TARGETS] */
+    void *buffer;             /* every A and B, 64-byte aligned */
+    size_t buffer_bytes;
+    int64_t n_params;
+    qlm_dtype file_dtype;     /* dtype of the tensors in the file (F32 if they differ) */
+    size_t file_bytes;        /* bytes of A/B data in adapter_model.safetensors */
+} qlm_lora_adapter;
+
+/* Loads the adapter folder path (adapter_config.json + adapter_model.safetensors). Pass the base
+ * model's configuration (llama or t5; both NULL: only the names and the adapter's own consistency
+ * are checked, as `qlm lora info` does). Every tensor's module must be one the configuration
+ * targets and the base has, every targeted module must have both tensors, ranks must match the
+ * config, values must be finite. A and B are converted to ab_dtype (QLM_F32 or QLM_BF16).
+ * name: 1-63 letters, digits, '_', '-', '.', not "none"; NULL takes the folder's name when it is
+ * one, else "adapter". On failure *out is zeroed, nothing stays allocated, and the error names
+ * the file and the field or tensor. */
+int qlm_lora_load(qlm_lora_adapter *out, const char *path, const char *name, const qlm_llama_config *llama,
+                  const qlm_t5_config *t5, qlm_dtype ab_dtype);
+void qlm_lora_free(qlm_lora_adapter *a);
+
+/* Writes dir/adapter_config.json and dir/adapter_model.safetensors (each atomically; dir is
+ * created if missing) in peft's format, A and B in the adapter's dtype. */
+int qlm_lora_save(const qlm_lora_adapter *a, const char *dir);
+
+/* The configuration as adapter_config.json text in peft's format (malloc'd), or NULL with an error. */
+char *qlm_lora_config_json(const qlm_lora_config *c);
+
+/* The module of (stack, layer, target), or NULL when the adapter leaves that projection alone. O(1). */
+const qlm_lora_module *qlm_lora_find(const qlm_lora_adapter *a, int stack, int layer, qlm_lora_target t);
+
+/* y[i] += scale·B(A x[i]) for n rows (x: [n][in], y: [n][out]); tmp holds n·(r + out) floats.
+ * The CPU form of the unmerged update. */
+void qlm_lora_apply(float *y, const float *x, int n, const qlm_lora_module *m, float *tmp);
+
+/* A target's module name as peft's target_modules spells it for this adapter's base ("q_proj",
+ * "q", "EncDecAttention.q", "wi_0", or "wi" in an ungated T5). */
+const char *qlm_lora_target_name(const qlm_lora_adapter *a, qlm_lora_target t);
+/* "llama" or "t5", a name for the adapter's base architecture. */
+const char *qlm_lora_arch_name(const qlm_lora_adapter *a);
+
+/* W0 += sign·scale·B·A for every module (sign +1 merges, -1 unmerges), into a model on the CPU
+ * backend with F32, BF16 or F16 weights: W0 + ΔW is computed in F32 (ΔW the same dot product
+ * over the rank both ways) and stored in the weight's dtype. Every module is checked against the
+ * model first, so a failure changes nothing. Unmerging what was merged restores each weight to
+ * within one unit in the last place of its storage dtype at the larger of |W0| and |W0 + ΔW|
+ * (tested: F32, BF16 and F16; about 3/4 of the weights come back exactly). */
+int qlm_lora_merge(qlm_model *m, const qlm_lora_adapter *a, int sign);
+int qlm_lora_merge_t5(qlm_t5_model *m, const qlm_lora_adapter *a, int sign);
+
+/* Resident adapters by name, all validated against one base configuration. Adapter addresses stay
+ * fixed while they are resident, so sequences can hold them; removing one that a running
+ * sequence uses is the caller's error. */
+enum { QLM_LORA_MAX_RESIDENT = 32 };
+
+typedef struct {
+    int is_t5;
+    qlm_llama_config llama;
+    qlm_t5_config t5;
+    qlm_lora_adapter *adapters[QLM_LORA_MAX_RESIDENT];
+    int n;
+    const qlm_lora_adapter *def; /* the default, or NULL */
+} qlm_lora_registry;
+
+/* A registry for adapters of this base (exactly one of llama, t5). */
+int qlm_lora_registry_init(qlm_lora_registry *r, const qlm_llama_config *llama, const qlm_t5_config *t5);
+void qlm_lora_registry_free(qlm_lora_registry *r);
+/* Loads path as name (validated against the registry's base) and makes it resident; a duplicate
+ * name, a full registry or a bad adapter leave the registry as it was. */
+int qlm_lora_registry_load(qlm_lora_registry *r, const char *name, const char *path, qlm_dtype ab_dtype);
+/* Takes over an adapter loaded against the same base (*a is zeroed on success, untouched on failure). */
+int qlm_lora_registry_add(qlm_lora_registry *r, qlm_lora_adapter *a);
+/* Frees the named adapter (the default becomes none if it was the default). */
+int qlm_lora_registry_remove(qlm_lora_registry *r, const char *name);
+/* NULL (no error set) when no adapter has this name. */
+const qlm_lora_adapter *qlm_lora_registry_find(const qlm_lora_registry *r, const char *name);
+/* Resident adapters in the order they were added: i in [0, r->n). */
+const qlm_lora_adapter *qlm_lora_registry_at(const qlm_lora_registry *r, int i);
+/* The default adapter by name; NULL or "none" means no adapter. Allocates nothing. */
+int qlm_lora_registry_set_default(qlm_lora_registry *r, const char *name);
+const qlm_lora_adapter *qlm_lora_registry_default(const qlm_lora_registry *r);
+
+#endif
