@@ -14,7 +14,8 @@
 static const char *k_usage =
     "usage: qlm chat -m MODEL [options]\n"
     "Interactive chat: type a message and press Enter. Commands: /reset (forget the conversation),\n"
-    "/exit. With -p the messages are sent one after another and qlm exits.\n\n" CLI_MODEL_HELP CLI_SAMPLING_HELP
+    "/adapter NAME|none (switch LoRA adapter; /adapter lists them), /exit. With -p the messages are\n"
+    "sent one after another and qlm exits.\n\n" CLI_MODEL_HELP CLI_SAMPLING_HELP CLI_LORA_HELP
     "  -p, --prompt TEXT      send TEXT as a user message (repeatable); no interactive input\n"
     "      --system TEXT      system prompt\n"
     "      --quiet            no load line or timing on stderr\n";
@@ -120,6 +121,28 @@ static int chat_turn(qlm_session *s, history *h, int first_turn, const char *mes
     return rc;
 }
 
+/* "/adapter NAME" or "/adapter none": the next replies use that adapter (the conversation is
+ * kept; its prompt is evaluated again under the new weights). "/adapter" alone lists them. */
+static void switch_adapter(qlm_session *s, cli_model *cm, const char *arg) {
+    while (*arg == ' ') arg++;
+    if (!*arg) {
+        const qlm_lora_adapter *cur = qlm_lora_registry_default(&cm->lora);
+        fprintf(stderr, "[adapters:%s", cm->lora.n ? "" : " none loaded (use --lora NAME=PATH)");
+        for (int i = 0; i < cm->lora.n; i++) {
+            const qlm_lora_adapter *a = qlm_lora_registry_at(&cm->lora, i);
+            fprintf(stderr, " %s%s", a->name, a == cur ? " (in use)" : "");
+        }
+        fprintf(stderr, "%s]\n", cur ? "" : "; using none");
+        return;
+    }
+    if (qlm_lora_registry_set_default(&cm->lora, arg) != 0) {
+        fprintf(stderr, "qlm chat: %s\n", qlm_last_error());
+        return;
+    }
+    qlm_session_set_adapter(s, qlm_lora_registry_default(&cm->lora));
+    fprintf(stderr, "[adapter: %s]\n", strcmp(arg, "none") ? arg : "none (base model)");
+}
+
 /* Reads one line of any length from f; NULL at end of input. */
 static char *read_line(FILE *f) {
     size_t cap = 256, n = 0;
@@ -154,7 +177,7 @@ int cmd_chat(int argc, char **argv) {
     cli_sampling_opts_init(&so);
     const char *system = NULL, *prompts[64];
     int n_prompts = 0, quiet = 0;
-    static const struct option opts[] = {CLI_MODEL_OPTIONS, CLI_SAMPLING_OPTIONS,
+    static const struct option opts[] = {CLI_MODEL_OPTIONS, CLI_SAMPLING_OPTIONS, CLI_LORA_OPTIONS,
                                          {"prompt", required_argument, 0, OPT_PROMPT},
                                          {"system", required_argument, 0, OPT_SYSTEM},
                                          {"quiet", no_argument, 0, OPT_QUIET},
@@ -164,6 +187,7 @@ int cmd_chat(int argc, char **argv) {
     while ((c = getopt_long(argc, argv, "m:t:p:n:h", opts, NULL)) != -1) {
         int r = cli_model_flag(&mo, c, optarg);
         if (r == 0) r = cli_sampling_flag(&so, c, optarg);
+        if (r == 0) r = cli_lora_flag(&mo, c, optarg);
         if (r < 0) return 2;
         if (r > 0) continue;
         switch (c) {
@@ -192,7 +216,7 @@ int cmd_chat(int argc, char **argv) {
         return cli_fail("chat");
     }
     qlm_session s;
-    if (qlm_session_init(&s, &cm.model, cm.src.tok, cli_context_size(&mo, &cm), mo.batch) != 0) {
+    if (cli_session_init(&mo, &cm, &s, so.gen.max_new_tokens) != 0) {
         cli_free_model(&cm);
         return cli_fail("chat");
     }
@@ -219,6 +243,8 @@ int cmd_chat(int argc, char **argv) {
             if (!strcmp(line, "/reset")) {
                 history_clear(&h, first_turn);
                 fprintf(stderr, "[conversation cleared]\n");
+            } else if (!strncmp(line, "/adapter", 8) && (line[8] == ' ' || !line[8])) {
+                switch_adapter(&s, &cm, line + 8);
             } else if (line[0] && chat_turn(&s, &h, first_turn, line, &so, quiet) != 0) {
                 fprintf(stderr, "qlm chat: %s\n", qlm_last_error());
             }

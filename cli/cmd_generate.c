@@ -11,7 +11,7 @@ static const char *k_usage =
     "usage: qlm generate -m MODEL [-t TOKENIZER] [-p PROMPT | -f FILE] [options]\n"
     "Continues PROMPT (default: empty, i.e. from BOS) and streams the text to stdout; a T5 model\n"
     "answers PROMPT instead (its encoder reads it, its decoder writes the output).\n\n" CLI_MODEL_HELP
-    CLI_SAMPLING_HELP
+    CLI_SAMPLING_HELP CLI_LORA_HELP
     "  -p, --prompt TEXT      the prompt\n"
     "  -f, --file PATH        read the prompt from a file ('-' = stdin)\n"
     "      --no-bos           do not prepend the BOS token\n"
@@ -70,7 +70,7 @@ int cmd_generate(int argc, char **argv) {
     cli_sampling_opts_init(&so);
     const char *prompt = "", *file = NULL;
     int no_bos = 0, no_special = 0, quiet = 0, json = 0;
-    static const struct option opts[] = {CLI_MODEL_OPTIONS, CLI_SAMPLING_OPTIONS,
+    static const struct option opts[] = {CLI_MODEL_OPTIONS, CLI_SAMPLING_OPTIONS, CLI_LORA_OPTIONS,
                                          {"prompt", required_argument, 0, OPT_PROMPT},
                                          {"file", required_argument, 0, 'f'},
                                          {"no-bos", no_argument, 0, OPT_NO_BOS},
@@ -83,6 +83,7 @@ int cmd_generate(int argc, char **argv) {
     while ((c = getopt_long(argc, argv, "m:t:p:n:f:h", opts, NULL)) != -1) {
         int r = cli_model_flag(&mo, c, optarg);
         if (r == 0) r = cli_sampling_flag(&so, c, optarg);
+        if (r == 0) r = cli_lora_flag(&mo, c, optarg);
         if (r < 0) return 2;
         if (r > 0) continue;
         switch (c) {

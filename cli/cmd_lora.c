@@ -20,7 +20,7 @@ static const char *k_usage =
     "each adapted weight, and writes the merged model to the folder OUT as `qlm quantize` does. INT8 models\n"
     "cannot be merged into: give --dtype f32, bf16 or f16, and quantize the merged model afterwards.\n";
 
-enum { OPT_LORA = 1000, OPT_OUT = 'o' };
+enum { OPT_OUT = 'o' };
 
 static void scale_range(const qlm_lora_adapter *a, float *lo, float *hi) {
     *lo = *hi = a->modules[0].scale;

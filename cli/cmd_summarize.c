@@ -27,7 +27,7 @@ static const char *k_usage =
     "Summarizes a dialogue (FILE, or stdin) and prints the summary; with --batch, every line of IN.\n"
     "The prompt is the DialogSum lab's: \"Summarize the following conversation.\\n\\n{dialogue}\\n\\nSummary: \",\n"
     "after --shots worked examples; instruction-tuned decoders get it as chat turns in their template.\n"
-    "Greedy (--temp 0) unless sampling flags say otherwise.\n\n" CLI_MODEL_HELP CLI_SAMPLING_HELP
+    "Greedy (--temp 0) unless sampling flags say otherwise.\n\n" CLI_MODEL_HELP CLI_SAMPLING_HELP CLI_LORA_HELP
     "      --shots N          worked examples before the dialogue (default 0), from --examples\n"
     "      --examples FILE    JSONL with \"dialogue\" and \"summary\" fields; its first N lines are the shots\n"
     "      --prompt-template FILE  a template with {dialogue} instead of the lab's\n"
@@ -41,11 +41,13 @@ static const char *k_usage =
     "      --eval             score OUT against IN's reference fields with ROUGE when done\n"
     "      --ref-field A[,B]  reference fields for --eval (default summary1,summary2,summary3 when IN has\n"
     "                         summary1, else summary)\n"
+    "      --adapter-field F  each line's --lora adapter by name from its field F (none: the base model;\n"
+    "                         absent: --adapter); lines with different adapters share the batch\n"
     "      --quiet            no load line, progress or timing on stderr\n";
 
 enum {
     OPT_SHOTS = 600, OPT_EXAMPLES, OPT_TEMPLATE, OPT_FORMAT, OPT_BATCH_IN, OPT_OUT, OPT_FIELD, OPT_OUT_FIELD,
-    OPT_BATCH_SIZE, OPT_RESUME, OPT_EVAL, OPT_REF_FIELD,
+    OPT_BATCH_SIZE, OPT_RESUME, OPT_EVAL, OPT_REF_FIELD, OPT_ADAPTER_FIELD,
 };
 
 #define MAX_REFS 16
@@ -53,7 +55,8 @@ enum {
 typedef struct {
     cli_model_opts mo;
     cli_sampling_opts so;
-    const char *input, *examples, *template_path, *format, *batch_in, *out, *field, *out_field, *ref_fields;
+    const char *input, *examples, *template_path, *format, *batch_in, *out, *field, *out_field, *ref_fields,
+        *adapter_field;
     int shots, batch_size, resume, eval, quiet;
 } options;
 
@@ -77,7 +80,7 @@ static int parse(int argc, char **argv, options *o) {
     o->field = "dialogue";
     o->out_field = "summary";
     o->batch_size = 16;
-    static const struct option opts[] = {CLI_MODEL_OPTIONS, CLI_SAMPLING_OPTIONS,
+    static const struct option opts[] = {CLI_MODEL_OPTIONS, CLI_SAMPLING_OPTIONS, CLI_LORA_OPTIONS,
                                          {"shots", required_argument, 0, OPT_SHOTS},
                                          {"examples", required_argument, 0, OPT_EXAMPLES},
                                          {"prompt-template", required_argument, 0, OPT_TEMPLATE},
@@ -90,6 +93,7 @@ static int parse(int argc, char **argv, options *o) {
                                          {"resume", no_argument, 0, OPT_RESUME},
                                          {"eval", no_argument, 0, OPT_EVAL},
                                          {"ref-field", required_argument, 0, OPT_REF_FIELD},
+                                         {"adapter-field", required_argument, 0, OPT_ADAPTER_FIELD},
                                          {"quiet", no_argument, 0, OPT_QUIET},
                                          {0, 0, 0, 0}};
     optind = 1;
@@ -97,6 +101,7 @@ static int parse(int argc, char **argv, options *o) {
     while ((c = getopt_long(argc, argv, "m:t:n:h", opts, NULL)) != -1) {
         int r = cli_model_flag(&o->mo, c, optarg);
         if (r == 0) r = cli_sampling_flag(&o->so, c, optarg);
+        if (r == 0) r = cli_lora_flag(&o->mo, c, optarg);
         if (r < 0) return 2;
         if (r > 0) continue;
         switch (c) {
@@ -113,6 +118,7 @@ static int parse(int argc, char **argv, options *o) {
         case OPT_RESUME: o->resume = 1; break;
         case OPT_EVAL: o->eval = 1; break;
         case OPT_REF_FIELD: o->ref_fields = optarg; break;
+        case OPT_ADAPTER_FIELD: o->adapter_field = optarg; break;
         case OPT_QUIET: o->quiet = 1; break;
         default: return cli_usage_error("summarize", k_usage);
         }
@@ -121,7 +127,8 @@ static int parse(int argc, char **argv, options *o) {
     if (optind < argc - 1) why = "at most one input FILE";
     else if (o->batch_in && optind < argc) why = "either FILE or --batch, not both";
     else if (o->batch_in && !o->out) why = "--batch needs --out";
-    else if (!o->batch_in && (o->out || o->resume || o->eval)) why = "--out, --resume and --eval go with --batch";
+    else if (!o->batch_in && (o->out || o->resume || o->eval || o->adapter_field))
+        why = "--out, --resume, --eval and --adapter-field go with --batch";
     else if (o->shots && !o->examples) why = "--shots needs --examples FILE";
     else if (strcmp(o->format, "auto") && strcmp(o->format, "plain") && strcmp(o->format, "chat"))
         why = "--format is auto, plain or chat";
@@ -238,7 +245,9 @@ static void on_interrupt(int sig) {
 
 typedef struct {
     const options *o;
+    cli_model *cm;
     cli_jsonl in;
+    const qlm_lora_adapter **adapter; /* per record */
     int first, next, written; /* input records: first to do, next to hand out, next to write */
     int **ids;
     int *n_ids;
@@ -294,7 +303,7 @@ static int next_dialogue(void *ctx, qlm_batch_request *req) {
     batch_job *j = ctx;
     if (j->next == j->in.n || g_interrupted) return 0;
     int i = j->next++;
-    *req = (qlm_batch_request){j->ids[i], j->n_ids[i], &j->o->so.gen, (void *)(intptr_t)i};
+    *req = (qlm_batch_request){j->ids[i], j->n_ids[i], &j->o->so.gen, j->adapter[i], (void *)(intptr_t)i};
     return 1;
 }
 
@@ -415,8 +424,24 @@ done:
     return rc;
 }
 
+/* Each record's adapter: the default, or by name from --adapter-field. */
+static int pick_adapters(batch_job *j) {
+    const qlm_lora_registry *reg = &j->cm->lora;
+    for (int i = 0; i < j->in.n; i++) {
+        j->adapter[i] = qlm_lora_registry_default(reg);
+        if (!j->o->adapter_field || !cJSON_GetObjectItemCaseSensitive(j->in.rec[i], j->o->adapter_field)) continue;
+        const char *name = cli_jsonl_text(&j->in, i, j->o->adapter_field);
+        if (!name) return -1;
+        j->adapter[i] = strcmp(name, "none") ? qlm_lora_registry_find(reg, name) : NULL;
+        if (!j->adapter[i] && strcmp(name, "none"))
+            return qlm_errorf("%s:%d: adapter \"%s\" is not loaded (use --lora %s=PATH)", j->o->batch_in, j->in.line[i],
+                              name, name);
+    }
+    return 0;
+}
+
 static int summarize_batch(const options *o, cli_model *cm, const prompter *p) {
-    batch_job j = {.o = o, .shown = -1};
+    batch_job j = {.o = o, .cm = cm, .shown = -1};
     int rc = -1;
     if (cli_jsonl_load(&j.in, o->batch_in) != 0) goto out;
     if (j.in.n == 0) {
@@ -429,10 +454,12 @@ static int summarize_batch(const options *o, cli_model *cm, const prompter *p) {
     j.ids = calloc((size_t)j.in.n, sizeof *j.ids);
     j.n_ids = calloc((size_t)j.in.n, sizeof *j.n_ids);
     j.summary = calloc((size_t)j.in.n, sizeof *j.summary);
-    if (!j.ids || !j.n_ids || !j.summary) {
+    j.adapter = calloc((size_t)j.in.n, sizeof *j.adapter);
+    if (!j.ids || !j.n_ids || !j.summary || !j.adapter) {
         qlm_errorf("out of memory");
         goto out;
     }
+    if (pick_adapters(&j) != 0) goto out;
     int max_prompt = 1;
     for (int i = j.first; i < j.in.n; i++) {
         if (prompt_ids(p, cli_jsonl_text(&j.in, i, o->field), &j.ids[i], &j.n_ids[i]) != 0) {
@@ -477,6 +504,7 @@ out:
     free(j.ids);
     free(j.n_ids);
     free(j.summary);
+    free(j.adapter);
     cli_jsonl_free(&j.in);
     return rc;
 }

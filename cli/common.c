@@ -75,6 +75,25 @@ int cli_model_flag(cli_model_opts *o, int opt, const char *arg) {
     }
 }
 
+int cli_lora_flag(cli_model_opts *o, int opt, const char *arg) {
+    if (opt == OPT_ADAPTER) {
+        o->adapter = arg;
+        return 1;
+    }
+    if (opt != OPT_LORA) return 0;
+    const char *eq = strchr(arg, '=');
+    if (!eq || eq == arg || !eq[1]) {
+        fprintf(stderr, "qlm: --lora expects NAME=PATH, got '%s'\n", arg);
+        return -1;
+    }
+    if (o->n_lora == CLI_MAX_LORA) {
+        fprintf(stderr, "qlm: at most %d --lora adapters\n", CLI_MAX_LORA);
+        return -1;
+    }
+    o->lora[o->n_lora++] = arg;
+    return 1;
+}
+
 int cli_sampling_flag(cli_sampling_opts *s, int opt, const char *arg) {
     qlm_sampling *p = &s->gen.sampling;
     int v;
@@ -124,6 +143,23 @@ int cli_usage_error(const char *cmd, const char *usage) {
     return 2;
 }
 
+/* The --lora adapters, checked against the base, and the --adapter choice (default: the first). */
+static int load_adapters(const cli_model_opts *o, cli_model *cm) {
+    if (qlm_lora_registry_init(&cm->lora, cm->src.is_t5 ? NULL : &cm->src.cfg, cm->src.is_t5 ? &cm->src.t5 : NULL) != 0)
+        return -1;
+    for (int i = 0; i < o->n_lora; i++) {
+        char name[64];
+        const char *eq = strchr(o->lora[i], '=');
+        if ((size_t)(eq - o->lora[i]) >= sizeof name) return qlm_errorf("--lora %s: the name is too long", o->lora[i]);
+        snprintf(name, sizeof name, "%.*s", (int)(eq - o->lora[i]), o->lora[i]);
+        if (qlm_lora_registry_load(&cm->lora, name, eq + 1, QLM_F32) != 0) return -1;
+    }
+    const char *pick = o->adapter ? o->adapter : o->n_lora ? qlm_lora_registry_at(&cm->lora, 0)->name : NULL;
+    if (pick && strcmp(pick, "none") != 0 && !qlm_lora_registry_find(&cm->lora, pick))
+        return qlm_errorf("--adapter %s: no such adapter (load it with --lora %s=PATH)", pick, pick);
+    return qlm_lora_registry_set_default(&cm->lora, pick);
+}
+
 int cli_load_model(const cli_model_opts *o, cli_model *cm, int need_tokenizer, int quiet) {
     memset(cm, 0, sizeof *cm);
     if (!o->model) return qlm_errorf("no model given (use -m PATH)");
@@ -154,6 +190,10 @@ int cli_load_model(const cli_model_opts *o, cli_model *cm, int need_tokenizer, i
     qlm_store_free(cm->src.store);
     cm->src.store = NULL;
     cm->loaded = 1;
+    if (load_adapters(o, cm) != 0) {
+        cli_free_model(cm);
+        return -1;
+    }
     clock_gettime(CLOCK_MONOTONIC, &t1);
     if (quiet) return 0;
     double secs = (t1.tv_sec - t0.tv_sec) + (t1.tv_nsec - t0.tv_nsec) * 1e-9;
@@ -170,10 +210,16 @@ int cli_load_model(const cli_model_opts *o, cli_model *cm, int need_tokenizer, i
                 m->cfg.n_layers, m->cfg.dim, qlm_model_param_count(m) / 1e6, qlm_dtype_name(m->dtype),
                 m->per_channel ? " per-channel" : "", be->name, omp_get_max_threads());
     }
+    for (int i = 0; i < cm->lora.n; i++) {
+        const qlm_lora_adapter *a = qlm_lora_registry_at(&cm->lora, i);
+        fprintf(stderr, "qlm: adapter %s from %s: rank %d, %d modules, %.2fM params%s\n", a->name, a->path, a->cfg.r,
+                a->n_modules, a->n_params / 1e6, a == qlm_lora_registry_default(&cm->lora) ? " (in use)" : "");
+    }
     return 0;
 }
 
 void cli_free_model(cli_model *cm) {
+    if (cm->loaded) qlm_lora_registry_free(&cm->lora);
     if (cm->loaded && cm->src.is_t5) qlm_t5_free(&cm->t5);
     if (cm->loaded && !cm->src.is_t5) qlm_model_free(&cm->model);
     qlm_source_close(&cm->src);
@@ -186,9 +232,10 @@ int cli_context_size(const cli_model_opts *o, const cli_model *cm) {
 }
 
 int cli_session_init(const cli_model_opts *o, const cli_model *cm, qlm_session *s, int max_new_tokens) {
-    if (cm->src.is_t5)
-        return qlm_session_init_t5(s, &cm->t5, cm->src.tok, o->ctx > 0 ? o->ctx : 2048, max_new_tokens + 1);
-    return qlm_session_init(s, &cm->model, cm->src.tok, cli_context_size(o, cm), o->batch);
+    int rc = cm->src.is_t5 ? qlm_session_init_t5(s, &cm->t5, cm->src.tok, o->ctx > 0 ? o->ctx : 2048, max_new_tokens + 1)
+                           : qlm_session_init(s, &cm->model, cm->src.tok, cli_context_size(o, cm), o->batch);
+    if (rc == 0) qlm_session_set_adapter(s, qlm_lora_registry_default(&cm->lora));
+    return rc;
 }
 
 int cli_require_decoder_only(const cli_model *cm, const char *cmd) {

@@ -7,6 +7,7 @@
 #include "../core/generate.h"
 #include "../core/model.h"
 #include "../core/t5.h"
+#include "../lora/lora.h"
 #include "../loaders/model_source.h"
 
 /* Long-option ids shared by several commands (values above any short option). */
@@ -15,7 +16,7 @@ enum {
     OPT_DTYPE = 256, OPT_PER_CHANNEL, OPT_THREADS, OPT_CTX, OPT_DEVICE, OPT_BATCH,
     OPT_TEMP, OPT_TOP_K, OPT_TOP_P, OPT_REPEAT_PENALTY, OPT_REPEAT_LAST_N, OPT_SEED, OPT_STOP,
     OPT_JSON, OPT_SYSTEM, OPT_NO_BOS, OPT_RAW, OPT_FILE, OPT_REPS, OPT_PP, OPT_TG, OPT_QUIET,
-    OPT_NO_SPECIAL, OPT_RANDOM_WEIGHTS,
+    OPT_NO_SPECIAL, OPT_RANDOM_WEIGHTS, OPT_LORA, OPT_ADAPTER,
 };
 
 #define CLI_MODEL_OPTIONS                                                                                 \
@@ -25,6 +26,13 @@ enum {
         {"device", required_argument, 0, OPT_DEVICE}, {"chunk", required_argument, 0, OPT_BATCH},        \
         {"random-weights", no_argument, 0, OPT_RANDOM_WEIGHTS},                                           \
         {"help", no_argument, 0, OPT_HELP}
+
+/* Adapters, for the commands that generate (generate, chat, summarize). */
+#define CLI_LORA_OPTIONS {"lora", required_argument, 0, OPT_LORA}, {"adapter", required_argument, 0, OPT_ADAPTER}
+
+#define CLI_LORA_HELP                                                                                     \
+    "      --lora NAME=PATH   load the PEFT LoRA adapter folder PATH as NAME (repeatable)\n"              \
+    "      --adapter NAME     the adapter to use (default: the first --lora; none: the base model)\n"
 
 #define CLI_SAMPLING_OPTIONS                                                                              \
     {"temp", required_argument, 0, OPT_TEMP}, {"top-k", required_argument, 0, OPT_TOP_K},                 \
@@ -53,9 +61,14 @@ enum {
     "      --seed S           random seed (default: from the clock)\n"                                    \
     "      --stop STR         stop when STR is generated (repeatable)\n"
 
+enum { CLI_MAX_LORA = 32 };
+
 typedef struct {
     const char *model, *tokenizer, *dtype, *device;
     int per_channel, threads, ctx, batch, random_weights;
+    const char *lora[CLI_MAX_LORA]; /* "NAME=PATH" */
+    int n_lora;
+    const char *adapter;
 } cli_model_opts;
 
 typedef struct {
@@ -67,6 +80,8 @@ void cli_model_opts_init(cli_model_opts *o);
 void cli_sampling_opts_init(cli_sampling_opts *s);
 /* 1 if opt was a model/sampling flag and was stored, 0 if not one, -1 on a bad value (message printed). */
 int cli_model_flag(cli_model_opts *o, int opt, const char *arg);
+/* The same for --lora / --adapter. */
+int cli_lora_flag(cli_model_opts *o, int opt, const char *arg);
 int cli_sampling_flag(cli_sampling_opts *s, int opt, const char *arg);
 
 /* Strict number parsing with a message naming the flag. */
@@ -77,11 +92,13 @@ typedef struct {
     qlm_source src;
     qlm_model model;  /* decoder-only models, or */
     qlm_t5_model t5;  /* encoder-decoders (src.is_t5) */
+    qlm_lora_registry lora; /* the --lora adapters; its default is the one in use */
     int loaded;
 } cli_model;
 
-/* Opens the model named by o->model, builds it in the chosen dtype, prints a load line to stderr
- * unless quiet. need_tokenizer: fail if none was found. */
+/* Opens the model named by o->model, builds it in the chosen dtype, loads the --lora adapters and
+ * picks the --adapter, prints a load line to stderr unless quiet. need_tokenizer: fail if none
+ * was found. */
 int cli_load_model(const cli_model_opts *o, cli_model *cm, int need_tokenizer, int quiet);
 void cli_free_model(cli_model *cm);
 int cli_context_size(const cli_model_opts *o, const cli_model *cm);

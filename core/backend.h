@@ -22,6 +22,12 @@ typedef struct {
     int pos_bias_span, pos_bias_offset;
 } qlm_attn_shape;
 
+/* One LoRA pair as the lora op applies it: y += scale * B (A x), A [r][in], B [out][r]. */
+typedef struct {
+    const qlm_weight *a, *b;
+    float scale;
+} qlm_lora_ref;
+
 /* Activation functions of the feed-forward blocks. */
 typedef enum {
     QLM_ACT_SILU,      /* x * sigmoid(x): Llama's SwiGLU */
@@ -39,6 +45,10 @@ typedef struct qlm_backend {
 
     /* y[n][rows] = x[n][cols] W^T (+ bias) */
     void (*matmul)(float *y, const float *x, int n, const qlm_weight *w, const float *bias);
+    /* Unmerged LoRA on top of a matmul's output: y[i] += scale B (A x[i]) with row i's own pair
+     * (per_row[i]; NULL: none), so one call serves a batch that mixes adapters. Returns -1
+     * (message set) only when scratch memory cannot be had. */
+    int (*lora)(float *y, const float *x, int n, const qlm_lora_ref *const *per_row);
     /* out[i] = x[i] / rms(x[i]) * weight, for n rows of dim values */
     void (*rmsnorm)(float *out, const float *x, const float *weight, int n, int dim, float eps);
     /* Rotate-half RoPE in place on n rows of n_heads*head_dim values; row i at position pos[i].

@@ -6,6 +6,7 @@
 #include "../quant/matmul.h"
 #include "../quant/quantize.h"
 #include "backend.h"
+#include "error.h"
 
 static void *cpu_alloc(size_t bytes) {
     void *p = NULL;
@@ -95,6 +96,59 @@ static void cpu_attention(float *out, const float *q, const float *k_cache, cons
     }
 }
 
+/* Growable scratch for the lora op: allocated on first use and reused, so decode steps allocate
+ * nothing once the largest batch has been seen. */
+typedef struct {
+    float *p;
+    size_t cap;
+} scratch;
+
+static float *scratch_get(scratch *s, size_t n) {
+    if (n <= s->cap) return s->p;
+    float *p = realloc(s->p, n * sizeof *p);
+    if (!p) return NULL;
+    s->p = p;
+    s->cap = n;
+    return p;
+}
+
+static _Thread_local scratch t_lora_x, t_lora_t, t_lora_u;
+static _Thread_local int *t_lora_rows;
+static _Thread_local size_t t_lora_rows_cap;
+
+/* Rows that share a pair are gathered and multiplied together: two thin matmuls per distinct
+ * adapter, whatever the batch size. */
+static int cpu_lora(float *y, const float *x, int n, const qlm_lora_ref *const *per_row) {
+    if ((size_t)n > t_lora_rows_cap) {
+        int *r = realloc(t_lora_rows, (size_t)n * sizeof *r);
+        if (!r) return qlm_errorf("out of memory for LoRA scratch");
+        t_lora_rows = r;
+        t_lora_rows_cap = (size_t)n;
+    }
+    for (int i = 0; i < n; i++) {
+        const qlm_lora_ref *ref = per_row[i];
+        if (!ref) continue;
+        int seen = 0;
+        for (int k = 0; k < i && !seen; k++) seen = per_row[k] == ref;
+        if (seen) continue;
+        int in = ref->a->cols, r = ref->a->rows, out = ref->b->rows, m = 0;
+        for (int k = i; k < n; k++)
+            if (per_row[k] == ref) t_lora_rows[m++] = k;
+        float *xs = scratch_get(&t_lora_x, (size_t)m * in), *ts = scratch_get(&t_lora_t, (size_t)m * r),
+              *us = scratch_get(&t_lora_u, (size_t)m * out);
+        if (!xs || !ts || !us) return qlm_errorf("out of memory for LoRA scratch");
+        for (int k = 0; k < m; k++) memcpy(xs + (size_t)k * in, x + (size_t)t_lora_rows[k] * in, (size_t)in * sizeof *xs);
+        qlm_matmul(ts, xs, m, ref->a, NULL);
+        qlm_matmul(us, ts, m, ref->b, NULL);
+        for (int k = 0; k < m; k++) {
+            float *yr = y + (size_t)t_lora_rows[k] * out;
+            const float *ur = us + (size_t)k * out;
+            for (int j = 0; j < out; j++) yr[j] += ref->scale * ur[j];
+        }
+    }
+    return 0;
+}
+
 static inline float act(float x, qlm_act a) {
     switch (a) {
     case QLM_ACT_GELU_TANH: return 0.5f * x * (1.0f + tanhf(0.7978845608028654f * (x + 0.044715f * x * x * x)));
@@ -132,6 +186,7 @@ static const qlm_backend cpu_backend = {
     .free = cpu_free,
     .upload_weight = cpu_upload_weight,
     .matmul = qlm_matmul,
+    .lora = cpu_lora,
     .rmsnorm = cpu_rmsnorm,
     .rope = cpu_rope,
     .attention = cpu_attention,

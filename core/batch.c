@@ -64,6 +64,7 @@ static int admit(batch *b, int i, const qlm_batch_request *req, qlm_batch_stats 
         return qlm_errorf("a prompt of %d tokens does not fit the batch's limit of 1..%d", req->n_ids, c->max_prompt);
     s->req = *req;
     s->len = 0;
+    qlm_lora_slots_set(c->t5 ? &b->t5.lora : &b->kv.lora, i, req->adapter);
     int start, n, prev = -1;
     if (c->t5) {
         if (qlm_t5_encode(c->t5, &b->t5, i, req->ids, req->n_ids) != 0) return -1;

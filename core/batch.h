@@ -11,6 +11,7 @@ typedef struct {
     const int *ids; /* the prompt (T5: the encoder's input); valid until the request is done */
     int n_ids;
     const qlm_gen_params *params;
+    const struct qlm_lora_adapter *adapter; /* NULL: none; requests with different adapters share steps */
     void *user;
 } qlm_batch_request;
 

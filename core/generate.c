@@ -58,6 +58,15 @@ void qlm_session_free(qlm_session *s) {
     memset(s, 0, sizeof *s);
 }
 
+void qlm_session_set_adapter(qlm_session *s, const struct qlm_lora_adapter *a) {
+    qlm_lora_slots *l = s->t5 ? &s->t5_state.lora : &s->state.lora;
+    if (l->slot[0] == a) return;
+    qlm_lora_slots_set(l, 0, a);
+    s->n_tokens = 0;
+    s->n_input = 0;
+    s->have_logits = 0;
+}
+
 /* Tokens the cache holds at most (the decoder's output window for T5). */
 static int capacity(const qlm_session *s) {
     return s->t5 ? s->t5_state.max_tgt : s->state.max_seq;

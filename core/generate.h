@@ -52,6 +52,10 @@ int qlm_session_init(qlm_session *s, const qlm_model *m, const qlm_tokenizer *to
 int qlm_session_init_t5(qlm_session *s, const qlm_t5_model *m, const qlm_tokenizer *tok, int max_input,
                         int max_output);
 void qlm_session_free(qlm_session *s);
+/* The LoRA adapter (lora/lora.h; NULL: none) the next tokens use. A change empties the cache, whose
+ * keys and values the old adapter produced; nothing is allocated or reloaded. */
+void qlm_session_set_adapter(qlm_session *s, const struct qlm_lora_adapter *a);
+
 /* Makes the cache hold exactly ids[0..n): keeps the longest common prefix, evaluates the rest.
  * T5: encodes ids as the input (unless it is the one already encoded) and restarts the decoder. */
 int qlm_session_sync(qlm_session *s, const int *ids, int n, qlm_gen_stats *stats);

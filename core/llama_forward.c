@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "error.h"
+#include "../lora/lora.h"
 #include "model.h"
 
 int qlm_state_init(qlm_kv_state *s, const qlm_model *m, int max_seq, int max_batch) {
@@ -40,6 +41,7 @@ int qlm_state_init_slots(qlm_kv_state *s, const qlm_model *m, int max_seq, int n
     s->hb2 = be->alloc(B * c->hidden_dim * sizeof(float));
     s->logits_rows = be->alloc(B * c->dim * sizeof(float));
     if (!s->x || !s->xb || !s->q || !s->k || !s->v || !s->att || !s->hb || !s->hb2 || !s->logits_rows) goto oom;
+    if (qlm_lora_slots_init(&s->lora, n_slots, max_batch) != 0) goto oom;
     return 0;
 oom:
     qlm_state_free(s, m);
@@ -57,20 +59,24 @@ void qlm_state_free(qlm_kv_state *s, const qlm_model *m) {
     free(s->v_cache);
     float *bufs[] = {s->x, s->xb, s->q, s->k, s->v, s->att, s->hb, s->hb2, s->logits_rows};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) be->free(bufs[i]);
+    qlm_lora_slots_free(&s->lora);
     memset(s, 0, sizeof *s);
 }
 
+/* A projection of layer l with each row's LoRA update. */
+#define PROJ(y, x, w, b, target) qlm_matmul_lora(be, &s->lora, y, x, n, w, b, slots, 0, 0, l, target)
+
 /* Rows with the same slot are consecutive runs; each run attends over its own slot's cache. */
-static void attention_forward(const qlm_model *m, const qlm_layer *L, qlm_kv_state *s, int l, const int *pos,
-                              const int *slots, int n) {
+static int attention_forward(const qlm_model *m, const qlm_layer *L, qlm_kv_state *s, int l, const int *pos,
+                             const int *slots, int n) {
     const qlm_llama_config *c = &m->cfg;
     const qlm_backend *be = m->be;
     size_t kv_dim = (size_t)c->n_kv_heads * c->head_dim, q_dim = (size_t)c->n_heads * c->head_dim;
     size_t slot_size = (size_t)s->max_seq * kv_dim;
     be->rmsnorm(s->xb, s->x, L->attn_norm, n, c->dim, c->norm_eps);
-    be->matmul(s->q, s->xb, n, &L->wq, L->bq);
-    be->matmul(s->k, s->xb, n, &L->wk, L->bk);
-    be->matmul(s->v, s->xb, n, &L->wv, L->bv);
+    if (PROJ(s->q, s->xb, &L->wq, L->bq, QLM_LORA_Q) || PROJ(s->k, s->xb, &L->wk, L->bk, QLM_LORA_K) ||
+        PROJ(s->v, s->xb, &L->wv, L->bv, QLM_LORA_V))
+        return -1;
     be->rope(s->q, n, pos, c->n_heads, c->head_dim, m->inv_freq);
     be->rope(s->k, n, pos, c->n_kv_heads, c->head_dim, m->inv_freq);
     for (int i = 0; i < n; i++) {
@@ -87,35 +93,40 @@ static void attention_forward(const qlm_model *m, const qlm_layer *L, qlm_kv_sta
         be->attention(s->att + (size_t)i * q_dim, s->q + (size_t)i * q_dim, s->k_cache[l] + base, s->v_cache[l] + base,
                       j - i, pos + i, &shape);
     }
-    be->matmul(s->xb, s->att, n, &L->wo, L->bo);
+    if (PROJ(s->xb, s->att, &L->wo, L->bo, QLM_LORA_O)) return -1;
     be->add(s->x, s->xb, (long)n * c->dim);
+    return 0;
 }
 
-static void mlp_forward(const qlm_model *m, const qlm_layer *L, qlm_kv_state *s, int n) {
+static int mlp_forward(const qlm_model *m, const qlm_layer *L, qlm_kv_state *s, int l, const int *slots, int n) {
     const qlm_llama_config *c = &m->cfg;
     const qlm_backend *be = m->be;
     be->rmsnorm(s->xb, s->x, L->ffn_norm, n, c->dim, c->norm_eps);
-    be->matmul(s->hb, s->xb, n, &L->w_gate, L->b_gate);
-    be->matmul(s->hb2, s->xb, n, &L->w_up, L->b_up);
+    if (PROJ(s->hb, s->xb, &L->w_gate, L->b_gate, QLM_LORA_GATE) || PROJ(s->hb2, s->xb, &L->w_up, L->b_up, QLM_LORA_UP))
+        return -1;
     be->glu(s->hb, s->hb, s->hb2, (long)n * c->hidden_dim, QLM_ACT_SILU);
-    be->matmul(s->xb, s->hb, n, &L->w_down, L->b_down);
+    if (PROJ(s->xb, s->hb, &L->w_down, L->b_down, QLM_LORA_DOWN)) return -1;
     be->add(s->x, s->xb, (long)n * c->dim);
+    return 0;
 }
 
+#undef PROJ
+
 /* One chunk of at most max_batch tokens; logits for chunk rows rows[0..n_rows). */
-static void forward_chunk(const qlm_model *m, qlm_kv_state *s, const int *tokens, const int *pos, const int *slots,
-                          int n, const int *rows, int n_rows, float *logits) {
+static int forward_chunk(const qlm_model *m, qlm_kv_state *s, const int *tokens, const int *pos, const int *slots,
+                         int n, const int *rows, int n_rows, float *logits) {
     const qlm_llama_config *c = &m->cfg;
     const qlm_backend *be = m->be;
     be->embedding(s->x, &m->tok_embed, tokens, n);
-    for (int l = 0; l < c->n_layers; l++) {
-        attention_forward(m, &m->layers[l], s, l, pos, slots, n);
-        mlp_forward(m, &m->layers[l], s, n);
-    }
-    if (n_rows == 0) return;
+    for (int l = 0; l < c->n_layers; l++)
+        if (attention_forward(m, &m->layers[l], s, l, pos, slots, n) != 0 ||
+            mlp_forward(m, &m->layers[l], s, l, slots, n) != 0)
+            return -1;
+    if (n_rows == 0) return 0;
     for (int r = 0; r < n_rows; r++) be->copy(s->logits_rows + (size_t)r * c->dim, s->x + (size_t)rows[r] * c->dim, c->dim);
     be->rmsnorm(s->logits_rows, s->logits_rows, m->final_norm, n_rows, c->dim, c->norm_eps);
     be->matmul(logits, s->logits_rows, n_rows, &m->lm_head, NULL);
+    return 0;
 }
 
 int qlm_forward(const qlm_model *m, qlm_kv_state *s, const int *tokens, const int *pos, int n,
@@ -145,8 +156,11 @@ int qlm_forward_slots(const qlm_model *m, qlm_kv_state *s, const int *tokens, co
         int k = 0;
         for (int r = 0; r < n_logit_rows; r++)
             if (logit_rows[r] >= start && logit_rows[r] < start + len) chunk_rows[k++] = logit_rows[r] - start;
-        forward_chunk(m, s, tokens + start, pos + start, slots ? slots + start : NULL, len, chunk_rows, k,
-                      logits + (size_t)done_rows * c->vocab_size);
+        if (forward_chunk(m, s, tokens + start, pos + start, slots ? slots + start : NULL, len, chunk_rows, k,
+                          logits + (size_t)done_rows * c->vocab_size) != 0) {
+            free(chunk_rows);
+            return -1;
+        }
         done_rows += k;
     }
     free(chunk_rows);

@@ -10,6 +10,7 @@
 #include "../loaders/tensor_store.h"
 #include "backend.h"
 #include "config.h"
+#include "lora_rows.h"
 #include "weight.h"
 
 typedef struct {
@@ -64,6 +65,7 @@ typedef struct {
     int max_batch; /* rows one forward call may process */
     float **k_cache, **v_cache; /* per layer: [n_slots][max_seq][kv_dim] */
     float *x, *xb, *q, *k, *v, *att, *hb, *hb2, *logits_rows;
+    qlm_lora_slots lora; /* each slot's adapter (qlm_lora_slots_set), applied unmerged */
 } qlm_kv_state;
 
 /* One sequence (one slot). */

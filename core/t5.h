@@ -70,6 +70,7 @@ typedef struct {
     int rows;                     /* scratch rows: max(max_src, max_tgt, n_slots) */
     float *x, *xb, *q, *k, *v, *att, *hb, *hb2;
     int *pos;                     /* host positions 0..rows-1 for the encoder */
+    qlm_lora_slots lora;          /* each slot's adapter (qlm_lora_slots_set), applied unmerged */
 } qlm_t5_state;
 
 int qlm_t5_state_init(qlm_t5_state *s, const qlm_t5_model *m, int max_src, int max_tgt, int n_slots);

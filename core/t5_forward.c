@@ -3,6 +3,7 @@
 #include <string.h>
 
 #include "error.h"
+#include "../lora/lora.h"
 #include "t5.h"
 
 /* Host table of relative biases by delta (key - query) in [-(len-1), len-1]: [heads][2*len-1]. */
@@ -65,6 +66,7 @@ int qlm_t5_state_init(qlm_t5_state *s, const qlm_t5_model *m, int max_src, int m
     if (!s->enc_out || !s->x || !s->xb || !s->q || !s->k || !s->v || !s->att || !s->hb || !s->hb2 || !s->enc_bias ||
         !s->dec_bias)
         goto oom;
+    if (qlm_lora_slots_init(&s->lora, n_slots, s->rows) != 0) goto oom;
     for (int i = 0; i < s->rows; i++) s->pos[i] = i;
     return 0;
 oom:
@@ -83,6 +85,7 @@ void qlm_t5_state_free(qlm_t5_state *s, const qlm_t5_model *m) {
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) be->free(bufs[i]);
     free(s->pos);
     free(s->n_src);
+    qlm_lora_slots_free(&s->lora);
     memset(s, 0, sizeof *s);
 }
 
@@ -92,49 +95,58 @@ static qlm_attn_shape attn_shape(const qlm_t5_model *m, int n_keys, const float 
                             .pos_bias_offset = offset};
 }
 
-static void ffn_forward(const qlm_t5_model *m, const qlm_t5_layer *L, qlm_t5_state *s, int n) {
+/* A projection with each row's LoRA update: rows in slots[i] (or all in `slot`), the stack's layer l. */
+#define PROJ(y, x, w, target) qlm_matmul_lora(be, &s->lora, y, x, n, w, NULL, slots, slot, stack, l, target)
+
+static int ffn_forward(const qlm_t5_model *m, const qlm_t5_layer *L, qlm_t5_state *s, int n, const int *slots,
+                       int slot, int stack, int l) {
     const qlm_t5_config *c = &m->cfg;
     const qlm_backend *be = m->be;
     long nf = (long)n * c->d_ff;
     be->rmsnorm(s->xb, s->x, L->ffn_norm, n, c->d_model, c->norm_eps);
-    be->matmul(s->hb, s->xb, n, &L->wi0, NULL);
+    if (PROJ(s->hb, s->xb, &L->wi0, QLM_LORA_WI0)) return -1;
     if (c->gated) {
-        be->matmul(s->hb2, s->xb, n, &L->wi1, NULL);
+        if (PROJ(s->hb2, s->xb, &L->wi1, QLM_LORA_WI1)) return -1;
         be->glu(s->hb, s->hb, s->hb2, nf, (qlm_act)c->act);
     } else {
         be->activate(s->hb, nf, (qlm_act)c->act);
     }
-    be->matmul(s->xb, s->hb, n, &L->wo, NULL);
+    if (PROJ(s->xb, s->hb, &L->wo, QLM_LORA_WO)) return -1;
     be->add(s->x, s->xb, (long)n * c->d_model);
+    return 0;
 }
 
 int qlm_t5_encode(const qlm_t5_model *m, qlm_t5_state *s, int slot, const int *ids, int n) {
     const qlm_t5_config *c = &m->cfg;
     const qlm_backend *be = m->be;
+    const int *slots = NULL;
     if (slot < 0 || slot >= s->n_slots) return qlm_errorf("slot %d out of range (0..%d)", slot, s->n_slots - 1);
     if (n <= 0 || n > s->max_src) return qlm_errorf("input of %d tokens does not fit (1..%d)", n, s->max_src);
     for (int i = 0; i < n; i++)
         if (ids[i] < 0 || ids[i] >= c->vocab_size)
             return qlm_errorf("token id %d is outside the vocabulary (0..%d)", ids[i], c->vocab_size - 1);
+    s->n_src[slot] = 0;
     qlm_attn_shape self = attn_shape(m, n, s->enc_bias, s->enc_span, s->max_src - 1);
     be->embedding(s->x, &m->shared, ids, n);
+    int stack = 0;
     for (int l = 0; l < c->n_layers; l++) {
         const qlm_t5_layer *L = &m->enc[l];
         be->rmsnorm(s->xb, s->x, L->attn_norm, n, c->d_model, c->norm_eps);
-        be->matmul(s->q, s->xb, n, &L->q, NULL);
-        be->matmul(s->k, s->xb, n, &L->k, NULL);
-        be->matmul(s->v, s->xb, n, &L->v, NULL);
+        if (PROJ(s->q, s->xb, &L->q, QLM_LORA_Q) || PROJ(s->k, s->xb, &L->k, QLM_LORA_K) ||
+            PROJ(s->v, s->xb, &L->v, QLM_LORA_V))
+            return -1;
         be->attention(s->att, s->q, s->k, s->v, n, s->pos, &self);
-        be->matmul(s->xb, s->att, n, &L->o, NULL);
+        if (PROJ(s->xb, s->att, &L->o, QLM_LORA_O)) return -1;
         be->add(s->x, s->xb, (long)n * c->d_model);
-        ffn_forward(m, L, s, n);
+        if (ffn_forward(m, L, s, n, slots, slot, stack, l) != 0) return -1;
     }
     be->rmsnorm(s->enc_out, s->x, m->enc_final_norm, n, c->d_model, c->norm_eps);
     size_t at = (size_t)slot * s->max_src * c->n_heads * c->d_kv;
-    for (int l = 0; l < c->n_dec_layers; l++) {
-        be->matmul(s->cross_k[l] + at, s->enc_out, n, &m->dec[l].ck, NULL);
-        be->matmul(s->cross_v[l] + at, s->enc_out, n, &m->dec[l].cv, NULL);
-    }
+    stack = 1; /* the cross-attention keys and values are the decoder's projections */
+    for (int l = 0; l < c->n_dec_layers; l++)
+        if (PROJ(s->cross_k[l] + at, s->enc_out, &m->dec[l].ck, QLM_LORA_CROSS_K) ||
+            PROJ(s->cross_v[l] + at, s->enc_out, &m->dec[l].cv, QLM_LORA_CROSS_V))
+            return -1;
     s->n_src[slot] = n;
     return 0;
 }
@@ -155,41 +167,45 @@ static void slot_attention(const qlm_t5_model *m, qlm_t5_state *s, float **k, fl
 }
 
 /* One chunk of at most s->rows decoder tokens. */
-static void decode_chunk(const qlm_t5_model *m, qlm_t5_state *s, const int *tokens, const int *pos, const int *slots,
-                         int n, const int *rows, int n_rows, float *logits) {
+static int decode_chunk(const qlm_t5_model *m, qlm_t5_state *s, const int *tokens, const int *pos, const int *slots,
+                        int n, const int *rows, int n_rows, float *logits) {
     const qlm_t5_config *c = &m->cfg;
     const qlm_backend *be = m->be;
     size_t inner = (size_t)c->n_heads * c->d_kv;
+    const int slot = 0, stack = 1;
     be->embedding(s->x, &m->shared, tokens, n);
     for (int l = 0; l < c->n_dec_layers; l++) {
         const qlm_t5_layer *L = &m->dec[l];
         be->rmsnorm(s->xb, s->x, L->attn_norm, n, c->d_model, c->norm_eps);
-        be->matmul(s->q, s->xb, n, &L->q, NULL);
-        be->matmul(s->k, s->xb, n, &L->k, NULL);
-        be->matmul(s->v, s->xb, n, &L->v, NULL);
+        if (PROJ(s->q, s->xb, &L->q, QLM_LORA_Q) || PROJ(s->k, s->xb, &L->k, QLM_LORA_K) ||
+            PROJ(s->v, s->xb, &L->v, QLM_LORA_V))
+            return -1;
         for (int i = 0; i < n; i++) {
             size_t at = ((size_t)(slots ? slots[i] : 0) * s->max_tgt + (size_t)pos[i]) * inner;
             be->copy(s->k_cache[l] + at, s->k + (size_t)i * inner, (long)inner);
             be->copy(s->v_cache[l] + at, s->v + (size_t)i * inner, (long)inner);
         }
         slot_attention(m, s, s->k_cache, s->v_cache, l, (size_t)s->max_tgt, pos, slots, n, 0);
-        be->matmul(s->xb, s->att, n, &L->o, NULL);
+        if (PROJ(s->xb, s->att, &L->o, QLM_LORA_O)) return -1;
         be->add(s->x, s->xb, (long)n * c->d_model);
 
         be->rmsnorm(s->xb, s->x, L->cross_norm, n, c->d_model, c->norm_eps);
-        be->matmul(s->q, s->xb, n, &L->cq, NULL);
+        if (PROJ(s->q, s->xb, &L->cq, QLM_LORA_CROSS_Q)) return -1;
         slot_attention(m, s, s->cross_k, s->cross_v, l, (size_t)s->max_src, pos, slots, n, 1);
-        be->matmul(s->xb, s->att, n, &L->co, NULL);
+        if (PROJ(s->xb, s->att, &L->co, QLM_LORA_CROSS_O)) return -1;
         be->add(s->x, s->xb, (long)n * c->d_model);
 
-        ffn_forward(m, L, s, n);
+        if (ffn_forward(m, L, s, n, slots, slot, stack, l) != 0) return -1;
     }
-    if (n_rows == 0) return;
+    if (n_rows == 0) return 0;
     for (int r = 0; r < n_rows; r++)
         be->copy(s->xb + (size_t)r * c->d_model, s->x + (size_t)rows[r] * c->d_model, c->d_model);
     be->rmsnorm(s->xb, s->xb, m->head_norm, n_rows, c->d_model, c->norm_eps);
     be->matmul(logits, s->xb, n_rows, &m->lm_head, NULL);
+    return 0;
 }
+
+#undef PROJ
 
 int qlm_t5_decode(const qlm_t5_model *m, qlm_t5_state *s, const int *tokens, const int *pos, const int *slots,
                   int n, const int *logit_rows, int n_logit_rows, float *logits) {
@@ -213,8 +229,11 @@ int qlm_t5_decode(const qlm_t5_model *m, qlm_t5_state *s, const int *tokens, con
         int len = n - start < s->rows ? n - start : s->rows, k = 0;
         for (int r = 0; r < n_logit_rows; r++)
             if (logit_rows[r] >= start && logit_rows[r] < start + len) chunk_rows[k++] = logit_rows[r] - start;
-        decode_chunk(m, s, tokens + start, pos + start, slots ? slots + start : NULL, len, chunk_rows, k,
-                     logits + (size_t)done * c->vocab_size);
+        if (decode_chunk(m, s, tokens + start, pos + start, slots ? slots + start : NULL, len, chunk_rows, k,
+                         logits + (size_t)done * c->vocab_size) != 0) {
+            free(chunk_rows);
+            return -1;
+        }
         done += k;
     }
     free(chunk_rows);

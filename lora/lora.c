@@ -314,6 +314,7 @@ static int build(qlm_lora_adapter *a, lora_base *b, lora_tensor *tensors, int n_
         mod->b.data = cur;
         if (rc == 0) rc = fill(cur, dt, slot[2 * s + 1]->e, tmp, file);
         cur += align64((size_t)mod->b.rows * mod->b.cols * qlm_dtype_size(dt));
+        mod->ref = (qlm_lora_ref){&mod->a, &mod->b, mod->scale};
     }
     free(tmp);
     free(slot);
@@ -435,13 +436,6 @@ const qlm_lora_module *qlm_lora_find(const qlm_lora_adapter *a, int stack, int l
         t >= QLM_LORA_N_TARGETS)
         return NULL;
     return a->index[((stack ? a->n_layers[0] : 0) + layer) * QLM_LORA_N_TARGETS + (int)t];
-}
-
-void qlm_lora_apply(float *y, const float *x, int n, const qlm_lora_module *m, float *tmp) {
-    float *ax = tmp, *bax = tmp + (size_t)n * m->r;
-    qlm_matmul(ax, x, n, &m->a, NULL);
-    qlm_matmul(bax, ax, n, &m->b, NULL);
-    for (size_t i = 0; i < (size_t)n * m->b.rows; i++) y[i] += m->scale * bax[i];
 }
 
 /* ---- saving ---- */

@@ -39,6 +39,7 @@ typedef struct {
     float scale;     /* alpha / r or alpha / sqrt(r), with this module's rank_pattern / alpha_pattern */
     qlm_weight a;    /* [r][in] */
     qlm_weight b;    /* [out][r] */
+    qlm_lora_ref ref; /* a, b and scale as the backend's lora op takes them */
 } qlm_lora_module;
 
 /* target_modules / exclude_modules / layers_pattern as adapter_config.json gives them: a string
@@ -73,7 +74,7 @@ typedef struct {
     char *base_model_name_or_path, *task_type; /* NULL when absent */
 } qlm_lora_config;
 
-typedef struct {
+typedef struct qlm_lora_adapter {
     char name[64];
     char path[4096];          /* the folder it was loaded from */
     qlm_lora_config cfg;
@@ -114,9 +115,6 @@ char *qlm_lora_config_json(const qlm_lora_config *c);
 /* The module of (stack, layer, target), or NULL when the adapter leaves that projection alone. O(1). */
 const qlm_lora_module *qlm_lora_find(const qlm_lora_adapter *a, int stack, int layer, qlm_lora_target t);
 
-/* y[i] += scale·B(A x[i]) for n rows (x: [n][in], y: [n][out]); tmp holds n·(r + out) floats.
- * The CPU form of the unmerged update. */
-void qlm_lora_apply(float *y, const float *x, int n, const qlm_lora_module *m, float *tmp);
 
 /* A target's module name as peft's target_modules spells it for this adapter's base ("q_proj",
  * "q", "EncDecAttention.q", "wi_0", or "wi" in an ungated T5). */

@@ -28,7 +28,7 @@ static int next_req(void *ctx, qlm_batch_request *req) {
     run_ctx *c = ctx;
     if (c->next == c->n) return 0;
     request *r = &c->reqs[c->next];
-    *req = (qlm_batch_request){r->ids, r->n_ids, &r->params, (void *)(intptr_t)c->next};
+    *req = (qlm_batch_request){r->ids, r->n_ids, &r->params, NULL, (void *)(intptr_t)c->next};
     c->next++;
     return 1;
 }
@@ -138,7 +138,7 @@ static void test_t5_matches_session(void **state) {
 static int refuse(void *ctx, qlm_batch_request *req) {
     (void)ctx;
     static int ids[100];
-    *req = (qlm_batch_request){ids, 100, NULL, NULL};
+    *req = (qlm_batch_request){ids, 100, NULL, NULL, NULL};
     return 1;
 }
 

@@ -310,6 +310,21 @@ static void test_command_line_errors(void **state) {
     assert_int_equal(test_run_qlm(&err, "generate -m tests -p hi 2>&1"), 1);
     assert_non_null(strstr(err, "tests: no config.json"));
     free(err);
+    char model[512];
+    test_asset(model, sizeof model, "stories260K");
+    if (test_path_exists(model)) {
+        /* An adapter made for another base, an unknown --adapter, a malformed --lora. */
+        assert_int_equal(test_run_qlm(&err, "generate -m %s --lora a=tests/fixtures/lora/mha_attn_r8 -p hi 2>&1", model), 1);
+        assert_non_null(strstr(err, "mha_attn_r8"));
+        assert_non_null(strstr(err, "expected"));
+        free(err);
+        assert_int_equal(test_run_qlm(&err, "generate -m %s --adapter b -p hi 2>&1", model), 1);
+        assert_non_null(strstr(err, "--adapter b: no such adapter"));
+        free(err);
+        assert_int_equal(test_run_qlm(&err, "generate -m %s --lora nopath -p hi 2>&1", model), 2);
+        assert_non_null(strstr(err, "NAME=PATH"));
+        free(err);
+    }
     assert_int_equal(test_run_qlm(&err, "generate -m x --temp -1 2>&1"), 2);
     assert_non_null(strstr(err, "--temp"));
     free(err);

@@ -1,6 +1,6 @@
 /* LoRA adapters against peft (tools/make_lora_fixtures.py): every fixture adapter loads with the
  * configuration and shapes peft used; the F32 base with the adapter merged gives peft's unmerged
- * logits to 1e-4, and the unmerged update (qlm_lora_apply) equals the merged weight; unmerge
+ * logits to 1e-4, and the backend's unmerged lora op equals the merged weight; unmerge
  * restores every weight to within one unit in the last place; save -> load is bit-exact; the
  * registry; bad adapters fail with a clear error and change neither the base nor the registry;
  * `qlm lora info` and `qlm lora merge` through the binary.
@@ -135,7 +135,8 @@ static int *json_ids(const cJSON *arr, int *n) {
 
 /* Llama: the logits of every position of the base fixture's tokens; T5: the teacher-forced
  * decoder logits over decoder_ids[:-1]. *count floats, malloc'd. */
-static float *logits_of(const fixture *f, const base_model *b, size_t *count) {
+/* The fixture's logits with adapter (NULL: none) applied unmerged in slot 0. */
+static float *logits_with(const fixture *f, const base_model *b, const qlm_lora_adapter *adapter, size_t *count) {
     int vocab = b->is_t5 ? b->t5.cfg.vocab_size : b->m.cfg.vocab_size, n, n_src = 0;
     int *ids = json_ids(cJSON_GetObjectItem(f->base_ref, b->is_t5 ? "decoder_ids" : "tokens"), &n);
     int *src = b->is_t5 ? json_ids(cJSON_GetObjectItem(f->base_ref, "input_ids"), &n_src) : NULL;
@@ -146,12 +147,14 @@ static float *logits_of(const fixture *f, const base_model *b, size_t *count) {
     if (b->is_t5) {
         qlm_t5_state s;
         assert_int_equal(qlm_t5_state_init(&s, &b->t5, n_src, n, 1), 0);
+        qlm_lora_slots_set(&s.lora, 0, adapter);
         assert_int_equal(qlm_t5_encode(&b->t5, &s, 0, src, n_src), 0);
         assert_int_equal(qlm_t5_decode(&b->t5, &s, ids, pos, NULL, n, pos, n, logits), 0);
         qlm_t5_state_free(&s, &b->t5);
     } else {
         qlm_kv_state s;
         assert_int_equal(qlm_state_init(&s, &b->m, n, 16), 0);
+        qlm_lora_slots_set(&s.lora, 0, adapter);
         assert_int_equal(qlm_forward(&b->m, &s, ids, pos, n, pos, n, logits), 0);
         qlm_state_free(&s, &b->m);
     }
@@ -160,6 +163,10 @@ static float *logits_of(const fixture *f, const base_model *b, size_t *count) {
     free(pos);
     *count = (size_t)n * vocab;
     return logits;
+}
+
+static float *logits_of(const fixture *f, const base_model *b, size_t *count) {
+    return logits_with(f, b, NULL, count);
 }
 
 static double max_diff_file(const float *got, size_t n, const char *path) {
@@ -271,16 +278,16 @@ static void test_merged_matches_peft(void **state) {
             qlm_weight base = *w1;
             base.data = w0[i];
             float *x = malloc((size_t)ROWS * w1->cols * sizeof *x), *y1 = malloc((size_t)ROWS * w1->rows * sizeof *y1);
-            float *y2 = malloc((size_t)ROWS * w1->rows * sizeof *y2), *tmp = malloc((size_t)ROWS * (m->r + w1->rows) * sizeof *tmp);
+            float *y2 = malloc((size_t)ROWS * w1->rows * sizeof *y2);
+            const qlm_lora_ref *per_row[ROWS] = {&m->ref, &m->ref, &m->ref};
             for (int j = 0; j < ROWS * w1->cols; j++) x[j] = sinf(0.37f * (float)j + (float)i);
             qlm_matmul(y1, x, ROWS, w1, NULL);
             qlm_matmul(y2, x, ROWS, &base, NULL);
-            qlm_lora_apply(y2, x, ROWS, m, tmp);
+            assert_int_equal(qlm_backend_cpu()->lora(y2, x, ROWS, per_row), 0);
             for (int j = 0; j < ROWS * w1->rows; j++) apply_diff = fmax(apply_diff, fabs((double)y1[j] - y2[j]));
             free(x);
             free(y1);
             free(y2);
-            free(tmp);
             free(w0[i]);
         }
         free(w0);
@@ -330,6 +337,102 @@ static void *copy_weight(const qlm_weight *w) {
 
 /* Merge then unmerge on F32, BF16 and F16 bases: every weight within one ulp of where it was;
  * INT8 is refused and left alone. */
+/* Unmerged (the forward pass adds scale·B(Ax) per row): F32 A/B match peft to 1e-4; BF16 A/B are
+ * reported and held to 1% of the largest logit. */
+static void test_unmerged_matches_peft(void **state) {
+    (void)state;
+    for (int k = 0; k < N_FIXTURES; k++) {
+        fixture f;
+        open_fixture(&f, k_names[k]);
+        base_model b;
+        build_base(&b, &f, QLM_F32);
+        char path[1024];
+        snprintf(path, sizeof path, "%s/logits.f32", f.dir);
+        double diff[2];
+        for (int bf16 = 0; bf16 < 2; bf16++) {
+            qlm_lora_adapter a;
+            if (load_for(&a, f.dir, &f, bf16 ? QLM_BF16 : QLM_F32) != 0) fail_msg("%s", qlm_last_error());
+            size_t n;
+            float *logits = logits_with(&f, &b, &a, &n);
+            diff[bf16] = max_diff_file(logits, n, path);
+            free(logits);
+            qlm_lora_free(&a);
+        }
+        double max_logit = cJSON_GetObjectItem(f.ref, "logits_max_abs")->valuedouble;
+        print_message("%-20s unmerged logits vs peft max|diff|: f32 A/B %.3g, bf16 A/B %.3g (%.2g of max)\n",
+                      k_names[k], diff[0], diff[1], diff[1] / max_logit);
+        assert_true(diff[0] <= 1e-4);
+        assert_true(diff[1] <= 0.01 * max_logit);
+        free_base(&b);
+        close_fixture(&f);
+    }
+}
+
+/* One batch of four sequences with adapters {A, B, none, A}: prefilled per slot, then decoded
+ * together step by step; every row's logits equal those of its sequence run alone. */
+static void test_mixed_batch(void **state) {
+    (void)state;
+    fixture fa, fb;
+    open_fixture(&fa, "mha_attn_r8");
+    open_fixture(&fb, "mha_mlp_rslora_r16");
+    base_model b;
+    build_base(&b, &fa, QLM_F32);
+    qlm_lora_adapter A, B;
+    if (load_for(&A, fa.dir, &fa, QLM_F32) != 0 || load_for(&B, fb.dir, &fb, QLM_F32) != 0)
+        fail_msg("%s", qlm_last_error());
+    const qlm_lora_adapter *use[4] = {&A, &B, NULL, &A};
+    enum { PROMPT = 5, STEPS = 6, SEQ = PROMPT + STEPS };
+    int vocab = b.m.cfg.vocab_size, tokens[4][SEQ];
+    for (int q = 0; q < 4; q++)
+        for (int i = 0; i < SEQ; i++) tokens[q][i] = 3 + (q * 37 + i * 11) % (vocab - 3);
+    /* Alone: each sequence in its own state, all positions' logits. */
+    float *alone = malloc((size_t)4 * SEQ * vocab * sizeof *alone);
+    int pos[SEQ];
+    for (int i = 0; i < SEQ; i++) pos[i] = i;
+    for (int q = 0; q < 4; q++) {
+        qlm_kv_state s;
+        assert_int_equal(qlm_state_init(&s, &b.m, SEQ, SEQ), 0);
+        qlm_lora_slots_set(&s.lora, 0, use[q]);
+        assert_int_equal(qlm_forward(&b.m, &s, tokens[q], pos, SEQ, pos, SEQ, alone + (size_t)q * SEQ * vocab), 0);
+        qlm_state_free(&s, &b.m);
+    }
+    /* Together: four slots; prompts prefilled per slot, then one row per slot per step. */
+    qlm_kv_state s;
+    assert_int_equal(qlm_state_init_slots(&s, &b.m, SEQ, 4, 16), 0);
+    for (int q = 0; q < 4; q++) qlm_lora_slots_set(&s.lora, q, use[q]);
+    float *got = malloc((size_t)4 * vocab * sizeof *got);
+    double worst = 0;
+    for (int q = 0; q < 4; q++) {
+        int slots[PROMPT], last = PROMPT - 1;
+        for (int i = 0; i < PROMPT; i++) slots[i] = q;
+        assert_int_equal(qlm_forward_slots(&b.m, &s, tokens[q], pos, slots, PROMPT, &last, 1, got), 0);
+        const float *want = alone + ((size_t)q * SEQ + PROMPT - 1) * vocab;
+        for (int v = 0; v < vocab; v++) worst = fmax(worst, fabs(got[v] - want[v]));
+    }
+    for (int step = PROMPT; step < SEQ; step++) {
+        int ids[4], p[4], slots[4] = {0, 1, 2, 3}, rows[4] = {0, 1, 2, 3};
+        for (int q = 0; q < 4; q++) {
+            ids[q] = tokens[q][step];
+            p[q] = step;
+        }
+        assert_int_equal(qlm_forward_slots(&b.m, &s, ids, p, slots, 4, rows, 4, got), 0);
+        for (int q = 0; q < 4; q++) {
+            const float *want = alone + ((size_t)q * SEQ + step) * vocab;
+            for (int v = 0; v < vocab; v++) worst = fmax(worst, fabs(got[(size_t)q * vocab + v] - want[v]));
+        }
+    }
+    print_message("mixed batch {A, B, none, A}: max|diff| vs each sequence alone %.3g\n", worst);
+    assert_true(worst <= 1e-5);
+    qlm_state_free(&s, &b.m);
+    free(got);
+    free(alone);
+    qlm_lora_free(&A);
+    qlm_lora_free(&B);
+    free_base(&b);
+    close_fixture(&fa);
+    close_fixture(&fb);
+}
+
 static void test_unmerge_bound(void **state) {
     (void)state;
     const char *names[] = {"qwen2_all_rslora_r4", "t5_all_patterns_r8"};
@@ -957,6 +1060,8 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_load_fixtures),
         cmocka_unit_test(test_merged_matches_peft),
+        cmocka_unit_test(test_unmerged_matches_peft),
+        cmocka_unit_test(test_mixed_batch),
         cmocka_unit_test(test_unmerge_bound),
         cmocka_unit_test(test_save_roundtrip),
         cmocka_unit_test(test_config_semantics),
