@@ -12,12 +12,13 @@ out_dir="${QLM_EVAL_DIR:-$cache/eval}"
 mkdir -p "$out_dir"
 pred="$out_dir/smollm2-dialogsum-test.jsonl"
 log=$(mktemp)
-trap 'rm -f "$log" "$log.block"' EXIT
+trap 'rm -f "$log" "$log.block" "$log.err"' EXIT
 resume=()
 [ -s "$pred" ] && resume=(--resume)
 # shellcheck disable=SC2086
 "$qlm" summarize -m "$model" --dtype bf16 --batch "$assets/dialogsum/dialogsum.test.jsonl" --out "$pred" \
-    --batch-size 16 -n 128 --eval "${resume[@]}" ${QLM_EVAL_ARGS:-} | tee "$log"
+    --batch-size 16 -n 128 --eval "${resume[@]}" ${QLM_EVAL_ARGS:-} 2> >(tee "$log.err" >&2) | tee "$log"
+cat "$log.err" >> "$log"
 f1() { awk -v m="$1" '$1 == m { print $4 }' "$log"; }
 {
     echo "<!-- dialogsum-eval -->"
@@ -35,7 +36,11 @@ f1() { awk -v m="$1" '$1 == m { print $4 }' "$log"; }
     echo "| FLAN-T5-base, full fine-tuning (lab) | 0.4216 | | | |"
     echo "| FLAN-T5-base, LoRA (lab) | 0.4081 | | | |"
     echo
-    echo "$(grep '^generation took' "$log")."
+    if grep -q '^summarize: .* dialogues in ' "$log"; then
+        echo "This run: $(sed -n 's/^summarize: //p' "$log")."
+    else
+        echo "Scored from the output of an earlier run (--resume found nothing left to generate)."
+    fi
     echo "<!-- /dialogsum-eval -->"
 } > "$log.block"
 doc=docs/benchmarks.md
