@@ -12,13 +12,12 @@ out_dir="${QLM_EVAL_DIR:-$cache/eval}"
 mkdir -p "$out_dir"
 pred="$out_dir/smollm2-dialogsum-test.jsonl"
 log=$(mktemp)
-trap 'rm -f "$log" "$log.block" "$log.err"' EXIT
+trap 'rm -f "$log" "$log.block"' EXIT
 resume=()
 [ -s "$pred" ] && resume=(--resume)
 # shellcheck disable=SC2086
 "$qlm" summarize -m "$model" --dtype bf16 --batch "$assets/dialogsum/dialogsum.test.jsonl" --out "$pred" \
-    --batch-size 16 -n 128 --eval "${resume[@]}" ${QLM_EVAL_ARGS:-} 2> >(tee "$log.err" >&2) | tee "$log"
-cat "$log.err" >> "$log"
+    --batch-size 16 -n 128 --eval "${resume[@]}" ${QLM_EVAL_ARGS:-} 2>&1 | tee "$log"
 f1() { awk -v m="$1" '$1 == m { print $4 }' "$log"; }
 {
     echo "<!-- dialogsum-eval -->"
