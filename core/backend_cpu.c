@@ -6,6 +6,7 @@
 #include "../quant/matmul.h"
 #include "../quant/quantize.h"
 #include "backend.h"
+#include "backend_cpu_attention.h"
 #include "error.h"
 
 static void *cpu_alloc(size_t bytes) {
@@ -47,52 +48,6 @@ static void cpu_rope(float *x, int n, const int *pos, int n_heads, int head_dim,
                 v[j + half] = b * c + a * s;
             }
         }
-    }
-}
-
-static void cpu_attention(float *out, const float *q, const float *k_cache, const float *v_cache, int n,
-                          const int *pos, const qlm_attn_shape *sh) {
-    int hd = sh->head_dim, kv_dim = sh->n_kv_heads * hd, group = sh->n_heads / sh->n_kv_heads;
-    int max_len = sh->n_keys;
-    for (int i = 0; i < n && !sh->n_keys; i++)
-        if (pos[i] + 1 > max_len) max_len = pos[i] + 1;
-#pragma omp parallel
-    {
-        /* On the stack when small, so the common case allocates nothing and cannot fail. */
-        float small[4096];
-        float *scores = max_len <= 4096 ? small : malloc((size_t)max_len * sizeof *scores);
-#pragma omp for collapse(2) schedule(dynamic, 1)
-        for (int i = 0; i < n; i++) {
-            for (int h = 0; h < sh->n_heads; h++) {
-                const float *qi = q + ((size_t)i * sh->n_heads + h) * hd;
-                float *oi = out + ((size_t)i * sh->n_heads + h) * hd;
-                int kvh = h / group, len = sh->n_keys ? sh->n_keys : pos[i] + 1;
-                const float *bias = sh->pos_bias ? sh->pos_bias + (size_t)h * sh->pos_bias_span + sh->pos_bias_offset - pos[i] : NULL;
-                float mx = -INFINITY;
-                for (int t = 0; t < len; t++) {
-                    const float *kt = k_cache + (size_t)t * kv_dim + (size_t)kvh * hd;
-                    float s = 0;
-                    for (int d = 0; d < hd; d++) s += qi[d] * kt[d];
-                    s *= sh->scale;
-                    if (bias) s += bias[t];
-                    scores[t] = s;
-                    if (s > mx) mx = s;
-                }
-                float sum = 0;
-                for (int t = 0; t < len; t++) {
-                    scores[t] = expf(scores[t] - mx);
-                    sum += scores[t];
-                }
-                float inv = 1.0f / sum;
-                memset(oi, 0, (size_t)hd * sizeof *oi);
-                for (int t = 0; t < len; t++) {
-                    const float *vt = v_cache + (size_t)t * kv_dim + (size_t)kvh * hd;
-                    float p = scores[t] * inv;
-                    for (int d = 0; d < hd; d++) oi[d] += p * vt[d];
-                }
-            }
-        }
-        if (scores != small) free(scores);
     }
 }
 
@@ -189,7 +144,7 @@ static const qlm_backend cpu_backend = {
     .lora = cpu_lora,
     .rmsnorm = cpu_rmsnorm,
     .rope = cpu_rope,
-    .attention = cpu_attention,
+    .attention = qlm_cpu_attention,
     .glu = cpu_glu,
     .activate = cpu_activate,
     .add = cpu_add,

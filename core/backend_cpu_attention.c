@@ -1,0 +1,144 @@
+/* Attention on the CPU. Few query rows (decode) take a per-row loop over the keys, vectorized
+ * with OpenMP SIMD, with the softmax computed online over chunks of keys. Many rows (prefill, encoders) take, per head, two single-threaded sgemm
+ * calls, scores = Q K^T and out = softmax(scores) V, with the heads spread over the threads:
+ * the loop form left prefill spending most of its time here. */
+#include "backend_cpu_attention.h"
+
+#include <cblas.h>
+#include <math.h>
+#include <omp.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* From this many query rows on, the sgemm form is faster (same threshold as the matmuls). */
+#define SGEMM_MIN_ROWS 16
+
+/* Keys row i of the call sees: all n_keys, or the causal prefix 0..pos[i]. */
+static int keys_of(const qlm_attn_shape *sh, const int *pos, int i) {
+    return sh->n_keys ? sh->n_keys : pos[i] + 1;
+}
+
+/* Softmax of scores[0..len) in place after the bias; returns nothing, scores end as weights. */
+static void softmax_row(float *scores, int len, const float *bias) {
+    float mx = -INFINITY;
+    for (int t = 0; t < len; t++) {
+        if (bias) scores[t] += bias[t];
+        if (scores[t] > mx) mx = scores[t];
+    }
+    float sum = 0;
+    for (int t = 0; t < len; t++) {
+        scores[t] = expf(scores[t] - mx);
+        sum += scores[t];
+    }
+    float inv = 1.0f / sum;
+    for (int t = 0; t < len; t++) scores[t] *= inv;
+}
+
+static const float *bias_row(const qlm_attn_shape *sh, int h, int p) {
+    return sh->pos_bias ? sh->pos_bias + (size_t)h * sh->pos_bias_span + sh->pos_bias_offset - p : NULL;
+}
+
+/* Keys are taken in chunks of this many, with the softmax carried across chunks (running max and
+ * sum), so any context length works from a stack buffer and nothing is allocated. */
+#define KEY_CHUNK 2048
+
+static void attention_rows(float *out, const float *q, const float *k_cache, const float *v_cache, int n,
+                           const int *pos, const qlm_attn_shape *sh) {
+    int hd = sh->head_dim, kv_dim = sh->n_kv_heads * hd, group = sh->n_heads / sh->n_kv_heads;
+#pragma omp parallel for collapse(2) schedule(dynamic, 1) if (n * sh->n_heads > 1)
+    for (int i = 0; i < n; i++) {
+        for (int h = 0; h < sh->n_heads; h++) {
+            float scores[KEY_CHUNK];
+            const float *qi = q + ((size_t)i * sh->n_heads + h) * hd, *bias = bias_row(sh, h, pos[i]);
+            float *oi = out + ((size_t)i * sh->n_heads + h) * hd;
+            int kvh = h / group, len = keys_of(sh, pos, i);
+            float mx = -INFINITY, sum = 0;
+            memset(oi, 0, (size_t)hd * sizeof *oi);
+            for (int t0 = 0; t0 < len; t0 += KEY_CHUNK) {
+                int m = len - t0 < KEY_CHUNK ? len - t0 : KEY_CHUNK;
+                float cmx = -INFINITY;
+                for (int t = 0; t < m; t++) {
+                    const float *kt = k_cache + (size_t)(t0 + t) * kv_dim + (size_t)kvh * hd;
+                    float s = 0;
+#pragma omp simd reduction(+ : s)
+                    for (int d = 0; d < hd; d++) s += qi[d] * kt[d];
+                    s *= sh->scale;
+                    if (bias) s += bias[t0 + t];
+                    scores[t] = s;
+                    if (s > cmx) cmx = s;
+                }
+                if (cmx > mx) {
+                    /* A new maximum: what was summed so far shrinks by exp(old - new). */
+                    float shrink = expf(mx - cmx);
+                    sum *= shrink;
+                    for (int d = 0; d < hd; d++) oi[d] *= shrink;
+                    mx = cmx;
+                }
+                for (int t = 0; t < m; t++) {
+                    float p = expf(scores[t] - mx);
+                    const float *vt = v_cache + (size_t)(t0 + t) * kv_dim + (size_t)kvh * hd;
+                    sum += p;
+#pragma omp simd
+                    for (int d = 0; d < hd; d++) oi[d] += p * vt[d];
+                }
+            }
+            float inv = 1.0f / sum;
+            for (int d = 0; d < hd; d++) oi[d] *= inv;
+        }
+    }
+}
+
+/* Per-thread score matrices, kept across calls so steady-state prefill does not allocate. */
+static _Thread_local float *t_scores;
+static _Thread_local size_t t_scores_cap;
+
+static float *scores_buffer(size_t n) {
+    if (n <= t_scores_cap) return t_scores;
+    float *p = realloc(t_scores, n * sizeof *p);
+    if (!p) return NULL;
+    t_scores = p;
+    t_scores_cap = n;
+    return p;
+}
+
+static void attention_sgemm(float *out, const float *q, const float *k_cache, const float *v_cache, int n,
+                            const int *pos, const qlm_attn_shape *sh, int max_len) {
+    int hd = sh->head_dim, kv_dim = sh->n_kv_heads * hd, q_dim = sh->n_heads * hd;
+    int group = sh->n_heads / sh->n_kv_heads;
+    int blas_threads = omp_in_parallel() ? 1 : openblas_get_num_threads();
+    if (blas_threads != 1) openblas_set_num_threads(1);
+    int failed = 0;
+#pragma omp parallel for schedule(dynamic, 1) reduction(| : failed)
+    for (int h = 0; h < sh->n_heads; h++) {
+        float *s = scores_buffer((size_t)n * max_len);
+        if (!s) {
+            failed = 1;
+            continue;
+        }
+        const float *kh = k_cache + (size_t)(h / group) * hd, *vh = v_cache + (size_t)(h / group) * hd;
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, max_len, hd, sh->scale, q + (size_t)h * hd, q_dim, kh,
+                    kv_dim, 0.0f, s, max_len);
+        for (int i = 0; i < n; i++) {
+            float *row = s + (size_t)i * max_len;
+            int len = keys_of(sh, pos, i);
+            softmax_row(row, len, bias_row(sh, h, pos[i]));
+            memset(row + len, 0, (size_t)(max_len - len) * sizeof *row); /* the causal mask */
+        }
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, hd, max_len, 1.0f, s, max_len, vh, kv_dim, 0.0f,
+                    out + (size_t)h * hd, q_dim);
+    }
+    if (blas_threads != 1) openblas_set_num_threads(blas_threads);
+    /* Out of memory for a score matrix: the row form needs only a row of it. */
+    if (failed) attention_rows(out, q, k_cache, v_cache, n, pos, sh);
+}
+
+void qlm_cpu_attention(float *out, const float *q, const float *k_cache, const float *v_cache, int n, const int *pos,
+                       const qlm_attn_shape *sh) {
+    int max_len = sh->n_keys;
+    for (int i = 0; i < n && !sh->n_keys; i++)
+        if (pos[i] + 1 > max_len) max_len = pos[i] + 1;
+    if (n >= SGEMM_MIN_ROWS)
+        attention_sgemm(out, q, k_cache, v_cache, n, pos, sh, max_len);
+    else
+        attention_rows(out, q, k_cache, v_cache, n, pos, sh);
+}

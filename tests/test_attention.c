@@ -1,0 +1,89 @@
+/* The CPU attention op against a double-precision reference: causal and fixed-key forms, GQA,
+ * a relative-position bias, few rows (the loop form, with contexts longer than one key chunk)
+ * and many rows (the sgemm form). */
+#include <math.h>
+
+#include "../core/backend.h"
+#include "test_util.h"
+
+static float frand(unsigned *s) {
+    *s = *s * 1664525u + 1013904223u;
+    return (float)((*s >> 8) & 0xffff) / 32768.0f - 1.0f;
+}
+
+static void reference(double *out, const float *q, const float *k, const float *v, int n, const int *pos,
+                      const qlm_attn_shape *sh) {
+    int hd = sh->head_dim, kv_dim = sh->n_kv_heads * hd, group = sh->n_heads / sh->n_kv_heads;
+    for (int i = 0; i < n; i++)
+        for (int h = 0; h < sh->n_heads; h++) {
+            int len = sh->n_keys ? sh->n_keys : pos[i] + 1, kvh = h / group;
+            double *sc = malloc((size_t)len * sizeof *sc), mx = -INFINITY, sum = 0;
+            for (int t = 0; t < len; t++) {
+                double s = 0;
+                for (int d = 0; d < hd; d++) s += (double)q[((size_t)i * sh->n_heads + h) * hd + d] * k[(size_t)t * kv_dim + kvh * hd + d];
+                s *= sh->scale;
+                if (sh->pos_bias) s += sh->pos_bias[(size_t)h * sh->pos_bias_span + sh->pos_bias_offset + t - pos[i]];
+                sc[t] = s;
+                mx = fmax(mx, s);
+            }
+            for (int t = 0; t < len; t++) sum += sc[t] = exp(sc[t] - mx);
+            for (int d = 0; d < hd; d++) {
+                double o = 0;
+                for (int t = 0; t < len; t++) o += sc[t] / sum * v[(size_t)t * kv_dim + kvh * hd + d];
+                out[((size_t)i * sh->n_heads + h) * hd + d] = o;
+            }
+            free(sc);
+        }
+}
+
+static void check(int n, int keys, int first_pos, int n_keys_mode, int with_bias) {
+    qlm_attn_shape sh = {.n_heads = 4, .n_kv_heads = 2, .head_dim = 16, .scale = 0.25f};
+    int q_dim = sh.n_heads * sh.head_dim, kv_dim = sh.n_kv_heads * sh.head_dim;
+    unsigned seed = (unsigned)(n * 7919 + keys);
+    float *q = malloc((size_t)n * q_dim * sizeof *q), *k = malloc((size_t)keys * kv_dim * sizeof *k);
+    float *v = malloc((size_t)keys * kv_dim * sizeof *v), *out = malloc((size_t)n * q_dim * sizeof *out);
+    double *want = malloc((size_t)n * q_dim * sizeof *want);
+    int *pos = malloc((size_t)n * sizeof *pos);
+    int span = 2 * keys + 1;
+    float *bias = malloc((size_t)sh.n_heads * span * sizeof *bias);
+    for (int i = 0; i < n * q_dim; i++) q[i] = 2 * frand(&seed);
+    for (int i = 0; i < keys * kv_dim; i++) k[i] = frand(&seed), v[i] = frand(&seed);
+    for (int i = 0; i < sh.n_heads * span; i++) bias[i] = frand(&seed);
+    for (int i = 0; i < n; i++) pos[i] = n_keys_mode ? i : first_pos + i;
+    if (n_keys_mode) sh.n_keys = keys;
+    if (with_bias) {
+        sh.pos_bias = bias;
+        sh.pos_bias_span = span;
+        sh.pos_bias_offset = keys;
+    }
+    qlm_backend_cpu()->attention(out, q, k, v, n, pos, &sh);
+    reference(want, q, k, v, n, pos, &sh);
+    double worst = 0;
+    for (int i = 0; i < n * q_dim; i++) worst = fmax(worst, fabs(out[i] - want[i]));
+    print_message("attention n %4d keys %5d %s%s: max|diff| %.3g\n", n, keys, n_keys_mode ? "all keys" : "causal",
+                  with_bias ? " + bias" : "", worst);
+    assert_true(worst <= 2e-5);
+    free(q), free(k), free(v), free(out), free(want), free(pos), free(bias);
+}
+
+static void test_few_rows(void **state) {
+    (void)state;
+    check(1, 7, 6, 0, 0);
+    check(3, 5000, 4997, 0, 1); /* causal over more keys than one chunk */
+    check(5, 4500, 0, 1, 1);
+}
+
+static void test_many_rows(void **state) {
+    (void)state;
+    check(16, 16, 0, 0, 0);
+    check(40, 100, 60, 0, 1); /* a chunk that starts at position 60 */
+    check(64, 64, 0, 1, 1);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_few_rows),
+        cmocka_unit_test(test_many_rows),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
