@@ -1,5 +1,6 @@
 /* qlm lora info: what a PEFT LoRA adapter holds. qlm lora merge: a model with an adapter folded
- * into its weights, written as a model folder. */
+ * into its weights, written as a model folder. qlm lora init: a new adapter for a model, as peft
+ * initializes one. */
 #include <cjson/cJSON.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -14,6 +15,7 @@
 static const char *k_usage =
     "usage: qlm lora info PATH [--json]\n"
     "       qlm lora merge -m MODEL --lora PATH -o OUT [--dtype f32|bf16|f16] [--threads N]\n"
+    "       qlm lora init -m MODEL -o OUT --rank R [--alpha A] [--targets LIST] [--rslora] [--seed S]\n"
     "PATH is a PEFT LoRA adapter folder (adapter_config.json + adapter_model.safetensors).\n"
     "info prints its rank, alpha, rsLoRA, targets, module and parameter counts and size (--json: as JSON).\n"
     "merge loads MODEL (in --dtype, default as stored), checks the adapter against it, adds scale*B*A to\n"
@@ -232,14 +234,89 @@ static int lora_merge(int argc, char **argv) {
     return 0;
 }
 
+enum { OPT_RANK = 1100, OPT_ALPHA, OPT_TARGETS, OPT_RSLORA, OPT_SEED_INIT };
+
+/* The adapter_config.json text of the flags (target_modules: a comma list, or "all-linear"). */
+static char *init_config(int rank, double alpha, const char *targets, int rslora) {
+    cJSON *root = cJSON_CreateObject();
+    int ok = root && cJSON_AddStringToObject(root, "peft_type", "LORA") && cJSON_AddNumberToObject(root, "r", rank) &&
+             cJSON_AddNumberToObject(root, "lora_alpha", alpha) && cJSON_AddBoolToObject(root, "use_rslora", rslora) &&
+             cJSON_AddStringToObject(root, "bias", "none");
+    if (ok && strcmp(targets, "all-linear") == 0) {
+        ok = cJSON_AddStringToObject(root, "target_modules", "all-linear") != NULL;
+    } else if (ok) {
+        cJSON *list = cJSON_AddArrayToObject(root, "target_modules");
+        char *copy = strdup(targets);
+        ok = list && copy;
+        for (char *t = copy ? strtok(copy, ",") : NULL; t && ok; t = strtok(NULL, ","))
+            ok = cJSON_AddItemToArray(list, cJSON_CreateString(t));
+        free(copy);
+    }
+    char *text = ok ? cJSON_PrintUnformatted(root) : NULL;
+    cJSON_Delete(root);
+    return text;
+}
+
+static int lora_init(int argc, char **argv) {
+    static const struct option opts[] = {{"model", required_argument, 0, OPT_MODEL}, {"out", required_argument, 0, OPT_OUT},
+                                         {"rank", required_argument, 0, OPT_RANK}, {"alpha", required_argument, 0, OPT_ALPHA},
+                                         {"targets", required_argument, 0, OPT_TARGETS},
+                                         {"rslora", no_argument, 0, OPT_RSLORA}, {"seed", required_argument, 0, OPT_SEED_INIT},
+                                         {"help", no_argument, 0, OPT_HELP}, {0, 0, 0, 0}};
+    cli_model_opts mo;
+    cli_model_opts_init(&mo);
+    mo.device = "cpu";
+    const char *out = NULL, *targets = NULL;
+    int rank = 0, rslora = 0, seed = 0;
+    float alpha = 0;
+    int c;
+    optind = 1;
+    while ((c = getopt_long(argc, argv, "m:o:h", opts, NULL)) != -1) {
+        switch (c) {
+        case OPT_MODEL: mo.model = optarg; break;
+        case OPT_OUT: out = optarg; break;
+        case OPT_RANK: if (cli_int("--rank", optarg, 1, 4096, &rank)) return 2; break;
+        case OPT_ALPHA: if (cli_float("--alpha", optarg, 1e-6, 1e6, &alpha)) return 2; break;
+        case OPT_TARGETS: targets = optarg; break;
+        case OPT_RSLORA: rslora = 1; break;
+        case OPT_SEED_INIT: if (cli_int("--seed", optarg, 0, 2147483647, &seed)) return 2; break;
+        case OPT_HELP: fputs(k_usage, stdout); return 0;
+        default: return cli_usage_error("lora", k_usage);
+        }
+    }
+    if (!mo.model || !out || !rank || optind != argc) {
+        fprintf(stderr, "qlm lora init: need -m MODEL, -o OUT and --rank R (and nothing else)\n");
+        return cli_usage_error("lora", k_usage);
+    }
+    cli_model cm;
+    if (cli_load_model(&mo, &cm, 0, 1) != 0) return cli_fail("lora init");
+    int t5 = cm.src.is_t5;
+    /* peft's defaults: alpha = rank, and the query and value projections. */
+    char *json = init_config(rank, alpha > 0 ? alpha : rank, targets ? targets : t5 ? "q,v" : "q_proj,v_proj", rslora);
+    qlm_lora_adapter a;
+    int rc = json ? qlm_lora_init(&a, "new", t5 ? NULL : &cm.src.cfg, t5 ? &cm.src.t5 : NULL, json, (uint64_t)seed, QLM_F32)
+                  : qlm_errorf("out of memory");
+    free(json);
+    if (rc == 0) {
+        rc = qlm_lora_save(&a, out);
+        if (rc == 0)
+            fprintf(stderr, "qlm lora init: %s: rank %d, %d modules, %lld parameters (B = 0: the model is unchanged "
+                            "until trained)\n", out, a.cfg.r, a.n_modules, (long long)a.n_params);
+        qlm_lora_free(&a);
+    }
+    cli_free_model(&cm);
+    return rc ? cli_fail("lora init") : 0;
+}
+
 int cmd_lora(int argc, char **argv) {
+    if (argc >= 2 && strcmp(argv[1], "init") == 0) return lora_init(argc - 1, argv + 1);
     if (argc >= 2 && strcmp(argv[1], "info") == 0) return lora_info(argc - 1, argv + 1);
     if (argc >= 2 && strcmp(argv[1], "merge") == 0) return lora_merge(argc - 1, argv + 1);
     if (argc >= 2 && (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0)) {
         fputs(k_usage, stdout);
         return 0;
     }
-    if (argc < 2) fprintf(stderr, "qlm lora: need a subcommand (info or merge)\n");
+    if (argc < 2) fprintf(stderr, "qlm lora: need a subcommand (info, merge or init)\n");
     else fprintf(stderr, "qlm lora: unknown subcommand '%s'\n", argv[1]);
     return cli_usage_error("lora", k_usage);
 }

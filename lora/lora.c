@@ -344,6 +344,94 @@ static int file_exists(const char *path) {
     return stat(path, &st) == 0;
 }
 
+static void base_of(lora_base *b, const qlm_llama_config *llama, const qlm_t5_config *t5) {
+    if (llama) lora_base_llama(b, llama);
+    else if (t5) lora_base_t5(b, t5);
+    else *b = (lora_base){.is_t5 = -1, .t5_gated = -1};
+}
+
+/* The adapter from its parsed configuration (a->cfg) and its tensors, checked against b. */
+static int assemble(qlm_lora_adapter *a, lora_base *b, const qlm_tensor_store *store, const char *cfg_file,
+                    const char *file, qlm_dtype dt) {
+    int n = qlm_store_count(store), rc;
+    lora_tensor *tensors = calloc((size_t)(n ? n : 1), sizeof *tensors);
+    lora_matcher *m = NULL;
+    rc = tensors ? classify(store, b, file, tensors) : qlm_errorf("out of memory");
+    if (rc == 0 && b->is_t5 < 0) rc = qlm_errorf("%s: the adapter has no LoRA tensors", file);
+    if (rc == 0 && !(m = lora_matcher_new(&a->cfg, b->is_t5, cfg_file))) rc = -1;
+    if (rc == 0) {
+        a->is_t5 = b->is_t5;
+        a->t5_gated = b->is_t5 ? b->t5_gated : 0;
+        a->has_base = b->known;
+        a->dtype = dt;
+        a->n_layers[0] = b->n_layers[0];
+        a->n_layers[1] = b->n_layers[1];
+        rc = build(a, b, tensors, n, m, file, dt);
+    }
+    lora_matcher_free(m);
+    free(tensors);
+    return rc;
+}
+
+static uint64_t splitmix64(uint64_t x) {
+    x += 0x9E3779B97F4A7C15ull;
+    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+    x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+    return x ^ (x >> 31);
+}
+
+/* A as peft initializes it (kaiming-uniform with a = sqrt(5): uniform in +-1/sqrt(in)), B zero. */
+static int add_init_pair(qlm_tensor_store *store, const char *path, int r, int in, int out, uint64_t seed) {
+    char name[256];
+    int64_t shape_a[2] = {r, in}, shape_b[2] = {out, r};
+    void *da, *db;
+    snprintf(name, sizeof name, "base_model.model.%s.lora_A.weight", path);
+    if (!qlm_store_add_owned(store, name, QLM_F32, 2, shape_a, &da)) return -1;
+    snprintf(name, sizeof name, "base_model.model.%s.lora_B.weight", path);
+    if (!qlm_store_add_owned(store, name, QLM_F32, 2, shape_b, &db)) return -1;
+    float *a = da, bound = 1.0f / sqrtf((float)in);
+    for (int64_t i = 0; i < (int64_t)r * in; i++)
+        a[i] = bound * (float)((double)(splitmix64(seed + (uint64_t)i) >> 40) / 8388608.0 - 1.0);
+    memset(db, 0, (size_t)out * r * sizeof(float));
+    return 0;
+}
+
+int qlm_lora_init(qlm_lora_adapter *out, const char *name, const qlm_llama_config *llama, const qlm_t5_config *t5,
+                  const char *config_json, uint64_t seed, qlm_dtype dt) {
+    memset(out, 0, sizeof *out);
+    int rc = -1;
+    if (!llama == !t5) return qlm_errorf("a new adapter needs its base model's configuration");
+    if (dt != QLM_F32 && dt != QLM_BF16) return qlm_errorf("LoRA weights are held as f32 or bf16, not %s", qlm_dtype_name(dt));
+    if (!valid_name(name))
+        return qlm_errorf("adapter name \"%s\": use 1-63 letters, digits, '_', '-' or '.' (\"none\" is reserved)", name);
+    snprintf(out->name, sizeof out->name, "%s", name);
+    if (lora_config_parse(&out->cfg, config_json, "new adapter config") != 0) return -1;
+    lora_base b;
+    base_of(&b, llama, t5);
+    qlm_tensor_store *store = qlm_store_new();
+    lora_matcher *m = store ? lora_matcher_new(&out->cfg, b.is_t5, "new adapter config") : NULL;
+    rc = m ? 0 : -1;
+    char path[128];
+    for (int s = 0; s < QLM_LORA_MAX_STACKS && rc == 0; s++)
+        for (int l = 0; l < b.n_layers[s] && rc == 0; l++)
+            for (int t = 0; t < QLM_LORA_N_TARGETS && rc == 0; t++) {
+                if (!lora_base_has(&b, s, (qlm_lora_target)t)) continue;
+                lora_module_path(&b, s, l, (qlm_lora_target)t, path, sizeof path);
+                if (!lora_matcher_targets(m, path)) continue;
+                int r;
+                double alpha;
+                lora_matcher_rank_alpha(m, path, &r, &alpha);
+                if (r <= 0) rc = qlm_errorf("new adapter config: rank %d for %s", r, path);
+                else rc = add_init_pair(store, path, r, b.in[t], b.out[t], splitmix64(seed ^ (uint64_t)((s * 4096 + l) * 64 + t)));
+            }
+    lora_matcher_free(m);
+    if (rc == 0 && qlm_store_count(store) == 0) rc = qlm_errorf("new adapter config: target_modules matches no projection");
+    if (rc == 0) rc = assemble(out, &b, store, "new adapter config", "new adapter", dt);
+    qlm_store_free(store);
+    if (rc != 0) qlm_lora_free(out);
+    return rc;
+}
+
 static int load(qlm_lora_adapter *a, const char *path, const char *name, const qlm_llama_config *llama,
                 const qlm_t5_config *t5, qlm_dtype dt) {
     if (dt != QLM_F32 && dt != QLM_BF16) return qlm_errorf("LoRA weights are held as f32 or bf16, not %s", qlm_dtype_name(dt));
@@ -382,35 +470,13 @@ static int load(qlm_lora_adapter *a, const char *path, const char *name, const q
         return qlm_errorf("%s: no " WEIGHTS_FILE, path);
     }
     lora_base b;
-    if (llama) lora_base_llama(&b, llama);
-    else if (t5) lora_base_t5(&b, t5);
-    else b = (lora_base){.is_t5 = -1, .t5_gated = -1};
+    base_of(&b, llama, t5);
     qlm_tensor_store *store = qlm_store_new();
     if (!store) return -1;
-    int n = 0;
-    lora_tensor *tensors = NULL;
-    lora_matcher *m = NULL;
     rc = qlm_safetensors_load(file, store);
-    if (rc == 0) {
-        n = qlm_store_count(store);
-        tensors = calloc((size_t)(n ? n : 1), sizeof *tensors);
-        rc = tensors ? classify(store, &b, file, tensors) : qlm_errorf("out of memory");
-    }
-    if (rc == 0 && b.is_t5 < 0) rc = qlm_errorf("%s: the adapter has no LoRA tensors", file);
-    snprintf(file, sizeof file, "%s/" CONFIG_FILE, path);
-    if (rc == 0 && !(m = lora_matcher_new(&a->cfg, b.is_t5, file))) rc = -1;
-    snprintf(file, sizeof file, "%s/" WEIGHTS_FILE, path);
-    if (rc == 0) {
-        a->is_t5 = b.is_t5;
-        a->t5_gated = b.is_t5 ? b.t5_gated : 0;
-        a->has_base = b.known;
-        a->dtype = dt;
-        a->n_layers[0] = b.n_layers[0];
-        a->n_layers[1] = b.n_layers[1];
-        rc = build(a, &b, tensors, n, m, file, dt);
-    }
-    lora_matcher_free(m);
-    free(tensors);
+    char cfg_file[4200];
+    snprintf(cfg_file, sizeof cfg_file, "%s/" CONFIG_FILE, path);
+    if (rc == 0) rc = assemble(a, &b, store, cfg_file, file, dt);
     qlm_store_free(store);
     return rc;
 }

@@ -104,6 +104,12 @@ typedef struct qlm_lora_adapter {
 int qlm_lora_load(qlm_lora_adapter *out, const char *path, const char *name, const qlm_llama_config *llama,
                   const qlm_t5_config *t5, qlm_dtype ab_dtype);
 void qlm_lora_free(qlm_lora_adapter *a);
+/* A new adapter for the base (llama or t5) as adapter_config.json text describes it (r,
+ * lora_alpha, target_modules, use_rslora, patterns...), initialized as peft does: A
+ * kaiming-uniform (deterministic in seed), B zero, so it starts as the identity. For training, or
+ * to measure an adapter's cost. */
+int qlm_lora_init(qlm_lora_adapter *out, const char *name, const qlm_llama_config *llama, const qlm_t5_config *t5,
+                  const char *config_json, uint64_t seed, qlm_dtype dt);
 
 /* Writes dir/adapter_config.json and dir/adapter_model.safetensors (each atomically; dir is
  * created if missing) in peft's format, A and B in the adapter's dtype. */

@@ -49,6 +49,15 @@ for spec in "SmolLM2-135M-Instruct|$model|" "flan-t5-base shape, random weights|
     done
 done
 
+# LoRA: four rank-16 adapters on the attention projections of the default model (made by
+# `qlm lora init`; B = 0 does not change the cost), through build/bench/bench_lora.
+for i in 1 2 3 4; do
+    "$qlm" lora init -m "$model" -o "$tmp/lora$i" --rank 16 --alpha 32 --targets q_proj,k_proj,v_proj,o_proj \
+        --seed "$i" 2> /dev/null
+done
+echo "bench: LoRA adapters ..." >&2
+lora_table=$("$(dirname "$qlm")/bench/bench_lora" "$model" "$tmp/lora1" "$tmp/lora2" "$tmp/lora3" "$tmp/lora4")
+
 llama_cpp=""
 if python3 -c "import llama_cpp" 2>/dev/null; then
     echo "bench: llama.cpp (llama-cpp-python) ..." >&2
@@ -99,6 +108,13 @@ fi
         [ "$bs" = 1 ] && base=$dps
         printf "| %s | %s | %.1f | %.3f | %.1f | %.2fx |\n" "$name" "$bs" "$secs" "$dps" "$tps" "$(calc "$dps / $base")"
     done
+    echo
+    echo "## LoRA adapters, unmerged"
+    echo
+    echo "Decode of SmolLM2-135M-Instruct (BF16) with rank-16 adapters on q/k/v/o_proj of every layer, applied"
+    echo "unmerged per row (build/bench/bench_lora, same run; 96 decode steps after a 32-token prompt)."
+    echo
+    echo "$lora_table"
     echo
     echo "Reproduce: \`make bench\` (QLM_BENCH_REPS, QLM_BENCH_DIALOGUES and QLM_BENCH_SUMMARY_TOKENS change the"
     echo "repetitions, the number of dialogues and the summary length)."

@@ -433,6 +433,55 @@ static void test_mixed_batch(void **state) {
     close_fixture(&fb);
 }
 
+/* qlm_lora_init and `qlm lora init`: the modules the config targets, A within peft's
+ * kaiming-uniform bound, B zero (so the logits are the base's), and a folder that loads back. */
+static void test_init(void **state) {
+    (void)state;
+    fixture f;
+    open_fixture(&f, "mha_attn_r8");
+    const char *json = "{\"r\": 4, \"lora_alpha\": 8, \"target_modules\": [\"q_proj\", \"down_proj\"], "
+                       "\"rank_pattern\": {\"down_proj\": 2}}";
+    qlm_lora_adapter a;
+    if (qlm_lora_init(&a, "fresh", &f.src.cfg, NULL, json, 7, QLM_F32) != 0) fail_msg("%s", qlm_last_error());
+    assert_int_equal(a.n_modules, 2 * f.src.cfg.n_layers);
+    for (int i = 0; i < a.n_modules; i++) {
+        const qlm_lora_module *m = &a.modules[i];
+        assert_int_equal(m->r, m->target == QLM_LORA_DOWN ? 2 : 4);
+        const float *A = m->a.data, *B = m->b.data;
+        float bound = 1.0f / sqrtf((float)m->a.cols), amax = 0;
+        for (int j = 0; j < m->a.rows * m->a.cols; j++) amax = fmaxf(amax, fabsf(A[j]));
+        assert_true(amax <= bound && amax > 0.5f * bound);
+        for (int j = 0; j < m->b.rows * m->b.cols; j++) assert_true(B[j] == 0.0f);
+    }
+    base_model b;
+    build_base(&b, &f, QLM_F32);
+    size_t n;
+    float *with = logits_with(&f, &b, &a, &n), *without = logits_of(&f, &b, &n);
+    assert_memory_equal(with, without, n * sizeof *with);
+    free(with);
+    free(without);
+    free_base(&b);
+    assert_int_equal(qlm_lora_init(&a, "x", &f.src.cfg, NULL, "{\"r\": 4, \"target_modules\": [\"nothing\"]}", 1, QLM_F32), -1);
+    assert_non_null(strstr(qlm_last_error(), "matches no projection"));
+
+    char dir[256], *out = NULL;
+    assert_non_null(test_tmpdir(dir, sizeof dir));
+    assert_int_equal(test_run_qlm(&out, "lora init -m %s -o %s/new --rank 8 --targets all-linear 2>&1", f.base_dir, dir), 0);
+    free(out);
+    char path[512];
+    snprintf(path, sizeof path, "%s/new", dir);
+    qlm_lora_adapter back;
+    if (qlm_lora_load(&back, path, NULL, &f.src.cfg, NULL, QLM_F32) != 0) fail_msg("%s", qlm_last_error());
+    assert_int_equal(back.n_modules, 7 * f.src.cfg.n_layers);
+    qlm_lora_free(&back);
+    const char *files[] = {"new/adapter_config.json", "new/adapter_model.safetensors", "new", ""};
+    for (int i = 0; i < 4; i++) {
+        snprintf(path, sizeof path, "%s/%s", dir, files[i]);
+        remove(path);
+    }
+    close_fixture(&f);
+}
+
 static void test_unmerge_bound(void **state) {
     (void)state;
     const char *names[] = {"qwen2_all_rslora_r4", "t5_all_patterns_r8"};
@@ -1062,6 +1111,7 @@ int main(void) {
         cmocka_unit_test(test_merged_matches_peft),
         cmocka_unit_test(test_unmerged_matches_peft),
         cmocka_unit_test(test_mixed_batch),
+        cmocka_unit_test(test_init),
         cmocka_unit_test(test_unmerge_bound),
         cmocka_unit_test(test_save_roundtrip),
         cmocka_unit_test(test_config_semantics),
