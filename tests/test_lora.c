@@ -461,6 +461,7 @@ static void test_init(void **state) {
     free(with);
     free(without);
     free_base(&b);
+    qlm_lora_free(&a);
     assert_int_equal(qlm_lora_init(&a, "x", &f.src.cfg, NULL, "{\"r\": 4, \"target_modules\": [\"nothing\"]}", 1, QLM_F32), -1);
     assert_non_null(strstr(qlm_last_error(), "matches no projection"));
 
