@@ -1,6 +1,7 @@
 /* The cost of unmerged LoRA adapters on decode, for `make bench`: the time to switch a sequence's
  * adapter, and decode tokens/s of one sequence with no adapter and with one, and of a batch of
- * four sequences with no adapter, one shared adapter and four distinct ones.
+ * four sequences with no adapter, one shared adapter and four distinct ones (best of three
+ * interleaved rounds).
  * usage: bench_lora MODEL ADAPTER1 ADAPTER2 ADAPTER3 ADAPTER4 (PEFT folders for MODEL). */
 #include <stdio.h>
 #include <stdlib.h>
@@ -87,8 +88,17 @@ int main(int argc, char **argv) {
     qlm_state_free(&s, &m);
 
     const qlm_lora_adapter *none[4] = {NULL, NULL, NULL, NULL}, *one[4] = {A[0], A[0], A[0], A[0]};
-    double single0 = decode_rate(&m, none, 1), single1 = decode_rate(&m, one, 1);
-    double batch0 = decode_rate(&m, none, 4), batch1 = decode_rate(&m, one, 4), batch4 = decode_rate(&m, A, 4);
+    /* The five cases interleaved, best of REPS rounds: machine noise hits them alike. */
+    enum { REPS = 3 };
+    const qlm_lora_adapter *const *use[5] = {none, one, none, one, A};
+    int seqs[5] = {1, 1, 4, 4, 4};
+    double best[5] = {0};
+    for (int r = 0; r < REPS; r++)
+        for (int k = 0; k < 5; k++) {
+            double rate = decode_rate(&m, use[k], seqs[k]);
+            if (rate > best[k]) best[k] = rate;
+        }
+    double single0 = best[0], single1 = best[1], batch0 = best[2], batch1 = best[3], batch4 = best[4];
     printf("| adapters | sequences | decode tok/s | vs no adapter |\n| --- | ---: | ---: | ---: |\n");
     printf("| none | 1 | %.1f | 1.00x |\n| one | 1 | %.1f | %.2fx |\n", single0, single1, single1 / single0);
     printf("| none | 4 | %.1f | 1.00x |\n| one, shared | 4 | %.1f | %.2fx |\n| four distinct | 4 | %.1f | %.2fx |\n",

@@ -112,7 +112,8 @@ fi
     echo "## LoRA adapters, unmerged"
     echo
     echo "Decode of SmolLM2-135M-Instruct (BF16) with rank-16 adapters on q/k/v/o_proj of every layer, applied"
-    echo "unmerged per row (build/bench/bench_lora, same run; 96 decode steps after a 32-token prompt)."
+    echo "unmerged per row (build/bench/bench_lora, same run; 96 decode steps after a 32-token prompt, best of"
+    echo "three interleaved rounds)."
     echo
     echo "$lora_table"
     echo
