@@ -303,7 +303,8 @@ static int next_dialogue(void *ctx, qlm_batch_request *req) {
     batch_job *j = ctx;
     if (j->next == j->in.n || g_interrupted) return 0;
     int i = j->next++;
-    *req = (qlm_batch_request){j->ids[i], j->n_ids[i], &j->o->so.gen, j->adapter[i], (void *)(intptr_t)i};
+    *req = (qlm_batch_request){.ids = j->ids[i], .n_ids = j->n_ids[i], .params = &j->o->so.gen,
+                               .adapter = j->adapter[i], .user = (void *)(intptr_t)i};
     return 1;
 }
 

@@ -41,7 +41,7 @@ static int collect_text(void *user, const char *text, size_t len) {
     memcpy(s->text + s->len, text, len);
     s->len += len;
     s->text[s->len] = 0;
-    return 0;
+    return s->req.emit ? s->req.emit(s->req.emit_user, text, len) : 0;
 }
 
 /* Evaluates rows (ids at pos in slots) and keeps the logits of each listed row in its slot. */
@@ -164,8 +164,10 @@ int qlm_batch_run(const qlm_batch_config *cfg, qlm_batch_next_fn next, qlm_batch
         return qlm_errorf("batch: slots, prompt and output sizes must be positive");
     batch b = {0};
     double t0 = now_seconds();
-    int rc = alloc_batch(&b, cfg), more = 1;
+    int rc = alloc_batch(&b, cfg);
     while (rc == 0) {
+        /* Free slots take what is waiting now; requests that arrive later join at a later step. */
+        int more = 1;
         for (int i = 0; i < cfg->n_slots && more && rc == 0; i++) {
             if (b.slots[i].active) continue;
             qlm_batch_request req;

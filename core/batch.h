@@ -12,10 +12,16 @@ typedef struct {
     int n_ids;
     const qlm_gen_params *params;
     const struct qlm_lora_adapter *adapter; /* NULL: none; requests with different adapters share steps */
+    /* NULL, or receives the text as it is produced (stop strings held back, as in a session);
+     * returning non-zero cancels the request, which then ends with QLM_STOP_CALLER and frees its
+     * slot at once. */
+    qlm_emit_fn emit;
+    void *emit_user;
     void *user;
 } qlm_batch_request;
 
-/* Fills *req with the next request: 1, or 0 when there are no more, or -1 on error. */
+/* Fills *req with the next request: 1, or 0 when there are none now (the run ends once the
+ * active ones finish; a server calls qlm_batch_run again when more arrive), or -1 on error. */
 typedef int (*qlm_batch_next_fn)(void *ctx, qlm_batch_request *req);
 /* A finished request, with all its text (stop strings removed); non-zero aborts the run. */
 typedef int (*qlm_batch_done_fn)(void *ctx, const qlm_batch_request *req, const char *text, size_t len,

@@ -28,7 +28,7 @@ static int next_req(void *ctx, qlm_batch_request *req) {
     run_ctx *c = ctx;
     if (c->next == c->n) return 0;
     request *r = &c->reqs[c->next];
-    *req = (qlm_batch_request){r->ids, r->n_ids, &r->params, NULL, (void *)(intptr_t)c->next};
+    *req = (qlm_batch_request){.ids = r->ids, .n_ids = r->n_ids, .params = &r->params, .user = (void *)(intptr_t)c->next};
     c->next++;
     return 1;
 }
@@ -135,10 +135,78 @@ static void test_t5_matches_session(void **state) {
     qlm_source_close(&src);
 }
 
+/* Streaming: each request's pieces arrive through its emit callback and add up to its text; one
+ * that cancels (its callback returns non-zero) ends with QLM_STOP_CALLER and the others are as
+ * they would be alone. */
+typedef struct {
+    char text[4096];
+    size_t len;
+    int pieces, cancel_after;
+} stream_sink;
+
+static stream_sink g_sinks[N_REQ];
+
+static int sink_emit(void *user, const char *text, size_t len) {
+    stream_sink *k = user;
+    if (k->len + len < sizeof k->text) memcpy(k->text + k->len, text, len);
+    k->len += len;
+    k->text[k->len < sizeof k->text ? k->len : sizeof k->text - 1] = 0;
+    return k->cancel_after && ++k->pieces >= k->cancel_after;
+}
+
+static int next_streamed(void *ctx, qlm_batch_request *req) {
+    int r = next_req(ctx, req);
+    if (r == 1) {
+        req->emit = sink_emit;
+        req->emit_user = &g_sinks[(intptr_t)req->user];
+    }
+    return r;
+}
+
+static void test_streaming_and_cancel(void **state) {
+    (void)state;
+    char path[512];
+    test_asset(path, sizeof path, "stories260K");
+    REQUIRE_ASSET(path);
+    qlm_source src;
+    if (qlm_source_open(&src, path, NULL) != 0) fail_msg("%s", qlm_last_error());
+    qlm_model m;
+    qlm_model_options o = {.dtype = QLM_F32, .backend = qlm_backend_cpu()};
+    assert_int_equal(qlm_model_build(&m, &src.cfg, src.store, &o), 0);
+    request reqs[N_REQ];
+    make_requests(reqs, m.cfg.vocab_size, qlm_tokenizer_bos(src.tok));
+    memset(g_sinks, 0, sizeof g_sinks);
+    g_sinks[3].cancel_after = 3; /* request 3 asks for 39 tokens */
+    run_ctx c = {.reqs = reqs, .n = N_REQ};
+    qlm_batch_config bc = {.model = &m, .tok = src.tok, .n_slots = 3, .max_prompt = 20, .max_output = 44};
+    if (qlm_batch_run(&bc, next_streamed, done_req, &c, NULL) != 0) fail_msg("%s", qlm_last_error());
+    qlm_session single;
+    assert_int_equal(qlm_session_init(&single, &m, src.tok, 64, 64), 0);
+    for (int i = 0; i < N_REQ; i++) {
+        assert_string_equal(g_sinks[i].text, c.text[i]);
+        if (i == 3) {
+            assert_int_equal(c.stats[i].reason, QLM_STOP_CALLER);
+            assert_true(c.stats[i].n_generated < reqs[i].params.max_new_tokens);
+        } else {
+            char *text = NULL;
+            assert_int_equal(qlm_session_sync(&single, reqs[i].ids, reqs[i].n_ids, NULL), 0);
+            assert_int_equal(qlm_session_generate(&single, &reqs[i].params, collect, &text, NULL), 0);
+            assert_string_equal(c.text[i], text ? text : "");
+            free(text);
+        }
+        free(c.text[i]);
+    }
+    print_message("streamed %d requests; request 3 cancelled after %d pieces (%d tokens)\n", N_REQ,
+                  g_sinks[3].pieces, c.stats[3].n_generated);
+    qlm_session_free(&single);
+    qlm_model_free(&m);
+    qlm_source_close(&src);
+}
+
 static int refuse(void *ctx, qlm_batch_request *req) {
     (void)ctx;
     static int ids[100];
-    *req = (qlm_batch_request){ids, 100, NULL, NULL, NULL};
+    *req = (qlm_batch_request){.ids = ids, .n_ids = 100};
     return 1;
 }
 
@@ -167,6 +235,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_decoder_matches_session),
         cmocka_unit_test(test_t5_matches_session),
+        cmocka_unit_test(test_streaming_and_cancel),
         cmocka_unit_test(test_errors),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
