@@ -369,14 +369,14 @@ static void test_unmerged_matches_peft(void **state) {
 }
 
 /* One batch of four sequences with adapters {A, B, none, A}: prefilled per slot, then decoded
- * together step by step; every row's logits equal those of its sequence run alone. */
-static void test_mixed_batch(void **state) {
-    (void)state;
+ * together step by step; every row's logits equal those of its sequence run alone, on an F32 and
+ * on an INT8 base (adapters apply unmerged to any weight dtype). */
+static void mixed_batch(qlm_dtype base_dtype) {
     fixture fa, fb;
     open_fixture(&fa, "mha_attn_r8");
     open_fixture(&fb, "mha_mlp_rslora_r16");
     base_model b;
-    build_base(&b, &fa, QLM_F32);
+    build_base(&b, &fa, base_dtype);
     qlm_lora_adapter A, B;
     if (load_for(&A, fa.dir, &fa, QLM_F32) != 0 || load_for(&B, fb.dir, &fb, QLM_F32) != 0)
         fail_msg("%s", qlm_last_error());
@@ -421,7 +421,8 @@ static void test_mixed_batch(void **state) {
             for (int v = 0; v < vocab; v++) worst = fmax(worst, fabs(got[(size_t)q * vocab + v] - want[v]));
         }
     }
-    print_message("mixed batch {A, B, none, A}: max|diff| vs each sequence alone %.3g\n", worst);
+    print_message("mixed batch {A, B, none, A} on a %s base: max|diff| vs each sequence alone %.3g\n",
+                  qlm_dtype_name(base_dtype), worst);
     assert_true(worst <= 1e-5);
     qlm_state_free(&s, &b.m);
     free(got);
@@ -431,6 +432,12 @@ static void test_mixed_batch(void **state) {
     free_base(&b);
     close_fixture(&fa);
     close_fixture(&fb);
+}
+
+static void test_mixed_batch(void **state) {
+    (void)state;
+    mixed_batch(QLM_F32);
+    mixed_batch(QLM_I8);
 }
 
 /* qlm_lora_init and `qlm lora init`: the modules the config targets, A within peft's
