@@ -33,6 +33,16 @@ static void print_config(const qlm_llama_config *c) {
                c->rope_low_freq_factor, c->rope_high_freq_factor, c->rope_orig_max_pos);
 }
 
+static void print_t5_config(const qlm_t5_config *c) {
+    printf("architecture: t5 (encoder-decoder)\n");
+    printf("  d_model %d, d_ff %d, d_kv %d, heads %d, encoder layers %d, decoder layers %d\n", c->d_model, c->d_ff,
+           c->d_kv, c->n_heads, c->n_layers, c->n_dec_layers);
+    printf("  vocab %d, feed-forward %s, relative buckets %d up to distance %d, eps %g, tied head %s\n", c->vocab_size,
+           !c->gated ? "relu" : c->act == QLM_ACT_SILU ? "gated-silu" : "gated-gelu", c->rel_buckets,
+           c->rel_max_distance, c->norm_eps, c->tie_embeddings ? "yes (scaled)" : "no");
+    printf("  decoder start %d, eos %d, pad %d\n", c->decoder_start_id, c->eos_id, c->pad_id);
+}
+
 static void print_gguf_metadata(const char *path) {
     qlm_gguf *g = qlm_gguf_open(path);
     if (!g) return;
@@ -85,7 +95,10 @@ int cmd_info(int argc, char **argv) {
     qlm_source src;
     if (qlm_source_open(&src, path, tokenizer) != 0) return cli_fail("info");
     printf("model: %s (%s)\n", path, qlm_format_name(src.format));
-    print_config(&src.cfg);
+    if (src.is_t5)
+        print_t5_config(&src.t5);
+    else
+        print_config(&src.cfg);
     int64_t params = 0;
     size_t bytes = 0;
     for (int i = 0; i < qlm_store_count(src.store); i++) {

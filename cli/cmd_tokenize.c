@@ -2,6 +2,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "../core/error.h"
 #include "commands.h"
@@ -51,7 +52,11 @@ int cmd_tokenize(int argc, char **argv) {
     qlm_source src = {0};
     qlm_tokenizer *tok = NULL;
     int rc = 1, *ids = NULL, n = 0;
-    if (model) {
+    struct stat st;
+    /* A model folder's own tokenizer needs no weights (e.g. a folder of tokenizer files only). */
+    if (model && !tokenizer && stat(model, &st) == 0 && S_ISDIR(st.st_mode) && (tok = qlm_tokenizer_open(model, 0))) {
+        src.tok = tok;
+    } else if (model) {
         if (qlm_source_open(&src, model, tokenizer) != 0) goto out;
         tok = src.tok;
         if (!tok) {
