@@ -64,3 +64,13 @@ int qlm_atomic_commit(qlm_atomic_file *af) {
     }
     return fsync_parent(af->path);
 }
+
+int qlm_atomic_write_text(const char *path, const char *text) {
+    qlm_atomic_file af;
+    if (qlm_atomic_open(&af, path) != 0) return -1;
+    if (qlm_atomic_write(&af, text, strlen(text)) != 0 || qlm_atomic_write(&af, "\n", 1) != 0) {
+        qlm_atomic_abort(&af);
+        return -1;
+    }
+    return qlm_atomic_commit(&af);
+}

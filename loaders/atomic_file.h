@@ -20,5 +20,7 @@ int qlm_atomic_write(qlm_atomic_file *af, const void *data, size_t n);
 int qlm_atomic_commit(qlm_atomic_file *af);
 /* Closes and removes the temporary file (after an error elsewhere). */
 void qlm_atomic_abort(qlm_atomic_file *af);
+/* The whole of a text file (text, then a newline) written atomically. */
+int qlm_atomic_write_text(const char *path, const char *text);
 
 #endif

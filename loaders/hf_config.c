@@ -366,12 +366,7 @@ static int save_json(const char *path, cJSON *root) {
     char *text = root ? cJSON_Print(root) : NULL;
     cJSON_Delete(root);
     if (!text) return qlm_errorf("%s: out of memory building config.json", path);
-    qlm_atomic_file af;
-    int rc = qlm_atomic_open(&af, path);
-    if (rc == 0) rc = qlm_atomic_write(&af, text, strlen(text));
-    if (rc == 0) rc = qlm_atomic_write(&af, "\n", 1);
-    if (rc == 0) rc = qlm_atomic_commit(&af);
-    else if (af.f) qlm_atomic_abort(&af);
+    int rc = qlm_atomic_write_text(path, text);
     free(text);
     return rc;
 }

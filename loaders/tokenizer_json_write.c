@@ -480,16 +480,7 @@ static int write_json(writer *w, cJSON *root, const char *name, int formatted) {
     if (n < 0 || (size_t)n >= sizeof(path)) return qlm_errorf("%s/%s: path too long", w->dir, name);
     char *text = w->oom ? NULL : formatted ? cJSON_Print(root) : cJSON_PrintUnformatted(root);
     if (!text) return qlm_errorf("%s: out of memory building the JSON", path);
-    qlm_atomic_file af;
-    int rc = qlm_atomic_open(&af, path);
-    if (rc == 0) {
-        if (qlm_atomic_write(&af, text, strlen(text)) == 0 && qlm_atomic_write(&af, "\n", 1) == 0) {
-            rc = qlm_atomic_commit(&af);
-        } else {
-            qlm_atomic_abort(&af);
-            rc = -1;
-        }
-    }
+    int rc = qlm_atomic_write_text(path, text);
     free(text);
     return rc;
 }

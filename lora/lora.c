@@ -529,12 +529,7 @@ static int save_weights(const qlm_lora_adapter *a, const char *file) {
 static int save_config(const qlm_lora_adapter *a, const char *file) {
     char *text = qlm_lora_config_json(&a->cfg);
     if (!text) return -1;
-    qlm_atomic_file af;
-    int rc = qlm_atomic_open(&af, file);
-    if (rc == 0) rc = qlm_atomic_write(&af, text, strlen(text));
-    if (rc == 0) rc = qlm_atomic_write(&af, "\n", 1);
-    if (rc == 0) rc = qlm_atomic_commit(&af);
-    else if (af.f) qlm_atomic_abort(&af);
+    int rc = qlm_atomic_write_text(file, text);
     free(text);
     return rc;
 }
