@@ -13,5 +13,7 @@ int cmd_bench(int argc, char **argv);
 int cmd_rouge(int argc, char **argv);
 int cmd_summarize(int argc, char **argv);
 int cmd_lora(int argc, char **argv);
+int cmd_serve(int argc, char **argv);
+int cmd_pull(int argc, char **argv);
 
 #endif

@@ -11,6 +11,7 @@
 #include "llama2c.h"
 #include "../core/model.h"
 #include "../core/t5.h"
+#include "../hub/hf_cache.h"
 #include "safetensors.h"
 
 const char *qlm_format_name(qlm_format f) {
@@ -158,7 +159,14 @@ static int single_model_file_in(const char *dir, char *out, size_t cap) {
 }
 
 int qlm_source_open(qlm_source *src, const char *model_path, const char *tokenizer_path) {
-    char cfg_path[4200], inner[sizeof src->path];
+    char cfg_path[4200], inner[sizeof src->path], hub_dir[sizeof src->path];
+    /* ORG/NAME[@REV] that is not a local path: the Hugging Face cache's snapshot, pulled if missing. */
+    int hub = qlm_hf_resolve_model(model_path, hub_dir, sizeof hub_dir);
+    if (hub < 0) {
+        memset(src, 0, sizeof *src);
+        return -1;
+    }
+    if (hub) model_path = hub_dir;
     if (strlen(model_path) >= sizeof src->path) {
         memset(src, 0, sizeof *src);
         return qlm_errorf("model path is longer than %zu bytes", sizeof src->path - 1);

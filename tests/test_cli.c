@@ -296,7 +296,7 @@ static void test_command_line_errors(void **state) {
     assert_int_equal(test_run_qlm(NULL, "2>/dev/null"), 2);
     assert_int_equal(test_run_qlm(NULL, "frobnicate 2>/dev/null"), 2);
     const char *cmds[] = {"generate", "chat", "info", "tokenize", "perplexity",
-                          "quantize", "convert", "bench", "rouge", "summarize", "lora"};
+                          "quantize", "convert", "bench", "rouge", "summarize", "lora", "pull", "serve"};
     for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++) {
         char *out = NULL;
         assert_int_equal(test_run_qlm(&out, "%s --help", cmds[i]), 0);

@@ -1,0 +1,66 @@
+/* qlm pull: download a model repository from the Hugging Face hub into the shared cache. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../core/error.h"
+#include "../hub/hf_cache.h"
+#include "../hub/hf_download.h"
+#include "commands.h"
+#include "common.h"
+
+static const char *k_usage =
+    "usage: qlm pull ORG/NAME[@REVISION] [--include GLOB ...] [--exclude GLOB ...] [--quiet]\n"
+    "Downloads a model from the Hugging Face hub into the Hugging Face cache ($HF_HOME/hub, default\n"
+    "~/.cache/huggingface/hub) and prints its snapshot folder. Afterwards -m ORG/NAME[@REVISION] uses it.\n"
+    "  --include GLOB   download only the files matching GLOB (repeatable; default: config, tokenizer\n"
+    "                   and *.safetensors files)\n"
+    "  --exclude GLOB   skip the files matching GLOB (repeatable)\n"
+    "  -q, --quiet      no progress lines\n"
+    "Environment: HF_ENDPOINT (default https://huggingface.co), HF_TOKEN (gated or private models),\n"
+    "HF_HOME, HF_HUB_CACHE, HF_HUB_OFFLINE.\n";
+
+enum { MAX_GLOBS = 64 };
+
+int cmd_pull(int argc, char **argv) {
+    const char *inc[MAX_GLOBS], *exc[MAX_GLOBS];
+    int n_inc = 0, n_exc = 0, quiet = 0;
+    enum { OPT_INCLUDE = 300, OPT_EXCLUDE };
+    static const struct option opts[] = {{"include", required_argument, 0, OPT_INCLUDE},
+                                         {"exclude", required_argument, 0, OPT_EXCLUDE},
+                                         {"quiet", no_argument, 0, 'q'},
+                                         {"help", no_argument, 0, 'h'},
+                                         {0, 0, 0, 0}};
+    optind = 1;
+    int c;
+    while ((c = getopt_long(argc, argv, "qh", opts, NULL)) != -1) {
+        switch (c) {
+        case OPT_INCLUDE:
+        case OPT_EXCLUDE:
+            if ((c == OPT_INCLUDE ? n_inc : n_exc) == MAX_GLOBS) {
+                fprintf(stderr, "qlm pull: at most %d --include and %d --exclude globs\n", MAX_GLOBS, MAX_GLOBS);
+                return 2;
+            }
+            if (c == OPT_INCLUDE) inc[n_inc++] = optarg;
+            else exc[n_exc++] = optarg;
+            break;
+        case 'q': quiet = 1; break;
+        case 'h': fputs(k_usage, stdout); return 0;
+        default: return cli_usage_error("pull", k_usage);
+        }
+    }
+    char repo[QLM_HF_REPO_MAX], rev[QLM_HF_REV_MAX], snapshot[4200];
+    if (argc - optind != 1) {
+        fprintf(stderr, "qlm pull: give exactly one ORG/NAME[@REVISION]\n");
+        return cli_usage_error("pull", k_usage);
+    }
+    if (!qlm_hf_parse_repo(argv[optind], repo, rev)) {
+        fprintf(stderr, "qlm pull: %s is not a repository id ORG/NAME[@REVISION]\n", argv[optind]);
+        return 2;
+    }
+    qlm_hf_pull_opts o = {.repo = repo, .rev = rev, .include = inc, .n_include = n_inc,
+                          .exclude = exc, .n_exclude = n_exc, .progress = !quiet};
+    if (qlm_hf_pull(&o, snapshot, sizeof snapshot) != 0) return cli_fail("pull");
+    printf("%s\n", snapshot);
+    return 0;
+}

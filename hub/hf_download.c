@@ -1,0 +1,489 @@
+#include "hf_download.h"
+
+#include <cjson/cJSON.h>
+#include <curl/curl.h>
+#include <errno.h>
+#include <fnmatch.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "../core/error.h"
+#include "hf_cache.h"
+#include "hf_hash.h"
+
+enum { MAX_ATTEMPTS = 5, API_MAX_BYTES = 32 << 20, ETAG_MAX = 128 };
+
+typedef struct {
+    char endpoint[1024];
+    const char *repo;
+    CURL *curl;
+    struct curl_slist *headers;
+    int progress;
+} client;
+
+/* Headers of the hub's own answer to a resolve request (before any redirect). */
+typedef struct {
+    char etag[ETAG_MAX + 8], linked_etag[ETAG_MAX + 8], error_message[256];
+    long long linked_size, content_length;
+} resolve_headers;
+
+/* Where one transfer's body goes: memory (the API) or the partial blob file. */
+typedef struct {
+    client *c;
+    char *mem;
+    size_t len, cap;
+    FILE *f;
+    const char *path;
+    long long offset;  /* bytes already in f when this attempt began */
+    int write_errno;   /* set when a write to f failed (ENOSPC...) */
+    int body_checked;  /* the status of the response was looked at */
+    int discard;       /* an error body: not part of the file */
+    const char *label; /* progress line */
+    double start, last_print;
+} sink;
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static void sleep_s(double s) {
+    struct timespec ts = {(time_t)s, (long)((s - (double)(time_t)s) * 1e9)};
+    nanosleep(&ts, NULL);
+}
+
+int qlm_hf_default_file(const char *f) {
+    static const char *const names[] = {"config.json", "generation_config.json", "tokenizer.json",
+                                        "tokenizer_config.json", "special_tokens_map.json", "spiece.model",
+                                        "*.safetensors", "*.safetensors.index.json"};
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
+        if (fnmatch(names[i], f, FNM_PATHNAME) == 0) return 1;
+    return 0;
+}
+
+static int selected(const qlm_hf_pull_opts *o, const char *f) {
+    int in = o->n_include ? 0 : qlm_hf_default_file(f);
+    /* Without FNM_PATHNAME, as huggingface_hub's allow_patterns: "*" also crosses '/'. */
+    for (int i = 0; i < o->n_include && !in; i++) in = fnmatch(o->include[i], f, 0) == 0;
+    for (int i = 0; i < o->n_exclude && in; i++) in = fnmatch(o->exclude[i], f, 0) != 0;
+    return in;
+}
+
+/* Percent-encodes s; '/' kept when keep_slash (file paths), encoded otherwise (revisions). */
+static void url_escape(char *out, size_t cap, const char *s, int keep_slash) {
+    static const char hex[] = "0123456789ABCDEF";
+    size_t n = 0;
+    for (const unsigned char *p = (const unsigned char *)s; *p && n + 4 < cap; p++) {
+        if ((*p >= 'a' && *p <= 'z') || (*p >= 'A' && *p <= 'Z') || (*p >= '0' && *p <= '9') ||
+            strchr("-._~", *p) || (keep_slash && *p == '/'))
+            out[n++] = (char)*p;
+        else
+            out[n++] = '%', out[n++] = hex[*p >> 4], out[n++] = hex[*p & 15];
+    }
+    out[n] = 0;
+}
+
+static size_t on_body(char *data, size_t size, size_t nmemb, void *user) {
+    sink *s = user;
+    size_t n = size * nmemb;
+    if (!s->body_checked) {
+        long status = 0;
+        curl_easy_getinfo(s->c->curl, CURLINFO_RESPONSE_CODE, &status);
+        s->body_checked = 1;
+        s->discard = status >= 300;
+        /* A server that ignores Range sends the whole file again: start the partial over. */
+        if (s->f && status == 200 && s->offset > 0) {
+            if (ftruncate(fileno(s->f), 0) != 0 || fseek(s->f, 0, SEEK_SET) != 0) {
+                s->write_errno = errno;
+                return 0;
+            }
+            s->offset = 0;
+        }
+    }
+    if (s->discard) return n;
+    if (s->f) {
+        if (fwrite(data, 1, n, s->f) != n) {
+            s->write_errno = errno ? errno : EIO;
+            return 0;
+        }
+        return n;
+    }
+    if (s->len + n > API_MAX_BYTES) return 0;
+    if (s->len + n + 1 > s->cap) {
+        size_t cap = (s->len + n + 1) * 2;
+        char *m = realloc(s->mem, cap);
+        if (!m) return 0;
+        s->mem = m, s->cap = cap;
+    }
+    memcpy(s->mem + s->len, data, n);
+    s->len += n;
+    s->mem[s->len] = 0;
+    return n;
+}
+
+static void human(char *buf, size_t cap, double b) {
+    const char *u[] = {"B", "kB", "MB", "GB", "TB"};
+    int i = 0;
+    while (b >= 1000 && i < 4) b /= 1000, i++;
+    snprintf(buf, cap, i ? "%.1f %s" : "%.0f %s", b, u[i]);
+}
+
+static void print_progress(sink *s, double done, double total, int final) {
+    double t = now_s(), el = t - s->start;
+    if (!final && t - s->last_print < 0.5) return;
+    s->last_print = t;
+    double got = done - (double)s->offset, speed = el > 0 ? got / el : 0;
+    char d[32], tot[32], sp[32], eta[32] = "";
+    human(d, sizeof d, done);
+    human(tot, sizeof tot, total);
+    human(sp, sizeof sp, speed);
+    if (!final && total > done && speed > 0) snprintf(eta, sizeof eta, "  ETA %.0fs", (total - done) / speed);
+    fprintf(stderr, "\r  %-40s %10s / %-10s %10s/s%s\033[K%s", s->label, d, total > 0 ? tot : "?", sp, eta,
+            final ? "\n" : "");
+}
+
+static int on_progress(void *user, curl_off_t dltotal, curl_off_t dlnow, curl_off_t ultotal, curl_off_t ulnow) {
+    (void)ultotal, (void)ulnow;
+    sink *s = user;
+    if (s->label && s->c->progress && dltotal > 0 && !s->discard)
+        print_progress(s, (double)(s->offset + dlnow), (double)(s->offset + dltotal), 0);
+    return 0;
+}
+
+/* Copies a header value (trimmed, printable ASCII only) if line is "name: value". */
+static void header_value(const char *line, size_t n, const char *name, char *out, size_t cap) {
+    size_t k = strlen(name);
+    if (n <= k + 1 || strncasecmp(line, name, k) != 0 || line[k] != ':') return;
+    const char *v = line + k + 1, *e = line + n;
+    while (v < e && (*v == ' ' || *v == '\t')) v++;
+    while (e > v && (e[-1] == '\r' || e[-1] == '\n' || e[-1] == ' ')) e--;
+    size_t len = 0;
+    for (; v < e && len + 1 < cap; v++)
+        if (*v >= 0x20 && *v < 0x7f) out[len++] = *v;
+    out[len] = 0;
+}
+
+static size_t on_header(char *data, size_t size, size_t nmemb, void *user) {
+    resolve_headers *h = user;
+    size_t n = size * nmemb;
+    char num[32] = "";
+    header_value(data, n, "ETag", h->etag, sizeof h->etag);
+    header_value(data, n, "X-Linked-Etag", h->linked_etag, sizeof h->linked_etag);
+    header_value(data, n, "X-Error-Message", h->error_message, sizeof h->error_message);
+    header_value(data, n, "X-Linked-Size", num, sizeof num);
+    if (*num) h->linked_size = strtoll(num, NULL, 10);
+    *num = 0;
+    header_value(data, n, "Content-Length", num, sizeof num);
+    if (*num) h->content_length = strtoll(num, NULL, 10);
+    return n;
+}
+
+static int transient_curl(CURLcode rc) {
+    return rc == CURLE_OPERATION_TIMEDOUT || rc == CURLE_PARTIAL_FILE || rc == CURLE_RECV_ERROR ||
+           rc == CURLE_SEND_ERROR || rc == CURLE_GOT_NOTHING || rc == CURLE_SSL_CONNECT_ERROR;
+}
+
+static int transient_status(long st) { return st == 429 || st >= 500; }
+
+/* The error for a failed request: what it means for the user, naming repo and file. */
+static int request_error(client *c, const char *file, CURLcode rc, long status, const char *detail) {
+    const char *what = file ? file : "model info";
+    if (rc == CURLE_COULDNT_RESOLVE_HOST || rc == CURLE_COULDNT_CONNECT || rc == CURLE_COULDNT_RESOLVE_PROXY)
+        return qlm_errorf("%s: %s: cannot reach %s (%s): no network? Set HF_HUB_OFFLINE=1 to use only the cache",
+                          c->repo, what, c->endpoint, curl_easy_strerror(rc));
+    if (rc != CURLE_OK)
+        return qlm_errorf("%s: %s: download failed: %s", c->repo, what, curl_easy_strerror(rc));
+    const char *sep = detail && *detail ? "; server says: " : "";
+    if (status == 401 || status == 403)
+        return qlm_errorf("%s: %s: access denied (HTTP %ld): the repository is gated or private, or does not exist; "
+                          "set HF_TOKEN to a token that has access%s%s",
+                          c->repo, what, status, sep, detail ? detail : "");
+    if (status == 404)
+        return file ? qlm_errorf("%s: file %s not found (HTTP 404)%s%s", c->repo, file, sep, detail ? detail : "")
+                    : qlm_errorf("%s: no such repository or revision on %s (HTTP 404)%s%s", c->repo, c->endpoint, sep,
+                                 detail ? detail : "");
+    return qlm_errorf("%s: %s: HTTP %ld from %s%s%s", c->repo, what, status, c->endpoint, sep, detail ? detail : "");
+}
+
+static void reset_handle(client *c) {
+    curl_easy_reset(c->curl);
+    curl_easy_setopt(c->curl, CURLOPT_HTTPHEADER, c->headers);
+    curl_easy_setopt(c->curl, CURLOPT_USERAGENT, "qlm");
+    curl_easy_setopt(c->curl, CURLOPT_CONNECTTIMEOUT, 30L);
+    /* A stalled transfer (under 1 byte/s for 60 s) counts as a timeout and is retried. */
+    curl_easy_setopt(c->curl, CURLOPT_LOW_SPEED_LIMIT, 1L);
+    curl_easy_setopt(c->curl, CURLOPT_LOW_SPEED_TIME, 60L);
+    curl_easy_setopt(c->curl, CURLOPT_NOSIGNAL, 1L);
+    curl_easy_setopt(c->curl, CURLOPT_PROTOCOLS_STR, "http,https");
+    curl_easy_setopt(c->curl, CURLOPT_REDIR_PROTOCOLS_STR, "http,https");
+    curl_easy_setopt(c->curl, CURLOPT_MAXREDIRS, 10L);
+}
+
+static void backoff(int attempt) { sleep_s((double)(1 << attempt)); }
+
+/* GET url into memory, with retries. *out is malloc'd (NUL-terminated). */
+static int get_json(client *c, const char *url, cJSON **out) {
+    for (int attempt = 0;; attempt++) {
+        sink s = {.c = c};
+        resolve_headers h = {0};
+        reset_handle(c);
+        curl_easy_setopt(c->curl, CURLOPT_URL, url);
+        curl_easy_setopt(c->curl, CURLOPT_FOLLOWLOCATION, 1L);
+        curl_easy_setopt(c->curl, CURLOPT_WRITEFUNCTION, on_body);
+        curl_easy_setopt(c->curl, CURLOPT_WRITEDATA, &s);
+        curl_easy_setopt(c->curl, CURLOPT_HEADERFUNCTION, on_header);
+        curl_easy_setopt(c->curl, CURLOPT_HEADERDATA, &h);
+        curl_easy_setopt(c->curl, CURLOPT_TIMEOUT, 120L);
+        CURLcode rc = curl_easy_perform(c->curl);
+        long status = 0;
+        curl_easy_getinfo(c->curl, CURLINFO_RESPONSE_CODE, &status);
+        if (rc == CURLE_OK && status == 200) {
+            *out = s.mem ? cJSON_Parse(s.mem) : NULL;
+            free(s.mem);
+            return *out ? 0 : qlm_errorf("%s: the model info from %s is not JSON", c->repo, c->endpoint);
+        }
+        free(s.mem);
+        if (attempt + 1 < MAX_ATTEMPTS && (transient_curl(rc) || (rc == CURLE_OK && transient_status(status)))) {
+            backoff(attempt);
+            continue;
+        }
+        return request_error(c, NULL, rc, status, h.error_message);
+    }
+}
+
+/* An etag as a blob file name: quotes and the weak "W/" prefix dropped, then [A-Za-z0-9_-] only. */
+static int normalize_etag(const char *raw, char *out, size_t cap) {
+    const char *p = raw;
+    if (!strncmp(p, "W/", 2)) p += 2;
+    size_t n = strlen(p);
+    if (n >= 2 && p[0] == '"' && p[n - 1] == '"') p++, n -= 2;
+    if (n == 0 || n >= cap || n > ETAG_MAX) return 0;
+    for (size_t i = 0; i < n; i++)
+        if (!((p[i] >= 'a' && p[i] <= 'z') || (p[i] >= 'A' && p[i] <= 'Z') || (p[i] >= '0' && p[i] <= '9') ||
+              p[i] == '-' || p[i] == '_'))
+            return 0;
+    memcpy(out, p, n);
+    out[n] = 0;
+    return 1;
+}
+
+static int all_hex(const char *s, size_t n) {
+    if (strlen(s) != n) return 0;
+    for (size_t i = 0; i < n; i++)
+        if (!((s[i] >= '0' && s[i] <= '9') || (s[i] >= 'a' && s[i] <= 'f'))) return 0;
+    return 1;
+}
+
+/* HEAD on the resolve URL without following redirects: the hub's own answer carries the etag
+ * (X-Linked-Etag for LFS files, whose redirect target is a CDN) and the size. */
+static int resolve_head(client *c, const char *url, const char *file, resolve_headers *h) {
+    for (int attempt = 0;; attempt++) {
+        memset(h, 0, sizeof *h);
+        h->linked_size = h->content_length = -1;
+        reset_handle(c);
+        curl_easy_setopt(c->curl, CURLOPT_URL, url);
+        curl_easy_setopt(c->curl, CURLOPT_NOBODY, 1L);
+        curl_easy_setopt(c->curl, CURLOPT_HEADERFUNCTION, on_header);
+        curl_easy_setopt(c->curl, CURLOPT_HEADERDATA, h);
+        curl_easy_setopt(c->curl, CURLOPT_TIMEOUT, 60L);
+        CURLcode rc = curl_easy_perform(c->curl);
+        long status = 0;
+        curl_easy_getinfo(c->curl, CURLINFO_RESPONSE_CODE, &status);
+        if (rc == CURLE_OK && status >= 200 && status < 400) return 0;
+        if (attempt + 1 < MAX_ATTEMPTS && (transient_curl(rc) || (rc == CURLE_OK && transient_status(status)))) {
+            backoff(attempt);
+            continue;
+        }
+        return request_error(c, file, rc, status, h->error_message);
+    }
+}
+
+static long long file_size(const char *path) {
+    struct stat st;
+    return stat(path, &st) == 0 ? (long long)st.st_size : -1;
+}
+
+/* Brings partial up to `size` bytes (size < 0: unknown) from url, resuming where it stops. */
+static int fetch(client *c, const char *url, const char *file, const char *partial, long long size) {
+    for (int attempt = 0;; attempt++) {
+        long long have = file_size(partial);
+        if (size >= 0 && have == size) return 0;
+        if (size >= 0 && have > size) { /* longer than the file: not a prefix of it */
+            unlink(partial);
+            have = -1;
+        }
+        FILE *f = fopen(partial, "ab");
+        if (!f) return qlm_errorf("%s: %s: cannot write %s: %s", c->repo, file, partial, strerror(errno));
+        sink s = {.c = c, .f = f, .path = partial, .offset = have > 0 ? have : 0, .label = file, .start = now_s()};
+        resolve_headers h = {0};
+        reset_handle(c);
+        curl_easy_setopt(c->curl, CURLOPT_URL, url);
+        curl_easy_setopt(c->curl, CURLOPT_FOLLOWLOCATION, 1L);
+        curl_easy_setopt(c->curl, CURLOPT_WRITEFUNCTION, on_body);
+        curl_easy_setopt(c->curl, CURLOPT_WRITEDATA, &s);
+        curl_easy_setopt(c->curl, CURLOPT_HEADERFUNCTION, on_header);
+        curl_easy_setopt(c->curl, CURLOPT_HEADERDATA, &h);
+        curl_easy_setopt(c->curl, CURLOPT_NOPROGRESS, 0L);
+        curl_easy_setopt(c->curl, CURLOPT_XFERINFOFUNCTION, on_progress);
+        curl_easy_setopt(c->curl, CURLOPT_XFERINFODATA, &s);
+        if (s.offset > 0) curl_easy_setopt(c->curl, CURLOPT_RESUME_FROM_LARGE, (curl_off_t)s.offset);
+        CURLcode rc = curl_easy_perform(c->curl);
+        long status = 0;
+        curl_easy_getinfo(c->curl, CURLINFO_RESPONSE_CODE, &status);
+        int werr = s.write_errno;
+        if (fclose(f) != 0 && !werr) werr = errno;
+        if (werr)
+            return qlm_errorf("%s: %s: writing %s failed: %s%s", c->repo, file, partial, strerror(werr),
+                              werr == ENOSPC ? " (disk full: free space under HF_HOME and pull again to resume)" : "");
+        if (rc == CURLE_OK && (status == 200 || status == 206)) {
+            if (c->progress) print_progress(&s, (double)file_size(partial), (double)(size >= 0 ? size : 0), 1);
+            return 0;
+        }
+        if (status == 416) { /* our offset is past what the server has: start over */
+            unlink(partial);
+            if (attempt + 1 < MAX_ATTEMPTS) continue;
+        }
+        if (c->progress && s.body_checked) fputc('\n', stderr);
+        if (attempt + 1 < MAX_ATTEMPTS && (transient_curl(rc) || (rc == CURLE_OK && transient_status(status)))) {
+            backoff(attempt);
+            continue;
+        }
+        return request_error(c, file, rc, status, h.error_message);
+    }
+}
+
+/* Checks a complete partial against its etag: sha256 for LFS files, the git blob sha1 for the
+ * others; any other etag form (a mirror's own) can only be checked by size. */
+static int verify(client *c, const char *file, const char *partial, const char *etag, long long size) {
+    char got[65];
+    const char *kind = NULL;
+    long long have = file_size(partial);
+    if (size >= 0 && have != size) {
+        unlink(partial);
+        return qlm_errorf("%s: %s: got %lld bytes, expected %lld; the partial download was deleted", c->repo, file,
+                          have, size);
+    }
+    if (all_hex(etag, 64)) {
+        kind = "sha256";
+        if (qlm_file_sha256(partial, got) != 0) return -1;
+    } else if (all_hex(etag, 40)) {
+        kind = "git sha1";
+        if (qlm_file_git_sha1(partial, got) != 0) return -1;
+    }
+    if (kind && strcmp(got, etag) != 0) {
+        unlink(partial);
+        return qlm_errorf("%s: %s: checksum mismatch (%s expected %s, got %s): the download is corrupt and was "
+                          "deleted",
+                          c->repo, file, kind, etag, got);
+    }
+    return 0;
+}
+
+static int pull_file(client *c, const char *repo_dir, const char *commit, const char *file) {
+    char path[4400], url[6200], esc[3200], etag[ETAG_MAX + 1], blob[4400], partial[4500];
+    snprintf(path, sizeof path, "%s/snapshots/%s/%s", repo_dir, commit, file);
+    struct stat st;
+    if (stat(path, &st) == 0 && S_ISREG(st.st_mode)) return 0; /* already in this snapshot */
+    url_escape(esc, sizeof esc, file, 1);
+    snprintf(url, sizeof url, "%s/%s/resolve/%s/%s", c->endpoint, c->repo, commit, esc);
+    resolve_headers h;
+    if (resolve_head(c, url, file, &h) != 0) return -1;
+    const char *raw = *h.linked_etag ? h.linked_etag : h.etag;
+    if (!*raw) return qlm_errorf("%s: %s: the server sent no ETag, so the file cannot be verified", c->repo, file);
+    if (!normalize_etag(raw, etag, sizeof etag))
+        return qlm_errorf("%s: %s: unusable ETag from the server: %s", c->repo, file, raw);
+    long long size = h.linked_size >= 0 ? h.linked_size : h.content_length;
+    snprintf(blob, sizeof blob, "%s/blobs/%s", repo_dir, etag);
+    snprintf(partial, sizeof partial, "%s.incomplete", blob);
+    if (file_size(blob) < 0) {
+        if (fetch(c, url, file, partial, size) != 0 || verify(c, file, partial, etag, size) != 0) return -1;
+        if (rename(partial, blob) != 0)
+            return qlm_errorf("%s: %s: cannot rename %s into place: %s", c->repo, file, partial, strerror(errno));
+    }
+    return qlm_hf_link_snapshot(repo_dir, commit, file, etag);
+}
+
+/* The commit and the selected paths from the model info, every path checked before use. */
+static int read_model_info(client *c, const cJSON *info, const qlm_hf_pull_opts *o, char commit[41],
+                           const char ***files, int *n_files) {
+    const cJSON *sha = cJSON_GetObjectItemCaseSensitive(info, "sha");
+    const cJSON *sib = cJSON_GetObjectItemCaseSensitive(info, "siblings");
+    if (!cJSON_IsString(sha) || !qlm_hf_is_commit(sha->valuestring))
+        return qlm_errorf("%s: the model info has no commit hash (\"sha\")", c->repo);
+    if (!cJSON_IsArray(sib)) return qlm_errorf("%s: the model info has no file list (\"siblings\")", c->repo);
+    memcpy(commit, sha->valuestring, 41);
+    int n = cJSON_GetArraySize(sib);
+    *files = calloc((size_t)(n ? n : 1), sizeof **files);
+    if (!*files) return qlm_errorf("out of memory");
+    *n_files = 0;
+    const cJSON *it;
+    cJSON_ArrayForEach(it, sib) {
+        const cJSON *name = cJSON_GetObjectItemCaseSensitive(it, "rfilename");
+        if (!cJSON_IsString(name)) return qlm_errorf("%s: a file entry in the model info has no rfilename", c->repo);
+        if (!qlm_hf_valid_rfilename(name->valuestring))
+            return qlm_errorf("%s: the model info lists an unsafe path \"%s\"; refusing it", c->repo,
+                              name->valuestring);
+        if (selected(o, name->valuestring)) (*files)[(*n_files)++] = name->valuestring;
+    }
+    if (*n_files == 0) return qlm_errorf("%s: none of its %d files match the selection", c->repo, n);
+    return 0;
+}
+
+int qlm_hf_pull(const qlm_hf_pull_opts *o, char *snapshot, size_t cap) {
+    const char *rev = o->rev ? o->rev : "main";
+    char repo_dir[4096], url[2400], esc_rev[800], commit[41], blobs[4200];
+    char repo_check[QLM_HF_REPO_MAX], rev_check[QLM_HF_REV_MAX];
+    if (!qlm_hf_parse_repo(o->repo, repo_check, rev_check) || strchr(o->repo, '@'))
+        return qlm_errorf("%s: not a repository id ORG/NAME", o->repo);
+    if (!qlm_hf_valid_rev(rev)) return qlm_errorf("%s: invalid revision \"%s\"", o->repo, rev);
+    if (qlm_hf_offline()) return qlm_errorf("%s: HF_HUB_OFFLINE is set, so nothing can be downloaded", o->repo);
+    if (qlm_hf_repo_dir(o->repo, repo_dir, sizeof repo_dir) != 0) return -1;
+    snprintf(blobs, sizeof blobs, "%s/blobs", repo_dir);
+    if (qlm_hf_mkdirs(blobs) != 0) return -1;
+
+    client c = {.repo = o->repo, .progress = o->progress};
+    const char *ep = getenv("HF_ENDPOINT"), *token = getenv("HF_TOKEN");
+    snprintf(c.endpoint, sizeof c.endpoint, "%s", ep && *ep ? ep : "https://huggingface.co");
+    for (size_t n = strlen(c.endpoint); n && c.endpoint[n - 1] == '/';) c.endpoint[--n] = 0;
+    if (curl_global_init(CURL_GLOBAL_DEFAULT) != 0) return qlm_errorf("libcurl failed to initialize");
+    c.curl = curl_easy_init();
+    int rc = -1;
+    cJSON *info = NULL;
+    const char **files = NULL;
+    int n_files = 0;
+    if (!c.curl) {
+        qlm_errorf("libcurl failed to initialize");
+        goto out;
+    }
+    if (token && *token) {
+        char auth[4200];
+        snprintf(auth, sizeof auth, "Authorization: Bearer %s", token);
+        c.headers = curl_slist_append(NULL, auth);
+        if (!c.headers) {
+            qlm_errorf("out of memory");
+            goto out;
+        }
+    }
+    url_escape(esc_rev, sizeof esc_rev, rev, 0);
+    snprintf(url, sizeof url, "%s/api/models/%s/revision/%s", c.endpoint, o->repo, esc_rev);
+    if (get_json(&c, url, &info) != 0 || read_model_info(&c, info, o, commit, &files, &n_files) != 0) goto out;
+    if (o->progress) fprintf(stderr, "%s@%s: commit %s, %d files\n", o->repo, rev, commit, n_files);
+    for (int i = 0; i < n_files; i++)
+        if (pull_file(&c, repo_dir, commit, files[i]) != 0) goto out;
+    /* The ref moves only once the snapshot is complete, so a cached ref means usable files. */
+    if (qlm_hf_write_ref(repo_dir, rev, commit) != 0) goto out;
+    int n = snprintf(snapshot, cap, "%s/snapshots/%s", repo_dir, commit);
+    rc = n < 0 || (size_t)n >= cap ? qlm_errorf("%s: snapshot path too long", o->repo) : 0;
+out:
+    free(files);
+    cJSON_Delete(info);
+    curl_slist_free_all(c.headers);
+    if (c.curl) curl_easy_cleanup(c.curl);
+    curl_global_cleanup();
+    return rc;
+}

@@ -1,0 +1,28 @@
+/* Downloading a model repository from the Hugging Face hub (or a mirror at HF_ENDPOINT) into the
+ * shared cache (hf_cache.h) with libcurl: files one after another, resumed from
+ * blobs/<etag>.incomplete with a Range request, retried with backoff on 5xx, 429 and broken or
+ * stalled transfers, verified against the hub's etag before being renamed into blobs/. */
+#ifndef QLM_HF_DOWNLOAD_H
+#define QLM_HF_DOWNLOAD_H
+
+#include <stddef.h>
+
+typedef struct {
+    const char *repo;                  /* ORG/NAME */
+    const char *rev;                   /* branch, tag or commit; NULL = "main" */
+    const char *const *include;        /* fnmatch globs over the repo paths; none = the default set */
+    int n_include;
+    const char *const *exclude;        /* removed from whatever include selected */
+    int n_exclude;
+    int progress;                      /* a progress line per file on stderr */
+} qlm_hf_pull_opts;
+
+/* The default set: config, generation config, tokenizer files and safetensors weights (with the
+ * shard index) at the top of the repo; no .bin/.pt/.h5/.msgpack/ONNX duplicates. */
+int qlm_hf_default_file(const char *rfilename);
+
+/* Downloads the selected files and points refs/<rev> at the commit; the snapshot folder is
+ * written into snapshot. Returns 0, or -1 with an error naming the repository and file. */
+int qlm_hf_pull(const qlm_hf_pull_opts *o, char *snapshot, size_t cap);
+
+#endif

@@ -1,0 +1,369 @@
+/* The HTTP layer: libmicrohttpd with a thread per connection (so a handler may block on its
+ * job), body limits, API-key check, routing, and Server-Sent Events for streamed generations. */
+#include <arpa/inet.h>
+#include <microhttpd.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "../core/error.h"
+#include "internal.h"
+
+enum { MAX_BODY = 1 << 20, MAX_CONNECTIONS = 256, CONNECTION_TIMEOUT_S = 30 };
+
+struct qlm_server {
+    qlm_server_config cfg;
+    struct MHD_Daemon *daemon;
+    job_queue queue;
+    pthread_mutex_t mu;      /* guards the fields below */
+    pthread_cond_t idle;     /* in_flight reached 0 */
+    int in_flight, draining;
+    long requests, next_id;
+    long status_counts[6];   /* by status class: [2] 2xx, [4] 4xx, [5] 5xx */
+    double latency_sum;      /* seconds, of finished generations */
+    long generations;
+};
+
+typedef struct {
+    qlm_server *srv;
+    double t0;
+    char method[8], path[128];
+    char *body;
+    size_t len, cap;
+    int too_large;
+    int status, tokens;
+    job *job;                /* a generation, until the request completes */
+    int chat, first, ended;
+    int counted;             /* a generation counted in in_flight */
+    char id[48], model[128];
+    long created;
+    char *out;               /* SSE bytes not yet handed to MHD */
+    size_t out_len, out_off;
+} conn;
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+/* Queues text as the response (takes ownership of text). */
+static enum MHD_Result respond(struct MHD_Connection *c, conn *cx, int status, char *text, const char *type) {
+    if (!text) {
+        status = 500;
+        text = strdup("{\"error\":{\"message\":\"out of memory\",\"type\":\"server_error\",\"code\":500}}");
+        if (!text) return MHD_NO;
+    }
+    struct MHD_Response *r = MHD_create_response_from_buffer(strlen(text), text, MHD_RESPMEM_MUST_FREE);
+    if (!r) {
+        free(text);
+        return MHD_NO;
+    }
+    MHD_add_response_header(r, "Content-Type", type);
+    if (status == 429 || status == 503) MHD_add_response_header(r, "Retry-After", "1");
+    if (status == 401) MHD_add_response_header(r, "WWW-Authenticate", "Bearer");
+    cx->status = status;
+    enum MHD_Result ret = MHD_queue_response(c, (unsigned)status, r);
+    MHD_destroy_response(r);
+    return ret;
+}
+
+static enum MHD_Result respond_json(struct MHD_Connection *c, conn *cx, int status, char *json) {
+    return respond(c, cx, status, json, "application/json");
+}
+
+static enum MHD_Result respond_error(struct MHD_Connection *c, conn *cx, int status, const char *type,
+                                     const char *message) {
+    api_error e = {.status = status, .type = type};
+    snprintf(e.message, sizeof e.message, "%s", message);
+    return respond_json(c, cx, status, openai_error_json(&e));
+}
+
+static enum MHD_Result respond_api_error(struct MHD_Connection *c, conn *cx, const api_error *e) {
+    return respond_json(c, cx, e->status, openai_error_json(e));
+}
+
+static char *metrics_text(qlm_server *s) {
+    pthread_mutex_lock(&s->queue.mu);
+    int queued = s->queue.queued, running = s->queue.running;
+    long prompt = s->queue.prompt_tokens, generated = s->queue.generated_tokens;
+    pthread_mutex_unlock(&s->queue.mu);
+    pthread_mutex_lock(&s->mu);
+    char *text = NULL;
+    int n = asprintf(&text,
+                     "# TYPE qlm_requests_total counter\n"
+                     "qlm_requests_total{class=\"2xx\"} %ld\nqlm_requests_total{class=\"4xx\"} %ld\n"
+                     "qlm_requests_total{class=\"5xx\"} %ld\n"
+                     "# TYPE qlm_prompt_tokens_total counter\nqlm_prompt_tokens_total %ld\n"
+                     "# TYPE qlm_generation_tokens_total counter\nqlm_generation_tokens_total %ld\n"
+                     "# TYPE qlm_queue_depth gauge\nqlm_queue_depth %d\n"
+                     "# TYPE qlm_running_sequences gauge\nqlm_running_sequences %d\n"
+                     "# TYPE qlm_generation_seconds summary\nqlm_generation_seconds_sum %.6f\n"
+                     "qlm_generation_seconds_count %ld\n",
+                     s->status_counts[2], s->status_counts[4], s->status_counts[5], prompt, generated, queued,
+                     running, s->latency_sum, s->generations);
+    pthread_mutex_unlock(&s->mu);
+    return n < 0 ? NULL : text;
+}
+
+/* Appends one "data: ...\n\n" event to cx->out (takes json). */
+static int add_event(conn *cx, char *json) {
+    if (!json) return -1;
+    size_t n = strlen(json), need = cx->out_len + n + sizeof "data: \n\n";
+    char *p = realloc(cx->out, need);
+    if (!p) {
+        free(json);
+        return -1;
+    }
+    cx->out = p;
+    cx->out_len += (size_t)sprintf(p + cx->out_len, "data: %s\n\n", json);
+    free(json);
+    return 0;
+}
+
+/* MHD pulls the stream from here: events are built from the job's text as it arrives. Blocking
+ * is fine with a thread per connection; a client that left makes the next write fail, and the
+ * completion callback then cancels the job. */
+static ssize_t stream_reader(void *cls, uint64_t pos, char *buf, size_t max) {
+    (void)pos;
+    conn *cx = cls;
+    while (cx->out_off == cx->out_len) {
+        if (cx->ended) return MHD_CONTENT_READER_END_OF_STREAM;
+        cx->out_len = cx->out_off = 0;
+        char *text;
+        size_t len;
+        int finished = job_wait(&cx->srv->queue, cx->job, 1000, &text, &len);
+        int rc = 0;
+        if (len) rc = add_event(cx, openai_chunk_json(cx->job, cx->chat, cx->id, cx->model, cx->created, text, len,
+                                                      cx->first, 0));
+        free(text);
+        if (len) cx->first = 0;
+        if (finished && rc == 0) {
+            /* job_wait saw finished under the lock, so the job's results are final. */
+            if (cx->job->failed) return MHD_CONTENT_READER_END_WITH_ERROR;
+            rc = add_event(cx, openai_chunk_json(cx->job, cx->chat, cx->id, cx->model, cx->created, "", 0, cx->first, 1));
+            if (rc == 0) rc = add_event(cx, strdup("[DONE]"));
+            cx->tokens = cx->job->stats.n_generated;
+            cx->ended = 1;
+        }
+        if (rc != 0) return MHD_CONTENT_READER_END_WITH_ERROR;
+    }
+    size_t n = cx->out_len - cx->out_off < max ? cx->out_len - cx->out_off : max;
+    memcpy(buf, cx->out + cx->out_off, n);
+    cx->out_off += n;
+    return (ssize_t)n;
+}
+
+/* True when the client has closed its side (a non-streamed request waits without writing). */
+static int client_gone(struct MHD_Connection *c) {
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+    if (!ci) return 0;
+    struct pollfd p = {.fd = ci->connect_fd, .events = POLLRDHUP};
+    return poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR));
+}
+
+static enum MHD_Result generate(struct MHD_Connection *c, conn *cx, int chat) {
+    qlm_server *s = cx->srv;
+    job *j = job_new();
+    if (!j) return respond_error(c, cx, 500, "server_error", "out of memory");
+    cx->job = j;
+    api_error e;
+    if (openai_parse_generation(&s->cfg, cx->body ? cx->body : "", cx->len, chat, j, cx->model, sizeof cx->model, &e) != 0)
+        return respond_api_error(c, cx, &e);
+    pthread_mutex_lock(&s->mu);
+    snprintf(cx->id, sizeof cx->id, "%s-%ld", chat ? "chatcmpl" : "cmpl", ++s->next_id);
+    pthread_mutex_unlock(&s->mu);
+    cx->chat = chat;
+    cx->first = 1;
+    cx->created = (long)time(NULL);
+    if (queue_push(&s->queue, j) != 0)
+        return respond_error(c, cx, 429, "rate_limit_error", "too many requests are waiting; retry later");
+    if (j->stream) {
+        struct MHD_Response *r = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 4096, stream_reader, cx, NULL);
+        if (!r) return MHD_NO;
+        MHD_add_response_header(r, "Content-Type", "text/event-stream");
+        MHD_add_response_header(r, "Cache-Control", "no-cache");
+        cx->status = 200;
+        enum MHD_Result ret = MHD_queue_response(c, MHD_HTTP_OK, r);
+        MHD_destroy_response(r);
+        return ret;
+    }
+    char *text;
+    size_t len;
+    while (!job_wait(&s->queue, j, 100, &text, &len))
+        if (client_gone(c)) job_cancel(&s->queue, j);
+    cx->tokens = j->stats.n_generated;
+    if (j->failed) return respond_error(c, cx, 500, "server_error", "generation failed");
+    return respond_json(c, cx, 200, openai_result_json(j, chat, cx->id, cx->model, cx->created));
+}
+
+static int authorized(struct MHD_Connection *c, const qlm_server *s) {
+    if (!s->cfg.api_key) return 1;
+    const char *h = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Authorization");
+    return h && strncmp(h, "Bearer ", 7) == 0 && strcmp(h + 7, s->cfg.api_key) == 0;
+}
+
+static enum MHD_Result route(struct MHD_Connection *c, conn *cx) {
+    qlm_server *s = cx->srv;
+    const char *m = cx->method, *p = cx->path;
+    int get = !strcmp(m, "GET"), post = !strcmp(m, "POST");
+    if (cx->too_large) return respond_error(c, cx, 413, "invalid_request_error", "the body is larger than 1 MiB");
+    if (get && !strcmp(p, "/health")) return respond_json(c, cx, 200, strdup("{\"status\":\"ok\"}"));
+    if (!authorized(c, s)) return respond_error(c, cx, 401, "authentication_error", "missing or wrong API key");
+    if (get && !strcmp(p, "/metrics")) return respond(c, cx, 200, metrics_text(s), "text/plain; version=0.0.4");
+    if (get && !strcmp(p, "/v1/models")) return respond_json(c, cx, 200, openai_models_json(&s->cfg, (long)time(NULL)));
+    api_error e = {0};
+    if (post && !strcmp(p, "/tokenize")) {
+        char *out = openai_tokenize_json(&s->cfg, cx->body ? cx->body : "", cx->len, &e);
+        return out ? respond_json(c, cx, 200, out) : respond_api_error(c, cx, &e);
+    }
+    if (post && !strcmp(p, "/detokenize")) {
+        char *out = openai_detokenize_json(&s->cfg, cx->body ? cx->body : "", cx->len, &e);
+        return out ? respond_json(c, cx, 200, out) : respond_api_error(c, cx, &e);
+    }
+    if (post && (!strcmp(p, "/v1/completions") || !strcmp(p, "/v1/chat/completions"))) {
+        /* Counted before the draining check under one lock, so a drain never misses a generation. */
+        pthread_mutex_lock(&s->mu);
+        int draining = s->draining;
+        if (!draining) s->in_flight++;
+        cx->counted = !draining;
+        pthread_mutex_unlock(&s->mu);
+        if (draining) return respond_error(c, cx, 503, "server_error", "the server is shutting down");
+        return generate(c, cx, !strcmp(p, "/v1/chat/completions"));
+    }
+    int known = !strcmp(p, "/health") || !strcmp(p, "/metrics") || !strcmp(p, "/v1/models") || !strcmp(p, "/tokenize") ||
+                !strcmp(p, "/detokenize") || !strcmp(p, "/v1/completions") || !strcmp(p, "/v1/chat/completions");
+    return known ? respond_error(c, cx, 405, "invalid_request_error", "method not allowed for this path")
+                 : respond_error(c, cx, 404, "not_found_error", "no such route");
+}
+
+static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const char *url, const char *method,
+                                  const char *version, const char *upload, size_t *upload_size, void **state) {
+    (void)version;
+    conn *cx = *state;
+    if (!cx) {
+        if (!(cx = calloc(1, sizeof *cx))) return MHD_NO;
+        cx->srv = cls;
+        cx->t0 = now_s();
+        snprintf(cx->method, sizeof cx->method, "%s", method);
+        snprintf(cx->path, sizeof cx->path, "%s", url);
+        *state = cx;
+        const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
+        if (cl && strtoull(cl, NULL, 10) > MAX_BODY) cx->too_large = 1;
+        return MHD_YES;
+    }
+    if (*upload_size) {
+        /* Over the limit the rest is read and dropped, then answered with 413. */
+        if (!cx->too_large && cx->len + *upload_size > MAX_BODY) {
+            cx->too_large = 1;
+        } else if (!cx->too_large) {
+            if (cx->len + *upload_size + 1 > cx->cap) {
+                size_t cap = (cx->len + *upload_size + 1) * 2;
+                char *b = realloc(cx->body, cap < MAX_BODY + 1 ? cap : MAX_BODY + 1);
+                if (!b) return MHD_NO;
+                cx->body = b;
+                cx->cap = cap < MAX_BODY + 1 ? cap : MAX_BODY + 1;
+            }
+            memcpy(cx->body + cx->len, upload, *upload_size);
+            cx->len += *upload_size;
+            cx->body[cx->len] = 0;
+        }
+        *upload_size = 0;
+        return MHD_YES;
+    }
+    return route(c, cx);
+}
+
+static void on_completed(void *cls, struct MHD_Connection *c, void **state, enum MHD_RequestTerminationCode why) {
+    (void)c;
+    (void)why;
+    qlm_server *s = cls;
+    conn *cx = *state;
+    if (!cx) return;
+    *state = NULL;
+    double ms = (now_s() - cx->t0) * 1e3;
+    int generation = cx->job && cx->job->queue; /* it was queued */
+    if (cx->job) {
+        /* A client that left mid-stream ends its sequence; the scheduler then frees the slot. */
+        if (cx->job->queue) job_cancel(&s->queue, cx->job);
+        job_release(&s->queue, cx->job);
+    }
+    if (s->cfg.log) s->cfg.log(s->cfg.log_user, cx->method, cx->path, cx->status, cx->tokens, ms);
+    pthread_mutex_lock(&s->mu);
+    s->requests++;
+    if (cx->status >= 200 && cx->status < 600) s->status_counts[cx->status / 100]++;
+    if (generation) {
+        s->latency_sum += ms / 1e3;
+        s->generations++;
+    }
+    if (cx->counted && --s->in_flight == 0)
+        pthread_cond_broadcast(&s->idle);
+    pthread_mutex_unlock(&s->mu);
+    free(cx->body);
+    free(cx->out);
+    free(cx);
+}
+
+int qlm_server_start(const qlm_server_config *cfg, qlm_server **out) {
+    *out = NULL;
+    if (!cfg->tok || !cfg->model == !cfg->t5 || cfg->max_seqs < 1 || cfg->max_prompt < 1 || cfg->max_output < 1 ||
+        cfg->max_queue < 1 || !cfg->model_name || cfg->port < 0 || cfg->port > 65535)
+        return qlm_errorf("server: invalid configuration");
+    struct sockaddr_in addr = {.sin_family = AF_INET, .sin_port = htons((uint16_t)cfg->port)};
+    const char *host = cfg->host ? cfg->host : "127.0.0.1";
+    if (inet_pton(AF_INET, host, &addr.sin_addr) != 1) return qlm_errorf("server: '%s' is not an IPv4 address", host);
+    qlm_server *s = calloc(1, sizeof *s);
+    if (!s) return qlm_errorf("out of memory");
+    s->cfg = *cfg;
+    pthread_mutex_init(&s->mu, NULL);
+    pthread_cond_init(&s->idle, NULL);
+    qlm_batch_config bc = {.model = cfg->model, .t5 = cfg->t5, .tok = cfg->tok, .n_slots = cfg->max_seqs,
+                           .max_prompt = cfg->max_prompt, .max_output = cfg->max_output};
+    if (queue_start(&s->queue, &bc, cfg->max_queue) != 0) goto fail;
+    s->daemon = MHD_start_daemon(MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD, 0, NULL, NULL,
+                                 on_request, s, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&addr,
+                                 MHD_OPTION_NOTIFY_COMPLETED, on_completed, s, MHD_OPTION_CONNECTION_LIMIT,
+                                 (unsigned)MAX_CONNECTIONS, MHD_OPTION_CONNECTION_TIMEOUT,
+                                 (unsigned)CONNECTION_TIMEOUT_S, MHD_OPTION_END);
+    if (!s->daemon) {
+        queue_free(&s->queue);
+        qlm_errorf("server: cannot listen on %s:%d (in use, or not an address of this machine)", host, cfg->port);
+        goto fail;
+    }
+    *out = s;
+    return 0;
+fail:
+    pthread_cond_destroy(&s->idle);
+    pthread_mutex_destroy(&s->mu);
+    free(s);
+    return -1;
+}
+
+int qlm_server_port(const qlm_server *s) {
+    const union MHD_DaemonInfo *i = MHD_get_daemon_info(s->daemon, MHD_DAEMON_INFO_BIND_PORT);
+    return i ? i->port : -1;
+}
+
+int qlm_server_run(qlm_server *s) {
+    return queue_run(&s->queue);
+}
+
+void qlm_server_shutdown(qlm_server *s) {
+    pthread_mutex_lock(&s->mu);
+    s->draining = 1;
+    while (s->in_flight > 0) pthread_cond_wait(&s->idle, &s->mu);
+    pthread_mutex_unlock(&s->mu);
+    queue_stop(&s->queue);
+}
+
+void qlm_server_free(qlm_server *s) {
+    MHD_stop_daemon(s->daemon);
+    queue_free(&s->queue);
+    pthread_cond_destroy(&s->idle);
+    pthread_mutex_destroy(&s->mu);
+    free(s);
+}

@@ -1,0 +1,84 @@
+/* Parts of the server shared between its files: the job a request becomes, the queue the
+ * scheduler thread serves, and JSON request parsing / response building. */
+#ifndef QLM_SERVER_INTERNAL_H
+#define QLM_SERVER_INTERNAL_H
+
+#include <pthread.h>
+#include <cjson/cJSON.h>
+
+#include "server.h"
+
+enum { JOB_MAX_STOP = 4 };
+
+typedef struct job {
+    /* Set by the HTTP thread before queueing, read-only afterwards. */
+    int *ids;
+    int n_ids;
+    qlm_gen_params params;
+    char *stop[JOB_MAX_STOP];
+    const qlm_lora_adapter *adapter;
+    int stream;
+    /* Guarded by the queue's mutex. */
+    char *pending;           /* streamed text not yet taken by the HTTP side */
+    size_t pending_len, pending_cap;
+    char *text;              /* the whole output, once finished */
+    size_t text_len;
+    qlm_gen_stats stats;
+    int finished, failed, cancelled;
+    int refs;                /* the HTTP side and the scheduler each hold one */
+    pthread_cond_t cv;
+    struct job *next;
+    struct job_queue *queue;
+} job;
+
+typedef struct job_queue {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;       /* work arrived, or stop */
+    job *head, *tail;
+    int queued, running, max_queue;
+    int stop, failed;
+    job **active;            /* jobs handed to the scheduler and not finished, [cfg.n_slots] */
+    qlm_batch_config cfg;
+    long generated_tokens, prompt_tokens;
+} job_queue;
+
+int queue_start(job_queue *q, const qlm_batch_config *cfg, int max_queue);
+/* The scheduler loop: serves queued jobs until queue_stop and then returns once nothing is queued
+ * or running. -1 when a batch run failed (its jobs ended as failed; later ones were still served). */
+int queue_run(job_queue *q);
+void queue_stop(job_queue *q);
+void queue_free(job_queue *q);
+/* Takes a reference for the scheduler. 0, or -1 when the queue is full (429). */
+int queue_push(job_queue *q, job *j);
+job *job_new(void);
+/* Drops one reference (the queue's mutex must not be held). */
+void job_release(job_queue *q, job *j);
+/* Waits until j has new streamed text or finished, up to ms. Moves pending text into *text
+ * (malloc'd, or NULL). Returns 1 when j is finished. */
+int job_wait(job_queue *q, job *j, int ms, char **text, size_t *len);
+void job_cancel(job_queue *q, job *j);
+
+/* ---- openai.c ---- */
+
+typedef struct {
+    int status;          /* HTTP status of the error */
+    const char *type;    /* "invalid_request_error", ... */
+    char message[256];
+} api_error;
+
+/* Parses a /v1/completions (chat = 0) or /v1/chat/completions body into j (ids, params, adapter,
+ * stream) and the model id to echo. Returns 0, or -1 with *e filled. */
+int openai_parse_generation(const qlm_server_config *cfg, const char *body, size_t len, int chat, job *j,
+                            char *model_id, size_t model_cap, api_error *e);
+char *openai_error_json(const api_error *e);
+/* Builds the final non-streamed response. */
+char *openai_result_json(const job *j, int chat, const char *id, const char *model, long created);
+/* One streamed chunk: text (may be empty), and when finished the finish_reason and usage. */
+char *openai_chunk_json(const job *j, int chat, const char *id, const char *model, long created, const char *text,
+                        size_t len, int first, int last);
+char *openai_models_json(const qlm_server_config *cfg, long created);
+char *openai_tokenize_json(const qlm_server_config *cfg, const char *body, size_t len, api_error *e);
+char *openai_detokenize_json(const qlm_server_config *cfg, const char *body, size_t len, api_error *e);
+const char *openai_finish_reason(qlm_stop_reason r);
+
+#endif

@@ -1,0 +1,351 @@
+/* OpenAI's JSON: requests are parsed and validated here (every field checked, errors naming it),
+ * responses and stream chunks built here. No HTTP and no threads. */
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../core/chat.h"
+#include "internal.h"
+
+enum { MAX_MESSAGES = 1024 };
+
+static int fail(api_error *e, int status, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(e->message, sizeof e->message, fmt, ap);
+    va_end(ap);
+    e->status = status;
+    e->type = status == 404 ? "not_found_error" : status >= 500 ? "server_error" : "invalid_request_error";
+    return -1;
+}
+
+char *openai_error_json(const api_error *e) {
+    cJSON *root = cJSON_CreateObject(), *err = cJSON_AddObjectToObject(root, "error");
+    cJSON_AddStringToObject(err, "message", e->message);
+    cJSON_AddStringToObject(err, "type", e->type);
+    cJSON_AddNumberToObject(err, "code", e->status);
+    char *s = cJSON_PrintUnformatted(root);
+    cJSON_Delete(root);
+    return s;
+}
+
+const char *openai_finish_reason(qlm_stop_reason r) {
+    return r == QLM_STOP_LENGTH || r == QLM_STOP_CONTEXT ? "length" : "stop";
+}
+
+static cJSON *parse_object(const char *body, size_t len, api_error *e) {
+    cJSON *root = cJSON_ParseWithLength(body, len);
+    if (!cJSON_IsObject(root)) {
+        cJSON_Delete(root);
+        fail(e, 400, "the body is not a JSON object");
+        return NULL;
+    }
+    return root;
+}
+
+/* A number field within [lo, hi] (integer when whole); absent leaves *out. */
+static int number_field(const cJSON *root, const char *name, double lo, double hi, int whole, double *out,
+                        api_error *e) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(root, name);
+    if (!v || cJSON_IsNull(v)) return 0;
+    if (!cJSON_IsNumber(v) || !isfinite(v->valuedouble) || v->valuedouble < lo || v->valuedouble > hi ||
+        (whole && v->valuedouble != floor(v->valuedouble)))
+        return fail(e, 400, "'%s' must be %s in [%g, %g]", name, whole ? "an integer" : "a number", lo, hi);
+    *out = v->valuedouble;
+    return 0;
+}
+
+/* The adapter the request names through "model" (vLLM's way) or "adapter"; NULL: the base. */
+static int pick_adapter(const qlm_server_config *cfg, const cJSON *root, job *j, char *model_id, size_t cap,
+                        api_error *e) {
+    const cJSON *model = cJSON_GetObjectItemCaseSensitive(root, "model");
+    const cJSON *adapter = cJSON_GetObjectItemCaseSensitive(root, "adapter");
+    if (model && !cJSON_IsNull(model) && !cJSON_IsString(model)) return fail(e, 400, "'model' must be a string");
+    if (adapter && !cJSON_IsNull(adapter) && !cJSON_IsString(adapter)) return fail(e, 400, "'adapter' must be a string");
+    const char *name = cJSON_IsString(model) ? model->valuestring : cfg->model_name;
+    snprintf(model_id, cap, "%s", name);
+    j->adapter = NULL;
+    if (strcmp(name, cfg->model_name) != 0) {
+        if (!(j->adapter = cfg->lora ? qlm_lora_registry_find(cfg->lora, name) : NULL))
+            return fail(e, 404, "the model '%s' does not exist", name);
+    }
+    if (cJSON_IsString(adapter) && strcmp(adapter->valuestring, "none") != 0) {
+        if (!(j->adapter = cfg->lora ? qlm_lora_registry_find(cfg->lora, adapter->valuestring) : NULL))
+            return fail(e, 404, "the adapter '%s' does not exist", adapter->valuestring);
+    } else if (cJSON_IsString(adapter)) {
+        j->adapter = NULL;
+    }
+    return 0;
+}
+
+static int parse_stop(const cJSON *root, job *j, api_error *e) {
+    const cJSON *stop = cJSON_GetObjectItemCaseSensitive(root, "stop");
+    if (!stop || cJSON_IsNull(stop)) return 0;
+    int n = cJSON_IsString(stop) ? 1 : cJSON_IsArray(stop) ? cJSON_GetArraySize(stop) : -1;
+    if (n < 0 || n > JOB_MAX_STOP) return fail(e, 400, "'stop' must be a string or a list of up to %d strings", JOB_MAX_STOP);
+    for (int i = 0; i < n; i++) {
+        const cJSON *s = cJSON_IsString(stop) ? stop : cJSON_GetArrayItem(stop, i);
+        if (!cJSON_IsString(s) || !s->valuestring[0]) return fail(e, 400, "'stop' entries must be non-empty strings");
+        if (!(j->stop[i] = strdup(s->valuestring))) return fail(e, 500, "out of memory");
+        j->params.n_stop = i + 1;
+    }
+    return 0;
+}
+
+/* The chat prompt in the model's template (qlm_chat_render's plain fallback when it has none). */
+static int render_chat(const qlm_server_config *cfg, const cJSON *root, char **text, api_error *e) {
+    const cJSON *msgs = cJSON_GetObjectItemCaseSensitive(root, "messages");
+    int n = cJSON_IsArray(msgs) ? cJSON_GetArraySize(msgs) : -1;
+    if (n < 1 || n > MAX_MESSAGES) return fail(e, 400, "'messages' must be a list of 1 to %d messages", MAX_MESSAGES);
+    qlm_chat_message *m = calloc((size_t)n, sizeof *m);
+    if (!m) return fail(e, 500, "out of memory");
+    for (int i = 0; i < n; i++) {
+        const cJSON *msg = cJSON_GetArrayItem(msgs, i);
+        const cJSON *role = cJSON_GetObjectItemCaseSensitive(msg, "role");
+        const cJSON *content = cJSON_GetObjectItemCaseSensitive(msg, "content");
+        if (!cJSON_IsString(role) || !cJSON_IsString(content)) {
+            free(m);
+            return fail(e, 400, "'messages[%d]' needs string 'role' and 'content'", i);
+        }
+        m[i] = (qlm_chat_message){role->valuestring, content->valuestring};
+    }
+    int bos = qlm_tokenizer_bos(cfg->tok), eos = qlm_tokenizer_eos(cfg->tok);
+    int rc = qlm_chat_render(qlm_tokenizer_chat_template(cfg->tok), m, n, 1,
+                             bos >= 0 ? qlm_tokenizer_token(cfg->tok, bos) : "",
+                             eos >= 0 ? qlm_tokenizer_token(cfg->tok, eos) : "", text);
+    free(m);
+    if (rc != 0) return fail(e, 400, "'messages' do not fit the model's chat template (e.g. roles must alternate)");
+    return 0;
+}
+
+int openai_parse_generation(const qlm_server_config *cfg, const char *body, size_t len, int chat, job *j,
+                            char *model_id, size_t model_cap, api_error *e) {
+    cJSON *root = parse_object(body, len, e);
+    if (!root) return -1;
+    int rc = -1;
+    char *text = NULL;
+    double max_tokens = chat ? cfg->max_output : 16, temperature = 1, top_p = 1, top_k = 0, n = 1, seed = -1;
+    if (pick_adapter(cfg, root, j, model_id, model_cap, e) != 0) goto out;
+    if (number_field(root, "max_tokens", 1, cfg->max_output, 1, &max_tokens, e) != 0 ||
+        (chat && number_field(root, "max_completion_tokens", 1, cfg->max_output, 1, &max_tokens, e) != 0) ||
+        number_field(root, "temperature", 0, 2, 0, &temperature, e) != 0 ||
+        number_field(root, "top_p", 0, 1, 0, &top_p, e) != 0 || number_field(root, "top_k", 0, 1e9, 1, &top_k, e) != 0 ||
+        number_field(root, "seed", 0, 9007199254740991.0, 1, &seed, e) != 0 ||
+        number_field(root, "n", 1, 1, 1, &n, e) != 0 || parse_stop(root, j, e) != 0)
+        goto out;
+    if (top_p == 0) {
+        fail(e, 400, "'top_p' must be greater than 0");
+        goto out;
+    }
+    const cJSON *stream = cJSON_GetObjectItemCaseSensitive(root, "stream");
+    if (stream && !cJSON_IsNull(stream) && !cJSON_IsBool(stream)) {
+        fail(e, 400, "'stream' must be true or false");
+        goto out;
+    }
+    j->stream = cJSON_IsTrue(stream);
+    int add_special = 1;
+    if (chat) {
+        if (render_chat(cfg, root, &text, e) != 0) goto out;
+        add_special = qlm_tokenizer_chat_template(cfg->tok) == NULL; /* a template writes its own BOS */
+    } else {
+        const cJSON *prompt = cJSON_GetObjectItemCaseSensitive(root, "prompt");
+        if (cJSON_IsArray(prompt) && cJSON_GetArraySize(prompt) == 1) prompt = cJSON_GetArrayItem(prompt, 0);
+        if (!cJSON_IsString(prompt)) {
+            fail(e, 400, "'prompt' must be a string (or a list of one string)");
+            goto out;
+        }
+        if (!(text = strdup(prompt->valuestring))) {
+            fail(e, 500, "out of memory");
+            goto out;
+        }
+    }
+    if (qlm_tokenizer_encode(cfg->tok, text, strlen(text), add_special, chat, &j->ids, &j->n_ids) != 0) {
+        fail(e, 400, "the prompt cannot be tokenized");
+        goto out;
+    }
+    if (j->n_ids < 1) {
+        fail(e, 400, "the prompt is empty");
+        goto out;
+    }
+    if (j->n_ids > cfg->max_prompt) {
+        fail(e, 400, "the prompt is %d tokens, longer than the server's limit of %d", j->n_ids, cfg->max_prompt);
+        goto out;
+    }
+    j->params.sampling = qlm_sampling_defaults();
+    j->params.sampling.temperature = (float)temperature;
+    j->params.sampling.top_p = (float)top_p;
+    j->params.sampling.top_k = (int)top_k;
+    j->params.sampling.repeat_penalty = 1;
+    /* The sampler takes seed 0 for "from the clock": no seed is that, an explicit 0 gets a fixed
+     * stand-in so that it repeats like every other seed (which match `qlm generate --seed`). */
+    j->params.sampling.seed = seed < 0 ? 0 : seed == 0 ? 0x9e3779b97f4a7c15ULL : (uint64_t)seed;
+    j->params.max_new_tokens = (int)max_tokens;
+    rc = 0;
+out:
+    free(text);
+    cJSON_Delete(root);
+    return rc;
+}
+
+static void add_usage(cJSON *root, const job *j) {
+    cJSON *u = cJSON_AddObjectToObject(root, "usage");
+    cJSON_AddNumberToObject(u, "prompt_tokens", j->n_ids);
+    cJSON_AddNumberToObject(u, "completion_tokens", j->stats.n_generated);
+    cJSON_AddNumberToObject(u, "total_tokens", j->n_ids + j->stats.n_generated);
+}
+
+static cJSON *envelope(int chat, int chunk, const char *id, const char *model, long created) {
+    cJSON *root = cJSON_CreateObject();
+    cJSON_AddStringToObject(root, "id", id);
+    cJSON_AddStringToObject(root, "object",
+                            chat ? (chunk ? "chat.completion.chunk" : "chat.completion") : "text_completion");
+    cJSON_AddNumberToObject(root, "created", (double)created);
+    cJSON_AddStringToObject(root, "model", model);
+    return root;
+}
+
+/* cJSON strings must be NUL-terminated; generated text can hold a NUL byte only if the model
+ * emits one, which JSON would carry as \u0000 but cJSON cannot: such text is cut there. */
+static char *terminated(const char *text, size_t len) {
+    char *s = malloc(len + 1);
+    if (s) {
+        memcpy(s, text, len);
+        s[len] = 0;
+    }
+    return s;
+}
+
+char *openai_result_json(const job *j, int chat, const char *id, const char *model, long created) {
+    cJSON *root = envelope(chat, 0, id, model, created);
+    cJSON *choice = cJSON_CreateObject();
+    cJSON_AddItemToArray(cJSON_AddArrayToObject(root, "choices"), choice);
+    cJSON_AddNumberToObject(choice, "index", 0);
+    if (chat) {
+        cJSON *msg = cJSON_AddObjectToObject(choice, "message");
+        cJSON_AddStringToObject(msg, "role", "assistant");
+        cJSON_AddStringToObject(msg, "content", j->text ? j->text : "");
+    } else {
+        cJSON_AddStringToObject(choice, "text", j->text ? j->text : "");
+        cJSON_AddNullToObject(choice, "logprobs");
+    }
+    cJSON_AddStringToObject(choice, "finish_reason", openai_finish_reason(j->stats.reason));
+    add_usage(root, j);
+    char *s = cJSON_PrintUnformatted(root);
+    cJSON_Delete(root);
+    return s;
+}
+
+char *openai_chunk_json(const job *j, int chat, const char *id, const char *model, long created, const char *text,
+                        size_t len, int first, int last) {
+    char *t = terminated(text ? text : "", text ? len : 0);
+    if (!t) return NULL;
+    cJSON *root = envelope(chat, 1, id, model, created);
+    cJSON *choice = cJSON_CreateObject();
+    cJSON_AddItemToArray(cJSON_AddArrayToObject(root, "choices"), choice);
+    cJSON_AddNumberToObject(choice, "index", 0);
+    if (chat) {
+        cJSON *delta = cJSON_AddObjectToObject(choice, "delta");
+        if (first) cJSON_AddStringToObject(delta, "role", "assistant");
+        cJSON_AddStringToObject(delta, "content", t);
+    } else {
+        cJSON_AddStringToObject(choice, "text", t);
+        cJSON_AddNullToObject(choice, "logprobs");
+    }
+    if (last) {
+        cJSON_AddStringToObject(choice, "finish_reason", openai_finish_reason(j->stats.reason));
+        add_usage(root, j);
+    } else {
+        cJSON_AddNullToObject(choice, "finish_reason");
+    }
+    free(t);
+    char *s = cJSON_PrintUnformatted(root);
+    cJSON_Delete(root);
+    return s;
+}
+
+static void add_model(cJSON *list, const char *id, const char *parent, long created) {
+    cJSON *m = cJSON_CreateObject();
+    cJSON_AddStringToObject(m, "id", id);
+    cJSON_AddStringToObject(m, "object", "model");
+    cJSON_AddNumberToObject(m, "created", (double)created);
+    cJSON_AddStringToObject(m, "owned_by", "qlm");
+    if (parent) cJSON_AddStringToObject(m, "parent", parent);
+    else cJSON_AddNullToObject(m, "parent");
+    cJSON_AddItemToArray(list, m);
+}
+
+char *openai_models_json(const qlm_server_config *cfg, long created) {
+    cJSON *root = cJSON_CreateObject();
+    cJSON_AddStringToObject(root, "object", "list");
+    cJSON *data = cJSON_AddArrayToObject(root, "data");
+    add_model(data, cfg->model_name, NULL, created);
+    for (int i = 0; cfg->lora && i < cfg->lora->n; i++)
+        add_model(data, qlm_lora_registry_at(cfg->lora, i)->name, cfg->model_name, created);
+    char *s = cJSON_PrintUnformatted(root);
+    cJSON_Delete(root);
+    return s;
+}
+
+char *openai_tokenize_json(const qlm_server_config *cfg, const char *body, size_t len, api_error *e) {
+    cJSON *root = parse_object(body, len, e);
+    if (!root) return NULL;
+    const cJSON *prompt = cJSON_GetObjectItemCaseSensitive(root, "prompt");
+    const cJSON *special = cJSON_GetObjectItemCaseSensitive(root, "add_special_tokens");
+    char *s = NULL;
+    int *ids = NULL, n = 0;
+    if (!cJSON_IsString(prompt)) fail(e, 400, "'prompt' must be a string");
+    else if (special && !cJSON_IsBool(special)) fail(e, 400, "'add_special_tokens' must be true or false");
+    else if (qlm_tokenizer_encode(cfg->tok, prompt->valuestring, strlen(prompt->valuestring), !cJSON_IsFalse(special),
+                                  0, &ids, &n) != 0)
+        fail(e, 400, "the prompt cannot be tokenized");
+    else {
+        cJSON *out = cJSON_CreateObject();
+        cJSON_AddItemToObject(out, "tokens", cJSON_CreateIntArray(ids, n));
+        cJSON_AddNumberToObject(out, "count", n);
+        cJSON_AddNumberToObject(out, "max_model_len", cfg->max_prompt + cfg->max_output);
+        s = cJSON_PrintUnformatted(out);
+        cJSON_Delete(out);
+    }
+    free(ids);
+    cJSON_Delete(root);
+    return s;
+}
+
+char *openai_detokenize_json(const qlm_server_config *cfg, const char *body, size_t len, api_error *e) {
+    cJSON *root = parse_object(body, len, e);
+    if (!root) return NULL;
+    const cJSON *tokens = cJSON_GetObjectItemCaseSensitive(root, "tokens");
+    int n = cJSON_IsArray(tokens) ? cJSON_GetArraySize(tokens) : -1, vocab = qlm_tokenizer_vocab_size(cfg->tok);
+    char *s = NULL, *text = NULL;
+    size_t text_len = 0;
+    int *ids = n > 0 ? malloc((size_t)n * sizeof *ids) : NULL;
+    if (n < 0) fail(e, 400, "'tokens' must be a list of token ids");
+    else if (n > 0 && !ids) fail(e, 500, "out of memory");
+    for (int i = 0; i < n && ids; i++) {
+        const cJSON *t = cJSON_GetArrayItem(tokens, i);
+        if (!cJSON_IsNumber(t) || t->valuedouble != floor(t->valuedouble) || t->valuedouble < 0 || t->valuedouble >= vocab) {
+            fail(e, 400, "'tokens[%d]' is not a token id in [0, %d)", i, vocab);
+            free(ids);
+            ids = NULL;
+            n = -1;
+        } else {
+            ids[i] = (int)t->valuedouble;
+        }
+    }
+    if (n >= 0) {
+        if (qlm_tokenizer_decode(cfg->tok, ids, n, 0, &text, &text_len) != 0) {
+            fail(e, 400, "the tokens cannot be decoded");
+        } else {
+            cJSON *out = cJSON_CreateObject();
+            cJSON_AddStringToObject(out, "prompt", text);
+            s = cJSON_PrintUnformatted(out);
+            cJSON_Delete(out);
+        }
+    }
+    free(text);
+    free(ids);
+    cJSON_Delete(root);
+    return s;
+}

@@ -1,0 +1,210 @@
+/* The request queue and the scheduler loop, run by the one thread that touches the model (the
+ * caller's: the main thread in `qlm serve`, so the CPU backend's per-thread scratch lives in the
+ * OpenMP team every command uses). It sleeps until requests arrive, then runs qlm_batch_run, which takes queued requests into free slots
+ * between decode steps and returns once nothing is queued or running. */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "../core/error.h"
+#include "internal.h"
+
+job *job_new(void) {
+    job *j = calloc(1, sizeof *j);
+    if (!j) return NULL;
+    pthread_cond_init(&j->cv, NULL);
+    j->refs = 1;
+    j->params.stop = (const char *const *)j->stop;
+    return j;
+}
+
+static void job_free(job *j) {
+    free(j->ids);
+    for (int i = 0; i < JOB_MAX_STOP; i++) free(j->stop[i]);
+    free(j->pending);
+    free(j->text);
+    pthread_cond_destroy(&j->cv);
+    free(j);
+}
+
+/* With the mutex held. */
+static void release_locked(job *j) {
+    if (--j->refs == 0) job_free(j);
+}
+
+void job_release(job_queue *q, job *j) {
+    pthread_mutex_lock(&q->mu);
+    release_locked(j);
+    pthread_mutex_unlock(&q->mu);
+}
+
+void job_cancel(job_queue *q, job *j) {
+    pthread_mutex_lock(&q->mu);
+    j->cancelled = 1;
+    pthread_mutex_unlock(&q->mu);
+}
+
+int job_wait(job_queue *q, job *j, int ms, char **text, size_t *len) {
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until);
+    until.tv_nsec += (long)ms * 1000000L;
+    until.tv_sec += until.tv_nsec / 1000000000L;
+    until.tv_nsec %= 1000000000L;
+    pthread_mutex_lock(&q->mu);
+    while (!j->finished && j->pending_len == 0)
+        if (pthread_cond_timedwait(&j->cv, &q->mu, &until) == ETIMEDOUT) break;
+    *text = NULL;
+    *len = j->pending_len;
+    if (j->pending_len) {
+        *text = j->pending;
+        j->pending = NULL;
+        j->pending_len = j->pending_cap = 0;
+    }
+    int finished = j->finished;
+    pthread_mutex_unlock(&q->mu);
+    return finished;
+}
+
+/* Marks j finished (with the mutex held) and drops the scheduler's reference. */
+static void finish_locked(job_queue *q, job *j, int failed) {
+    j->finished = 1;
+    j->failed = failed;
+    for (int i = 0; i < q->cfg.n_slots; i++)
+        if (q->active[i] == j) q->active[i] = NULL;
+    q->running--;
+    pthread_cond_broadcast(&j->cv);
+    pthread_cond_broadcast(&q->cv);
+    release_locked(j);
+}
+
+/* Streams text to the HTTP side; a cancelled job (its client left) ends here. */
+static int emit_text(void *user, const char *text, size_t len) {
+    job *j = user;
+    pthread_mutex_lock(&j->queue->mu);
+    int stop = j->cancelled;
+    if (!stop && j->stream) {
+        if (j->pending_len + len > j->pending_cap) {
+            size_t cap = (j->pending_len + len) * 2 + 64;
+            char *p = realloc(j->pending, cap);
+            if (!p) stop = 1;
+            else {
+                j->pending = p;
+                j->pending_cap = cap;
+            }
+        }
+        if (!stop) {
+            memcpy(j->pending + j->pending_len, text, len);
+            j->pending_len += len;
+            pthread_cond_broadcast(&j->cv);
+        }
+    }
+    pthread_mutex_unlock(&j->queue->mu);
+    return stop;
+}
+
+static int next_job(void *ctx, qlm_batch_request *req) {
+    job_queue *q = ctx;
+    pthread_mutex_lock(&q->mu);
+    job *j;
+    /* Requests whose client left while they waited never take a slot. */
+    while ((j = q->head) != NULL) {
+        q->head = j->next;
+        if (!q->head) q->tail = NULL;
+        q->queued--;
+        q->running++;
+        if (!j->cancelled) break;
+        j->stats.reason = QLM_STOP_CALLER;
+        finish_locked(q, j, 0);
+    }
+    if (j) {
+        for (int i = 0; i < q->cfg.n_slots; i++)
+            if (!q->active[i]) {
+                q->active[i] = j;
+                break;
+            }
+        *req = (qlm_batch_request){.ids = j->ids, .n_ids = j->n_ids, .params = &j->params, .adapter = j->adapter,
+                                   .emit = emit_text, .emit_user = j, .user = j};
+    }
+    pthread_mutex_unlock(&q->mu);
+    return j != NULL;
+}
+
+static int done_job(void *ctx, const qlm_batch_request *req, const char *text, size_t len, const qlm_gen_stats *st) {
+    job_queue *q = ctx;
+    job *j = req->user;
+    char *copy = malloc(len + 1);
+    pthread_mutex_lock(&q->mu);
+    if (copy) {
+        memcpy(copy, text, len);
+        copy[len] = 0;
+        j->text = copy;
+        j->text_len = len;
+    }
+    j->stats = *st;
+    q->generated_tokens += st->n_generated;
+    q->prompt_tokens += j->n_ids;
+    finish_locked(q, j, copy == NULL);
+    pthread_mutex_unlock(&q->mu);
+    return 0;
+}
+
+int queue_run(job_queue *q) {
+    pthread_mutex_lock(&q->mu);
+    for (;;) {
+        while (!q->head && !q->stop) pthread_cond_wait(&q->cv, &q->mu);
+        if (!q->head) break;
+        pthread_mutex_unlock(&q->mu);
+        int rc = qlm_batch_run(&q->cfg, next_job, done_job, q, NULL);
+        pthread_mutex_lock(&q->mu);
+        if (rc != 0) {
+            /* The run's slots are gone: every job it held ends as failed, and later ones retry. */
+            q->failed = 1;
+            for (int i = 0; i < q->cfg.n_slots; i++)
+                if (q->active[i]) finish_locked(q, q->active[i], 1);
+        }
+    }
+    int failed = q->failed;
+    pthread_mutex_unlock(&q->mu);
+    return failed ? -1 : 0;
+}
+
+int queue_start(job_queue *q, const qlm_batch_config *cfg, int max_queue) {
+    memset(q, 0, sizeof *q);
+    q->cfg = *cfg;
+    q->max_queue = max_queue;
+    if (!(q->active = calloc((size_t)cfg->n_slots, sizeof *q->active))) return qlm_errorf("out of memory");
+    pthread_mutex_init(&q->mu, NULL);
+    pthread_cond_init(&q->cv, NULL);
+    return 0;
+}
+
+void queue_stop(job_queue *q) {
+    pthread_mutex_lock(&q->mu);
+    q->stop = 1;
+    pthread_cond_broadcast(&q->cv);
+    pthread_mutex_unlock(&q->mu);
+}
+
+void queue_free(job_queue *q) {
+    pthread_cond_destroy(&q->cv);
+    pthread_mutex_destroy(&q->mu);
+    free(q->active);
+}
+
+int queue_push(job_queue *q, job *j) {
+    pthread_mutex_lock(&q->mu);
+    int full = q->queued >= q->max_queue;
+    if (!full) {
+        j->refs++;
+        j->queue = q;
+        j->next = NULL;
+        if (q->tail) q->tail->next = j;
+        else q->head = j;
+        q->tail = j;
+        q->queued++;
+        pthread_cond_broadcast(&q->cv);
+    }
+    pthread_mutex_unlock(&q->mu);
+    return full ? -1 : 0;
+}

@@ -1,0 +1,41 @@
+/* An OpenAI-compatible HTTP server (libmicrohttpd) over the continuous-batching scheduler: HTTP
+ * threads parse and validate requests and queue them; the thread in qlm_server_run owns the model
+ * and runs qlm_batch_run over whatever is queued; text flows back through each request's emit. */
+#ifndef QLM_SERVER_H
+#define QLM_SERVER_H
+
+#include "../core/batch.h"
+#include "../lora/lora.h"
+
+typedef struct {
+    const char *host;        /* address to bind (default 127.0.0.1) */
+    int port;                /* 0: any free port (see qlm_server_port) */
+    const char *api_key;     /* NULL: no authentication; else "Authorization: Bearer KEY" is required */
+    const char *model_name;  /* the base model's id in /v1/models */
+    const qlm_model *model;  /* decoder-only, or */
+    const qlm_t5_model *t5;  /* encoder-decoder */
+    const qlm_tokenizer *tok;
+    const qlm_lora_registry *lora; /* adapters a request may name; read-only while serving */
+    int max_seqs;            /* sequences decoded together */
+    int max_prompt, max_output; /* per-sequence limits in tokens */
+    int max_queue;           /* requests waiting beyond the running ones before 429 */
+    /* One line per finished HTTP request; called from HTTP threads. */
+    void (*log)(void *user, const char *method, const char *path, int status, int tokens, double ms);
+    void *log_user;
+} qlm_server_config;
+
+typedef struct qlm_server qlm_server;
+
+/* Starts listening. The config's pointers must outlive the server. */
+int qlm_server_start(const qlm_server_config *cfg, qlm_server **out);
+int qlm_server_port(const qlm_server *s);
+/* Runs the scheduler in the calling thread (the only one that uses the model) until
+ * qlm_server_shutdown; 0, or -1 when a batch run failed while serving. */
+int qlm_server_run(qlm_server *s);
+/* From another thread: refuses new generations (503), waits for the in-flight ones to finish,
+ * then makes qlm_server_run return. */
+void qlm_server_shutdown(qlm_server *s);
+/* After qlm_server_run returned: stops listening and frees. */
+void qlm_server_free(qlm_server *s);
+
+#endif
