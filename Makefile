@@ -7,7 +7,7 @@ NVCC    ?= nvcc
 BUILD   ?= build
 OPT     ?= -O2
 CFLAGS  += -std=c11 $(OPT) -g -Wall -Wextra -D_GNU_SOURCE -fopenmp -I. $(shell pkg-config --cflags libpcre2-8 libcjson 2>/dev/null)
-LDLIBS  += -lcjson -lpcre2-8 -lopenblas -lcurl -lmicrohttpd -lm -lpthread -fopenmp
+LDLIBS  += -lcjson -lpcre2-8 -lopenblas -lcurl -lmicrohttpd -lcrypto -lm -lpthread -fopenmp
 TEST_LDLIBS = -lcmocka
 
 LIB_SRCS  := $(wildcard core/*.c quant/*.c loaders/*.c lora/*.c eval/*.c server/*.c hub/*.c)

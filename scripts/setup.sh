@@ -6,7 +6,7 @@ set -euo pipefail
 
 say() { echo "setup: $*" >&2; }
 
-packages=(gcc make pkg-config libcmocka-dev libpcre2-dev libcjson-dev libopenblas-dev libcurl4-openssl-dev libmicrohttpd-dev curl unzip ca-certificates)
+packages=(gcc make pkg-config libcmocka-dev libpcre2-dev libcjson-dev libopenblas-dev libcurl4-openssl-dev libmicrohttpd-dev libssl-dev curl unzip ca-certificates)
 missing=()
 for p in "${packages[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
