@@ -18,8 +18,8 @@ typedef struct {
     size_t len, cap;
 } slot;
 
-typedef struct {
-    const qlm_batch_config *cfg;
+struct qlm_batch {
+    qlm_batch_config cfg;
     qlm_kv_state kv;
     qlm_t5_state t5;
     slot *slots;
@@ -27,7 +27,9 @@ typedef struct {
     float *logits;      /* [n_slots][vocab]: each slot's next-token logits */
     float *row_logits;  /* [n_slots][vocab]: one decode step's output rows */
     int *ids, *pos, *slot_of, *rows;
-} batch;
+};
+
+typedef struct qlm_batch batch;
 
 static int collect_text(void *user, const char *text, size_t len) {
     slot *s = user;
@@ -46,7 +48,7 @@ static int collect_text(void *user, const char *text, size_t len) {
 
 /* Evaluates rows (ids at pos in slots) and keeps the logits of each listed row in its slot. */
 static int forward(batch *b, const int *ids, const int *pos, const int *slots, int n, const int *rows, int n_rows) {
-    const qlm_batch_config *c = b->cfg;
+    const qlm_batch_config *c = &b->cfg;
     int rc = c->t5 ? qlm_t5_decode(c->t5, &b->t5, ids, pos, slots, n, rows, n_rows, b->row_logits)
                    : qlm_forward_slots(c->model, &b->kv, ids, pos, slots, n, rows, n_rows, b->row_logits);
     if (rc != 0) return -1;
@@ -58,7 +60,7 @@ static int forward(batch *b, const int *ids, const int *pos, const int *slots, i
 
 /* Puts a new request into slot i: prefills it so that its first token's logits are ready. */
 static int admit(batch *b, int i, const qlm_batch_request *req, qlm_batch_stats *st) {
-    const qlm_batch_config *c = b->cfg;
+    const qlm_batch_config *c = &b->cfg;
     slot *s = &b->slots[i];
     if (req->n_ids <= 0 || req->n_ids > c->max_prompt)
         return qlm_errorf("a prompt of %d tokens does not fit the batch's limit of 1..%d", req->n_ids, c->max_prompt);
@@ -105,9 +107,9 @@ static int retire(batch *b, int i, qlm_batch_done_fn done, void *ctx, qlm_batch_
     return 0;
 }
 
-static int alloc_batch(batch *b, const qlm_batch_config *c) {
+static int alloc_batch(batch *b) {
+    const qlm_batch_config *c = &b->cfg;
     int n = c->n_slots;
-    b->cfg = c;
     b->vocab = c->t5 ? c->t5->cfg.vocab_size : c->model->cfg.vocab_size;
     if (c->t5) {
         b->capacity = c->max_output + 1;
@@ -134,7 +136,7 @@ static int alloc_batch(batch *b, const qlm_batch_config *c) {
 }
 
 static void free_batch(batch *b) {
-    const qlm_batch_config *c = b->cfg;
+    const qlm_batch_config *c = &b->cfg;
     for (int i = 0; b->slots && i < c->n_slots; i++) {
         if (b->slots[i].active) qlm_token_stream_finish(&b->slots[i].ts);
         free(b->slots[i].tokens);
@@ -154,46 +156,70 @@ static double now_seconds(void) {
     return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
-int qlm_batch_run(const qlm_batch_config *cfg, qlm_batch_next_fn next, qlm_batch_done_fn done, void *ctx,
-                  qlm_batch_stats *stats) {
+qlm_batch *qlm_batch_new(const qlm_batch_config *cfg) {
+    if (!cfg->model == !cfg->t5) {
+        qlm_errorf("batch: give exactly one model");
+        return NULL;
+    }
+    if (cfg->n_slots <= 0 || cfg->max_prompt <= 0 || cfg->max_output <= 0) {
+        qlm_errorf("batch: slots, prompt and output sizes must be positive");
+        return NULL;
+    }
+    batch *b = calloc(1, sizeof *b);
+    if (!b) {
+        qlm_errorf("out of memory");
+        return NULL;
+    }
+    b->cfg = *cfg;
+    if (alloc_batch(b) != 0) {
+        qlm_batch_free(b);
+        return NULL;
+    }
+    return b;
+}
+
+void qlm_batch_free(qlm_batch *b) {
+    if (!b) return;
+    free_batch(b);
+    free(b);
+}
+
+int qlm_batch_drain(qlm_batch *b, qlm_batch_next_fn next, qlm_batch_done_fn done, void *ctx, qlm_batch_stats *stats) {
+    const qlm_batch_config *cfg = &b->cfg;
     qlm_batch_stats local;
     if (!stats) stats = &local;
     memset(stats, 0, sizeof *stats);
-    if (!cfg->model == !cfg->t5) return qlm_errorf("batch: give exactly one model");
-    if (cfg->n_slots <= 0 || cfg->max_prompt <= 0 || cfg->max_output <= 0)
-        return qlm_errorf("batch: slots, prompt and output sizes must be positive");
-    batch b = {0};
     double t0 = now_seconds();
-    int rc = alloc_batch(&b, cfg);
+    int rc = 0;
     while (rc == 0) {
         /* Free slots take what is waiting now; requests that arrive later join at a later step. */
         int more = 1;
         for (int i = 0; i < cfg->n_slots && more && rc == 0; i++) {
-            if (b.slots[i].active) continue;
+            if (b->slots[i].active) continue;
             qlm_batch_request req;
             int r = next(ctx, &req);
             if (r < 0) rc = -1;
             else if (r == 0) more = 0;
-            else rc = admit(&b, i, &req, stats);
+            else rc = admit(b, i, &req, stats);
         }
         if (rc != 0) break;
         /* Sample every active slot; the ones that go on form this step's rows. */
         int n = 0;
         for (int i = 0; i < cfg->n_slots && rc == 0; i++) {
-            slot *s = &b.slots[i];
+            slot *s = &b->slots[i];
             if (!s->active) continue;
-            int id, r = qlm_token_stream_next(&s->ts, b.logits + (size_t)i * b.vocab, s->tokens, s->n_tokens, &id);
-            if (r == 0 && s->n_tokens >= b.capacity) {
+            int id, r = qlm_token_stream_next(&s->ts, b->logits + (size_t)i * b->vocab, s->tokens, s->n_tokens, &id);
+            if (r == 0 && s->n_tokens >= b->capacity) {
                 s->stats.reason = QLM_STOP_CONTEXT;
                 r = 1;
             }
             if (r < 0) rc = -1;
-            else if (r == 1) rc = retire(&b, i, done, ctx, stats);
+            else if (r == 1) rc = retire(b, i, done, ctx, stats);
             else {
-                b.ids[n] = id;
-                b.pos[n] = s->n_tokens;
-                b.slot_of[n] = i;
-                b.rows[n] = n;
+                b->ids[n] = id;
+                b->pos[n] = s->n_tokens;
+                b->slot_of[n] = i;
+                b->rows[n] = n;
                 s->tokens[s->n_tokens++] = id;
                 n++;
             }
@@ -203,10 +229,24 @@ int qlm_batch_run(const qlm_batch_config *cfg, qlm_batch_next_fn next, qlm_batch
             if (!more) break;
             continue;
         }
-        rc = forward(&b, b.ids, b.pos, b.slot_of, n, b.rows, n);
+        rc = forward(b, b->ids, b->pos, b->slot_of, n, b->rows, n);
         stats->steps++;
     }
-    free_batch(&b);
+    /* After an error the requests still in slots are dropped, so the batch can serve again. */
+    for (int i = 0; i < cfg->n_slots; i++)
+        if (b->slots[i].active) {
+            qlm_token_stream_finish(&b->slots[i].ts);
+            b->slots[i].active = 0;
+        }
     stats->seconds = now_seconds() - t0;
+    return rc;
+}
+
+int qlm_batch_run(const qlm_batch_config *cfg, qlm_batch_next_fn next, qlm_batch_done_fn done, void *ctx,
+                  qlm_batch_stats *stats) {
+    qlm_batch *b = qlm_batch_new(cfg);
+    if (!b) return -1;
+    int rc = qlm_batch_drain(b, next, done, ctx, stats);
+    qlm_batch_free(b);
     return rc;
 }

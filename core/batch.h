@@ -43,7 +43,15 @@ typedef struct {
     double seconds;
 } qlm_batch_stats;
 
+/* Runs until no request is active and next() has none: qlm_batch_new + qlm_batch_drain + free. */
 int qlm_batch_run(const qlm_batch_config *cfg, qlm_batch_next_fn next, qlm_batch_done_fn done, void *ctx,
                   qlm_batch_stats *stats);
+
+/* The slots and caches of cfg allocated once, for a caller that drains requests in bursts (a
+ * server), so no burst allocates. A failed drain drops the requests it held; the batch stays usable. */
+typedef struct qlm_batch qlm_batch;
+qlm_batch *qlm_batch_new(const qlm_batch_config *cfg);
+void qlm_batch_free(qlm_batch *b);
+int qlm_batch_drain(qlm_batch *b, qlm_batch_next_fn next, qlm_batch_done_fn done, void *ctx, qlm_batch_stats *stats);
 
 #endif

@@ -39,6 +39,7 @@ typedef struct job_queue {
     int stop, failed;
     job **active;            /* jobs handed to the scheduler and not finished, [cfg.n_slots] */
     qlm_batch_config cfg;
+    qlm_batch *batch;        /* slots and caches, allocated once for every burst */
     long generated_tokens, prompt_tokens;
 } job_queue;
 

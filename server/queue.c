@@ -1,6 +1,7 @@
 /* The request queue and the scheduler loop, run by the one thread that touches the model (the
  * caller's: the main thread in `qlm serve`, so the CPU backend's per-thread scratch lives in the
- * OpenMP team every command uses). It sleeps until requests arrive, then runs qlm_batch_run, which takes queued requests into free slots
+ * OpenMP team every command uses). It sleeps until requests arrive, then drains them through one
+ * qlm_batch made at start (no allocation per burst), which takes queued requests into free slots
  * between decode steps and returns once nothing is queued or running. */
 #include <errno.h>
 #include <stdlib.h>
@@ -155,7 +156,7 @@ int queue_run(job_queue *q) {
         while (!q->head && !q->stop) pthread_cond_wait(&q->cv, &q->mu);
         if (!q->head) break;
         pthread_mutex_unlock(&q->mu);
-        int rc = qlm_batch_run(&q->cfg, next_job, done_job, q, NULL);
+        int rc = qlm_batch_drain(q->batch, next_job, done_job, q, NULL);
         pthread_mutex_lock(&q->mu);
         if (rc != 0) {
             /* The run's slots are gone: every job it held ends as failed, and later ones retry. */
@@ -174,6 +175,10 @@ int queue_start(job_queue *q, const qlm_batch_config *cfg, int max_queue) {
     q->cfg = *cfg;
     q->max_queue = max_queue;
     if (!(q->active = calloc((size_t)cfg->n_slots, sizeof *q->active))) return qlm_errorf("out of memory");
+    if (!(q->batch = qlm_batch_new(cfg))) {
+        free(q->active);
+        return -1;
+    }
     pthread_mutex_init(&q->mu, NULL);
     pthread_cond_init(&q->cv, NULL);
     return 0;
@@ -189,6 +194,7 @@ void queue_stop(job_queue *q) {
 void queue_free(job_queue *q) {
     pthread_cond_destroy(&q->cv);
     pthread_mutex_destroy(&q->mu);
+    qlm_batch_free(q->batch);
     free(q->active);
 }
 
