@@ -10,12 +10,13 @@
 #include "common.h"
 
 static const char *k_usage =
-    "usage: qlm pull ORG/NAME[@REVISION] [--include GLOB ...] [--exclude GLOB ...] [--quiet]\n"
+    "usage: qlm pull ORG/NAME[@REVISION] [--include GLOB ...] [--exclude GLOB ...] [--jobs N] [--quiet]\n"
     "Downloads a model from the Hugging Face hub into the Hugging Face cache ($HF_HOME/hub, default\n"
     "~/.cache/huggingface/hub) and prints its snapshot folder. Afterwards -m ORG/NAME[@REVISION] uses it.\n"
     "  --include GLOB   download only the files matching GLOB (repeatable; default: config, tokenizer\n"
     "                   and *.safetensors files)\n"
     "  --exclude GLOB   skip the files matching GLOB (repeatable)\n"
+    "  -j, --jobs N     download up to N files at once (default 4; 1 = one after another)\n"
     "  -q, --quiet      no progress lines\n"
     "Environment: HF_ENDPOINT (default https://huggingface.co), HF_TOKEN (gated or private models),\n"
     "HF_HOME, HF_HUB_CACHE, HF_HUB_OFFLINE.\n";
@@ -24,16 +25,17 @@ enum { MAX_GLOBS = 64 };
 
 int cmd_pull(int argc, char **argv) {
     const char *inc[MAX_GLOBS], *exc[MAX_GLOBS];
-    int n_inc = 0, n_exc = 0, quiet = 0;
+    int n_inc = 0, n_exc = 0, quiet = 0, jobs = QLM_HF_DEFAULT_JOBS;
     enum { OPT_INCLUDE = 300, OPT_EXCLUDE };
     static const struct option opts[] = {{"include", required_argument, 0, OPT_INCLUDE},
                                          {"exclude", required_argument, 0, OPT_EXCLUDE},
+                                         {"jobs", required_argument, 0, 'j'},
                                          {"quiet", no_argument, 0, 'q'},
                                          {"help", no_argument, 0, 'h'},
                                          {0, 0, 0, 0}};
     optind = 1;
     int c;
-    while ((c = getopt_long(argc, argv, "qh", opts, NULL)) != -1) {
+    while ((c = getopt_long(argc, argv, "j:qh", opts, NULL)) != -1) {
         switch (c) {
         case OPT_INCLUDE:
         case OPT_EXCLUDE:
@@ -44,6 +46,16 @@ int cmd_pull(int argc, char **argv) {
             if (c == OPT_INCLUDE) inc[n_inc++] = optarg;
             else exc[n_exc++] = optarg;
             break;
+        case 'j': {
+            char *end;
+            long n = strtol(optarg, &end, 10);
+            if (*optarg == 0 || *end != 0 || n < 1 || n > QLM_HF_MAX_JOBS) {
+                fprintf(stderr, "qlm pull: --jobs wants a number from 1 to %d, not \"%s\"\n", QLM_HF_MAX_JOBS, optarg);
+                return 2;
+            }
+            jobs = (int)n;
+            break;
+        }
         case 'q': quiet = 1; break;
         case 'h': fputs(k_usage, stdout); return 0;
         default: return cli_usage_error("pull", k_usage);
@@ -59,7 +71,7 @@ int cmd_pull(int argc, char **argv) {
         return 2;
     }
     qlm_hf_pull_opts o = {.repo = repo, .rev = rev, .include = inc, .n_include = n_inc,
-                          .exclude = exc, .n_exclude = n_exc, .progress = !quiet};
+                          .exclude = exc, .n_exclude = n_exc, .progress = !quiet, .jobs = jobs};
     if (qlm_hf_pull(&o, snapshot, sizeof snapshot) != 0) return cli_fail("pull");
     printf("%s\n", snapshot);
     return 0;

@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -33,17 +34,15 @@ typedef struct {
 
 /* Where one transfer's body goes: memory (the API) or the partial blob file. */
 typedef struct {
-    client *c;
+    CURL *curl;
     char *mem;
     size_t len, cap;
     FILE *f;
-    const char *path;
     long long offset;  /* bytes already in f when this attempt began */
+    curl_off_t now;    /* bytes of this attempt's body so far (progress) */
     int write_errno;   /* set when a write to f failed (ENOSPC...) */
     int body_checked;  /* the status of the response was looked at */
     int discard;       /* an error body: not part of the file */
-    const char *label; /* progress line */
-    double start, last_print;
 } sink;
 
 static double now_s(void) {
@@ -93,7 +92,7 @@ static size_t on_body(char *data, size_t size, size_t nmemb, void *user) {
     size_t n = size * nmemb;
     if (!s->body_checked) {
         long status = 0;
-        curl_easy_getinfo(s->c->curl, CURLINFO_RESPONSE_CODE, &status);
+        curl_easy_getinfo(s->curl, CURLINFO_RESPONSE_CODE, &status);
         s->body_checked = 1;
         s->discard = status >= 300;
         /* A server that ignores Range sends the whole file again: start the partial over. */
@@ -133,25 +132,10 @@ static void human(char *buf, size_t cap, double b) {
     snprintf(buf, cap, i ? "%.1f %s" : "%.0f %s", b, u[i]);
 }
 
-static void print_progress(sink *s, double done, double total, int final) {
-    double t = now_s(), el = t - s->start;
-    if (!final && t - s->last_print < 0.5) return;
-    s->last_print = t;
-    double got = done - (double)s->offset, speed = el > 0 ? got / el : 0;
-    char d[32], tot[32], sp[32], eta[32] = "";
-    human(d, sizeof d, done);
-    human(tot, sizeof tot, total);
-    human(sp, sizeof sp, speed);
-    if (!final && total > done && speed > 0) snprintf(eta, sizeof eta, "  ETA %.0fs", (total - done) / speed);
-    fprintf(stderr, "\r  %-40s %10s / %-10s %10s/s%s\033[K%s", s->label, d, total > 0 ? tot : "?", sp, eta,
-            final ? "\n" : "");
-}
-
 static int on_progress(void *user, curl_off_t dltotal, curl_off_t dlnow, curl_off_t ultotal, curl_off_t ulnow) {
-    (void)ultotal, (void)ulnow;
+    (void)dltotal, (void)ultotal, (void)ulnow;
     sink *s = user;
-    if (s->label && s->c->progress && dltotal > 0 && !s->discard)
-        print_progress(s, (double)(s->offset + dlnow), (double)(s->offset + dltotal), 0);
+    if (!s->discard) s->now = dlnow;
     return 0;
 }
 
@@ -210,28 +194,29 @@ static int request_error(client *c, const char *file, CURLcode rc, long status, 
     return qlm_errorf("%s: %s: HTTP %ld from %s%s%s", c->repo, what, status, c->endpoint, sep, detail ? detail : "");
 }
 
-static void reset_handle(client *c) {
-    curl_easy_reset(c->curl);
-    curl_easy_setopt(c->curl, CURLOPT_HTTPHEADER, c->headers);
-    curl_easy_setopt(c->curl, CURLOPT_USERAGENT, "qlm");
-    curl_easy_setopt(c->curl, CURLOPT_CONNECTTIMEOUT, 30L);
+static void reset_handle(client *c, CURL *h) {
+    curl_easy_reset(h);
+    curl_easy_setopt(h, CURLOPT_HTTPHEADER, c->headers);
+    curl_easy_setopt(h, CURLOPT_USERAGENT, "qlm");
+    curl_easy_setopt(h, CURLOPT_CONNECTTIMEOUT, 30L);
     /* A stalled transfer (under 1 byte/s for 60 s) counts as a timeout and is retried. */
-    curl_easy_setopt(c->curl, CURLOPT_LOW_SPEED_LIMIT, 1L);
-    curl_easy_setopt(c->curl, CURLOPT_LOW_SPEED_TIME, 60L);
-    curl_easy_setopt(c->curl, CURLOPT_NOSIGNAL, 1L);
-    curl_easy_setopt(c->curl, CURLOPT_PROTOCOLS_STR, "http,https");
-    curl_easy_setopt(c->curl, CURLOPT_REDIR_PROTOCOLS_STR, "http,https");
-    curl_easy_setopt(c->curl, CURLOPT_MAXREDIRS, 10L);
+    curl_easy_setopt(h, CURLOPT_LOW_SPEED_LIMIT, 1L);
+    curl_easy_setopt(h, CURLOPT_LOW_SPEED_TIME, 60L);
+    curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
+    curl_easy_setopt(h, CURLOPT_PROTOCOLS_STR, "http,https");
+    curl_easy_setopt(h, CURLOPT_REDIR_PROTOCOLS_STR, "http,https");
+    curl_easy_setopt(h, CURLOPT_MAXREDIRS, 10L);
 }
 
-static void backoff(int attempt) { sleep_s((double)(1 << attempt)); }
+/* Seconds to wait before retry number attempt + 1: 1, 2, 4, 8. */
+static double backoff_s(int attempt) { return (double)(1 << attempt); }
 
 /* GET url into memory, with retries. *out is malloc'd (NUL-terminated). */
 static int get_json(client *c, const char *url, cJSON **out) {
     for (int attempt = 0;; attempt++) {
-        sink s = {.c = c};
+        sink s = {.curl = c->curl};
         resolve_headers h = {0};
-        reset_handle(c);
+        reset_handle(c, c->curl);
         curl_easy_setopt(c->curl, CURLOPT_URL, url);
         curl_easy_setopt(c->curl, CURLOPT_FOLLOWLOCATION, 1L);
         curl_easy_setopt(c->curl, CURLOPT_WRITEFUNCTION, on_body);
@@ -249,7 +234,7 @@ static int get_json(client *c, const char *url, cJSON **out) {
         }
         free(s.mem);
         if (attempt + 1 < MAX_ATTEMPTS && (transient_curl(rc) || (rc == CURLE_OK && transient_status(status)))) {
-            backoff(attempt);
+            sleep_s(backoff_s(attempt));
             continue;
         }
         return request_error(c, NULL, rc, status, h.error_message);
@@ -279,82 +264,9 @@ static int all_hex(const char *s, size_t n) {
     return 1;
 }
 
-/* HEAD on the resolve URL without following redirects: the hub's own answer carries the etag
- * (X-Linked-Etag for LFS files, whose redirect target is a CDN) and the size. */
-static int resolve_head(client *c, const char *url, const char *file, resolve_headers *h) {
-    for (int attempt = 0;; attempt++) {
-        memset(h, 0, sizeof *h);
-        h->linked_size = h->content_length = -1;
-        reset_handle(c);
-        curl_easy_setopt(c->curl, CURLOPT_URL, url);
-        curl_easy_setopt(c->curl, CURLOPT_NOBODY, 1L);
-        curl_easy_setopt(c->curl, CURLOPT_HEADERFUNCTION, on_header);
-        curl_easy_setopt(c->curl, CURLOPT_HEADERDATA, h);
-        curl_easy_setopt(c->curl, CURLOPT_TIMEOUT, 60L);
-        CURLcode rc = curl_easy_perform(c->curl);
-        long status = 0;
-        curl_easy_getinfo(c->curl, CURLINFO_RESPONSE_CODE, &status);
-        if (rc == CURLE_OK && status >= 200 && status < 400) return 0;
-        if (attempt + 1 < MAX_ATTEMPTS && (transient_curl(rc) || (rc == CURLE_OK && transient_status(status)))) {
-            backoff(attempt);
-            continue;
-        }
-        return request_error(c, file, rc, status, h->error_message);
-    }
-}
-
 static long long file_size(const char *path) {
     struct stat st;
     return stat(path, &st) == 0 ? (long long)st.st_size : -1;
-}
-
-/* Brings partial up to `size` bytes (size < 0: unknown) from url, resuming where it stops. */
-static int fetch(client *c, const char *url, const char *file, const char *partial, long long size) {
-    for (int attempt = 0;; attempt++) {
-        long long have = file_size(partial);
-        if (size >= 0 && have == size) return 0;
-        if (size >= 0 && have > size) { /* longer than the file: not a prefix of it */
-            unlink(partial);
-            have = -1;
-        }
-        FILE *f = fopen(partial, "ab");
-        if (!f) return qlm_errorf("%s: %s: cannot write %s: %s", c->repo, file, partial, strerror(errno));
-        sink s = {.c = c, .f = f, .path = partial, .offset = have > 0 ? have : 0, .label = file, .start = now_s()};
-        resolve_headers h = {0};
-        reset_handle(c);
-        curl_easy_setopt(c->curl, CURLOPT_URL, url);
-        curl_easy_setopt(c->curl, CURLOPT_FOLLOWLOCATION, 1L);
-        curl_easy_setopt(c->curl, CURLOPT_WRITEFUNCTION, on_body);
-        curl_easy_setopt(c->curl, CURLOPT_WRITEDATA, &s);
-        curl_easy_setopt(c->curl, CURLOPT_HEADERFUNCTION, on_header);
-        curl_easy_setopt(c->curl, CURLOPT_HEADERDATA, &h);
-        curl_easy_setopt(c->curl, CURLOPT_NOPROGRESS, 0L);
-        curl_easy_setopt(c->curl, CURLOPT_XFERINFOFUNCTION, on_progress);
-        curl_easy_setopt(c->curl, CURLOPT_XFERINFODATA, &s);
-        if (s.offset > 0) curl_easy_setopt(c->curl, CURLOPT_RESUME_FROM_LARGE, (curl_off_t)s.offset);
-        CURLcode rc = curl_easy_perform(c->curl);
-        long status = 0;
-        curl_easy_getinfo(c->curl, CURLINFO_RESPONSE_CODE, &status);
-        int werr = s.write_errno;
-        if (fclose(f) != 0 && !werr) werr = errno;
-        if (werr)
-            return qlm_errorf("%s: %s: writing %s failed: %s%s", c->repo, file, partial, strerror(werr),
-                              werr == ENOSPC ? " (disk full: free space under HF_HOME and pull again to resume)" : "");
-        if (rc == CURLE_OK && (status == 200 || status == 206)) {
-            if (c->progress) print_progress(&s, (double)file_size(partial), (double)(size >= 0 ? size : 0), 1);
-            return 0;
-        }
-        if (status == 416) { /* our offset is past what the server has: start over */
-            unlink(partial);
-            if (attempt + 1 < MAX_ATTEMPTS) continue;
-        }
-        if (c->progress && s.body_checked) fputc('\n', stderr);
-        if (attempt + 1 < MAX_ATTEMPTS && (transient_curl(rc) || (rc == CURLE_OK && transient_status(status)))) {
-            backoff(attempt);
-            continue;
-        }
-        return request_error(c, file, rc, status, h.error_message);
-    }
 }
 
 /* Checks a complete partial against its etag: sha256 for LFS files, the git blob sha1 for the
@@ -384,28 +296,288 @@ static int verify(client *c, const char *file, const char *partial, const char *
     return 0;
 }
 
-static int pull_file(client *c, const char *repo_dir, const char *commit, const char *file) {
-    char path[4400], url[6200], esc[3200], etag[ETAG_MAX + 1], blob[4400], partial[4500];
-    snprintf(path, sizeof path, "%s/snapshots/%s/%s", repo_dir, commit, file);
-    struct stat st;
-    if (stat(path, &st) == 0 && S_ISREG(st.st_mode)) return 0; /* already in this snapshot */
-    url_escape(esc, sizeof esc, file, 1);
-    snprintf(url, sizeof url, "%s/%s/resolve/%s/%s", c->endpoint, c->repo, commit, esc);
+enum { ST_QUEUED, ST_HEAD, ST_READY, ST_GET, ST_DONE };
+
+/* One selected file: HEAD for its etag and size, then GETs resuming the partial until it is
+ * complete, each request retried after a pause during which the other files go on. */
+typedef struct {
+    const char *file;
+    char url[6200], etag[ETAG_MAX + 1], blob[4400], partial[4500];
+    long long size;      /* -1: unknown */
+    int state, attempt;  /* attempt counts the tries of the current request */
+    double wake;         /* a paused retry starts no earlier than this */
+    double start;        /* the current GET began */
+    CURL *easy;
+    sink s;
     resolve_headers h;
-    if (resolve_head(c, url, file, &h) != 0) return -1;
-    const char *raw = *h.linked_etag ? h.linked_etag : h.etag;
-    if (!*raw) return qlm_errorf("%s: %s: the server sent no ETag, so the file cannot be verified", c->repo, file);
-    if (!normalize_etag(raw, etag, sizeof etag))
-        return qlm_errorf("%s: %s: unusable ETag from the server: %s", c->repo, file, raw);
-    long long size = h.linked_size >= 0 ? h.linked_size : h.content_length;
-    snprintf(blob, sizeof blob, "%s/blobs/%s", repo_dir, etag);
-    snprintf(partial, sizeof partial, "%s.incomplete", blob);
-    if (file_size(blob) < 0) {
-        if (fetch(c, url, file, partial, size) != 0 || verify(c, file, partial, etag, size) != 0) return -1;
-        if (rename(partial, blob) != 0)
-            return qlm_errorf("%s: %s: cannot rename %s into place: %s", c->repo, file, partial, strerror(errno));
+} job;
+
+/* The files of one pull, at most max_active requests in flight on one multi handle. */
+typedef struct {
+    client *c;
+    const char *repo_dir, *commit;
+    CURLM *multi;
+    job *jobs;
+    int n, max_active, active;
+    int tty, drawn;   /* progress lines currently on the terminal below the finished ones */
+    double last_draw;
+} pool;
+
+static void job_line(const job *j, int final, char *buf, size_t cap) {
+    double el = now_s() - j->start, got = (double)j->s.now, done = (double)j->s.offset + got;
+    double speed = j->start > 0 && el > 0 ? got / el : 0, total = (double)j->size;
+    if (final) done = total >= 0 ? total : done;
+    char d[32], tot[32], sp[32], eta[32] = "";
+    human(d, sizeof d, done);
+    human(tot, sizeof tot, total);
+    human(sp, sizeof sp, speed);
+    if (!final && total > done && speed > 0) snprintf(eta, sizeof eta, "  ETA %.0fs", (total - done) / speed);
+    snprintf(buf, cap, "  %-32s %9s / %-9s %9s/s%s", j->file, d, total >= 0 ? tot : "?", sp,
+             final ? "  done" : eta);
+}
+
+static void erase_progress(pool *p) {
+    if (p->drawn) fprintf(stderr, "\033[%dA\r\033[J", p->drawn);
+    p->drawn = 0;
+}
+
+/* On a terminal: one line per running GET, redrawn in place (at most twice a second unless forced). */
+static void draw_progress(pool *p, int force) {
+    double t = now_s();
+    if (!p->c->progress || !p->tty || (!force && t - p->last_draw < 0.5)) return;
+    p->last_draw = t;
+    erase_progress(p);
+    /* Lines cut to the terminal's width: a wrapped line would break moving back up over them. */
+    struct winsize ws;
+    int width = ioctl(STDERR_FILENO, TIOCGWINSZ, &ws) == 0 && ws.ws_col > 1 ? ws.ws_col - 1 : 79;
+    char line[512];
+    for (int i = 0; i < p->n; i++)
+        if (p->jobs[i].state == ST_GET) {
+            job_line(&p->jobs[i], 0, line, sizeof line);
+            fprintf(stderr, "%.*s\033[K\n", width, line);
+            p->drawn++;
+        }
+    fflush(stderr);
+}
+
+/* A finished file gets a line of its own, above the running ones on a terminal. */
+static void report_done(pool *p, const job *j) {
+    if (!p->c->progress) return;
+    char line[512];
+    job_line(j, 1, line, sizeof line);
+    if (p->tty) erase_progress(p);
+    fprintf(stderr, "%s\n", line);
+    p->last_draw = 0;
+}
+
+static int finish(pool *p, job *j) {
+    j->state = ST_DONE;
+    if (j->easy) curl_easy_cleanup(j->easy);
+    j->easy = NULL;
+    return qlm_hf_link_snapshot(p->repo_dir, p->commit, j->file, j->etag);
+}
+
+/* The partial is complete: verified, renamed into blobs/ and linked from the snapshot. */
+static int complete(pool *p, job *j) {
+    client *c = p->c;
+    if (verify(c, j->file, j->partial, j->etag, j->size) != 0) return -1;
+    if (rename(j->partial, j->blob) != 0)
+        return qlm_errorf("%s: %s: cannot rename %s into place: %s", c->repo, j->file, j->partial, strerror(errno));
+    report_done(p, j);
+    return finish(p, j);
+}
+
+static int submit(pool *p, job *j, int state) {
+    curl_easy_setopt(j->easy, CURLOPT_PRIVATE, (void *)j);
+    CURLMcode mc = curl_multi_add_handle(p->multi, j->easy);
+    if (mc != CURLM_OK) return qlm_errorf("%s: %s: libcurl: %s", p->c->repo, j->file, curl_multi_strerror(mc));
+    j->state = state;
+    p->active++;
+    return 0;
+}
+
+static int prepare(pool *p, job *j) {
+    if (!j->easy && !(j->easy = curl_easy_init())) return qlm_errorf("libcurl failed to initialize");
+    reset_handle(p->c, j->easy);
+    curl_easy_setopt(j->easy, CURLOPT_URL, j->url);
+    curl_easy_setopt(j->easy, CURLOPT_HEADERFUNCTION, on_header);
+    curl_easy_setopt(j->easy, CURLOPT_HEADERDATA, &j->h);
+    memset(&j->h, 0, sizeof j->h);
+    j->h.linked_size = j->h.content_length = -1;
+    return 0;
+}
+
+/* HEAD on the resolve URL without following redirects: the hub's own answer carries the etag
+ * (X-Linked-Etag for LFS files, whose redirect target is a CDN) and the size. */
+static int start_head(pool *p, job *j) {
+    if (prepare(p, j) != 0) return -1;
+    curl_easy_setopt(j->easy, CURLOPT_NOBODY, 1L);
+    curl_easy_setopt(j->easy, CURLOPT_TIMEOUT, 60L);
+    return submit(p, j, ST_HEAD);
+}
+
+/* A GET bringing the partial up to the size, resuming where it stops; nothing to fetch when the
+ * blob is there already or the partial is complete. */
+static int start_get(pool *p, job *j) {
+    client *c = p->c;
+    if (file_size(j->blob) >= 0) return finish(p, j);
+    long long have = file_size(j->partial);
+    if (j->size >= 0 && have == j->size) return complete(p, j);
+    if (j->size >= 0 && have > j->size) { /* longer than the file: not a prefix of it */
+        unlink(j->partial);
+        have = -1;
     }
-    return qlm_hf_link_snapshot(repo_dir, commit, file, etag);
+    if (prepare(p, j) != 0) return -1;
+    FILE *f = fopen(j->partial, "ab");
+    if (!f) return qlm_errorf("%s: %s: cannot write %s: %s", c->repo, j->file, j->partial, strerror(errno));
+    j->s = (sink){.curl = j->easy, .f = f, .offset = have > 0 ? have : 0};
+    j->start = now_s();
+    curl_easy_setopt(j->easy, CURLOPT_FOLLOWLOCATION, 1L);
+    curl_easy_setopt(j->easy, CURLOPT_WRITEFUNCTION, on_body);
+    curl_easy_setopt(j->easy, CURLOPT_WRITEDATA, &j->s);
+    curl_easy_setopt(j->easy, CURLOPT_NOPROGRESS, 0L);
+    curl_easy_setopt(j->easy, CURLOPT_XFERINFOFUNCTION, on_progress);
+    curl_easy_setopt(j->easy, CURLOPT_XFERINFODATA, &j->s);
+    if (j->s.offset > 0) curl_easy_setopt(j->easy, CURLOPT_RESUME_FROM_LARGE, (curl_off_t)j->s.offset);
+    return submit(p, j, ST_GET);
+}
+
+/* After a HEAD: the blob name and size. */
+static int head_done(pool *p, job *j) {
+    client *c = p->c;
+    const char *raw = *j->h.linked_etag ? j->h.linked_etag : j->h.etag;
+    if (!*raw) return qlm_errorf("%s: %s: the server sent no ETag, so the file cannot be verified", c->repo, j->file);
+    if (!normalize_etag(raw, j->etag, sizeof j->etag))
+        return qlm_errorf("%s: %s: unusable ETag from the server: %s", c->repo, j->file, raw);
+    j->size = j->h.linked_size >= 0 ? j->h.linked_size : j->h.content_length;
+    snprintf(j->blob, sizeof j->blob, "%s/blobs/%s", p->repo_dir, j->etag);
+    snprintf(j->partial, sizeof j->partial, "%s.incomplete", j->blob);
+    j->state = ST_READY;
+    j->attempt = 0;
+    j->wake = 0;
+    return 0;
+}
+
+/* A request of j ended with rc: the next step, a retry after a pause, or the error. */
+static int transfer_done(pool *p, job *j, CURLcode rc) {
+    long status = 0;
+    curl_easy_getinfo(j->easy, CURLINFO_RESPONSE_CODE, &status);
+    curl_multi_remove_handle(p->multi, j->easy);
+    p->active--;
+    int was = j->state;
+    j->state = was == ST_GET ? ST_READY : ST_QUEUED; /* what a retry starts again */
+    if (was == ST_GET) {
+        int werr = j->s.write_errno;
+        if (fclose(j->s.f) != 0 && !werr) werr = errno;
+        j->s.f = NULL;
+        if (werr)
+            return qlm_errorf("%s: %s: writing %s failed: %s%s", p->c->repo, j->file, j->partial, strerror(werr),
+                              werr == ENOSPC ? " (disk full: free space under HF_HOME and pull again to resume)"
+                                             : "");
+        if (rc == CURLE_OK && (status == 200 || status == 206)) return complete(p, j);
+    } else if (rc == CURLE_OK && status >= 200 && status < 400) {
+        return head_done(p, j);
+    }
+    if (was == ST_GET && status == 416) { /* our offset is past what the server has: start over */
+        unlink(j->partial);
+        if (++j->attempt < MAX_ATTEMPTS) return 0;
+    }
+    if (j->attempt + 1 < MAX_ATTEMPTS && (transient_curl(rc) || (rc == CURLE_OK && transient_status(status)))) {
+        j->wake = now_s() + backoff_s(j->attempt++);
+        return 0;
+    }
+    return request_error(p->c, j->file, rc, status, j->h.error_message);
+}
+
+/* Another running GET writes the same partial (two paths with the same content). */
+static int blob_busy(const pool *p, const job *j) {
+    for (int i = 0; i < p->n; i++)
+        if (&p->jobs[i] != j && p->jobs[i].state == ST_GET && !strcmp(p->jobs[i].etag, j->etag)) return 1;
+    return 0;
+}
+
+/* Fills the free slots: files whose HEAD is done first, so that started files finish first and
+ * one slot means one file after another. Returns 1 when every file is done. */
+static int schedule(pool *p) {
+    double t = now_s();
+    for (int pass = 0; pass < 2; pass++)
+        for (int i = 0; i < p->n && p->active < p->max_active; i++) {
+            job *j = &p->jobs[i];
+            if (j->wake > t) continue;
+            if (pass == 0 && j->state == ST_READY && !blob_busy(p, j) && start_get(p, j) != 0) return -1;
+            if (pass == 1 && j->state == ST_QUEUED && start_head(p, j) != 0) return -1;
+        }
+    for (int i = 0; i < p->n; i++)
+        if (p->jobs[i].state != ST_DONE) return 0;
+    return 1;
+}
+
+/* Milliseconds until the next paused retry may start, at most 100 (the progress refresh). Files
+ * waiting for a slot need no timer: a finished transfer wakes the poll. */
+static int poll_ms(const pool *p) {
+    double t = now_s(), wait = 0.1;
+    for (int i = 0; i < p->n; i++) {
+        const job *j = &p->jobs[i];
+        if ((j->state == ST_QUEUED || j->state == ST_READY) && j->wake > t && j->wake - t < wait) wait = j->wake - t;
+    }
+    return (int)(wait * 1000) + 1;
+}
+
+static int run_pool(pool *p) {
+    for (;;) {
+        int r = schedule(p);
+        if (r != 0) return r < 0 ? -1 : 0;
+        int running;
+        CURLMcode mc = curl_multi_poll(p->multi, NULL, 0, poll_ms(p), NULL);
+        if (mc == CURLM_OK) mc = curl_multi_perform(p->multi, &running);
+        if (mc != CURLM_OK) return qlm_errorf("%s: libcurl: %s", p->c->repo, curl_multi_strerror(mc));
+        CURLMsg *m;
+        int left;
+        while ((m = curl_multi_info_read(p->multi, &left)))
+            if (m->msg == CURLMSG_DONE) {
+                job *j = NULL;
+                curl_easy_getinfo(m->easy_handle, CURLINFO_PRIVATE, (char **)&j);
+                /* The first fatal error stops the pull; the partials stay for the next one. */
+                if (transfer_done(p, j, m->data.result) != 0) return -1;
+            }
+        draw_progress(p, 0);
+    }
+}
+
+/* Downloads the files, max_active at a time; the transfers still running when one fails are
+ * dropped, their partial files kept for a resume. */
+static int pull_files(client *c, const char *repo_dir, const char *commit, const char **files, int n, int max_active) {
+    pool p = {.c = c, .repo_dir = repo_dir, .commit = commit, .n = n, .max_active = max_active,
+              .tty = isatty(STDERR_FILENO)};
+    p.jobs = calloc((size_t)n, sizeof *p.jobs);
+    p.multi = curl_multi_init();
+    int rc = -1;
+    if (!p.jobs || !p.multi) {
+        qlm_errorf(p.jobs ? "libcurl failed to initialize" : "out of memory");
+        goto out;
+    }
+    for (int i = 0; i < n; i++) {
+        job *j = &p.jobs[i];
+        char path[4400], esc[3200];
+        struct stat st;
+        j->file = files[i];
+        snprintf(path, sizeof path, "%s/snapshots/%s/%s", repo_dir, commit, j->file);
+        j->state = stat(path, &st) == 0 && S_ISREG(st.st_mode) ? ST_DONE : ST_QUEUED; /* already in this snapshot */
+        url_escape(esc, sizeof esc, j->file, 1);
+        snprintf(j->url, sizeof j->url, "%s/%s/resolve/%s/%s", c->endpoint, c->repo, commit, esc);
+    }
+    rc = run_pool(&p);
+out:
+    if (p.tty && c->progress) erase_progress(&p);
+    for (int i = 0; p.jobs && i < n; i++) {
+        job *j = &p.jobs[i];
+        if (j->state == ST_HEAD || j->state == ST_GET) curl_multi_remove_handle(p.multi, j->easy);
+        if (j->s.f) fclose(j->s.f);
+        if (j->easy) curl_easy_cleanup(j->easy);
+    }
+    if (p.multi) curl_multi_cleanup(p.multi);
+    free(p.jobs);
+    return rc;
 }
 
 /* The commit and the selected paths from the model info, every path checked before use. */
@@ -473,8 +645,7 @@ int qlm_hf_pull(const qlm_hf_pull_opts *o, char *snapshot, size_t cap) {
     snprintf(url, sizeof url, "%s/api/models/%s/revision/%s", c.endpoint, o->repo, esc_rev);
     if (get_json(&c, url, &info) != 0 || read_model_info(&c, info, o, commit, &files, &n_files) != 0) goto out;
     if (o->progress) fprintf(stderr, "%s@%s: commit %s, %d files\n", o->repo, rev, commit, n_files);
-    for (int i = 0; i < n_files; i++)
-        if (pull_file(&c, repo_dir, commit, files[i]) != 0) goto out;
+    if (pull_files(&c, repo_dir, commit, files, n_files, o->jobs > 0 ? o->jobs : QLM_HF_DEFAULT_JOBS) != 0) goto out;
     /* The ref moves only once the snapshot is complete, so a cached ref means usable files. */
     if (qlm_hf_write_ref(repo_dir, rev, commit) != 0) goto out;
     int n = snprintf(snapshot, cap, "%s/snapshots/%s", repo_dir, commit);

@@ -1,5 +1,5 @@
 /* Downloading a model repository from the Hugging Face hub (or a mirror at HF_ENDPOINT) into the
- * shared cache (hf_cache.h) with libcurl: files one after another, resumed from
+ * shared cache (hf_cache.h) with libcurl's multi interface: several files at once, each resumed from
  * blobs/<etag>.incomplete with a Range request, retried with backoff on 5xx, 429 and broken or
  * stalled transfers, verified against the hub's etag before being renamed into blobs/. */
 #ifndef QLM_HF_DOWNLOAD_H
@@ -15,7 +15,10 @@ typedef struct {
     const char *const *exclude;        /* removed from whatever include selected */
     int n_exclude;
     int progress;                      /* a progress line per file on stderr */
+    int jobs;                          /* files downloaded at once; 0 = QLM_HF_DEFAULT_JOBS, 1 = in turn */
 } qlm_hf_pull_opts;
+
+enum { QLM_HF_DEFAULT_JOBS = 4, QLM_HF_MAX_JOBS = 64 };
 
 /* The default set: config, generation config, tokenizer files and safetensors weights (with the
  * shard index) at the top of the repo; no .bin/.pt/.h5/.msgpack/ONNX duplicates. */

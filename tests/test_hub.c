@@ -1,8 +1,11 @@
 /* qlm pull and ORG/NAME models against a hub mirror served in-process with libmicrohttpd on a
  * loopback port: the model info API, resolve URLs (LFS files redirect to a blob URL), etags,
- * Range requests and injected failures (401, 404, 500 once, a dropped connection, a corrupt blob). */
+ * Range requests and injected failures (401, 404, 500 once, a dropped connection, a corrupt blob).
+ * A thread per connection, so that slowed responses overlap and parallel GETs can be counted. */
+#include <dirent.h>
 #include <microhttpd.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <unistd.h>
 
 #include "../core/error.h"
@@ -37,6 +40,8 @@ static struct {
     int require_token, fail_500; /* injected failures */
     long drop_after;             /* >0: the next blob transfer stops after this many bytes */
     int corrupt;                 /* serve the LFS blob with one byte changed */
+    int delay_us;                /* a pause before each chunk of a file's bytes */
+    atomic_int gets, max_gets;   /* file GETs in flight now, and the most at once */
     char home[512], snap[4200];
 } M;
 
@@ -50,8 +55,15 @@ typedef struct {
     const char *data;
     size_t start, len, pos;
     long drop;
-    int corrupt, count;
+    int corrupt, count, delay_us, get;
 } body;
+
+/* A file GET ends (its response is freed) when its bytes are sent or the connection broke. */
+static void free_body(void *cls) {
+    body *b = cls;
+    if (b->get) atomic_fetch_sub(&M.gets, 1);
+    free(b);
+}
 
 static ssize_t read_body(void *cls, uint64_t pos, char *buf, size_t max) {
     body *b = cls;
@@ -60,6 +72,7 @@ static ssize_t read_body(void *cls, uint64_t pos, char *buf, size_t max) {
     size_t n = b->len - b->pos < max ? b->len - b->pos : max;
     if (b->drop > 0 && b->pos + n > (size_t)b->drop) n = (size_t)b->drop - b->pos;
     if (n == 0) return MHD_CONTENT_READER_END_OF_STREAM;
+    if (b->delay_us) usleep((useconds_t)b->delay_us);
     memcpy(buf, b->data + b->start + b->pos, n);
     /* The flipped byte sits in the middle of the file, wherever the transfer started. */
     size_t mid = b->len / 2;
@@ -82,7 +95,7 @@ static enum MHD_Result send_text(struct MHD_Connection *con, unsigned status, co
 }
 
 /* A file's bytes with Range support ("bytes=N-", what a resuming client sends). */
-static enum MHD_Result send_file(struct MHD_Connection *con, const mirror_file *f, int count) {
+static enum MHD_Result send_file(struct MHD_Connection *con, const char *method, const mirror_file *f, int count) {
     const char *range = MHD_lookup_connection_value(con, MHD_HEADER_KIND, "Range");
     size_t start = 0;
     if (range && sscanf(range, "bytes=%zu-", &start) == 1 && start >= f->size)
@@ -92,8 +105,14 @@ static enum MHD_Result send_file(struct MHD_Connection *con, const mirror_file *
     pthread_mutex_lock(&M.mu);
     if (count && M.drop_after > 0) b->drop = M.drop_after, M.drop_after = 0;
     b->corrupt = count && M.corrupt;
+    b->delay_us = M.delay_us;
     pthread_mutex_unlock(&M.mu);
-    struct MHD_Response *r = MHD_create_response_from_callback(b->len, 64 * 1024, read_body, b, free);
+    b->get = !strcmp(method, "GET");
+    if (b->get) {
+        int now = atomic_fetch_add(&M.gets, 1) + 1, max = atomic_load(&M.max_gets);
+        while (now > max && !atomic_compare_exchange_weak(&M.max_gets, &max, now)) {}
+    }
+    struct MHD_Response *r = MHD_create_response_from_callback(b->len, 64 * 1024, read_body, b, free_body);
     char etag[80], cr[96];
     snprintf(etag, sizeof etag, "\"%s\"", f->lfs ? f->sha256 : f->sha1);
     MHD_add_response_header(r, "ETag", etag);
@@ -138,7 +157,7 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *con, const char 
     if (!strncmp(url, prefix, strlen(prefix))) {
         mirror_file *f = find_file(url + strlen(prefix));
         if (!f) return send_text(con, 404, "", "Entry not found");
-        if (!f->lfs) return send_file(con, f, 0);
+        if (!f->lfs) return send_file(con, method, f, 0);
         /* LFS files: the hub answers with a redirect to storage and the linked etag and size. */
         struct MHD_Response *r = MHD_create_response_from_buffer(0, NULL, MHD_RESPMEM_PERSISTENT);
         char loc[128], etag[80], size[32];
@@ -156,15 +175,16 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *con, const char 
     }
     if (!strncmp(url, "/lfs-storage/", 13))
         for (int i = 0; i < N_FILES; i++)
-            if (M.files[i].lfs && !strcmp(url + 13, M.files[i].sha256)) return send_file(con, &M.files[i], 1);
+            if (M.files[i].lfs && !strcmp(url + 13, M.files[i].sha256)) return send_file(con, method, &M.files[i], 1);
     return send_text(con, 404, "", NULL);
 }
 
 static void reset_faults(void) {
     pthread_mutex_lock(&M.mu);
     M.requests = M.lfs_bytes = 0;
-    M.require_token = M.fail_500 = M.corrupt = 0;
+    M.require_token = M.fail_500 = M.corrupt = M.delay_us = 0;
     M.drop_after = 0;
+    atomic_store(&M.max_gets, 0);
     pthread_mutex_unlock(&M.mu);
     unsetenv("HF_TOKEN");
     unsetenv("HF_HUB_OFFLINE");
@@ -203,7 +223,7 @@ static int setup(void **state) {
         f->lfs = strstr(f->name, ".safetensors") != NULL;
     }
     pthread_mutex_init(&M.mu, NULL);
-    M.d = MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD, 0, NULL, NULL, handle, NULL,
+    M.d = MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_THREAD_PER_CONNECTION, 0, NULL, NULL, handle, NULL,
                            MHD_OPTION_SOCK_ADDR, NULL, MHD_OPTION_END);
     if (!M.d) return -1;
     M.port = MHD_get_daemon_info(M.d, MHD_DAEMON_INFO_BIND_PORT)->port;
@@ -455,12 +475,98 @@ static void test_handmade_cache_used(void **state) {
     assert_int_equal(M.requests, 0);
 }
 
+/* What a pull left: each snapshot entry's link (its content checked against the mirror) and the
+ * names in blobs/, sorted. */
+static void describe_cache(char *out, size_t cap) {
+    char path[4400], link[256];
+    size_t n = 0;
+    for (int i = 0; i < N_FILES; i++) {
+        cache_path(path, sizeof path, "snapshots/" COMMIT "/");
+        strcat(path, M.files[i].name);
+        ssize_t k = readlink(path, link, sizeof link - 1);
+        link[k > 0 ? k : 0] = 0;
+        if (k > 0) {
+            size_t len = 0;
+            char *got = test_read_file(path, &len);
+            assert_non_null(got);
+            assert_int_equal(len, M.files[i].size);
+            assert_memory_equal(got, M.files[i].data, len);
+            free(got);
+        }
+        n += (size_t)snprintf(out + n, cap - n, "%s -> %s\n", M.files[i].name, link);
+    }
+    struct dirent **names;
+    cache_path(path, sizeof path, "blobs");
+    int k = scandir(path, &names, NULL, alphasort);
+    assert_true(k > 0);
+    for (int i = 0; i < k; i++) {
+        n += (size_t)snprintf(out + n, cap - n, "blob %s\n", names[i]->d_name);
+        free(names[i]);
+    }
+    free(names);
+    assert_true(n < cap);
+    cache_path(path, sizeof path, "refs/main");
+    char *commit = test_read_file(path, NULL);
+    assert_string_equal(commit, COMMIT);
+    free(commit);
+}
+
+static void test_parallel_pull_matches_sequential(void **state) {
+    (void)state;
+    REQUIRE_MODEL();
+    char seq[4096], par[4096], *out = NULL;
+    qlm_hf_pull_opts o = {.repo = REPO, .rev = "main", .jobs = 1};
+    assert_int_equal(qlm_hf_pull(&o, M.snap, sizeof M.snap), 0);
+    describe_cache(seq, sizeof seq);
+    assert_non_null(strstr(seq, "model.safetensors -> ../../blobs/"));
+
+    /* Slowed chunks keep every GET open long enough for the next ones to start beside it. */
+    fresh_home();
+    M.delay_us = 20000;
+    assert_int_equal(test_run_qlm(&out, "pull --jobs 4 " REPO " 2>&1"), 0);
+    assert_true(atomic_load(&M.max_gets) > 1);
+    assert_true(atomic_load(&M.max_gets) <= 4);
+    describe_cache(par, sizeof par);
+    assert_string_equal(par, seq);
+    /* stderr is not a terminal: a line per finished file, no cursor movement. */
+    assert_non_null(strstr(out, "model.safetensors"));
+    assert_non_null(strstr(out, "tokenizer.json"));
+    assert_non_null(strstr(out, "done"));
+    assert_null(strchr(out, '\033'));
+    free(out);
+    assert_int_equal(test_run_qlm(&out, "pull --jobs 0 " REPO " 2>&1"), 2);
+    assert_non_null(strstr(out, "--jobs"));
+    free(out);
+}
+
+/* The LFS transfer breaks mid-way while the other files download; its retry resumes it. */
+static void test_parallel_resume(void **state) {
+    (void)state;
+    REQUIRE_MODEL();
+    const mirror_file *st = find_file("model.safetensors");
+    char got[4096];
+    M.drop_after = 1000000;
+    M.delay_us = 5000;
+    qlm_hf_pull_opts o = {.repo = REPO, .rev = "main", .jobs = 4};
+    assert_int_equal(qlm_hf_pull(&o, M.snap, sizeof M.snap), 0);
+    assert_true(atomic_load(&M.max_gets) > 1);
+    assert_int_equal(M.lfs_bytes, (long)st->size); /* the retry asked only for the rest */
+    describe_cache(got, sizeof got);
+    for (int i = 0; i < N_FILES; i++) {
+        char line[256];
+        snprintf(line, sizeof line, "%s -> ../../blobs/", M.files[i].name);
+        assert_int_equal(strstr(got, line) != NULL, qlm_hf_default_file(M.files[i].name));
+    }
+    assert_null(strstr(got, ".incomplete"));
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_hashes_and_names),   cmocka_unit_test(test_full_pull_then_generate),
         cmocka_unit_test(test_resume_after_drop),  cmocka_unit_test(test_corrupt_blob_rejected),
         cmocka_unit_test(test_http_errors),        cmocka_unit_test(test_retry_after_500),
         cmocka_unit_test(test_offline),            cmocka_unit_test(test_handmade_cache_used),
+        cmocka_unit_test(test_parallel_pull_matches_sequential), cmocka_unit_test(test_parallel_resume),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
