@@ -185,9 +185,7 @@ int cmd_chat(int argc, char **argv) {
     optind = 1;
     int c;
     while ((c = getopt_long(argc, argv, "m:t:p:n:h", opts, NULL)) != -1) {
-        int r = cli_model_flag(&mo, c, optarg);
-        if (r == 0) r = cli_sampling_flag(&so, c, optarg);
-        if (r == 0) r = cli_lora_flag(&mo, c, optarg);
+        int r = cli_generation_flag(&mo, &so, c, optarg);
         if (r < 0) return 2;
         if (r > 0) continue;
         switch (c) {

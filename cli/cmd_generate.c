@@ -81,9 +81,7 @@ int cmd_generate(int argc, char **argv) {
     optind = 1;
     int c;
     while ((c = getopt_long(argc, argv, "m:t:p:n:f:h", opts, NULL)) != -1) {
-        int r = cli_model_flag(&mo, c, optarg);
-        if (r == 0) r = cli_sampling_flag(&so, c, optarg);
-        if (r == 0) r = cli_lora_flag(&mo, c, optarg);
+        int r = cli_generation_flag(&mo, &so, c, optarg);
         if (r < 0) return 2;
         if (r > 0) continue;
         switch (c) {

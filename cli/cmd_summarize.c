@@ -99,9 +99,7 @@ static int parse(int argc, char **argv, options *o) {
     optind = 1;
     int c;
     while ((c = getopt_long(argc, argv, "m:t:n:h", opts, NULL)) != -1) {
-        int r = cli_model_flag(&o->mo, c, optarg);
-        if (r == 0) r = cli_sampling_flag(&o->so, c, optarg);
-        if (r == 0) r = cli_lora_flag(&o->mo, c, optarg);
+        int r = cli_generation_flag(&o->mo, &o->so, c, optarg);
         if (r < 0) return 2;
         if (r > 0) continue;
         switch (c) {

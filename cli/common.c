@@ -94,6 +94,13 @@ int cli_lora_flag(cli_model_opts *o, int opt, const char *arg) {
     return 1;
 }
 
+int cli_generation_flag(cli_model_opts *mo, cli_sampling_opts *so, int opt, const char *arg) {
+    int r = cli_model_flag(mo, opt, arg);
+    if (r == 0) r = cli_sampling_flag(so, opt, arg);
+    if (r == 0) r = cli_lora_flag(mo, opt, arg);
+    return r;
+}
+
 int cli_sampling_flag(cli_sampling_opts *s, int opt, const char *arg) {
     qlm_sampling *p = &s->gen.sampling;
     int v;

@@ -82,6 +82,8 @@ void cli_sampling_opts_init(cli_sampling_opts *s);
 int cli_model_flag(cli_model_opts *o, int opt, const char *arg);
 /* The same for --lora / --adapter. */
 int cli_lora_flag(cli_model_opts *o, int opt, const char *arg);
+/* Any of the three kinds, for the commands that generate (generate, chat, summarize). */
+int cli_generation_flag(cli_model_opts *mo, cli_sampling_opts *so, int opt, const char *arg);
 int cli_sampling_flag(cli_sampling_opts *s, int opt, const char *arg);
 
 /* Strict number parsing with a message naming the flag. */
