@@ -74,7 +74,7 @@ asan: setup
 run: setup $(BUILD)/qlm
 	@scripts/run_main_job.sh $(BUILD)/qlm
 
-bench: setup $(BUILD)/qlm $(BUILD)/bench/bench_lora
+bench: setup $(BUILD)/qlm $(BUILD)/bench/bench_lora $(BUILD)/bench/bench_serve
 	@scripts/bench.sh $(BUILD)/qlm
 
 eval: setup $(BUILD)/qlm

@@ -25,10 +25,11 @@ static const char *k_usage =
     "      --max-seqs N       sequences decoded together (default 8)\n"
     "      --max-queue N      requests waiting beyond those before 429 (default 64)\n"
     "      --max-output N     most tokens one request may generate (default: half the context, at most 1024)\n"
+    "      --timeout S        close a connection idle for S seconds (default 30)\n"
     "      --name NAME        the base model's id in the API (default: the model path's last component)\n"
     "      --quiet            no load line or request log\n";
 
-enum { OPT_HOST = 700, OPT_PORT, OPT_API_KEY, OPT_MAX_SEQS, OPT_MAX_QUEUE, OPT_MAX_OUTPUT, OPT_NAME };
+enum { OPT_HOST = 700, OPT_PORT, OPT_API_KEY, OPT_MAX_SEQS, OPT_MAX_QUEUE, OPT_MAX_OUTPUT, OPT_NAME, OPT_TIMEOUT };
 
 static int g_signal_pipe[2];
 
@@ -70,7 +71,7 @@ int cmd_serve(int argc, char **argv) {
     cli_model_opts mo;
     cli_model_opts_init(&mo);
     const char *host = "127.0.0.1", *api_key = NULL, *name = NULL;
-    int port = 8080, max_seqs = 8, max_queue = 64, max_output = 0, quiet = 0;
+    int port = 8080, max_seqs = 8, max_queue = 64, max_output = 0, quiet = 0, timeout = 30;
     static const struct option opts[] = {CLI_MODEL_OPTIONS, CLI_LORA_OPTIONS,
                                          {"host", required_argument, 0, OPT_HOST},
                                          {"port", required_argument, 0, OPT_PORT},
@@ -79,6 +80,7 @@ int cmd_serve(int argc, char **argv) {
                                          {"max-queue", required_argument, 0, OPT_MAX_QUEUE},
                                          {"max-output", required_argument, 0, OPT_MAX_OUTPUT},
                                          {"name", required_argument, 0, OPT_NAME},
+                                         {"timeout", required_argument, 0, OPT_TIMEOUT},
                                          {"quiet", no_argument, 0, OPT_QUIET},
                                          {0, 0, 0, 0}};
     optind = 1;
@@ -96,6 +98,7 @@ int cmd_serve(int argc, char **argv) {
         case OPT_MAX_SEQS: if (cli_int("--max-seqs", optarg, 1, 256, &max_seqs) != 0) return 2; break;
         case OPT_MAX_QUEUE: if (cli_int("--max-queue", optarg, 1, 100000, &max_queue) != 0) return 2; break;
         case OPT_MAX_OUTPUT: if (cli_int("--max-output", optarg, 1, 1 << 20, &max_output) != 0) return 2; break;
+        case OPT_TIMEOUT: if (cli_int("--timeout", optarg, 1, 86400, &timeout) != 0) return 2; break;
         case OPT_NAME: name = optarg; break;
         case OPT_QUIET: quiet = 1; break;
         default: return cli_usage_error("serve", k_usage);
@@ -127,7 +130,7 @@ int cmd_serve(int argc, char **argv) {
     qlm_server_config sc = {.host = host, .port = port, .api_key = api_key, .model_name = model_name,
                             .model = cm.src.is_t5 ? NULL : &cm.model, .t5 = cm.src.is_t5 ? &cm.t5 : NULL,
                             .tok = cm.src.tok, .lora = &cm.lora, .max_seqs = max_seqs, .max_prompt = max_prompt,
-                            .max_output = max_output, .max_queue = max_queue, .log = quiet ? NULL : log_request};
+                            .max_output = max_output, .max_queue = max_queue, .timeout_s = timeout, .log = quiet ? NULL : log_request};
     /* Libraries start threads of their own (OpenBLAS before main), so a signal may land on any
      * thread: its handler only writes to a pipe that the main thread waits on. */
     if (pipe(g_signal_pipe) != 0) {

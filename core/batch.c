@@ -100,6 +100,8 @@ static int retire(batch *b, int i, qlm_batch_done_fn done, void *ctx, qlm_batch_
     slot *s = &b->slots[i];
     qlm_token_stream_finish(&s->ts);
     s->active = 0;
+    /* The adapter may be unloaded once its request is done: the free slot must not keep it. */
+    qlm_lora_slots_set(b->cfg.t5 ? &b->t5.lora : &b->kv.lora, i, NULL);
     st->requests++;
     st->generated_tokens += s->stats.n_generated;
     if (done(ctx, &s->req, s->text ? s->text : "", s->len, &s->stats) != 0)

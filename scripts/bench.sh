@@ -58,6 +58,22 @@ done
 echo "bench: LoRA adapters ..." >&2
 lora_table=$("$(dirname "$qlm")/bench/bench_lora" "$model" "$tmp/lora1" "$tmp/lora2" "$tmp/lora3" "$tmp/lora4")
 
+# HTTP server: `qlm serve` (BF16, 16 sequences) on a free loopback port, loaded by
+# build/bench/bench_serve with 1, 4 and 16 concurrent streaming clients.
+echo "bench: HTTP server ..." >&2
+"$qlm" serve -m "$model" --dtype bf16 --port 0 --max-seqs 16 --quiet > "$tmp/serve.out" 2> "$tmp/serve.err" &
+serve_pid=$!
+url=""
+for _ in $(seq 600); do
+    url=$(grep -o 'http://127.0.0.1:[0-9]*' "$tmp/serve.out" || true)
+    [ -n "$url" ] && curl -sf "$url/health" > /dev/null && break
+    kill -0 "$serve_pid" 2> /dev/null || { cat "$tmp/serve.err" >&2; exit 1; }
+    sleep 0.1
+done
+serve_table=$("$(dirname "$qlm")/bench/bench_serve" "$url") || { kill -TERM "$serve_pid"; exit 1; }
+kill -TERM "$serve_pid"
+wait "$serve_pid"
+
 llama_cpp=""
 if python3 -c "import llama_cpp" 2>/dev/null; then
     echo "bench: llama.cpp (llama-cpp-python) ..." >&2
@@ -116,6 +132,16 @@ fi
     echo "three interleaved rounds)."
     echo
     echo "$lora_table"
+    echo
+    echo "## HTTP server"
+    echo
+    echo "\`qlm serve\` on SmolLM2-135M-Instruct (BF16, --max-seqs 16, same run), loaded by build/bench/bench_serve:"
+    echo "C concurrent clients send streaming /v1/completions requests (a different prompt each, greedy, max_tokens 64)"
+    echo "back to back, max(16, 2C) requests per row. Aggregate tok/s: completion tokens (from the usage of each"
+    echo "stream) over the row's wall time; TTFT: from connecting to the first streamed token. Target: 16 clients"
+    echo "≥ 4x the tokens/s of one, TTFT p99 under 2 s."
+    echo
+    echo "$serve_table"
     echo
     echo "Reproduce: \`make bench\` (QLM_BENCH_REPS, QLM_BENCH_DIALOGUES and QLM_BENCH_SUMMARY_TOKENS change the"
     echo "repetitions, the number of dialogues and the summary length)."

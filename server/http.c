@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -174,6 +175,14 @@ static enum MHD_Result generate(struct MHD_Connection *c, conn *cx, int chat) {
     api_error e;
     if (openai_parse_generation(&s->cfg, cx->body ? cx->body : "", cx->len, chat, j, cx->model, sizeof cx->model, &e) != 0)
         return respond_api_error(c, cx, &e);
+    /* Looked up and counted as a user under the lock that unloads take, so the adapter stays
+     * resident until the job is freed. */
+    const qlm_lora_adapter *a;
+    pthread_mutex_lock(&s->queue.mu);
+    int found = openai_find_adapter(&s->cfg, j, &a, &e) == 0;
+    if (found) queue_acquire_adapter(&s->queue, j, a);
+    pthread_mutex_unlock(&s->queue.mu);
+    if (!found) return respond_api_error(c, cx, &e);
     pthread_mutex_lock(&s->mu);
     snprintf(cx->id, sizeof cx->id, "%s-%ld", chat ? "chatcmpl" : "cmpl", ++s->next_id);
     pthread_mutex_unlock(&s->mu);
@@ -201,6 +210,67 @@ static enum MHD_Result generate(struct MHD_Connection *c, conn *cx, int chat) {
     return respond_json(c, cx, 200, openai_result_json(j, chat, cx->id, cx->model, cx->created));
 }
 
+/* POST /v1/adapters: loads the folder (outside the lock: it reads files) against the registry's
+ * base, which never changes, then adds it under the queue's lock. */
+static enum MHD_Result load_adapter(struct MHD_Connection *c, conn *cx) {
+    qlm_server *s = cx->srv;
+    qlm_lora_registry *r = s->cfg.lora;
+    if (!r) return respond_error(c, cx, 400, "invalid_request_error", "this server takes no adapters");
+    char name[64], *path;
+    api_error e;
+    if (openai_parse_adapter_load(&s->cfg, cx->body ? cx->body : "", cx->len, name, sizeof name, &path, &e) != 0)
+        return respond_api_error(c, cx, &e);
+    struct stat st;
+    int missing = stat(path, &st) != 0;
+    pthread_mutex_lock(&s->queue.mu);
+    int dup = qlm_lora_registry_find(r, name) != NULL;
+    pthread_mutex_unlock(&s->queue.mu);
+    if (missing || dup) {
+        free(path);
+        return missing ? respond_error(c, cx, 404, "not_found_error", "'path' does not exist on the server")
+                       : respond_error(c, cx, 409, "invalid_request_error", "an adapter with this 'name' is loaded");
+    }
+    qlm_lora_adapter a;
+    int rc = qlm_lora_load(&a, path, name, r->is_t5 ? NULL : &r->llama, r->is_t5 ? &r->t5 : NULL, QLM_F32);
+    free(path);
+    if (rc != 0) {
+        e = (api_error){.status = 422, .type = "invalid_request_error"};
+        snprintf(e.message, sizeof e.message, "'path' is not an adapter for this model: %s", qlm_last_error());
+        return respond_api_error(c, cx, &e);
+    }
+    /* Another request may have taken the name while this one loaded. */
+    pthread_mutex_lock(&s->queue.mu);
+    dup = qlm_lora_registry_find(r, name) != NULL;
+    int full = !dup && r->n >= QLM_LORA_MAX_RESIDENT;
+    rc = dup || full ? -1 : qlm_lora_registry_add(r, &a);
+    pthread_mutex_unlock(&s->queue.mu);
+    if (rc != 0) {
+        qlm_lora_free(&a);
+        return dup ? respond_error(c, cx, 409, "invalid_request_error", "an adapter with this 'name' is loaded")
+               : full ? respond_error(c, cx, 409, "invalid_request_error", "the server holds as many adapters as it can")
+                      : respond_error(c, cx, 500, "server_error", qlm_last_error());
+    }
+    char *json = NULL;
+    if (asprintf(&json, "{\"id\":\"%s\",\"object\":\"model\",\"parent\":\"%s\"}", name, s->cfg.model_name) < 0) json = NULL;
+    return respond_json(c, cx, 200, json);
+}
+
+/* DELETE /v1/adapters/{name}: refused while a queued or running request holds the adapter. */
+static enum MHD_Result unload_adapter(struct MHD_Connection *c, conn *cx, const char *name) {
+    qlm_server *s = cx->srv;
+    pthread_mutex_lock(&s->queue.mu);
+    const qlm_lora_adapter *a = s->cfg.lora ? qlm_lora_registry_find(s->cfg.lora, name) : NULL;
+    int busy = a && queue_adapter_users(&s->queue, a) > 0;
+    int rc = a && !busy ? qlm_lora_registry_remove(s->cfg.lora, name) : -1;
+    pthread_mutex_unlock(&s->queue.mu);
+    if (!a) return respond_error(c, cx, 404, "not_found_error", "no adapter has this name");
+    if (busy) return respond_error(c, cx, 409, "invalid_request_error", "the adapter is in use by a request");
+    if (rc != 0) return respond_error(c, cx, 500, "server_error", qlm_last_error());
+    char *json = NULL;
+    if (asprintf(&json, "{\"id\":\"%s\",\"object\":\"model\",\"deleted\":true}", name) < 0) json = NULL;
+    return respond_json(c, cx, 200, json);
+}
+
 static int authorized(struct MHD_Connection *c, const qlm_server *s) {
     if (!s->cfg.api_key) return 1;
     const char *h = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Authorization");
@@ -213,9 +283,18 @@ static enum MHD_Result route(struct MHD_Connection *c, conn *cx) {
     int get = !strcmp(m, "GET"), post = !strcmp(m, "POST");
     if (cx->too_large) return respond_error(c, cx, 413, "invalid_request_error", "the body is larger than 1 MiB");
     if (get && !strcmp(p, "/health")) return respond_json(c, cx, 200, strdup("{\"status\":\"ok\"}"));
+    /* The page itself is public; its requests carry the key the user types in. */
+    if (get && !strcmp(p, "/")) return respond(c, cx, 200, strdup(qlm_chat_page), "text/html; charset=utf-8");
     if (!authorized(c, s)) return respond_error(c, cx, 401, "authentication_error", "missing or wrong API key");
     if (get && !strcmp(p, "/metrics")) return respond(c, cx, 200, metrics_text(s), "text/plain; version=0.0.4");
-    if (get && !strcmp(p, "/v1/models")) return respond_json(c, cx, 200, openai_models_json(&s->cfg, (long)time(NULL)));
+    if (get && !strcmp(p, "/v1/models")) {
+        pthread_mutex_lock(&s->queue.mu); /* the registry may be changing */
+        char *json = openai_models_json(&s->cfg, (long)time(NULL));
+        pthread_mutex_unlock(&s->queue.mu);
+        return respond_json(c, cx, 200, json);
+    }
+    if (post && !strcmp(p, "/v1/adapters")) return load_adapter(c, cx);
+    if (!strcmp(m, "DELETE") && !strncmp(p, "/v1/adapters/", 13)) return unload_adapter(c, cx, p + 13);
     api_error e = {0};
     if (post && !strcmp(p, "/tokenize")) {
         char *out = openai_tokenize_json(&s->cfg, cx->body ? cx->body : "", cx->len, &e);
@@ -236,6 +315,7 @@ static enum MHD_Result route(struct MHD_Connection *c, conn *cx) {
         return generate(c, cx, !strcmp(p, "/v1/chat/completions"));
     }
     int known = !strcmp(p, "/health") || !strcmp(p, "/metrics") || !strcmp(p, "/v1/models") || !strcmp(p, "/tokenize") ||
+                !strcmp(p, "/v1/adapters") || !strncmp(p, "/v1/adapters/", 13) ||
                 !strcmp(p, "/detokenize") || !strcmp(p, "/v1/completions") || !strcmp(p, "/v1/chat/completions");
     return known ? respond_error(c, cx, 405, "invalid_request_error", "method not allowed for this path")
                  : respond_error(c, cx, 404, "not_found_error", "no such route");
@@ -311,7 +391,7 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **state, enum
 int qlm_server_start(const qlm_server_config *cfg, qlm_server **out) {
     *out = NULL;
     if (!cfg->tok || !cfg->model == !cfg->t5 || cfg->max_seqs < 1 || cfg->max_prompt < 1 || cfg->max_output < 1 ||
-        cfg->max_queue < 1 || !cfg->model_name || cfg->port < 0 || cfg->port > 65535)
+        cfg->max_queue < 1 || cfg->timeout_s < 0 || !cfg->model_name || cfg->port < 0 || cfg->port > 65535)
         return qlm_errorf("server: invalid configuration");
     struct sockaddr_in addr = {.sin_family = AF_INET, .sin_port = htons((uint16_t)cfg->port)};
     const char *host = cfg->host ? cfg->host : "127.0.0.1";
@@ -328,7 +408,7 @@ int qlm_server_start(const qlm_server_config *cfg, qlm_server **out) {
                                  on_request, s, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&addr,
                                  MHD_OPTION_NOTIFY_COMPLETED, on_completed, s, MHD_OPTION_CONNECTION_LIMIT,
                                  (unsigned)MAX_CONNECTIONS, MHD_OPTION_CONNECTION_TIMEOUT,
-                                 (unsigned)CONNECTION_TIMEOUT_S, MHD_OPTION_END);
+                                 (unsigned)(cfg->timeout_s > 0 ? cfg->timeout_s : CONNECTION_TIMEOUT_S), MHD_OPTION_END);
     if (!s->daemon) {
         queue_free(&s->queue);
         qlm_errorf("server: cannot listen on %s:%d (in use, or not an address of this machine)", host, cfg->port);

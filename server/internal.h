@@ -16,7 +16,9 @@ typedef struct job {
     int n_ids;
     qlm_gen_params params;
     char *stop[JOB_MAX_STOP];
-    const qlm_lora_adapter *adapter;
+    char adapter_name[128];  /* the adapter the request names ("" for the base), resolved by http.c */
+    int adapter_via_model;   /* named through "model" rather than "adapter" (for the 404's wording) */
+    const qlm_lora_adapter *adapter; /* set only by queue_acquire_adapter, which counts it as a user */
     int stream;
     /* Guarded by the queue's mutex. */
     char *pending;           /* streamed text not yet taken by the HTTP side */
@@ -41,6 +43,12 @@ typedef struct job_queue {
     qlm_batch_config cfg;
     qlm_batch *batch;        /* slots and caches, allocated once for every burst */
     long generated_tokens, prompt_tokens;
+    /* Jobs holding each resident adapter, from parse until freed, so an unload can refuse while
+     * one is in use. The mutex also guards the server's registry (load, unload, lookups). */
+    struct {
+        const qlm_lora_adapter *adapter;
+        int users;
+    } adapter_users[QLM_LORA_MAX_RESIDENT];
 } job_queue;
 
 int queue_start(job_queue *q, const qlm_batch_config *cfg, int max_queue);
@@ -58,6 +66,10 @@ void job_release(job_queue *q, job *j);
  * (malloc'd, or NULL). Returns 1 when j is finished. */
 int job_wait(job_queue *q, job *j, int ms, char **text, size_t *len);
 void job_cancel(job_queue *q, job *j);
+/* With the mutex held: makes a the job's adapter and counts the job as its user until it is freed. */
+void queue_acquire_adapter(job_queue *q, job *j, const qlm_lora_adapter *a);
+/* With the mutex held: how many jobs hold a. */
+int queue_adapter_users(const job_queue *q, const qlm_lora_adapter *a);
 
 /* ---- openai.c ---- */
 
@@ -67,8 +79,8 @@ typedef struct {
     char message[256];
 } api_error;
 
-/* Parses a /v1/completions (chat = 0) or /v1/chat/completions body into j (ids, params, adapter,
- * stream) and the model id to echo. Returns 0, or -1 with *e filled. */
+/* Parses a /v1/completions (chat = 0) or /v1/chat/completions body into j (ids, params,
+ * adapter_name, stream) and the model id to echo. Returns 0, or -1 with *e filled. */
 int openai_parse_generation(const qlm_server_config *cfg, const char *body, size_t len, int chat, job *j,
                             char *model_id, size_t model_cap, api_error *e);
 char *openai_error_json(const api_error *e);
@@ -77,9 +89,21 @@ char *openai_result_json(const job *j, int chat, const char *id, const char *mod
 /* One streamed chunk: text (may be empty), and when finished the finish_reason and usage. */
 char *openai_chunk_json(const job *j, int chat, const char *id, const char *model, long created, const char *text,
                         size_t len, int first, int last);
+/* Resolves j->adapter_name in the registry (the caller holds the lock guarding it): the adapter,
+ * or NULL for the base; -1 with a 404 in *e when no adapter has that name. */
+int openai_find_adapter(const qlm_server_config *cfg, const job *j, const qlm_lora_adapter **out, api_error *e);
+/* A POST /v1/adapters body: {"name": ..., "path": ...}, the name checked against the rules of
+ * qlm_lora_load and the base's id. 0, or -1 with a 400 naming the field in *e. */
+int openai_parse_adapter_load(const qlm_server_config *cfg, const char *body, size_t len, char *name, size_t name_cap,
+                              char **path, api_error *e);
 char *openai_models_json(const qlm_server_config *cfg, long created);
 char *openai_tokenize_json(const qlm_server_config *cfg, const char *body, size_t len, api_error *e);
 char *openai_detokenize_json(const qlm_server_config *cfg, const char *body, size_t len, api_error *e);
 const char *openai_finish_reason(qlm_stop_reason r);
+
+/* ---- chat_page.c ---- */
+
+/* The HTML of the chat page served at GET /. */
+extern const char qlm_chat_page[];
 
 #endif

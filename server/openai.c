@@ -57,7 +57,8 @@ static int number_field(const cJSON *root, const char *name, double lo, double h
     return 0;
 }
 
-/* The adapter the request names through "model" (vLLM's way) or "adapter"; NULL: the base. */
+/* The adapter the request names through "model" (vLLM's way) or "adapter"; "" for the base. Only
+ * the name is taken here: http.c looks it up under the registry's lock. */
 static int pick_adapter(const qlm_server_config *cfg, const cJSON *root, job *j, char *model_id, size_t cap,
                         api_error *e) {
     const cJSON *model = cJSON_GetObjectItemCaseSensitive(root, "model");
@@ -66,18 +67,51 @@ static int pick_adapter(const qlm_server_config *cfg, const cJSON *root, job *j,
     if (adapter && !cJSON_IsNull(adapter) && !cJSON_IsString(adapter)) return fail(e, 400, "'adapter' must be a string");
     const char *name = cJSON_IsString(model) ? model->valuestring : cfg->model_name;
     snprintf(model_id, cap, "%s", name);
-    j->adapter = NULL;
-    if (strcmp(name, cfg->model_name) != 0) {
-        if (!(j->adapter = cfg->lora ? qlm_lora_registry_find(cfg->lora, name) : NULL))
-            return fail(e, 404, "the model '%s' does not exist", name);
+    const char *want = strcmp(name, cfg->model_name) != 0 ? name : "";
+    j->adapter_via_model = want[0] != 0;
+    if (cJSON_IsString(adapter)) {
+        want = strcmp(adapter->valuestring, "none") != 0 ? adapter->valuestring : "";
+        j->adapter_via_model = 0;
     }
-    if (cJSON_IsString(adapter) && strcmp(adapter->valuestring, "none") != 0) {
-        if (!(j->adapter = cfg->lora ? qlm_lora_registry_find(cfg->lora, adapter->valuestring) : NULL))
-            return fail(e, 404, "the adapter '%s' does not exist", adapter->valuestring);
-    } else if (cJSON_IsString(adapter)) {
-        j->adapter = NULL;
-    }
+    if (strlen(want) >= sizeof j->adapter_name)
+        return fail(e, 404, "the %s '%.64s...' does not exist", j->adapter_via_model ? "model" : "adapter", want);
+    snprintf(j->adapter_name, sizeof j->adapter_name, "%s", want);
     return 0;
+}
+
+int openai_find_adapter(const qlm_server_config *cfg, const job *j, const qlm_lora_adapter **out, api_error *e) {
+    *out = NULL;
+    if (!j->adapter_name[0]) return 0;
+    if (!(*out = cfg->lora ? qlm_lora_registry_find(cfg->lora, j->adapter_name) : NULL))
+        return fail(e, 404, "the %s '%s' does not exist", j->adapter_via_model ? "model" : "adapter", j->adapter_name);
+    return 0;
+}
+
+int openai_parse_adapter_load(const qlm_server_config *cfg, const char *body, size_t len, char *name, size_t name_cap,
+                              char **path, api_error *e) {
+    *path = NULL;
+    cJSON *root = parse_object(body, len, e);
+    if (!root) return -1;
+    const cJSON *n = cJSON_GetObjectItemCaseSensitive(root, "name");
+    const cJSON *p = cJSON_GetObjectItemCaseSensitive(root, "path");
+    int rc = -1;
+    /* qlm_lora_load's rule, checked here so the error names the field. */
+    size_t nl = cJSON_IsString(n) ? strlen(n->valuestring) : 0;
+    int ok = nl >= 1 && nl <= 63 && nl < name_cap && strcmp(n->valuestring, "none") != 0;
+    for (size_t i = 0; ok && i < nl; i++) {
+        char c = n->valuestring[i];
+        ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' || c == '-' || c == '.';
+    }
+    if (!ok) fail(e, 400, "'name' must be 1-63 letters, digits, '_', '-' or '.', and not \"none\"");
+    else if (!strcmp(n->valuestring, cfg->model_name)) fail(e, 409, "'name' is the base model's id");
+    else if (!cJSON_IsString(p) || !p->valuestring[0]) fail(e, 400, "'path' must be a non-empty string");
+    else if (!(*path = strdup(p->valuestring))) fail(e, 500, "out of memory");
+    else {
+        memcpy(name, n->valuestring, nl + 1);
+        rc = 0;
+    }
+    cJSON_Delete(root);
+    return rc;
 }
 
 static int parse_stop(const cJSON *root, job *j, api_error *e) {

@@ -29,14 +29,42 @@ static void job_free(job *j) {
     free(j);
 }
 
-/* With the mutex held. */
-static void release_locked(job *j) {
-    if (--j->refs == 0) job_free(j);
+void queue_acquire_adapter(job_queue *q, job *j, const qlm_lora_adapter *a) {
+    j->adapter = a;
+    if (!a) return;
+    int free_at = -1;
+    for (int i = 0; i < QLM_LORA_MAX_RESIDENT; i++) {
+        if (q->adapter_users[i].adapter == a) {
+            q->adapter_users[i].users++;
+            return;
+        }
+        if (free_at < 0 && !q->adapter_users[i].users) free_at = i;
+    }
+    /* At most QLM_LORA_MAX_RESIDENT adapters are resident, so a slot is free. */
+    q->adapter_users[free_at].adapter = a;
+    q->adapter_users[free_at].users = 1;
+}
+
+int queue_adapter_users(const job_queue *q, const qlm_lora_adapter *a) {
+    for (int i = 0; i < QLM_LORA_MAX_RESIDENT; i++)
+        if (q->adapter_users[i].users && q->adapter_users[i].adapter == a) return q->adapter_users[i].users;
+    return 0;
+}
+
+/* With the mutex held. The adapter's use ends with the job's last reference. */
+static void release_locked(job_queue *q, job *j) {
+    if (--j->refs > 0) return;
+    for (int i = 0; j->adapter && i < QLM_LORA_MAX_RESIDENT; i++)
+        if (q->adapter_users[i].users && q->adapter_users[i].adapter == j->adapter) {
+            if (--q->adapter_users[i].users == 0) q->adapter_users[i].adapter = NULL;
+            break;
+        }
+    job_free(j);
 }
 
 void job_release(job_queue *q, job *j) {
     pthread_mutex_lock(&q->mu);
-    release_locked(j);
+    release_locked(q, j);
     pthread_mutex_unlock(&q->mu);
 }
 
@@ -76,7 +104,7 @@ static void finish_locked(job_queue *q, job *j, int failed) {
     q->running--;
     pthread_cond_broadcast(&j->cv);
     pthread_cond_broadcast(&q->cv);
-    release_locked(j);
+    release_locked(q, j);
 }
 
 /* Streams text to the HTTP side; a cancelled job (its client left) ends here. */

@@ -15,10 +15,11 @@ typedef struct {
     const qlm_model *model;  /* decoder-only, or */
     const qlm_t5_model *t5;  /* encoder-decoder */
     const qlm_tokenizer *tok;
-    const qlm_lora_registry *lora; /* adapters a request may name; read-only while serving */
+    qlm_lora_registry *lora; /* adapters a request may name; POST/DELETE /v1/adapters change it */
     int max_seqs;            /* sequences decoded together */
     int max_prompt, max_output; /* per-sequence limits in tokens */
     int max_queue;           /* requests waiting beyond the running ones before 429 */
+    int timeout_s;           /* an idle connection is closed after this (0: 30 s) */
     /* One line per finished HTTP request; called from HTTP threads. */
     void (*log)(void *user, const char *method, const char *path, int status, int tokens, double ms);
     void *log_user;

@@ -1,6 +1,12 @@
 /* qlm serve end to end: the real binary on a free loopback port, spoken to with the curl CLI. */
+#include <arpa/inet.h>
 #include <cjson/cJSON.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <poll.h>
 #include <signal.h>
+#include <sys/socket.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "test_util.h"
@@ -278,6 +284,22 @@ static void test_serve_api_key(void **state) {
     char *resp;
     assert_int_equal(http(&s, "GET", "/health", NULL, NULL, &resp), 200);
     free(resp);
+    /* The chat page needs no key (its requests send the one the user types in). */
+    char dump[600], path[512];
+    snprintf(path, sizeof path, "%s/headers", s.dir);
+    snprintf(dump, sizeof dump, "-D %s", path);
+    assert_int_equal(http(&s, "GET", "/", NULL, dump, &resp), 200);
+    const char *markers[] = {"<select id=\"model\">", "id=\"message\"", "id=\"history\"", "id=\"key\"",
+                             "/v1/models", "/v1/chat/completions", "stream: true", "getReader()", "data:"};
+    for (size_t i = 0; i < sizeof markers / sizeof *markers; i++)
+        if (!strstr(resp, markers[i])) fail_msg("the chat page lacks %s", markers[i]);
+    assert_null(strstr(resp, "http://"));
+    assert_null(strstr(resp, "https://"));
+    free(resp);
+    char *headers = test_read_file(path, NULL);
+    assert_non_null(headers);
+    assert_non_null(strcasestr(headers, "Content-Type: text/html"));
+    free(headers);
     expect_error(&s, "GET", "/v1/models", NULL, NULL, 401, "API key");
     expect_error(&s, "POST", "/v1/completions", "{\"prompt\":\"a\"}", "-H 'Authorization: Bearer wrong'", 401, NULL);
     assert_int_equal(http(&s, "GET", "/v1/models", NULL, "-H 'Authorization: Bearer sekrit'", &resp), 200);
@@ -290,7 +312,6 @@ static void test_serve_api_key(void **state) {
              s.dir, s.port, (int)s.pid);
     assert_int_equal(system(cmd), 0);
     free(server_stop(&s));
-    char path[512];
     snprintf(path, sizeof path, "%s/drain", s.dir);
     char *drained = test_read_file(path, NULL);
     assert_non_null(drained);
@@ -298,10 +319,253 @@ static void test_serve_api_key(void **state) {
     free(drained);
 }
 
+/* An adapter loaded at run time: listed, used, refused while duplicated, unloaded. */
+static void test_serve_adapters(void **state) {
+    (void)state;
+    char model[512];
+    test_asset(model, sizeof model, "tinystories-656K-hf");
+    REQUIRE_ASSET(model);
+    server s;
+    server_start(&s, model, "--name tiny --quiet");
+    /* B = 0 at init, so the adapter's outputs equal the base's. */
+    const char *bin = getenv("QLM_BIN");
+    char cmd[2048], body[2048], *resp;
+    snprintf(cmd, sizeof cmd, "%s lora init -m %s -o %s/ad --rank 4 >/dev/null 2>&1", bin && *bin ? bin : "build/qlm",
+             model, s.dir);
+    assert_int_equal(system(cmd), 0);
+    const char *gen = "{\"model\":\"%s\",\"prompt\":\"Once upon a time\",\"max_tokens\":24,\"temperature\":0}";
+    snprintf(body, sizeof body, gen, "tiny");
+    char *base = generated(&s, "/v1/completions", body, "length");
+
+    snprintf(body, sizeof body, "{\"name\":\"ad1\",\"path\":\"%s/ad\"}", s.dir);
+    assert_int_equal(http(&s, "POST", "/v1/adapters", body, NULL, &resp), 200);
+    free(resp);
+    assert_int_equal(http(&s, "GET", "/v1/models", NULL, NULL, &resp), 200);
+    cJSON *j = parse(resp), *m = cJSON_GetArrayItem(cJSON_GetObjectItem(j, "data"), 1);
+    assert_string_equal(cJSON_GetObjectItem(m, "id")->valuestring, "ad1");
+    assert_string_equal(cJSON_GetObjectItem(m, "parent")->valuestring, "tiny");
+    cJSON_Delete(j);
+    free(resp);
+    snprintf(body, sizeof body, gen, "ad1");
+    char *tuned = generated(&s, "/v1/completions", body, "length");
+    assert_string_equal(tuned, base);
+    free(tuned);
+
+    snprintf(body, sizeof body, "{\"name\":\"ad1\",\"path\":\"%s/ad\"}", s.dir);
+    expect_error(&s, "POST", "/v1/adapters", body, NULL, 409, "name");
+    snprintf(body, sizeof body, "{\"name\":\"ad2\",\"path\":\"%s/nowhere\"}", s.dir);
+    expect_error(&s, "POST", "/v1/adapters", body, NULL, 404, "path");
+    snprintf(body, sizeof body, "{\"name\":\"ad2\",\"path\":\"%s\"}", model);
+    expect_error(&s, "POST", "/v1/adapters", body, NULL, 422, "path");
+    expect_error(&s, "POST", "/v1/adapters", "{\"path\":\"/tmp\"}", NULL, 400, "name");
+    expect_error(&s, "POST", "/v1/adapters", "{\"name\":\"a b\",\"path\":\"/tmp\"}", NULL, 400, "name");
+    expect_error(&s, "POST", "/v1/adapters", "{\"name\":\"ad2\"}", NULL, 400, "path");
+
+    assert_int_equal(http(&s, "DELETE", "/v1/adapters/ad1", NULL, NULL, &resp), 200);
+    free(resp);
+    assert_int_equal(http(&s, "GET", "/v1/models", NULL, NULL, &resp), 200);
+    j = parse(resp);
+    assert_int_equal(cJSON_GetArraySize(cJSON_GetObjectItem(j, "data")), 1);
+    cJSON_Delete(j);
+    free(resp);
+    snprintf(body, sizeof body, gen, "ad1");
+    expect_error(&s, "POST", "/v1/completions", body, NULL, 404, "ad1");
+    expect_error(&s, "DELETE", "/v1/adapters/ad1", NULL, NULL, 404, NULL);
+    free(base);
+    free(server_stop(&s));
+}
+
+static long rss_kib(pid_t pid) {
+    char path[64];
+    snprintf(path, sizeof path, "/proc/%d/status", (int)pid);
+    /* Read by lines: /proc files report a size of 0. */
+    FILE *f = fopen(path, "r");
+    assert_non_null(f);
+    char line[256];
+    long kib = -1;
+    while (kib < 0 && fgets(line, sizeof line, f))
+        if (!strncmp(line, "VmRSS:", 6)) kib = atol(line + 6);
+    fclose(f);
+    assert_true(kib > 0);
+    return kib;
+}
+
+typedef struct {
+    int fd;
+    int close_after_send; /* hang up at once: no answer expected */
+    int dribble;          /* slowloris: header bytes still to send, one every 200 ms */
+    int done, status;     /* status 0: the server closed it without answering */
+    char got[64];
+    size_t got_len;
+} raw_conn;
+
+static int raw_connect(int port) {
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    assert_true(fd >= 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    assert_int_equal(connect(fd, (struct sockaddr *)&a, sizeof a), 0);
+    struct timeval tv = {.tv_sec = 5};
+    setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+    return fd;
+}
+
+static double mono_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+/* Waits (up to limit_s) until every connection was answered or closed by the server, sending the
+ * slowloris bytes meanwhile. */
+static void raw_wait(raw_conn *c, int n, double limit_s) {
+    double end = mono_s() + limit_s, next_drip = mono_s() + 0.2;
+    for (;;) {
+        int open = 0;
+        for (int i = 0; i < n; i++) open += !c[i].done;
+        if (!open) return;
+        if (mono_s() > end) fail_msg("%d connections neither answered nor closed", open);
+        if (mono_s() >= next_drip) {
+            for (int i = 0; i < n; i++)
+                if (!c[i].done && c[i].dribble > 0 && send(c[i].fd, "x", 1, MSG_NOSIGNAL) == 1) c[i].dribble--;
+            next_drip += 0.2;
+        }
+        struct pollfd p[512];
+        int map[512], k = 0;
+        for (int i = 0; i < n && k < 512; i++)
+            if (!c[i].done) {
+                p[k] = (struct pollfd){.fd = c[i].fd, .events = POLLIN};
+                map[k++] = i;
+            }
+        poll(p, (nfds_t)k, 50);
+        for (int q = 0; q < k; q++) {
+            raw_conn *r = &c[map[q]];
+            if (!(p[q].revents & (POLLIN | POLLHUP | POLLERR))) continue;
+            ssize_t got = recv(r->fd, r->got + r->got_len, sizeof r->got - 1 - r->got_len, MSG_DONTWAIT);
+            if (got > 0) r->got_len += (size_t)got;
+            r->got[r->got_len] = 0;
+            if (got <= 0 && !(got < 0 && errno == EAGAIN)) r->done = 1;
+            if (strstr(r->got, "\r\n") || r->got_len == sizeof r->got - 1) r->done = 1;
+            if (r->done) {
+                r->status = r->got_len >= 12 && !strncmp(r->got, "HTTP/1.", 7) ? atoi(r->got + 9) : 0;
+                if (r->got_len && !r->status) fail_msg("not an HTTP answer: %.40s", r->got);
+            }
+        }
+    }
+}
+
+/* Hundreds of malformed, oversized, truncated, random and slow requests over raw sockets: each is
+ * answered with a 4xx or closed, the server survives, serves normally, and its memory comes back. */
+static void test_serve_abuse(void **state) {
+    (void)state;
+    char model[512];
+    test_asset(model, sizeof model, "tinystories-656K-hf");
+    REQUIRE_ASSET(model);
+    server s;
+    server_start(&s, model, "--quiet --timeout 2");
+    const char *ok = "{\"prompt\":\"Once upon a time\",\"max_tokens\":16,\"temperature\":0}";
+    char *first = generated(&s, "/v1/completions", ok, "length");
+    long rss0 = rss_kib(s.pid);
+
+    enum { ROUNDS = 4, PER_ROUND = 80 };
+    size_t big_len = (1u << 20) + 4096;
+    char *big = malloc(big_len);
+    assert_non_null(big);
+    int n_big = snprintf(big, big_len, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %zu\r\n\r\n",
+                         big_len - 200);
+    memset(big + n_big, 'a', big_len - (size_t)n_big);
+    unsigned seed = 7;
+    int answered = 0, closed = 0;
+    for (int round = 0; round < ROUNDS; round++) {
+        raw_conn c[PER_ROUND];
+        for (int i = 0; i < PER_ROUND; i++) {
+            c[i] = (raw_conn){.fd = raw_connect(s.port)};
+            char req[1024];
+            const char *data = req;
+            size_t len;
+            switch (i % 9) {
+            case 0: /* invalid JSON */
+                len = (size_t)snprintf(req, sizeof req,
+                                       "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 9\r\n\r\n{\"prompt\":");
+                break;
+            case 1: /* a huge Content-Length, a short body, then gone */
+                len = (size_t)snprintf(req, sizeof req,
+                                       "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 999999\r\n\r\n{\"p\"");
+                c[i].close_after_send = 1;
+                break;
+            case 2: /* over the body limit (a few per round: they are a MiB each) */
+                if (i % 27 == 2) {
+                    data = big;
+                    len = big_len;
+                } else {
+                    len = (size_t)snprintf(req, sizeof req,
+                                           "POST /tokenize HTTP/1.1\r\nHost: x\r\nContent-Length: 5000000000\r\n\r\nab");
+                }
+                break;
+            case 3: /* a truncated request line */
+                len = (size_t)snprintf(req, sizeof req, "POST /v1/compl");
+                c[i].close_after_send = round % 2;
+                break;
+            case 4: /* random bytes */
+                len = 64 + (size_t)(rand_r(&seed) % 512);
+                for (size_t b = 0; b < len; b++) req[b] = (char)rand_r(&seed);
+                break;
+            case 5: /* headers that never end */
+                len = (size_t)snprintf(req, sizeof req, "GET /v1/models HTTP/1.1\r\nHost: x\r\nX-A: b\r\n");
+                break;
+            case 6: /* an unknown path */
+                len = (size_t)snprintf(req, sizeof req, "GET /v1/%d/nothing HTTP/1.1\r\nHost: x\r\n\r\n", i);
+                break;
+            case 7: /* a bad method on a known path, and a body that is not an object */
+                len = (size_t)snprintf(req, sizeof req,
+                                       i % 2 ? "PUT /v1/models HTTP/1.1\r\nHost: x\r\n\r\n"
+                                             : "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 4\r\n\r\n[1,]");
+                break;
+            default: /* slowloris (in the first round only: each keeps its round waiting for seconds) */
+                len = (size_t)snprintf(req, sizeof req, "GET /v1/models HTTP/1.1\r\nHost: x\r\nX-Slow: ");
+                c[i].dribble = round == 0 ? 15 : 0;
+                break;
+            }
+            ssize_t sent = send(c[i].fd, data, len, MSG_NOSIGNAL);
+            (void)sent; /* the server may answer 413 and close before taking it all */
+            if (c[i].close_after_send) {
+                close(c[i].fd);
+                c[i].done = 1;
+                c[i].fd = -1;
+            }
+        }
+        raw_wait(c, PER_ROUND, 10);
+        for (int i = 0; i < PER_ROUND; i++) {
+            if (c[i].fd < 0) continue;
+            if (c[i].status && (c[i].status < 400 || c[i].status >= 500))
+                fail_msg("round %d request %d (kind %d) got %d", round, i, i % 9, c[i].status);
+            answered += c[i].status != 0;
+            closed += c[i].status == 0;
+            close(c[i].fd);
+        }
+        /* Still alive and serving between rounds. */
+        int st;
+        assert_int_equal(waitpid(s.pid, &st, WNOHANG), 0);
+    }
+    free(big);
+    assert_true(answered >= ROUNDS * 30);
+    assert_true(closed > 0);
+    char *after = generated(&s, "/v1/completions", ok, "length");
+    assert_string_equal(after, first);
+    free(after);
+    free(first);
+    long rss1 = rss_kib(s.pid);
+    print_message("abuse: %d answered with a 4xx, %d closed; RSS %ld -> %ld KiB\n", answered, closed, rss0, rss1);
+    if (rss1 > rss0 + 20 * 1024) fail_msg("RSS grew from %ld to %ld KiB", rss0, rss1);
+    free(server_stop(&s));
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_serve_openai),
         cmocka_unit_test(test_serve_api_key),
+        cmocka_unit_test(test_serve_adapters),
+        cmocka_unit_test(test_serve_abuse),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

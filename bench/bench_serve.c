@@ -1,0 +1,162 @@
+/* bench_serve URL: load test of a running `qlm serve`. For C = 1, 4 and 16 concurrent clients, each
+ * sends streaming /v1/completions requests (greedy, max_tokens 64, a different prompt each) one after
+ * another until the level's requests are done; prints aggregate generated tokens/s (from the usage in
+ * the last chunk) and time-to-first-token percentiles as a markdown table. Raw sockets and HTTP/1.0,
+ * so the stream arrives unchunked and the first "data:" event marks the first token. */
+#include <netdb.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+enum { MAX_TOKENS = 64, MAX_REQUESTS = 64 };
+
+static const char *k_topics[] = {"a lighthouse keeper", "a lost robot",     "the first snow",   "a dragon who cannot fly",
+                                 "a tiny village",      "an old clockmaker", "a journey by sea", "a talking cat"};
+
+typedef struct {
+    const struct addrinfo *addr;
+    const char *host;
+    int n_requests, next;        /* the level's requests; the next one to send */
+    pthread_mutex_t mu;
+    double ttft[MAX_REQUESTS];   /* seconds */
+    long tokens;
+    int failed;
+} level;
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+/* One streamed request: its TTFT and completion tokens, or -1. */
+static int request(const level *lv, int i, double *ttft, long *tokens) {
+    char body[256], req[1024];
+    int bn = snprintf(body, sizeof body,
+                      "{\"prompt\":\"Request %d. Write a short story about %s.\",\"max_tokens\":%d,\"temperature\":0,"
+                      "\"stream\":true}",
+                      i, k_topics[i % (int)(sizeof k_topics / sizeof *k_topics)], MAX_TOKENS);
+    int rn = snprintf(req, sizeof req,
+                      "POST /v1/completions HTTP/1.0\r\nHost: %s\r\nContent-Type: application/json\r\n"
+                      "Content-Length: %d\r\n\r\n%s",
+                      lv->host, bn, body);
+    int fd = socket(lv->addr->ai_family, SOCK_STREAM, 0);
+    if (fd < 0) return -1;
+    double t0 = now_s();
+    if (connect(fd, lv->addr->ai_addr, lv->addr->ai_addrlen) != 0 || write(fd, req, (size_t)rn) != rn) {
+        close(fd);
+        return -1;
+    }
+    /* The whole response is kept: 64 tokens of SSE are a few tens of KiB. */
+    size_t cap = 1 << 16, len = 0;
+    char *buf = malloc(cap);
+    *ttft = -1;
+    ssize_t n;
+    while (buf && (n = read(fd, buf + len, cap - len - 1)) > 0) {
+        len += (size_t)n;
+        buf[len] = 0;
+        if (*ttft < 0 && strstr(buf, "data: ")) *ttft = now_s() - t0;
+        if (len + 1 == cap) {
+            char *b = realloc(buf, cap *= 2);
+            if (!b) free(buf);
+            buf = b;
+        }
+    }
+    close(fd);
+    const char *usage = buf ? strstr(buf, "\"completion_tokens\":") : NULL;
+    int ok = buf && strncmp(buf, "HTTP/1.", 7) == 0 && strncmp(buf + 8, " 200", 4) == 0 && strstr(buf, "data: [DONE]") && usage && *ttft >= 0;
+    if (ok) *tokens = strtol(usage + strlen("\"completion_tokens\":"), NULL, 10);
+    free(buf);
+    return ok ? 0 : -1;
+}
+
+static void *client(void *arg) {
+    level *lv = arg;
+    for (;;) {
+        pthread_mutex_lock(&lv->mu);
+        int i = lv->next < lv->n_requests && !lv->failed ? lv->next++ : -1;
+        pthread_mutex_unlock(&lv->mu);
+        if (i < 0) return NULL;
+        double ttft = 0;
+        long tokens = 0;
+        int rc = request(lv, i, &ttft, &tokens);
+        pthread_mutex_lock(&lv->mu);
+        if (rc != 0) lv->failed = 1;
+        lv->ttft[i] = ttft;
+        lv->tokens += tokens;
+        pthread_mutex_unlock(&lv->mu);
+    }
+}
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* Nearest-rank percentile of sorted v. */
+static double percentile(const double *v, int n, double p) {
+    int k = (int)(p / 100.0 * n + 0.999999) - 1;
+    return v[k < 0 ? 0 : k >= n ? n - 1 : k];
+}
+
+/* Runs the level with c clients; 0, or -1 when a request failed. */
+static int run_level(level *lv, int c, double *tps, double *p50, double *p99) {
+    pthread_t th[16];
+    lv->n_requests = c * 2 > 16 ? c * 2 : 16; /* enough requests for a p99 even with one client */
+    lv->next = 0;
+    lv->tokens = 0;
+    lv->failed = 0;
+    double t0 = now_s();
+    int started = 0;
+    for (; started < c; started++)
+        if (pthread_create(&th[started], NULL, client, lv) != 0) break;
+    for (int i = 0; i < started; i++) pthread_join(th[i], NULL);
+    double secs = now_s() - t0;
+    if (started < c || lv->failed) return -1;
+    qsort(lv->ttft, (size_t)lv->n_requests, sizeof *lv->ttft, cmp_double);
+    *tps = (double)lv->tokens / secs;
+    *p50 = percentile(lv->ttft, lv->n_requests, 50);
+    *p99 = percentile(lv->ttft, lv->n_requests, 99);
+    return 0;
+}
+
+int main(int argc, char **argv) {
+    char host[256], port[16] = "80";
+    if (argc != 2 || sscanf(argv[1], "http://%255[^:/]:%15[0-9]", host, port) < 1) {
+        fprintf(stderr, "usage: bench_serve http://HOST:PORT\n");
+        return 2;
+    }
+    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM}, *addr;
+    int gai = getaddrinfo(host, port, &hints, &addr);
+    if (gai != 0) {
+        fprintf(stderr, "bench_serve: %s: %s\n", host, gai_strerror(gai));
+        return 1;
+    }
+    level lv = {.addr = addr, .host = host};
+    pthread_mutex_init(&lv.mu, NULL);
+    /* A warm-up request first, so that page faults and thread start-up are not measured. */
+    double ttft;
+    long tokens;
+    int rc = request(&lv, 0, &ttft, &tokens);
+    static const int clients[] = {1, 4, 16};
+    double tps[3], p50[3], p99[3];
+    for (int i = 0; rc == 0 && i < 3; i++) {
+        fprintf(stderr, "bench_serve: %d clients ...\n", clients[i]);
+        rc = run_level(&lv, clients[i], &tps[i], &p50[i], &p99[i]);
+    }
+    pthread_mutex_destroy(&lv.mu);
+    freeaddrinfo(addr);
+    if (rc != 0) {
+        fprintf(stderr, "bench_serve: a request to %s failed\n", argv[1]);
+        return 1;
+    }
+    printf("| clients | aggregate tok/s | vs 1 client | TTFT p50 ms | TTFT p99 ms |\n");
+    printf("| ---: | ---: | ---: | ---: | ---: |\n");
+    for (int i = 0; i < 3; i++)
+        printf("| %d | %.1f | %.2fx | %.0f | %.0f |\n", clients[i], tps[i], tps[i] / tps[0], p50[i] * 1e3, p99[i] * 1e3);
+    return 0;
+}
