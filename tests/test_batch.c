@@ -95,16 +95,21 @@ static void compare(const qlm_batch_config *bc, request *reqs, qlm_session *sing
     print_message("\n");
 }
 
-static void test_decoder_matches_session(void **state) {
-    (void)state;
+/* stories260K (llama2.c, with its tokenizer) built in F32. */
+static void open_stories260k(qlm_source *src, qlm_model *m) {
     char path[512];
     test_asset(path, sizeof path, "stories260K");
     REQUIRE_ASSET(path);
-    qlm_source src;
-    if (qlm_source_open(&src, path, NULL) != 0) fail_msg("%s", qlm_last_error());
-    qlm_model m;
+    if (qlm_source_open(src, path, NULL) != 0) fail_msg("%s", qlm_last_error());
     qlm_model_options o = {.dtype = QLM_F32, .backend = qlm_backend_cpu()};
-    assert_int_equal(qlm_model_build(&m, &src.cfg, src.store, &o), 0);
+    assert_int_equal(qlm_model_build(m, &src->cfg, src->store, &o), 0);
+}
+
+static void test_decoder_matches_session(void **state) {
+    (void)state;
+    qlm_source src;
+    qlm_model m;
+    open_stories260k(&src, &m);
     request reqs[N_REQ];
     make_requests(reqs, m.cfg.vocab_size, qlm_tokenizer_bos(src.tok));
     qlm_session single;
@@ -165,14 +170,9 @@ static int next_streamed(void *ctx, qlm_batch_request *req) {
 
 static void test_streaming_and_cancel(void **state) {
     (void)state;
-    char path[512];
-    test_asset(path, sizeof path, "stories260K");
-    REQUIRE_ASSET(path);
     qlm_source src;
-    if (qlm_source_open(&src, path, NULL) != 0) fail_msg("%s", qlm_last_error());
     qlm_model m;
-    qlm_model_options o = {.dtype = QLM_F32, .backend = qlm_backend_cpu()};
-    assert_int_equal(qlm_model_build(&m, &src.cfg, src.store, &o), 0);
+    open_stories260k(&src, &m);
     request reqs[N_REQ];
     make_requests(reqs, m.cfg.vocab_size, qlm_tokenizer_bos(src.tok));
     memset(g_sinks, 0, sizeof g_sinks);
