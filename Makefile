@@ -10,7 +10,7 @@ CFLAGS  += -std=c11 $(OPT) -g -Wall -Wextra -D_GNU_SOURCE -fopenmp -I. $(shell p
 LDLIBS  += -lcjson -lpcre2-8 -lopenblas -lcurl -lmicrohttpd -lcrypto -lm -lpthread -fopenmp
 TEST_LDLIBS = -lcmocka
 
-LIB_SRCS  := $(wildcard core/*.c quant/*.c loaders/*.c lora/*.c eval/*.c server/*.c hub/*.c)
+LIB_SRCS  := $(wildcard core/*.c quant/*.c loaders/*.c lora/*.c eval/*.c server/*.c hub/*.c train/*.c)
 CLI_SRCS  := $(wildcard cli/*.c)
 TEST_SRCS := $(wildcard tests/test_*.c)
 BENCH_SRCS := $(wildcard bench/*.c)

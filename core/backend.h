@@ -6,6 +6,7 @@
 #define QLM_BACKEND_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 #include "weight.h"
 
@@ -34,6 +35,12 @@ typedef enum {
     QLM_ACT_GELU_TANH, /* GELU, tanh approximation ("gelu_new"): T5 v1.1 / FLAN-T5 */
     QLM_ACT_RELU,      /* original T5 */
 } qlm_act;
+
+/* One AdamW update as torch.optim.AdamW computes it (decoupled weight decay, bias correction). */
+typedef struct {
+    float lr, beta1, beta2, eps, weight_decay;
+    long step; /* 1 for the first update */
+} qlm_adamw_step;
 
 typedef struct qlm_backend {
     const char *name;
@@ -71,6 +78,50 @@ typedef struct qlm_backend {
     void (*copy)(float *dst, const float *src, long n);
     /* Copies bytes from host memory into device memory (tables computed on the host). */
     void (*to_device)(void *dst, const void *src, size_t bytes);
+    /* Copies bytes from device memory into host memory. */
+    void (*to_host)(void *dst, const void *src, size_t bytes);
+
+    /* ---- training: the backward of each forward op, the loss and the optimizer. Gradients
+     * are F32 and accumulate (+=) unless the op says otherwise. ---- */
+    /* dx[n][cols] = dy[n][rows] W (accumulate 0), or += (accumulate 1); W in any storage dtype. */
+    int (*matmul_backward_x)(float *dx, const float *dy, int n, const qlm_weight *w, int accumulate);
+    /* dw[rows][cols] += dy^T x, db[rows] += the column sums of dy (db NULL: no bias). */
+    void (*matmul_backward_w)(float *dw, float *db, const float *dy, const float *x, int n, int rows, int cols);
+    /* dx += the gradient through out = rmsnorm(x) * weight; dweight += its gradient (NULL: not wanted). */
+    void (*rmsnorm_backward)(float *dx, float *dweight, const float *dout, const float *x, const float *weight,
+                             int n, int dim, float eps);
+    /* The inverse rotation of rope, in place: the backward of rope. */
+    void (*rope_backward)(float *dx, int n, const int *pos, int n_heads, int head_dim, const float *inv_freq);
+    /* Gradients of attention (same shapes and masking as attention; k, v hold the keys the queries
+     * saw): dq = (overwritten), dk, dv and dpos_bias (NULL: no bias, else [n_heads][pos_bias_span])
+     * accumulate. The softmax is recomputed, so no n x n matrix is kept between the passes. */
+    int (*attention_backward)(float *dq, float *dk, float *dv, float *dpos_bias, const float *dout, const float *q,
+                               const float *k, const float *v, int n, const int *pos, const qlm_attn_shape *shape);
+    /* dgate, dup = (overwritten) the gradients through out = act(gate) * up. */
+    void (*glu_backward)(float *dgate, float *dup, const float *dout, const float *gate, const float *up, long n,
+                         qlm_act act);
+    /* dx = dout * act'(x), in place over dout allowed (dx == dout). */
+    void (*activate_backward)(float *dx, const float *dout, const float *x, long n, qlm_act act);
+    /* dtable[ids[i]] += dout[i] (F32 table of rows x dim). */
+    void (*embedding_backward)(float *dtable, const float *dout, const int *ids, int n, int dim);
+    /* Cross-entropy of n rows of logits against targets (-1: not a target): row_loss[i] is row i's
+     * loss in nats (0 where no target), and the logits are replaced by their gradient times
+     * grad_scale: grad_scale * (softmax - onehot), zero rows where the target is -1. */
+    void (*cross_entropy)(float *row_loss, float *logits, const int *targets, int n, int vocab, float grad_scale);
+    /* Sum of squares in double (gradient norms; inf/NaN propagate). */
+    double (*sum_squares)(const float *x, long n);
+    /* x *= s over n values. */
+    void (*scale)(float *x, long n, float s);
+    /* out = x * keep / (1 - p), keep[i] = 0 with probability p, a pure function of (seed, i):
+     * applying it again with the same seed is its backward. out may alias x. */
+    void (*dropout)(float *out, const float *x, long n, float p, uint64_t seed);
+    /* x = 0 over n values. */
+    void (*zero)(float *x, long n);
+    /* One AdamW update of n parameters with their gradients and moments. */
+    void (*adamw)(float *p, const float *g, float *m, float *v, long n, const qlm_adamw_step *h);
+    /* Stores F32 values into a weight in its storage dtype (F32, BF16 or F16): the compute copy of
+     * F32 master weights in mixed-precision training. */
+    void (*store_weight)(qlm_weight *w, const float *src);
 } qlm_backend;
 
 const qlm_backend *qlm_backend_cpu(void);

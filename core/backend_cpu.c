@@ -7,6 +7,7 @@
 #include "../quant/quantize.h"
 #include "backend.h"
 #include "backend_cpu_attention.h"
+#include "backend_cpu_train.h"
 #include "error.h"
 
 static void *cpu_alloc(size_t bytes) {
@@ -133,7 +134,7 @@ static void cpu_embedding(float *out, const qlm_weight *table, const int *ids, i
 
 static void cpu_copy(float *dst, const float *src, long n) { memmove(dst, src, (size_t)n * sizeof *dst); }
 
-static void cpu_to_device(void *dst, const void *src, size_t bytes) { memcpy(dst, src, bytes); }
+static void cpu_memcpy(void *dst, const void *src, size_t bytes) { memcpy(dst, src, bytes); }
 
 static const qlm_backend cpu_backend = {
     .name = "cpu",
@@ -150,7 +151,23 @@ static const qlm_backend cpu_backend = {
     .add = cpu_add,
     .embedding = cpu_embedding,
     .copy = cpu_copy,
-    .to_device = cpu_to_device,
+    .to_device = cpu_memcpy,
+    .to_host = cpu_memcpy,
+    .matmul_backward_x = qlm_cpu_matmul_backward_x,
+    .matmul_backward_w = qlm_cpu_matmul_backward_w,
+    .rmsnorm_backward = qlm_cpu_rmsnorm_backward,
+    .rope_backward = qlm_cpu_rope_backward,
+    .attention_backward = qlm_cpu_attention_backward,
+    .glu_backward = qlm_cpu_glu_backward,
+    .activate_backward = qlm_cpu_activate_backward,
+    .embedding_backward = qlm_cpu_embedding_backward,
+    .cross_entropy = qlm_cpu_cross_entropy,
+    .sum_squares = qlm_cpu_sum_squares,
+    .scale = qlm_cpu_scale,
+    .zero = qlm_cpu_zero,
+    .dropout = qlm_cpu_dropout,
+    .adamw = qlm_cpu_adamw,
+    .store_weight = qlm_cpu_store_weight,
 };
 
 const qlm_backend *qlm_backend_cpu(void) { return &cpu_backend; }

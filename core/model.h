@@ -57,6 +57,16 @@ int64_t qlm_model_param_count(const qlm_model *m);
  * (INT8 with scales), e.g. for `qlm quantize` and `qlm convert`. The store owns copies. */
 int qlm_model_export(const qlm_model *m, qlm_tensor_store *store);
 
+/* Every present parameter (shared ones first, then layer by layer; a tied head is not listed
+ * twice), as qlm_param entries pointing at m's fields. Returns the count, or -1; *out is malloc'd. */
+struct qlm_param_s;
+int qlm_model_param_list(qlm_model *m, struct qlm_param_s **out);
+/* A model of m's shape whose every parameter is F32 in fresh zeroed buffers, one per unit (the
+ * shared tensors, each layer): gradients, optimizer moments, master weights. It shares m's
+ * backend and RoPE table; free it with qlm_model_twin_free. */
+int qlm_model_f32_twin(qlm_model *twin, const qlm_model *m);
+void qlm_model_twin_free(qlm_model *twin);
+
 /* The KV caches and scratch activations of up to n_slots sequences decoded together. Each slot
  * holds max_seq positions of every layer's keys and values. */
 typedef struct {

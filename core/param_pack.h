@@ -12,7 +12,7 @@
 #include "backend.h"
 #include "weight.h"
 
-typedef struct {
+typedef struct qlm_param_s {
     char name[160];     /* tensor name in the store (Hugging Face naming) */
     int64_t rows, cols; /* expected shape; cols 0: a 1-D tensor of rows values */
     int optional;       /* absent tensors leave the destination empty (NULL vector, 0x0 matrix) */

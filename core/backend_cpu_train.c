@@ -1,0 +1,347 @@
+/* CPU training ops: the backward of each forward op, cross-entropy and AdamW. Large products go
+ * to single-threaded OpenBLAS sgemm on slices that OpenMP threads own, as the forward matmul
+ * does, so results do not depend on scheduling and a run repeats bit for bit. */
+#include <cblas.h>
+#include <math.h>
+#include <omp.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../quant/half.h"
+#include "../quant/quantize.h"
+#include "backend_cpu_train.h"
+#include "error.h"
+
+/* Rows of a non-F32 weight converted to F32 at a time in matmul_backward_x. */
+enum { DEQUANT_BLOCK_ROWS = 512 };
+
+static _Thread_local float *t_wf;
+static _Thread_local size_t t_wf_cap;
+
+static float *wf_scratch(size_t n) {
+    if (n <= t_wf_cap) return t_wf;
+    float *p = realloc(t_wf, n * sizeof *p);
+    if (!p) return NULL;
+    t_wf = p;
+    t_wf_cap = n;
+    return p;
+}
+
+/* dx[:, c0:c1] (+)= dy[:, r0:r1] Wf[r0:r1, c0:c1] with Wf rows r0..r1 given at wf (F32, ld cols). */
+static void gemm_dx_block(float *dx, const float *dy, int n, int rows, int cols, const float *wf, int r0, int r1,
+                          float beta) {
+    int nt = omp_get_max_threads();
+#pragma omp parallel for num_threads(nt) if (n * (r1 - r0) > 32768)
+    for (int t = 0; t < nt; t++) {
+        int c0 = (int)((long)cols * t / nt), c1 = (int)((long)cols * (t + 1) / nt);
+        if (c1 > c0)
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, c1 - c0, r1 - r0, 1.0f, dy + r0, rows,
+                        wf + c0, cols, beta, dx + c0, cols);
+    }
+}
+
+int qlm_cpu_matmul_backward_x(float *dx, const float *dy, int n, const qlm_weight *w, int accumulate) {
+    int rows = w->rows, cols = w->cols;
+    if (w->dtype == QLM_F32) {
+        gemm_dx_block(dx, dy, n, rows, cols, w->data, 0, rows, accumulate ? 1.0f : 0.0f);
+        return 0;
+    }
+    float *wf = wf_scratch((size_t)DEQUANT_BLOCK_ROWS * cols);
+    if (!wf) return qlm_errorf("out of memory for a %d x %d weight block", DEQUANT_BLOCK_ROWS, cols);
+    for (int r0 = 0; r0 < rows; r0 += DEQUANT_BLOCK_ROWS) {
+        int r1 = r0 + DEQUANT_BLOCK_ROWS < rows ? r0 + DEQUANT_BLOCK_ROWS : rows;
+#pragma omp parallel for if ((r1 - r0) * cols > 65536)
+        for (int r = r0; r < r1; r++) qlm_weight_row_f32(w, r, wf + (size_t)(r - r0) * cols);
+        gemm_dx_block(dx, dy, n, rows, cols, wf - (size_t)r0 * cols, r0, r1, (accumulate || r0 > 0) ? 1.0f : 0.0f);
+    }
+    return 0;
+}
+
+void qlm_cpu_matmul_backward_w(float *dw, float *db, const float *dy, const float *x, int n, int rows, int cols) {
+    int nt = omp_get_max_threads();
+#pragma omp parallel for num_threads(nt) if ((long)rows * cols > 32768)
+    for (int t = 0; t < nt; t++) {
+        int r0 = (int)((long)rows * t / nt), r1 = (int)((long)rows * (t + 1) / nt);
+        if (r1 <= r0) continue;
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, r1 - r0, cols, n, 1.0f, dy + r0, rows, x, cols, 1.0f,
+                    dw + (size_t)r0 * cols, cols);
+        if (db)
+            for (int i = 0; i < n; i++)
+                for (int r = r0; r < r1; r++) db[r] += dy[(size_t)i * rows + r];
+    }
+}
+
+void qlm_cpu_rmsnorm_backward(float *dx, float *dweight, const float *dout, const float *x, const float *weight, int n,
+                              int dim, float eps) {
+    int nt = omp_get_max_threads();
+    float *partial = dweight ? calloc((size_t)nt * dim, sizeof *partial) : NULL;
+#pragma omp parallel num_threads(nt)
+    {
+        float *dw = partial ? partial + (size_t)omp_get_thread_num() * dim : NULL;
+#pragma omp for schedule(static)
+        for (int i = 0; i < n; i++) {
+            const float *xi = x + (size_t)i * dim, *gi = dout + (size_t)i * dim;
+            float *dxi = dx + (size_t)i * dim;
+            double ss = 0, dot = 0;
+            for (int j = 0; j < dim; j++) {
+                ss += (double)xi[j] * xi[j];
+                dot += (double)xi[j] * weight[j] * gi[j];
+            }
+            float inv = 1.0f / sqrtf((float)(ss / dim) + eps);
+            float k = (float)(dot / dim) * inv * inv * inv;
+            for (int j = 0; j < dim; j++) {
+                dxi[j] += inv * weight[j] * gi[j] - k * xi[j];
+                if (dw) dw[j] += xi[j] * inv * gi[j];
+            }
+        }
+    }
+    /* Per-thread partial sums added in thread order: the same result on every run. */
+    if (!dweight) return;
+    if (partial)
+        for (int t = 0; t < nt; t++)
+            for (int j = 0; j < dim; j++) dweight[j] += partial[(size_t)t * dim + j];
+    else
+        for (int i = 0; i < n; i++) { /* out of memory for partials: the serial sum */
+            const float *xi = x + (size_t)i * dim, *gi = dout + (size_t)i * dim;
+            double ss = 0;
+            for (int j = 0; j < dim; j++) ss += (double)xi[j] * xi[j];
+            float inv = 1.0f / sqrtf((float)(ss / dim) + eps);
+            for (int j = 0; j < dim; j++) dweight[j] += xi[j] * inv * gi[j];
+        }
+    free(partial);
+}
+
+void qlm_cpu_rope_backward(float *dx, int n, const int *pos, int n_heads, int head_dim, const float *inv_freq) {
+    int half = head_dim / 2;
+#pragma omp parallel for if (n > 1)
+    for (int i = 0; i < n; i++) {
+        for (int j = 0; j < half; j++) {
+            float angle = (float)pos[i] * inv_freq[j];
+            float c = cosf(angle), s = sinf(angle);
+            for (int h = 0; h < n_heads; h++) {
+                float *v = dx + ((size_t)i * n_heads + h) * head_dim;
+                float a = v[j], b = v[j + half];
+                v[j] = a * c + b * s;
+                v[j + half] = b * c - a * s;
+            }
+        }
+    }
+}
+
+/* Query head h's pass: recompute its softmax row by row and push the gradients into dq (its own
+ * rows), and into this head's private dk/dv (summed over the GQA group afterwards). */
+static void attention_head_backward(float *dq, float *dk_h, float *dv_h, float *dbias_h, const float *dout,
+                                    const float *q, const float *k, const float *v, int n, const int *pos,
+                                    const qlm_attn_shape *sh, int h, float *p) {
+    int D = sh->head_dim, kvh = h / (sh->n_heads / sh->n_kv_heads);
+    size_t q_stride = (size_t)sh->n_heads * D, kv_stride = (size_t)sh->n_kv_heads * D;
+    for (int i = 0; i < n; i++) {
+        int nk = sh->n_keys > 0 ? sh->n_keys : pos[i] + 1;
+        const float *qi = q + i * q_stride + (size_t)h * D, *gi = dout + i * q_stride + (size_t)h * D;
+        float mx = -INFINITY;
+        for (int t = 0; t < nk; t++) {
+            const float *kt = k + t * kv_stride + (size_t)kvh * D;
+            float s = 0;
+            for (int d = 0; d < D; d++) s += qi[d] * kt[d];
+            s *= sh->scale;
+            if (sh->pos_bias) s += sh->pos_bias[(size_t)h * sh->pos_bias_span + t - pos[i] + sh->pos_bias_offset];
+            p[t] = s;
+            if (s > mx) mx = s;
+        }
+        double sum = 0;
+        for (int t = 0; t < nk; t++) {
+            p[t] = expf(p[t] - mx);
+            sum += p[t];
+        }
+        float inv = (float)(1.0 / sum), dot_o = 0;
+        /* dO·o = sum_t p_t (dO·v_t): the softmax backward's row constant. */
+        for (int t = 0; t < nk; t++) {
+            p[t] *= inv;
+            const float *vt = v + t * kv_stride + (size_t)kvh * D;
+            float dp = 0;
+            for (int d = 0; d < D; d++) dp += gi[d] * vt[d];
+            dot_o += p[t] * dp;
+        }
+        float *dqi = dq + i * q_stride + (size_t)h * D;
+        memset(dqi, 0, (size_t)D * sizeof *dqi);
+        for (int t = 0; t < nk; t++) {
+            const float *vt = v + t * kv_stride + (size_t)kvh * D, *kt = k + t * kv_stride + (size_t)kvh * D;
+            float dp = 0;
+            for (int d = 0; d < D; d++) dp += gi[d] * vt[d];
+            float ds = p[t] * (dp - dot_o);
+            if (dbias_h) dbias_h[t - pos[i] + sh->pos_bias_offset] += ds;
+            ds *= sh->scale;
+            float *dkt = dk_h + (size_t)t * D, *dvt = dv_h + (size_t)t * D;
+            for (int d = 0; d < D; d++) {
+                dqi[d] += ds * kt[d];
+                dkt[d] += ds * qi[d];
+                dvt[d] += p[t] * gi[d];
+            }
+        }
+    }
+}
+
+int qlm_cpu_attention_backward(float *dq, float *dk, float *dv, float *dpos_bias, const float *dout, const float *q,
+                                const float *k, const float *v, int n, const int *pos, const qlm_attn_shape *sh) {
+    int H = sh->n_heads, D = sh->head_dim, group = sh->n_heads / sh->n_kv_heads;
+    int n_keys = sh->n_keys > 0 ? sh->n_keys : 0;
+    for (int i = 0; i < n; i++)
+        if (pos[i] + 1 > n_keys && sh->n_keys <= 0) n_keys = pos[i] + 1;
+    size_t kv_stride = (size_t)sh->n_kv_heads * D, per_head = (size_t)n_keys * D;
+    /* Per query head: dk and dv partials, the bias partial, a softmax row. */
+    float *work = calloc((size_t)H * (2 * per_head + (dpos_bias ? sh->pos_bias_span : 0) + n_keys), sizeof *work);
+    if (!work) return qlm_errorf("out of memory for attention gradients over %d keys", n_keys);
+    size_t stride = 2 * per_head + (dpos_bias ? sh->pos_bias_span : 0) + n_keys;
+#pragma omp parallel for schedule(dynamic, 1)
+    for (int h = 0; h < H; h++) {
+        float *w = work + (size_t)h * stride;
+        attention_head_backward(dq, w, w + per_head, dpos_bias ? w + 2 * per_head : NULL, dout, q, k, v, n, pos, sh, h,
+                                w + 2 * per_head + (dpos_bias ? sh->pos_bias_span : 0));
+    }
+    /* The group's heads summed in head order, so the sums repeat exactly. */
+#pragma omp parallel for
+    for (int kvh = 0; kvh < sh->n_kv_heads; kvh++)
+        for (int h = kvh * group; h < (kvh + 1) * group; h++) {
+            const float *w = work + (size_t)h * stride;
+            for (int t = 0; t < n_keys; t++)
+                for (int d = 0; d < D; d++) {
+                    dk[t * kv_stride + (size_t)kvh * D + d] += w[(size_t)t * D + d];
+                    dv[t * kv_stride + (size_t)kvh * D + d] += w[per_head + (size_t)t * D + d];
+                }
+        }
+    if (dpos_bias)
+        for (int h = 0; h < H; h++)
+            for (int j = 0; j < sh->pos_bias_span; j++)
+                dpos_bias[(size_t)h * sh->pos_bias_span + j] += work[(size_t)h * stride + 2 * per_head + j];
+    free(work);
+    return 0;
+}
+
+/* act(x) and act'(x). */
+static inline float act_grad(float x, qlm_act a, float *value) {
+    switch (a) {
+    case QLM_ACT_GELU_TANH: {
+        const float c = 0.7978845608028654f;
+        float u = c * (x + 0.044715f * x * x * x), t = tanhf(u);
+        *value = 0.5f * x * (1.0f + t);
+        return 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * c * (1.0f + 3.0f * 0.044715f * x * x);
+    }
+    case QLM_ACT_RELU:
+        *value = x > 0 ? x : 0;
+        return x > 0 ? 1.0f : 0.0f;
+    default: {
+        float s = 1.0f / (1.0f + expf(-x));
+        *value = x * s;
+        return s * (1.0f + x * (1.0f - s));
+    }
+    }
+}
+
+void qlm_cpu_glu_backward(float *dgate, float *dup, const float *dout, const float *gate, const float *up, long n,
+                          qlm_act a) {
+#pragma omp parallel for if (n > 4096)
+    for (long i = 0; i < n; i++) {
+        float value, d = act_grad(gate[i], a, &value), g = dout[i];
+        dgate[i] = g * up[i] * d;
+        dup[i] = g * value;
+    }
+}
+
+void qlm_cpu_activate_backward(float *dx, const float *dout, const float *x, long n, qlm_act a) {
+#pragma omp parallel for if (n > 4096)
+    for (long i = 0; i < n; i++) {
+        float value;
+        dx[i] = dout[i] * act_grad(x[i], a, &value);
+    }
+}
+
+void qlm_cpu_embedding_backward(float *dtable, const float *dout, const int *ids, int n, int dim) {
+    for (int i = 0; i < n; i++) {
+        float *row = dtable + (size_t)ids[i] * dim;
+        const float *g = dout + (size_t)i * dim;
+        for (int j = 0; j < dim; j++) row[j] += g[j];
+    }
+}
+
+void qlm_cpu_cross_entropy(float *row_loss, float *logits, const int *targets, int n, int vocab, float grad_scale) {
+#pragma omp parallel for schedule(static)
+    for (int i = 0; i < n; i++) {
+        float *l = logits + (size_t)i * vocab;
+        row_loss[i] = 0;
+        if (targets[i] < 0) {
+            memset(l, 0, (size_t)vocab * sizeof *l);
+            continue;
+        }
+        float mx = -INFINITY;
+        for (int j = 0; j < vocab; j++)
+            if (l[j] > mx) mx = l[j];
+        double sum = 0;
+        for (int j = 0; j < vocab; j++) sum += exp((double)(l[j] - mx));
+        row_loss[i] = (float)(log(sum) - (double)(l[targets[i]] - mx));
+        float inv = (float)(1.0 / sum);
+        for (int j = 0; j < vocab; j++) l[j] = grad_scale * expf(l[j] - mx) * inv;
+        l[targets[i]] -= grad_scale;
+    }
+}
+
+enum { REDUCE_CHUNK = 1 << 16 };
+
+double qlm_cpu_sum_squares(const float *x, long n) {
+    long n_chunks = (n + REDUCE_CHUNK - 1) / REDUCE_CHUNK;
+    double total = 0;
+    /* Fixed chunks summed in order: independent of the thread count. */
+#pragma omp parallel for ordered schedule(static) if (n_chunks > 1)
+    for (long c = 0; c < n_chunks; c++) {
+        long end = (c + 1) * REDUCE_CHUNK < n ? (c + 1) * REDUCE_CHUNK : n;
+        double s = 0;
+        for (long i = c * REDUCE_CHUNK; i < end; i++) s += (double)x[i] * x[i];
+#pragma omp ordered
+        total += s;
+    }
+    return total;
+}
+
+void qlm_cpu_scale(float *x, long n, float s) {
+#pragma omp parallel for if (n > 65536)
+    for (long i = 0; i < n; i++) x[i] *= s;
+}
+
+void qlm_cpu_zero(float *x, long n) { memset(x, 0, (size_t)n * sizeof *x); }
+
+/* splitmix64's finalizer: a counter-based generator, so element i's draw needs no state. */
+static inline uint64_t mix64(uint64_t z) {
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    return z ^ (z >> 31);
+}
+
+void qlm_cpu_dropout(float *out, const float *x, long n, float p, uint64_t seed) {
+    uint64_t threshold = (uint64_t)((double)p * 18446744073709551616.0);
+    float keep_scale = 1.0f / (1.0f - p);
+    uint64_t base = mix64(seed);
+#pragma omp parallel for if (n > 65536)
+    for (long i = 0; i < n; i++) out[i] = mix64(base + (uint64_t)i * 0x9e3779b97f4a7c15ULL) < threshold ? 0.0f : x[i] * keep_scale;
+}
+
+void qlm_cpu_adamw(float *p, const float *g, float *m, float *v, long n, const qlm_adamw_step *h) {
+    double bc1 = 1.0 - pow(h->beta1, (double)h->step), bc2 = 1.0 - pow(h->beta2, (double)h->step);
+    float decay = 1.0f - h->lr * h->weight_decay, step_size = (float)(h->lr / bc1), bc2_sqrt = (float)sqrt(bc2);
+    float b1 = h->beta1, b2 = h->beta2;
+#pragma omp parallel for if (n > 65536)
+    for (long i = 0; i < n; i++) {
+        p[i] *= decay;
+        m[i] += (1.0f - b1) * (g[i] - m[i]);
+        v[i] = v[i] * b2 + (1.0f - b2) * g[i] * g[i];
+        p[i] -= step_size * m[i] / (sqrtf(v[i]) / bc2_sqrt + h->eps);
+    }
+}
+
+void qlm_cpu_store_weight(qlm_weight *w, const float *src) {
+    long n = (long)w->rows * w->cols;
+    void *dst = (void *)w->data;
+    switch (w->dtype) {
+    case QLM_BF16: qlm_f32_to_bf16_n(dst, src, n); break;
+    case QLM_F16: qlm_f32_to_f16_n(dst, src, n); break;
+    default: memcpy(dst, src, (size_t)n * sizeof *src); break;
+    }
+}

@@ -1,0 +1,329 @@
+/* The trainer: the tensor list, one optimizer step (accumulate, unscale, check, clip, AdamW,
+ * refresh the compute copy), the schedule, and evaluation. Checkpoints: train/checkpoint.c. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../core/error.h"
+#include "../core/param_pack.h"
+#include "../quant/fake_quant.h"
+#include "trainer.h"
+
+/* INT8 range of QAT: symmetric, as qlm's INT8 weights are (q in [-127, 127], w = q * scale). */
+enum { QAT_QMIN = -127, QAT_QMAX = 127 };
+
+void qlm_train_options_init(qlm_train_options *o) {
+    *o = (qlm_train_options){.mode = QLM_TRAIN_LORA, .compute = QLM_F32, .lr = 2e-4f, .min_lr_ratio = 0.1f,
+                             .schedule = QLM_SCHEDULE_COSINE, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f,
+                             .weight_decay = 0.01f, .clip = 1.0f, .loss_scale = 65536.0f,
+                             .loss_scale_window = 2000, .inject_overflow_step = -1};
+}
+
+float qlm_train_lr(const qlm_train_options *o, long step) {
+    if (o->warmup_steps > 0 && step < o->warmup_steps) return o->lr * (float)(step + 1) / (float)o->warmup_steps;
+    if (o->schedule == QLM_SCHEDULE_CONSTANT || o->total_steps <= o->warmup_steps) return o->lr;
+    double frac = (double)(step - o->warmup_steps) / (double)(o->total_steps - o->warmup_steps);
+    if (frac > 1) frac = 1;
+    double min_lr = o->lr * o->min_lr_ratio;
+    double shape = o->schedule == QLM_SCHEDULE_LINEAR ? 1.0 - frac : 0.5 * (1.0 + cos(M_PI * frac));
+    return (float)(min_lr + (o->lr - min_lr) * shape);
+}
+
+static float *param_values(const qlm_param *p) { return p->matrix ? (float *)p->matrix->data : *p->vector; }
+
+static int add_tensor(qlm_trainer *t, int cap, const char *name, float *p, float *g, float *m, float *v, int64_t rows,
+                      int64_t cols, int decay) {
+    if (t->n_t >= cap) return qlm_errorf("internal: trainable tensor list overflow");
+    qlm_train_tensor *e = &t->t[t->n_t++];
+    memset(e, 0, sizeof *e);
+    snprintf(e->name, sizeof e->name, "%s", name);
+    e->p = p, e->g = g, e->m = m, e->v = v;
+    e->rows = rows, e->cols = cols;
+    e->n = (long)(rows * (cols ? cols : 1));
+    e->decay = decay;
+    e->qat_scale_of = -1;
+    return 0;
+}
+
+/* The compute copy in dtype, built from the master weights (F32 -> store -> model). */
+static int build_copy(qlm_trainer *t, qlm_dtype dtype) {
+    qlm_tensor_store *store = qlm_store_new();
+    if (!store) return qlm_errorf("out of memory");
+    qlm_model_options mo = {.dtype = dtype, .backend = t->model->be};
+    int rc = qlm_model_export(t->model, store);
+    if (rc == 0) rc = qlm_model_build(&t->compute, &t->model->cfg, store, &mo);
+    qlm_store_free(store);
+    if (rc == 0) t->has_copy = 1;
+    return rc;
+}
+
+static int init_full(qlm_trainer *t) {
+    const qlm_train_options *o = &t->o;
+    if (t->model->dtype != QLM_F32)
+        return qlm_errorf("full training and QAT keep F32 master weights: load the model as f32 (it is %s)",
+                          qlm_dtype_name(t->model->dtype));
+    if (qlm_model_f32_twin(&t->grads, t->model) || qlm_model_f32_twin(&t->moment1, t->model) ||
+        qlm_model_f32_twin(&t->moment2, t->model))
+        return -1;
+    qlm_dtype copy = o->mode == QLM_TRAIN_QAT ? QLM_F32 : o->compute;
+    if ((o->mode == QLM_TRAIN_QAT || copy != QLM_F32) && build_copy(t, copy) != 0) return -1;
+    qlm_param *mp = NULL, *gp = NULL, *m1 = NULL, *m2 = NULL, *cp = NULL;
+    int n = qlm_model_param_list(t->model, &mp), rc = -1;
+    if (n < 0 || qlm_model_param_list(&t->grads, &gp) != n || qlm_model_param_list(&t->moment1, &m1) != n ||
+        qlm_model_param_list(&t->moment2, &m2) != n || (t->has_copy && qlm_model_param_list(&t->compute, &cp) != n))
+        goto done;
+    int n_scales = 0;
+    long scale_values = 0, largest = 0;
+    for (int i = 0; i < n && o->mode == QLM_TRAIN_QAT; i++)
+        if (mp[i].matrix) {
+            n_scales++;
+            scale_values += o->qat_per_channel ? (long)mp[i].rows : 1;
+            long sz = (long)(mp[i].rows * mp[i].cols);
+            if (sz > largest) largest = sz;
+        }
+    int cap = n + n_scales;
+    t->t = calloc((size_t)cap, sizeof *t->t);
+    if (!t->t) {
+        qlm_errorf("out of memory");
+        goto done;
+    }
+    for (int i = 0; i < n; i++) {
+        if (add_tensor(t, cap, mp[i].name, param_values(&mp[i]), param_values(&gp[i]), param_values(&m1[i]),
+                       param_values(&m2[i]), mp[i].rows, mp[i].cols, mp[i].matrix != NULL) != 0)
+            goto done;
+        if (t->has_copy) {
+            t->t[i].compute = cp[i].matrix;
+            t->t[i].compute_vec = cp[i].matrix ? NULL : *cp[i].vector;
+        }
+    }
+    if (n_scales) {
+        t->qat_buf = calloc((size_t)scale_values * 4, sizeof *t->qat_buf);
+        t->qat_tmp = malloc((size_t)largest * sizeof *t->qat_tmp);
+        if (!t->qat_buf || !t->qat_tmp) {
+            qlm_errorf("out of memory for QAT scales");
+            goto done;
+        }
+        float *s = t->qat_buf;
+        for (int i = 0; i < n; i++) {
+            if (!mp[i].matrix) continue;
+            long k = o->qat_per_channel ? (long)mp[i].rows : 1;
+            char name[200];
+            snprintf(name, sizeof name, "%s.qat_scale", mp[i].name);
+            if (add_tensor(t, cap, name, s, s + scale_values, s + 2 * scale_values, s + 3 * scale_values, k, 0, 0) != 0)
+                goto done;
+            t->t[t->n_t - 1].qat_scale_of = i;
+            const float *w = param_values(&mp[i]);
+            if (o->qat_per_channel)
+                qlm_fake_quant_init_scales_rows(s, w, (int)mp[i].rows, (int)mp[i].cols, QAT_QMAX);
+            else
+                s[0] = qlm_fake_quant_init_scale(w, (long)(mp[i].rows * mp[i].cols), QAT_QMAX);
+            s += k;
+        }
+    }
+    rc = 0;
+done:
+    free(mp), free(gp), free(m1), free(m2), free(cp);
+    return rc;
+}
+
+static int init_lora(qlm_trainer *t) {
+    qlm_lora_adapter *a = t->lora;
+    if (!a) return qlm_errorf("LoRA training needs an adapter");
+    if (a->dtype != QLM_F32) return qlm_errorf("an adapter trains in F32 (it is %s)", qlm_dtype_name(a->dtype));
+    if (a->is_t5) return qlm_errorf("training T5 adapters is not supported yet");
+    size_t floats = a->buffer_bytes / sizeof(float);
+    t->lora_train = (qlm_lora_train){.adapter = a, .dropout = t->o.lora_dropout};
+    t->lora_train.grad = calloc(floats ? floats : 1, sizeof(float));
+    t->lora_m = calloc(floats ? floats : 1, sizeof(float));
+    t->lora_v = calloc(floats ? floats : 1, sizeof(float));
+    t->t = calloc((size_t)a->n_modules * 2, sizeof *t->t);
+    if (!t->lora_train.grad || !t->lora_m || !t->lora_v || !t->t) return qlm_errorf("out of memory");
+    for (int i = 0; i < a->n_modules; i++) {
+        const qlm_lora_module *mod = &a->modules[i];
+        const qlm_weight *w[2] = {&mod->a, &mod->b};
+        for (int k = 0; k < 2; k++) {
+            size_t off = (size_t)((const float *)w[k]->data - (const float *)a->buffer);
+            char name[200];
+            snprintf(name, sizeof name, "base_model.model.%s.lora_%c.weight", mod->path, k ? 'B' : 'A');
+            if (add_tensor(t, a->n_modules * 2, name, (float *)w[k]->data, t->lora_train.grad + off, t->lora_m + off,
+                           t->lora_v + off, w[k]->rows, w[k]->cols, 1) != 0)
+                return -1;
+        }
+    }
+    return 0;
+}
+
+static int max_lora_rank(const qlm_lora_adapter *a) {
+    int r = 0;
+    for (int i = 0; a && i < a->n_modules; i++)
+        if (a->modules[i].r > r) r = a->modules[i].r;
+    return r;
+}
+
+int qlm_trainer_init(qlm_trainer *t, qlm_model *model, qlm_lora_adapter *lora, const qlm_train_options *o,
+                     int max_rows) {
+    memset(t, 0, sizeof *t);
+    t->o = *o;
+    t->model = model;
+    t->lora = o->mode == QLM_TRAIN_LORA ? lora : NULL;
+    t->loss_scale = o->dynamic_loss_scale ? o->loss_scale : 1.0f;
+    if (o->compute != QLM_F32 && o->compute != QLM_BF16 && o->compute != QLM_F16)
+        return qlm_errorf("training computes in f32, bf16 or f16 (not %s)", qlm_dtype_name(o->compute));
+    if (o->dynamic_loss_scale && !(o->loss_scale > 0 && isfinite(o->loss_scale)))
+        return qlm_errorf("the initial loss scale must be positive and finite");
+    int rc = o->mode == QLM_TRAIN_LORA ? init_lora(t) : init_full(t);
+    if (rc == 0) rc = qlm_llama_train_state_init(&t->state, qlm_trainer_forward_model(t), max_rows, o->recompute,
+                                                 max_lora_rank(t->lora));
+    if (rc != 0) {
+        qlm_trainer_free(t);
+        return -1;
+    }
+    qlm_trainer_refresh(t);
+    return 0;
+}
+
+void qlm_trainer_free(qlm_trainer *t) {
+    if (t->state.x_in) qlm_llama_train_state_free(&t->state, qlm_trainer_forward_model(t));
+    if (t->has_copy) qlm_model_free(&t->compute);
+    if (t->grads.layers) qlm_model_twin_free(&t->grads);
+    if (t->moment1.layers) qlm_model_twin_free(&t->moment1);
+    if (t->moment2.layers) qlm_model_twin_free(&t->moment2);
+    free(t->lora_train.grad);
+    free(t->lora_m);
+    free(t->lora_v);
+    free(t->qat_buf);
+    free(t->qat_tmp);
+    free(t->t);
+    memset(t, 0, sizeof *t);
+}
+
+const qlm_model *qlm_trainer_forward_model(const qlm_trainer *t) { return t->has_copy ? &t->compute : t->model; }
+
+const float *qlm_trainer_qat_scales(const qlm_trainer *t, const qlm_weight *master) {
+    for (int i = 0; i < t->n_t; i++)
+        if (t->t[i].qat_scale_of >= 0 && t->t[t->t[i].qat_scale_of].p == master->data) return t->t[i].p;
+    return NULL;
+}
+
+/* The scale entry of weight entry i, or NULL. */
+static const qlm_train_tensor *qat_scale(const qlm_trainer *t, int i) {
+    for (int j = 0; j < t->n_t; j++)
+        if (t->t[j].qat_scale_of == i) return &t->t[j];
+    return NULL;
+}
+
+/* The compute copy from the master weights: cast (mixed precision) or fake-quantize (QAT). */
+void qlm_trainer_refresh(qlm_trainer *t) {
+    if (!t->has_copy) return;
+    const qlm_backend *be = t->model->be;
+    for (int i = 0; i < t->n_t; i++) {
+        qlm_train_tensor *e = &t->t[i];
+        if (e->qat_scale_of >= 0) continue;
+        const qlm_train_tensor *s = qat_scale(t, i);
+        if (e->compute && s) {
+            if (t->o.qat_per_channel)
+                qlm_fake_quant_forward_rows((float *)e->compute->data, e->p, (int)e->rows, (int)e->cols, s->p,
+                                            QAT_QMIN, QAT_QMAX);
+            else
+                qlm_fake_quant_forward((float *)e->compute->data, e->p, e->n, s->p[0], QAT_QMIN, QAT_QMAX);
+        } else if (e->compute) {
+            be->store_weight(e->compute, e->p);
+        } else if (e->compute_vec) {
+            be->copy(e->compute_vec, e->p, e->n);
+        }
+    }
+}
+
+/* QAT: gradients with respect to the fake-quantized weights become the latent weights'
+ * (straight-through inside the range) and the scales' (LSQ). */
+static void qat_backward(qlm_trainer *t) {
+    const qlm_backend *be = t->model->be;
+    for (int j = 0; j < t->n_t; j++) {
+        const qlm_train_tensor *s = &t->t[j];
+        if (s->qat_scale_of < 0) continue;
+        qlm_train_tensor *e = &t->t[s->qat_scale_of];
+        float gf = qlm_lsq_grad_factor(e->n, QAT_QMAX);
+        be->zero(t->qat_tmp, e->n);
+        if (t->o.qat_per_channel)
+            qlm_fake_quant_backward_rows(t->qat_tmp, s->g, e->g, e->p, (int)e->rows, (int)e->cols, s->p, QAT_QMIN,
+                                         QAT_QMAX, gf);
+        else
+            qlm_fake_quant_backward(t->qat_tmp, s->g, e->g, e->p, e->n, s->p[0], QAT_QMIN, QAT_QMAX, gf);
+        be->copy(e->g, t->qat_tmp, e->n);
+    }
+}
+
+static long count_targets(const qlm_train_batch *b, long *tokens) {
+    long n = 0;
+    for (int i = 0; i < b->n_rows; i++) n += b->targets[i] >= 0;
+    *tokens += b->n_rows;
+    return n;
+}
+
+static int run_pass(qlm_trainer *t, const qlm_train_batch *b, float grad_scale, int backward, double *loss) {
+    const qlm_lora_train *lt = t->lora ? &t->lora_train : NULL;
+    const qlm_llama_grads *g = t->o.mode == QLM_TRAIN_LORA ? NULL : &t->grads;
+    return qlm_llama_train_pass(qlm_trainer_forward_model(t), backward ? g : NULL, lt, &t->state, b, grad_scale,
+                                backward, loss);
+}
+
+int qlm_trainer_step(qlm_trainer *t, const qlm_train_batch *micro, int n_micro, qlm_train_step_stats *st) {
+    const qlm_backend *be = t->model->be;
+    memset(st, 0, sizeof *st);
+    for (int k = 0; k < n_micro; k++) st->n_targets += count_targets(&micro[k], &st->n_tokens);
+    if (st->n_targets == 0) return qlm_errorf("step %ld: the batch has no target tokens", t->step + 1);
+    for (int i = 0; i < t->n_t; i++) be->zero(t->t[i].g, t->t[i].n);
+    float grad_scale = t->loss_scale / (float)st->n_targets;
+    double loss = 0;
+    for (int k = 0; k < n_micro; k++) {
+        t->lora_train.dropout_seed = t->o.seed * 0x9e3779b97f4a7c15ULL + (uint64_t)t->step * 1000003u + (uint64_t)k;
+        if (run_pass(t, &micro[k], grad_scale, 1, &loss) != 0) return qlm_error_context("step %ld", t->step + 1);
+    }
+    st->loss = loss / (double)st->n_targets;
+    if (t->o.inject_overflow_step == t->step && t->n_t > 0) t->t[0].g[0] = INFINITY;
+    if (t->o.mode == QLM_TRAIN_QAT) qat_backward(t);
+    if (t->loss_scale != 1.0f)
+        for (int i = 0; i < t->n_t; i++) be->scale(t->t[i].g, t->t[i].n, 1.0f / t->loss_scale);
+    double ss = 0;
+    for (int i = 0; i < t->n_t; i++) ss += be->sum_squares(t->t[i].g, t->t[i].n);
+    st->grad_norm = sqrt(ss);
+    st->lr = qlm_train_lr(&t->o, t->step);
+    st->loss_scale = t->loss_scale;
+    t->step++;
+    if (!isfinite(st->grad_norm)) {
+        st->skipped = 1;
+        if (t->o.dynamic_loss_scale) t->loss_scale *= 0.5f;
+        t->clean_steps = 0;
+        return 0;
+    }
+    if (t->o.dynamic_loss_scale && ++t->clean_steps >= t->o.loss_scale_window) {
+        t->loss_scale *= 2.0f;
+        t->clean_steps = 0;
+    }
+    if (t->o.clip > 0) {
+        float coef = (float)(t->o.clip / (st->grad_norm + 1e-6));
+        if (coef < 1.0f)
+            for (int i = 0; i < t->n_t; i++) be->scale(t->t[i].g, t->t[i].n, coef);
+    }
+    qlm_adamw_step h = {.lr = st->lr, .beta1 = t->o.beta1, .beta2 = t->o.beta2, .eps = t->o.eps,
+                        .step = ++t->adam_step};
+    for (int i = 0; i < t->n_t; i++) {
+        qlm_train_tensor *e = &t->t[i];
+        h.weight_decay = e->decay ? t->o.weight_decay : 0.0f;
+        be->adamw(e->p, e->g, e->m, e->v, e->n, &h);
+        if (e->qat_scale_of >= 0) qlm_fake_quant_clamp_scales(e->p, e->n);
+    }
+    qlm_trainer_refresh(t);
+    return 0;
+}
+
+int qlm_trainer_eval(qlm_trainer *t, const qlm_train_batch *b, double *loss_sum, long *n_targets) {
+    long tokens = 0;
+    *n_targets += count_targets(b, &tokens);
+    float dropout = t->lora_train.dropout;
+    t->lora_train.dropout = 0; /* evaluation sees the whole adapter */
+    int rc = run_pass(t, b, 0.0f, 0, loss_sum);
+    t->lora_train.dropout = dropout;
+    return rc;
+}

@@ -1,0 +1,116 @@
+/* The trainer: which parameters train (an adapter, all weights, or all weights fake-quantized
+ * with learned INT8 scales), their gradients and AdamW moments, the learning-rate schedule,
+ * gradient clipping, dynamic loss scaling, and checkpoints that a crash cannot tear.
+ *
+ * Every trainable tensor is an entry of one list (value, gradient, two moments), so zeroing,
+ * norms, clipping, the optimizer and checkpoints are one loop each. For full training the F32
+ * master weights are the model given, and the forward reads a compute copy: the same memory in
+ * F32, a BF16/F16 copy refreshed after each step (mixed precision), or the fake-quantized
+ * weights (QAT). Gradients, moments and master weights are per-unit flat buffers (the shared
+ * tensors, each layer), the unit FSDP shards. */
+#ifndef QLM_TRAINER_H
+#define QLM_TRAINER_H
+
+#include <stdint.h>
+
+#include "../core/llama_train.h"
+#include "../lora/lora.h"
+
+typedef enum { QLM_TRAIN_LORA, QLM_TRAIN_FULL, QLM_TRAIN_QAT } qlm_train_mode;
+typedef enum { QLM_SCHEDULE_COSINE, QLM_SCHEDULE_LINEAR, QLM_SCHEDULE_CONSTANT } qlm_lr_schedule;
+
+typedef struct {
+    qlm_train_mode mode;
+    qlm_dtype compute;   /* full: dtype of the compute copy (F32, BF16, F16); QAT: F32 */
+    int qat_per_channel; /* QAT: one learned scale per output row */
+    float lr, min_lr_ratio; /* the schedule decays to lr * min_lr_ratio */
+    long warmup_steps, total_steps;
+    qlm_lr_schedule schedule;
+    float beta1, beta2, eps, weight_decay; /* decay applies to matrices (and adapters), not to norms or biases */
+    float clip;          /* global gradient-norm bound; 0: none */
+    int dynamic_loss_scale;       /* F16: start at loss_scale, halve and skip on inf/NaN, double after window clean steps */
+    float loss_scale;
+    int loss_scale_window;
+    int recompute;       /* keep only layer inputs; rerun each layer's forward in its backward */
+    float lora_dropout;
+    uint64_t seed;
+    long inject_overflow_step; /* fault injection for tests: this step's gradients get an inf (-1: never) */
+} qlm_train_options;
+
+/* Defaults: AdamW(0.9, 0.999, 1e-8, decay 0.01), lr 2e-4 cosine to 10% with no warmup, clip 1,
+ * F32, loss scale 65536 / window 2000 (used only when dynamic_loss_scale is set). */
+void qlm_train_options_init(qlm_train_options *o);
+
+/* One trainable tensor: its value, gradient and AdamW moments (all F32, n values). */
+typedef struct {
+    char name[200];
+    float *p, *g, *m, *v;
+    long n;
+    int64_t rows, cols; /* cols 0: a vector */
+    int decay;
+    qlm_weight *compute; /* full training: the compute copy's matrix to refresh (NULL: same memory) */
+    float *compute_vec;  /* full training with a copy: the compute copy's vector */
+    int qat_scale_of;    /* a QAT scale: index of its weight's entry; else -1 */
+} qlm_train_tensor;
+
+typedef struct {
+    double loss;         /* mean over the step's target tokens */
+    long n_targets, n_tokens;
+    double grad_norm;    /* before clipping (unscaled) */
+    float lr, loss_scale;
+    int skipped;         /* inf/NaN gradients: no update */
+} qlm_train_step_stats;
+
+typedef struct {
+    qlm_train_options o;
+    qlm_model *model;    /* full/QAT: the F32 master weights; LoRA: the frozen base (any dtype) */
+    qlm_model compute;   /* the copy the forward reads when it differs from model */
+    int has_copy;
+    qlm_llama_grads grads;
+    qlm_model moment1, moment2;
+    qlm_lora_adapter *lora;
+    qlm_lora_train lora_train;
+    float *lora_m, *lora_v;
+    float *qat_buf;      /* QAT: scales, their gradients and moments */
+    float *qat_tmp;      /* QAT: one tensor's worth of scratch */
+    qlm_train_tensor *t;
+    int n_t;
+    qlm_llama_train_state state;
+    long step;           /* optimizer steps taken (skipped ones included) */
+    long adam_step;      /* updates applied: AdamW's bias-correction count */
+    float loss_scale;
+    long clean_steps;    /* since the loss scale last changed */
+} qlm_trainer;
+
+/* model must be F32 for full training and QAT (it becomes the master weights, updated in place);
+ * any dtype for LoRA. lora: the adapter to train (LoRA mode; its A/B are updated in place). */
+int qlm_trainer_init(qlm_trainer *t, qlm_model *model, qlm_lora_adapter *lora, const qlm_train_options *o,
+                     int max_rows);
+void qlm_trainer_free(qlm_trainer *t);
+
+/* The learning rate of step (0-based) under the schedule. */
+float qlm_train_lr(const qlm_train_options *o, long step);
+
+/* One optimizer step over n_micro micro-batches (gradient accumulation): the loss is the mean
+ * over all their target tokens. */
+int qlm_trainer_step(qlm_trainer *t, const qlm_train_batch *micro, int n_micro, qlm_train_step_stats *st);
+/* Loss sum and target count over one batch, no gradients (the weights the forward reads). */
+int qlm_trainer_eval(qlm_trainer *t, const qlm_train_batch *b, double *loss_sum, long *n_targets);
+
+/* Recomputes the compute copy from the master weights (after changing them directly). */
+void qlm_trainer_refresh(qlm_trainer *t);
+/* The model the forward reads (compute copy, or the master itself). */
+const qlm_model *qlm_trainer_forward_model(const qlm_trainer *t);
+/* QAT: the learned scale(s) of a master weight (1 value, or rows), or NULL when not QAT. */
+const float *qlm_trainer_qat_scales(const qlm_trainer *t, const qlm_weight *master);
+
+/* Checkpoints: dir/checkpoint-STEP.safetensors (every tensor's value and moments) is written
+ * atomically, then dir/checkpoint.json (step, trainer state, and extra_json, e.g. the data
+ * position) atomically replaces the previous one: that rename is the commit, so a crash at any
+ * point leaves the last complete checkpoint. Older checkpoint files are removed after. */
+int qlm_trainer_save(const qlm_trainer *t, const char *dir, const char *extra_json);
+/* Restores the newest checkpoint in dir; *extra_json (malloc'd) gets what save was given.
+ * Returns 1 when dir holds no checkpoint, 0 when restored, -1 on error. */
+int qlm_trainer_load(qlm_trainer *t, const char *dir, char **extra_json);
+
+#endif
