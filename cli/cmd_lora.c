@@ -236,27 +236,6 @@ static int lora_merge(int argc, char **argv) {
 
 enum { OPT_RANK = 1100, OPT_ALPHA, OPT_TARGETS, OPT_RSLORA, OPT_SEED_INIT };
 
-/* The adapter_config.json text of the flags (target_modules: a comma list, or "all-linear"). */
-static char *init_config(int rank, double alpha, const char *targets, int rslora) {
-    cJSON *root = cJSON_CreateObject();
-    int ok = root && cJSON_AddStringToObject(root, "peft_type", "LORA") && cJSON_AddNumberToObject(root, "r", rank) &&
-             cJSON_AddNumberToObject(root, "lora_alpha", alpha) && cJSON_AddBoolToObject(root, "use_rslora", rslora) &&
-             cJSON_AddStringToObject(root, "bias", "none");
-    if (ok && strcmp(targets, "all-linear") == 0) {
-        ok = cJSON_AddStringToObject(root, "target_modules", "all-linear") != NULL;
-    } else if (ok) {
-        cJSON *list = cJSON_AddArrayToObject(root, "target_modules");
-        char *copy = strdup(targets);
-        ok = list && copy;
-        for (char *t = copy ? strtok(copy, ",") : NULL; t && ok; t = strtok(NULL, ","))
-            ok = cJSON_AddItemToArray(list, cJSON_CreateString(t));
-        free(copy);
-    }
-    char *text = ok ? cJSON_PrintUnformatted(root) : NULL;
-    cJSON_Delete(root);
-    return text;
-}
-
 static int lora_init(int argc, char **argv) {
     static const struct option opts[] = {{"model", required_argument, 0, OPT_MODEL}, {"out", required_argument, 0, OPT_OUT},
                                          {"rank", required_argument, 0, OPT_RANK}, {"alpha", required_argument, 0, OPT_ALPHA},
@@ -292,7 +271,7 @@ static int lora_init(int argc, char **argv) {
     if (cli_load_model(&mo, &cm, 0, 1) != 0) return cli_fail("lora init");
     int t5 = cm.src.is_t5;
     /* peft's defaults: alpha = rank, and the query and value projections. */
-    char *json = init_config(rank, alpha > 0 ? alpha : rank, targets ? targets : t5 ? "q,v" : "q_proj,v_proj", rslora);
+    char *json = cli_lora_config_json(rank, alpha > 0 ? alpha : rank, targets ? targets : t5 ? "q,v" : "q_proj,v_proj", rslora);
     qlm_lora_adapter a;
     int rc = json ? qlm_lora_init(&a, "new", t5 ? NULL : &cm.src.cfg, t5 ? &cm.src.t5 : NULL, json, (uint64_t)seed, QLM_F32)
                   : qlm_errorf("out of memory");

@@ -1,7 +1,14 @@
 /* qlm quantize / qlm convert: load any supported model, convert its weights to a storage
  * dtype, and write a Hugging Face style folder (model.safetensors, config.json, tokenizer). */
+#include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+
+#include "../core/error.h"
+#include "../core/param_pack.h"
+#include "../loaders/safetensors.h"
+#include "../quant/fake_quant.h"
 
 #include "commands.h"
 #include "common.h"
@@ -9,16 +16,90 @@
 
 static const char *k_quantize_usage =
     "usage: qlm quantize IN OUT --dtype f32|bf16|f16|int8 [--per-channel]\n"
+    "       qlm quantize --from-qat IN OUT\n"
     "Writes the model IN (folder, .safetensors, .gguf or llama2.c .bin) to the folder OUT as safetensors with\n"
     "weights in the given dtype. INT8 is symmetric: q = round(w / s), s = max|w| / 127 per tensor, or per\n"
     "output channel with --per-channel; each INT8 tensor NAME is followed by an F32 tensor NAME_scale of shape\n"
-    "[1] (per tensor) or [rows] (per channel). Norms and biases stay F32.\n";
+    "[1] (per tensor) or [rows] (per channel). Norms and biases stay F32.\n"
+    "--from-qat: IN is the model/ folder of `qlm train --qat`; its INT8 weights use the learned scales of\n"
+    "IN/qat_scales.safetensors (per tensor or per channel, as trained) instead of max|w| / 127.\n";
 
 static const char *k_convert_usage =
     "usage: qlm convert IN OUT [--dtype f32|bf16|f16|int8] [--per-channel]\n"
     "Turns a GGUF file or llama2.c checkpoint IN into a Hugging Face style folder OUT (model.safetensors,\n"
     "config.json, tokenizer.json, tokenizer_config.json) that qlm and transformers both load. Quantized GGUF\n"
     "tensors are dequantized; the default output dtype is f32.\n";
+
+enum { OPT_FROM_QAT = 1300 };
+
+/* One weight quantized with its learned scale(s) into store. */
+static int add_qat_weight(qlm_tensor_store *store, const qlm_tensor_store *scales, const char *dir, const qlm_param *p,
+                          int *per_row) {
+    char name[200];
+    snprintf(name, sizeof name, "%s.qat_scale", p->name);
+    const qlm_tensor_entry *s = qlm_store_find(scales, name);
+    if (!s) return qlm_errorf("%s/qat_scales.safetensors: no scale for %s", dir, p->name);
+    int64_t n = qlm_entry_numel(s);
+    if (s->dtype != QLM_F32 || (n != 1 && n != p->rows))
+        return qlm_errorf("%s/qat_scales.safetensors: %s must be F32 with 1 or %lld values", dir, name, (long long)p->rows);
+    const float *sv = s->data;
+    for (int64_t i = 0; i < n; i++)
+        if (!(sv[i] > 0) || !isfinite(sv[i])) return qlm_errorf("%s/qat_scales.safetensors: %s is not positive", dir, name);
+    *per_row = n != 1;
+    int64_t shape[2] = {p->rows, p->cols};
+    void *q;
+    qlm_tensor_entry *e = qlm_store_add_owned(store, p->name, QLM_I8, 2, shape, &q);
+    if (!e) return -1;
+    qlm_fake_quant_to_int8(q, p->matrix->data, (int)p->rows, (int)p->cols, sv, *per_row, -127, 127);
+    if (*per_row) {
+        float *rs = malloc((size_t)n * sizeof *rs);
+        if (!rs || qlm_store_keep_buffer(store, rs) != 0) {
+            free(rs);
+            return qlm_errorf("out of memory");
+        }
+        memcpy(rs, sv, (size_t)n * sizeof *rs);
+        e->row_scales = rs;
+    } else {
+        e->scale = sv[0];
+    }
+    return 0;
+}
+
+/* Replaces the F32 latent weights of a QAT model by INT8 with the learned scales. */
+static int apply_qat_scales(cli_model *cm, const char *dir) {
+    char path[4200];
+    snprintf(path, sizeof path, "%s/qat_scales.safetensors", dir);
+    if (cm->src.is_t5) return qlm_errorf("%s: QAT export is for Llama-family models", dir);
+    if (cm->model.dtype != QLM_F32) return qlm_errorf("%s: a QAT model folder holds F32 latent weights", dir);
+    qlm_tensor_store *scales = qlm_store_new(), *store = qlm_store_new();
+    qlm_param *p = NULL;
+    int n = -1, rc = scales && store ? qlm_safetensors_load(path, scales) : qlm_errorf("out of memory");
+    if (rc == 0) n = qlm_model_param_list(&cm->model, &p), rc = n < 0 ? -1 : 0;
+    int per_row = 0, any_per_row = 0;
+    for (int i = 0; i < n && rc == 0; i++) {
+        if (p[i].matrix) {
+            rc = add_qat_weight(store, scales, dir, &p[i], &per_row);
+            any_per_row |= per_row;
+        } else {
+            int64_t shape[1] = {p[i].rows};
+            rc = qlm_store_add(store, p[i].name, QLM_F32, 1, shape, *p[i].vector, (size_t)p[i].rows * sizeof(float))
+                     ? 0 : -1;
+        }
+    }
+    if (rc == 0) {
+        qlm_model q;
+        qlm_model_options mo = {.dtype = QLM_I8, .per_channel = any_per_row, .backend = cm->model.be};
+        rc = qlm_model_build(&q, &cm->model.cfg, store, &mo);
+        if (rc == 0) {
+            qlm_model_free(&cm->model);
+            cm->model = q;
+        }
+    }
+    free(p);
+    qlm_store_free(scales);
+    qlm_store_free(store);
+    return rc;
+}
 
 static int run(int argc, char **argv, const char *cmd, const char *usage, int require_dtype) {
     cli_model_opts mo;
@@ -28,11 +109,16 @@ static int run(int argc, char **argv, const char *cmd, const char *usage, int re
                                          {"per-channel", no_argument, 0, OPT_PER_CHANNEL},
                                          {"tokenizer", required_argument, 0, OPT_TOKENIZER},
                                          {"threads", required_argument, 0, OPT_THREADS},
+                                         {"from-qat", no_argument, 0, OPT_FROM_QAT},
                                          {"help", no_argument, 0, OPT_HELP},
                                          {0, 0, 0, 0}};
     optind = 1;
-    int c;
+    int c, from_qat = 0;
     while ((c = getopt_long(argc, argv, "t:h", opts, NULL)) != -1) {
+        if (c == OPT_FROM_QAT && require_dtype) {
+            from_qat = 1;
+            continue;
+        }
         int r = cli_model_flag(&mo, c, optarg);
         if (r < 0) return 2;
         if (r > 0) continue;
@@ -46,6 +132,11 @@ static int run(int argc, char **argv, const char *cmd, const char *usage, int re
         fprintf(stderr, "qlm %s: need IN and OUT\n", cmd);
         return cli_usage_error(cmd, usage);
     }
+    if (from_qat && mo.dtype) {
+        fprintf(stderr, "qlm %s: --from-qat writes INT8 with the learned scales; leave out --dtype\n", cmd);
+        return 2;
+    }
+    if (from_qat) mo.dtype = "f32";
     if (require_dtype && !mo.dtype) {
         fprintf(stderr, "qlm %s: --dtype is required\n", cmd);
         return cli_usage_error(cmd, usage);
@@ -59,6 +150,10 @@ static int run(int argc, char **argv, const char *cmd, const char *usage, int re
     const char *out = argv[optind + 1];
     cli_model cm;
     if (cli_load_model(&mo, &cm, 0, 0) != 0) return cli_fail(cmd);
+    if (from_qat && apply_qat_scales(&cm, mo.model) != 0) {
+        cli_free_model(&cm);
+        return cli_fail(cmd);
+    }
     qlm_dtype dt = cm.src.is_t5 ? cm.t5.dtype : cm.model.dtype;
     int pc = cm.src.is_t5 ? cm.t5.per_channel : cm.model.per_channel;
     fprintf(stderr, "qlm %s: writing %s (%s%s weights)\n", cmd, out, qlm_dtype_name(dt), pc ? ", per-channel scales" : "");

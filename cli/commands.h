@@ -15,5 +15,6 @@ int cmd_summarize(int argc, char **argv);
 int cmd_lora(int argc, char **argv);
 int cmd_serve(int argc, char **argv);
 int cmd_pull(int argc, char **argv);
+int cmd_train(int argc, char **argv);
 
 #endif

@@ -1,3 +1,4 @@
+#include <cjson/cJSON.h>
 #include "common.h"
 
 #include <errno.h>
@@ -282,4 +283,25 @@ char *cli_read_text(const char *path, size_t *len) {
     buf[n] = 0;
     if (len) *len = n;
     return buf;
+}
+
+/* The adapter_config.json text of the flags (target_modules: a comma list, or "all-linear"). */
+char *cli_lora_config_json(int rank, double alpha, const char *targets, int rslora) {
+    cJSON *root = cJSON_CreateObject();
+    int ok = root && cJSON_AddStringToObject(root, "peft_type", "LORA") && cJSON_AddNumberToObject(root, "r", rank) &&
+             cJSON_AddNumberToObject(root, "lora_alpha", alpha) && cJSON_AddBoolToObject(root, "use_rslora", rslora) &&
+             cJSON_AddStringToObject(root, "bias", "none");
+    if (ok && strcmp(targets, "all-linear") == 0) {
+        ok = cJSON_AddStringToObject(root, "target_modules", "all-linear") != NULL;
+    } else if (ok) {
+        cJSON *list = cJSON_AddArrayToObject(root, "target_modules");
+        char *copy = strdup(targets);
+        ok = list && copy;
+        for (char *t = copy ? strtok(copy, ",") : NULL; t && ok; t = strtok(NULL, ","))
+            ok = cJSON_AddItemToArray(list, cJSON_CreateString(t));
+        free(copy);
+    }
+    char *text = ok ? cJSON_PrintUnformatted(root) : NULL;
+    cJSON_Delete(root);
+    return text;
 }

@@ -115,6 +115,10 @@ int cli_fail(const char *cmd);
 /* Reports an unknown flag / missing value from getopt; returns 2. */
 int cli_usage_error(const char *cmd, const char *usage);
 
+/* adapter_config.json text for a new adapter (targets: a comma list of module names, or
+ * "all-linear"), or NULL when out of memory. */
+char *cli_lora_config_json(int rank, double alpha, const char *targets, int rslora);
+
 /* Reads a whole file ("-" = stdin) into a malloc'd NUL-terminated string. */
 char *cli_read_text(const char *path, size_t *len);
 

@@ -19,6 +19,7 @@ static const struct {
     {"summarize", cmd_summarize, "summarize a dialogue, or a JSONL file of them in batches"},
     {"rouge", cmd_rouge, "ROUGE-1/2/L/Lsum of predictions against references (JSONL)"},
     {"lora", cmd_lora, "inspect a PEFT LoRA adapter, or merge one into a model"},
+    {"train", cmd_train, "fine-tune: LoRA, full or quantization-aware, with exact resume"},
     {"serve", cmd_serve, "OpenAI-compatible HTTP server with continuous batching"},
     {"pull", cmd_pull, "download ORG/NAME from the Hugging Face hub into its cache"},
 };

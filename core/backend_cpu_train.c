@@ -15,22 +15,39 @@
 /* Rows of a non-F32 weight converted to F32 at a time in matmul_backward_x. */
 enum { DEQUANT_BLOCK_ROWS = 512 };
 
-static _Thread_local float *t_wf;
-static _Thread_local size_t t_wf_cap;
+/* Growable per-thread scratch, kept between calls so that steady training allocates nothing. */
+typedef struct {
+    float *p;
+    size_t cap;
+} scratch;
 
-static float *wf_scratch(size_t n) {
-    if (n <= t_wf_cap) return t_wf;
-    float *p = realloc(t_wf, n * sizeof *p);
+static float *scratch_get(scratch *s, size_t n) {
+    if (n <= s->cap) return s->p;
+    float *p = realloc(s->p, n * sizeof *p);
     if (!p) return NULL;
-    t_wf = p;
-    t_wf_cap = n;
+    s->p = p;
+    s->cap = n;
     return p;
+}
+
+static _Thread_local scratch t_wf, t_attn_rows, t_attn_work;
+
+/* All parallelism comes from OpenMP: OpenBLAS is held at one thread while our threads call it
+ * (its own pool would fight them for the cores), as quant/matmul.c does. */
+static int blas_hold(void) {
+    int t = omp_in_parallel() ? 1 : openblas_get_num_threads();
+    if (t != 1) openblas_set_num_threads(1);
+    return t;
+}
+
+static void blas_release(int t) {
+    if (t != 1) openblas_set_num_threads(t);
 }
 
 /* dx[:, c0:c1] (+)= dy[:, r0:r1] Wf[r0:r1, c0:c1] with Wf rows r0..r1 given at wf (F32, ld cols). */
 static void gemm_dx_block(float *dx, const float *dy, int n, int rows, int cols, const float *wf, int r0, int r1,
                           float beta) {
-    int nt = omp_get_max_threads();
+    int nt = omp_get_max_threads(), held = blas_hold();
 #pragma omp parallel for num_threads(nt) if (n * (r1 - r0) > 32768)
     for (int t = 0; t < nt; t++) {
         int c0 = (int)((long)cols * t / nt), c1 = (int)((long)cols * (t + 1) / nt);
@@ -38,6 +55,7 @@ static void gemm_dx_block(float *dx, const float *dy, int n, int rows, int cols,
             cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, c1 - c0, r1 - r0, 1.0f, dy + r0, rows,
                         wf + c0, cols, beta, dx + c0, cols);
     }
+    blas_release(held);
 }
 
 int qlm_cpu_matmul_backward_x(float *dx, const float *dy, int n, const qlm_weight *w, int accumulate) {
@@ -46,7 +64,7 @@ int qlm_cpu_matmul_backward_x(float *dx, const float *dy, int n, const qlm_weigh
         gemm_dx_block(dx, dy, n, rows, cols, w->data, 0, rows, accumulate ? 1.0f : 0.0f);
         return 0;
     }
-    float *wf = wf_scratch((size_t)DEQUANT_BLOCK_ROWS * cols);
+    float *wf = scratch_get(&t_wf, (size_t)DEQUANT_BLOCK_ROWS * cols);
     if (!wf) return qlm_errorf("out of memory for a %d x %d weight block", DEQUANT_BLOCK_ROWS, cols);
     for (int r0 = 0; r0 < rows; r0 += DEQUANT_BLOCK_ROWS) {
         int r1 = r0 + DEQUANT_BLOCK_ROWS < rows ? r0 + DEQUANT_BLOCK_ROWS : rows;
@@ -58,7 +76,7 @@ int qlm_cpu_matmul_backward_x(float *dx, const float *dy, int n, const qlm_weigh
 }
 
 void qlm_cpu_matmul_backward_w(float *dw, float *db, const float *dy, const float *x, int n, int rows, int cols) {
-    int nt = omp_get_max_threads();
+    int nt = omp_get_max_threads(), held = blas_hold();
 #pragma omp parallel for num_threads(nt) if ((long)rows * cols > 32768)
     for (int t = 0; t < nt; t++) {
         int r0 = (int)((long)rows * t / nt), r1 = (int)((long)rows * (t + 1) / nt);
@@ -69,6 +87,7 @@ void qlm_cpu_matmul_backward_w(float *dw, float *db, const float *dy, const floa
             for (int i = 0; i < n; i++)
                 for (int r = r0; r < r1; r++) db[r] += dy[(size_t)i * rows + r];
     }
+    blas_release(held);
 }
 
 void qlm_cpu_rmsnorm_backward(float *dx, float *dweight, const float *dout, const float *x, const float *weight, int n,
@@ -128,76 +147,78 @@ void qlm_cpu_rope_backward(float *dx, int n, const int *pos, int n_heads, int he
     }
 }
 
-/* Query head h's pass: recompute its softmax row by row and push the gradients into dq (its own
- * rows), and into this head's private dk/dv (summed over the GQA group afterwards). */
-static void attention_head_backward(float *dq, float *dk_h, float *dv_h, float *dbias_h, const float *dout,
-                                    const float *q, const float *k, const float *v, int n, const int *pos,
-                                    const qlm_attn_shape *sh, int h, float *p) {
+
+/* Query head h: the softmax rows P (recomputed) and dP = dO V^T as two n x nk matrices, then
+ * dS = P (dP - rowsum(P dP)) and the three products dQ = dS K, dK = dS^T Q, dV = P^T dO, each a
+ * single-threaded sgemm. dq rows are overwritten; dk_h / dv_h are this head's own partials. */
+static int attention_head_backward(float *dq, float *dk_h, float *dv_h, float *dbias_h, const float *dout,
+                                   const float *q, const float *k, const float *v, int n, int nk, const int *pos,
+                                   const qlm_attn_shape *sh, int h) {
     int D = sh->head_dim, kvh = h / (sh->n_heads / sh->n_kv_heads);
-    size_t q_stride = (size_t)sh->n_heads * D, kv_stride = (size_t)sh->n_kv_heads * D;
+    int q_stride = sh->n_heads * D, kv_stride = sh->n_kv_heads * D;
+    float *P = scratch_get(&t_attn_rows, (size_t)2 * n * nk);
+    if (!P) return -1;
+    float *dP = P + (size_t)n * nk;
+    const float *qh = q + (size_t)h * D, *kh = k + (size_t)kvh * D, *vh = v + (size_t)kvh * D,
+                *gh = dout + (size_t)h * D;
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, nk, D, sh->scale, qh, q_stride, kh, kv_stride, 0.0f, P, nk);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, nk, D, 1.0f, gh, q_stride, vh, kv_stride, 0.0f, dP, nk);
     for (int i = 0; i < n; i++) {
-        int nk = sh->n_keys > 0 ? sh->n_keys : pos[i] + 1;
-        const float *qi = q + i * q_stride + (size_t)h * D, *gi = dout + i * q_stride + (size_t)h * D;
+        float *pi = P + (size_t)i * nk, *dpi = dP + (size_t)i * nk;
+        int seen = sh->n_keys > 0 ? sh->n_keys : pos[i] + 1;
+        if (seen > nk) seen = nk;
+        if (sh->pos_bias) {
+            const float *bias = sh->pos_bias + (size_t)h * sh->pos_bias_span - pos[i] + sh->pos_bias_offset;
+            for (int t = 0; t < seen; t++) pi[t] += bias[t];
+        }
         float mx = -INFINITY;
-        for (int t = 0; t < nk; t++) {
-            const float *kt = k + t * kv_stride + (size_t)kvh * D;
-            float s = 0;
-            for (int d = 0; d < D; d++) s += qi[d] * kt[d];
-            s *= sh->scale;
-            if (sh->pos_bias) s += sh->pos_bias[(size_t)h * sh->pos_bias_span + t - pos[i] + sh->pos_bias_offset];
-            p[t] = s;
-            if (s > mx) mx = s;
-        }
+        for (int t = 0; t < seen; t++) mx = pi[t] > mx ? pi[t] : mx;
         double sum = 0;
-        for (int t = 0; t < nk; t++) {
-            p[t] = expf(p[t] - mx);
-            sum += p[t];
+        for (int t = 0; t < seen; t++) {
+            pi[t] = expf(pi[t] - mx);
+            sum += pi[t];
         }
-        float inv = (float)(1.0 / sum), dot_o = 0;
-        /* dO·o = sum_t p_t (dO·v_t): the softmax backward's row constant. */
-        for (int t = 0; t < nk; t++) {
-            p[t] *= inv;
-            const float *vt = v + t * kv_stride + (size_t)kvh * D;
-            float dp = 0;
-            for (int d = 0; d < D; d++) dp += gi[d] * vt[d];
-            dot_o += p[t] * dp;
+        float inv = (float)(1.0 / sum), dot = 0;
+        for (int t = 0; t < seen; t++) {
+            pi[t] *= inv;
+            dot += pi[t] * dpi[t];
         }
-        float *dqi = dq + i * q_stride + (size_t)h * D;
-        memset(dqi, 0, (size_t)D * sizeof *dqi);
-        for (int t = 0; t < nk; t++) {
-            const float *vt = v + t * kv_stride + (size_t)kvh * D, *kt = k + t * kv_stride + (size_t)kvh * D;
-            float dp = 0;
-            for (int d = 0; d < D; d++) dp += gi[d] * vt[d];
-            float ds = p[t] * (dp - dot_o);
+        for (int t = 0; t < seen; t++) {
+            float ds = pi[t] * (dpi[t] - dot);
             if (dbias_h) dbias_h[t - pos[i] + sh->pos_bias_offset] += ds;
-            ds *= sh->scale;
-            float *dkt = dk_h + (size_t)t * D, *dvt = dv_h + (size_t)t * D;
-            for (int d = 0; d < D; d++) {
-                dqi[d] += ds * kt[d];
-                dkt[d] += ds * qi[d];
-                dvt[d] += p[t] * gi[d];
-            }
+            dpi[t] = ds * sh->scale;
         }
+        for (int t = seen; t < nk; t++) pi[t] = dpi[t] = 0;
     }
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, D, nk, 1.0f, dP, nk, kh, kv_stride, 0.0f,
+                dq + (size_t)h * D, q_stride);
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, nk, D, n, 1.0f, dP, nk, qh, q_stride, 0.0f, dk_h, D);
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, nk, D, n, 1.0f, P, nk, gh, q_stride, 0.0f, dv_h, D);
+    return 0;
 }
 
 int qlm_cpu_attention_backward(float *dq, float *dk, float *dv, float *dpos_bias, const float *dout, const float *q,
-                                const float *k, const float *v, int n, const int *pos, const qlm_attn_shape *sh) {
+                               const float *k, const float *v, int n, const int *pos, const qlm_attn_shape *sh) {
     int H = sh->n_heads, D = sh->head_dim, group = sh->n_heads / sh->n_kv_heads;
     int n_keys = sh->n_keys > 0 ? sh->n_keys : 0;
-    for (int i = 0; i < n; i++)
-        if (pos[i] + 1 > n_keys && sh->n_keys <= 0) n_keys = pos[i] + 1;
+    for (int i = 0; i < n && sh->n_keys <= 0; i++)
+        if (pos[i] + 1 > n_keys) n_keys = pos[i] + 1;
     size_t kv_stride = (size_t)sh->n_kv_heads * D, per_head = (size_t)n_keys * D;
-    /* Per query head: dk and dv partials, the bias partial, a softmax row. */
-    float *work = calloc((size_t)H * (2 * per_head + (dpos_bias ? sh->pos_bias_span : 0) + n_keys), sizeof *work);
+    size_t bias_span = dpos_bias ? (size_t)sh->pos_bias_span : 0, stride = 2 * per_head + bias_span;
+    /* Per query head: its dK and dV partials and its bias gradient. */
+    float *work = scratch_get(&t_attn_work, (size_t)H * stride);
     if (!work) return qlm_errorf("out of memory for attention gradients over %d keys", n_keys);
-    size_t stride = 2 * per_head + (dpos_bias ? sh->pos_bias_span : 0) + n_keys;
-#pragma omp parallel for schedule(dynamic, 1)
+    if (bias_span)
+        for (int h = 0; h < H; h++) memset(work + (size_t)h * stride + 2 * per_head, 0, bias_span * sizeof *work);
+    int failed = 0, held = blas_hold();
+#pragma omp parallel for schedule(dynamic, 1) reduction(| : failed)
     for (int h = 0; h < H; h++) {
         float *w = work + (size_t)h * stride;
-        attention_head_backward(dq, w, w + per_head, dpos_bias ? w + 2 * per_head : NULL, dout, q, k, v, n, pos, sh, h,
-                                w + 2 * per_head + (dpos_bias ? sh->pos_bias_span : 0));
+        failed |= attention_head_backward(dq, w, w + per_head, bias_span ? w + 2 * per_head : NULL, dout, q, k, v, n,
+                                          n_keys, pos, sh, h) != 0;
     }
+    blas_release(held);
+    if (failed) return qlm_errorf("out of memory for attention scores of %d x %d", n, n_keys);
     /* The group's heads summed in head order, so the sums repeat exactly. */
 #pragma omp parallel for
     for (int kvh = 0; kvh < sh->n_kv_heads; kvh++)
@@ -209,11 +230,9 @@ int qlm_cpu_attention_backward(float *dq, float *dk, float *dv, float *dpos_bias
                     dv[t * kv_stride + (size_t)kvh * D + d] += w[per_head + (size_t)t * D + d];
                 }
         }
-    if (dpos_bias)
-        for (int h = 0; h < H; h++)
-            for (int j = 0; j < sh->pos_bias_span; j++)
-                dpos_bias[(size_t)h * sh->pos_bias_span + j] += work[(size_t)h * stride + 2 * per_head + j];
-    free(work);
+    for (int h = 0; h < H && bias_span; h++)
+        for (size_t j = 0; j < bias_span; j++)
+            dpos_bias[(size_t)h * sh->pos_bias_span + j] += work[(size_t)h * stride + 2 * per_head + j];
     return 0;
 }
 

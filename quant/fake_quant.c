@@ -134,3 +134,15 @@ void qlm_fake_quant_clamp_scales(float *scales, long n) {
     for (long i = 0; i < n; i++)
         if (!(scales[i] >= QLM_FAKE_QUANT_MIN_SCALE)) scales[i] = QLM_FAKE_QUANT_MIN_SCALE;
 }
+
+void qlm_fake_quant_to_int8(int8_t *q, const float *w, int rows, int cols, const float *scales, int per_row, int qmin,
+                            int qmax) {
+#pragma omp parallel for if ((long)rows * cols > 65536)
+    for (int r = 0; r < rows; r++) {
+        float inv = 1.0f / scales[per_row ? r : 0];
+        for (int c = 0; c < cols; c++) {
+            float v = nearbyintf(w[(size_t)r * cols + c] * inv);
+            q[(size_t)r * cols + c] = (int8_t)(v < qmin ? qmin : v > qmax ? qmax : v == v ? v : 0);
+        }
+    }
+}

@@ -22,6 +22,7 @@
 #define QLM_FAKE_QUANT_H
 
 #include <float.h>
+#include <stdint.h>
 
 /* The smallest scale: torch.finfo(torch.float32).eps, the floor torch's observers and
  * _LearnableFakeQuantize put under a scale. */
@@ -53,6 +54,12 @@ float qlm_lsq_grad_factor(long n, int qmax);
 float qlm_fake_quant_init_scale(const float *w, long n, int qmax);
 /* The same per row: fills scales[rows]. */
 void qlm_fake_quant_init_scales_rows(float *scales, const float *w, int rows, int cols, int qmax);
+
+/* The INT8 values a fake-quantized tensor stands for: q = clamp(round(w * (1/s)), qmin, qmax) with
+ * the forward's rounding, so q * s equals qlm_fake_quant_forward's output exactly (the INT8 model
+ * computes what QAT trained). Per tensor (scales[0]) or per row (scales[rows]). */
+void qlm_fake_quant_to_int8(int8_t *q, const float *w, int rows, int cols, const float *scales, int per_row, int qmin,
+                            int qmax);
 
 /* Clamps n learned scales to >= QLM_FAKE_QUANT_MIN_SCALE (a NaN scale becomes the floor too), as
  * torch does before each forward; call after every optimizer step. */

@@ -1,0 +1,224 @@
+/* qlm train end to end on stories260K (a real pretrained llama2.c model): SIGKILL at random
+ * points and --resume give bit-identical final weights with no torn checkpoint; the loss falls;
+ * QAT output becomes an INT8 model through `qlm quantize --from-qat`; bad flags and data fail. */
+#include <cjson/cJSON.h>
+#include <signal.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "../core/error.h"
+#include "../loaders/safetensors.h"
+#include "test_util.h"
+
+static char g_model[512], g_tok[512], g_dir[256], g_data[512];
+
+/* A JSONL of prompt/completion pairs cut from TinyStories: the first sentence, then the rest. */
+static void write_data(void) {
+    char path[512];
+    test_asset(path, sizeof path, "tinystories-text/tinystories_val.txt");
+    REQUIRE_ASSET(path);
+    test_corpus c = test_corpus_load(path);
+    FILE *f = fopen(g_data, "w");
+    assert_non_null(f);
+    int written = 0;
+    for (int i = 0; i < c.n && written < 48; i++) {
+        if (c.len[i] < 80) continue;
+        char line[400];
+        size_t n = c.len[i] < 300 ? c.len[i] : 300;
+        memcpy(line, c.line[i], n);
+        line[n] = 0;
+        char *dot = strchr(line, '.');
+        if (!dot || dot[1] == 0) continue;
+        char completion[400];
+        snprintf(completion, sizeof completion, "%s", dot + 1);
+        dot[1] = 0;
+        cJSON *j = cJSON_CreateObject();
+        cJSON_AddStringToObject(j, "prompt", line);
+        cJSON_AddStringToObject(j, "completion", completion);
+        char *s = cJSON_PrintUnformatted(j);
+        fprintf(f, "%s\n", s);
+        free(s);
+        cJSON_Delete(j);
+        written++;
+    }
+    fclose(f);
+    test_corpus_free(&c);
+    assert_true(written >= 40);
+}
+
+static int setup(void **state) {
+    (void)state;
+    if (!test_tmpdir(g_dir, sizeof g_dir)) return -1;
+    test_asset(g_model, sizeof g_model, "stories260K/stories260K.bin");
+    test_asset(g_tok, sizeof g_tok, "stories260K/tok512.bin");
+    snprintf(g_data, sizeof g_data, "%s/data.jsonl", g_dir);
+    return 0;
+}
+
+static int teardown(void **state) {
+    (void)state;
+    char cmd[400];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", g_dir);
+    return system(cmd) == 0 ? 0 : -1;
+}
+
+#define TRAIN_ARGS "train -m %s -t %s --data %s --lora --rank 4 --steps 24 --batch 4 --seq-len 96 --save-every 2 --threads 2 --lr 3e-3"
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+/* Every checkpoint in dir is complete: checkpoint.json parses and its tensor file loads. */
+static void check_checkpoint_intact(const char *dir) {
+    char path[600];
+    snprintf(path, sizeof path, "%s/checkpoint.json", dir);
+    if (!test_path_exists(path)) return; /* killed before the first checkpoint */
+    char *text = test_read_file(path, NULL);
+    assert_non_null(text);
+    cJSON *j = cJSON_Parse(text);
+    free(text);
+    if (!j) fail_msg("%s is torn", path);
+    const cJSON *file = cJSON_GetObjectItem(j, "tensors");
+    assert_true(cJSON_IsString(file));
+    snprintf(path, sizeof path, "%s/%s", dir, file->valuestring);
+    qlm_tensor_store *s = qlm_store_new();
+    if (qlm_safetensors_load(path, s) != 0) fail_msg("torn checkpoint: %s", qlm_last_error());
+    assert_true(qlm_store_count(s) > 0);
+    qlm_store_free(s);
+    cJSON_Delete(j);
+}
+
+static void test_sigkill_resume_is_bit_identical(void **state) {
+    (void)state;
+    REQUIRE_ASSET(g_model);
+    write_data();
+    char ref[300], run[300], args[2048], cmd[4096];
+    snprintf(ref, sizeof ref, "%s/ref", g_dir);
+    snprintf(run, sizeof run, "%s/run", g_dir);
+    double t0 = now_s();
+    assert_int_equal(test_run_qlm(NULL, TRAIN_ARGS " --out %s 2>/dev/null", g_model, g_tok, g_data, ref), 0);
+    double duration = now_s() - t0;
+    const char *bin = getenv("QLM_BIN");
+    snprintf(args, sizeof args, TRAIN_ARGS " --out %s --resume", g_model, g_tok, g_data, run);
+    snprintf(cmd, sizeof cmd, "exec %s %s 2>/dev/null", bin && *bin ? bin : "build/qlm", args);
+    srand(12345);
+    int kills = 0;
+    for (int attempt = 0; attempt < 40 && kills < 5; attempt++) {
+        pid_t pid = fork();
+        assert_true(pid >= 0);
+        if (pid == 0) {
+            execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
+            _exit(127);
+        }
+        useconds_t delay = (useconds_t)(duration * 1e6 * (0.15 + 0.7 * rand() / (double)RAND_MAX));
+        usleep(delay);
+        int status;
+        if (waitpid(pid, &status, WNOHANG) == 0) {
+            kill(pid, SIGKILL);
+            waitpid(pid, &status, 0);
+            kills++;
+        } else {
+            assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+            break; /* finished before the kill */
+        }
+        check_checkpoint_intact(run);
+    }
+    print_message("killed %d times (a full run takes %.2f s)\n", kills, duration);
+    assert_true(kills >= 5);
+    assert_int_equal(test_run_qlm(NULL, "%s 2>/dev/null", args), 0);
+    size_t la, lb;
+    char pa[400], pb[400];
+    snprintf(pa, sizeof pa, "%s/adapter/adapter_model.safetensors", ref);
+    snprintf(pb, sizeof pb, "%s/adapter/adapter_model.safetensors", run);
+    char *a = test_read_file(pa, &la), *b = test_read_file(pb, &lb);
+    assert_non_null(a);
+    assert_non_null(b);
+    assert_int_equal(la, lb);
+    assert_memory_equal(a, b, la);
+    free(a), free(b);
+    /* The resumed log lists every step once, and the loss went down. */
+    snprintf(pb, sizeof pb, "%s/metrics.jsonl", run);
+    test_corpus log = test_corpus_load(pb);
+    int steps = 0;
+    double first = 0, last = 0;
+    for (int i = 0; i < log.n; i++) {
+        cJSON *j = cJSON_ParseWithLength(log.line[i], log.len[i]);
+        assert_non_null(j);
+        const cJSON *step = cJSON_GetObjectItem(j, "step"), *loss = cJSON_GetObjectItem(j, "loss");
+        if (cJSON_IsNumber(loss)) {
+            assert_int_equal(step->valueint, ++steps);
+            if (steps == 1) first = loss->valuedouble;
+            last = loss->valuedouble;
+        }
+        cJSON_Delete(j);
+    }
+    test_corpus_free(&log);
+    assert_int_equal(steps, 24);
+    print_message("loss %.3f -> %.3f\n", first, last);
+    assert_true(last < first);
+    snprintf(pb, sizeof pb, "%s/loss_curve.svg", run);
+    assert_true(test_path_exists(pb));
+}
+
+static void test_qat_export(void **state) {
+    (void)state;
+    REQUIRE_ASSET(g_model);
+    write_data();
+    char out[300], q8[300];
+    snprintf(out, sizeof out, "%s/qat", g_dir);
+    snprintf(q8, sizeof q8, "%s/qat-int8", g_dir);
+    assert_int_equal(test_run_qlm(NULL, "train -m %s -t %s --data %s --qat --per-channel --steps 4 --batch 4 "
+                                        "--seq-len 96 --lr 1e-4 --out %s 2>/dev/null",
+                                  g_model, g_tok, g_data, out), 0);
+    assert_int_equal(test_run_qlm(NULL, "quantize --from-qat %s/model %s 2>/dev/null", out, q8), 0);
+    char path[400];
+    snprintf(path, sizeof path, "%s/model.safetensors", q8);
+    qlm_tensor_store *s = qlm_store_new();
+    if (qlm_safetensors_load(path, s) != 0) fail_msg("%s", qlm_last_error());
+    const qlm_tensor_entry *e = qlm_store_find(s, "model.layers.0.self_attn.q_proj.weight");
+    assert_non_null(e);
+    assert_int_equal(e->dtype, QLM_I8);
+    assert_non_null(e->row_scales);
+    qlm_store_free(s);
+    char *text = NULL;
+    assert_int_equal(test_run_qlm(&text, "generate -m %s --temp 0 -n 16 --quiet -p \"Once upon a time\"", q8), 0);
+    assert_true(strlen(text) > 10);
+    free(text);
+}
+
+static void test_bad_input(void **state) {
+    (void)state;
+    REQUIRE_ASSET(g_model);
+    char bad[400];
+    snprintf(bad, sizeof bad, "%s/bad.jsonl", g_dir);
+    const char *lines = "{\"prompt\": \"a\", \"completion\": \"b\"}\n{\"prompt\": 3}\n";
+    assert_int_equal(test_write_file(bad, lines, strlen(lines)), 0);
+    char *out = NULL;
+    assert_int_not_equal(test_run_qlm(&out, "train -m %s -t %s --data %s --out %s/x 2>&1", g_model, g_tok, bad, g_dir), 0);
+    assert_non_null(strstr(out, "bad.jsonl:2"));
+    free(out);
+    assert_int_equal(test_run_qlm(NULL, "train -m %s --data %s 2>/dev/null", g_model, bad), 2);
+    assert_int_equal(test_run_qlm(NULL, "train -m %s -t %s --data %s --out %s/x --lr -1 2>/dev/null", g_model, g_tok, bad,
+                                  g_dir), 2);
+    /* Resuming with other settings is refused rather than silently mixing runs. */
+    write_data();
+    char dir[300];
+    snprintf(dir, sizeof dir, "%s/mix", g_dir);
+    assert_int_equal(test_run_qlm(NULL, "train -m %s -t %s --data %s --steps 2 --batch 4 --seq-len 64 --out %s 2>/dev/null",
+                                  g_model, g_tok, g_data, dir), 0);
+    assert_int_not_equal(test_run_qlm(&out, "train -m %s -t %s --data %s --steps 2 --batch 2 --seq-len 64 --out %s --resume 2>&1",
+                                      g_model, g_tok, g_data, dir), 0);
+    assert_non_null(strstr(out, "other settings"));
+    free(out);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_sigkill_resume_is_bit_identical),
+        cmocka_unit_test(test_qat_export),
+        cmocka_unit_test(test_bad_input),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
