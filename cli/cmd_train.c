@@ -424,7 +424,8 @@ int cmd_train(int argc, char **argv) {
     o.schedule = a.schedule, o.weight_decay = a.weight_decay, o.clip = a.clip;
     o.dynamic_loss_scale = a.dtype == QLM_F16;
     o.recompute = a.recompute, o.lora_dropout = a.lora_dropout, o.seed = (uint64_t)a.seed;
-    if (qlm_trainer_init(&t, &cm.model, a.mode == QLM_TRAIN_LORA ? &adapter : NULL, &o, a.batch * a.seq_len) != 0)
+    qlm_train_shape shape = {.max_rows = a.batch * a.seq_len, .max_len = a.seq_len};
+    if (qlm_trainer_init(&t, &cm.model, NULL, a.mode == QLM_TRAIN_LORA ? &adapter : NULL, &o, &shape) != 0)
         goto fail;
     if (batch_buf_init(&bb, a.batch, a.seq_len) != 0) goto fail;
     idx = malloc((size_t)a.batch * sizeof *idx);
@@ -463,7 +464,7 @@ int cmd_train(int argc, char **argv) {
                     "lr %g %s, %s compute%s, activations %.0f MiB\n",
             what, trainable, total, steps_per_epoch, a.accum, a.batch, a.seq_len, a.lr,
             a.schedule == QLM_SCHEDULE_COSINE ? "cosine" : a.schedule == QLM_SCHEDULE_LINEAR ? "linear" : "constant",
-            qlm_dtype_name(a.dtype), a.recompute ? " with recomputation" : "", t.state.peak_bytes / 1048576.0);
+            qlm_dtype_name(a.dtype), a.recompute ? " with recomputation" : "", qlm_trainer_activation_bytes(&t) / 1048576.0);
     signal(SIGINT, on_signal);
     signal(SIGTERM, on_signal);
     batch_buf micro_bufs[64];

@@ -197,33 +197,10 @@ int qlm_model_param_list(qlm_model *m, qlm_param **out) {
     for (int l = -1; l < m->cfg.n_layers; l++) {
         if (l >= 0) k = (layer_params(m, l, p), N_LAYER_PARAMS);
         for (int i = 0; i < k; i++)
-            if (p[i].matrix ? p[i].matrix->data != NULL : *p[i].vector != NULL) list[n++] = p[i];
+            if (qlm_param_present(&p[i])) list[n++] = p[i];
     }
     *out = list;
     return n;
-}
-
-/* Gives every present parameter of the unit p[0..k) F32 room in a fresh zeroed buffer. */
-static int twin_unit(const qlm_backend *be, qlm_param *p, int k, void **buffer) {
-    size_t floats = 0;
-    for (int i = 0; i < k; i++)
-        if (p[i].matrix ? p[i].matrix->data != NULL : *p[i].vector != NULL)
-            floats += ((size_t)p[i].rows * (p[i].cols ? (size_t)p[i].cols : 1) + 15) & ~(size_t)15;
-    float *buf = be->alloc((floats ? floats : 1) * sizeof *buf);
-    if (!buf) return qlm_errorf("out of memory for %.1f MiB of F32 parameters", floats * 4.0 / 1048576.0);
-    be->zero(buf, (long)(floats ? floats : 1));
-    *buffer = buf;
-    for (int i = 0; i < k; i++) {
-        if (p[i].matrix ? p[i].matrix->data == NULL : *p[i].vector == NULL) continue;
-        size_t n = (size_t)p[i].rows * (p[i].cols ? (size_t)p[i].cols : 1);
-        if (p[i].matrix)
-            *p[i].matrix = (qlm_weight){.dtype = QLM_F32, .rows = (int)p[i].rows, .cols = (int)p[i].cols,
-                                        .data = buf, .scale = 1.0f};
-        else
-            *p[i].vector = buf;
-        buf += (n + 15) & ~(size_t)15;
-    }
-    return 0;
 }
 
 int qlm_model_f32_twin(qlm_model *twin, const qlm_model *m) {
@@ -237,11 +214,11 @@ int qlm_model_f32_twin(qlm_model *twin, const qlm_model *m) {
     for (int l = 0; l < m->cfg.n_layers; l++) twin->layers[l] = m->layers[l], twin->layers[l].buffer = NULL;
     qlm_param p[N_LAYER_PARAMS];
     int k = shared_params(twin, "model.embed_tokens.weight", p);
-    if (twin_unit(m->be, p, k, &twin->shared_buffer) != 0) goto fail;
+    if (qlm_params_twin(m->be, p, k, &twin->shared_buffer) != 0) goto fail;
     if (m->cfg.tie_embeddings) twin->lm_head = twin->tok_embed;
     for (int l = 0; l < m->cfg.n_layers; l++) {
         layer_params(twin, l, p);
-        if (twin_unit(m->be, p, N_LAYER_PARAMS, &twin->layers[l].buffer) != 0) goto fail;
+        if (qlm_params_twin(m->be, p, N_LAYER_PARAMS, &twin->layers[l].buffer) != 0) goto fail;
     }
     twin->inv_freq = m->inv_freq;
     return 0;

@@ -8,13 +8,7 @@
 #include "../lora/lora.h"
 #include "error.h"
 #include "llama_train.h"
-
-/* Target rows whose logits are computed together: bounds the [chunk][vocab] buffer. */
-enum { HEAD_CHUNK = 128 };
-
-float *qlm_lora_train_grad(const qlm_lora_train *t, const void *weight_data) {
-    return t->grad + ((const char *)weight_data - (const char *)t->adapter->buffer) / (long)sizeof(float);
-}
+#include "train_layers.h"
 
 static void trace_free(const qlm_backend *be, qlm_llama_trace *t) {
     float *bufs[] = {t->xn1, t->q, t->k, t->v, t->att, t->x_mid, t->xn2, t->gate, t->up, t->h};
@@ -67,7 +61,6 @@ int qlm_llama_train_state_init(qlm_llama_train_state *s, const qlm_model *m, int
     }
     for (int t = 0; t < s->n_traces; t++)
         if (trace_init(be, c, max_rows, lora_rank, &s->tr[t], &s->peak_bytes) != 0) goto oom;
-    s->head_chunk = HEAD_CHUNK;
     struct {
         float **p;
         size_t n;
@@ -75,15 +68,15 @@ int qlm_llama_train_state_init(qlm_llama_train_state *s, const qlm_model *m, int
              {&s->dk, R * kv},           {&s->dv, R * kv},            {&s->datt, R * q},
              {&s->dgate, R * c->hidden_dim}, {&s->dup, R * c->hidden_dim}, {&s->tmp, R * wide},
              {&s->tmp_in, R * wide},     {&s->lora_du, R * (lora_rank ? lora_rank : 1)},
-             {&s->head_x, (size_t)HEAD_CHUNK * c->dim}, {&s->head_xn, (size_t)HEAD_CHUNK * c->dim},
-             {&s->logits, (size_t)HEAD_CHUNK * c->vocab_size}, {&s->row_loss, HEAD_CHUNK}};
+             {&s->head_x, (size_t)QLM_HEAD_CHUNK * c->dim}, {&s->head_xn, (size_t)QLM_HEAD_CHUNK * c->dim},
+             {&s->logits, (size_t)QLM_HEAD_CHUNK * c->vocab_size}, {&s->row_loss, QLM_HEAD_CHUNK}};
     for (size_t i = 0; i < sizeof b / sizeof b[0]; i++) {
         *b[i].p = be->alloc(b[i].n * sizeof(float));
         if (!*b[i].p) goto oom;
         s->peak_bytes += (double)b[i].n * sizeof(float);
     }
-    s->head_rows = malloc((size_t)HEAD_CHUNK * sizeof *s->head_rows);
-    s->head_targets = malloc((size_t)HEAD_CHUNK * sizeof *s->head_targets);
+    s->head_rows = malloc((size_t)QLM_HEAD_CHUNK * sizeof *s->head_rows);
+    s->head_targets = malloc((size_t)QLM_HEAD_CHUNK * sizeof *s->head_targets);
     if (!s->head_rows || !s->head_targets) goto oom;
     return 0;
 oom:;
@@ -117,57 +110,27 @@ typedef struct {
     qlm_llama_train_state *s;
     const qlm_train_batch *b;
     int n; /* rows */
+    qlm_train_linear lin;
 } pass;
 
 static const qlm_lora_module *lora_module(const pass *p, int l, int target) {
     return p->lora ? qlm_lora_find(p->lora->adapter, 0, l, (qlm_lora_target)target) : NULL;
 }
 
-static uint64_t dropout_seed(const pass *p, int l, int target) {
-    return p->lora->dropout_seed ^ (0x9e3779b97f4a7c15ULL * (uint64_t)(l * 8 + target + 1));
+static uint64_t seed_of(const pass *p, int l, int target) {
+    return p->lora ? qlm_train_dropout_seed(p->lora, 0, l, target) : 0;
 }
 
-/* The module's input as A sees it: x itself, or a dropped-out copy in tmp_in. */
-static const float *lora_input(const pass *p, const float *x, int in, int l, int target) {
-    if (p->lora->dropout <= 0) return x;
-    p->m->be->dropout(p->s->tmp_in, x, (long)p->n * in, p->lora->dropout, dropout_seed(p, l, target));
-    return p->s->tmp_in;
-}
-
-/* y = x W^T + b, plus the trained adapter's scale * B A dropout(x); keeps scale * A dropout(x). */
 static void linear_forward(const pass *p, qlm_llama_trace *t, float *y, const float *x, const qlm_weight *w,
                            const float *bias, int l, int target) {
-    const qlm_backend *be = p->m->be;
-    be->matmul(y, x, p->n, w, bias);
-    const qlm_lora_module *mod = lora_module(p, l, target);
-    if (!mod) return;
-    float *u = t->lora_u[target];
-    be->matmul(u, lora_input(p, x, w->cols, l, target), p->n, &mod->a, NULL);
-    be->scale(u, (long)p->n * mod->r, mod->scale);
-    be->matmul(p->s->tmp, u, p->n, &mod->b, NULL);
-    be->add(y, p->s->tmp, (long)p->n * w->rows);
+    qlm_train_linear_forward(&p->lin, y, x, p->n, w, bias, lora_module(p, l, target), t->lora_u[target],
+                             seed_of(p, l, target));
 }
 
-/* dx (+)= dy W (and the adapter's path); the weight's and the adapter's gradients. */
 static int linear_backward(const pass *p, qlm_llama_trace *t, float *dx, int accumulate, const float *dy,
                            const float *x, const qlm_weight *w, const qlm_weight *gw, float *gbias, int l, int target) {
-    const qlm_backend *be = p->m->be;
-    int n = p->n;
-    if (be->matmul_backward_x(dx, dy, n, w, accumulate) != 0) return -1;
-    if (gw) be->matmul_backward_w((float *)gw->data, gbias, dy, x, n, w->rows, w->cols);
-    const qlm_lora_module *mod = lora_module(p, l, target);
-    if (!mod) return 0;
-    float *du = p->s->lora_du, *dA = qlm_lora_train_grad(p->lora, mod->a.data),
-          *dB = qlm_lora_train_grad(p->lora, mod->b.data);
-    be->matmul_backward_w(dB, NULL, dy, t->lora_u[target], n, mod->b.rows, mod->b.cols);
-    if (be->matmul_backward_x(du, dy, n, &mod->b, 0) != 0) return -1;
-    be->scale(du, (long)n * mod->r, mod->scale);
-    be->matmul_backward_w(dA, NULL, du, lora_input(p, x, w->cols, l, target), n, mod->a.rows, mod->a.cols);
-    if (p->lora->dropout <= 0) return be->matmul_backward_x(dx, du, n, &mod->a, 1);
-    if (be->matmul_backward_x(p->s->tmp_in, du, n, &mod->a, 0) != 0) return -1;
-    be->dropout(p->s->tmp_in, p->s->tmp_in, (long)n * w->cols, p->lora->dropout, dropout_seed(p, l, target));
-    be->add(dx, p->s->tmp_in, (long)n * w->cols);
-    return 0;
+    return qlm_train_linear_backward(&p->lin, dx, accumulate, dy, x, p->n, w, gw, gbias, lora_module(p, l, target),
+                                     t->lora_u[target], seed_of(p, l, target));
 }
 
 static qlm_attn_shape attn_shape(const qlm_llama_config *c) {
@@ -256,46 +219,18 @@ static int layer_backward(const pass *p, int l, const float *x_in, qlm_llama_tra
     return 0;
 }
 
-/* The final norm, lm_head and cross-entropy over the target rows, chunk by chunk; with backward,
- * s->dx becomes the gradient of the last layer's output. */
+/* The final norm, lm_head and loss; with backward, s->dx becomes the gradient of the last output. */
 static int head_pass(const pass *p, float grad_scale, int backward, double *loss_sum) {
     const qlm_model *m = p->m;
-    const qlm_llama_config *c = &m->cfg;
-    const qlm_backend *be = m->be;
     qlm_llama_train_state *s = p->s;
-    const float *x = s->x_in[c->n_layers];
-    if (backward) be->zero(s->dx, (long)p->n * c->dim);
-    int row = 0;
-    while (row < p->n) {
-        int k = 0;
-        for (; row < p->n && k < s->head_chunk; row++)
-            if (p->b->targets[row] >= 0) {
-                if (p->b->targets[row] >= c->vocab_size)
-                    return qlm_errorf("target token %d is outside the vocabulary (0..%d)", p->b->targets[row],
-                                      c->vocab_size - 1);
-                s->head_rows[k] = row;
-                s->head_targets[k] = p->b->targets[row];
-                be->copy(s->head_x + (size_t)k * c->dim, x + (size_t)row * c->dim, c->dim);
-                k++;
-            }
-        if (k == 0) break;
-        be->rmsnorm(s->head_xn, s->head_x, m->final_norm, k, c->dim, c->norm_eps);
-        be->matmul(s->logits, s->head_xn, k, &m->lm_head, NULL);
-        be->cross_entropy(s->row_loss, s->logits, s->head_targets, k, c->vocab_size, grad_scale);
-        float losses[HEAD_CHUNK];
-        be->to_host(losses, s->row_loss, (size_t)k * sizeof *losses);
-        for (int i = 0; i < k; i++) *loss_sum += losses[i];
-        if (!backward) continue;
-        /* d(normed rows) into tmp, then through the final norm into compact rows of head_x's size. */
-        if (be->matmul_backward_x(s->tmp, s->logits, k, &m->lm_head, 0) != 0) return -1;
-        if (p->g) be->matmul_backward_w((float *)p->g->lm_head.data, NULL, s->logits, s->head_xn, k, c->vocab_size, c->dim);
-        be->zero(s->dxn, (long)k * c->dim);
-        be->rmsnorm_backward(s->dxn, p->g ? p->g->final_norm : NULL, s->tmp, s->head_x, m->final_norm, k, c->dim,
-                             c->norm_eps);
-        for (int i = 0; i < k; i++)
-            be->add(s->dx + (size_t)s->head_rows[i] * c->dim, s->dxn + (size_t)i * c->dim, c->dim);
-    }
-    return 0;
+    qlm_train_head h = {.be = m->be, .dim = m->cfg.dim, .vocab = m->cfg.vocab_size, .eps = m->cfg.norm_eps,
+                        .norm = m->final_norm, .lm_head = &m->lm_head, .g_norm = p->g ? p->g->final_norm : NULL,
+                        .g_head = p->g ? &p->g->lm_head : NULL, .head_x = s->head_x, .head_xn = s->head_xn,
+                        .logits = s->logits, .row_loss = s->row_loss, .dxn = s->dxn, .dnorm = s->tmp,
+                        .rows = s->head_rows, .targets = s->head_targets};
+    if (backward) m->be->zero(s->dx, (long)p->n * m->cfg.dim);
+    return qlm_train_head_pass(&h, s->x_in[m->cfg.n_layers], p->n, p->b->targets, grad_scale, backward, loss_sum,
+                               s->dx);
 }
 
 int qlm_llama_train_pass(const qlm_model *m, const qlm_llama_grads *grads, const qlm_lora_train *lora,
@@ -310,7 +245,8 @@ int qlm_llama_train_pass(const qlm_model *m, const qlm_llama_grads *grads, const
             return qlm_errorf("token id %d is outside the vocabulary (0..%d)", b->ids[i], c->vocab_size - 1);
     if (lora && lora->adapter->n_params && s->lora_rank <= 0)
         return qlm_errorf("the training state was made without room for an adapter");
-    pass p = {.m = m, .g = grads, .lora = lora, .s = s, .b = b, .n = b->n_rows};
+    pass p = {.m = m, .g = grads, .lora = lora, .s = s, .b = b, .n = b->n_rows,
+              .lin = {.be = be, .lora = lora, .tmp = s->tmp, .tmp_in = s->tmp_in, .du = s->lora_du}};
     be->embedding(s->x_in[0], &m->tok_embed, b->ids, p.n);
     for (int l = 0; l < c->n_layers; l++)
         layer_forward(&p, l, s->x_in[l], s->x_in[l + 1], &s->tr[s->recompute ? 0 : l]);

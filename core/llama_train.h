@@ -21,7 +21,6 @@ typedef struct {
     int n_traces;
     float *dx, *dxn, *dq, *dk, *dv, *datt, *dgate, *dup, *tmp, *tmp_in, *lora_du;
     float *head_x, *head_xn, *logits, *row_loss; /* one chunk of target rows */
-    int head_chunk;
     int *head_rows, *head_targets;
     double peak_bytes;     /* activation memory held */
 } qlm_llama_train_state;

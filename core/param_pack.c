@@ -185,7 +185,7 @@ int qlm_params_export(const qlm_param *p, int n, qlm_tensor_store *store) {
 int64_t qlm_params_count(const qlm_param *p, int n) {
     int64_t total = 0;
     for (int i = 0; i < n; i++) {
-        int present = p[i].matrix ? p[i].matrix->data != NULL : *p[i].vector != NULL;
+        int present = qlm_param_present(&p[i]);
         if (present) total += p[i].rows * (p[i].cols ? p[i].cols : 1);
     }
     return total;
@@ -209,6 +209,30 @@ int qlm_params_add_random(const qlm_param *p, int n, uint64_t seed, qlm_tensor_s
             float u = (float)((double)(splitmix64(base + (uint64_t)i) >> 40) / 16777216.0 * 2.0 - 1.0);
             w[i] = p[k].cols ? u * gain : 1.0f;
         }
+    }
+    return 0;
+}
+
+int qlm_param_present(const qlm_param *p) { return p->matrix ? p->matrix->data != NULL : *p->vector != NULL; }
+
+int qlm_params_twin(const qlm_backend *be, qlm_param *p, int k, void **buffer) {
+    size_t floats = 0;
+    for (int i = 0; i < k; i++)
+        if (qlm_param_present(&p[i]))
+            floats += ((size_t)p[i].rows * (p[i].cols ? (size_t)p[i].cols : 1) + 15) & ~(size_t)15;
+    float *buf = be->alloc((floats ? floats : 1) * sizeof *buf);
+    if (!buf) return qlm_errorf("out of memory for %.1f MiB of F32 parameters", floats * 4.0 / 1048576.0);
+    be->zero(buf, (long)(floats ? floats : 1));
+    *buffer = buf;
+    for (int i = 0; i < k; i++) {
+        if (!qlm_param_present(&p[i])) continue;
+        size_t n = (size_t)p[i].rows * (p[i].cols ? (size_t)p[i].cols : 1);
+        if (p[i].matrix)
+            *p[i].matrix = (qlm_weight){.dtype = QLM_F32, .rows = (int)p[i].rows, .cols = (int)p[i].cols,
+                                        .data = buf, .scale = 1.0f};
+        else
+            *p[i].vector = buf;
+        buf += (n + 15) & ~(size_t)15;
     }
     return 0;
 }

@@ -36,6 +36,14 @@ int64_t qlm_params_count(const qlm_param *p, int n);
  * a model's shape without its weights. */
 int qlm_params_add_random(const qlm_param *p, int n, uint64_t seed, qlm_tensor_store *store);
 
+/* The parameter has a destination filled (optional ones may be absent). */
+int qlm_param_present(const qlm_param *p);
+
+/* Points every present parameter of p[0..k) at F32 room in one fresh zeroed buffer (*buffer, from
+ * be->alloc): the same unit's gradients, optimizer moments or master weights. Matrices become F32
+ * qlm_weights; the destinations p points to are overwritten. */
+int qlm_params_twin(const qlm_backend *be, qlm_param *p, int k, void **buffer);
+
 /* Bytes one matrix occupies in its storage dtype, per-row scales included. */
 size_t qlm_weight_bytes(const qlm_weight *w);
 

@@ -203,3 +203,61 @@ int qlm_t5_rel_bucket(int rel, int bidirectional, int n_buckets, int max_distanc
     int large = max_exact + (int)(logf((float)n / (float)max_exact) / span * (float)(n_buckets - max_exact));
     return ret + (large < n_buckets - 1 ? large : n_buckets - 1);
 }
+
+void qlm_t5_refresh_head_norm(qlm_t5_model *m) {
+    float scale = m->cfg.tie_embeddings ? 1.0f / sqrtf((float)m->cfg.d_model) : 1.0f;
+    for (int i = 0; i < m->cfg.d_model; i++) m->head_norm[i] = m->dec_final_norm[i] * scale;
+}
+
+int qlm_t5_param_list(qlm_t5_model *m, qlm_param **out) {
+    int cap = N_SHARED_PARAMS + (m->cfg.n_layers + m->cfg.n_dec_layers) * MAX_BLOCK_PARAMS, n = 0;
+    qlm_param *list = malloc((size_t)cap * sizeof *list), p[MAX_BLOCK_PARAMS];
+    if (!list) return qlm_errorf("out of memory");
+    int k = shared_params(m, "shared.weight", p);
+    for (int i = 0; i < k; i++) list[n++] = p[i];
+    for (int dec = 0; dec < 2; dec++)
+        for (int b = 0; b < (dec ? m->cfg.n_dec_layers : m->cfg.n_layers); b++) {
+            k = block_params(m, dec, b, p);
+            for (int i = 0; i < k; i++) list[n++] = p[i];
+        }
+    *out = list;
+    return n;
+}
+
+int qlm_t5_f32_twin(qlm_t5_model *twin, const qlm_t5_model *m) {
+    *twin = *m;
+    twin->dtype = QLM_F32;
+    twin->per_channel = 0;
+    twin->shared_buffer = twin->head_norm = NULL;
+    twin->enc = calloc((size_t)m->cfg.n_layers, sizeof *twin->enc);
+    twin->dec = calloc((size_t)m->cfg.n_dec_layers, sizeof *twin->dec);
+    if (!twin->enc || !twin->dec) goto fail;
+    for (int b = 0; b < m->cfg.n_layers; b++) twin->enc[b] = m->enc[b], twin->enc[b].buffer = NULL;
+    for (int b = 0; b < m->cfg.n_dec_layers; b++) twin->dec[b] = m->dec[b], twin->dec[b].buffer = NULL;
+    qlm_param p[MAX_BLOCK_PARAMS];
+    int k = shared_params(twin, "shared.weight", p);
+    if (qlm_params_twin(m->be, p, k, &twin->shared_buffer) != 0) goto fail;
+    if (m->cfg.tie_embeddings) twin->lm_head = twin->shared;
+    twin->head_norm = calloc((size_t)m->cfg.d_model, sizeof *twin->head_norm);
+    if (!twin->head_norm) goto fail;
+    for (int dec = 0; dec < 2; dec++)
+        for (int b = 0; b < (dec ? m->cfg.n_dec_layers : m->cfg.n_layers); b++) {
+            k = block_params(twin, dec, b, p);
+            if (qlm_params_twin(m->be, p, k, dec ? &twin->dec[b].buffer : &twin->enc[b].buffer) != 0) goto fail;
+        }
+    return 0;
+fail:
+    qlm_t5_twin_free(twin);
+    return qlm_errorf("out of memory for an F32 copy of the T5 parameters");
+}
+
+void qlm_t5_twin_free(qlm_t5_model *twin) {
+    const qlm_backend *be = twin->be;
+    for (int b = 0; twin->enc && b < twin->cfg.n_layers; b++) be->free(twin->enc[b].buffer);
+    for (int b = 0; twin->dec && b < twin->cfg.n_dec_layers; b++) be->free(twin->dec[b].buffer);
+    if (be) be->free(twin->shared_buffer);
+    free(twin->enc);
+    free(twin->dec);
+    free(twin->head_norm);
+    memset(twin, 0, sizeof *twin);
+}

@@ -50,6 +50,16 @@ size_t qlm_t5_decoder_weight_bytes(const qlm_t5_model *m);
 /* Writes the weights back under HF names in the storage dtype (for `qlm quantize`). */
 int qlm_t5_export(const qlm_t5_model *m, qlm_tensor_store *store);
 
+/* Every parameter (shared ones, then the encoder's and the decoder's blocks), as qlm_param entries
+ * pointing at m's fields: count, or -1; *out is malloc'd. */
+struct qlm_param_s;
+int qlm_t5_param_list(qlm_t5_model *m, struct qlm_param_s **out);
+/* m's shape with every parameter F32 in fresh zeroed per-unit buffers (gradients, moments). */
+int qlm_t5_f32_twin(qlm_t5_model *twin, const qlm_t5_model *m);
+void qlm_t5_twin_free(qlm_t5_model *twin);
+/* Recomputes head_norm from dec_final_norm (after training changed it). */
+void qlm_t5_refresh_head_norm(qlm_t5_model *m);
+
 /* Fills store with every tensor a T5 of this config needs, random as qlm_params_add_random makes
  * them: for measuring a model's shape without its weights (e.g. flan-t5-base's config.json alone). */
 int qlm_t5_random_store(const qlm_t5_config *cfg, uint64_t seed, qlm_tensor_store *store);

@@ -7,7 +7,8 @@
 
 struct qlm_lora_adapter;
 
-/* Sequence b is rows start[b] .. start[b] + len[b] - 1, at positions 0 .. len[b] - 1. */
+/* Sequence b is rows start[b] .. start[b] + len[b] - 1, at positions 0 .. len[b] - 1 (for an
+ * encoder-decoder, the decoder's rows). */
 typedef struct {
     int n_seq;
     const int *start, *len;
@@ -15,6 +16,9 @@ typedef struct {
     const int *ids;     /* [n_rows] input tokens */
     const int *pos;     /* [n_rows] position of each row in its sequence */
     const int *targets; /* [n_rows] the token row i must predict (the next one), or -1: no loss */
+    /* Encoder-decoders: sequence b's input is rows src_start[b] .. + src_len[b] of src_ids. */
+    int n_src_rows;
+    const int *src_ids, *src_start, *src_len;
 } qlm_train_batch;
 
 /* An adapter being trained: its A and B (F32) are the parameters; grad has the same layout as

@@ -14,6 +14,8 @@
 
 enum { MAX_SEQ = 4, MAX_ROWS = 256 };
 
+static const qlm_train_shape k_shape = {.max_rows = MAX_ROWS, .max_len = MAX_ROWS};
+
 typedef struct {
     int n_seq, start[MAX_SEQ], len[MAX_SEQ], n_rows;
     int ids[MAX_ROWS], pos[MAX_ROWS], targets[MAX_ROWS];
@@ -125,7 +127,7 @@ static void check_full(const char *name, int recompute) {
     full_options(&o);
     o.recompute = recompute;
     qlm_trainer t;
-    if (qlm_trainer_init(&t, &m, NULL, &o, MAX_ROWS) != 0) fail_msg("%s", qlm_last_error());
+    if (qlm_trainer_init(&t, &m, NULL, NULL, &o, &k_shape) != 0) fail_msg("%s", qlm_last_error());
     char path[512];
     snprintf(path, sizeof path, "tests/fixtures/train/%s/grads.safetensors", name);
     for (int step = 0; step < 10; step++) {
@@ -185,7 +187,7 @@ static void check_lora(const char *name, qlm_dtype base_dtype, double loss_tol) 
     o.weight_decay = 0.01f;
     o.schedule = QLM_SCHEDULE_CONSTANT;
     qlm_trainer t;
-    if (qlm_trainer_init(&t, &m, &a, &o, MAX_ROWS) != 0) fail_msg("%s", qlm_last_error());
+    if (qlm_trainer_init(&t, &m, NULL, &a, &o, &k_shape) != 0) fail_msg("%s", qlm_last_error());
     for (int step = 0; step < 10; step++) {
         qlm_train_step_stats st;
         if (qlm_trainer_step(&t, &f.b, 1, &st) != 0) fail_msg("%s", qlm_last_error());
@@ -227,7 +229,7 @@ static void check_lora_grads(const char *name) {
     o.weight_decay = 0;
     o.clip = 0;
     qlm_trainer t;
-    if (qlm_trainer_init(&t, &m, &a, &o, MAX_ROWS) != 0) fail_msg("%s", qlm_last_error());
+    if (qlm_trainer_init(&t, &m, NULL, &a, &o, &k_shape) != 0) fail_msg("%s", qlm_last_error());
     qlm_train_step_stats st;
     if (qlm_trainer_step(&t, &f.b, 1, &st) != 0) fail_msg("%s", qlm_last_error());
     snprintf(dir, sizeof dir, "tests/fixtures/train/%s/lora_grads.safetensors", name);
@@ -270,7 +272,7 @@ static void test_full_bf16_compute(void **state) {
     full_options(&o);
     o.compute = QLM_BF16;
     qlm_trainer t;
-    if (qlm_trainer_init(&t, &m, NULL, &o, MAX_ROWS) != 0) fail_msg("%s", qlm_last_error());
+    if (qlm_trainer_init(&t, &m, NULL, NULL, &o, &k_shape) != 0) fail_msg("%s", qlm_last_error());
     double worst = 0;
     for (int step = 0; step < 10; step++) {
         qlm_train_step_stats st;
@@ -303,7 +305,7 @@ static void test_loss_scaling_overflow(void **state) {
     o.loss_scale_window = 4;
     o.inject_overflow_step = 2;
     qlm_trainer t;
-    if (qlm_trainer_init(&t, &m, NULL, &o, MAX_ROWS) != 0) fail_msg("%s", qlm_last_error());
+    if (qlm_trainer_init(&t, &m, NULL, NULL, &o, &k_shape) != 0) fail_msg("%s", qlm_last_error());
     float scales[10];
     int skipped[10];
     double losses[10];

@@ -46,32 +46,27 @@ static int add_tensor(qlm_trainer *t, int cap, const char *name, float *p, float
     return 0;
 }
 
-/* The compute copy in dtype, built from the master weights (F32 -> store -> model). */
-static int build_copy(qlm_trainer *t, qlm_dtype dtype) {
-    qlm_tensor_store *store = qlm_store_new();
-    if (!store) return qlm_errorf("out of memory");
-    qlm_model_options mo = {.dtype = dtype, .backend = t->model->be};
-    int rc = qlm_model_export(t->model, store);
-    if (rc == 0) rc = qlm_model_build(&t->compute, &t->model->cfg, store, &mo);
-    qlm_store_free(store);
-    if (rc == 0) t->has_copy = 1;
-    return rc;
-}
-
 static int init_full(qlm_trainer *t) {
     const qlm_train_options *o = &t->o;
-    if (t->model->dtype != QLM_F32)
+    const qlm_train_arch *A = t->arch;
+    if (A->dtype(t->model) != QLM_F32)
         return qlm_errorf("full training and QAT keep F32 master weights: load the model as f32 (it is %s)",
-                          qlm_dtype_name(t->model->dtype));
-    if (qlm_model_f32_twin(&t->grads, t->model) || qlm_model_f32_twin(&t->moment1, t->model) ||
-        qlm_model_f32_twin(&t->moment2, t->model))
-        return -1;
+                          qlm_dtype_name(A->dtype(t->model)));
+    t->grads = calloc(1, A->model_size);
+    t->moment1 = calloc(1, A->model_size);
+    t->moment2 = calloc(1, A->model_size);
+    if (!t->grads || !t->moment1 || !t->moment2) return qlm_errorf("out of memory");
+    if (A->twin(t->grads, t->model) || A->twin(t->moment1, t->model) || A->twin(t->moment2, t->model)) return -1;
     qlm_dtype copy = o->mode == QLM_TRAIN_QAT ? QLM_F32 : o->compute;
-    if ((o->mode == QLM_TRAIN_QAT || copy != QLM_F32) && build_copy(t, copy) != 0) return -1;
+    if (o->mode == QLM_TRAIN_QAT || copy != QLM_F32) {
+        t->compute = calloc(1, A->model_size);
+        if (!t->compute || A->build_copy(t->compute, t->model, copy) != 0) return -1;
+        t->has_copy = 1;
+    }
     qlm_param *mp = NULL, *gp = NULL, *m1 = NULL, *m2 = NULL, *cp = NULL;
-    int n = qlm_model_param_list(t->model, &mp), rc = -1;
-    if (n < 0 || qlm_model_param_list(&t->grads, &gp) != n || qlm_model_param_list(&t->moment1, &m1) != n ||
-        qlm_model_param_list(&t->moment2, &m2) != n || (t->has_copy && qlm_model_param_list(&t->compute, &cp) != n))
+    int n = A->param_list(t->model, &mp), rc = -1;
+    if (n < 0 || A->param_list(t->grads, &gp) != n || A->param_list(t->moment1, &m1) != n ||
+        A->param_list(t->moment2, &m2) != n || (t->has_copy && A->param_list(t->compute, &cp) != n))
         goto done;
     int n_scales = 0;
     long scale_values = 0, largest = 0;
@@ -90,7 +85,7 @@ static int init_full(qlm_trainer *t) {
     }
     for (int i = 0; i < n; i++) {
         if (add_tensor(t, cap, mp[i].name, param_values(&mp[i]), param_values(&gp[i]), param_values(&m1[i]),
-                       param_values(&m2[i]), mp[i].rows, mp[i].cols, mp[i].matrix != NULL) != 0)
+                       param_values(&m2[i]), mp[i].rows, mp[i].cols, mp[i].cols != 0) != 0)
             goto done;
         if (t->has_copy) {
             t->t[i].compute = cp[i].matrix;
@@ -131,7 +126,6 @@ static int init_lora(qlm_trainer *t) {
     qlm_lora_adapter *a = t->lora;
     if (!a) return qlm_errorf("LoRA training needs an adapter");
     if (a->dtype != QLM_F32) return qlm_errorf("an adapter trains in F32 (it is %s)", qlm_dtype_name(a->dtype));
-    if (a->is_t5) return qlm_errorf("training T5 adapters is not supported yet");
     size_t floats = a->buffer_bytes / sizeof(float);
     t->lora_train = (qlm_lora_train){.adapter = a, .dropout = t->o.lora_dropout};
     t->lora_train.grad = calloc(floats ? floats : 1, sizeof(float));
@@ -161,20 +155,29 @@ static int max_lora_rank(const qlm_lora_adapter *a) {
     return r;
 }
 
-int qlm_trainer_init(qlm_trainer *t, qlm_model *model, qlm_lora_adapter *lora, const qlm_train_options *o,
-                     int max_rows) {
+int qlm_trainer_init(qlm_trainer *t, qlm_model *llama, qlm_t5_model *t5, qlm_lora_adapter *lora,
+                     const qlm_train_options *o, const qlm_train_shape *shape) {
     memset(t, 0, sizeof *t);
     t->o = *o;
-    t->model = model;
+    t->arch = t5 ? &qlm_train_arch_t5 : &qlm_train_arch_llama;
+    t->model = t5 ? (void *)t5 : (void *)llama;
     t->lora = o->mode == QLM_TRAIN_LORA ? lora : NULL;
     t->loss_scale = o->dynamic_loss_scale ? o->loss_scale : 1.0f;
+    if (!llama == !t5) return qlm_errorf("internal: the trainer takes exactly one model");
     if (o->compute != QLM_F32 && o->compute != QLM_BF16 && o->compute != QLM_F16)
         return qlm_errorf("training computes in f32, bf16 or f16 (not %s)", qlm_dtype_name(o->compute));
     if (o->dynamic_loss_scale && !(o->loss_scale > 0 && isfinite(o->loss_scale)))
         return qlm_errorf("the initial loss scale must be positive and finite");
+    if (t->lora && t->lora->is_t5 != (t5 != NULL))
+        return qlm_errorf("the adapter is for %s, the model is %s", qlm_lora_arch_name(t->lora), t->arch->name);
     int rc = o->mode == QLM_TRAIN_LORA ? init_lora(t) : init_full(t);
-    if (rc == 0) rc = qlm_llama_train_state_init(&t->state, qlm_trainer_forward_model(t), max_rows, o->recompute,
-                                                 max_lora_rank(t->lora));
+    if (rc == 0) {
+        t->state = calloc(1, t->arch->state_size);
+        rc = t->state ? t->arch->state_init(t->state, qlm_trainer_forward_model(t), shape, o->recompute,
+                                            max_lora_rank(t->lora))
+                      : qlm_errorf("out of memory");
+        if (rc != 0) free(t->state), t->state = NULL;
+    }
     if (rc != 0) {
         qlm_trainer_free(t);
         return -1;
@@ -184,11 +187,15 @@ int qlm_trainer_init(qlm_trainer *t, qlm_model *model, qlm_lora_adapter *lora, c
 }
 
 void qlm_trainer_free(qlm_trainer *t) {
-    if (t->state.x_in) qlm_llama_train_state_free(&t->state, qlm_trainer_forward_model(t));
-    if (t->has_copy) qlm_model_free(&t->compute);
-    if (t->grads.layers) qlm_model_twin_free(&t->grads);
-    if (t->moment1.layers) qlm_model_twin_free(&t->moment1);
-    if (t->moment2.layers) qlm_model_twin_free(&t->moment2);
+    const qlm_train_arch *A = t->arch;
+    if (t->state) A->state_free(t->state, qlm_trainer_forward_model(t));
+    free(t->state);
+    /* A failed build or twin leaves its model zeroed, which the free functions accept. */
+    if (t->compute) A->free_model(t->compute);
+    void *twins[3] = {t->grads, t->moment1, t->moment2};
+    for (int i = 0; i < 3; i++)
+        if (twins[i]) A->twin_free(twins[i]);
+    free(t->compute), free(t->grads), free(t->moment1), free(t->moment2);
     free(t->lora_train.grad);
     free(t->lora_m);
     free(t->lora_v);
@@ -198,7 +205,9 @@ void qlm_trainer_free(qlm_trainer *t) {
     memset(t, 0, sizeof *t);
 }
 
-const qlm_model *qlm_trainer_forward_model(const qlm_trainer *t) { return t->has_copy ? &t->compute : t->model; }
+const void *qlm_trainer_forward_model(const qlm_trainer *t) { return t->has_copy ? t->compute : t->model; }
+
+double qlm_trainer_activation_bytes(const qlm_trainer *t) { return t->state ? t->arch->state_bytes(t->state) : 0; }
 
 const float *qlm_trainer_qat_scales(const qlm_trainer *t, const qlm_weight *master) {
     for (int i = 0; i < t->n_t; i++)
@@ -215,8 +224,9 @@ static const qlm_train_tensor *qat_scale(const qlm_trainer *t, int i) {
 
 /* The compute copy from the master weights: cast (mixed precision) or fake-quantize (QAT). */
 void qlm_trainer_refresh(qlm_trainer *t) {
+    t->arch->refresh(t->model);
     if (!t->has_copy) return;
-    const qlm_backend *be = t->model->be;
+    const qlm_backend *be = t->arch->backend(t->model);
     for (int i = 0; i < t->n_t; i++) {
         qlm_train_tensor *e = &t->t[i];
         if (e->qat_scale_of >= 0) continue;
@@ -233,12 +243,13 @@ void qlm_trainer_refresh(qlm_trainer *t) {
             be->copy(e->compute_vec, e->p, e->n);
         }
     }
+    t->arch->refresh(t->compute);
 }
 
 /* QAT: gradients with respect to the fake-quantized weights become the latent weights'
  * (straight-through inside the range) and the scales' (LSQ). */
 static void qat_backward(qlm_trainer *t) {
-    const qlm_backend *be = t->model->be;
+    const qlm_backend *be = t->arch->backend(t->model);
     for (int j = 0; j < t->n_t; j++) {
         const qlm_train_tensor *s = &t->t[j];
         if (s->qat_scale_of < 0) continue;
@@ -263,13 +274,12 @@ static long count_targets(const qlm_train_batch *b, long *tokens) {
 
 static int run_pass(qlm_trainer *t, const qlm_train_batch *b, float grad_scale, int backward, double *loss) {
     const qlm_lora_train *lt = t->lora ? &t->lora_train : NULL;
-    const qlm_llama_grads *g = t->o.mode == QLM_TRAIN_LORA ? NULL : &t->grads;
-    return qlm_llama_train_pass(qlm_trainer_forward_model(t), backward ? g : NULL, lt, &t->state, b, grad_scale,
-                                backward, loss);
+    const void *g = t->o.mode == QLM_TRAIN_LORA || !backward ? NULL : t->grads;
+    return t->arch->pass(qlm_trainer_forward_model(t), g, lt, t->state, b, grad_scale, backward, loss);
 }
 
 int qlm_trainer_step(qlm_trainer *t, const qlm_train_batch *micro, int n_micro, qlm_train_step_stats *st) {
-    const qlm_backend *be = t->model->be;
+    const qlm_backend *be = t->arch->backend(t->model);
     memset(st, 0, sizeof *st);
     for (int k = 0; k < n_micro; k++) st->n_targets += count_targets(&micro[k], &st->n_tokens);
     if (st->n_targets == 0) return qlm_errorf("step %ld: the batch has no target tokens", t->step + 1);

@@ -13,8 +13,10 @@
 
 #include <stdint.h>
 
-#include "../core/llama_train.h"
+#include "../core/model.h"
+#include "../core/t5.h"
 #include "../lora/lora.h"
+#include "train_arch.h"
 
 typedef enum { QLM_TRAIN_LORA, QLM_TRAIN_FULL, QLM_TRAIN_QAT } qlm_train_mode;
 typedef enum { QLM_SCHEDULE_COSINE, QLM_SCHEDULE_LINEAR, QLM_SCHEDULE_CONSTANT } qlm_lr_schedule;
@@ -63,11 +65,13 @@ typedef struct {
 
 typedef struct {
     qlm_train_options o;
-    qlm_model *model;    /* full/QAT: the F32 master weights; LoRA: the frozen base (any dtype) */
-    qlm_model compute;   /* the copy the forward reads when it differs from model */
+    const qlm_train_arch *arch;
+    /* Models of the architecture (qlm_model or qlm_t5_model). model: full/QAT: the F32 master
+     * weights; LoRA: the frozen base (any dtype). compute: the copy the forward reads when it
+     * differs from model. grads, moment1, moment2: F32 twins (full/QAT). */
+    void *model, *compute, *grads, *moment1, *moment2;
     int has_copy;
-    qlm_llama_grads grads;
-    qlm_model moment1, moment2;
+    void *state;         /* the architecture's activations */
     qlm_lora_adapter *lora;
     qlm_lora_train lora_train;
     float *lora_m, *lora_v;
@@ -75,17 +79,17 @@ typedef struct {
     float *qat_tmp;      /* QAT: one tensor's worth of scratch */
     qlm_train_tensor *t;
     int n_t;
-    qlm_llama_train_state state;
     long step;           /* optimizer steps taken (skipped ones included) */
     long adam_step;      /* updates applied: AdamW's bias-correction count */
     float loss_scale;
     long clean_steps;    /* since the loss scale last changed */
 } qlm_trainer;
 
-/* model must be F32 for full training and QAT (it becomes the master weights, updated in place);
- * any dtype for LoRA. lora: the adapter to train (LoRA mode; its A/B are updated in place). */
-int qlm_trainer_init(qlm_trainer *t, qlm_model *model, qlm_lora_adapter *lora, const qlm_train_options *o,
-                     int max_rows);
+/* Exactly one of llama, t5. The model must be F32 for full training and QAT (it becomes the master
+ * weights, updated in place); any dtype for LoRA. lora: the adapter to train (LoRA mode; its A/B
+ * are updated in place). shape: the largest batch. */
+int qlm_trainer_init(qlm_trainer *t, qlm_model *llama, qlm_t5_model *t5, qlm_lora_adapter *lora,
+                     const qlm_train_options *o, const qlm_train_shape *shape);
 void qlm_trainer_free(qlm_trainer *t);
 
 /* The learning rate of step (0-based) under the schedule. */
@@ -100,7 +104,9 @@ int qlm_trainer_eval(qlm_trainer *t, const qlm_train_batch *b, double *loss_sum,
 /* Recomputes the compute copy from the master weights (after changing them directly). */
 void qlm_trainer_refresh(qlm_trainer *t);
 /* The model the forward reads (compute copy, or the master itself). */
-const qlm_model *qlm_trainer_forward_model(const qlm_trainer *t);
+const void *qlm_trainer_forward_model(const qlm_trainer *t);
+/* Bytes of activation memory the training state holds. */
+double qlm_trainer_activation_bytes(const qlm_trainer *t);
 /* QAT: the learned scale(s) of a master weight (1 value, or rows), or NULL when not QAT. */
 const float *qlm_trainer_qat_scales(const qlm_trainer *t, const qlm_weight *master);
 
