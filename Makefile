@@ -31,7 +31,7 @@ CLI_OBJS  := $(CLI_SRCS:%.c=$(BUILD)/%.o)
 TEST_BINS := $(TEST_SRCS:tests/%.c=$(BUILD)/tests/%)
 LIB       := $(BUILD)/libqlm.a
 
-.PHONY: all test asan run bench eval clean setup check-tests
+.PHONY: all test asan run bench eval train-eval qat-eval clean setup check-tests
 
 all: $(BUILD)/qlm
 
@@ -79,6 +79,12 @@ bench: setup $(BUILD)/qlm $(BUILD)/bench/bench_lora $(BUILD)/bench/bench_serve
 
 eval: setup $(BUILD)/qlm
 	@scripts/eval_dialogsum.sh $(BUILD)/qlm
+
+train-eval: setup $(BUILD)/qlm
+	@scripts/train_dialogsum.sh $(BUILD)/qlm
+
+qat-eval: setup $(BUILD)/qlm
+	@scripts/qat_eval.sh $(BUILD)/qlm
 
 clean:
 	rm -rf build

@@ -69,31 +69,31 @@ static int add_qat_weight(qlm_tensor_store *store, const qlm_tensor_store *scale
 static int apply_qat_scales(cli_model *cm, const char *dir) {
     char path[4200];
     snprintf(path, sizeof path, "%s/qat_scales.safetensors", dir);
-    if (cm->src.is_t5) return qlm_errorf("%s: QAT export is for Llama-family models", dir);
-    if (cm->model.dtype != QLM_F32) return qlm_errorf("%s: a QAT model folder holds F32 latent weights", dir);
+    int t5 = cm->src.is_t5;
+    if ((t5 ? cm->t5.dtype : cm->model.dtype) != QLM_F32)
+        return qlm_errorf("%s: a QAT model folder holds F32 latent weights", dir);
     qlm_tensor_store *scales = qlm_store_new(), *store = qlm_store_new();
     qlm_param *p = NULL;
     int n = -1, rc = scales && store ? qlm_safetensors_load(path, scales) : qlm_errorf("out of memory");
-    if (rc == 0) n = qlm_model_param_list(&cm->model, &p), rc = n < 0 ? -1 : 0;
+    if (rc == 0) n = t5 ? qlm_t5_param_list(&cm->t5, &p) : qlm_model_param_list(&cm->model, &p), rc = n < 0 ? -1 : 0;
     int per_row = 0, any_per_row = 0;
     for (int i = 0; i < n && rc == 0; i++) {
         if (p[i].matrix) {
             rc = add_qat_weight(store, scales, dir, &p[i], &per_row);
             any_per_row |= per_row;
         } else {
-            int64_t shape[1] = {p[i].rows};
-            rc = qlm_store_add(store, p[i].name, QLM_F32, 1, shape, *p[i].vector, (size_t)p[i].rows * sizeof(float))
-                     ? 0 : -1;
+            int64_t shape[2] = {p[i].rows, p[i].cols}, count = p[i].rows * (p[i].cols ? p[i].cols : 1);
+            rc = qlm_store_add(store, p[i].name, QLM_F32, p[i].cols ? 2 : 1, shape, *p[i].vector,
+                               (size_t)count * sizeof(float)) ? 0 : -1;
         }
     }
-    if (rc == 0) {
+    qlm_model_options mo = {.dtype = QLM_I8, .per_channel = any_per_row, .backend = qlm_backend_cpu()};
+    if (rc == 0 && t5) {
+        qlm_t5_model q;
+        if ((rc = qlm_t5_build(&q, &cm->t5.cfg, store, &mo)) == 0) qlm_t5_free(&cm->t5), cm->t5 = q;
+    } else if (rc == 0) {
         qlm_model q;
-        qlm_model_options mo = {.dtype = QLM_I8, .per_channel = any_per_row, .backend = cm->model.be};
-        rc = qlm_model_build(&q, &cm->model.cfg, store, &mo);
-        if (rc == 0) {
-            qlm_model_free(&cm->model);
-            cm->model = q;
-        }
+        if ((rc = qlm_model_build(&q, &cm->model.cfg, store, &mo)) == 0) qlm_model_free(&cm->model), cm->model = q;
     }
     free(p);
     qlm_store_free(scales);

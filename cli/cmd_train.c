@@ -12,6 +12,7 @@
 #include <time.h>
 
 #include "../core/error.h"
+#include "../loaders/atomic_file.h"
 #include "../loaders/safetensors.h"
 #include "../train/data.h"
 #include "../train/metrics.h"
@@ -68,21 +69,22 @@ static const char k_usage[] =
     "      --resume             continue from the checkpoint in DIR, exactly where it stopped\n"
     "      --seed S             data order, adapter init and dropout (default 1)\n"
     "      --threads N          CPU threads (default: all cores)\n"
-    "      --device D           cpu (default)\n";
+    "      --device D           cpu (default)\n"
+    "      --random-weights     random weights of the shape in MODEL/config.json (for speed measurements)\n";
 
 enum {
     OPT_DATA = 1200, OPT_OUT_DIR, OPT_EVAL, OPT_EVAL_FRACTION, OPT_EVAL_EVERY, OPT_EVAL_MAX, OPT_MODE_LORA, OPT_RANK,
     OPT_ALPHA, OPT_LORA_DROPOUT, OPT_TARGETS, OPT_RSLORA, OPT_MODE_FULL, OPT_MODE_QAT, OPT_PER_CH, OPT_STEPS,
     OPT_EPOCHS, OPT_TBATCH, OPT_ACCUM, OPT_SEQ_LEN, OPT_PACK, OPT_LR, OPT_SCHEDULE, OPT_WARMUP, OPT_MIN_LR,
     OPT_WD, OPT_CLIP, OPT_TDTYPE, OPT_BASE_DTYPE, OPT_RECOMPUTE, OPT_TARGET_FIELD, OPT_TEMPLATE, OPT_CHAT,
-    OPT_SAVE_EVERY, OPT_RESUME, OPT_TSEED, OPT_TTHREADS, OPT_TDEVICE, OPT_THELP,
+    OPT_SAVE_EVERY, OPT_RESUME, OPT_TSEED, OPT_TTHREADS, OPT_TDEVICE, OPT_RANDOM,
 };
 
 typedef struct {
     const char *model, *tokenizer, *data, *out, *eval, *targets, *target_field, *template_text, *base_dtype, *device;
     double eval_fraction;
     int eval_every, eval_max, rank, rslora, per_channel, steps, epochs, batch, accum, seq_len, pack, warmup;
-    int recompute, chat, save_every, resume, seed, threads;
+    int recompute, chat, save_every, resume, seed, threads, random_weights;
     float alpha, lora_dropout, lr, min_lr_ratio, weight_decay, clip;
     qlm_train_mode mode;
     qlm_lr_schedule schedule;
@@ -117,7 +119,8 @@ static int parse_args(int argc, char **argv, train_args *a) {
         {"template", required_argument, 0, OPT_TEMPLATE}, {"chat", no_argument, 0, OPT_CHAT},
         {"save-every", required_argument, 0, OPT_SAVE_EVERY}, {"resume", no_argument, 0, OPT_RESUME},
         {"seed", required_argument, 0, OPT_TSEED}, {"threads", required_argument, 0, OPT_TTHREADS},
-        {"device", required_argument, 0, OPT_TDEVICE}, {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
+        {"device", required_argument, 0, OPT_TDEVICE}, {"random-weights", no_argument, 0, OPT_RANDOM},
+        {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
     *a = (train_args){.eval_every = 50, .eval_max = 200, .rank = 8, .lora_dropout = 0.05f, .targets = "all-linear",
                       .batch = 4, .accum = 1, .seq_len = 512, .lr = -1, .min_lr_ratio = 0.1f, .weight_decay = 0.01f,
                       .clip = 1.0f, .save_every = 50, .seed = 1, .mode = QLM_TRAIN_LORA,
@@ -180,6 +183,7 @@ static int parse_args(int argc, char **argv, train_args *a) {
         case OPT_TSEED: bad = cli_int("--seed", optarg, 0, 2147483647, &a->seed); break;
         case OPT_TTHREADS: bad = cli_int("--threads", optarg, 1, 1024, &a->threads); break;
         case OPT_TDEVICE: a->device = optarg; break;
+        case OPT_RANDOM: a->random_weights = 1; break;
         case 'h': fputs(k_usage, stdout); exit(0);
         default: return cli_usage_error("train", k_usage);
         }
@@ -200,52 +204,79 @@ static int parse_args(int argc, char **argv, train_args *a) {
 
 /* The settings a resumed run must share with the run it continues. */
 static char *fingerprint(const train_args *a) {
-    char buf[1024];
+    char buf[8192], data[4096];
+    if (!realpath(a->data, data)) snprintf(data, sizeof data, "%s", a->data);
     snprintf(buf, sizeof buf, "mode=%d data=%s rank=%d alpha=%g targets=%s rslora=%d batch=%d accum=%d seq=%d pack=%d "
              "lr=%g schedule=%d warmup=%d steps=%d epochs=%d dtype=%d seed=%d per_channel=%d dropout=%g",
-             a->mode, a->data, a->rank, a->alpha, a->targets, a->rslora, a->batch, a->accum, a->seq_len, a->pack,
+             a->mode, data, a->rank, a->alpha, a->targets, a->rslora, a->batch, a->accum, a->seq_len, a->pack,
              a->lr, a->schedule, a->warmup, a->steps, a->epochs, a->dtype, a->seed, a->per_channel, a->lora_dropout);
     return strdup(buf);
 }
 
-/* Rows of one micro-batch, built from examples (or packed sequences). */
+/* Rows of one micro-batch, built from examples (or packed sequences). An encoder-decoder (t5 set)
+ * reads each example's prompt tokens plus EOS as its input and decodes its targets. */
 typedef struct {
-    int cap_rows, cap_seq;
-    int *start, *len, *ids, *pos, *targets;
+    int t5, eos, decoder_start;
+    int *start, *len, *ids, *pos, *targets, *src_start, *src_len, *src_ids;
     qlm_train_batch b;
 } batch_buf;
 
-static int batch_buf_init(batch_buf *bb, int n_seq, int seq_len) {
+static int batch_buf_init(batch_buf *bb, int n_seq, int seq_len, const cli_model *cm) {
     memset(bb, 0, sizeof *bb);
-    bb->cap_seq = n_seq;
-    bb->cap_rows = n_seq * seq_len;
-    bb->start = malloc((size_t)n_seq * sizeof(int));
-    bb->len = malloc((size_t)n_seq * sizeof(int));
-    bb->ids = malloc((size_t)bb->cap_rows * sizeof(int));
-    bb->pos = malloc((size_t)bb->cap_rows * sizeof(int));
-    bb->targets = malloc((size_t)bb->cap_rows * sizeof(int));
-    return bb->start && bb->len && bb->ids && bb->pos && bb->targets ? 0 : qlm_errorf("out of memory");
+    size_t rows = (size_t)n_seq * (seq_len + 1);
+    bb->t5 = cm->src.is_t5;
+    bb->eos = cm->src.t5.eos_id;
+    bb->decoder_start = cm->src.t5.decoder_start_id;
+    int **arrays[] = {&bb->start, &bb->len, &bb->src_start, &bb->src_len};
+    for (size_t i = 0; i < 4; i++)
+        if (!(*arrays[i] = malloc((size_t)n_seq * sizeof(int)))) return qlm_errorf("out of memory");
+    int **rowsets[] = {&bb->ids, &bb->pos, &bb->targets, &bb->src_ids};
+    for (size_t i = 0; i < 4; i++)
+        if (!(*rowsets[i] = malloc(rows * sizeof(int)))) return qlm_errorf("out of memory");
+    return 0;
 }
 
 static void batch_buf_free(batch_buf *bb) {
     free(bb->start), free(bb->len), free(bb->ids), free(bb->pos), free(bb->targets);
+    free(bb->src_start), free(bb->src_len), free(bb->src_ids);
 }
 
 static void batch_begin(batch_buf *bb) {
     bb->b = (qlm_train_batch){.start = bb->start, .len = bb->len, .ids = bb->ids, .pos = bb->pos, .targets = bb->targets};
+    if (bb->t5) bb->b.src_start = bb->src_start, bb->b.src_len = bb->src_len, bb->b.src_ids = bb->src_ids;
 }
 
-/* Appends one sequence: row t predicts ids[t + 1] where target[t + 1] is set. */
+/* Appends one example. Decoder-only: row t predicts ids[t + 1] where target[t + 1] is set.
+ * Encoder-decoder: the input is the tokens before the first target and EOS; the decoder reads
+ * decoder_start and the targets shifted right, and predicts the targets. */
 static void batch_add(batch_buf *bb, const int *ids, const unsigned char *target, int len) {
     int s = bb->b.n_seq++, r0 = bb->b.n_rows;
     bb->start[s] = r0;
-    bb->len[s] = len;
-    for (int t = 0; t < len; t++) {
-        bb->ids[r0 + t] = ids[t];
-        bb->pos[r0 + t] = t;
-        bb->targets[r0 + t] = t + 1 < len && target[t + 1] ? ids[t + 1] : -1;
+    if (!bb->t5) {
+        bb->len[s] = len;
+        for (int t = 0; t < len; t++) {
+            bb->ids[r0 + t] = ids[t];
+            bb->pos[r0 + t] = t;
+            bb->targets[r0 + t] = t + 1 < len && target[t + 1] ? ids[t + 1] : -1;
+        }
+        bb->b.n_rows += len;
+        return;
     }
-    bb->b.n_rows += len;
+    int first = 1;
+    while (first < len && !target[first]) first++;
+    int s0 = bb->b.n_src_rows;
+    bb->src_start[s] = s0;
+    bb->src_len[s] = first + 1;
+    memcpy(bb->src_ids + s0, ids, (size_t)first * sizeof *ids);
+    bb->src_ids[s0 + first] = bb->eos;
+    bb->b.n_src_rows += first + 1;
+    bb->len[s] = len - first;
+    for (int t = 0; t < len - first; t++) {
+        bb->ids[r0 + t] = t == 0 ? bb->decoder_start : ids[first + t - 1];
+        bb->pos[r0 + t] = t;
+        bb->targets[r0 + t] = target[first + t] ? ids[first + t] : -1;
+    }
+    bb->b.n_rows += len - first;
 }
 
 /* The next micro-batch from the data stream. */
@@ -296,22 +327,29 @@ static void format_eta(char *buf, size_t cap, double s) {
 }
 
 /* The checkpoint's caller state: where the data stream is, and the settings it was made with. */
-static char *checkpoint_state(const qlm_train_cursor *cur, const char *fp, double elapsed) {
+/* Totals over the whole run, resumed parts included (kept in checkpoints). */
+typedef struct {
+    double elapsed_s, tokens;
+} run_totals;
+
+static char *checkpoint_state(const qlm_train_cursor *cur, const char *fp, const run_totals *tot) {
     cJSON *j = cJSON_CreateObject();
     cJSON_AddNumberToObject(j, "data_seed", (double)cur->seed);
     cJSON_AddNumberToObject(j, "data_epoch", cur->epoch);
     cJSON_AddNumberToObject(j, "data_index", cur->index);
-    cJSON_AddNumberToObject(j, "elapsed_s", elapsed);
+    cJSON_AddNumberToObject(j, "elapsed_s", tot->elapsed_s);
+    cJSON_AddNumberToObject(j, "tokens", tot->tokens);
     cJSON_AddStringToObject(j, "settings", fp);
     char *s = cJSON_PrintUnformatted(j);
     cJSON_Delete(j);
     return s;
 }
 
-static int restore_state(const char *json, qlm_train_cursor *cur, const char *fp, double *elapsed, const char *dir) {
+static int restore_state(const char *json, qlm_train_cursor *cur, const char *fp, run_totals *tot, const char *dir) {
     cJSON *j = json ? cJSON_Parse(json) : NULL;
     const cJSON *seed = cJSON_GetObjectItem(j, "data_seed"), *ep = cJSON_GetObjectItem(j, "data_epoch"),
                 *ix = cJSON_GetObjectItem(j, "data_index"), *el = cJSON_GetObjectItem(j, "elapsed_s"),
+                *tk = cJSON_GetObjectItem(j, "tokens"),
                 *set = cJSON_GetObjectItem(j, "settings");
     int rc = 0;
     if (!cJSON_IsNumber(seed) || !cJSON_IsNumber(ep) || !cJSON_IsNumber(ix) || !cJSON_IsString(set))
@@ -323,7 +361,8 @@ static int restore_state(const char *json, qlm_train_cursor *cur, const char *fp
         cur->seed = (uint64_t)seed->valuedouble;
         cur->epoch = ep->valueint;
         cur->index = ix->valueint;
-        *elapsed = cJSON_IsNumber(el) ? el->valuedouble : 0;
+        tot->elapsed_s = cJSON_IsNumber(el) ? el->valuedouble : 0;
+        tot->tokens = cJSON_IsNumber(tk) ? tk->valuedouble : 0;
     }
     cJSON_Delete(j);
     return rc;
@@ -364,6 +403,26 @@ static int write_outputs(const train_args *a, qlm_trainer *t, cli_model *cm) {
     return 0;
 }
 
+/* DIR/summary.json: what the finished run did, for scripts and benchmark tables. */
+static int write_summary(const train_args *a, const qlm_trainer *t, const run_totals *tot, double loss, double eval) {
+    cJSON *j = cJSON_CreateObject();
+    cJSON_AddStringToObject(j, "mode", a->mode == QLM_TRAIN_LORA ? "lora" : a->mode == QLM_TRAIN_FULL ? "full" : "qat");
+    cJSON_AddNumberToObject(j, "steps", (double)t->step);
+    cJSON_AddNumberToObject(j, "tokens", tot->tokens);
+    cJSON_AddNumberToObject(j, "train_seconds", tot->elapsed_s);
+    cJSON_AddNumberToObject(j, "tokens_per_s", tot->elapsed_s > 0 ? tot->tokens / tot->elapsed_s : 0);
+    cJSON_AddNumberToObject(j, "peak_rss_mib", peak_rss_mib());
+    cJSON_AddNumberToObject(j, "activation_mib", qlm_trainer_activation_bytes(t) / 1048576.0);
+    if (isfinite(loss)) cJSON_AddNumberToObject(j, "last_loss", loss);
+    if (isfinite(eval)) cJSON_AddNumberToObject(j, "last_eval_loss", eval);
+    char *text = cJSON_Print(j), path[4200];
+    cJSON_Delete(j);
+    snprintf(path, sizeof path, "%s/summary.json", a->out);
+    int rc = text ? qlm_atomic_write_text(path, text) : qlm_errorf("out of memory");
+    free(text);
+    return rc;
+}
+
 int cmd_train(int argc, char **argv) {
     train_args a;
     int prc = parse_args(argc, argv, &a);
@@ -372,14 +431,17 @@ int cmd_train(int argc, char **argv) {
     cli_model_opts_init(&mo);
     mo.model = a.model;
     mo.tokenizer = a.tokenizer;
+    mo.random_weights = a.random_weights;
     mo.device = a.device;
     mo.threads = a.threads;
     mo.dtype = a.mode == QLM_TRAIN_LORA ? (a.base_dtype ? a.base_dtype : qlm_dtype_name(a.dtype)) : "f32";
     cli_model cm;
     if (cli_load_model(&mo, &cm, 1, 0) != 0) return cli_fail("train");
-    if (cli_require_decoder_only(&cm, "train") != 0) {
+    int t5 = cm.src.is_t5;
+    if (t5 && a.pack) {
         cli_free_model(&cm);
-        return cli_fail("train");
+        fprintf(stderr, "qlm train: --pack is for decoder-only models\n");
+        return 2;
     }
     int rc = 1;
     qlm_train_set train = {0}, eval = {0};
@@ -409,7 +471,8 @@ int cmd_train(int argc, char **argv) {
     long total = a.steps ? a.steps : steps_per_epoch * (a.epochs ? a.epochs : 1);
     if (a.mode == QLM_TRAIN_LORA) {
         char *cfg = cli_lora_config_json(a.rank, a.alpha, a.targets, a.rslora);
-        if (!cfg || qlm_lora_init(&adapter, "trained", &cm.src.cfg, NULL, cfg, (uint64_t)a.seed, QLM_F32) != 0) {
+        if (!cfg || qlm_lora_init(&adapter, "trained", t5 ? NULL : &cm.src.cfg, t5 ? &cm.src.t5 : NULL, cfg,
+                                  (uint64_t)a.seed, QLM_F32) != 0) {
             free(cfg);
             goto fail;
         }
@@ -424,10 +487,12 @@ int cmd_train(int argc, char **argv) {
     o.schedule = a.schedule, o.weight_decay = a.weight_decay, o.clip = a.clip;
     o.dynamic_loss_scale = a.dtype == QLM_F16;
     o.recompute = a.recompute, o.lora_dropout = a.lora_dropout, o.seed = (uint64_t)a.seed;
-    qlm_train_shape shape = {.max_rows = a.batch * a.seq_len, .max_len = a.seq_len};
-    if (qlm_trainer_init(&t, &cm.model, NULL, a.mode == QLM_TRAIN_LORA ? &adapter : NULL, &o, &shape) != 0)
+    qlm_train_shape shape = {.max_rows = a.batch * a.seq_len, .max_src_rows = a.batch * (a.seq_len + 1),
+                             .max_len = a.seq_len + 1};
+    if (qlm_trainer_init(&t, t5 ? NULL : &cm.model, t5 ? &cm.t5 : NULL, a.mode == QLM_TRAIN_LORA ? &adapter : NULL, &o,
+                         &shape) != 0)
         goto fail;
-    if (batch_buf_init(&bb, a.batch, a.seq_len) != 0) goto fail;
+    if (batch_buf_init(&bb, a.batch, a.seq_len, &cm) != 0) goto fail;
     idx = malloc((size_t)a.batch * sizeof *idx);
     pack_ids = malloc((size_t)a.seq_len * sizeof *pack_ids);
     pack_target = malloc((size_t)a.seq_len);
@@ -436,14 +501,14 @@ int cmd_train(int argc, char **argv) {
         goto fail;
     }
     qlm_train_cursor cur = {.seed = (uint64_t)a.seed};
-    double elapsed_before = 0;
+    run_totals before = {0}, tot = {0};
     if (a.resume) {
         int lr = qlm_trainer_load(&t, a.out, &state);
         if (lr < 0) goto fail;
         if (lr == 1) {
             fprintf(stderr, "qlm train: no checkpoint in %s: starting from step 0\n", a.out);
         } else {
-            if (restore_state(state, &cur, fp, &elapsed_before, a.out) != 0) goto fail;
+            if (restore_state(state, &cur, fp, &before, a.out) != 0) goto fail;
             fprintf(stderr, "qlm train: resumed from %s/checkpoint.json at step %ld of %ld\n", a.out, t.step, total);
         }
     } else if (mkdir(a.out, 0755) != 0 && errno != EEXIST) {
@@ -475,8 +540,8 @@ int cmd_train(int argc, char **argv) {
     }
     for (int k = 0; k < n_bufs; k++) micro_bufs[k] = (batch_buf){0};
     for (int k = 0; k < n_bufs; k++)
-        if (batch_buf_init(&micro_bufs[k], a.batch, a.seq_len) != 0) goto fail_bufs;
-    double run_start = now_s(), window_start = run_start;
+        if (batch_buf_init(&micro_bufs[k], a.batch, a.seq_len, &cm) != 0) goto fail_bufs;
+    double run_start = now_s(), window_start = run_start, last_loss = NAN, last_eval = NAN;
     long window_tokens = 0, start_step = t.step;
     qlm_train_batch micro[64];
     while (t.step < total && !g_stop) {
@@ -486,9 +551,12 @@ int cmd_train(int argc, char **argv) {
         }
         qlm_train_step_stats st;
         if (qlm_trainer_step(&t, micro, a.accum, &st) != 0) goto fail_bufs;
+        last_loss = st.loss;
         window_tokens += st.n_tokens;
         double now = now_s(), tps = window_tokens / (now - window_start + 1e-9);
-        double elapsed = elapsed_before + (now - run_start);
+        tot.elapsed_s = before.elapsed_s + (now - run_start);
+        tot.tokens += st.n_tokens;
+        double elapsed = tot.elapsed_s;
         if (qlm_train_log_step(log, t.step, st.loss, st.lr, st.grad_norm, tps, st.loss_scale, elapsed) != 0)
             goto fail_bufs;
         char eta[32];
@@ -504,10 +572,12 @@ int cmd_train(int argc, char **argv) {
             fprintf(stderr, "\nqlm train: step %ld eval loss %.4f (%d examples)\n", t.step, el,
                     eval.n < a.eval_max ? eval.n : a.eval_max);
             if (qlm_train_log_eval(log, t.step, el) != 0) goto fail_bufs;
+            last_eval = el;
         }
         if (t.step % a.save_every == 0 || last || g_stop) {
             free(state);
-            state = checkpoint_state(&cur, fp, elapsed);
+            run_totals all = {tot.elapsed_s, before.tokens + tot.tokens};
+            state = checkpoint_state(&cur, fp, &all);
             if (!state || qlm_train_log_sync(log) != 0 || qlm_trainer_save(&t, a.out, state) != 0 ||
                 qlm_train_log_plot(log) != 0)
                 goto fail_bufs;
@@ -522,7 +592,8 @@ int cmd_train(int argc, char **argv) {
         long trained = t.step - start_step;
         fprintf(stderr, "qlm train: %ld steps in %.1f s (%.2f s/step), peak memory %.0f MiB RSS\n", trained, secs,
                 trained ? secs / trained : 0.0, peak_rss_mib());
-        rc = write_outputs(&a, &t, &cm) == 0 ? 0 : 1;
+        run_totals all = {t.step > start_step ? tot.elapsed_s : before.elapsed_s, before.tokens + tot.tokens};
+        rc = write_outputs(&a, &t, &cm) == 0 && write_summary(&a, &t, &all, last_loss, last_eval) == 0 ? 0 : 1;
         if (rc) cli_fail("train");
     }
     for (int k = 0; k < n_bufs; k++) batch_buf_free(&micro_bufs[k]);

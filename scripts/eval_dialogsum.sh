@@ -7,6 +7,7 @@ set -euo pipefail
 qlm=${1:-build/qlm}
 cd "$(dirname "$0")/.."
 . scripts/default_model.sh
+. scripts/doc_block.sh
 assets="${QLM_ASSETS:-../shared/assets}"
 out_dir="${QLM_EVAL_DIR:-$cache/eval}"
 mkdir -p "$out_dir"
@@ -42,12 +43,5 @@ f1() { awk -v m="$1" '$1 == m { print $4 }' "$log"; }
     fi
     echo "<!-- /dialogsum-eval -->"
 } > "$log.block"
-doc=docs/benchmarks.md
-touch "$doc"
-awk -v block="$log.block" '
-    /<!-- dialogsum-eval -->/ { while ((getline l < block) > 0) print l; skip = 1; done = 1; next }
-    /<!-- \/dialogsum-eval -->/ { skip = 0; next }
-    !skip { print }
-    END { if (!done) { print ""; while ((getline l < block) > 0) print l } }' "$doc" > "$doc.tmp"
-mv "$doc.tmp" "$doc"
-echo "eval: scores recorded in $doc" >&2
+doc_block dialogsum-eval "$log.block"
+echo "eval: scores recorded in docs/benchmarks.md" >&2

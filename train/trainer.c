@@ -268,7 +268,7 @@ static void qat_backward(qlm_trainer *t) {
 static long count_targets(const qlm_train_batch *b, long *tokens) {
     long n = 0;
     for (int i = 0; i < b->n_rows; i++) n += b->targets[i] >= 0;
-    *tokens += b->n_rows;
+    *tokens += b->n_rows + b->n_src_rows;
     return n;
 }
 
