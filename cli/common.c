@@ -286,11 +286,12 @@ char *cli_read_text(const char *path, size_t *len) {
 }
 
 /* The adapter_config.json text of the flags (target_modules: a comma list, or "all-linear"). */
-char *cli_lora_config_json(int rank, double alpha, const char *targets, int rslora) {
+char *cli_lora_config_json(int rank, double alpha, const char *targets, int rslora, double dropout, int t5) {
     cJSON *root = cJSON_CreateObject();
     int ok = root && cJSON_AddStringToObject(root, "peft_type", "LORA") && cJSON_AddNumberToObject(root, "r", rank) &&
              cJSON_AddNumberToObject(root, "lora_alpha", alpha) && cJSON_AddBoolToObject(root, "use_rslora", rslora) &&
-             cJSON_AddStringToObject(root, "bias", "none");
+             cJSON_AddStringToObject(root, "bias", "none") && cJSON_AddNumberToObject(root, "lora_dropout", dropout) &&
+             cJSON_AddStringToObject(root, "task_type", t5 ? "SEQ_2_SEQ_LM" : "CAUSAL_LM");
     if (ok && strcmp(targets, "all-linear") == 0) {
         ok = cJSON_AddStringToObject(root, "target_modules", "all-linear") != NULL;
     } else if (ok) {

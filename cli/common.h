@@ -116,8 +116,8 @@ int cli_fail(const char *cmd);
 int cli_usage_error(const char *cmd, const char *usage);
 
 /* adapter_config.json text for a new adapter (targets: a comma list of module names, or
- * "all-linear"), or NULL when out of memory. */
-char *cli_lora_config_json(int rank, double alpha, const char *targets, int rslora);
+ * "all-linear"; task_type from the architecture), or NULL when out of memory. */
+char *cli_lora_config_json(int rank, double alpha, const char *targets, int rslora, double dropout, int t5);
 
 /* Reads a whole file ("-" = stdin) into a malloc'd NUL-terminated string. */
 char *cli_read_text(const char *path, size_t *len);

@@ -31,7 +31,7 @@ typedef enum {
 /* Stacks: Llama's layers and T5's encoder are 0, T5's decoder is 1. */
 enum { QLM_LORA_MAX_STACKS = 2 };
 
-typedef struct {
+typedef struct qlm_lora_module_s {
     int stack, layer;
     qlm_lora_target target;
     char path[64];   /* module path under the model, e.g. "model.layers.3.self_attn.q_proj" */
@@ -62,6 +62,7 @@ typedef struct {
     int r;
     double lora_alpha;
     int use_rslora;
+    double lora_dropout;     /* training only: dropout on each adapted module's input */
     int fan_in_fan_out;      /* kept as read: peft ignores it for nn.Linear, and so does qlm */
     qlm_lora_selector target_modules; /* none given: peft's default for the architecture (q, v) */
     qlm_lora_selector exclude_modules;

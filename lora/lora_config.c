@@ -192,6 +192,12 @@ static int parse_fields(const cJSON *root, const char *file, qlm_lora_config *c)
         if (!cJSON_IsNumber(v) || !isfinite(v->valuedouble)) return qlm_errorf("%s: lora_alpha must be a number", file);
         c->lora_alpha = v->valuedouble;
     }
+    v = cJSON_GetObjectItemCaseSensitive(root, "lora_dropout");
+    if (v && !cJSON_IsNull(v)) {
+        if (!cJSON_IsNumber(v) || !(v->valuedouble >= 0 && v->valuedouble < 1))
+            return qlm_errorf("%s: lora_dropout must be a number in [0, 1)", file);
+        c->lora_dropout = v->valuedouble;
+    }
     if (parse_bool(root, "use_rslora", file, &c->use_rslora) != 0 ||
         parse_bool(root, "fan_in_fan_out", file, &c->fan_in_fan_out) != 0 ||
         parse_selector(root, "target_modules", file, &c->target_modules) != 0 ||
@@ -275,7 +281,7 @@ char *qlm_lora_config_json(const qlm_lora_config *c) {
         {"layers_to_transform", layers},
         {"lora_alpha", cJSON_CreateNumber(c->lora_alpha)},
         {"lora_bias", cJSON_CreateFalse()},
-        {"lora_dropout", cJSON_CreateNumber(0)},
+        {"lora_dropout", cJSON_CreateNumber(c->lora_dropout)},
         {"modules_to_save", cJSON_CreateNull()},
         {"peft_type", cJSON_CreateString("LORA")},
         {"r", cJSON_CreateNumber(c->r)},

@@ -160,6 +160,12 @@ static void test_sigkill_resume_is_bit_identical(void **state) {
     assert_true(last < first);
     snprintf(pb, sizeof pb, "%s/loss_curve.svg", run);
     assert_true(test_path_exists(pb));
+    /* The adapter serves as any PEFT adapter does. */
+    char *text = NULL;
+    assert_int_equal(test_run_qlm(&text, "generate -m %s -t %s --lora tuned=%s/adapter --temp 0 -n 12 --quiet "
+                                         "-p \"Once upon a time\"", g_model, g_tok, run), 0);
+    assert_true(strlen(text) > 10);
+    free(text);
 }
 
 static void test_qat_export(void **state) {
