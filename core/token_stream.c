@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "error.h"
+#include "tokenizer_internal.h"
 
 static int hold(qlm_token_stream *ts, const char *s, size_t n) {
     if (ts->len + n + 1 > ts->cap) {
@@ -33,6 +34,24 @@ static size_t held_suffix(const char *text, size_t len, const qlm_gen_params *p)
     return best;
 }
 
+/* Passes n bytes to the callback as valid UTF-8: a byte that starts no valid sequence (a byte
+ * token the model produced out of place) becomes U+FFFD, as decoders do. */
+static int emit_utf8(qlm_token_stream *ts, const char *text, size_t n) {
+    const unsigned char *s = (const unsigned char *)text;
+    size_t run = 0, i = 0;
+    while (i < n) {
+        int len = s[i] < 0x80 ? 1 : tok_utf8_len(s + i, n - i);
+        if (s[i] < 0x80 || len > 1) {
+            i += (size_t)len;
+            continue;
+        }
+        if ((i > run && ts->emit(ts->user, text + run, i - run) != 0) || ts->emit(ts->user, "\xEF\xBF\xBD", 3) != 0)
+            return 1;
+        run = ++i;
+    }
+    return i > run && ts->emit(ts->user, text + run, i - run) != 0;
+}
+
 /* Emits what is safe to emit; returns 1 when a stop string was found. */
 static int flush(qlm_token_stream *ts, int final) {
     const qlm_gen_params *p = ts->p;
@@ -47,7 +66,9 @@ static int flush(qlm_token_stream *ts, int final) {
         }
     }
     size_t out = found || final ? cut : ts->len - held_suffix(ts->held, ts->len, p);
-    if (out > 0 && ts->emit && ts->emit(ts->user, ts->held, out) != 0) ts->caller_stop = 1;
+    /* A multi-byte character split across tokens waits for its last byte. */
+    if (!found && !final) out -= tok_utf8_partial_tail((const unsigned char *)ts->held, out);
+    if (out > 0 && ts->emit && emit_utf8(ts, ts->held, out) != 0) ts->caller_stop = 1;
     if (out > 0) memmove(ts->held, ts->held + out, ts->len - out);
     ts->len -= out;
     if (ts->held) ts->held[ts->len] = 0;

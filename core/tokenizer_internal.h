@@ -111,6 +111,8 @@ static inline const char *tok_str(const qlm_tokenizer *t, int id) { return t->te
 /* utf8.c */
 /* Length of the UTF-8 sequence at s (n bytes available): 1-4, or 1 for an invalid byte. */
 int tok_utf8_len(const unsigned char *s, size_t n);
+/* Bytes at the end of s[0..n) that start a UTF-8 sequence the next bytes may complete (0..3). */
+size_t tok_utf8_partial_tail(const unsigned char *s, size_t n);
 /* Writes the UTF-8 form of cp (< 0x110000) to out; returns its length. */
 int tok_utf8_put(uint32_t cp, char *out);
 /* Decodes the valid sequence at s of length len. */

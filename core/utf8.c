@@ -22,6 +22,16 @@ int tok_utf8_len(const unsigned char *s, size_t n) {
     return 1;
 }
 
+size_t tok_utf8_partial_tail(const unsigned char *s, size_t n) {
+    for (size_t k = 1; k <= 3 && k <= n; k++) {
+        unsigned char c = s[n - k];
+        if (is_cont(c)) continue;
+        size_t want = c >= 0xF0 && c <= 0xF4 ? 4 : c >= 0xE0 && c <= 0xEF ? 3 : c >= 0xC2 && c <= 0xDF ? 2 : 1;
+        return want > k ? k : 0;
+    }
+    return 0;
+}
+
 uint32_t tok_utf8_cp(const unsigned char *s, int len) {
     switch (len) {
     case 2: return (uint32_t)(s[0] & 0x1F) << 6 | (s[1] & 0x3F);
