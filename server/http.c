@@ -16,6 +16,15 @@
 
 enum { MAX_BODY = 1 << 20, MAX_CONNECTIONS = 256, CONNECTION_TIMEOUT_S = 30 };
 
+/* Upper bounds (seconds) of the latency histograms' buckets; one more bucket holds the rest. */
+enum { N_LATENCY_BUCKETS = 12 };
+static const double k_latency_bounds[N_LATENCY_BUCKETS] = {0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120};
+
+typedef struct {
+    long counts[N_LATENCY_BUCKETS + 1];
+    double sum;
+} latency_histogram;
+
 struct qlm_server {
     qlm_server_config cfg;
     struct MHD_Daemon *daemon;
@@ -25,8 +34,8 @@ struct qlm_server {
     int in_flight, draining;
     long requests, next_id;
     long status_counts[6];   /* by status class: [2] 2xx, [4] 4xx, [5] 5xx */
-    double latency_sum;      /* seconds, of finished generations */
-    long generations;
+    latency_histogram latency; /* finished generations, request to response end */
+    latency_histogram ttft;    /* request to the first generated text */
 };
 
 typedef struct {
@@ -46,11 +55,6 @@ typedef struct {
     size_t out_len, out_off;
 } conn;
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 /* Queues text as the response (takes ownership of text). */
 static enum MHD_Result respond(struct MHD_Connection *c, conn *cx, int status, char *text, const char *type) {
@@ -88,6 +92,43 @@ static enum MHD_Result respond_api_error(struct MHD_Connection *c, conn *cx, con
     return respond_json(c, cx, e->status, openai_error_json(e));
 }
 
+/* Prometheus histogram lines of h under name (cumulative buckets, sum, count), appended to *text. */
+static int histogram_text(char **text, const char *name, const latency_histogram *h) {
+    char *t = *text, *add = NULL;
+    long cumulative = 0;
+    int rc = asprintf(&add, "# TYPE %s histogram\n", name);
+    for (int i = 0; rc >= 0 && i <= N_LATENCY_BUCKETS; i++) {
+        char *line = NULL, le[32];
+        cumulative += h->counts[i];
+        if (i < N_LATENCY_BUCKETS) snprintf(le, sizeof le, "%g", k_latency_bounds[i]);
+        else snprintf(le, sizeof le, "+Inf");
+        rc = asprintf(&line, "%s%s_bucket{le=\"%s\"} %ld\n", add, name, le, cumulative);
+        free(add);
+        add = line;
+    }
+    if (rc >= 0) {
+        char *line = NULL;
+        rc = asprintf(&line, "%s%s_sum %.6f\n%s_count %ld\n", add, name, h->sum, name, cumulative);
+        free(add);
+        add = line;
+    }
+    if (rc < 0) return -1;
+    char *joined = NULL;
+    rc = asprintf(&joined, "%s%s", t, add);
+    free(add);
+    if (rc < 0) return -1;
+    free(t);
+    *text = joined;
+    return 0;
+}
+
+static void histogram_add(latency_histogram *h, double seconds) {
+    int i = 0;
+    while (i < N_LATENCY_BUCKETS && seconds > k_latency_bounds[i]) i++;
+    h->counts[i]++;
+    h->sum += seconds;
+}
+
 static char *metrics_text(qlm_server *s) {
     pthread_mutex_lock(&s->queue.mu);
     int queued = s->queue.queued, running = s->queue.running;
@@ -102,13 +143,18 @@ static char *metrics_text(qlm_server *s) {
                      "# TYPE qlm_prompt_tokens_total counter\nqlm_prompt_tokens_total %ld\n"
                      "# TYPE qlm_generation_tokens_total counter\nqlm_generation_tokens_total %ld\n"
                      "# TYPE qlm_queue_depth gauge\nqlm_queue_depth %d\n"
-                     "# TYPE qlm_running_sequences gauge\nqlm_running_sequences %d\n"
-                     "# TYPE qlm_generation_seconds summary\nqlm_generation_seconds_sum %.6f\n"
-                     "qlm_generation_seconds_count %ld\n",
+                     "# TYPE qlm_running_sequences gauge\nqlm_running_sequences %d\n",
                      s->status_counts[2], s->status_counts[4], s->status_counts[5], prompt, generated, queued,
-                     running, s->latency_sum, s->generations);
+                     running);
+    if (n >= 0 && (histogram_text(&text, "qlm_generation_seconds", &s->latency) != 0 ||
+                   histogram_text(&text, "qlm_time_to_first_token_seconds", &s->ttft) != 0))
+        n = -1;
     pthread_mutex_unlock(&s->mu);
-    return n < 0 ? NULL : text;
+    if (n < 0) {
+        free(text);
+        return NULL;
+    }
+    return text;
 }
 
 /* Appends one "data: ...\n\n" event to cx->out (takes json). */
@@ -328,7 +374,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     if (!cx) {
         if (!(cx = calloc(1, sizeof *cx))) return MHD_NO;
         cx->srv = cls;
-        cx->t0 = now_s();
+        cx->t0 = server_now();
         snprintf(cx->method, sizeof cx->method, "%s", method);
         snprintf(cx->path, sizeof cx->path, "%s", url);
         *state = cx;
@@ -365,9 +411,13 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **state, enum
     conn *cx = *state;
     if (!cx) return;
     *state = NULL;
-    double ms = (now_s() - cx->t0) * 1e3;
+    double ms = (server_now() - cx->t0) * 1e3;
     int generation = cx->job && cx->job->queue; /* it was queued */
+    double first_text = 0;
     if (cx->job) {
+        pthread_mutex_lock(&s->queue.mu);
+        first_text = cx->job->first_text_s;
+        pthread_mutex_unlock(&s->queue.mu);
         /* A client that left mid-stream ends its sequence; the scheduler then frees the slot. */
         if (cx->job->queue) job_cancel(&s->queue, cx->job);
         job_release(&s->queue, cx->job);
@@ -377,8 +427,8 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **state, enum
     s->requests++;
     if (cx->status >= 200 && cx->status < 600) s->status_counts[cx->status / 100]++;
     if (generation) {
-        s->latency_sum += ms / 1e3;
-        s->generations++;
+        histogram_add(&s->latency, ms / 1e3);
+        if (first_text > 0) histogram_add(&s->ttft, first_text - cx->t0);
     }
     if (cx->counted && --s->in_flight == 0)
         pthread_cond_broadcast(&s->idle);

@@ -4,9 +4,17 @@
 #define QLM_SERVER_INTERNAL_H
 
 #include <pthread.h>
+#include <time.h>
 #include <cjson/cJSON.h>
 
 #include "server.h"
+
+/* Monotonic seconds, for latencies. */
+static inline double server_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
 
 enum { JOB_MAX_STOP = 4 };
 
@@ -26,6 +34,7 @@ typedef struct job {
     char *text;              /* the whole output, once finished */
     size_t text_len;
     qlm_gen_stats stats;
+    double first_text_s;     /* server_now() when the first generated text arrived (0: none yet) */
     int finished, failed, cancelled;
     int refs;                /* the HTTP side and the scheduler each hold one */
     pthread_cond_t cv;

@@ -265,6 +265,16 @@ static void test_serve_openai(void **state) {
     assert_int_equal(http(&s, "GET", "/metrics", NULL, NULL, &resp), 200);
     assert_non_null(strstr(resp, "qlm_queue_depth 0"));
     assert_non_null(strstr(resp, "qlm_generation_tokens_total"));
+    /* Latency histograms: every finished generation lands in the +Inf bucket and in _count. */
+    assert_non_null(strstr(resp, "# TYPE qlm_generation_seconds histogram"));
+    assert_non_null(strstr(resp, "qlm_generation_seconds_bucket{le=\"0.5\"}"));
+    assert_non_null(strstr(resp, "# TYPE qlm_time_to_first_token_seconds histogram"));
+    const char *inf = strstr(resp, "qlm_generation_seconds_bucket{le=\"+Inf\"} "), *count = strstr(resp, "qlm_generation_seconds_count ");
+    assert_non_null(inf);
+    assert_non_null(count);
+    long n_inf = atol(inf + strlen("qlm_generation_seconds_bucket{le=\"+Inf\"} ")), n_count = atol(count + strlen("qlm_generation_seconds_count "));
+    assert_true(n_inf >= 1);
+    assert_int_equal(n_inf, n_count);
     free(resp);
 
     char *log = server_stop(&s);
