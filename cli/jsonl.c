@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "../core/error.h"
+#include "../core/tokenizer.h"
 #include "common.h"
 
 void cli_jsonl_free(cli_jsonl *f) {
@@ -12,22 +13,6 @@ void cli_jsonl_free(cli_jsonl *f) {
     free(f->rec);
     free(f->line);
     free(f->text);
-}
-
-/* Strict UTF-8 (no overlong forms, surrogates or code points above U+10FFFF), as Python decodes. */
-static int utf8_valid(const unsigned char *s, size_t n) {
-    for (size_t i = 0; i < n;) {
-        unsigned c = s[i];
-        size_t len = c < 0x80 ? 1 : c < 0xC2 ? 0 : c < 0xE0 ? 2 : c < 0xF0 ? 3 : c < 0xF5 ? 4 : 0;
-        if (len == 0 || i + len > n) return 0;
-        for (size_t k = 1; k < len; k++)
-            if ((s[i + k] & 0xC0) != 0x80) return 0;
-        if ((c == 0xE0 && s[i + 1] < 0xA0) || (c == 0xED && s[i + 1] > 0x9F) || (c == 0xF0 && s[i + 1] < 0x90) ||
-            (c == 0xF4 && s[i + 1] > 0x8F))
-            return 0;
-        i += len;
-    }
-    return 1;
 }
 
 /* cJSON ends a string at an escaped NUL, which would silently cut the text; a space keeps the rest
@@ -56,7 +41,7 @@ int cli_jsonl_load(cli_jsonl *f, const char *path) {
         while (*q == ' ' || *q == '\t' || *q == '\r') q++;
         if (q < stop) {
             if (memchr(p, 0, n)) return qlm_errorf("%s:%d: line holds a NUL byte", path, line);
-            if (!utf8_valid((const unsigned char *)p, n)) return qlm_errorf("%s:%d: not valid UTF-8", path, line);
+            if (!qlm_utf8_valid((const unsigned char *)p, n)) return qlm_errorf("%s:%d: not valid UTF-8", path, line);
             space_nul_escapes(p);
             const char *err = NULL;
             cJSON *rec = cJSON_ParseWithOpts(p, &err, 1);

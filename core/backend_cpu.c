@@ -8,6 +8,7 @@
 #include "backend.h"
 #include "backend_cpu_attention.h"
 #include "backend_cpu_train.h"
+#include "cpu_scratch.h"
 #include "error.h"
 
 static void *cpu_alloc(size_t bytes) {
@@ -52,23 +53,7 @@ static void cpu_rope(float *x, int n, const int *pos, int n_heads, int head_dim,
     }
 }
 
-/* Growable scratch for the lora op: allocated on first use and reused, so decode steps allocate
- * nothing once the largest batch has been seen. */
-typedef struct {
-    float *p;
-    size_t cap;
-} scratch;
-
-static float *scratch_get(scratch *s, size_t n) {
-    if (n <= s->cap) return s->p;
-    float *p = realloc(s->p, n * sizeof *p);
-    if (!p) return NULL;
-    s->p = p;
-    s->cap = n;
-    return p;
-}
-
-static _Thread_local scratch t_lora_x, t_lora_t, t_lora_u;
+static _Thread_local qlm_cpu_scratch t_lora_x, t_lora_t, t_lora_u;
 static _Thread_local int *t_lora_rows;
 static _Thread_local size_t t_lora_rows_cap;
 
@@ -90,8 +75,8 @@ static int cpu_lora(float *y, const float *x, int n, const qlm_lora_ref *const *
         int in = ref->a->cols, r = ref->a->rows, out = ref->b->rows, m = 0;
         for (int k = i; k < n; k++)
             if (per_row[k] == ref) t_lora_rows[m++] = k;
-        float *xs = scratch_get(&t_lora_x, (size_t)m * in), *ts = scratch_get(&t_lora_t, (size_t)m * r),
-              *us = scratch_get(&t_lora_u, (size_t)m * out);
+        float *xs = qlm_cpu_scratch_get(&t_lora_x, (size_t)m * in), *ts = qlm_cpu_scratch_get(&t_lora_t, (size_t)m * r),
+              *us = qlm_cpu_scratch_get(&t_lora_u, (size_t)m * out);
         if (!xs || !ts || !us) return qlm_errorf("out of memory for LoRA scratch");
         for (int k = 0; k < m; k++) memcpy(xs + (size_t)k * in, x + (size_t)t_lora_rows[k] * in, (size_t)in * sizeof *xs);
         qlm_matmul(ts, xs, m, ref->a, NULL);

@@ -10,27 +10,13 @@
 #include "../quant/half.h"
 #include "../quant/quantize.h"
 #include "backend_cpu_train.h"
+#include "cpu_scratch.h"
 #include "error.h"
 
 /* Rows of a non-F32 weight converted to F32 at a time in matmul_backward_x. */
 enum { DEQUANT_BLOCK_ROWS = 512 };
 
-/* Growable per-thread scratch, kept between calls so that steady training allocates nothing. */
-typedef struct {
-    float *p;
-    size_t cap;
-} scratch;
-
-static float *scratch_get(scratch *s, size_t n) {
-    if (n <= s->cap) return s->p;
-    float *p = realloc(s->p, n * sizeof *p);
-    if (!p) return NULL;
-    s->p = p;
-    s->cap = n;
-    return p;
-}
-
-static _Thread_local scratch t_wf, t_attn_rows, t_attn_work;
+static _Thread_local qlm_cpu_scratch t_wf, t_attn_rows, t_attn_work;
 
 /* All parallelism comes from OpenMP: OpenBLAS is held at one thread while our threads call it
  * (its own pool would fight them for the cores), as quant/matmul.c does. */
@@ -64,7 +50,7 @@ int qlm_cpu_matmul_backward_x(float *dx, const float *dy, int n, const qlm_weigh
         gemm_dx_block(dx, dy, n, rows, cols, w->data, 0, rows, accumulate ? 1.0f : 0.0f);
         return 0;
     }
-    float *wf = scratch_get(&t_wf, (size_t)DEQUANT_BLOCK_ROWS * cols);
+    float *wf = qlm_cpu_scratch_get(&t_wf, (size_t)DEQUANT_BLOCK_ROWS * cols);
     if (!wf) return qlm_errorf("out of memory for a %d x %d weight block", DEQUANT_BLOCK_ROWS, cols);
     for (int r0 = 0; r0 < rows; r0 += DEQUANT_BLOCK_ROWS) {
         int r1 = r0 + DEQUANT_BLOCK_ROWS < rows ? r0 + DEQUANT_BLOCK_ROWS : rows;
@@ -156,7 +142,7 @@ static int attention_head_backward(float *dq, float *dk_h, float *dv_h, float *d
                                    const qlm_attn_shape *sh, int h) {
     int D = sh->head_dim, kvh = h / (sh->n_heads / sh->n_kv_heads);
     int q_stride = sh->n_heads * D, kv_stride = sh->n_kv_heads * D;
-    float *P = scratch_get(&t_attn_rows, (size_t)2 * n * nk);
+    float *P = qlm_cpu_scratch_get(&t_attn_rows, (size_t)2 * n * nk);
     if (!P) return -1;
     float *dP = P + (size_t)n * nk;
     const float *qh = q + (size_t)h * D, *kh = k + (size_t)kvh * D, *vh = v + (size_t)kvh * D,
@@ -206,7 +192,7 @@ int qlm_cpu_attention_backward(float *dq, float *dk, float *dv, float *dpos_bias
     size_t kv_stride = (size_t)sh->n_kv_heads * D, per_head = (size_t)n_keys * D;
     size_t bias_span = dpos_bias ? (size_t)sh->pos_bias_span : 0, stride = 2 * per_head + bias_span;
     /* Per query head: its dK and dV partials and its bias gradient. */
-    float *work = scratch_get(&t_attn_work, (size_t)H * stride);
+    float *work = qlm_cpu_scratch_get(&t_attn_work, (size_t)H * stride);
     if (!work) return qlm_errorf("out of memory for attention gradients over %d keys", n_keys);
     if (bias_span)
         for (int h = 0; h < H; h++) memset(work + (size_t)h * stride + 2 * per_head, 0, bias_span * sizeof *work);

@@ -95,6 +95,9 @@ typedef struct {
 typedef struct qlm_tokenizer qlm_tokenizer;
 
 /* Copies everything it needs from spec. NULL on error (see qlm_last_error()). */
+/* Strict UTF-8 (no overlong forms, surrogates or code points above U+10FFFF), as Python decodes. */
+int qlm_utf8_valid(const unsigned char *s, size_t n);
+
 qlm_tokenizer *qlm_tokenizer_build(const qlm_tokenizer_spec *spec);
 void qlm_tokenizer_free(qlm_tokenizer *t);
 

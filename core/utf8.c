@@ -22,6 +22,15 @@ int tok_utf8_len(const unsigned char *s, size_t n) {
     return 1;
 }
 
+int qlm_utf8_valid(const unsigned char *s, size_t n) {
+    for (size_t i = 0; i < n;) {
+        int len = s[i] < 0x80 ? 1 : tok_utf8_len(s + i, n - i);
+        if (s[i] >= 0x80 && len == 1) return 0;
+        i += (size_t)len;
+    }
+    return 1;
+}
+
 size_t tok_utf8_partial_tail(const unsigned char *s, size_t n) {
     for (size_t k = 1; k <= 3 && k <= n; k++) {
         unsigned char c = s[n - k];

@@ -6,6 +6,7 @@
  * n), sums each chunk serially in double, then the chunk sums serially; per-row backward sums each
  * row serially. So the result does not depend on the number of threads. */
 #include "fake_quant.h"
+#include "quantize.h"
 
 #include <math.h>
 #include <stddef.h>
@@ -100,15 +101,6 @@ float qlm_lsq_grad_factor(long n, int qmax) {
     return (float)(1.0 / sqrt((double)n * (double)qmax));
 }
 
-static float absmax_finite(const float *w, long n) {
-    float m = 0;
-    for (long i = 0; i < n; i++) {
-        float a = fabsf(w[i]);
-        if (a > m && isfinite(a)) m = a;
-    }
-    return m;
-}
-
 static float init_scale(float absmax, int qmax) {
     float s = absmax / (float)qmax;
     return s >= QLM_FAKE_QUANT_MIN_SCALE ? s : QLM_FAKE_QUANT_MIN_SCALE;
@@ -119,7 +111,7 @@ float qlm_fake_quant_init_scale(const float *w, long n, int qmax) {
 #pragma omp parallel for reduction(max : m) schedule(static) if (n >= FQ_PARALLEL_MIN)
     for (long c = 0; c < (n + 4095) / 4096; c++) {
         long b = c * 4096, e = b + 4096 < n ? b + 4096 : n;
-        float a = absmax_finite(w + b, e - b);
+        float a = qlm_absmax_finite(w + b, e - b);
         if (a > m) m = a;
     }
     return init_scale(m, qmax);
@@ -127,7 +119,7 @@ float qlm_fake_quant_init_scale(const float *w, long n, int qmax) {
 
 void qlm_fake_quant_init_scales_rows(float *scales, const float *w, int rows, int cols, int qmax) {
 #pragma omp parallel for schedule(static) if ((long)rows * cols >= FQ_PARALLEL_MIN)
-    for (int r = 0; r < rows; r++) scales[r] = init_scale(absmax_finite(w + (long)r * cols, cols), qmax);
+    for (int r = 0; r < rows; r++) scales[r] = init_scale(qlm_absmax_finite(w + (long)r * cols, cols), qmax);
 }
 
 void qlm_fake_quant_clamp_scales(float *scales, long n) {

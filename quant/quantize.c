@@ -13,7 +13,7 @@
 #include "half.h"
 #include "matmul_internal.h"
 
-static float absmax_finite(const float *w, long n) {
+float qlm_absmax_finite(const float *w, long n) {
     float m = 0;
     for (long i = 0; i < n; i++) {
         float a = fabsf(w[i]);
@@ -39,7 +39,7 @@ float qlm_quantize_i8(int8_t *q, const float *w, long rows, long cols) {
     float m = 0;
 #pragma omp parallel for reduction(max : m) schedule(static)
     for (long r = 0; r < rows; r++) {
-        float a = absmax_finite(w + r * cols, cols);
+        float a = qlm_absmax_finite(w + r * cols, cols);
         if (a > m) m = a;
     }
     float s = scale_for(m);
@@ -51,7 +51,7 @@ float qlm_quantize_i8(int8_t *q, const float *w, long rows, long cols) {
 void qlm_quantize_i8_rows(int8_t *q, float *scales, const float *w, long rows, long cols) {
 #pragma omp parallel for schedule(static)
     for (long r = 0; r < rows; r++) {
-        scales[r] = scale_for(absmax_finite(w + r * cols, cols));
+        scales[r] = scale_for(qlm_absmax_finite(w + r * cols, cols));
         quantize_run(q + r * cols, w + r * cols, cols, scales[r]);
     }
 }

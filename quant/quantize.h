@@ -15,6 +15,8 @@ float qlm_quantize_i8(int8_t *q, const float *w, long rows, long cols);
 /* Per-row: scales[r] for each row. */
 void qlm_quantize_i8_rows(int8_t *q, float *scales, const float *w, long rows, long cols);
 
+/* max |w| over the finite values (0 when there are none). */
+float qlm_absmax_finite(const float *w, long n);
 /* Converts n F32 values to dtype dst (F32/F16/BF16; not I8). */
 void qlm_convert_from_f32(void *dst, qlm_dtype dt, const float *src, long n);
 /* Converts row r of w (any dtype) to F32. */

@@ -2,15 +2,8 @@
  * position biases and the tied head's scaled norm included), LoRA A/B gradients on self- and
  * cross-attention and the feed-forward, and 10 AdamW steps (full and LoRA), for the gated-GELU /
  * untied and ReLU / tied fixtures made by tools/make_t5_train_fixtures.py. */
-#include <cjson/cJSON.h>
-#include <math.h>
-
-#include "../core/error.h"
 #include "../loaders/model_source.h"
-#include "../loaders/read_file.h"
-#include "../loaders/safetensors.h"
-#include "../train/trainer.h"
-#include "test_util.h"
+#include "train_test_util.h"
 
 enum { MAX_SEQ = 4, MAX_ROWS = 64 };
 
@@ -21,24 +14,14 @@ typedef struct {
     int ids[MAX_ROWS], pos[MAX_ROWS], targets[MAX_ROWS], src[MAX_ROWS];
     qlm_train_batch b;
     cJSON *ref;
+    char dir[300];
 } fixture;
-
-static cJSON *read_json(const char *name, const char *file) {
-    char path[512];
-    snprintf(path, sizeof path, "tests/fixtures/train_t5/%s/%s", name, file);
-    size_t len;
-    char *text = qlm_read_file(path, 1 << 20, &len);
-    if (!text) fail_msg("%s", qlm_last_error());
-    cJSON *j = cJSON_Parse(text);
-    free(text);
-    assert_non_null(j);
-    return j;
-}
 
 /* Decoder inputs are the targets shifted right behind decoder_start; every output row is a target. */
 static void load_fixture(const char *name, fixture *f, int decoder_start) {
     memset(f, 0, sizeof *f);
-    cJSON *j = read_json(name, "batch.json");
+    snprintf(f->dir, sizeof f->dir, "tests/fixtures/train_t5/%s", name);
+    cJSON *j = train_fixture_json(f->dir, "batch.json");
     const cJSON *src = cJSON_GetObjectItem(j, "src"), *tgt = cJSON_GetObjectItem(j, "tgt");
     f->n_seq = cJSON_GetArraySize(src);
     assert_true(f->n_seq <= MAX_SEQ);
@@ -60,19 +43,7 @@ static void load_fixture(const char *name, fixture *f, int decoder_start) {
     f->b = (qlm_train_batch){.n_seq = f->n_seq, .start = f->start, .len = f->len, .n_rows = f->n_rows, .ids = f->ids,
                              .pos = f->pos, .targets = f->targets, .n_src_rows = f->n_src, .src_ids = f->src,
                              .src_start = f->src_start, .src_len = f->src_len};
-    f->ref = read_json(name, "reference.json");
-}
-
-static double ref_num(const fixture *f, const char *key) {
-    const cJSON *v = cJSON_GetObjectItem(f->ref, key);
-    if (!cJSON_IsNumber(v)) fail_msg("reference.json: %s missing", key);
-    return v->valuedouble;
-}
-
-static double ref_at(const fixture *f, const char *key, int i) {
-    const cJSON *v = cJSON_GetArrayItem(cJSON_GetObjectItem(f->ref, key), i);
-    if (!cJSON_IsNumber(v)) fail_msg("reference.json: %s[%d] missing", key, i);
-    return v->valuedouble;
+    f->ref = train_fixture_json(f->dir, "reference.json");
 }
 
 static void open_model(const char *name, qlm_source *src, qlm_t5_model *m) {
@@ -82,34 +53,6 @@ static void open_model(const char *name, qlm_source *src, qlm_t5_model *m) {
     assert_true(src->is_t5);
     qlm_model_options o = {.dtype = QLM_F32, .backend = qlm_backend_cpu()};
     if (qlm_t5_build(m, &src->t5, src->store, &o) != 0) fail_msg("%s", qlm_last_error());
-}
-
-/* Every trainable tensor's gradient against the file: max |diff| <= tol * max(1, max |ref|). */
-static void compare_grads(const qlm_trainer *t, const char *name, const char *file, double undo_clip) {
-    char path[512];
-    snprintf(path, sizeof path, "tests/fixtures/train_t5/%s/%s", name, file);
-    qlm_tensor_store *store = qlm_store_new();
-    if (qlm_safetensors_load(path, store) != 0) fail_msg("%s", qlm_last_error());
-    double worst = 0;
-    const char *worst_name = "";
-    for (int i = 0; i < t->n_t; i++) {
-        const qlm_train_tensor *e = &t->t[i];
-        const qlm_tensor_entry *r = qlm_store_find(store, e->name);
-        if (!r) fail_msg("%s: no tensor %s", path, e->name);
-        assert_int_equal(qlm_entry_numel(r), e->n);
-        const float *ref = r->data;
-        double max_ref = 1, diff = 0;
-        for (long k = 0; k < e->n; k++) {
-            if (fabs(ref[k]) > max_ref) max_ref = fabs(ref[k]);
-            double d = fabs(ref[k] - e->g[k] * undo_clip);
-            if (d > diff) diff = d;
-        }
-        if (diff / max_ref > worst) worst = diff / max_ref, worst_name = e->name;
-    }
-    print_message("%s: %d tensors, worst max|diff|/scale %.3g (%s)\n", path, t->n_t, worst, worst_name);
-    assert_int_equal(t->n_t, qlm_store_count(store));
-    assert_true(worst <= 1e-4);
-    qlm_store_free(store);
 }
 
 /* Loss tolerance of a step: 1e-5 while the float32 trajectory is stable; after tight_steps, a bound
@@ -136,12 +79,12 @@ static void check_full(const char *name, int tight_steps, double late_tol) {
         if (qlm_trainer_step(&t, &f.b, 1, &st) != 0) fail_msg("%s", qlm_last_error());
         if (step == 0) {
             print_message("%s loss %.8f (torch %.8f), grad norm %.6f (torch %.6f)\n", name, st.loss,
-                          ref_num(&f, "loss"), st.grad_norm, ref_num(&f, "grad_norm"));
-            assert_int_equal(st.n_targets, (long)ref_num(&f, "n_targets"));
-            assert_true(fabs(st.loss - ref_num(&f, "loss")) <= 1e-5);
-            compare_grads(&t, name, "grads.safetensors", st.grad_norm + 1e-6); /* clipped to norm 1 */
+                          ref_num(f.ref, "loss"), st.grad_norm, ref_num(f.ref, "grad_norm"));
+            assert_int_equal(st.n_targets, (long)ref_num(f.ref, "n_targets"));
+            assert_true(fabs(st.loss - ref_num(f.ref, "loss")) <= 1e-5);
+            compare_tensors(&t, f.dir, "grads.safetensors", 'g', st.grad_norm + 1e-6, 1e-4); /* clipped to norm 1 */
         }
-        double want = ref_at(&f, "adamw_losses", step);
+        double want = ref_at(f.ref, "adamw_losses", step);
         if (fabs(st.loss - want) > step_tol(step, tight_steps, late_tol)) fail_msg("%s step %d: loss %.8f, torch %.8f", name, step + 1, st.loss, want);
     }
     qlm_trainer_free(&t);
@@ -157,7 +100,7 @@ static void check_lora(const char *name, int tight_steps, double late_tol) {
     fixture f;
     load_fixture(name, &f, src.t5.decoder_start_id);
     char dir[512];
-    snprintf(dir, sizeof dir, "tests/fixtures/train_t5/%s/lora_adapter", name);
+    snprintf(dir, sizeof dir, "%s/lora_adapter", f.dir);
     qlm_lora_adapter a;
     if (qlm_lora_load(&a, dir, "trained", NULL, &src.t5, QLM_F32) != 0) fail_msg("%s", qlm_last_error());
     qlm_train_options o;
@@ -171,12 +114,12 @@ static void check_lora(const char *name, int tight_steps, double late_tol) {
         qlm_train_step_stats st;
         if (qlm_trainer_step(&t, &f.b, 1, &st) != 0) fail_msg("%s", qlm_last_error());
         if (step == 0) {
-            print_message("%s LoRA loss %.8f (torch %.8f)\n", name, st.loss, ref_num(&f, "lora_loss"));
-            assert_true(fabs(st.loss - ref_num(&f, "lora_loss")) <= 1e-5);
-            double norm = ref_at(&f, "lora_adamw_grad_norms", 0);
-            compare_grads(&t, name, "lora_grads.safetensors", norm > 1 ? st.grad_norm + 1e-6 : 1.0);
+            print_message("%s LoRA loss %.8f (torch %.8f)\n", name, st.loss, ref_num(f.ref, "lora_loss"));
+            assert_true(fabs(st.loss - ref_num(f.ref, "lora_loss")) <= 1e-5);
+            double norm = ref_at(f.ref, "lora_adamw_grad_norms", 0);
+            compare_tensors(&t, f.dir, "lora_grads.safetensors", 'g', norm > 1 ? st.grad_norm + 1e-6 : 1.0, 1e-4);
         }
-        double want = ref_at(&f, "lora_adamw_losses", step);
+        double want = ref_at(f.ref, "lora_adamw_losses", step);
         if (fabs(st.loss - want) > step_tol(step, tight_steps, late_tol)) fail_msg("%s LoRA step %d: loss %.8f, torch %.8f", name, step + 1, st.loss, want);
     }
     qlm_trainer_free(&t);

@@ -10,6 +10,7 @@
 
 #include "../core/chat.h"
 #include "../core/error.h"
+#include "../core/tokenizer.h"
 #include "../core/summary_prompt.h"
 
 /* ---- PRNG: splitmix64 (pure 64-bit integer arithmetic, the same on every platform) ---- */
@@ -45,22 +46,6 @@ void qlm_train_order(int n, uint64_t seed, int epoch, int *perm) {
 }
 
 /* ---- input checks ---- */
-
-/* Strict UTF-8 (no overlong forms, surrogates or code points above U+10FFFF). */
-static int utf8_valid(const unsigned char *s, size_t n) {
-    for (size_t i = 0; i < n;) {
-        unsigned c = s[i];
-        size_t len = c < 0x80 ? 1 : c < 0xC2 ? 0 : c < 0xE0 ? 2 : c < 0xF0 ? 3 : c < 0xF5 ? 4 : 0;
-        if (len == 0 || i + len > n) return 0;
-        for (size_t k = 1; k < len; k++)
-            if ((s[i + k] & 0xC0) != 0x80) return 0;
-        if ((c == 0xE0 && s[i + 1] < 0xA0) || (c == 0xED && s[i + 1] > 0x9F) || (c == 0xF0 && s[i + 1] < 0x90) ||
-            (c == 0xF4 && s[i + 1] > 0x8F))
-            return 0;
-        i += len;
-    }
-    return 1;
-}
 
 /* True if the line holds a "\u0000" escape (cJSON would silently end the string there). */
 static int has_nul_escape(const char *s) {
@@ -378,7 +363,7 @@ static int load_file(qlm_train_set *s, const char *path, const ctx *c) {
         while (*q == ' ' || *q == '\t') q++;
         if (memchr(line, 0, len)) rc = qlm_errorf("line holds a NUL byte");
         else if (!*q) continue;
-        else if (!utf8_valid((const unsigned char *)line, len)) rc = qlm_errorf("not valid UTF-8");
+        else if (!qlm_utf8_valid((const unsigned char *)line, len)) rc = qlm_errorf("not valid UTF-8");
         else if (has_nul_escape(line)) rc = qlm_errorf("a string holds \\u0000");
         n_lines++;
         if (rc == 0) {
