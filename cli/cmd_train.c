@@ -10,6 +10,7 @@
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "../core/error.h"
 #include "../loaders/atomic_file.h"
@@ -593,7 +594,12 @@ int cmd_train(int argc, char **argv) {
         fprintf(stderr, "qlm train: %ld steps in %.1f s (%.2f s/step), peak memory %.0f MiB RSS\n", trained, secs,
                 trained ? secs / trained : 0.0, peak_rss_mib());
         run_totals all = {t.step > start_step ? tot.elapsed_s : before.elapsed_s, before.tokens + tot.tokens};
-        rc = write_outputs(&a, &t, &cm) == 0 && write_summary(&a, &t, &all, last_loss, last_eval) == 0 ? 0 : 1;
+        /* Resuming a finished run rewrites the outputs and keeps the summary of the run that trained. */
+        char summary[4200];
+        snprintf(summary, sizeof summary, "%s/summary.json", a.out);
+        int keep_summary = trained == 0 && access(summary, F_OK) == 0;
+        rc = write_outputs(&a, &t, &cm) == 0 &&
+                     (keep_summary || write_summary(&a, &t, &all, last_loss, last_eval) == 0) ? 0 : 1;
         if (rc) cli_fail("train");
     }
     for (int k = 0; k < n_bufs; k++) batch_buf_free(&micro_bufs[k]);

@@ -4,9 +4,9 @@
 doc_block() {
     local name=$1 block=$2 doc=docs/benchmarks.md
     touch "$doc"
-    awk -v block="$block" -v open="<!-- $name -->" -v close="<!-- /$name -->" '
-        $0 == open { while ((getline l < block) > 0) print l; skip = 1; done = 1; next }
-        $0 == close { skip = 0; next }
+    awk -v block="$block" -v first="<!-- $name -->" -v last="<!-- /$name -->" '
+        $0 == first { while ((getline l < block) > 0) print l; skip = 1; done = 1; next }
+        $0 == last { skip = 0; next }
         !skip { print }
         END { if (!done) { print ""; while ((getline l < block) > 0) print l } }' "$doc" > "$doc.tmp"
     mv "$doc.tmp" "$doc"

@@ -23,7 +23,7 @@ head -n $((total - 200)) "$dir/paragraphs.txt" |
         > "$dir/train.jsonl"
 tail -n 200 "$dir/paragraphs.txt" | awk 'NR > 1 { print "<|endoftext|>" } { print }' > "$dir/heldout.txt"
 
-common=(--data "$dir/train.jsonl" --steps "$steps" --batch 4 --seq-len 256 --lr 2e-5 --warmup 5 --save-every 20 --resume)
+common=(--data "$dir/train.jsonl" --steps "$steps" --batch 4 --seq-len 256 --lr 5e-5 --warmup 5 --save-every 20 --resume)
 echo "qat-eval: full F32 fine-tuning, $steps steps" >&2
 "$qlm" train -m "$model" --full --out "$dir/full" "${common[@]}"
 echo "qat-eval: QAT (INT8 per tensor, learned scales), $steps steps" >&2
@@ -46,7 +46,7 @@ trap 'rm -f "$block"' EXIT
     echo "## Quantization-aware training"
     echo
     echo "Written by \`make qat-eval\` on $(date -u +%Y-%m-%d): SmolLM2-135M-Instruct, $steps steps of 4 TinyStories"
-    echo "paragraphs (up to 256 tokens, AdamW lr 2e-5, 5 warm-up steps, cosine), once as full F32 fine-tuning and once"
+    echo "paragraphs (up to 256 tokens, AdamW lr 5e-5, 5 warm-up steps, cosine), once as full F32 fine-tuning and once"
     echo "as QAT (\`qlm train --qat\`: INT8 per-tensor fake quantization with LSQ scales learned from the absmax"
     echo "start); perplexity (nats/token) on 200 held-out paragraphs, each from a fresh context."
     echo
