@@ -4,7 +4,7 @@
 # twice: full F32 fine-tuning and QAT (per-tensor INT8, learned LSQ scales), then perplexity on 200
 # held-out paragraphs of: the F32 fine-tuned model, its post-training INT8 per-tensor quantization,
 # and the QAT model exported by `qlm quantize --from-qat`. Writes the qat block of
-# docs/benchmarks.md. About 40 minutes on 2 cores; QLM_QAT_STEPS sets the steps (default 60).
+# docs/benchmarks.md. About 30 minutes on 2 cores; QLM_QAT_STEPS sets the steps (default 200).
 set -euo pipefail
 qlm=${1:-build/qlm}
 cd "$(dirname "$0")/.."
@@ -12,7 +12,7 @@ cd "$(dirname "$0")/.."
 . scripts/doc_block.sh
 assets="${QLM_ASSETS:-../shared/assets}"
 dir="${QLM_QAT_DIR:-$cache/qat-eval}"
-steps="${QLM_QAT_STEPS:-60}"
+steps="${QLM_QAT_STEPS:-200}"
 mkdir -p "$dir"
 
 # One paragraph per line; the last 200 are held out, the rest become {"prompt": "", "completion": ...}.
@@ -37,7 +37,7 @@ base_i8=$(nll "$model" --dtype int8)
 ft_f32=$(nll "$dir/full/model")
 ft_i8=$(nll "$dir/full/model" --dtype int8)
 qat_i8=$(nll "$dir/qat-int8")
-closed=$(awk -v f="$ft_f32" -v p="$ft_i8" -v q="$qat_i8" 'BEGIN { printf "%.0f", (p - f) > 0 ? 100 * (p - q) / (p - f) : 0 }')
+closed=$(awk -v f="$ft_f32" -v p="$ft_i8" -v q="$qat_i8" 'BEGIN { printf "%.0f", (p > f ? 100 * (p - q) / (p - f) : 0) }')
 ppl() { awk -v x="$1" 'BEGIN { printf "%.3f", exp(x) }'; }
 block=$(mktemp)
 trap 'rm -f "$block"' EXIT

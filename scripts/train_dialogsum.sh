@@ -56,7 +56,8 @@ trap 'rm -f "$block"' EXIT
     printf 'Training: %s tokens in %.0f s, %.0f tokens/s on %s cores; peak memory %.0f MiB RSS (activations %.0f MiB);\n' \
         "$(field tokens)" "$(field train_seconds)" "$(field tokens_per_s)" "$(nproc)" "$(field peak_rss_mib)" \
         "$(field activation_mib)"
-    echo "last training loss $(field last_loss), dev loss $(field last_eval_loss) (40 dialogues)."
+    printf 'last training loss %.3f, dev loss %.3f (40 dialogues); %s dialogues seen.\n' "$(field last_loss)" \
+        "$(field last_eval_loss)" "$(( $(field steps) * 4 ))"
     echo "<!-- /dialogsum-lora -->"
 } > "$block"
 doc_block dialogsum-lora "$block"
