@@ -239,12 +239,66 @@ static void test_loss_scaling_overflow(void **state) {
     cJSON_Delete(f.ref);
 }
 
+/* Gradient accumulation: the three sequences as three micro-batches of one step give the loss and
+ * gradients of the one batch (the loss is the mean over the step's target tokens either way). */
+static void test_gradient_accumulation(void **state) {
+    (void)state;
+    fixture f;
+    load_fixture("qwen2_bias", &f);
+    qlm_source src;
+    qlm_model m;
+    open_model("qwen2_bias", &src, &m, QLM_F32);
+    qlm_train_options o;
+    full_options(&o);
+    o.lr = 0, o.weight_decay = 0, o.clip = 0; /* gradients only */
+    qlm_trainer t;
+    if (qlm_trainer_init(&t, &m, NULL, NULL, &o, &k_shape) != 0) fail_msg("%s", qlm_last_error());
+    qlm_train_batch micro[MAX_SEQ];
+    int zero = 0;
+    for (int s = 0; s < f.n_seq; s++)
+        micro[s] = (qlm_train_batch){.n_seq = 1, .start = &zero, .len = &f.len[s], .n_rows = f.len[s],
+                                     .ids = f.ids + f.start[s], .pos = f.pos + f.start[s],
+                                     .targets = f.targets + f.start[s]};
+    qlm_train_step_stats st;
+    if (qlm_trainer_step(&t, micro, f.n_seq, &st) != 0) fail_msg("%s", qlm_last_error());
+    assert_true(fabs(st.loss - ref_num(f.ref, "loss")) <= 1e-5);
+    compare_tensors(&t, f.dir, "grads.safetensors", 'g', 1, 1e-4);
+    /* Evaluation gives the same loss without touching the gradients. */
+    double sum = 0;
+    long n = 0;
+    assert_int_equal(qlm_trainer_eval(&t, &f.b, &sum, &n), 0);
+    assert_int_equal(n, (long)ref_num(f.ref, "n_targets"));
+    assert_true(fabs(sum / n - ref_num(f.ref, "loss")) <= 1e-5);
+    qlm_trainer_free(&t);
+    qlm_model_free(&m);
+    qlm_source_close(&src);
+    cJSON_Delete(f.ref);
+}
+
+/* Warm-up is linear from lr/warmup; cosine and linear decay reach lr * min_lr_ratio at the last step. */
+static void test_lr_schedules(void **state) {
+    (void)state;
+    qlm_train_options o;
+    qlm_train_options_init(&o);
+    o.lr = 1e-3f, o.min_lr_ratio = 0.1f, o.warmup_steps = 10, o.total_steps = 110;
+    assert_true(fabsf(qlm_train_lr(&o, 0) - 1e-4f) < 1e-9f);
+    assert_true(fabsf(qlm_train_lr(&o, 9) - 1e-3f) < 1e-9f);
+    assert_true(fabsf(qlm_train_lr(&o, 10) - 1e-3f) < 1e-9f);
+    assert_true(fabsf(qlm_train_lr(&o, 60) - 5.5e-4f) < 1e-8f); /* cosine halfway: the mean of the ends */
+    assert_true(fabsf(qlm_train_lr(&o, 110) - 1e-4f) < 1e-9f);
+    o.schedule = QLM_SCHEDULE_LINEAR;
+    assert_true(fabsf(qlm_train_lr(&o, 35) - 7.75e-4f) < 1e-8f);
+    o.schedule = QLM_SCHEDULE_CONSTANT;
+    assert_true(fabsf(qlm_train_lr(&o, 100) - 1e-3f) < 1e-9f);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_full_gqa_tied),         cmocka_unit_test(test_full_qwen2_bias),
         cmocka_unit_test(test_full_recompute),        cmocka_unit_test(test_lora_gqa_tied),
         cmocka_unit_test(test_lora_qwen2_bias),       cmocka_unit_test(test_lora_low_precision_base),
         cmocka_unit_test(test_full_bf16_compute),     cmocka_unit_test(test_loss_scaling_overflow),
+        cmocka_unit_test(test_gradient_accumulation), cmocka_unit_test(test_lr_schedules),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
