@@ -18,7 +18,7 @@ tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 
 calc() { awk "BEGIN { printf \"%.6f\", $1 }"; }
-json_field() { sed -n "s/.*\"$2\": \"\{0,1\}\([^,\"}]*\).*/\1/p" "$1"; }
+json_field() { sed -n "s/.*\"$2\":[[:space:]]*\"\{0,1\}\([^,\"}]*\).*/\1/p" "$1"; }
 
 rows=()
 for spec in "f32:" "bf16:" "f16:" "int8:" "int8:--per-channel"; do
@@ -73,6 +73,30 @@ done
 serve_table=$("$(dirname "$qlm")/bench/bench_serve" "$url") || { kill -TERM "$serve_pid"; exit 1; }
 kill -TERM "$serve_pid"
 wait "$serve_pid"
+
+# LoRA training: `qlm train` and transformers + peft (when QLM_BENCH_PYTHON, default python3, has
+# torch, transformers and peft) on the same 32 DialogSum examples, rank, batch and threads.
+train_steps=${QLM_BENCH_TRAIN_STEPS:-8}
+echo "bench: LoRA training ..." >&2
+awk -v n=$((train_steps * 4)) 'NR > n { exit } { print }' "$assets/dialogsum/dialogsum.train.from_zip_2021-05.jsonl" |
+    "$qlm" train -m "$model" --data /dev/stdin --out "$tmp/train" --steps "$train_steps" --batch 4 --seq-len 512 \
+        --rank 16 --target-field summary --template $'Summarize the following conversation.\n\n{dialogue}\n\nSummary: ' \
+        --lr 4e-4 --save-every 1000 --threads "$threads" 2> "$tmp/train.err" > /dev/null || { cat "$tmp/train.err" >&2; exit 1; }
+train_qlm_tps=$(json_field "$tmp/train/summary.json" tokens_per_s)
+train_qlm_rss=$(json_field "$tmp/train/summary.json" peak_rss_mib)
+train_qlm_tokens=$(json_field "$tmp/train/summary.json" tokens)
+train_peft=""
+bench_python=${QLM_BENCH_PYTHON:-python3}
+if "$bench_python" -c "import torch, transformers, peft" 2>/dev/null; then
+    awk -v n=$((train_steps * 4)) 'NR > n { exit } { print }' "$assets/dialogsum/dialogsum.train.from_zip_2021-05.jsonl" |
+        "$bench_python" -c 'import json, sys
+for line in sys.stdin:
+    r = json.loads(line)
+    print(json.dumps({"prompt": "Summarize the following conversation.\n\n" + r["dialogue"] + "\n\nSummary: ",
+                      "completion": r["summary"]}))' > "$tmp/train_pc.jsonl"
+    train_peft=$("$bench_python" bench/peft_train_bench.py "$model" "$tmp/train_pc.jsonl" "$train_steps" 4 "$threads" \
+        2>/dev/null | tail -n1 || true)
+fi
 
 llama_cpp=""
 if python3 -c "import llama_cpp" 2>/dev/null; then
@@ -142,6 +166,27 @@ fi
     echo "≥ 4x the tokens/s of one, TTFT p99 under 2 s."
     echo
     echo "$serve_table"
+    echo
+    echo "## LoRA training"
+    echo
+    echo "\`qlm train --lora\` (rank 16, alpha 32, all linear layers, dropout 0.05, AdamW, F32, batch 4, $train_steps steps) on"
+    echo "the first $((train_steps * 4)) DialogSum training dialogues with the lab's prompt (loss on the summary), $threads threads;"
+    echo "transformers + peft with the same settings on the same token sequences in the same run (padded batches, its"
+    echo "default attention). Tokens: prompt + summary + EOS of every example."
+    echo
+    echo "| trainer | tokens | tokens/s | peak RSS MiB |"
+    echo "| --- | ---: | ---: | ---: |"
+    printf "| qlm | %.0f | %.1f | %.0f |\n" "$train_qlm_tokens" "$train_qlm_tps" "$train_qlm_rss"
+    if [ -n "$train_peft" ]; then
+        read -r peft_tps peft_rss peft_tokens _ <<< "$train_peft"
+        printf "| transformers + peft | %s | %s | %s |\n" "$peft_tokens" "$peft_tps" "$peft_rss"
+        echo
+        printf -- "- qlm / peft: **%.2fx** the tokens/s at **%.2fx** the peak memory.\n" \
+            "$(calc "$train_qlm_tps / $peft_tps")" "$(calc "$train_qlm_rss / $peft_rss")"
+    else
+        echo
+        echo "(transformers + peft not importable by $bench_python: set QLM_BENCH_PYTHON to a Python that has them.)"
+    fi
     echo
     echo "Reproduce: \`make bench\` (QLM_BENCH_REPS, QLM_BENCH_DIALOGUES and QLM_BENCH_SUMMARY_TOKENS change the"
     echo "repetitions, the number of dialogues and the summary length)."
