@@ -36,13 +36,14 @@ static void cpu_rmsnorm(float *out, const float *x, const float *weight, int n, 
     }
 }
 
-static void cpu_rope(float *x, int n, const int *pos, int n_heads, int head_dim, const float *inv_freq) {
+void qlm_cpu_rope_rotate(float *x, int n, const int *pos, int n_heads, int head_dim, const float *inv_freq,
+                         float direction) {
     int half = head_dim / 2;
 #pragma omp parallel for if (n > 1)
     for (int i = 0; i < n; i++) {
         for (int j = 0; j < half; j++) {
             float angle = (float)pos[i] * inv_freq[j];
-            float c = cosf(angle), s = sinf(angle);
+            float c = cosf(angle), s = direction * sinf(angle);
             for (int h = 0; h < n_heads; h++) {
                 float *v = x + ((size_t)i * n_heads + h) * head_dim;
                 float a = v[j], b = v[j + half];
@@ -51,6 +52,10 @@ static void cpu_rope(float *x, int n, const int *pos, int n_heads, int head_dim,
             }
         }
     }
+}
+
+static void cpu_rope(float *x, int n, const int *pos, int n_heads, int head_dim, const float *inv_freq) {
+    qlm_cpu_rope_rotate(x, n, pos, n_heads, head_dim, inv_freq, 1.0f);
 }
 
 static _Thread_local qlm_cpu_scratch t_lora_x, t_lora_t, t_lora_u;

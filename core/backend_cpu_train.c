@@ -117,20 +117,7 @@ void qlm_cpu_rmsnorm_backward(float *dx, float *dweight, const float *dout, cons
 }
 
 void qlm_cpu_rope_backward(float *dx, int n, const int *pos, int n_heads, int head_dim, const float *inv_freq) {
-    int half = head_dim / 2;
-#pragma omp parallel for if (n > 1)
-    for (int i = 0; i < n; i++) {
-        for (int j = 0; j < half; j++) {
-            float angle = (float)pos[i] * inv_freq[j];
-            float c = cosf(angle), s = sinf(angle);
-            for (int h = 0; h < n_heads; h++) {
-                float *v = dx + ((size_t)i * n_heads + h) * head_dim;
-                float a = v[j], b = v[j + half];
-                v[j] = a * c + b * s;
-                v[j + half] = b * c - a * s;
-            }
-        }
-    }
+    qlm_cpu_rope_rotate(dx, n, pos, n_heads, head_dim, inv_freq, -1.0f); /* a rotation's inverse */
 }
 
 
