@@ -6,9 +6,7 @@
 set -euo pipefail
 qlm=${1:-build/qlm}
 cd "$(dirname "$0")/.."
-. scripts/default_model.sh
-. scripts/doc_block.sh
-assets="${QLM_ASSETS:-../shared/assets}"
+. scripts/result_common.sh
 out_dir="${QLM_EVAL_DIR:-$cache/eval}"
 mkdir -p "$out_dir"
 pred="$out_dir/smollm2-dialogsum-test.jsonl"

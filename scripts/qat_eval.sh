@@ -8,9 +8,7 @@
 set -euo pipefail
 qlm=${1:-build/qlm}
 cd "$(dirname "$0")/.."
-. scripts/default_model.sh
-. scripts/doc_block.sh
-assets="${QLM_ASSETS:-../shared/assets}"
+. scripts/result_common.sh
 dir="${QLM_QAT_DIR:-$cache/qat-eval}"
 steps="${QLM_QAT_STEPS:-200}"
 mkdir -p "$dir"

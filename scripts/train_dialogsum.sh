@@ -8,9 +8,7 @@
 set -euo pipefail
 qlm=${1:-build/qlm}
 cd "$(dirname "$0")/.."
-. scripts/default_model.sh
-. scripts/doc_block.sh
-assets="${QLM_ASSETS:-../shared/assets}"
+. scripts/result_common.sh
 out_dir="${QLM_TRAIN_DIR:-$cache/train-dialogsum}"
 steps="${QLM_TRAIN_STEPS:-240}"
 mkdir -p "$out_dir"

@@ -51,6 +51,19 @@ static void open_model(const char *name, qlm_source *src, qlm_model *m, qlm_dtyp
     if (qlm_model_build(m, &src->cfg, src->store, &o) != 0) fail_msg("%s", qlm_last_error());
 }
 
+/* The fixture's batch and reference, and its model built in dtype. */
+static void open_case(const char *name, qlm_dtype dtype, fixture *f, qlm_source *src, qlm_model *m) {
+    load_fixture(name, f);
+    open_model(name, src, m, dtype);
+}
+
+static void close_case(qlm_trainer *t, qlm_model *m, qlm_source *src, fixture *f) {
+    qlm_trainer_free(t);
+    qlm_model_free(m);
+    qlm_source_close(src);
+    cJSON_Delete(f->ref);
+}
+
 static void full_options(qlm_train_options *o) {
     qlm_train_options_init(o);
     o->mode = QLM_TRAIN_FULL;
@@ -62,10 +75,9 @@ static void full_options(qlm_train_options *o) {
 
 static void check_full(const char *name, int recompute) {
     fixture f;
-    load_fixture(name, &f);
     qlm_source src;
     qlm_model m;
-    open_model(name, &src, &m, QLM_F32);
+    open_case(name, QLM_F32, &f, &src, &m);
     qlm_train_options o;
     full_options(&o);
     o.recompute = recompute;
@@ -90,10 +102,7 @@ static void check_full(const char *name, int recompute) {
     char path[600];
     snprintf(path, sizeof path, "%s/adamw_final.safetensors", f.dir);
     if (test_path_exists(path)) compare_tensors(&t, f.dir, "adamw_final.safetensors", 'p', 1, 2e-4);
-    qlm_trainer_free(&t);
-    qlm_model_free(&m);
-    qlm_source_close(&src);
-    cJSON_Delete(f.ref);
+    close_case(&t, &m, &src, &f);
 }
 
 static void test_full_gqa_tied(void **state) {
@@ -113,10 +122,9 @@ static void test_full_recompute(void **state) {
 
 static void check_lora(const char *name, qlm_dtype base_dtype, double loss_tol) {
     fixture f;
-    load_fixture(name, &f);
     qlm_source src;
     qlm_model m;
-    open_model(name, &src, &m, base_dtype);
+    open_case(name, base_dtype, &f, &src, &m);
     char dir[600];
     snprintf(dir, sizeof dir, "%s/lora_adapter", f.dir);
     qlm_lora_adapter a;
@@ -146,11 +154,8 @@ static void check_lora(const char *name, qlm_dtype base_dtype, double loss_tol) 
             fail_msg("%s LoRA step %d: loss %.8f, torch %.8f", name, step + 1, st.loss, want);
     }
     if (base_dtype == QLM_F32) compare_tensors(&t, f.dir, "lora_adamw_final.safetensors", 'p', 1, 1e-4);
-    qlm_trainer_free(&t);
+    close_case(&t, &m, &src, &f);
     qlm_lora_free(&a);
-    qlm_model_free(&m);
-    qlm_source_close(&src);
-    cJSON_Delete(f.ref);
 }
 
 static void test_lora_gqa_tied(void **state) {
@@ -174,10 +179,9 @@ static void test_lora_low_precision_base(void **state) {
 static void test_full_bf16_compute(void **state) {
     (void)state;
     fixture f;
-    load_fixture("gqa_tied", &f);
     qlm_source src;
     qlm_model m;
-    open_model("gqa_tied", &src, &m, QLM_F32);
+    open_case("gqa_tied", QLM_F32, &f, &src, &m);
     qlm_train_options o;
     full_options(&o);
     o.compute = QLM_BF16;
@@ -192,10 +196,7 @@ static void test_full_bf16_compute(void **state) {
     }
     print_message("bf16 compute: worst loss difference over 10 steps %.4g nats\n", worst);
     assert_true(worst <= 0.02);
-    qlm_trainer_free(&t);
-    qlm_model_free(&m);
-    qlm_source_close(&src);
-    cJSON_Delete(f.ref);
+    close_case(&t, &m, &src, &f);
 }
 
 /* F16 with dynamic loss scaling: an injected inf at step 3 skips that step and halves the scale;
@@ -203,10 +204,9 @@ static void test_full_bf16_compute(void **state) {
 static void test_loss_scaling_overflow(void **state) {
     (void)state;
     fixture f;
-    load_fixture("gqa_tied", &f);
     qlm_source src;
     qlm_model m;
-    open_model("gqa_tied", &src, &m, QLM_F32);
+    open_case("gqa_tied", QLM_F32, &f, &src, &m);
     qlm_train_options o;
     full_options(&o);
     o.compute = QLM_F16;
@@ -233,10 +233,7 @@ static void test_loss_scaling_overflow(void **state) {
     assert_true(fabs(losses[3] - losses[2]) < 1e-6);
     assert_true(fabs(losses[3] - ref_at(f.ref, "adamw_losses", 2)) < 0.01);
     assert_true(losses[9] < losses[0] * 0.5);
-    qlm_trainer_free(&t);
-    qlm_model_free(&m);
-    qlm_source_close(&src);
-    cJSON_Delete(f.ref);
+    close_case(&t, &m, &src, &f);
 }
 
 /* Gradient accumulation: the three sequences as three micro-batches of one step give the loss and
@@ -244,10 +241,9 @@ static void test_loss_scaling_overflow(void **state) {
 static void test_gradient_accumulation(void **state) {
     (void)state;
     fixture f;
-    load_fixture("qwen2_bias", &f);
     qlm_source src;
     qlm_model m;
-    open_model("qwen2_bias", &src, &m, QLM_F32);
+    open_case("qwen2_bias", QLM_F32, &f, &src, &m);
     qlm_train_options o;
     full_options(&o);
     o.lr = 0, o.weight_decay = 0, o.clip = 0; /* gradients only */
@@ -269,10 +265,7 @@ static void test_gradient_accumulation(void **state) {
     assert_int_equal(qlm_trainer_eval(&t, &f.b, &sum, &n), 0);
     assert_int_equal(n, (long)ref_num(f.ref, "n_targets"));
     assert_true(fabs(sum / n - ref_num(f.ref, "loss")) <= 1e-5);
-    qlm_trainer_free(&t);
-    qlm_model_free(&m);
-    qlm_source_close(&src);
-    cJSON_Delete(f.ref);
+    close_case(&t, &m, &src, &f);
 }
 
 /* Warm-up is linear from lr/warmup; cosine and linear decay reach lr * min_lr_ratio at the last step. */
