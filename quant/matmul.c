@@ -2,7 +2,7 @@
  *
  * Decode (few rows of x) is a memory-bound GEMV: threads take contiguous runs of output rows
  * (whole groups of 4, the kernels' row block) and stream their part of W once per x row block.
- * Prefill (n >= GEMM_MIN_N) is compute-bound: each thread converts tiles of its rows of W to
+ * Prefill (n >= QLM_MATMUL_SGEMM_MIN_N) is compute-bound: each thread converts tiles of its rows of W to
  * F32 in a per-thread buffer and multiplies them with single-threaded OpenBLAS sgemm; F32
  * weights go to sgemm directly. All parallelism comes from OpenMP, so OpenBLAS is held at one
  * thread for the duration of the call (the two pools would otherwise fight over the cores). */
@@ -22,13 +22,9 @@
 
 /* Output rows the SIMD kernels handle together. */
 #define ROW_GROUP 4
-/* With several x rows, a block of W this tall is reused from L1/L2 for every x row. */
-#define GEMV_BLOCK_ROWS 16
-/* From this many x rows on, converting W to F32 tiles and running sgemm beats the blocked
- * GEMV (measured on the SmolLM2 layer shapes: GEMV wins at n = 8, sgemm at n >= 16). */
-#define GEMM_MIN_N 16
 /* Target rows per converted tile: 128 rows of F32 stay within L2 for cols up to ~2k. */
 #define TILE_ROWS 128
+
 /* Multiply-adds per thread below which a parallel region costs more than it saves. */
 #define MIN_WORK_PER_THREAD 32768L
 
@@ -40,6 +36,10 @@ static void scalar_gemv(float *y, const float *x, const qlm_weight *w, int r0, i
         for (long k = 0; k < w->cols; k++) s += qlm_weight_at(row, k, w->dtype) * x[k];
         y[o] = qlm_gemv_finish(s, w, o, bias);
     }
+}
+
+static void scalar_gemm(float *y, const float *x, int n, const qlm_weight *w, int r0, int r1, const float *bias) {
+    for (int i = 0; i < n; i++) scalar_gemv(y + (size_t)i * w->rows, x + (size_t)i * w->cols, w, r0, r1, bias);
 }
 
 static void scalar_f16_to_f32(float *dst, const uint16_t *src, long n) {
@@ -64,7 +64,7 @@ static void scalar_i8_to_f32(float *dst, const int8_t *src, long n, float scale)
 
 static const qlm_kernel_table scalar_table = {
     .name = "scalar",
-    .gemv = scalar_gemv,
+    .gemm = scalar_gemm,
     .f16_to_f32 = scalar_f16_to_f32,
     .bf16_to_f32 = scalar_bf16_to_f32,
     .f32_to_f16 = scalar_f32_to_f16,
@@ -140,26 +140,6 @@ static void thread_rows(int rows, int group, int t, int nt, int *r0, int *r1) {
     *r1 = min_int(rows, (int)(groups * (t + 1) / nt) * group);
 }
 
-static void gemv_rows(float *y, const float *x, int n, const qlm_weight *w, const float *bias,
-                      const qlm_kernel_table *kt, int r0, int r1) {
-    int block = n == 1 ? r1 - r0 : GEMV_BLOCK_ROWS;
-    for (int b = r0; b < r1; b += block) {
-        int e = min_int(r1, b + block);
-        for (int i = 0; i < n; i++) kt->gemv(y + (size_t)i * w->rows, x + (size_t)i * w->cols, w, b, e, bias);
-    }
-}
-
-static void gemv_parallel(float *y, const float *x, int n, const qlm_weight *w, const float *bias,
-                          const qlm_kernel_table *kt) {
-    int nth = threads_for((double)n * w->rows * w->cols);
-#pragma omp parallel num_threads(nth) if (nth > 1)
-    {
-        int r0, r1;
-        thread_rows(w->rows, ROW_GROUP, omp_get_thread_num(), omp_get_num_threads(), &r0, &r1);
-        gemv_rows(y, x, n, w, bias, kt, r0, r1);
-    }
-}
-
 /* Per-thread F32 tile buffer, kept across calls so steady-state prefill does not allocate.
  * Thread-local, so concurrent callers with their own OpenMP teams never share one. */
 static _Thread_local float *t_tile;
@@ -199,7 +179,7 @@ static void gemm_rows(float *y, const float *x, int n, const qlm_weight *w, cons
         int e = min_int(r1, b + tile);
         if (!buf) {
             /* Out of memory for the tile: still correct, only slower. */
-            gemv_rows(y, x, n, w, bias, kt, b, e);
+            kt->gemm(y, x, n, w, b, e, bias);
             continue;
         }
         qlm_weight_rows_f32(w, b, e, buf);
@@ -223,11 +203,24 @@ static void gemm_parallel(float *y, const float *x, int n, const qlm_weight *w, 
     if (blas_threads != 1) openblas_set_num_threads(blas_threads);
 }
 
+/* Few rows of x: threads take runs of output rows (whole groups of 4, the kernels' row block)
+ * and the kernel table's GEMM reads them in their storage dtype. */
+static void rows_parallel(float *y, const float *x, int n, const qlm_weight *w, const float *bias,
+                          const qlm_kernel_table *kt) {
+    int nth = threads_for((double)n * w->rows * w->cols);
+#pragma omp parallel num_threads(nth) if (nth > 1)
+    {
+        int r0, r1;
+        thread_rows(w->rows, ROW_GROUP, omp_get_thread_num(), omp_get_num_threads(), &r0, &r1);
+        kt->gemm(y, x, n, w, r0, r1, bias);
+    }
+}
+
 void qlm_matmul(float *y, const float *x, int n, const qlm_weight *w, const float *bias) {
     if (n <= 0 || w->rows <= 0 || w->cols < 0) return;
     const qlm_kernel_table *kt = qlm_kernels();
-    if (n >= GEMM_MIN_N && w->cols > 0)
+    if (n >= QLM_MATMUL_SGEMM_MIN_N && w->cols > 0)
         gemm_parallel(y, x, n, w, bias, kt);
     else
-        gemv_parallel(y, x, n, w, bias, kt);
+        rows_parallel(y, x, n, w, bias, kt);
 }

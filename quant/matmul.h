@@ -10,6 +10,11 @@
  * x and y are row-major and must not alias. */
 void qlm_matmul(float *y, const float *x, int n, const qlm_weight *w, const float *bias);
 
+/* From this many rows of x on, qlm_matmul converts W to F32 tiles for OpenBLAS sgemm; below it,
+ * its own kernels read W in its storage dtype (a GEMV for one row, a register-tiled GEMM for
+ * several). */
+#define QLM_MATMUL_SGEMM_MIN_N 64
+
 /* The scalar reference, for tests. */
 void qlm_matmul_scalar(float *y, const float *x, int n, const qlm_weight *w, const float *bias);
 

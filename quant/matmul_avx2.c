@@ -40,70 +40,61 @@ AVX2_INLINE float hsum(__m256 a) {
     return _mm_cvtss_f32(s);
 }
 
-/* Dot products of four rows (stride bytes apart) with x. Each x vector is loaded once for the
- * four rows, and two accumulators per row hide the FMA latency. When pf is set, it is the
- * start of the next four rows, which are prefetched a cache line or more per step: the
- * hardware prefetchers lose track of four short interleaved row streams. */
-AVX2_INLINE __m128 dot4(const char *w0, size_t stride, const float *x, long cols, qlm_dtype dt, const char *pf) {
-    const char *w1 = w0 + stride, *w2 = w1 + stride, *w3 = w2 + stride;
+/* Rows of x one register tile takes: 4 weight rows x 2 x rows = 8 accumulators, plus the four
+ * weight vectors and one x vector, within the 16 vector registers. */
+#define TILE_X 2
+
+/* nr (1 or 4) weight rows against nx (1 or 2) rows of x, as in the AVX-512 file; the last
+ * cols % 8 columns are added in scalar code. */
+AVX2_INLINE void gemm_tile(float *y, long ldy, const float *x, const char *w, size_t stride, long cols,
+                           const int nr, const int nx, qlm_dtype dt, const char *pf) {
     const long esize = (long)qlm_weight_elem_size(dt);
-    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0;
+    __m256 acc[4][TILE_X];
+#pragma GCC unroll 4
+    for (int r = 0; r < nr; r++)
+#pragma GCC unroll 2
+        for (int i = 0; i < nx; i++) acc[r][i] = _mm256_setzero_ps();
     long k = 0;
-    for (; k + 16 <= cols; k += 16) {
-        /* This step reads 4 rows x 16 weights = 64 * esize bytes; prefetch as many of the next rows. */
+    for (; k + 8 <= cols; k += 8) {
+        /* This step reads 4 rows x 8 weights = 32 * esize bytes; prefetch as many of the next rows
+         * (a line ahead, rounded up). */
         if (pf)
-            for (long j = 0; j < esize; j++) _mm_prefetch(pf + k * 4 * esize + 64 * j, _MM_HINT_T0);
-        __m256 x0 = _mm256_loadu_ps(x + k), x1 = _mm256_loadu_ps(x + k + 8);
-        a0 = _mm256_fmadd_ps(load8(w0, k, dt), x0, a0);
-        a1 = _mm256_fmadd_ps(load8(w1, k, dt), x0, a1);
-        a2 = _mm256_fmadd_ps(load8(w2, k, dt), x0, a2);
-        a3 = _mm256_fmadd_ps(load8(w3, k, dt), x0, a3);
-        b0 = _mm256_fmadd_ps(load8(w0, k + 8, dt), x1, b0);
-        b1 = _mm256_fmadd_ps(load8(w1, k + 8, dt), x1, b1);
-        b2 = _mm256_fmadd_ps(load8(w2, k + 8, dt), x1, b2);
-        b3 = _mm256_fmadd_ps(load8(w3, k + 8, dt), x1, b3);
-    }
-    if (k + 8 <= cols) {
-        __m256 x0 = _mm256_loadu_ps(x + k);
-        a0 = _mm256_fmadd_ps(load8(w0, k, dt), x0, a0);
-        a1 = _mm256_fmadd_ps(load8(w1, k, dt), x0, a1);
-        a2 = _mm256_fmadd_ps(load8(w2, k, dt), x0, a2);
-        a3 = _mm256_fmadd_ps(load8(w3, k, dt), x0, a3);
-        k += 8;
-    }
-    __m128 s = hsum4(_mm256_add_ps(a0, b0), _mm256_add_ps(a1, b1), _mm256_add_ps(a2, b2),
-                     _mm256_add_ps(a3, b3));
-    if (k < cols) {
-        float t[4] = {0, 0, 0, 0};
-        for (; k < cols; k++) {
-            t[0] += qlm_weight_at(w0, k, dt) * x[k];
-            t[1] += qlm_weight_at(w1, k, dt) * x[k];
-            t[2] += qlm_weight_at(w2, k, dt) * x[k];
-            t[3] += qlm_weight_at(w3, k, dt) * x[k];
+            for (long j = 0; j < (esize + 1) / 2; j++) _mm_prefetch(pf + k * 4 * esize + 64 * j, _MM_HINT_T0);
+        __m256 wv[4];
+#pragma GCC unroll 4
+        for (int r = 0; r < nr; r++) wv[r] = load8(w + r * stride, k, dt);
+#pragma GCC unroll 2
+        for (int i = 0; i < nx; i++) {
+            __m256 xv = _mm256_loadu_ps(x + i * cols + k);
+#pragma GCC unroll 4
+            for (int r = 0; r < nr; r++) acc[r][i] = _mm256_fmadd_ps(wv[r], xv, acc[r][i]);
         }
-        s = _mm_add_ps(s, _mm_loadu_ps(t));
     }
-    return s;
+    for (int i = 0; i < nx; i++) {
+        float s[4];
+        if (nr == 4)
+            _mm_storeu_ps(s, hsum4(acc[0][i], acc[1][i], acc[2][i], acc[3][i]));
+        else
+            s[0] = hsum(acc[0][i]);
+        for (int r = 0; r < nr; r++) {
+            for (long t = k; t < cols; t++) s[r] += qlm_weight_at(w + r * stride, t, dt) * x[i * cols + t];
+            y[i * ldy + r] = s[r];
+        }
+    }
 }
 
-AVX2_INLINE float dot1(const char *w0, const float *x, long cols, qlm_dtype dt) {
-    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-    long k = 0;
-    for (; k + 32 <= cols; k += 32) {
-        a0 = _mm256_fmadd_ps(load8(w0, k, dt), _mm256_loadu_ps(x + k), a0);
-        a1 = _mm256_fmadd_ps(load8(w0, k + 8, dt), _mm256_loadu_ps(x + k + 8), a1);
-        a2 = _mm256_fmadd_ps(load8(w0, k + 16, dt), _mm256_loadu_ps(x + k + 16), a2);
-        a3 = _mm256_fmadd_ps(load8(w0, k + 24, dt), _mm256_loadu_ps(x + k + 24), a3);
-    }
-    for (; k + 8 <= cols; k += 8) a0 = _mm256_fmadd_ps(load8(w0, k, dt), _mm256_loadu_ps(x + k), a0);
-    float s = hsum(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
-    for (; k < cols; k++) s += qlm_weight_at(w0, k, dt) * x[k];
-    return s;
+/* The same tile with nx as a constant. */
+AVX2_INLINE void gemm_tile_x(float *y, long ldy, const float *x, int nx, const char *w, size_t stride, long cols,
+                             const int nr, qlm_dtype dt, const char *pf) {
+    if (nx == 1)
+        gemm_tile(y, ldy, x, w, stride, cols, nr, 1, dt, pf);
+    else
+        gemm_tile(y, ldy, x, w, stride, cols, nr, TILE_X, dt, pf);
 }
 
 #define KERNEL_FN AVX2_FN
 #define KERNEL_INLINE AVX2_INLINE
-#include "gemv_rows.h"
+#include "kernel_rows.h"
 
 AVX2_FN void f16_to_f32(float *dst, const uint16_t *src, long n) {
     long i = 0;
@@ -154,7 +145,7 @@ AVX2_FN void f32_to_bf16(uint16_t *dst, const float *src, long n) {
 
 const qlm_kernel_table qlm_kernels_avx2 = {
     .name = "avx2",
-    .gemv = gemv,
+    .gemm = gemm,
     .f16_to_f32 = f16_to_f32,
     .bf16_to_f32 = bf16_to_f32,
     .f32_to_f16 = f32_to_f16,

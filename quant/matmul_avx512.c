@@ -43,61 +43,64 @@ AVX512_INLINE __m128 hsum4(__m512 a, __m512 b, __m512 c, __m512 d) {
     return _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1));
 }
 
-/* Dot products of four rows (stride bytes apart) with x. Each x vector is loaded once for the
- * four rows, and two accumulators per row hide the FMA latency. When pf is set, it is the
- * start of the next four rows, which are prefetched as this step consumes the current ones:
- * the hardware prefetchers lose track of four short interleaved row streams. */
-AVX512_INLINE __m128 dot4(const char *w0, size_t stride, const float *x, long cols, qlm_dtype dt, const char *pf) {
-    const char *w1 = w0 + stride, *w2 = w1 + stride, *w3 = w2 + stride;
+/* Rows of x one register tile takes: 4 weight rows x 6 x rows = 24 accumulators, plus the four
+ * weight vectors and one x vector, within the 32 vector registers. */
+#define TILE_X 6
+
+/* nr (1 or 4) weight rows (stride bytes apart, storage dtype dt) against nx (1..TILE_X) rows of
+ * x. Each weight vector is loaded and converted once for nx FMAs and each x vector serves nr,
+ * so with several x rows the loop is bound by FMA throughput rather than loads; with one it is
+ * bound by memory, and pf (when set, the next rows) is prefetched as this step consumes the
+ * current ones: the hardware prefetchers lose track of four short interleaved row streams.
+ * nr, nx and dt are constants at each call site, so the accumulator arrays become registers. */
+AVX512_INLINE void gemm_tile(float *y, long ldy, const float *x, const char *w, size_t stride, long cols,
+                             const int nr, const int nx, qlm_dtype dt, const char *pf) {
     const long esize = (long)qlm_weight_elem_size(dt);
-    const __mmask16 all = 0xffff;
-    __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0;
-    long k = 0;
-    for (; k + 32 <= cols; k += 32) {
-        /* This step reads 4 rows x 32 weights = 128 * esize bytes; prefetch as many of the next rows. */
+    __m512 acc[4][TILE_X];
+#pragma GCC unroll 4
+    for (int r = 0; r < nr; r++)
+#pragma GCC unroll 6
+        for (int i = 0; i < nx; i++) acc[r][i] = _mm512_setzero_ps();
+    for (long k = 0; k < cols; k += 16) {
+        __mmask16 m = cols - k >= 16 ? (__mmask16)0xffff : tail_mask(cols - k);
+        /* This step reads 4 rows x 16 weights = 64 * esize bytes; prefetch as many of the next rows. */
         if (pf)
-            for (long j = 0; j < 2 * esize; j++) _mm_prefetch(pf + k * 4 * esize + 64 * j, _MM_HINT_T0);
-        __m512 x0 = _mm512_loadu_ps(x + k), x1 = _mm512_loadu_ps(x + k + 16);
-        a0 = _mm512_fmadd_ps(load16(w0, k, dt, all), x0, a0);
-        a1 = _mm512_fmadd_ps(load16(w1, k, dt, all), x0, a1);
-        a2 = _mm512_fmadd_ps(load16(w2, k, dt, all), x0, a2);
-        a3 = _mm512_fmadd_ps(load16(w3, k, dt, all), x0, a3);
-        b0 = _mm512_fmadd_ps(load16(w0, k + 16, dt, all), x1, b0);
-        b1 = _mm512_fmadd_ps(load16(w1, k + 16, dt, all), x1, b1);
-        b2 = _mm512_fmadd_ps(load16(w2, k + 16, dt, all), x1, b2);
-        b3 = _mm512_fmadd_ps(load16(w3, k + 16, dt, all), x1, b3);
+            for (long j = 0; j < esize; j++) _mm_prefetch(pf + k * 4 * esize + 64 * j, _MM_HINT_T0);
+        __m512 wv[4];
+#pragma GCC unroll 4
+        for (int r = 0; r < nr; r++) wv[r] = load16(w + r * stride, k, dt, m);
+#pragma GCC unroll 6
+        for (int i = 0; i < nx; i++) {
+            __m512 xv = _mm512_maskz_loadu_ps(m, x + i * cols + k);
+#pragma GCC unroll 4
+            for (int r = 0; r < nr; r++) acc[r][i] = _mm512_fmadd_ps(wv[r], xv, acc[r][i]);
+        }
     }
-    for (; k < cols; k += 16) {
-        __mmask16 m = cols - k >= 16 ? all : tail_mask(cols - k);
-        __m512 x0 = _mm512_maskz_loadu_ps(m, x + k);
-        a0 = _mm512_fmadd_ps(load16(w0, k, dt, m), x0, a0);
-        a1 = _mm512_fmadd_ps(load16(w1, k, dt, m), x0, a1);
-        a2 = _mm512_fmadd_ps(load16(w2, k, dt, m), x0, a2);
-        a3 = _mm512_fmadd_ps(load16(w3, k, dt, m), x0, a3);
+#pragma GCC unroll 6
+    for (int i = 0; i < nx; i++) {
+        if (nr == 4)
+            _mm_storeu_ps(y + i * ldy, hsum4(acc[0][i], acc[1][i], acc[2][i], acc[3][i]));
+        else
+            y[i * ldy] = _mm512_reduce_add_ps(acc[0][i]);
     }
-    return hsum4(_mm512_add_ps(a0, b0), _mm512_add_ps(a1, b1), _mm512_add_ps(a2, b2), _mm512_add_ps(a3, b3));
 }
 
-AVX512_INLINE float dot1(const char *w0, const float *x, long cols, qlm_dtype dt) {
-    const __mmask16 all = 0xffff;
-    __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-    long k = 0;
-    for (; k + 64 <= cols; k += 64) {
-        a0 = _mm512_fmadd_ps(load16(w0, k, dt, all), _mm512_loadu_ps(x + k), a0);
-        a1 = _mm512_fmadd_ps(load16(w0, k + 16, dt, all), _mm512_loadu_ps(x + k + 16), a1);
-        a2 = _mm512_fmadd_ps(load16(w0, k + 32, dt, all), _mm512_loadu_ps(x + k + 32), a2);
-        a3 = _mm512_fmadd_ps(load16(w0, k + 48, dt, all), _mm512_loadu_ps(x + k + 48), a3);
+/* The same tile with nx as a constant. */
+AVX512_INLINE void gemm_tile_x(float *y, long ldy, const float *x, int nx, const char *w, size_t stride, long cols,
+                               const int nr, qlm_dtype dt, const char *pf) {
+    switch (nx) {
+    case 1: gemm_tile(y, ldy, x, w, stride, cols, nr, 1, dt, pf); break;
+    case 2: gemm_tile(y, ldy, x, w, stride, cols, nr, 2, dt, pf); break;
+    case 3: gemm_tile(y, ldy, x, w, stride, cols, nr, 3, dt, pf); break;
+    case 4: gemm_tile(y, ldy, x, w, stride, cols, nr, 4, dt, pf); break;
+    case 5: gemm_tile(y, ldy, x, w, stride, cols, nr, 5, dt, pf); break;
+    default: gemm_tile(y, ldy, x, w, stride, cols, nr, TILE_X, dt, pf); break;
     }
-    for (; k < cols; k += 16) {
-        __mmask16 m = cols - k >= 16 ? all : tail_mask(cols - k);
-        a0 = _mm512_fmadd_ps(load16(w0, k, dt, m), _mm512_maskz_loadu_ps(m, x + k), a0);
-    }
-    return _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)));
 }
 
 #define KERNEL_FN AVX512_FN
 #define KERNEL_INLINE AVX512_INLINE
-#include "gemv_rows.h"
+#include "kernel_rows.h"
 
 AVX512_INLINE __mmask16 block_mask(long i, long n) {
     return n - i >= 16 ? (__mmask16)0xffff : tail_mask(n - i);
@@ -149,7 +152,7 @@ AVX512_FN void f32_to_bf16(uint16_t *dst, const float *src, long n) {
 
 const qlm_kernel_table qlm_kernels_avx512 = {
     .name = "avx512",
-    .gemv = gemv,
+    .gemm = gemm,
     .f16_to_f32 = f16_to_f32,
     .bf16_to_f32 = bf16_to_f32,
     .f32_to_f16 = f32_to_f16,

@@ -11,9 +11,10 @@
 
 typedef struct {
     const char *name;
-    /* y[o] = dot(W[o], x) (* I8 scale) (+ bias[o]) for r0 <= o < r1; y and bias are indexed
-     * by the absolute output o. One row of x, single-threaded. */
-    void (*gemv)(float *y, const float *x, const qlm_weight *w, int r0, int r1, const float *bias);
+    /* y[i][o] = dot(W[o], x[i]) (* I8 scale) (+ bias[o]) for r0 <= o < r1, i < n (x rows of
+     * stride cols, y rows of stride rows); y and bias are indexed by the absolute output o.
+     * Single-threaded. */
+    void (*gemm)(float *y, const float *x, int n, const qlm_weight *w, int r0, int r1, const float *bias);
     void (*f16_to_f32)(float *dst, const uint16_t *src, long n);
     void (*bf16_to_f32)(float *dst, const uint16_t *src, long n);
     void (*f32_to_f16)(uint16_t *dst, const float *src, long n);

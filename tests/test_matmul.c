@@ -1,6 +1,7 @@
 /* qlm_matmul on every supported ISA (scalar, AVX2, AVX-512) and qlm_matmul_scalar against a
  * double-precision product of the dequantized weights, for odd shapes (cols not multiples of
- * 8/16/32/64, rows not multiples of 4), n = 1, 3 (GEMV), 17, 64 (sgemm on F32 tiles), with and
+ * 8/16/32/64, rows not multiples of 4), n = 1 (GEMV), 2 to 17 (the register-tiled GEMM, every
+ * remainder of its x-row block) and QLM_MATMUL_SGEMM_MIN_N (sgemm on F32 tiles), with and
  * without bias; against torch (tests/fixtures/quant/matmul.txt, tools/make_quant_fixtures.py);
  * and GEMV results independent of the thread count.
  *
@@ -153,7 +154,7 @@ static void check_shape(int n, int rows, int cols) {
 
 static void test_odd_shapes(void **state) {
     (void)state;
-    static const int ns[] = {1, 3, 17, 64};
+    static const int ns[] = {1, 2, 3, 4, 5, 6, 7, 13, 17, QLM_MATMUL_SGEMM_MIN_N};
     static const int rows[] = {1, 3, 4, 5, 13, 37};
     static const int cols[] = {1, 7, 8, 9, 15, 17, 31, 33, 63, 65, 100, 257};
     for (size_t a = 0; a < sizeof ns / sizeof ns[0]; a++)
@@ -169,6 +170,7 @@ static void test_threaded_shapes(void **state) {
     check_shape(9, 1003, 577);
     check_shape(16, 1003, 577);
     check_shape(24, 517, 1539);
+    check_shape(QLM_MATMUL_SGEMM_MIN_N, 517, 1539);
 }
 
 /* GEMV rows are split among threads in whole kernel groups, so results do not depend on it. */
@@ -216,9 +218,8 @@ static void read_doubles(FILE *f, const char *key, double *out, long count) {
     for (long i = 0; i < count; i++) assert_int_equal(fscanf(f, "%lf", &out[i]), 1);
 }
 
-/* The torch products; x is also stacked STACK times (n = 20, past the GEMV-to-sgemm switch) to
- * take the sgemm path. */
-#define STACK 4
+/* The torch products; x is also stacked STACK times, past QLM_MATMUL_SGEMM_MIN_N, to take the
+ * sgemm path. */
 static void test_vs_torch(void **state) {
     (void)state;
     FILE *f = fopen(MATMUL_FIXTURE, "r");
@@ -228,31 +229,32 @@ static void test_vs_torch(void **state) {
     int n, rows, cols;
     assert_int_equal(fscanf(f, " dims %d %d %d", &n, &rows, &cols), 3);
     long ny = (long)n * rows;
-    float *x = malloc(STACK * n * cols * sizeof(float)), *w = malloc(rows * cols * sizeof(float));
-    float *bias = malloc(rows * sizeof(float)), *y = malloc(STACK * ny * sizeof(float));
-    double *ref = malloc(STACK * ny * sizeof(double)), *mag = malloc(STACK * ny * sizeof(double));
+    const int stack = (QLM_MATMUL_SGEMM_MIN_N + n - 1) / n;
+    float *x = malloc(stack * n * cols * sizeof(float)), *w = malloc(rows * cols * sizeof(float));
+    float *bias = malloc(rows * sizeof(float)), *y = malloc(stack * ny * sizeof(float));
+    double *ref = malloc(stack * ny * sizeof(double)), *mag = malloc(stack * ny * sizeof(double));
     assert_true(x && w && bias && y && ref && mag);
     read_hex(f, "x", x, n * cols);
-    for (int c = 1; c < STACK; c++) memcpy(x + c * n * cols, x, n * cols * sizeof(float));
+    for (int c = 1; c < stack; c++) memcpy(x + c * n * cols, x, n * cols * sizeof(float));
     read_hex(f, "w", w, rows * cols);
     read_hex(f, "bias", bias, rows);
     for (long i = 0; i < ny; i++) {
         int o = i % rows;
         mag[i] = fabs(bias[o]);
         for (int k = 0; k < cols; k++) mag[i] += fabs(x[(i / rows) * cols + k] * w[o * cols + k]);
-        for (int c = 1; c < STACK; c++) mag[i + c * ny] = mag[i];
+        for (int c = 1; c < stack; c++) mag[i + c * ny] = mag[i];
     }
     static const char *const keys[] = {"y_f32", "y_f16", "y_bf16", "y_int8_rows"};
     static const int kind_of[] = {0, 1, 2, 4};
     for (int ki = 0; ki < 4; ki++) {
         read_doubles(f, keys[ki], ref, ny);
-        for (int c = 1; c < STACK; c++) memcpy(ref + c * ny, ref, ny * sizeof(double));
+        for (int c = 1; c < stack; c++) memcpy(ref + c * ny, ref, ny * sizeof(double));
         test_weight t;
         make_weight(&t, &k_kinds[kind_of[ki]], w, rows, cols);
         qlm_matmul(y, x, n, &t.w, bias);
         check_close(y, ref, mag, ny, keys[ki]);
-        qlm_matmul(y, x, STACK * n, &t.w, bias);
-        check_close(y, ref, mag, STACK * ny, keys[ki]);
+        qlm_matmul(y, x, stack * n, &t.w, bias);
+        check_close(y, ref, mag, stack * ny, keys[ki]);
         free_weight(&t);
     }
     fclose(f);
