@@ -21,6 +21,12 @@ typedef struct {
      * row t, pos_bias[h * pos_bias_span + t - p + pos_bias_offset]. */
     const float *pos_bias;
     int pos_bias_span, pos_bias_offset;
+    /* NULL: every row attends over the cache given. Else the rows are a batch of sequences, one
+     * cache each: row i's keys and values start slots[i] * slot_stride floats into the cache, and
+     * with n_keys > 0 it sees slot_keys[slots[i]] of them. One call serves the whole batch. */
+    const int *slots;
+    size_t slot_stride;
+    const int *slot_keys;
 } qlm_attn_shape;
 
 /* One LoRA pair as the lora op applies it: y += scale * B (A x), A [r][in], B [out][r]. */

@@ -1,7 +1,9 @@
-/* Attention on the CPU. Few query rows (decode) take a per-row loop over the keys, vectorized
- * with OpenMP SIMD, with the softmax computed online over chunks of keys. Many rows (prefill, encoders) take, per head, two single-threaded sgemm
- * calls, scores = Q K^T and out = softmax(scores) V, with the heads spread over the threads:
- * the loop form left prefill spending most of its time here. */
+/* Attention on the CPU. Few query rows, or rows of different sequences (decode), take a per-row
+ * loop over the keys, vectorized with OpenMP SIMD, with the softmax computed online over chunks
+ * of keys, and every (row, head) pair of the batch in one parallel loop. Many rows of one
+ * sequence (prefill, encoders) take, per head, two single-threaded sgemm calls, scores = Q K^T
+ * and out = softmax(scores) V, with the heads spread over the threads: the loop form left
+ * prefill spending most of its time here. */
 #include "backend_cpu_attention.h"
 
 #include <cblas.h>
@@ -13,9 +15,15 @@
 /* From this many query rows on, the sgemm form is faster (same threshold as the matmuls). */
 #define SGEMM_MIN_ROWS 16
 
-/* Keys row i of the call sees: all n_keys, or the causal prefix 0..pos[i]. */
+/* Keys row i of the call sees: its sequence's fixed count, or the causal prefix 0..pos[i]. */
 static int keys_of(const qlm_attn_shape *sh, const int *pos, int i) {
-    return sh->n_keys ? sh->n_keys : pos[i] + 1;
+    if (!sh->n_keys) return pos[i] + 1;
+    return sh->slots && sh->slot_keys ? sh->slot_keys[sh->slots[i]] : sh->n_keys;
+}
+
+/* Offset of row i's sequence in the caches. */
+static size_t cache_base(const qlm_attn_shape *sh, int i) {
+    return sh->slots ? (size_t)sh->slots[i] * sh->slot_stride : 0;
 }
 
 /* Softmax of scores[0..len) in place after the bias; returns nothing, scores end as weights. */
@@ -52,13 +60,14 @@ static void attention_rows(float *out, const float *q, const float *k_cache, con
             const float *qi = q + ((size_t)i * sh->n_heads + h) * hd, *bias = bias_row(sh, h, pos[i]);
             float *oi = out + ((size_t)i * sh->n_heads + h) * hd;
             int kvh = h / group, len = keys_of(sh, pos, i);
+            const float *kc = k_cache + cache_base(sh, i), *vc = v_cache + cache_base(sh, i);
             float mx = -INFINITY, sum = 0;
             memset(oi, 0, (size_t)hd * sizeof *oi);
             for (int t0 = 0; t0 < len; t0 += KEY_CHUNK) {
                 int m = len - t0 < KEY_CHUNK ? len - t0 : KEY_CHUNK;
                 float cmx = -INFINITY;
                 for (int t = 0; t < m; t++) {
-                    const float *kt = k_cache + (size_t)(t0 + t) * kv_dim + (size_t)kvh * hd;
+                    const float *kt = kc + (size_t)(t0 + t) * kv_dim + (size_t)kvh * hd;
                     float s = 0;
 #pragma omp simd reduction(+ : s)
                     for (int d = 0; d < hd; d++) s += qi[d] * kt[d];
@@ -76,7 +85,7 @@ static void attention_rows(float *out, const float *q, const float *k_cache, con
                 }
                 for (int t = 0; t < m; t++) {
                     float p = expf(scores[t] - mx);
-                    const float *vt = v_cache + (size_t)(t0 + t) * kv_dim + (size_t)kvh * hd;
+                    const float *vt = vc + (size_t)(t0 + t) * kv_dim + (size_t)kvh * hd;
                     sum += p;
 #pragma omp simd
                     for (int d = 0; d < hd; d++) oi[d] += p * vt[d];
@@ -134,11 +143,18 @@ static void attention_sgemm(float *out, const float *q, const float *k_cache, co
 
 void qlm_cpu_attention(float *out, const float *q, const float *k_cache, const float *v_cache, int n, const int *pos,
                        const qlm_attn_shape *sh) {
-    int max_len = sh->n_keys;
-    for (int i = 0; i < n && !sh->n_keys; i++)
-        if (pos[i] + 1 > max_len) max_len = pos[i] + 1;
-    if (n >= SGEMM_MIN_ROWS)
-        attention_sgemm(out, q, k_cache, v_cache, n, pos, sh, max_len);
-    else
+    int one_sequence = 1;
+    for (int i = 1; i < n && sh->slots && one_sequence; i++) one_sequence = sh->slots[i] == sh->slots[0];
+    if (n < SGEMM_MIN_ROWS || !one_sequence) {
         attention_rows(out, q, k_cache, v_cache, n, pos, sh);
+        return;
+    }
+    qlm_attn_shape seq = *sh;
+    seq.slots = NULL;
+    if (sh->n_keys) seq.n_keys = keys_of(sh, pos, 0);
+    int max_len = seq.n_keys;
+    for (int i = 0; i < n && !seq.n_keys; i++)
+        if (pos[i] + 1 > max_len) max_len = pos[i] + 1;
+    size_t base = cache_base(sh, 0);
+    attention_sgemm(out, q, k_cache + base, v_cache + base, n, pos, &seq, max_len);
 }

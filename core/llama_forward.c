@@ -66,12 +66,12 @@ void qlm_state_free(qlm_kv_state *s, const qlm_model *m) {
 /* A projection of layer l with each row's LoRA update. */
 #define PROJ(y, x, w, b, target) qlm_matmul_lora(be, &s->lora, y, x, n, w, b, slots, 0, 0, l, target)
 
-/* Rows with the same slot are consecutive runs; each run attends over its own slot's cache. */
+/* Each row attends over its own slot's cache. */
 static int attention_forward(const qlm_model *m, const qlm_layer *L, qlm_kv_state *s, int l, const int *pos,
                              const int *slots, int n) {
     const qlm_llama_config *c = &m->cfg;
     const qlm_backend *be = m->be;
-    size_t kv_dim = (size_t)c->n_kv_heads * c->head_dim, q_dim = (size_t)c->n_heads * c->head_dim;
+    size_t kv_dim = (size_t)c->n_kv_heads * c->head_dim;
     size_t slot_size = (size_t)s->max_seq * kv_dim;
     be->rmsnorm(s->xb, s->x, L->attn_norm, n, c->dim, c->norm_eps);
     if (PROJ(s->q, s->xb, &L->wq, L->bq, QLM_LORA_Q) || PROJ(s->k, s->xb, &L->wk, L->bk, QLM_LORA_K) ||
@@ -85,14 +85,8 @@ static int attention_forward(const qlm_model *m, const qlm_layer *L, qlm_kv_stat
         be->copy(s->v_cache[l] + at, s->v + (size_t)i * kv_dim, (long)kv_dim);
     }
     qlm_attn_shape shape = {.n_heads = c->n_heads, .n_kv_heads = c->n_kv_heads, .head_dim = c->head_dim,
-                            .scale = 1.0f / sqrtf((float)c->head_dim)};
-    for (int i = 0, j; i < n; i = j) {
-        int slot = slots ? slots[i] : 0;
-        for (j = i + 1; j < n && (slots ? slots[j] : 0) == slot; j++) {}
-        size_t base = (size_t)slot * slot_size;
-        be->attention(s->att + (size_t)i * q_dim, s->q + (size_t)i * q_dim, s->k_cache[l] + base, s->v_cache[l] + base,
-                      j - i, pos + i, &shape);
-    }
+                            .scale = 1.0f / sqrtf((float)c->head_dim), .slots = slots, .slot_stride = slot_size};
+    be->attention(s->att, s->q, s->k_cache[l], s->v_cache[l], n, pos, &shape);
     if (PROJ(s->xb, s->att, &L->wo, L->bo, QLM_LORA_O)) return -1;
     be->add(s->x, s->xb, (long)n * c->dim);
     return 0;

@@ -151,19 +151,17 @@ int qlm_t5_encode(const qlm_t5_model *m, qlm_t5_state *s, int slot, const int *i
     return 0;
 }
 
-/* Attention of rows [0, n) in runs of equal slot, each over its slot's keys and values. */
+/* Attention of rows [0, n), each over its slot's keys and values. */
 static void slot_attention(const qlm_t5_model *m, qlm_t5_state *s, float **k, float **v, int l, size_t slot_rows,
                            const int *pos, const int *slots, int n, int cross) {
-    const qlm_backend *be = m->be;
-    size_t inner = (size_t)m->cfg.n_heads * m->cfg.d_kv;
-    for (int i = 0, j; i < n; i = j) {
-        int slot = slots ? slots[i] : 0;
-        for (j = i + 1; j < n && (slots ? slots[j] : 0) == slot; j++) {}
-        qlm_attn_shape sh = cross ? attn_shape(m, s->n_src[slot], NULL, 0, 0)
-                                  : attn_shape(m, 0, s->dec_bias, s->dec_span, s->max_tgt - 1);
-        size_t base = (size_t)slot * slot_rows * inner;
-        be->attention(s->att + (size_t)i * inner, s->q + (size_t)i * inner, k[l] + base, v[l] + base, j - i, pos + i, &sh);
+    qlm_attn_shape sh = cross ? attn_shape(m, slots ? s->max_src : s->n_src[0], NULL, 0, 0)
+                              : attn_shape(m, 0, s->dec_bias, s->dec_span, s->max_tgt - 1);
+    if (slots) {
+        sh.slots = slots;
+        sh.slot_stride = slot_rows * (size_t)m->cfg.n_heads * m->cfg.d_kv;
+        sh.slot_keys = cross ? s->n_src : NULL;
     }
+    m->be->attention(s->att, s->q, k[l], v[l], n, pos, &sh);
 }
 
 /* One chunk of at most s->rows decoder tokens. */

@@ -1,6 +1,7 @@
 /* The CPU attention op against a double-precision reference: causal and fixed-key forms, GQA,
  * a relative-position bias, few rows (the loop form, with contexts longer than one key chunk)
- * and many rows (the sgemm form). */
+ * and many rows (the sgemm form); and a batch of sequences with one cache each (slots) against
+ * each row attending alone. */
 #include <math.h>
 
 #include "../core/backend.h"
@@ -80,10 +81,58 @@ static void test_many_rows(void **state) {
     check(64, 64, 0, 1, 1);
 }
 
+/* Rows of three sequences in mixed order, each slot with its own cache, position and key count:
+ * every row equals the same row attending over its own cache alone, bit for bit. All rows of
+ * one slot (past the sgemm threshold) equal the call on that slot's cache without slots. */
+static void check_slots(int n_keys_mode) {
+    enum { SLOTS = 3, MAX_SEQ = 40, N = 20 };
+    qlm_attn_shape sh = {.n_heads = 4, .n_kv_heads = 2, .head_dim = 16, .scale = 0.25f};
+    int q_dim = sh.n_heads * sh.head_dim, kv_dim = sh.n_kv_heads * sh.head_dim;
+    size_t stride = (size_t)MAX_SEQ * kv_dim;
+    unsigned seed = 7u + (unsigned)n_keys_mode;
+    float *q = malloc((size_t)N * q_dim * sizeof *q), *k = malloc(SLOTS * stride * sizeof *k);
+    float *v = malloc(SLOTS * stride * sizeof *v), *out = malloc((size_t)N * q_dim * sizeof *out);
+    float *one = malloc((size_t)N * q_dim * sizeof *one);
+    int slots[N], pos[N], slot_keys[SLOTS] = {17, 40, 3};
+    for (int i = 0; i < N * q_dim; i++) q[i] = 2 * frand(&seed);
+    for (size_t i = 0; i < SLOTS * stride; i++) k[i] = frand(&seed), v[i] = frand(&seed);
+    for (int i = 0; i < N; i++) {
+        slots[i] = (i * 7) % SLOTS;
+        pos[i] = n_keys_mode ? i : (i * 11) % MAX_SEQ;
+    }
+    if (n_keys_mode) sh.n_keys = MAX_SEQ;
+    qlm_attn_shape batch = sh;
+    batch.slots = slots;
+    batch.slot_stride = stride;
+    batch.slot_keys = n_keys_mode ? slot_keys : NULL;
+    const qlm_backend *be = qlm_backend_cpu();
+    be->attention(out, q, k, v, N, pos, &batch);
+    for (int i = 0; i < N; i++) {
+        qlm_attn_shape alone = sh;
+        if (n_keys_mode) alone.n_keys = slot_keys[slots[i]];
+        be->attention(one, q + (size_t)i * q_dim, k + slots[i] * stride, v + slots[i] * stride, 1, pos + i, &alone);
+        assert_memory_equal(one, out + (size_t)i * q_dim, (size_t)q_dim * sizeof *out);
+    }
+    for (int i = 0; i < N; i++) slots[i] = 1;
+    be->attention(out, q, k, v, N, pos, &batch);
+    qlm_attn_shape alone = sh;
+    if (n_keys_mode) alone.n_keys = slot_keys[1];
+    be->attention(one, q, k + stride, v + stride, N, pos, &alone);
+    assert_memory_equal(one, out, (size_t)N * q_dim * sizeof *out);
+    free(q), free(k), free(v), free(out), free(one);
+}
+
+static void test_slots(void **state) {
+    (void)state;
+    check_slots(0);
+    check_slots(1);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_few_rows),
         cmocka_unit_test(test_many_rows),
+        cmocka_unit_test(test_slots),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
