@@ -31,7 +31,7 @@ CLI_OBJS  := $(CLI_SRCS:%.c=$(BUILD)/%.o)
 TEST_BINS := $(TEST_SRCS:tests/%.c=$(BUILD)/tests/%)
 LIB       := $(BUILD)/libqlm.a
 
-.PHONY: all test asan run bench eval train-eval qat-eval clean setup check-tests
+.PHONY: all test asan run bench eval train-eval qat-eval clean setup setup-test check-tests
 
 all: $(BUILD)/qlm
 
@@ -50,7 +50,7 @@ $(LIB): $(LIB_OBJS)
 $(BUILD)/qlm: $(CLI_OBJS) $(LIB)
 	$(CC) $(CFLAGS) -o $@ $(CLI_OBJS) $(LIB) $(LDLIBS)
 
-$(BUILD)/tests/%: tests/%.c tests/test_util.h $(LIB)
+$(BUILD)/tests/%: tests/%.c $(wildcard tests/*.h) $(LIB)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -o $@ $< $(LIB) $(LDLIBS) $(TEST_LDLIBS)
 
@@ -61,13 +61,16 @@ $(BUILD)/bench/%: bench/%.c $(LIB)
 setup:
 	@scripts/setup.sh
 
+setup-test:
+	@scripts/setup.sh --test
+
 check-tests: $(BUILD)/qlm $(TEST_BINS)
 	@QLM_BIN=$(abspath $(BUILD)/qlm) scripts/run_tests.sh $(TEST_BINS)
 
-test: setup
+test: setup-test
 	@$(MAKE) --no-print-directory check-tests
 
-asan: setup
+asan: setup-test
 	@$(MAKE) --no-print-directory BUILD=build/asan OPT="-O1 -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=undefined" \
 		check-tests
 

