@@ -1,10 +1,12 @@
 /* The chat page in a real browser: qlm serve on a free port and Debian's chromium, headless, driven
  * over the DevTools protocol on a pipe (--remote-debugging-pipe: commands go to its fd 3, replies and
- * events come from its fd 4, each one JSON object ended by a NUL byte). A message is typed and sent
- * with trusted input events, the answer is watched as it streams onto the page and compared with the
- * same request sent with curl, and a screenshot is saved to $QLM_ARTIFACTS/chat_page.png, else to
- * test-artifacts/chat_page.png in the build folder (build/<BUILD>). $QLM_CHROMIUM overrides
- * /usr/bin/chromium. */
+ * events come from its fd 4, each one JSON object ended by a NUL byte). With trusted input events, as
+ * a user: a temperature out of range is refused on the page without a request; then Temperature 0
+ * and a small Max tokens are typed into the page's settings and a message is sent. The request the
+ * page sends is observed (held by the Fetch domain and let go unchanged), the answer is watched as it
+ * streams onto the page and compared with the same request sent with curl, and a screenshot is saved
+ * to $QLM_ARTIFACTS/chat_page.png, else to test-artifacts/chat_page.png in the build folder
+ * (build/<BUILD>). $QLM_CHROMIUM overrides /usr/bin/chromium. */
 #include <cjson/cJSON.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -20,6 +22,10 @@
 
 enum { WIDTH = 1000, HEIGHT = 800 };
 static const char k_message[] = "Tell me a story";
+/* Temperature 0 so that curl's answer repeats the page's. Max tokens other than the page's 256, so
+ * that the request shows the field was read; not fewer: at 48 the whole answer sometimes reached the
+ * page in one read, with no growth to see. */
+static const char k_temperature[] = "0", k_max_tokens[] = "128";
 static const char *g_argv0;
 
 typedef struct {
@@ -57,13 +63,6 @@ static void browser_fail(const browser *b, const char *fmt, ...) {
     }
     free(log);
     fail_msg("%s", msg);
-}
-
-static char *b64_encode(const unsigned char *data, size_t len) {
-    char *out = malloc(4 * ((len + 2) / 3) + 1);
-    if (!out) fail_msg("out of memory");
-    EVP_EncodeBlock((unsigned char *)out, data, (int)len);
-    return out;
 }
 
 /* Decodes base64 without line breaks; returns the bytes (malloc'd, NUL-terminated) or NULL. */
@@ -149,17 +148,7 @@ static cJSON *cdp_next(browser *b, double end) {
     }
 }
 
-/* The request the page sends, with temperature 0: the page has no sampling setting, and the
- * server's default (1, seeded from the clock) would not repeat. */
-static cJSON *greedy(const cJSON *request, int stream) {
-    cJSON *r = must(cJSON_Duplicate(request, 1));
-    cJSON_DeleteItemFromObject(r, "temperature");
-    must(cJSON_AddNumberToObject(r, "temperature", 0));
-    if (!stream) cJSON_DeleteItemFromObject(r, "stream");
-    return r;
-}
-
-/* The page's chat request, held by the Fetch domain: kept for the test, sent on made greedy. */
+/* The page's chat request, held by the Fetch domain: kept for the test, sent on unchanged. */
 static void on_request(browser *b, const cJSON *params) {
     const cJSON *id = cJSON_GetObjectItem(params, "requestId"), *req = cJSON_GetObjectItem(params, "request");
     if (!cJSON_IsString(id)) browser_fail(b, "Fetch.requestPaused without a requestId");
@@ -189,16 +178,8 @@ static void on_request(browser *b, const cJSON *params) {
     if (!cJSON_IsObject(b->request)) browser_fail(b, "the page's chat request is not a JSON object: %s", body);
     free(body);
 
-    cJSON *sent = greedy(b->request, 1);
-    char *text = cJSON_PrintUnformatted(sent);
-    cJSON_Delete(sent);
-    if (!text) fail_msg("out of memory building JSON");
-    char *b64 = b64_encode((const unsigned char *)text, strlen(text));
-    free(text);
     cJSON *p = must(cJSON_CreateObject());
     must(cJSON_AddStringToObject(p, "requestId", id->valuestring));
-    must(cJSON_AddStringToObject(p, "postData", b64));
-    free(b64);
     b->continue_id = cdp_send(b, "Fetch.continueRequest", p, 1);
 }
 
@@ -293,6 +274,28 @@ static void click(browser *b, const char *id) {
                  x, y, i > 0);
         cJSON_Delete(cdp_call(b, "Input.dispatchMouseEvent", must(cJSON_Parse(p)), 1, 10));
     }
+}
+
+/* Clicks into the field, selects what it holds with Ctrl+A and types text over it. */
+static void type_into(browser *b, const char *id, const char *text) {
+    click(b, id);
+    const char *types[] = {"rawKeyDown", "keyUp"};
+    for (int i = 0; i < 2; i++) {
+        char key[160];
+        snprintf(key, sizeof key,
+                 "{\"type\":\"%s\",\"modifiers\":2,\"key\":\"a\",\"code\":\"KeyA\",\"windowsVirtualKeyCode\":65}",
+                 types[i]);
+        cJSON_Delete(cdp_call(b, "Input.dispatchKeyEvent", must(cJSON_Parse(key)), 1, 10));
+    }
+    cJSON *p = must(cJSON_CreateObject());
+    must(cJSON_AddStringToObject(p, "text", text));
+    cJSON_Delete(cdp_call(b, "Input.insertText", p, 1, 10));
+    char js[128];
+    snprintf(js, sizeof js, "document.getElementById('%s').value", id);
+    cJSON *v = eval(b, js);
+    if (!cJSON_IsString(v) || strcmp(v->valuestring, text))
+        browser_fail(b, "#%s holds '%s' after typing '%s'", id, cJSON_GetStringValue(v), text);
+    cJSON_Delete(v);
 }
 
 static void browser_start(browser *b, const char *chrome) {
@@ -529,15 +532,27 @@ static void test_chat_page(void **state) {
     assert_true(cJSON_IsTrue(v));
     cJSON_Delete(v);
 
-    /* Typed into the message box and sent with the button, as a user does. */
-    click(b, "message");
-    p = must(cJSON_CreateObject());
-    must(cJSON_AddStringToObject(p, "text", k_message));
-    cJSON_Delete(cdp_call(b, "Input.insertText", p, 1, 10));
-    v = eval(b, "document.getElementById('message').value");
-    if (!cJSON_IsString(v) || strcmp(v->valuestring, k_message))
-        browser_fail(b, "the message box holds '%s' after typing", cJSON_GetStringValue(v));
+    /* A temperature out of range: the page says so in its status line and sends nothing, the
+     * message kept in its box. */
+    type_into(b, "message", k_message);
+    type_into(b, "temperature", "5");
+    click(b, "send");
+    wait_until(b, "document.getElementById('status').textContent.startsWith('Temperature must be')", 10,
+               "the refusal of temperature 5");
+    cdp_pump(b, 0.2); /* time for a request the page would have started to come paused */
+    if (b->request) browser_fail(b, "the page sent temperature 5: %s", cJSON_PrintUnformatted(b->request));
+    char js[256];
+    snprintf(js, sizeof js,
+             "document.querySelectorAll('#history .msg').length === 0 &&"
+             " document.getElementById('message').value === '%s'",
+             k_message);
+    v = eval(b, js);
+    if (!cJSON_IsTrue(v)) browser_fail(b, "the refused message left the message box or reached the history");
     cJSON_Delete(v);
+
+    /* The settings typed into their fields and the message sent with the button, as a user does. */
+    type_into(b, "temperature", k_temperature);
+    type_into(b, "max-tokens", k_max_tokens);
     click(b, "send");
     double t_sent = mono_s();
     wait_until(b,
@@ -555,19 +570,23 @@ static void test_chat_page(void **state) {
     assert_string_equal(string_of(page, "user"), k_message);
     assert_true(strlen(answer) > 0);
 
-    /* (a) The page's request, sent with curl without streaming, gives the text the page shows. */
+    /* (a) The page's request carries the settings, and sent with curl without streaming gives the
+     * text the page shows. */
     if (!b->request) browser_fail(b, "the page's chat request was never seen");
     cJSON *want = must(cJSON_CreateArray()), *msg = must(cJSON_CreateObject());
     must(cJSON_AddStringToObject(msg, "role", "user"));
     must(cJSON_AddStringToObject(msg, "content", k_message));
     if (!cJSON_AddItemToArray(want, msg)) fail_msg("out of memory building JSON");
+    const cJSON *temperature = cJSON_GetObjectItem(b->request, "temperature");
+    const cJSON *max_tokens = cJSON_GetObjectItem(b->request, "max_tokens");
     if (!cJSON_Compare(cJSON_GetObjectItem(b->request, "messages"), want, 1) ||
-        !cJSON_IsTrue(cJSON_GetObjectItem(b->request, "stream")))
+        !cJSON_IsTrue(cJSON_GetObjectItem(b->request, "stream")) || !cJSON_IsNumber(temperature) ||
+        temperature->valuedouble != atof(k_temperature) || !cJSON_IsNumber(max_tokens) ||
+        max_tokens->valuedouble != atof(k_max_tokens))
         fail_msg("the page sent %s", cJSON_PrintUnformatted(b->request));
     cJSON_Delete(want);
-    /* A temperature the page sends would say it has a setting: then the test should use it. */
-    assert_null(cJSON_GetObjectItem(b->request, "temperature"));
-    cJSON *same = greedy(b->request, 0);
+    cJSON *same = must(cJSON_Duplicate(b->request, 1));
+    cJSON_DeleteItemFromObject(same, "stream");
     char *body = cJSON_PrintUnformatted(same), *resp;
     cJSON_Delete(same);
     if (!body) fail_msg("out of memory building JSON");
