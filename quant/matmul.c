@@ -1,11 +1,12 @@
 /* Kernel selection, the scalar reference, and the threading of qlm_matmul.
  *
- * Decode (few rows of x) is a memory-bound GEMV: threads take contiguous runs of output rows
- * (whole groups of 4, the kernels' row block) and stream their part of W once per x row block.
- * Prefill (n >= QLM_MATMUL_SGEMM_MIN_N) is compute-bound: each thread converts tiles of its rows of W to
- * F32 in a per-thread buffer and multiplies them with single-threaded OpenBLAS sgemm; F32
- * weights go to sgemm directly. All parallelism comes from OpenMP, so OpenBLAS is held at one
- * thread for the duration of the call (the two pools would otherwise fight over the cores). */
+ * Threads take contiguous runs of output rows (whole groups of 4, the kernels' row block), and
+ * the ISA's register-tiled kernel reads each run of W once in its storage dtype, converting in
+ * registers: memory-bound for one row of x (decode), FMA-bound from a few rows on. F32 and INT8
+ * weights with many rows of x (prefill) go to OpenBLAS sgemm instead, which is as fast there:
+ * F32 directly, INT8 through tiles converted to F32 in a per-thread buffer. All parallelism
+ * comes from OpenMP, so OpenBLAS is held at one thread for the duration of the call (the two
+ * pools would otherwise fight over the cores). */
 #include "matmul.h"
 
 #include <cblas.h>
@@ -203,8 +204,7 @@ static void gemm_parallel(float *y, const float *x, int n, const qlm_weight *w, 
     if (blas_threads != 1) openblas_set_num_threads(blas_threads);
 }
 
-/* Few rows of x: threads take runs of output rows (whole groups of 4, the kernels' row block)
- * and the kernel table's GEMM reads them in their storage dtype. */
+/* Threads take runs of output rows and the kernel table's GEMM reads them in their storage dtype. */
 static void rows_parallel(float *y, const float *x, int n, const qlm_weight *w, const float *bias,
                           const qlm_kernel_table *kt) {
     int nth = threads_for((double)n * w->rows * w->cols);
@@ -216,10 +216,14 @@ static void rows_parallel(float *y, const float *x, int n, const qlm_weight *w, 
     }
 }
 
+static int uses_sgemm(qlm_dtype dtype, int n) {
+    return n >= QLM_MATMUL_SGEMM_MIN_N && (dtype == QLM_F32 || dtype == QLM_I8);
+}
+
 void qlm_matmul(float *y, const float *x, int n, const qlm_weight *w, const float *bias) {
     if (n <= 0 || w->rows <= 0 || w->cols < 0) return;
     const qlm_kernel_table *kt = qlm_kernels();
-    if (n >= QLM_MATMUL_SGEMM_MIN_N && w->cols > 0)
+    if (uses_sgemm(w->dtype, n) && w->cols > 0)
         gemm_parallel(y, x, n, w, bias, kt);
     else
         rows_parallel(y, x, n, w, bias, kt);

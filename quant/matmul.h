@@ -10,9 +10,10 @@
  * x and y are row-major and must not alias. */
 void qlm_matmul(float *y, const float *x, int n, const qlm_weight *w, const float *bias);
 
-/* From this many rows of x on, qlm_matmul converts W to F32 tiles for OpenBLAS sgemm; below it,
- * its own kernels read W in its storage dtype (a GEMV for one row, a register-tiled GEMM for
- * several). */
+/* qlm_matmul's own register-tiled kernels read W in its storage dtype for any number of rows of
+ * x. From QLM_MATMUL_SGEMM_MIN_N rows on, F32 and INT8 weights go to OpenBLAS sgemm instead (INT8
+ * through F32 tiles), which matches them there; for BF16 and F16 the own kernels stay faster
+ * (measured with bench_kernels --hot). */
 #define QLM_MATMUL_SGEMM_MIN_N 64
 
 /* The scalar reference, for tests. */

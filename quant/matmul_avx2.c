@@ -43,6 +43,8 @@ AVX2_INLINE float hsum(__m256 a) {
 /* Rows of x one register tile takes: 4 weight rows x 2 x rows = 8 accumulators, plus the four
  * weight vectors and one x vector, within the 16 vector registers. */
 #define TILE_X 2
+/* Weight rows a tile takes: 4 for any nx (8 would not fit the registers). */
+#define GROUP_ROWS(nx) 4
 
 /* nr (1 or 4) weight rows against nx (1 or 2) rows of x, as in the AVX-512 file; the last
  * cols % 8 columns are added in scalar code. */

@@ -46,48 +46,68 @@ AVX512_INLINE __m128 hsum4(__m512 a, __m512 b, __m512 c, __m512 d) {
 /* Rows of x one register tile takes: 4 weight rows x 6 x rows = 24 accumulators, plus the four
  * weight vectors and one x vector, within the 32 vector registers. */
 #define TILE_X 6
+/* Weight rows a tile takes for nx rows of x: with one or two, 8 rows (8 or 16 accumulators) keep
+ * enough independent FMA chains in flight to hide the FMA latency. */
+#define GROUP_ROWS(nx) ((nx) <= 2 ? 8 : 4)
 
-/* nr (1 or 4) weight rows (stride bytes apart, storage dtype dt) against nx (1..TILE_X) rows of
- * x. Each weight vector is loaded and converted once for nx FMAs and each x vector serves nr,
- * so with several x rows the loop is bound by FMA throughput rather than loads; with one it is
- * bound by memory, and pf (when set, the next rows) is prefetched as this step consumes the
- * current ones: the hardware prefetchers lose track of four short interleaved row streams.
- * nr, nx and dt are constants at each call site, so the accumulator arrays become registers. */
-AVX512_INLINE void gemm_tile(float *y, long ldy, const float *x, const char *w, size_t stride, long cols,
-                             const int nr, const int nx, qlm_dtype dt, const char *pf) {
-    const long esize = (long)qlm_weight_elem_size(dt);
-    __m512 acc[4][TILE_X];
-#pragma GCC unroll 4
-    for (int r = 0; r < nr; r++)
-#pragma GCC unroll 6
-        for (int i = 0; i < nx; i++) acc[r][i] = _mm512_setzero_ps();
-    for (long k = 0; k < cols; k += 16) {
-        __mmask16 m = cols - k >= 16 ? (__mmask16)0xffff : tail_mask(cols - k);
-        /* This step reads 4 rows x 16 weights = 64 * esize bytes; prefetch as many of the next rows. */
-        if (pf)
-            for (long j = 0; j < esize; j++) _mm_prefetch(pf + k * 4 * esize + 64 * j, _MM_HINT_T0);
-        __m512 wv[4];
-#pragma GCC unroll 4
-        for (int r = 0; r < nr; r++) wv[r] = load16(w + r * stride, k, dt, m);
-#pragma GCC unroll 6
-        for (int i = 0; i < nx; i++) {
-            __m512 xv = _mm512_maskz_loadu_ps(m, x + i * cols + k);
-#pragma GCC unroll 4
-            for (int r = 0; r < nr; r++) acc[r][i] = _mm512_fmadd_ps(wv[r], xv, acc[r][i]);
-        }
-    }
+/* One step of gemm_tile: 16 columns from k, lanes outside m read nothing. */
+AVX512_INLINE void gemm_step(__m512 acc[8][TILE_X], const float *x, const char *w, size_t stride, long cols, long k,
+                             const int nr, const int nx, qlm_dtype dt, __mmask16 m) {
+    __m512 wv[8];
+#pragma GCC unroll 8
+    for (int r = 0; r < nr; r++) wv[r] = load16(w + r * stride, k, dt, m);
 #pragma GCC unroll 6
     for (int i = 0; i < nx; i++) {
-        if (nr == 4)
-            _mm_storeu_ps(y + i * ldy, hsum4(acc[0][i], acc[1][i], acc[2][i], acc[3][i]));
-        else
-            y[i * ldy] = _mm512_reduce_add_ps(acc[0][i]);
+        __m512 xv = _mm512_maskz_loadu_ps(m, x + i * cols + k);
+#pragma GCC unroll 8
+        for (int r = 0; r < nr; r++) acc[r][i] = _mm512_fmadd_ps(wv[r], xv, acc[r][i]);
     }
 }
 
-/* The same tile with nx as a constant. */
+/* nr (1, 4 or 8) weight rows (stride bytes apart, storage dtype dt) against nx (1..TILE_X) rows
+ * of x. Each weight vector is loaded and converted once for nx FMAs and each x vector serves nr,
+ * so with several x rows the loop is bound by FMA throughput rather than loads; with one it is
+ * bound by memory, and pf (when set, the next rows) is prefetched as this step consumes the
+ * current ones: the hardware prefetchers lose track of several short interleaved row streams.
+ * nr, nx and dt are constants at each call site, so the accumulator arrays become registers.
+ * Each (row, x row) sum runs over k in the same order whatever nr and nx are. */
+AVX512_INLINE void gemm_tile(float *y, long ldy, const float *x, const char *w, size_t stride, long cols,
+                             const int nr, const int nx, qlm_dtype dt, const char *pf) {
+    const long esize = (long)qlm_weight_elem_size(dt);
+    __m512 acc[8][TILE_X];
+#pragma GCC unroll 8
+    for (int r = 0; r < nr; r++)
+#pragma GCC unroll 6
+        for (int i = 0; i < nx; i++) acc[r][i] = _mm512_setzero_ps();
+    long k = 0;
+    for (; k + 16 <= cols; k += 16) {
+        /* This step reads nr rows x 16 weights = 16 * nr * esize bytes; prefetch as many of the next rows. */
+        if (pf)
+            for (long j = 0; j < nr * esize / 4; j++) _mm_prefetch(pf + k * nr * esize + 64 * j, _MM_HINT_T0);
+        gemm_step(acc, x, w, stride, cols, k, nr, nx, dt, (__mmask16)0xffff);
+    }
+    if (k < cols) gemm_step(acc, x, w, stride, cols, k, nr, nx, dt, tail_mask(cols - k));
+#pragma GCC unroll 6
+    for (int i = 0; i < nx; i++) {
+        if (nr == 1)
+            y[i * ldy] = _mm512_reduce_add_ps(acc[0][i]);
+        else
+#pragma GCC unroll 2
+            for (int r = 0; r < nr; r += 4)
+                _mm_storeu_ps(y + i * ldy + r, hsum4(acc[r][i], acc[r + 1][i], acc[r + 2][i], acc[r + 3][i]));
+    }
+}
+
+/* The same tile with nx as a constant (nr = 8 only comes with nx <= 2). */
 AVX512_INLINE void gemm_tile_x(float *y, long ldy, const float *x, int nx, const char *w, size_t stride, long cols,
                                const int nr, qlm_dtype dt, const char *pf) {
+    if (nr == 8) {
+        if (nx == 1)
+            gemm_tile(y, ldy, x, w, stride, cols, 8, 1, dt, pf);
+        else
+            gemm_tile(y, ldy, x, w, stride, cols, 8, 2, dt, pf);
+        return;
+    }
     switch (nx) {
     case 1: gemm_tile(y, ldy, x, w, stride, cols, nr, 1, dt, pf); break;
     case 2: gemm_tile(y, ldy, x, w, stride, cols, nr, 2, dt, pf); break;

@@ -1,7 +1,7 @@
 /* qlm_matmul on every supported ISA (scalar, AVX2, AVX-512) and qlm_matmul_scalar against a
  * double-precision product of the dequantized weights, for odd shapes (cols not multiples of
  * 8/16/32/64, rows not multiples of 4), n = 1 (GEMV), 2 to 17 (the register-tiled GEMM, every
- * remainder of its x-row block) and QLM_MATMUL_SGEMM_MIN_N (sgemm on F32 tiles), with and
+ * remainder of its x-row block) and QLM_MATMUL_SGEMM_MIN_N (sgemm for F32 and INT8), with and
  * without bias; against torch (tests/fixtures/quant/matmul.txt, tools/make_quant_fixtures.py);
  * and GEMV results independent of the thread count.
  *
