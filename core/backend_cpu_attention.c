@@ -12,6 +12,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../quant/matmul.h"
+
 /* From this many query rows on, the sgemm form is faster (same threshold as the matmuls). */
 #define SGEMM_MIN_ROWS 16
 
@@ -48,52 +50,65 @@ static const float *bias_row(const qlm_attn_shape *sh, int h, int p) {
 
 /* Keys are taken in chunks of this many, with the softmax carried across chunks (running max and
  * sum), so any context length works from a stack buffer and nothing is allocated. */
-#define KEY_CHUNK 2048
+#define KEY_CHUNK 512
+/* Most query heads one work item takes together (those sharing a KV head, under GQA). */
+#define MAX_GROUP 8
 
+/* Query heads [h0, h0 + g) of row i, which share KV head kvh: for each chunk of keys, the scores
+ * as one small product and the weighted sum of the values, both by the matmul kernels of the
+ * CPU's instruction set (this file is built for the baseline ISA), around the online softmax. */
+static void attend(float *out, const float *q, const float *kc, const float *vc, const qlm_attn_shape *sh, int h0,
+                   int g, int kvh, int len, int p) {
+    int hd = sh->head_dim, kv_dim = sh->n_kv_heads * hd;
+    float scores[MAX_GROUP][KEY_CHUNK], mx[MAX_GROUP], sum[MAX_GROUP];
+    float *o = out + (size_t)h0 * hd;
+    for (int j = 0; j < g; j++) mx[j] = -INFINITY, sum[j] = 0;
+    memset(o, 0, (size_t)g * hd * sizeof *o);
+    for (int t0 = 0; t0 < len; t0 += KEY_CHUNK) {
+        int m = len - t0 < KEY_CHUNK ? len - t0 : KEY_CHUNK;
+        qlm_dot_rows_f32(scores[0], KEY_CHUNK, q + (size_t)h0 * hd, g, kc + (size_t)t0 * kv_dim + (size_t)kvh * hd,
+                         (size_t)kv_dim, m, hd);
+        for (int j = 0; j < g; j++) {
+            const float *bias = bias_row(sh, h0 + j, p);
+            float cmx = -INFINITY;
+            for (int t = 0; t < m; t++) {
+                float s = scores[j][t] * sh->scale + (bias ? bias[t0 + t] : 0.0f);
+                scores[j][t] = s;
+                if (s > cmx) cmx = s;
+            }
+            if (cmx > mx[j]) {
+                /* A new maximum: what was summed so far shrinks by exp(old - new). */
+                float shrink = expf(mx[j] - cmx);
+                sum[j] *= shrink;
+                for (int d = 0; d < hd; d++) o[(size_t)j * hd + d] *= shrink;
+                mx[j] = cmx;
+            }
+            for (int t = 0; t < m; t++) {
+                scores[j][t] = expf(scores[j][t] - mx[j]);
+                sum[j] += scores[j][t];
+            }
+        }
+        qlm_weighted_sum_f32(o, scores[0], g, KEY_CHUNK, vc + (size_t)t0 * kv_dim + (size_t)kvh * hd, (size_t)kv_dim, m,
+                             hd);
+    }
+    for (int j = 0; j < g; j++) {
+        float inv = 1.0f / sum[j];
+        for (int d = 0; d < hd; d++) o[(size_t)j * hd + d] *= inv;
+    }
+}
+
+/* Every (row, group of query heads) of the call in one parallel loop. Heads sharing a KV head go
+ * together when that still leaves a few items per thread; a row's result is the same either way. */
 static void attention_rows(float *out, const float *q, const float *k_cache, const float *v_cache, int n,
                            const int *pos, const qlm_attn_shape *sh) {
-    int hd = sh->head_dim, kv_dim = sh->n_kv_heads * hd, group = sh->n_heads / sh->n_kv_heads;
-#pragma omp parallel for collapse(2) schedule(dynamic, 1) if (n * sh->n_heads > 1)
-    for (int i = 0; i < n; i++) {
-        for (int h = 0; h < sh->n_heads; h++) {
-            float scores[KEY_CHUNK];
-            const float *qi = q + ((size_t)i * sh->n_heads + h) * hd, *bias = bias_row(sh, h, pos[i]);
-            float *oi = out + ((size_t)i * sh->n_heads + h) * hd;
-            int kvh = h / group, len = keys_of(sh, pos, i);
-            const float *kc = k_cache + cache_base(sh, i), *vc = v_cache + cache_base(sh, i);
-            float mx = -INFINITY, sum = 0;
-            memset(oi, 0, (size_t)hd * sizeof *oi);
-            for (int t0 = 0; t0 < len; t0 += KEY_CHUNK) {
-                int m = len - t0 < KEY_CHUNK ? len - t0 : KEY_CHUNK;
-                float cmx = -INFINITY;
-                for (int t = 0; t < m; t++) {
-                    const float *kt = kc + (size_t)(t0 + t) * kv_dim + (size_t)kvh * hd;
-                    float s = 0;
-#pragma omp simd reduction(+ : s)
-                    for (int d = 0; d < hd; d++) s += qi[d] * kt[d];
-                    s *= sh->scale;
-                    if (bias) s += bias[t0 + t];
-                    scores[t] = s;
-                    if (s > cmx) cmx = s;
-                }
-                if (cmx > mx) {
-                    /* A new maximum: what was summed so far shrinks by exp(old - new). */
-                    float shrink = expf(mx - cmx);
-                    sum *= shrink;
-                    for (int d = 0; d < hd; d++) oi[d] *= shrink;
-                    mx = cmx;
-                }
-                for (int t = 0; t < m; t++) {
-                    float p = expf(scores[t] - mx);
-                    const float *vt = vc + (size_t)(t0 + t) * kv_dim + (size_t)kvh * hd;
-                    sum += p;
-#pragma omp simd
-                    for (int d = 0; d < hd; d++) oi[d] += p * vt[d];
-                }
-            }
-            float inv = 1.0f / sum;
-            for (int d = 0; d < hd; d++) oi[d] *= inv;
-        }
+    int hd = sh->head_dim, group = sh->n_heads / sh->n_kv_heads;
+    int g = group <= MAX_GROUP && n * sh->n_kv_heads >= 2 * omp_get_max_threads() ? group : 1;
+    int per_row = sh->n_heads / g;
+#pragma omp parallel for schedule(dynamic, 1) if (n * per_row > 1)
+    for (int it = 0; it < n * per_row; it++) {
+        int i = it / per_row, h0 = it % per_row * g;
+        size_t base = cache_base(sh, i), row = (size_t)i * sh->n_heads * hd;
+        attend(out + row, q + row, k_cache + base, v_cache + base, sh, h0, g, h0 / group, keys_of(sh, pos, i), pos[i]);
     }
 }
 

@@ -43,6 +43,23 @@ static void scalar_gemm(float *y, const float *x, int n, const qlm_weight *w, in
     for (int i = 0; i < n; i++) scalar_gemv(y + (size_t)i * w->rows, x + (size_t)i * w->cols, w, r0, r1, bias);
 }
 
+static void scalar_dot_rows(float *y, long ldy, const float *x, int n, const float *w, size_t w_stride, int rows,
+                            long cols) {
+    for (int i = 0; i < n; i++)
+        for (int o = 0; o < rows; o++) {
+            float s = 0;
+            for (long k = 0; k < cols; k++) s += w[(size_t)o * w_stride + k] * x[(size_t)i * cols + k];
+            y[(size_t)i * ldy + o] = s;
+        }
+}
+
+static void scalar_weighted_sum(float *o, const float *p, int g, long ldp, const float *v, size_t v_stride, int m,
+                                long hd) {
+    for (int j = 0; j < g; j++)
+        for (int t = 0; t < m; t++)
+            for (long d = 0; d < hd; d++) o[(size_t)j * hd + d] += p[(size_t)j * ldp + t] * v[(size_t)t * v_stride + d];
+}
+
 static void scalar_f16_to_f32(float *dst, const uint16_t *src, long n) {
     for (long i = 0; i < n; i++) dst[i] = qlm_f16_to_f32(src[i]);
 }
@@ -66,6 +83,8 @@ static void scalar_i8_to_f32(float *dst, const int8_t *src, long n, float scale)
 static const qlm_kernel_table scalar_table = {
     .name = "scalar",
     .gemm = scalar_gemm,
+    .dot_rows = scalar_dot_rows,
+    .weighted_sum = scalar_weighted_sum,
     .f16_to_f32 = scalar_f16_to_f32,
     .bf16_to_f32 = scalar_bf16_to_f32,
     .f32_to_f16 = scalar_f32_to_f16,
@@ -218,6 +237,15 @@ static void rows_parallel(float *y, const float *x, int n, const qlm_weight *w, 
 
 static int uses_sgemm(qlm_dtype dtype, int n) {
     return n >= QLM_MATMUL_SGEMM_MIN_N && (dtype == QLM_F32 || dtype == QLM_I8);
+}
+
+void qlm_dot_rows_f32(float *y, long ldy, const float *x, int n, const float *w, size_t w_stride, int rows, long cols) {
+    if (n > 0 && rows > 0) qlm_kernels()->dot_rows(y, ldy, x, n, w, w_stride, rows, cols);
+}
+
+void qlm_weighted_sum_f32(float *o, const float *p, int g, long ldp, const float *v, size_t v_stride, int m,
+                          long hd) {
+    if (g > 0 && m > 0) qlm_kernels()->weighted_sum(o, p, g, ldp, v, v_stride, m, hd);
 }
 
 void qlm_matmul(float *y, const float *x, int n, const qlm_weight *w, const float *bias) {

@@ -16,6 +16,15 @@ void qlm_matmul(float *y, const float *x, int n, const qlm_weight *w, const floa
  * (measured with bench_kernels --hot). */
 #define QLM_MATMUL_SGEMM_MIN_N 64
 
+/* y[i * ldy + o] = dot(w + o * w_stride, x + i * cols) over cols, for i < n, o < rows: F32 rows at
+ * any stride (one head's keys in a KV cache), with the kernels of qlm_matmul. Single-threaded,
+ * for callers that spread work over threads themselves. */
+void qlm_dot_rows_f32(float *y, long ldy, const float *x, int n, const float *w, size_t w_stride, int rows, long cols);
+
+/* o[j * hd + d] += sum over t < m of p[j * ldp + t] * v[t * v_stride + d], for j < g, d < hd:
+ * attention's weighted sum of value rows (any stride) for g heads. Single-threaded. */
+void qlm_weighted_sum_f32(float *o, const float *p, int g, long ldp, const float *v, size_t v_stride, int m, long hd);
+
 /* The scalar reference, for tests. */
 void qlm_matmul_scalar(float *y, const float *x, int n, const qlm_weight *w, const float *bias);
 

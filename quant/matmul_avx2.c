@@ -145,9 +145,30 @@ AVX2_FN void f32_to_bf16(uint16_t *dst, const float *src, long n) {
     for (; i < n; i++) dst[i] = qlm_f32_to_bf16(src[i]);
 }
 
+/* Eight outputs of one row held in a register across all m weighted value rows; the last hd % 8 in
+ * scalar code. */
+AVX2_FN void weighted_sum(float *o, const float *p, int g, long ldp, const float *v, size_t v_stride, int m,
+                          long hd) {
+    for (int j = 0; j < g; j++) {
+        float *oj = o + (size_t)j * hd;
+        const float *pj = p + (size_t)j * ldp;
+        long d = 0;
+        for (; d + 8 <= hd; d += 8) {
+            __m256 a = _mm256_loadu_ps(oj + d);
+            for (int t = 0; t < m; t++)
+                a = _mm256_fmadd_ps(_mm256_set1_ps(pj[t]), _mm256_loadu_ps(v + (size_t)t * v_stride + d), a);
+            _mm256_storeu_ps(oj + d, a);
+        }
+        for (; d < hd; d++)
+            for (int t = 0; t < m; t++) oj[d] += pj[t] * v[(size_t)t * v_stride + d];
+    }
+}
+
 const qlm_kernel_table qlm_kernels_avx2 = {
     .name = "avx2",
     .gemm = gemm,
+    .dot_rows = dot_rows,
+    .weighted_sum = weighted_sum,
     .f16_to_f32 = f16_to_f32,
     .bf16_to_f32 = bf16_to_f32,
     .f32_to_f16 = f32_to_f16,

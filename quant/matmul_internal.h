@@ -15,6 +15,10 @@ typedef struct {
      * stride cols, y rows of stride rows); y and bias are indexed by the absolute output o.
      * Single-threaded. */
     void (*gemm)(float *y, const float *x, int n, const qlm_weight *w, int r0, int r1, const float *bias);
+    /* See qlm_dot_rows_f32. */
+    void (*dot_rows)(float *y, long ldy, const float *x, int n, const float *w, size_t w_stride, int rows, long cols);
+    /* See qlm_weighted_sum_f32. */
+    void (*weighted_sum)(float *o, const float *p, int g, long ldp, const float *v, size_t v_stride, int m, long hd);
     void (*f16_to_f32)(float *dst, const uint16_t *src, long n);
     void (*bf16_to_f32)(float *dst, const uint16_t *src, long n);
     void (*f32_to_f16)(uint16_t *dst, const float *src, long n);

@@ -3,7 +3,8 @@
  * 8/16/32/64, rows not multiples of 4), n = 1 (GEMV), 2 to 17 (the register-tiled GEMM, every
  * remainder of its x-row block) and QLM_MATMUL_SGEMM_MIN_N (sgemm for F32 and INT8), with and
  * without bias; against torch (tests/fixtures/quant/matmul.txt, tools/make_quant_fixtures.py);
- * and GEMV results independent of the thread count.
+ * GEMV results independent of the thread count; and the attention kernels (strided dot products and
+ * weighted sums) on every ISA.
  *
  * Bound: every path sums exactly-dequantized F32 weights times x in F32, so the error is float
  * summation error: |y - ref| <= 1e-5 * (sum_k |x_k w_k| + |bias|). */
@@ -200,6 +201,56 @@ static void test_thread_count_invariance(void **state) {
     free(y2);
 }
 
+/* The attention kernels on every ISA: scores of n query rows against strided key rows, and the
+ * weighted sum of strided value rows, for head sizes that are not multiples of the vector width. */
+static void test_attention_kernels(void **state) {
+    (void)state;
+    static const int dims[] = {1, 7, 16, 17, 64, 70, 128};
+    const int n = 5, rows = 37, stride = 300;
+    float *kv = malloc((size_t)rows * stride * sizeof *kv), *x = malloc((size_t)n * 128 * sizeof *x);
+    float *y = malloc((size_t)n * rows * sizeof *y), *o = malloc((size_t)n * 128 * sizeof *o);
+    double *ref = malloc((size_t)n * 128 * sizeof *ref), *mag = malloc((size_t)n * 128 * sizeof *mag); /* rows < 128 */
+    assert_true(kv && x && y && o && ref && mag);
+    for (int i = 0; i < rows * stride; i++) kv[i] = frand();
+    const char *orig = qlm_matmul_isa();
+    for (size_t di = 0; di < sizeof dims / sizeof dims[0]; di++) {
+        int hd = dims[di];
+        for (int i = 0; i < n * hd; i++) x[i] = frand();
+        for (size_t ii = 0; ii < sizeof k_isas / sizeof k_isas[0]; ii++) {
+            if (qlm_matmul_force_isa(k_isas[ii]) != 0) continue;
+            char what[96];
+            qlm_dot_rows_f32(y, rows, x, n, kv + 3, stride, rows, hd);
+            for (int i = 0; i < n; i++)
+                for (int r = 0; r < rows; r++) {
+                    double s = 0, m = 0;
+                    for (int d = 0; d < hd; d++) {
+                        s += (double)x[i * hd + d] * kv[(size_t)r * stride + 3 + d];
+                        m += fabs((double)x[i * hd + d] * kv[(size_t)r * stride + 3 + d]);
+                    }
+                    ref[i * rows + r] = s, mag[i * rows + r] = m;
+                }
+            snprintf(what, sizeof what, "dot_rows hd=%d %s", hd, k_isas[ii]);
+            check_close(y, ref, mag, (long)n * rows, what);
+            /* x as n rows of weights over the key rows: o = x0 + x[:, :rows] V. */
+            for (int i = 0; i < n * hd; i++) o[i] = x[i];
+            qlm_weighted_sum_f32(o, y, n, rows, kv + 5, stride, rows, hd);
+            for (int i = 0; i < n; i++)
+                for (int d = 0; d < hd; d++) {
+                    double s = x[i * hd + d], m = fabs(s);
+                    for (int t = 0; t < rows; t++) {
+                        s += (double)y[i * rows + t] * kv[(size_t)t * stride + 5 + d];
+                        m += fabs((double)y[i * rows + t] * kv[(size_t)t * stride + 5 + d]);
+                    }
+                    ref[i * hd + d] = s, mag[i * hd + d] = m;
+                }
+            snprintf(what, sizeof what, "weighted_sum hd=%d %s", hd, k_isas[ii]);
+            check_close(o, ref, mag, (long)n * hd, what);
+        }
+    }
+    assert_int_equal(qlm_matmul_force_isa(orig), 0);
+    free(kv), free(x), free(y), free(o), free(ref), free(mag);
+}
+
 static void read_hex(FILE *f, const char *key, float *out, long count) {
     char k[32];
     assert_int_equal(fscanf(f, "%31s", k), 1);
@@ -285,6 +336,7 @@ int main(void) {
         cmocka_unit_test(test_isa_selection),   cmocka_unit_test(test_odd_shapes),
         cmocka_unit_test(test_threaded_shapes), cmocka_unit_test(test_thread_count_invariance),
         cmocka_unit_test(test_vs_torch),
+        cmocka_unit_test(test_attention_kernels),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
