@@ -170,24 +170,42 @@ AVX512_FN void f32_to_bf16(uint16_t *dst, const float *src, long n) {
     }
 }
 
-/* Up to 64 outputs of one row held in four registers across all m weighted value rows. */
+/* Up to 64 outputs of one row held in registers across all m weighted value rows. */
 AVX512_FN void weighted_sum(float *o, const float *p, int g, long ldp, const float *v, size_t v_stride, int m,
                             long hd) {
     for (int j = 0; j < g; j++)
         for (long d = 0; d < hd; d += 64) {
             __mmask16 mk[4];
             __m512 a[4];
+#pragma GCC unroll 4
             for (int c = 0; c < 4; c++) {
                 long at = d + 16 * c;
                 mk[c] = at >= hd ? 0 : block_mask(at, hd);
                 a[c] = _mm512_maskz_loadu_ps(mk[c], o + (size_t)j * hd + at);
             }
-            for (int t = 0; t < m; t++) {
-                __m512 pt = _mm512_set1_ps(p[(size_t)j * ldp + t]);
-                const float *vt = v + (size_t)t * v_stride + d;
-                for (int c = 0; c < 4; c++) a[c] = _mm512_fmadd_ps(pt, _mm512_maskz_loadu_ps(mk[c], vt + 16 * c), a[c]);
+            /* Odd value rows go to a second set of sums: twice the FMA chains in flight. */
+            __m512 b[4];
+#pragma GCC unroll 4
+            for (int c = 0; c < 4; c++) b[c] = _mm512_setzero_ps();
+            int t = 0;
+            for (; t + 2 <= m; t += 2) {
+                __m512 pa = _mm512_set1_ps(p[(size_t)j * ldp + t]), pb = _mm512_set1_ps(p[(size_t)j * ldp + t + 1]);
+                const float *va = v + (size_t)t * v_stride + d, *vb = va + v_stride;
+#pragma GCC unroll 4
+                for (int c = 0; c < 4; c++) {
+                    a[c] = _mm512_fmadd_ps(pa, _mm512_maskz_loadu_ps(mk[c], va + 16 * c), a[c]);
+                    b[c] = _mm512_fmadd_ps(pb, _mm512_maskz_loadu_ps(mk[c], vb + 16 * c), b[c]);
+                }
             }
-            for (int c = 0; c < 4; c++) _mm512_mask_storeu_ps(o + (size_t)j * hd + d + 16 * c, mk[c], a[c]);
+            if (t < m) {
+                __m512 pa = _mm512_set1_ps(p[(size_t)j * ldp + t]);
+                const float *va = v + (size_t)t * v_stride + d;
+#pragma GCC unroll 4
+                for (int c = 0; c < 4; c++) a[c] = _mm512_fmadd_ps(pa, _mm512_maskz_loadu_ps(mk[c], va + 16 * c), a[c]);
+            }
+#pragma GCC unroll 4
+            for (int c = 0; c < 4; c++)
+                _mm512_mask_storeu_ps(o + (size_t)j * hd + d + 16 * c, mk[c], _mm512_add_ps(a[c], b[c]));
         }
 }
 
