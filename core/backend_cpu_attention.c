@@ -125,6 +125,10 @@ static float *scores_buffer(size_t n) {
     return p;
 }
 
+/* Query rows one pair of sgemm calls takes: a causal block sees only the keys up to its last
+ * row, so the masked half of the score matrix is mostly never computed. */
+#define ROW_BLOCK 64
+
 static void attention_sgemm(float *out, const float *q, const float *k_cache, const float *v_cache, int n,
                             const int *pos, const qlm_attn_shape *sh, int max_len) {
     int hd = sh->head_dim, kv_dim = sh->n_kv_heads * hd, q_dim = sh->n_heads * hd;
@@ -134,22 +138,27 @@ static void attention_sgemm(float *out, const float *q, const float *k_cache, co
     int failed = 0;
 #pragma omp parallel for schedule(dynamic, 1) reduction(| : failed)
     for (int h = 0; h < sh->n_heads; h++) {
-        float *s = scores_buffer((size_t)n * max_len);
+        float *s = scores_buffer((size_t)ROW_BLOCK * max_len);
         if (!s) {
             failed = 1;
             continue;
         }
         const float *kh = k_cache + (size_t)(h / group) * hd, *vh = v_cache + (size_t)(h / group) * hd;
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, max_len, hd, sh->scale, q + (size_t)h * hd, q_dim, kh,
-                    kv_dim, 0.0f, s, max_len);
-        for (int i = 0; i < n; i++) {
-            float *row = s + (size_t)i * max_len;
-            int len = keys_of(sh, pos, i);
-            softmax_row(row, len, bias_row(sh, h, pos[i]));
-            memset(row + len, 0, (size_t)(max_len - len) * sizeof *row); /* the causal mask */
+        for (int b = 0; b < n; b += ROW_BLOCK) {
+            int rows = n - b < ROW_BLOCK ? n - b : ROW_BLOCK, len = 0;
+            for (int i = b; i < b + rows; i++)
+                if (keys_of(sh, pos, i) > len) len = keys_of(sh, pos, i);
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, len, hd, sh->scale, q + (size_t)b * q_dim + h * hd,
+                        q_dim, kh, kv_dim, 0.0f, s, len);
+            for (int i = 0; i < rows; i++) {
+                float *row = s + (size_t)i * len;
+                int keys = keys_of(sh, pos, b + i);
+                softmax_row(row, keys, bias_row(sh, h, pos[b + i]));
+                memset(row + keys, 0, (size_t)(len - keys) * sizeof *row); /* the causal mask */
+            }
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, hd, len, 1.0f, s, len, vh, kv_dim, 0.0f,
+                        out + (size_t)b * q_dim + h * hd, q_dim);
         }
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, hd, max_len, 1.0f, s, max_len, vh, kv_dim, 0.0f,
-                    out + (size_t)h * hd, q_dim);
     }
     if (blas_threads != 1) openblas_set_num_threads(blas_threads);
     /* Out of memory for a score matrix: the row form needs only a row of it. */

@@ -79,6 +79,8 @@ static void test_many_rows(void **state) {
     check(16, 16, 0, 0, 0);
     check(40, 100, 60, 0, 1); /* a chunk that starts at position 60 */
     check(64, 64, 0, 1, 1);
+    check(150, 300, 150, 0, 1); /* three row blocks, each seeing only the keys up to its last row */
+    check(100, 100, 0, 1, 0);
 }
 
 /* Rows of three sequences in mixed order, each slot with its own cache, position and key count:
