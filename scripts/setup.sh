@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs what qlm needs on a fresh Debian machine and fetches the default model.
 # Idempotent: each step checks first and says what it does.
-#   --test     also what only the tests need (chromium, for tests/test_chat_page.c)
+#   --test     also what only the tests need: chromium (tests/test_chat_page.c) and a Python venv with the
+#              official openai client ($QLM_CACHE/test-python, for tests/openai_client_check.py)
 #   QLM_CACHE  where the default model goes (default ~/.cache/qlm)
 set -euo pipefail
 
@@ -16,7 +17,7 @@ for arg in "$@"; do
 done
 
 packages=(gcc make pkg-config libcmocka-dev libpcre2-dev libcjson-dev libopenblas-dev libcurl4-openssl-dev libmicrohttpd-dev libssl-dev curl unzip ca-certificates)
-test_packages=(chromium)
+test_packages=(chromium python3-venv)
 [ "$with_tests" -eq 0 ] || packages+=("${test_packages[@]}")
 missing=()
 for p in "${packages[@]}"; do
@@ -52,4 +53,18 @@ else
         { say "checksum mismatch for the downloaded model"; exit 1; }
     mv "$tmp/SmolLM2-135M-Instruct.Q4_1.gguf" "$gguf"
     say "default model saved to $gguf"
+fi
+
+# The official openai client, pinned, for tests/openai_client_check.py (qlm itself never needs Python).
+if [ "$with_tests" -eq 1 ]; then
+    venv="$cache/test-python"
+    openai_version=3.54.0
+    if "$venv/bin/python" -c "import openai, sys; sys.exit(openai.__version__ != '$openai_version')" 2>/dev/null; then
+        say "test Python present: $venv (openai $openai_version)"
+    else
+        say "making the test Python: $venv with openai==$openai_version from PyPI"
+        mkdir -p "$cache"
+        python3 -m venv "$venv"
+        "$venv/bin/pip" install --quiet --disable-pip-version-check "openai==$openai_version"
+    fi
 fi

@@ -1,4 +1,5 @@
-/* qlm serve end to end: the real binary on a free loopback port, spoken to with the curl CLI. */
+/* qlm serve end to end: the real binary on a free loopback port, spoken to with the curl CLI and with the
+ * official openai Python client. */
 #include <arpa/inet.h>
 #include <cjson/cJSON.h>
 #include <errno.h>
@@ -494,11 +495,44 @@ static void test_serve_abuse(void **state) {
     free(server_stop(&s));
 }
 
+/* The official openai Python client, unchanged, against the real server (tests/openai_client_check.py):
+ * scripts/setup.sh --test puts it in $QLM_CACHE/test-python; $QLM_TEST_PYTHON overrides that. */
+static void test_serve_openai_client(void **state) {
+    (void)state;
+    char model[512], python[512], dir[256];
+    test_asset(model, sizeof model, "tinystories-656K-hf");
+    REQUIRE_ASSET(model);
+    const char *env = getenv("QLM_TEST_PYTHON");
+    if (env && *env)
+        snprintf(python, sizeof python, "%s", env);
+    else
+        test_cache_path(python, sizeof python, "test-python/bin/python");
+    if (access(python, X_OK) != 0) {
+        const char *req = getenv("QLM_REQUIRE_ASSETS");
+        if (req && strcmp(req, "1") == 0) fail_msg("%s is missing (scripts/setup.sh --test makes it)", python);
+        print_message("%s is missing, skipping (scripts/setup.sh --test makes it)\n", python);
+        skip();
+    }
+    assert_non_null(test_tmpdir(dir, sizeof dir));
+    const char *bin = getenv("QLM_BIN");
+    char cmd[2048];
+    snprintf(cmd, sizeof cmd, "%s tests/openai_client_check.py %s %s %s >%s/log 2>&1", python,
+             bin && *bin ? bin : "build/qlm", model, dir, dir);
+    int rc = system(cmd);
+    snprintf(cmd, sizeof cmd, "%s/log", dir);
+    char *log = test_read_file(cmd, NULL);
+    const char *ok = log ? strstr(log, "ok: ") : NULL;
+    if (rc != 0 || !ok) fail_msg("tests/openai_client_check.py failed (exit %d):\n%s", rc, log ? log : "");
+    print_message("%.*s\n", (int)strcspn(ok, "\n"), ok);
+    free(log);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_serve_openai),
         cmocka_unit_test(test_serve_api_key),
         cmocka_unit_test(test_serve_adapters),
+        cmocka_unit_test(test_serve_openai_client),
         cmocka_unit_test(test_serve_abuse),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -43,6 +43,17 @@ static inline int test_path_exists(const char *path) {
         }                                                                                    \
     } while (0)
 
+/* NAME in qlm's cache folder ($QLM_CACHE, default ~/.cache/qlm), where scripts/setup.sh puts what it fetches. */
+static inline const char *test_cache_path(char *buf, size_t cap, const char *name) {
+    const char *cache = getenv("QLM_CACHE");
+    const char *home = getenv("HOME");
+    if (cache && *cache)
+        snprintf(buf, cap, "%s/%s", cache, name);
+    else
+        snprintf(buf, cap, "%s/.cache/qlm/%s", home ? home : ".", name);
+    return buf;
+}
+
 /* The default model (SmolLM2-135M-Instruct GGUF) fetched by scripts/setup.sh. */
 static inline const char *test_default_gguf(char *buf, size_t cap) {
     const char *env = getenv("QLM_DEFAULT_MODEL");
@@ -50,13 +61,7 @@ static inline const char *test_default_gguf(char *buf, size_t cap) {
         snprintf(buf, cap, "%s", env);
         return buf;
     }
-    const char *cache = getenv("QLM_CACHE");
-    const char *home = getenv("HOME");
-    if (cache && *cache)
-        snprintf(buf, cap, "%s/SmolLM2-135M-Instruct.Q4_1.gguf", cache);
-    else
-        snprintf(buf, cap, "%s/.cache/qlm/SmolLM2-135M-Instruct.Q4_1.gguf", home ? home : ".");
-    return buf;
+    return test_cache_path(buf, cap, "SmolLM2-135M-Instruct.Q4_1.gguf");
 }
 
 /* Reads a whole file; returns malloc'd bytes (NUL-terminated) or NULL. */
