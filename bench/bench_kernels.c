@@ -5,7 +5,7 @@
  * decode does (a whole model never fits in L3), so GB/s is comparable with the measured
  * bandwidth. --hot reuses one copy instead. GEMM reuses one copy (it is compute-bound).
  *
- * usage: bench_kernels [--isa scalar|avx2|avx512] [--hot] [--n N] [--quick] [--only gemv|gemm] */
+ * usage: bench_kernels [--isa scalar|avx2|avx512|avx512bf16] [--hot] [--n N] [--quick] [--only gemv|gemm] */
 #include <cblas.h>
 #include <omp.h>
 #include <stdint.h>
@@ -187,7 +187,7 @@ static int parse_args(int argc, char **argv, options *o) {
                 return -1;
             }
         } else {
-            fprintf(stderr, "usage: bench_kernels [--isa scalar|avx2|avx512] [--hot] [--n N] [--quick] [--only gemv|gemm]\n");
+            fprintf(stderr, "usage: bench_kernels [--isa scalar|avx2|avx512|avx512bf16] [--hot] [--n N] [--quick] [--only gemv|gemm]\n");
             return -1;
         }
     }

@@ -1,9 +1,11 @@
-/* The row drivers shared by the SIMD kernel files: y = x W^T for n rows of x over the output
- * rows [r0, r1) (gemm), and the same over F32 rows at any stride (dot_rows: attention scores). W goes in tiles of TILE_W rows, each multiplied with blocks of TILE_X rows of x
+/* The row drivers shared by the SIMD kernel files: y = x W^T for n rows of x (in the activation
+ * dtype of W, qlm_x_dtype) over the output rows [r0, r1) (gemm), and the same over F32 rows at any
+ * stride (dot_rows: attention scores). W goes in tiles of TILE_W rows, each multiplied with blocks
+ * of TILE_X rows of x
  * by the file's gemm_tile_x while it stays in cache (one x row is the GEMV of decode), then the
  * I8 scales and the bias. A row's result depends on neither n nor the thread split, so a
  * sequence decodes the same alone and in a batch. Included once by each of matmul_avx2.c and
- * matmul_avx512.c after they define KERNEL_FN and KERNEL_INLINE (their target attributes),
+ * kernels_avx512.h after they define KERNEL_FN and KERNEL_INLINE (their target attributes),
  * TILE_X, GROUP_ROWS and gemm_tile_x, so one text serves each instruction set. */
 #ifndef KERNEL_FN
 #error "define KERNEL_FN, KERNEL_INLINE, TILE_X, GROUP_ROWS and gemm_tile_x before including kernel_rows.h"
@@ -13,12 +15,13 @@
 #define TILE_W 32
 
 /* One tile: y[i * ldy + o] = dot(row o, x[i]) for t <= o < te, i < n; rows stride bytes apart
- * from base, x rows cols apart. Rows up to r1 exist (for the prefetch). */
-KERNEL_INLINE void tile_rows(float *y, long ldy, const float *x, int n, const char *base, size_t stride, long cols,
+ * from base, x rows cols elements apart. Rows up to r1 exist (for the prefetch). */
+KERNEL_INLINE void tile_rows(float *y, long ldy, const void *x, int n, const char *base, size_t stride, long cols,
                              int t, int te, int r1, qlm_dtype dt) {
+    const size_t x_row = (size_t)cols * qlm_weight_elem_size(qlm_x_dtype(dt));
     for (int i = 0; i < n; i += TILE_X) {
         int nx = n - i < TILE_X ? n - i : TILE_X;
-        const float *xi = x + (size_t)i * cols;
+        const char *xi = (const char *)x + (size_t)i * x_row;
         float *yi = y + (size_t)i * ldy;
         int o = t;
         /* One group ahead was as fast as two or three and much faster than none (measured). */
@@ -35,7 +38,7 @@ KERNEL_INLINE void tile_rows(float *y, long ldy, const float *x, int n, const ch
     }
 }
 
-KERNEL_INLINE void gemm_dt(float *y, const float *x, int n, const qlm_weight *w, int r0, int r1, const float *bias,
+KERNEL_INLINE void gemm_dt(float *y, const void *x, int n, const qlm_weight *w, int r0, int r1, const float *bias,
                            qlm_dtype dt) {
     size_t stride = (size_t)w->cols * qlm_weight_elem_size(dt);
     for (int t = r0; t < r1; t += TILE_W) {
@@ -55,7 +58,7 @@ KERNEL_FN void dot_rows(float *y, long ldy, const float *x, int n, const float *
 }
 
 /* The dtype switch makes dt a constant inside each inlined copy of gemm_dt. */
-KERNEL_FN void gemm(float *y, const float *x, int n, const qlm_weight *w, int r0, int r1, const float *bias) {
+KERNEL_FN void gemm(float *y, const void *x, int n, const qlm_weight *w, int r0, int r1, const float *bias) {
     switch (w->dtype) {
     case QLM_F16: gemm_dt(y, x, n, w, r0, r1, bias, QLM_F16); break;
     case QLM_BF16: gemm_dt(y, x, n, w, r0, r1, bias, QLM_BF16); break;

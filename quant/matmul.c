@@ -29,18 +29,29 @@
 /* Multiply-adds per thread below which a parallel region costs more than it saves. */
 #define MIN_WORK_PER_THREAD 32768L
 
-static void scalar_gemv(float *y, const float *x, const qlm_weight *w, int r0, int r1, const float *bias) {
+/* Element k of x as weights of dtype wdt multiply it: x holds xdt elements, and F32 x meeting
+ * BF16 weights is rounded to BF16 here (qlm_x_dtype). */
+static float x_at(const void *x, long k, qlm_dtype xdt, qlm_dtype wdt) {
+    float v = qlm_weight_at(x, k, xdt);
+    return wdt == QLM_BF16 && xdt == QLM_F32 ? qlm_bf16_to_f32(qlm_f32_to_bf16(v)) : v;
+}
+
+static void scalar_gemv(float *y, const void *x, qlm_dtype xdt, const qlm_weight *w, int r0, int r1,
+                        const float *bias) {
     size_t stride = (size_t)w->cols * qlm_weight_elem_size(w->dtype);
     for (int o = r0; o < r1; o++) {
         const char *row = (const char *)w->data + (size_t)o * stride;
         float s = 0;
-        for (long k = 0; k < w->cols; k++) s += qlm_weight_at(row, k, w->dtype) * x[k];
+        for (long k = 0; k < w->cols; k++) s += qlm_weight_at(row, k, w->dtype) * x_at(x, k, xdt, w->dtype);
         y[o] = qlm_gemv_finish(s, w, o, bias);
     }
 }
 
-static void scalar_gemm(float *y, const float *x, int n, const qlm_weight *w, int r0, int r1, const float *bias) {
-    for (int i = 0; i < n; i++) scalar_gemv(y + (size_t)i * w->rows, x + (size_t)i * w->cols, w, r0, r1, bias);
+static void scalar_gemm(float *y, const void *x, int n, const qlm_weight *w, int r0, int r1, const float *bias) {
+    qlm_dtype xdt = qlm_x_dtype(w->dtype);
+    size_t x_row = (size_t)w->cols * qlm_weight_elem_size(xdt);
+    for (int i = 0; i < n; i++)
+        scalar_gemv(y + (size_t)i * w->rows, (const char *)x + (size_t)i * x_row, xdt, w, r0, r1, bias);
 }
 
 static void scalar_dot_rows(float *y, long ldy, const float *x, int n, const float *w, size_t w_stride, int rows,
@@ -108,9 +119,10 @@ static const qlm_kernel_table *table_named(const char *name) {
     __builtin_cpu_init();
     int avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && cpu_has_f16c();
     if (strcmp(name, "avx2") == 0 && avx2) return &qlm_kernels_avx2;
-    if (strcmp(name, "avx512") == 0 && avx2 && __builtin_cpu_supports("avx512f") &&
-        __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl"))
-        return &qlm_kernels_avx512;
+    int avx512 = avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                 __builtin_cpu_supports("avx512vl");
+    if (strcmp(name, "avx512") == 0 && avx512) return &qlm_kernels_avx512;
+    if (strcmp(name, "avx512bf16") == 0 && avx512 && __builtin_cpu_supports("avx512bf16")) return &qlm_kernels_avx512bf16;
 #endif
     return NULL;
 }
@@ -120,7 +132,7 @@ static _Atomic(const qlm_kernel_table *) g_table;
 const qlm_kernel_table *qlm_kernels(void) {
     const qlm_kernel_table *t = atomic_load_explicit(&g_table, memory_order_relaxed);
     if (t) return t;
-    static const char *const order[] = {"avx512", "avx2", "scalar"};
+    static const char *const order[] = {"avx512bf16", "avx512", "avx2", "scalar"};
     for (size_t i = 0; !t; i++) t = table_named(order[i]);
     atomic_store_explicit(&g_table, t, memory_order_relaxed);
     return t;
@@ -139,7 +151,7 @@ int qlm_matmul_force_isa(const char *name) {
 
 void qlm_matmul_scalar(float *y, const float *x, int n, const qlm_weight *w, const float *bias) {
     for (int i = 0; i < n; i++)
-        scalar_gemv(y + (size_t)i * w->rows, x + (size_t)i * w->cols, w, 0, w->rows, bias);
+        scalar_gemv(y + (size_t)i * w->rows, x + (size_t)i * w->cols, QLM_F32, w, 0, w->rows, bias);
 }
 
 static int min_int(int a, int b) {
@@ -223,8 +235,9 @@ static void gemm_parallel(float *y, const float *x, int n, const qlm_weight *w, 
     if (blas_threads != 1) openblas_set_num_threads(blas_threads);
 }
 
-/* Threads take runs of output rows and the kernel table's GEMM reads them in their storage dtype. */
-static void rows_parallel(float *y, const float *x, int n, const qlm_weight *w, const float *bias,
+/* Threads take runs of output rows and the kernel table's GEMM reads them in their storage dtype;
+ * x is in the activation dtype of W. */
+static void rows_parallel(float *y, const void *x, int n, const qlm_weight *w, const float *bias,
                           const qlm_kernel_table *kt) {
     int nth = threads_for((double)n * w->rows * w->cols);
 #pragma omp parallel num_threads(nth) if (nth > 1)
@@ -248,11 +261,38 @@ void qlm_weighted_sum_f32(float *o, const float *p, int g, long ldp, const float
     if (g > 0 && m > 0) qlm_kernels()->weighted_sum(o, p, g, ldp, v, v_stride, m, hd);
 }
 
+/* The calling thread's buffer for x rounded to BF16, kept across calls like the tile buffer. */
+static _Thread_local uint16_t *t_x_bf16;
+static _Thread_local size_t t_x_bf16_cap;
+
+static uint16_t *x_bf16_buffer(size_t n) {
+    if (n <= t_x_bf16_cap) return t_x_bf16;
+    uint16_t *p = realloc(t_x_bf16, n * sizeof *p);
+    if (!p) return NULL;
+    t_x_bf16 = p;
+    t_x_bf16_cap = n;
+    return p;
+}
+
 void qlm_matmul(float *y, const float *x, int n, const qlm_weight *w, const float *bias) {
     if (n <= 0 || w->rows <= 0 || w->cols < 0) return;
     const qlm_kernel_table *kt = qlm_kernels();
-    if (uses_sgemm(w->dtype, n) && w->cols > 0)
+    if (uses_sgemm(w->dtype, n) && w->cols > 0) {
         gemm_parallel(y, x, n, w, bias, kt);
-    else
+        return;
+    }
+    if (qlm_x_dtype(w->dtype) == QLM_F32) {
         rows_parallel(y, x, n, w, bias, kt);
+        return;
+    }
+    /* x is rounded once here rather than in every thread's kernel. */
+    size_t len = (size_t)n * (size_t)w->cols;
+    uint16_t *xb = x_bf16_buffer(len);
+    if (!xb) {
+        /* Out of memory for the rounded copy: still correct, only slower. */
+        qlm_matmul_scalar(y, x, n, w, bias);
+        return;
+    }
+    kt->f32_to_bf16(xb, x, (long)len);
+    rows_parallel(y, xb, n, w, bias, kt);
 }

@@ -1,5 +1,5 @@
 /* CPU matrix products with weights in any storage dtype (weight-only quantization:
- * activations stay F32). A portable scalar path and AVX2 / AVX-512 paths are chosen at
+ * activations stay F32, rounded to BF16 only where the weights are BF16, see qlm_x_dtype). A portable scalar path and AVX2 / AVX-512 paths are chosen at
  * run time; work is split across OpenMP threads. */
 #ifndef QLM_MATMUL_H
 #define QLM_MATMUL_H
@@ -28,9 +28,9 @@ void qlm_weighted_sum_f32(float *o, const float *p, int g, long ldp, const float
 /* The scalar reference, for tests. */
 void qlm_matmul_scalar(float *y, const float *x, int n, const qlm_weight *w, const float *bias);
 
-/* Name of the SIMD path in use ("avx512", "avx2", "scalar"). */
+/* Name of the SIMD path in use ("avx512bf16", "avx512", "avx2", "scalar"). */
 const char *qlm_matmul_isa(void);
-/* Forces a path ("scalar", "avx2", "avx512") if the CPU supports it; -1 otherwise. For tests/bench. */
+/* Forces a path ("scalar", "avx2", "avx512", "avx512bf16") if the CPU supports it; -1 otherwise. For tests/bench. */
 int qlm_matmul_force_isa(const char *name);
 
 #endif

@@ -46,11 +46,13 @@ AVX2_INLINE float hsum(__m256 a) {
 /* Weight rows a tile takes: 4 for any nx (8 would not fit the registers). */
 #define GROUP_ROWS(nx) 4
 
-/* nr (1 or 4) weight rows against nx (1 or 2) rows of x, as in the AVX-512 file; the last
- * cols % 8 columns are added in scalar code. */
-AVX2_INLINE void gemm_tile(float *y, long ldy, const float *x, const char *w, size_t stride, long cols,
+/* nr (1 or 4) weight rows against nx (1 or 2) rows of x (in the activation dtype of dt), as in
+ * the AVX-512 file; the last cols % 8 columns are added in scalar code. */
+AVX2_INLINE void gemm_tile(float *y, long ldy, const char *x, const char *w, size_t stride, long cols,
                            const int nr, const int nx, qlm_dtype dt, const char *pf) {
     const long esize = (long)qlm_weight_elem_size(dt);
+    const qlm_dtype xdt = qlm_x_dtype(dt);
+    const long x_row = cols * (long)qlm_weight_elem_size(xdt);
     __m256 acc[4][TILE_X];
 #pragma GCC unroll 4
     for (int r = 0; r < nr; r++)
@@ -67,7 +69,7 @@ AVX2_INLINE void gemm_tile(float *y, long ldy, const float *x, const char *w, si
         for (int r = 0; r < nr; r++) wv[r] = load8(w + r * stride, k, dt);
 #pragma GCC unroll 2
         for (int i = 0; i < nx; i++) {
-            __m256 xv = _mm256_loadu_ps(x + i * cols + k);
+            __m256 xv = load8(x + i * x_row, k, xdt);
 #pragma GCC unroll 4
             for (int r = 0; r < nr; r++) acc[r][i] = _mm256_fmadd_ps(wv[r], xv, acc[r][i]);
         }
@@ -79,14 +81,14 @@ AVX2_INLINE void gemm_tile(float *y, long ldy, const float *x, const char *w, si
         else
             s[0] = hsum(acc[0][i]);
         for (int r = 0; r < nr; r++) {
-            for (long t = k; t < cols; t++) s[r] += qlm_weight_at(w + r * stride, t, dt) * x[i * cols + t];
+            for (long t = k; t < cols; t++) s[r] += qlm_weight_at(w + r * stride, t, dt) * qlm_weight_at(x + i * x_row, t, xdt);
             y[i * ldy + r] = s[r];
         }
     }
 }
 
 /* The same tile with nx as a constant. */
-AVX2_INLINE void gemm_tile_x(float *y, long ldy, const float *x, int nx, const char *w, size_t stride, long cols,
+AVX2_INLINE void gemm_tile_x(float *y, long ldy, const char *x, int nx, const char *w, size_t stride, long cols,
                              const int nr, qlm_dtype dt, const char *pf) {
     if (nx == 1)
         gemm_tile(y, ldy, x, w, stride, cols, nr, 1, dt, pf);

@@ -12,9 +12,9 @@
 typedef struct {
     const char *name;
     /* y[i][o] = dot(W[o], x[i]) (* I8 scale) (+ bias[o]) for r0 <= o < r1, i < n (x rows of
-     * stride cols, y rows of stride rows); y and bias are indexed by the absolute output o.
-     * Single-threaded. */
-    void (*gemm)(float *y, const float *x, int n, const qlm_weight *w, int r0, int r1, const float *bias);
+     * stride cols, in qlm_x_dtype(w->dtype); y rows of stride rows); y and bias are indexed by the
+     * absolute output o. Single-threaded. */
+    void (*gemm)(float *y, const void *x, int n, const qlm_weight *w, int r0, int r1, const float *bias);
     /* See qlm_dot_rows_f32. */
     void (*dot_rows)(float *y, long ldy, const float *x, int n, const float *w, size_t w_stride, int rows, long cols);
     /* See qlm_weighted_sum_f32. */
@@ -30,6 +30,7 @@ typedef struct {
 #if defined(__x86_64__)
 extern const qlm_kernel_table qlm_kernels_avx2;
 extern const qlm_kernel_table qlm_kernels_avx512;
+extern const qlm_kernel_table qlm_kernels_avx512bf16;
 #endif
 
 /* The table in use: the best the CPU supports, or the one forced by qlm_matmul_force_isa. */
@@ -41,6 +42,14 @@ void qlm_weight_rows_f32(const qlm_weight *w, int r0, int r1, float *dst);
 /* Element size of the weight dtypes the kernels take. */
 static inline size_t qlm_weight_elem_size(qlm_dtype dt) {
     return dt == QLM_F32 ? 4 : dt == QLM_I8 ? 1 : 2;
+}
+
+/* The activations weights of dtype w multiply: BF16 weights take x rounded to BF16 (round to
+ * nearest even, as PyTorch's bf16 matmul does), so that CPUs with a BF16 dot product (two
+ * products per lane and instruction, no conversion of W) and those without give the same
+ * products; every other dtype takes F32 x. Sums are F32 either way. */
+static inline qlm_dtype qlm_x_dtype(qlm_dtype w) {
+    return w == QLM_BF16 ? QLM_BF16 : QLM_F32;
 }
 
 /* Element k of a row in storage dtype dt as F32, without the I8 scale (for scalar loops and tails). */

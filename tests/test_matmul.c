@@ -1,4 +1,4 @@
-/* qlm_matmul on every supported ISA (scalar, AVX2, AVX-512) and qlm_matmul_scalar against a
+/* qlm_matmul on every supported ISA (scalar, AVX2, AVX-512, AVX-512 with BF16) and qlm_matmul_scalar against a
  * double-precision product of the dequantized weights, for odd shapes (cols not multiples of
  * 8/16/32/64, rows not multiples of 4), n = 1 (GEMV), 2 to 17 (the register-tiled GEMM, every
  * remainder of its x-row block) and QLM_MATMUL_SGEMM_MIN_N (sgemm for F32 and INT8), with and
@@ -6,8 +6,9 @@
  * GEMV results independent of the thread count; and the attention kernels (strided dot products and
  * weighted sums) on every ISA.
  *
- * Bound: every path sums exactly-dequantized F32 weights times x in F32, so the error is float
- * summation error: |y - ref| <= 1e-5 * (sum_k |x_k w_k| + |bias|). */
+ * Bound: every path sums exactly-dequantized F32 weights times x in F32 (x rounded to BF16 for
+ * BF16 weights, on every path, so the reference rounds it too), so the error is float summation
+ * error: |y - ref| <= 1e-5 * (sum_k |x_k w_k| + |bias|). */
 #include <math.h>
 #include <omp.h>
 
@@ -20,7 +21,7 @@
 #define MATMUL_FIXTURE "tests/fixtures/quant/matmul.txt"
 #define REL_TOL 1e-5
 
-static const char *const k_isas[] = {"scalar", "avx2", "avx512"};
+static const char *const k_isas[] = {"scalar", "avx2", "avx512", "avx512bf16"};
 
 typedef struct {
     qlm_dtype dtype;
@@ -88,6 +89,11 @@ static void free_weight(test_weight *t) {
     free(t->deq);
 }
 
+/* x[i] as weights of dtype dt multiply it. */
+static double x_for(float x, qlm_dtype dt) {
+    return dt == QLM_BF16 ? qlm_bf16_to_f32(qlm_f32_to_bf16(x)) : x;
+}
+
 /* ref = x deq^T + bias in double; mag = the error scale sum |x w| + |bias|. */
 static void reference(double *ref, double *mag, const float *x, int n, const test_weight *t, const float *bias) {
     int rows = t->w.rows, cols = t->w.cols;
@@ -95,7 +101,7 @@ static void reference(double *ref, double *mag, const float *x, int n, const tes
         for (int o = 0; o < rows; o++) {
             double s = bias ? bias[o] : 0, m = bias ? fabs(bias[o]) : 0;
             for (int k = 0; k < cols; k++) {
-                double p = (double)x[(size_t)i * cols + k] * t->deq[(size_t)o * cols + k];
+                double p = x_for(x[(size_t)i * cols + k], t->w.dtype) * t->deq[(size_t)o * cols + k];
                 s += p;
                 m += fabs(p);
             }
@@ -320,7 +326,9 @@ static void test_vs_torch(void **state) {
 static void test_isa_selection(void **state) {
     (void)state;
     const char *orig = qlm_matmul_isa();
-    assert_true(strcmp(orig, "avx512") == 0 || strcmp(orig, "avx2") == 0 || strcmp(orig, "scalar") == 0);
+    int known = 0;
+    for (size_t i = 0; i < sizeof k_isas / sizeof k_isas[0]; i++) known |= strcmp(orig, k_isas[i]) == 0;
+    assert_true(known);
     assert_int_equal(qlm_matmul_force_isa("scalar"), 0);
     assert_string_equal(qlm_matmul_isa(), "scalar");
     assert_int_equal(qlm_matmul_force_isa("sse9"), -1);

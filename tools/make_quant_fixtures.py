@@ -8,6 +8,7 @@ tests/fixtures/quant/, computed with numpy and torch (independent of qlm's C cod
   quantize.txt    matrices with their symmetric INT8 quantization per tensor and per row:
                   s = max|w| / 127 (float32), q = round_half_away_from_zero(w / s) clamped to +-127
   matmul.txt      y = x W^T + b in float64 (torch) for W stored as f32 / f16 / bf16 / int8 per row
+                  (x rounded to bf16 for bf16 W)
 
 Run from the repository root: python3 tools/make_quant_fixtures.py
 """
@@ -119,6 +120,8 @@ def write_matmul():
         "int8_rows": torch.from_numpy(q.astype(np.float64) * s.astype(np.float64)[:, None]),
     }
     xt, bt = torch.from_numpy(x).double(), torch.from_numpy(b).double()
+    # BF16 weights multiply x rounded to bf16, as torch's bf16 matmul does (qlm_x_dtype).
+    x_for = {"bf16": torch.from_numpy(x).bfloat16().double()}
     with open(os.path.join(OUT, "matmul.txt"), "w") as fh:
         fh.write("# n rows cols, x/w/bias float32 bits, then y = x W^T + bias in float64 per weight dtype\n")
         fh.write("dims %d %d %d\n" % (n, rows, cols))
@@ -126,7 +129,7 @@ def write_matmul():
         fh.write("w %s\n" % hexs(bits32(w)))
         fh.write("bias %s\n" % hexs(bits32(b)))
         for name, wd in deq.items():
-            y = (xt @ wd.T + bt).numpy()
+            y = (x_for.get(name, xt) @ wd.T + bt).numpy()
             fh.write("y_%s %s\n" % (name, " ".join("%.17g" % v for v in y.ravel())))
 
 

@@ -1,0 +1,248 @@
+/* AVX-512 kernels (F + BW + VL): 16 floats per vector, the same structure as the AVX2 file.
+ * Tails use masked loads and stores instead of scalar loops; a masked-off element is never
+ * read, so rows may end at any column. Included by matmul_avx512.c and matmul_avx512bf16.c,
+ * which define AVX512_TARGET (the target attribute), AVX512_TABLE and AVX512_NAME (the table
+ * and its name) and AVX512_DPBF16: 1 where the target has AVX512_BF16, whose dot product
+ * multiplies BF16 weights with BF16 activations 32 columns per instruction, without converting
+ * W. matmul.c only selects a table when the CPU (and the OS, for the ZMM state) supports its
+ * target. */
+#include "matmul_internal.h"
+
+#if defined(__x86_64__)
+
+#include <immintrin.h>
+
+#define AVX512_FN static __attribute__((target(AVX512_TARGET)))
+#define AVX512_INLINE static inline __attribute__((always_inline, target(AVX512_TARGET)))
+
+/* Whether weights of dtype dt take the BF16 dot product (a constant at every call site). */
+#define USES_DP(dt) (AVX512_DPBF16 && (dt) == QLM_BF16)
+
+/* The low n (< 16) lanes. */
+AVX512_INLINE __mmask16 tail_mask(long n) {
+    return (__mmask16)((1u << n) - 1u);
+}
+
+/* Sixteen weights of a row from element k as F32 (I8 without its scale); lanes outside m read
+ * nothing and are zero. dt is a constant at every call site, so the switch folds away. */
+AVX512_INLINE __m512 load16(const void *row, long k, qlm_dtype dt, __mmask16 m) {
+    switch (dt) {
+    case QLM_F16: return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, (const uint16_t *)row + k));
+    case QLM_BF16: {
+        __m512i u = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, (const uint16_t *)row + k));
+        return _mm512_castsi512_ps(_mm512_slli_epi32(u, 16));
+    }
+    case QLM_I8: return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(m, (const int8_t *)row + k)));
+    default: return _mm512_maskz_loadu_ps(m, (const float *)row + k);
+    }
+}
+
+/* Sum of the two 256-bit halves. */
+AVX512_INLINE __m256 fold(__m512 a) {
+    __m256 hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a), 1));
+    return _mm256_add_ps(_mm512_castps512_ps256(a), hi);
+}
+
+/* {sum(a), sum(b), sum(c), sum(d)} */
+AVX512_INLINE __m128 hsum4(__m512 a, __m512 b, __m512 c, __m512 d) {
+    __m256 t = _mm256_hadd_ps(_mm256_hadd_ps(fold(a), fold(b)), _mm256_hadd_ps(fold(c), fold(d)));
+    return _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1));
+}
+
+/* Rows of x one register tile takes: 4 weight rows x 6 x rows = 24 accumulators, plus the four
+ * weight vectors and one x vector, within the 32 vector registers. */
+#define TILE_X 6
+/* Weight rows a tile takes for nx rows of x: with one or two, 8 rows (8 or 16 accumulators) keep
+ * enough independent FMA chains in flight to hide the FMA latency. */
+#define GROUP_ROWS(nx) ((nx) <= 2 ? 8 : 4)
+
+/* One step of gemm_tile: ks columns from k (16, or 32 for the BF16 dot product), lanes
+ * outside m read nothing. x rows are cols elements apart, in the activation dtype of dt. */
+AVX512_INLINE void gemm_step(__m512 acc[8][TILE_X], const char *x, const char *w, size_t stride, long cols, long k,
+                             const int nr, const int nx, qlm_dtype dt, __mmask32 m) {
+#if AVX512_DPBF16
+    if (USES_DP(dt)) {
+        __m512i wv[8];
+#pragma GCC unroll 8
+        for (int r = 0; r < nr; r++) wv[r] = _mm512_maskz_loadu_epi16(m, (const uint16_t *)(w + r * stride) + k);
+#pragma GCC unroll 6
+        for (int i = 0; i < nx; i++) {
+            __m512bh xv = (__m512bh)_mm512_maskz_loadu_epi16(m, (const uint16_t *)x + i * cols + k);
+#pragma GCC unroll 8
+            for (int r = 0; r < nr; r++) acc[r][i] = _mm512_dpbf16_ps(acc[r][i], (__m512bh)wv[r], xv);
+        }
+        return;
+    }
+#endif
+    const qlm_dtype xdt = qlm_x_dtype(dt);
+    const long x_row = cols * (long)qlm_weight_elem_size(xdt);
+    __m512 wv[8];
+#pragma GCC unroll 8
+    for (int r = 0; r < nr; r++) wv[r] = load16(w + r * stride, k, dt, (__mmask16)m);
+#pragma GCC unroll 6
+    for (int i = 0; i < nx; i++) {
+        __m512 xv = load16(x + i * x_row, k, xdt, (__mmask16)m);
+#pragma GCC unroll 8
+        for (int r = 0; r < nr; r++) acc[r][i] = _mm512_fmadd_ps(wv[r], xv, acc[r][i]);
+    }
+}
+
+/* nr (1, 4 or 8) weight rows (stride bytes apart, storage dtype dt) against nx (1..TILE_X) rows
+ * of x. Each weight vector is loaded (and converted) once for nx products and each x vector
+ * serves nr, so with several x rows the loop is bound by arithmetic throughput rather than
+ * loads; with one it is bound by memory, and pf (when set, the next rows) is prefetched as this
+ * step consumes the current ones: the hardware prefetchers lose track of several short
+ * interleaved row streams. nr, nx and dt are constants at each call site, so the accumulator
+ * arrays become registers. Each (row, x row) sum runs over k in the same order whatever nr and
+ * nx are. */
+AVX512_INLINE void gemm_tile(float *y, long ldy, const char *x, const char *w, size_t stride, long cols,
+                             const int nr, const int nx, qlm_dtype dt, const char *pf) {
+    const long esize = (long)qlm_weight_elem_size(dt), ks = USES_DP(dt) ? 32 : 16;
+    __m512 acc[8][TILE_X];
+#pragma GCC unroll 8
+    for (int r = 0; r < nr; r++)
+#pragma GCC unroll 6
+        for (int i = 0; i < nx; i++) acc[r][i] = _mm512_setzero_ps();
+    long k = 0;
+    for (; k + ks <= cols; k += ks) {
+        /* This step reads nr rows x ks weights; prefetch as many bytes of the next rows. */
+        if (pf)
+            for (long j = 0; j < nr * ks * esize / 64; j++) _mm_prefetch(pf + k * nr * esize + 64 * j, _MM_HINT_T0);
+        gemm_step(acc, x, w, stride, cols, k, nr, nx, dt, (__mmask32)0xffffffffu);
+    }
+    if (k < cols) gemm_step(acc, x, w, stride, cols, k, nr, nx, dt, (__mmask32)((1u << (cols - k)) - 1u));
+#pragma GCC unroll 6
+    for (int i = 0; i < nx; i++) {
+        if (nr == 1)
+            y[i * ldy] = _mm512_reduce_add_ps(acc[0][i]);
+        else
+#pragma GCC unroll 2
+            for (int r = 0; r < nr; r += 4)
+                _mm_storeu_ps(y + i * ldy + r, hsum4(acc[r][i], acc[r + 1][i], acc[r + 2][i], acc[r + 3][i]));
+    }
+}
+
+/* The same tile with nx as a constant (nr = 8 only comes with nx <= 2). */
+AVX512_INLINE void gemm_tile_x(float *y, long ldy, const char *x, int nx, const char *w, size_t stride, long cols,
+                               const int nr, qlm_dtype dt, const char *pf) {
+    if (nr == 8) {
+        if (nx == 1)
+            gemm_tile(y, ldy, x, w, stride, cols, 8, 1, dt, pf);
+        else
+            gemm_tile(y, ldy, x, w, stride, cols, 8, 2, dt, pf);
+        return;
+    }
+    switch (nx) {
+    case 1: gemm_tile(y, ldy, x, w, stride, cols, nr, 1, dt, pf); break;
+    case 2: gemm_tile(y, ldy, x, w, stride, cols, nr, 2, dt, pf); break;
+    case 3: gemm_tile(y, ldy, x, w, stride, cols, nr, 3, dt, pf); break;
+    case 4: gemm_tile(y, ldy, x, w, stride, cols, nr, 4, dt, pf); break;
+    case 5: gemm_tile(y, ldy, x, w, stride, cols, nr, 5, dt, pf); break;
+    default: gemm_tile(y, ldy, x, w, stride, cols, nr, TILE_X, dt, pf); break;
+    }
+}
+
+#define KERNEL_FN AVX512_FN
+#define KERNEL_INLINE AVX512_INLINE
+#include "kernel_rows.h"
+
+AVX512_INLINE __mmask16 block_mask(long i, long n) {
+    return n - i >= 16 ? (__mmask16)0xffff : tail_mask(n - i);
+}
+
+AVX512_FN void f16_to_f32(float *dst, const uint16_t *src, long n) {
+    for (long i = 0; i < n; i += 16) {
+        __mmask16 m = block_mask(i, n);
+        _mm512_mask_storeu_ps(dst + i, m, load16(src, i, QLM_F16, m));
+    }
+}
+
+AVX512_FN void bf16_to_f32(float *dst, const uint16_t *src, long n) {
+    for (long i = 0; i < n; i += 16) {
+        __mmask16 m = block_mask(i, n);
+        _mm512_mask_storeu_ps(dst + i, m, load16(src, i, QLM_BF16, m));
+    }
+}
+
+AVX512_FN void i8_to_f32(float *dst, const int8_t *src, long n, float scale) {
+    __m512 s = _mm512_set1_ps(scale);
+    for (long i = 0; i < n; i += 16) {
+        __mmask16 m = block_mask(i, n);
+        _mm512_mask_storeu_ps(dst + i, m, _mm512_mul_ps(load16(src, i, QLM_I8, m), s));
+    }
+}
+
+AVX512_FN void f32_to_f16(uint16_t *dst, const float *src, long n) {
+    for (long i = 0; i < n; i += 16) {
+        __mmask16 m = block_mask(i, n);
+        __m256i h = _mm512_cvtps_ph(_mm512_maskz_loadu_ps(m, src + i), _MM_FROUND_TO_NEAREST_INT);
+        _mm256_mask_storeu_epi16(dst + i, m, h);
+    }
+}
+
+/* Round to nearest even on the upper 16 bits; NaNs are quieted like qlm_f32_to_bf16. */
+AVX512_FN void f32_to_bf16(uint16_t *dst, const float *src, long n) {
+    for (long i = 0; i < n; i += 16) {
+        __mmask16 m = block_mask(i, n);
+        __m512 v = _mm512_maskz_loadu_ps(m, src + i);
+        __m512i u = _mm512_castps_si512(v);
+        __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+        __m512i r = _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7fff)), lsb), 16);
+        __m512i nan = _mm512_or_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x40));
+        r = _mm512_mask_blend_epi32(_mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), r, nan);
+        _mm256_mask_storeu_epi16(dst + i, m, _mm512_cvtepi32_epi16(r));
+    }
+}
+
+/* Up to 64 outputs of one row held in registers across all m weighted value rows. */
+AVX512_FN void weighted_sum(float *o, const float *p, int g, long ldp, const float *v, size_t v_stride, int m,
+                            long hd) {
+    for (int j = 0; j < g; j++)
+        for (long d = 0; d < hd; d += 64) {
+            __mmask16 mk[4];
+            __m512 a[4];
+#pragma GCC unroll 4
+            for (int c = 0; c < 4; c++) {
+                long at = d + 16 * c;
+                mk[c] = at >= hd ? 0 : block_mask(at, hd);
+                a[c] = _mm512_maskz_loadu_ps(mk[c], o + (size_t)j * hd + at);
+            }
+            /* Odd value rows go to a second set of sums: twice the FMA chains in flight. */
+            __m512 b[4];
+#pragma GCC unroll 4
+            for (int c = 0; c < 4; c++) b[c] = _mm512_setzero_ps();
+            int t = 0;
+            for (; t + 2 <= m; t += 2) {
+                __m512 pa = _mm512_set1_ps(p[(size_t)j * ldp + t]), pb = _mm512_set1_ps(p[(size_t)j * ldp + t + 1]);
+                const float *va = v + (size_t)t * v_stride + d, *vb = va + v_stride;
+#pragma GCC unroll 4
+                for (int c = 0; c < 4; c++) {
+                    a[c] = _mm512_fmadd_ps(pa, _mm512_maskz_loadu_ps(mk[c], va + 16 * c), a[c]);
+                    b[c] = _mm512_fmadd_ps(pb, _mm512_maskz_loadu_ps(mk[c], vb + 16 * c), b[c]);
+                }
+            }
+            if (t < m) {
+                __m512 pa = _mm512_set1_ps(p[(size_t)j * ldp + t]);
+                const float *va = v + (size_t)t * v_stride + d;
+#pragma GCC unroll 4
+                for (int c = 0; c < 4; c++) a[c] = _mm512_fmadd_ps(pa, _mm512_maskz_loadu_ps(mk[c], va + 16 * c), a[c]);
+            }
+#pragma GCC unroll 4
+            for (int c = 0; c < 4; c++)
+                _mm512_mask_storeu_ps(o + (size_t)j * hd + d + 16 * c, mk[c], _mm512_add_ps(a[c], b[c]));
+        }
+}
+
+const qlm_kernel_table AVX512_TABLE = {
+    .name = AVX512_NAME,
+    .gemm = gemm,
+    .dot_rows = dot_rows,
+    .weighted_sum = weighted_sum,
+    .f16_to_f32 = f16_to_f32,
+    .bf16_to_f32 = bf16_to_f32,
+    .f32_to_f16 = f32_to_f16,
+    .f32_to_bf16 = f32_to_bf16,
+    .i8_to_f32 = i8_to_f32,
+};
+
+#endif
