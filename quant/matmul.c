@@ -235,16 +235,28 @@ static void gemm_parallel(float *y, const float *x, int n, const qlm_weight *w, 
     if (blas_threads != 1) openblas_set_num_threads(blas_threads);
 }
 
-/* Threads take runs of output rows and the kernel table's GEMM reads them in their storage dtype;
- * x is in the activation dtype of W. */
-static void rows_parallel(float *y, const void *x, int n, const qlm_weight *w, const float *bias,
+/* Elements of x below which the calling thread rounds x to BF16 alone rather than with a barrier. */
+#define MIN_PARALLEL_ROUNDING 16384L
+
+/* Threads take runs of output rows and the kernel table's GEMM reads them in their storage dtype.
+ * For BF16 weights xb (n * cols) receives x rounded to BF16, which is what the GEMM reads. */
+static void rows_parallel(float *y, const float *x, uint16_t *xb, int n, const qlm_weight *w, const float *bias,
                           const qlm_kernel_table *kt) {
     int nth = threads_for((double)n * w->rows * w->cols);
+    long len = (long)n * w->cols;
+    int split_rounding = xb && nth > 1 && len >= MIN_PARALLEL_ROUNDING;
+    if (xb && !split_rounding) kt->f32_to_bf16(xb, x, len);
 #pragma omp parallel num_threads(nth) if (nth > 1)
     {
+        int t = omp_get_thread_num(), nt = omp_get_num_threads();
+        if (split_rounding) {
+            long a = len * t / nt, b = len * (t + 1) / nt;
+            kt->f32_to_bf16(xb + a, x + a, b - a);
+#pragma omp barrier
+        }
         int r0, r1;
-        thread_rows(w->rows, ROW_GROUP, omp_get_thread_num(), omp_get_num_threads(), &r0, &r1);
-        kt->gemm(y, x, n, w, r0, r1, bias);
+        thread_rows(w->rows, ROW_GROUP, t, nt, &r0, &r1);
+        kt->gemm(y, xb ? (const void *)xb : x, n, w, r0, r1, bias);
     }
 }
 
@@ -281,18 +293,15 @@ void qlm_matmul(float *y, const float *x, int n, const qlm_weight *w, const floa
         gemm_parallel(y, x, n, w, bias, kt);
         return;
     }
-    if (qlm_x_dtype(w->dtype) == QLM_F32) {
-        rows_parallel(y, x, n, w, bias, kt);
-        return;
+    uint16_t *xb = NULL;
+    if (qlm_x_dtype(w->dtype) == QLM_BF16) {
+        /* x is rounded once per call rather than in every thread's kernel. */
+        xb = x_bf16_buffer((size_t)n * (size_t)w->cols);
+        if (!xb) {
+            /* Out of memory for the rounded copy: still correct, only slower. */
+            qlm_matmul_scalar(y, x, n, w, bias);
+            return;
+        }
     }
-    /* x is rounded once here rather than in every thread's kernel. */
-    size_t len = (size_t)n * (size_t)w->cols;
-    uint16_t *xb = x_bf16_buffer(len);
-    if (!xb) {
-        /* Out of memory for the rounded copy: still correct, only slower. */
-        qlm_matmul_scalar(y, x, n, w, bias);
-        return;
-    }
-    kt->f32_to_bf16(xb, x, (long)len);
-    rows_parallel(y, xb, n, w, bias, kt);
+    rows_parallel(y, x, xb, n, w, bias, kt);
 }
