@@ -95,22 +95,43 @@ static int cpu_lora(float *y, const float *x, int n, const qlm_lora_ref *const *
     return 0;
 }
 
-static inline float act(float x, qlm_act a) {
+/* Values per block of an activation: a block's exponentials go through the vectorized qlm_exp_f32. */
+#define ACT_BLOCK 256
+
+/* out[i] = act(x[i]) * up[i] (or without up when NULL) for i < n <= ACT_BLOCK; out may be x. */
+static void act_block(float *out, const float *x, const float *up, long n, qlm_act a) {
+    float e[ACT_BLOCK];
     switch (a) {
-    case QLM_ACT_GELU_TANH: return 0.5f * x * (1.0f + tanhf(0.7978845608028654f * (x + 0.044715f * x * x * x)));
-    case QLM_ACT_RELU: return x > 0 ? x : 0;
-    default: return x / (1.0f + expf(-x));
+    case QLM_ACT_RELU:
+        for (long i = 0; i < n; i++) e[i] = x[i] > 0 ? x[i] : 0;
+        break;
+    case QLM_ACT_GELU_TANH:
+        /* 0.5 x (1 + tanh u) = x - x / (e^2u + 1), which holds for e^2u = inf too. */
+        for (long i = 0; i < n; i++) {
+            float xi = x[i];
+            e[i] = 1.5957691216057308f * (xi + 0.044715f * xi * xi * xi);
+        }
+        qlm_exp_f32(e, n);
+        for (long i = 0; i < n; i++) e[i] = x[i] - x[i] / (e[i] + 1.0f);
+        break;
+    default:
+        /* SiLU: x / (1 + e^-x) */
+        for (long i = 0; i < n; i++) e[i] = -x[i];
+        qlm_exp_f32(e, n);
+        for (long i = 0; i < n; i++) e[i] = x[i] / (1.0f + e[i]);
     }
+    for (long i = 0; i < n; i++) out[i] = up ? e[i] * up[i] : e[i];
 }
 
 static void cpu_glu(float *out, const float *gate, const float *up, long n, qlm_act a) {
 #pragma omp parallel for if (n > 4096)
-    for (long i = 0; i < n; i++) out[i] = act(gate[i], a) * up[i];
+    for (long b = 0; b < n; b += ACT_BLOCK)
+        act_block(out + b, gate + b, up + b, n - b < ACT_BLOCK ? n - b : ACT_BLOCK, a);
 }
 
 static void cpu_activate(float *x, long n, qlm_act a) {
 #pragma omp parallel for if (n > 4096)
-    for (long i = 0; i < n; i++) x[i] = act(x[i], a);
+    for (long b = 0; b < n; b += ACT_BLOCK) act_block(x + b, x + b, NULL, n - b < ACT_BLOCK ? n - b : ACT_BLOCK, a);
 }
 
 static void cpu_add(float *y, const float *x, long n) {

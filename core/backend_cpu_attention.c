@@ -35,11 +35,10 @@ static void softmax_row(float *scores, int len, const float *bias) {
         if (bias) scores[t] += bias[t];
         if (scores[t] > mx) mx = scores[t];
     }
+    for (int t = 0; t < len; t++) scores[t] -= mx;
+    qlm_exp_f32(scores, len);
     float sum = 0;
-    for (int t = 0; t < len; t++) {
-        scores[t] = expf(scores[t] - mx);
-        sum += scores[t];
-    }
+    for (int t = 0; t < len; t++) sum += scores[t];
     float inv = 1.0f / sum;
     for (int t = 0; t < len; t++) scores[t] *= inv;
 }
@@ -83,10 +82,9 @@ static void attend(float *out, const float *q, const float *kc, const float *vc,
                 for (int d = 0; d < hd; d++) o[(size_t)j * hd + d] *= shrink;
                 mx[j] = cmx;
             }
-            for (int t = 0; t < m; t++) {
-                scores[j][t] = expf(scores[j][t] - mx[j]);
-                sum[j] += scores[j][t];
-            }
+            for (int t = 0; t < m; t++) scores[j][t] -= mx[j];
+            qlm_exp_f32(scores[j], m);
+            for (int t = 0; t < m; t++) sum[j] += scores[j][t];
         }
         qlm_weighted_sum_f32(o, scores[0], g, KEY_CHUNK, vc + (size_t)t0 * kv_dim + (size_t)kvh * hd, (size_t)kv_dim, m,
                              hd);

@@ -204,6 +204,34 @@ AVX512_FN void f32_to_bf16(uint16_t *dst, const float *src, long n) {
     }
 }
 
+/* e^x for 16 lanes (see QLM_EXP_LOG2E): x is clamped where e^x is 0 or +inf in float anyway, and
+ * VSCALEF multiplies by 2^k with the right result for every k, subnormal and infinite included. */
+AVX512_INLINE __m512 exp16(__m512 x) {
+    __m512 xc = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-104.0f)), _mm512_set1_ps(89.0f));
+    __m512 k = _mm512_roundscale_ps(_mm512_mul_ps(xc, _mm512_set1_ps(QLM_EXP_LOG2E)), _MM_FROUND_TO_NEAREST_INT);
+    __m512 r = _mm512_fnmadd_ps(k, _mm512_set1_ps(QLM_EXP_LN2_HI), xc);
+    r = _mm512_fnmadd_ps(k, _mm512_set1_ps(QLM_EXP_LN2_LO), r);
+    __m512 p = _mm512_set1_ps(QLM_EXP_P0);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(QLM_EXP_P1));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(QLM_EXP_P2));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(QLM_EXP_P3));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(QLM_EXP_P4));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(QLM_EXP_P5));
+    p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+    __m512 y = _mm512_scalef_ps(p, k);
+    /* max/min turned NaN into a bound; give it back. */
+    return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), y, x);
+}
+
+AVX512_FN void exp_f32(float *x, long n) {
+    long i = 0;
+    for (; i + 16 <= n; i += 16) _mm512_storeu_ps(x + i, exp16(_mm512_loadu_ps(x + i)));
+    if (i < n) {
+        __mmask16 m = tail_mask(n - i);
+        _mm512_mask_storeu_ps(x + i, m, exp16(_mm512_maskz_loadu_ps(m, x + i)));
+    }
+}
+
 /* Up to 64 outputs of one row held in registers across all m weighted value rows. */
 AVX512_FN void weighted_sum(float *o, const float *p, int g, long ldp, const float *v, size_t v_stride, int m,
                             long hd) {
@@ -248,6 +276,7 @@ const qlm_kernel_table AVX512_TABLE = {
     .gemm = gemm,
     .dot_rows = dot_rows,
     .weighted_sum = weighted_sum,
+    .exp = exp_f32,
     .f16_to_f32 = f16_to_f32,
     .bf16_to_f32 = bf16_to_f32,
     .f32_to_f16 = f32_to_f16,

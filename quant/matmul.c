@@ -10,6 +10,7 @@
 #include "matmul.h"
 
 #include <cblas.h>
+#include <math.h>
 #if defined(__x86_64__)
 #include <cpuid.h>
 #endif
@@ -71,6 +72,10 @@ static void scalar_weighted_sum(float *o, const float *p, int g, long ldp, const
             for (long d = 0; d < hd; d++) o[(size_t)j * hd + d] += p[(size_t)j * ldp + t] * v[(size_t)t * v_stride + d];
 }
 
+static void scalar_exp(float *x, long n) {
+    for (long i = 0; i < n; i++) x[i] = expf(x[i]);
+}
+
 static void scalar_f16_to_f32(float *dst, const uint16_t *src, long n) {
     for (long i = 0; i < n; i++) dst[i] = qlm_f16_to_f32(src[i]);
 }
@@ -96,6 +101,7 @@ static const qlm_kernel_table scalar_table = {
     .gemm = scalar_gemm,
     .dot_rows = scalar_dot_rows,
     .weighted_sum = scalar_weighted_sum,
+    .exp = scalar_exp,
     .f16_to_f32 = scalar_f16_to_f32,
     .bf16_to_f32 = scalar_bf16_to_f32,
     .f32_to_f16 = scalar_f32_to_f16,
@@ -284,6 +290,10 @@ static uint16_t *x_bf16_buffer(size_t n) {
     t_x_bf16 = p;
     t_x_bf16_cap = n;
     return p;
+}
+
+void qlm_exp_f32(float *x, long n) {
+    if (n > 0) qlm_kernels()->exp(x, n);
 }
 
 void qlm_matmul(float *y, const float *x, int n, const qlm_weight *w, const float *bias) {

@@ -25,6 +25,10 @@ void qlm_dot_rows_f32(float *y, long ldy, const float *x, int n, const float *w,
  * attention's weighted sum of value rows (any stride) for g heads. Single-threaded. */
 void qlm_weighted_sum_f32(float *o, const float *p, int g, long ldp, const float *v, size_t v_stride, int m, long hd);
 
+/* x[i] = e^x[i] for i < n, in place: within 2 ulp of expf, e^-inf = 0, e^x overflowing to +inf and
+ * NaN staying NaN; results below 3e-38 may be 0. Single-threaded. */
+void qlm_exp_f32(float *x, long n);
+
 /* The scalar reference, for tests. */
 void qlm_matmul_scalar(float *y, const float *x, int n, const qlm_weight *w, const float *bias);
 

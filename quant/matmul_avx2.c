@@ -6,6 +6,7 @@
 #if defined(__x86_64__)
 
 #include <immintrin.h>
+#include <math.h>
 
 #define AVX2_FN static __attribute__((target("avx2,fma,f16c")))
 #define AVX2_INLINE static inline __attribute__((always_inline, target("avx2,fma,f16c")))
@@ -166,11 +167,46 @@ AVX2_FN void weighted_sum(float *o, const float *p, int g, long ldp, const float
     }
 }
 
+/* e^x for 8 lanes (see QLM_EXP_LOG2E). x is clamped to where 2^(k-1) is a normal float, the
+ * product takes the last factor 2 separately (so e^x up to FLT_MAX comes out), and the results
+ * that would be below 3e-38 (given as 0) or infinite are put in afterwards, as is NaN. */
+AVX2_INLINE __m256 exp8(__m256 x) {
+    const __m256 lo = _mm256_set1_ps(-86.5f), hi = _mm256_set1_ps(88.72283935546875f);
+    __m256 xc = _mm256_min_ps(_mm256_max_ps(x, lo), hi);
+    __m256 k = _mm256_round_ps(_mm256_mul_ps(xc, _mm256_set1_ps(QLM_EXP_LOG2E)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(k, _mm256_set1_ps(QLM_EXP_LN2_HI), xc);
+    r = _mm256_fnmadd_ps(k, _mm256_set1_ps(QLM_EXP_LN2_LO), r);
+    __m256 p = _mm256_set1_ps(QLM_EXP_P0);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(QLM_EXP_P1));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(QLM_EXP_P2));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(QLM_EXP_P3));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(QLM_EXP_P4));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(QLM_EXP_P5));
+    p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+    /* 2^(k-1): k - 1 + 127 in the exponent field, 1..254 for -125 <= k <= 128. */
+    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(k), _mm256_set1_epi32(126)), 23);
+    __m256 y = _mm256_mul_ps(_mm256_mul_ps(p, _mm256_castsi256_ps(e)), _mm256_set1_ps(2.0f));
+    y = _mm256_blendv_ps(y, _mm256_setzero_ps(), _mm256_cmp_ps(x, lo, _CMP_LT_OQ));
+    y = _mm256_blendv_ps(y, _mm256_set1_ps(INFINITY), _mm256_cmp_ps(x, hi, _CMP_GT_OQ));
+    return _mm256_blendv_ps(y, x, _mm256_cmp_ps(x, x, _CMP_UNORD_Q));
+}
+
+/* The tail through masked loads and stores, so a value's result does not depend on where it sits. */
+AVX2_FN void exp_f32(float *x, long n) {
+    long i = 0;
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(x + i, exp8(_mm256_loadu_ps(x + i)));
+    if (i < n) {
+        __m256i m = _mm256_cmpgt_epi32(_mm256_set1_epi32((int)(n - i)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+        _mm256_maskstore_ps(x + i, m, exp8(_mm256_maskload_ps(x + i, m)));
+    }
+}
+
 const qlm_kernel_table qlm_kernels_avx2 = {
     .name = "avx2",
     .gemm = gemm,
     .dot_rows = dot_rows,
     .weighted_sum = weighted_sum,
+    .exp = exp_f32,
     .f16_to_f32 = f16_to_f32,
     .bf16_to_f32 = bf16_to_f32,
     .f32_to_f16 = f32_to_f16,

@@ -19,6 +19,8 @@ typedef struct {
     void (*dot_rows)(float *y, long ldy, const float *x, int n, const float *w, size_t w_stride, int rows, long cols);
     /* See qlm_weighted_sum_f32. */
     void (*weighted_sum)(float *o, const float *p, int g, long ldp, const float *v, size_t v_stride, int m, long hd);
+    /* See qlm_exp_f32. */
+    void (*exp)(float *x, long n);
     void (*f16_to_f32)(float *dst, const uint16_t *src, long n);
     void (*bf16_to_f32)(float *dst, const uint16_t *src, long n);
     void (*f32_to_f16)(uint16_t *dst, const float *src, long n);
@@ -38,6 +40,19 @@ const qlm_kernel_table *qlm_kernels(void);
 
 /* Rows [r0, r1) of w as F32 (I8 scales applied) into dst[(r1 - r0) * cols]. */
 void qlm_weight_rows_f32(const qlm_weight *w, int r0, int r1, float *dst);
+
+/* e^x = 2^k e^r with k = round(x log2 e) and r = x - k ln 2 (ln 2 in a high part exact in a few
+ * bits and a low part, so r is exact), e^r by its degree-6 minimax polynomial on |r| <= ln2/2
+ * (Cephes' expf coefficients), evaluated by Horner in FMA by the SIMD kernels. */
+#define QLM_EXP_LOG2E 1.44269504088896341f
+#define QLM_EXP_LN2_HI 0.693359375f
+#define QLM_EXP_LN2_LO -2.12194440e-4f
+#define QLM_EXP_P0 1.9875691500e-4f
+#define QLM_EXP_P1 1.3981999507e-3f
+#define QLM_EXP_P2 8.3334519073e-3f
+#define QLM_EXP_P3 4.1665795894e-2f
+#define QLM_EXP_P4 1.6666665459e-1f
+#define QLM_EXP_P5 5.0000001201e-1f
 
 /* Element size of the weight dtypes the kernels take. */
 static inline size_t qlm_weight_elem_size(qlm_dtype dt) {

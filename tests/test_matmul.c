@@ -3,12 +3,13 @@
  * 8/16/32/64, rows not multiples of 4), n = 1 (GEMV), 2 to 17 (the register-tiled GEMM, every
  * remainder of its x-row block) and QLM_MATMUL_SGEMM_MIN_N (sgemm for F32 and INT8), with and
  * without bias; against torch (tests/fixtures/quant/matmul.txt, tools/make_quant_fixtures.py);
- * GEMV results independent of the thread count; and the attention kernels (strided dot products and
- * weighted sums) on every ISA.
+ * GEMV results independent of the thread count; the attention kernels (strided dot products and
+ * weighted sums) and the vectorized exponential on every ISA.
  *
  * Bound: every path sums exactly-dequantized F32 weights times x in F32 (x rounded to BF16 for
  * BF16 weights, on every path, so the reference rounds it too), so the error is float summation
  * error: |y - ref| <= 1e-5 * (sum_k |x_k w_k| + |bias|). */
+#include <float.h>
 #include <math.h>
 #include <omp.h>
 
@@ -257,6 +258,60 @@ static void test_attention_kernels(void **state) {
     free(kv), free(x), free(y), free(o), free(ref), free(mag);
 }
 
+/* Units in the last place between a and the double b, at b's scale. */
+static double ulps(float a, double b) {
+    int e;
+    frexp(b, &e);
+    return fabs((double)a - b) / ldexp(1.0, e - 24);
+}
+
+/* qlm_exp_f32 on every ISA against exp in double: within 2 ulp wherever e^x is at least 3e-38,
+ * 0 or the subnormal below that, +inf past FLT_MAX, e^-inf = 0, NaN kept; for every length up to
+ * past a vector (the tails: nothing past n is touched, and each value is the one a long call
+ * gives). */
+static void test_exp(void **state) {
+    (void)state;
+    enum { N = 20000 };
+    float *x = malloc(N * sizeof *x), *y = malloc(N * sizeof *y);
+    assert_true(x && y);
+    for (int i = 0; i < N - 8; i++) x[i] = -110.0f + 206.0f * (float)i / (N - 8);
+    const float specials[8] = {-INFINITY, INFINITY, NAN, 0.0f, -0.0f, 1e-40f, 88.72283935546875f, 88.7228470f};
+    memcpy(x + N - 8, specials, sizeof specials);
+    const char *orig = qlm_matmul_isa();
+    for (size_t ii = 0; ii < sizeof k_isas / sizeof k_isas[0]; ii++) {
+        if (qlm_matmul_force_isa(k_isas[ii]) != 0) continue;
+        double worst = 0;
+        memcpy(y, x, N * sizeof *y);
+        qlm_exp_f32(y, N);
+        for (int i = 0; i < N; i++) {
+            double ref = exp((double)x[i]);
+            if (isnan(x[i])) {
+                assert_true(isnan(y[i]));
+            } else if (ref > FLT_MAX * (1.0 + 0x1p-24)) {
+                if (!isinf(y[i])) fail_msg("%s: exp(%.9g) = %.9g, want inf", k_isas[ii], x[i], y[i]);
+            } else if (ref >= 3e-38) {
+                double u = ulps(y[i], ref);
+                if (u > 2) fail_msg("%s: exp(%.9g) = %.9g, reference %.9g (%.2f ulp)", k_isas[ii], x[i], y[i], ref, u);
+                if (u > worst) worst = u;
+            } else if (!(y[i] == 0.0f || fabs((double)y[i] - ref) <= 0x1p-149)) {
+                fail_msg("%s: exp(%.9g) = %.9g, want 0 or %.9g", k_isas[ii], x[i], y[i], ref);
+            }
+        }
+        for (int n = 1; n <= 40; n++) {
+            float v[41];
+            for (int i = 0; i < n; i++) v[i] = x[i * 397 % (N - 8)];
+            v[n] = 12345.0f;
+            qlm_exp_f32(v, n);
+            assert_true(v[n] == 12345.0f);
+            for (int i = 0; i < n; i++) assert_true(v[i] == y[i * 397 % (N - 8)]);
+        }
+        print_message("exp %-10s worst %.2f ulp\n", k_isas[ii], worst);
+    }
+    assert_int_equal(qlm_matmul_force_isa(orig), 0);
+    free(x);
+    free(y);
+}
+
 static void read_hex(FILE *f, const char *key, float *out, long count) {
     char k[32];
     assert_int_equal(fscanf(f, "%31s", k), 1);
@@ -345,6 +400,7 @@ int main(void) {
         cmocka_unit_test(test_threaded_shapes), cmocka_unit_test(test_thread_count_invariance),
         cmocka_unit_test(test_vs_torch),
         cmocka_unit_test(test_attention_kernels),
+        cmocka_unit_test(test_exp),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
