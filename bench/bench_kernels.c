@@ -1,11 +1,11 @@
 /* Kernel benchmark: memory bandwidth, then GEMV (decode, n = 1) and GEMM (prefill) speed per
- * weight dtype for the SmolLM2-135M matrix shapes.
+ * weight dtype for the SmolLM2-135M matrix shapes, and a batched decode step's attention.
  *
  * GEMV runs "cold": it cycles through enough copies of the matrix to exceed the caches, as
  * decode does (a whole model never fits in L3), so GB/s is comparable with the measured
  * bandwidth. --hot reuses one copy instead. GEMM reuses one copy (it is compute-bound).
  *
- * usage: bench_kernels [--isa scalar|avx2|avx512|avx512bf16] [--hot] [--n N] [--quick] [--only gemv|gemm] */
+ * usage: bench_kernels [--isa scalar|avx2|avx512|avx512bf16] [--hot] [--n N] [--quick] [--only gemv|gemm|attention] */
 #include <cblas.h>
 #include <omp.h>
 #include <stdint.h>
@@ -14,6 +14,8 @@
 #include <string.h>
 #include <time.h>
 
+#include "core/backend.h"
+#include "core/backend_cpu_attention.h"
 #include "core/dtype.h"
 #include "core/error.h"
 #include "core/membw.h"
@@ -164,7 +166,7 @@ static double memcpy_gbs(void) {
 
 typedef struct {
     int hot, quick, gemm_n;
-    const char *only; /* "gemv", "gemm" or NULL for both */
+    const char *only; /* "gemv", "gemm", "attention" or NULL for all */
 } options;
 
 static int parse_args(int argc, char **argv, options *o) {
@@ -187,7 +189,7 @@ static int parse_args(int argc, char **argv, options *o) {
                 return -1;
             }
         } else {
-            fprintf(stderr, "usage: bench_kernels [--isa scalar|avx2|avx512|avx512bf16] [--hot] [--n N] [--quick] [--only gemv|gemm]\n");
+            fprintf(stderr, "usage: bench_kernels [--isa scalar|avx2|avx512|avx512bf16] [--hot] [--n N] [--quick] [--only gemv|gemm|attention]\n");
             return -1;
         }
     }
@@ -281,6 +283,51 @@ static int bench_gemm(const options *o) {
     return 0;
 }
 
+/* One batched decode step's attention for SmolLM2's heads (9 query, 3 KV, 64 dims): B sequences of
+ * L keys each, 30 layers of caches (so they come from memory, as in decode), with the cache laid
+ * out row by row ([pos][kv_heads*head_dim]) and head by head ([kv_head][pos][head_dim], the decode
+ * cache's layout). GB/s counts the keys and values read. */
+static int bench_attention(const options *o) {
+    enum { LAYERS = 30, H = 9, KV = 3, HD = 64, CAP = 512 };
+    static const int batch[] = {1, 8, 27};
+    const int len = 260;
+    size_t slot = (size_t)CAP * KV * HD;
+    printf("\ndecode attention, %d keys per sequence, %d layers\n%-8s %-12s %10s %9s\n", len, LAYERS, "seqs",
+           "layout", "ms/step", "GB/s");
+    for (size_t bi = 0; bi < sizeof batch / sizeof batch[0]; bi++) {
+        int b = batch[bi];
+        float *kv = malloc(2 * LAYERS * b * slot * sizeof(float)), *q = malloc((size_t)b * H * HD * sizeof(float));
+        float *out = malloc((size_t)b * H * HD * sizeof(float));
+        int *pos = malloc((size_t)b * sizeof(int)), *slots = malloc((size_t)b * sizeof(int));
+        if (!kv || !q || !out || !pos || !slots) {
+            free(kv), free(q), free(out), free(pos), free(slots);
+            return qlm_errorf("bench: out of memory");
+        }
+        for (size_t i = 0; i < 2 * LAYERS * b * slot; i++) kv[i] = frand();
+        for (int i = 0; i < b * H * HD; i++) q[i] = frand();
+        for (int i = 0; i < b; i++) pos[i] = len - 1, slots[i] = i;
+        for (int layout = 0; layout < 2; layout++) {
+            qlm_attn_shape sh = {.n_heads = H, .n_kv_heads = KV, .head_dim = HD, .scale = 0.125f, .slots = slots,
+                                 .slot_stride = slot};
+            if (layout) sh.row_stride = HD, sh.head_stride = (size_t)CAP * HD;
+            double best = 1e30;
+            for (int rep = 0; rep < (o->quick ? 3 : 8); rep++) {
+                double t0 = now_s();
+                for (int l = 0; l < LAYERS; l++) {
+                    const float *k = kv + (size_t)2 * l * b * slot;
+                    qlm_cpu_attention(out, q, k, k + (size_t)b * slot, b, pos, &sh);
+                }
+                double dt = now_s() - t0;
+                if (dt < best) best = dt;
+            }
+            double bytes = 2.0 * LAYERS * b * len * KV * HD * sizeof(float);
+            printf("%-8d %-12s %10.2f %9.2f\n", b, layout ? "head by head" : "row by row", best * 1e3, bytes / best / 1e9);
+        }
+        free(kv), free(q), free(out), free(pos), free(slots);
+    }
+    return 0;
+}
+
 int main(int argc, char **argv) {
     options o = {0, 0, 128, NULL};
     if (parse_args(argc, argv, &o) != 0) return 2;
@@ -295,7 +342,9 @@ int main(int argc, char **argv) {
 
     static double gemv_s[NSHAPES][NVARIANTS];
     int gemv = !o.only || strcmp(o.only, "gemv") == 0, gemm = !o.only || strcmp(o.only, "gemm") == 0;
-    if ((gemv && bench_gemv(&o, bw, gemv_s) != 0) || (gemm && bench_gemm(&o) != 0)) {
+    int attention = !o.only || strcmp(o.only, "attention") == 0;
+    if ((gemv && bench_gemv(&o, bw, gemv_s) != 0) || (gemm && bench_gemm(&o) != 0) ||
+        (attention && bench_attention(&o) != 0)) {
         fprintf(stderr, "bench_kernels: %s\n", qlm_last_error());
         return 1;
     }

@@ -10,7 +10,8 @@
 
 #include "weight.h"
 
-/* Shape of one attention call over a KV cache laid out as [max_seq][n_kv_heads * head_dim]. */
+/* Shape of one attention call over a KV cache: by default laid out as [max_seq][n_kv_heads * head_dim],
+ * or as row_stride and head_stride say. */
 typedef struct {
     int n_heads, n_kv_heads, head_dim;
     float scale; /* softmax scale: 1/sqrt(head_dim) for Llama, 1 for T5 */
@@ -27,6 +28,11 @@ typedef struct {
     const int *slots;
     size_t slot_stride;
     const int *slot_keys;
+    /* Where a sequence's keys (and values) lie: key row t of KV head h starts h * head_stride +
+     * t * row_stride floats in. Both 0: the default, row_stride = n_kv_heads * head_dim and
+     * head_stride = head_dim. A decode cache takes head_stride = max_seq * head_dim and
+     * row_stride = head_dim, so that each head's keys are one contiguous run that memory streams. */
+    size_t row_stride, head_stride;
 } qlm_attn_shape;
 
 /* One LoRA pair as the lora op applies it: y += scale * B (A x), A [r][in], B [out][r]. */
@@ -67,7 +73,8 @@ typedef struct qlm_backend {
     /* Rotate-half RoPE in place on n rows of n_heads*head_dim values; row i at position pos[i].
      * inv_freq has head_dim/2 entries. */
     void (*rope)(float *x, int n, const int *pos, int n_heads, int head_dim, const float *inv_freq);
-    /* Attention of n query rows over the cache (k_cache/v_cache: [rows][n_kv_heads*head_dim]),
+    /* Attention of n query rows over the cache (k_cache/v_cache: [rows][n_kv_heads*head_dim] or as
+     * the shape's strides say),
      * causal or over a fixed key count, with an optional relative-position bias (see
      * qlm_attn_shape). pos[i] is query row i's position. out: [n][n_heads*head_dim]. */
     void (*attention)(float *out, const float *q, const float *k_cache, const float *v_cache, int n,

@@ -23,6 +23,15 @@ static int keys_of(const qlm_attn_shape *sh, const int *pos, int i) {
     return sh->slots && sh->slot_keys ? sh->slot_keys[sh->slots[i]] : sh->n_keys;
 }
 
+/* See qlm_attn_shape's row_stride and head_stride. */
+static size_t row_stride(const qlm_attn_shape *sh) {
+    return sh->row_stride ? sh->row_stride : (size_t)sh->n_kv_heads * sh->head_dim;
+}
+
+static size_t head_stride(const qlm_attn_shape *sh) {
+    return sh->head_stride ? sh->head_stride : (size_t)sh->head_dim;
+}
+
 /* Offset of row i's sequence in the caches. */
 static size_t cache_base(const qlm_attn_shape *sh, int i) {
     return sh->slots ? (size_t)sh->slots[i] * sh->slot_stride : 0;
@@ -58,15 +67,17 @@ static const float *bias_row(const qlm_attn_shape *sh, int h, int p) {
  * CPU's instruction set (this file is built for the baseline ISA), around the online softmax. */
 static void attend(float *out, const float *q, const float *kc, const float *vc, const qlm_attn_shape *sh, int h0,
                    int g, int kvh, int len, int p) {
-    int hd = sh->head_dim, kv_dim = sh->n_kv_heads * hd;
+    int hd = sh->head_dim;
+    size_t rs = row_stride(sh);
+    kc += (size_t)kvh * head_stride(sh);
+    vc += (size_t)kvh * head_stride(sh);
     float scores[MAX_GROUP][KEY_CHUNK], mx[MAX_GROUP], sum[MAX_GROUP];
     float *o = out + (size_t)h0 * hd;
     for (int j = 0; j < g; j++) mx[j] = -INFINITY, sum[j] = 0;
     memset(o, 0, (size_t)g * hd * sizeof *o);
     for (int t0 = 0; t0 < len; t0 += KEY_CHUNK) {
         int m = len - t0 < KEY_CHUNK ? len - t0 : KEY_CHUNK;
-        qlm_dot_rows_f32(scores[0], KEY_CHUNK, q + (size_t)h0 * hd, g, kc + (size_t)t0 * kv_dim + (size_t)kvh * hd,
-                         (size_t)kv_dim, m, hd);
+        qlm_dot_rows_f32(scores[0], KEY_CHUNK, q + (size_t)h0 * hd, g, kc + (size_t)t0 * rs, rs, m, hd);
         for (int j = 0; j < g; j++) {
             const float *bias = bias_row(sh, h0 + j, p);
             float cmx = -INFINITY;
@@ -86,8 +97,7 @@ static void attend(float *out, const float *q, const float *kc, const float *vc,
             qlm_exp_f32(scores[j], m);
             for (int t = 0; t < m; t++) sum[j] += scores[j][t];
         }
-        qlm_weighted_sum_f32(o, scores[0], g, KEY_CHUNK, vc + (size_t)t0 * kv_dim + (size_t)kvh * hd, (size_t)kv_dim, m,
-                             hd);
+        qlm_weighted_sum_f32(o, scores[0], g, KEY_CHUNK, vc + (size_t)t0 * rs, rs, m, hd);
     }
     for (int j = 0; j < g; j++) {
         float inv = 1.0f / sum[j];
@@ -129,8 +139,9 @@ static float *scores_buffer(size_t n) {
 
 static void attention_sgemm(float *out, const float *q, const float *k_cache, const float *v_cache, int n,
                             const int *pos, const qlm_attn_shape *sh, int max_len) {
-    int hd = sh->head_dim, kv_dim = sh->n_kv_heads * hd, q_dim = sh->n_heads * hd;
+    int hd = sh->head_dim, q_dim = sh->n_heads * hd;
     int group = sh->n_heads / sh->n_kv_heads;
+    size_t rs = row_stride(sh);
     int blas_threads = omp_in_parallel() ? 1 : openblas_get_num_threads();
     if (blas_threads != 1) openblas_set_num_threads(1);
     int failed = 0;
@@ -141,20 +152,20 @@ static void attention_sgemm(float *out, const float *q, const float *k_cache, co
             failed = 1;
             continue;
         }
-        const float *kh = k_cache + (size_t)(h / group) * hd, *vh = v_cache + (size_t)(h / group) * hd;
+        const float *kh = k_cache + (size_t)(h / group) * head_stride(sh), *vh = v_cache + (size_t)(h / group) * head_stride(sh);
         for (int b = 0; b < n; b += ROW_BLOCK) {
             int rows = n - b < ROW_BLOCK ? n - b : ROW_BLOCK, len = 0;
             for (int i = b; i < b + rows; i++)
                 if (keys_of(sh, pos, i) > len) len = keys_of(sh, pos, i);
             cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, len, hd, sh->scale, q + (size_t)b * q_dim + h * hd,
-                        q_dim, kh, kv_dim, 0.0f, s, len);
+                        q_dim, kh, (int)rs, 0.0f, s, len);
             for (int i = 0; i < rows; i++) {
                 float *row = s + (size_t)i * len;
                 int keys = keys_of(sh, pos, b + i);
                 softmax_row(row, keys, bias_row(sh, h, pos[b + i]));
                 memset(row + keys, 0, (size_t)(len - keys) * sizeof *row); /* the causal mask */
             }
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, hd, len, 1.0f, s, len, vh, kv_dim, 0.0f,
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, hd, len, 1.0f, s, len, vh, (int)rs, 0.0f,
                         out + (size_t)b * q_dim + h * hd, q_dim);
         }
     }

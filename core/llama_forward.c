@@ -79,13 +79,17 @@ static int attention_forward(const qlm_model *m, const qlm_layer *L, qlm_kv_stat
         return -1;
     be->rope(s->q, n, pos, c->n_heads, c->head_dim, m->inv_freq);
     be->rope(s->k, n, pos, c->n_kv_heads, c->head_dim, m->inv_freq);
-    for (int i = 0; i < n; i++) {
-        size_t at = (size_t)(slots ? slots[i] : 0) * slot_size + (size_t)pos[i] * kv_dim;
-        be->copy(s->k_cache[l] + at, s->k + (size_t)i * kv_dim, (long)kv_dim);
-        be->copy(s->v_cache[l] + at, s->v + (size_t)i * kv_dim, (long)kv_dim);
-    }
+    /* Each head's keys and values are a run of their own in the slot (see qlm_kv_state). */
+    size_t hd = (size_t)c->head_dim, head_run = (size_t)s->max_seq * hd;
+    for (int i = 0; i < n; i++)
+        for (int h = 0; h < c->n_kv_heads; h++) {
+            size_t at = (size_t)(slots ? slots[i] : 0) * slot_size + h * head_run + (size_t)pos[i] * hd;
+            be->copy(s->k_cache[l] + at, s->k + (size_t)i * kv_dim + h * hd, (long)hd);
+            be->copy(s->v_cache[l] + at, s->v + (size_t)i * kv_dim + h * hd, (long)hd);
+        }
     qlm_attn_shape shape = {.n_heads = c->n_heads, .n_kv_heads = c->n_kv_heads, .head_dim = c->head_dim,
-                            .scale = 1.0f / sqrtf((float)c->head_dim), .slots = slots, .slot_stride = slot_size};
+                            .scale = 1.0f / sqrtf((float)c->head_dim), .slots = slots, .slot_stride = slot_size,
+                            .row_stride = hd, .head_stride = head_run};
     be->attention(s->att, s->q, s->k_cache[l], s->v_cache[l], n, pos, &shape);
     if (PROJ(s->xb, s->att, &L->wo, L->bo, QLM_LORA_O)) return -1;
     be->add(s->x, s->xb, (long)n * c->dim);

@@ -1,8 +1,9 @@
 /* The CPU attention op against a double-precision reference: causal and fixed-key forms, GQA,
  * a relative-position bias, few rows (the loop form, with contexts longer than one key chunk)
- * and many rows (the sgemm form); and a batch of sequences with one cache each (slots) against
- * each row attending alone. */
+ * and many rows (the sgemm form); a batch of sequences with one cache each (slots) against
+ * each row attending alone; and the head-by-head cache layout against the default one. */
 #include <math.h>
+#include <string.h>
 
 #include "../core/backend.h"
 #include "test_util.h"
@@ -130,11 +131,54 @@ static void test_slots(void **state) {
     check_slots(1);
 }
 
+/* The same keys and values laid out head by head ([kv_head][cap][head_dim], as a decode cache
+ * holds them) give bit for bit the default layout's result, in the loop form and the sgemm form,
+ * causal and over fixed keys, and for a batch of slots. */
+static void test_head_major_layout(void **state) {
+    (void)state;
+    enum { KEYS = 70, CAP = 96, SLOTS = 2 };
+    qlm_attn_shape sh = {.n_heads = 6, .n_kv_heads = 3, .head_dim = 16, .scale = 0.25f};
+    int hd = sh.head_dim, q_dim = sh.n_heads * hd, kv_dim = sh.n_kv_heads * hd;
+    size_t slot = (size_t)CAP * kv_dim;
+    unsigned seed = 99u;
+    float *k = malloc(SLOTS * slot * sizeof *k), *v = malloc(SLOTS * slot * sizeof *v);
+    float *kh = malloc(SLOTS * slot * sizeof *kh), *vh = malloc(SLOTS * slot * sizeof *vh);
+    float *q = malloc((size_t)KEYS * q_dim * sizeof *q), *a = malloc((size_t)KEYS * q_dim * sizeof *a);
+    float *b = malloc((size_t)KEYS * q_dim * sizeof *b);
+    for (size_t i = 0; i < SLOTS * slot; i++) k[i] = frand(&seed), v[i] = frand(&seed), kh[i] = vh[i] = NAN;
+    for (int i = 0; i < KEYS * q_dim; i++) q[i] = 2 * frand(&seed);
+    for (int sl = 0; sl < SLOTS; sl++)
+        for (int t = 0; t < CAP; t++)
+            for (int h = 0; h < sh.n_kv_heads; h++) {
+                size_t from = sl * slot + (size_t)t * kv_dim + h * hd, to = sl * slot + ((size_t)h * CAP + t) * hd;
+                memcpy(kh + to, k + from, hd * sizeof *k);
+                memcpy(vh + to, v + from, hd * sizeof *v);
+            }
+    int pos[KEYS], slots[KEYS];
+    for (int i = 0; i < KEYS; i++) pos[i] = i, slots[i] = i % SLOTS;
+    const qlm_backend *be = qlm_backend_cpu();
+    for (int form = 0; form < 4; form++) {
+        /* 0: 3 causal rows, 1: all rows causal (sgemm), 2: all rows over fixed keys, 3: slots */
+        int n = form == 0 ? 3 : KEYS;
+        qlm_attn_shape def = sh;
+        if (form == 2) def.n_keys = KEYS;
+        if (form == 3) def.slots = slots, def.slot_stride = slot;
+        qlm_attn_shape hm = def;
+        hm.row_stride = (size_t)hd;
+        hm.head_stride = (size_t)CAP * hd;
+        be->attention(a, q, k, v, n, pos, &def);
+        be->attention(b, q, kh, vh, n, pos, &hm);
+        assert_memory_equal(a, b, (size_t)n * q_dim * sizeof *a);
+    }
+    free(k), free(v), free(kh), free(vh), free(q), free(a), free(b);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_few_rows),
         cmocka_unit_test(test_many_rows),
         cmocka_unit_test(test_slots),
+        cmocka_unit_test(test_head_major_layout),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
