@@ -2,14 +2,11 @@
  *
  * Threads take contiguous runs of output rows (whole groups of 4, the kernels' row block), and
  * the ISA's register-tiled kernel reads each run of W once in its storage dtype, converting in
- * registers: memory-bound for one row of x (decode), FMA-bound from a few rows on. F32 and INT8
- * weights with many rows of x (prefill) go to OpenBLAS sgemm instead, which is as fast there:
- * F32 directly, INT8 through tiles converted to F32 in a per-thread buffer. All parallelism
- * comes from OpenMP, so OpenBLAS is held at one thread for the duration of the call (the two
- * pools would otherwise fight over the cores). */
+ * registers: memory-bound for one row of x (decode), FMA-bound from a few rows on, and as fast as
+ * OpenBLAS sgemm at prefill sizes (which it replaced there, measured with bench_kernels --n 512):
+ * one kernel for every n is what makes a row's result independent of the batch it comes in. */
 #include "matmul.h"
 
-#include <cblas.h>
 #include <math.h>
 #if defined(__x86_64__)
 #include <cpuid.h>
@@ -24,8 +21,6 @@
 
 /* Output rows the SIMD kernels handle together. */
 #define ROW_GROUP 4
-/* Target rows per converted tile: 128 rows of F32 stay within L2 for cols up to ~2k. */
-#define TILE_ROWS 128
 
 /* Multiply-adds per thread below which a parallel region costs more than it saves. */
 #define MIN_WORK_PER_THREAD 32768L
@@ -178,69 +173,6 @@ static void thread_rows(int rows, int group, int t, int nt, int *r0, int *r1) {
     *r1 = min_int(rows, (int)(groups * (t + 1) / nt) * group);
 }
 
-/* Per-thread F32 tile buffer, kept across calls so steady-state prefill does not allocate.
- * Thread-local, so concurrent callers with their own OpenMP teams never share one. */
-static _Thread_local float *t_tile;
-static _Thread_local size_t t_tile_cap;
-
-static float *tile_buffer(size_t n) {
-    if (n <= t_tile_cap) return t_tile;
-    float *p = realloc(t_tile, n * sizeof(float));
-    if (!p) return NULL;
-    t_tile = p;
-    t_tile_cap = n;
-    return p;
-}
-
-/* y[:, r0:r1] = x * W[r0:r1]^T (+ bias), W's rows as F32 in wf (row stride cols). */
-static void sgemm_rows(float *y, const float *x, int n, const qlm_weight *w, const float *bias,
-                       const float *wf, int r0, int r1) {
-    if (bias)
-        for (int i = 0; i < n; i++) memcpy(y + (size_t)i * w->rows + r0, bias + r0, (size_t)(r1 - r0) * sizeof(float));
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, r1 - r0, w->cols, 1.0f, x, w->cols, wf, w->cols,
-                bias ? 1.0f : 0.0f, y + r0, w->rows);
-}
-
-/* One thread's rows [r0, r1) of a prefill product. */
-static void gemm_rows(float *y, const float *x, int n, const qlm_weight *w, const float *bias,
-                      const qlm_kernel_table *kt, int r0, int r1) {
-    if (r0 >= r1) return;
-    if (w->dtype == QLM_F32) {
-        sgemm_rows(y, x, n, w, bias, (const float *)w->data + (size_t)r0 * w->cols, r0, r1);
-        return;
-    }
-    /* Equal tiles, each a multiple of 16 rows, rather than full tiles and a sliver. */
-    int ntiles = (r1 - r0 + TILE_ROWS - 1) / TILE_ROWS;
-    int tile = ((r1 - r0 + ntiles - 1) / ntiles + 15) / 16 * 16;
-    float *buf = tile_buffer((size_t)tile * w->cols);
-    for (int b = r0; b < r1; b += tile) {
-        int e = min_int(r1, b + tile);
-        if (!buf) {
-            /* Out of memory for the tile: still correct, only slower. */
-            kt->gemm(y, x, n, w, b, e, bias);
-            continue;
-        }
-        qlm_weight_rows_f32(w, b, e, buf);
-        sgemm_rows(y, x, n, w, bias, buf, b, e);
-    }
-}
-
-static void gemm_parallel(float *y, const float *x, int n, const qlm_weight *w, const float *bias,
-                          const qlm_kernel_table *kt) {
-    int nth = min_int(threads_for((double)n * w->rows * w->cols), (w->rows + 15) / 16);
-    /* Inside a caller's parallel region this region gets one thread; the OpenBLAS setting is
-     * global, so leave it to the caller there. */
-    int blas_threads = omp_in_parallel() ? 1 : openblas_get_num_threads();
-    if (blas_threads != 1) openblas_set_num_threads(1);
-#pragma omp parallel num_threads(nth) if (nth > 1)
-    {
-        int r0, r1;
-        thread_rows(w->rows, 16, omp_get_thread_num(), omp_get_num_threads(), &r0, &r1);
-        gemm_rows(y, x, n, w, bias, kt, r0, r1);
-    }
-    if (blas_threads != 1) openblas_set_num_threads(blas_threads);
-}
-
 /* Elements of x below which the calling thread rounds x to BF16 alone rather than with a barrier. */
 #define MIN_PARALLEL_ROUNDING 16384L
 
@@ -264,10 +196,6 @@ static void rows_parallel(float *y, const float *x, uint16_t *xb, int n, const q
         thread_rows(w->rows, ROW_GROUP, t, nt, &r0, &r1);
         kt->gemm(y, xb ? (const void *)xb : x, n, w, r0, r1, bias);
     }
-}
-
-static int uses_sgemm(qlm_dtype dtype, int n) {
-    return n >= QLM_MATMUL_SGEMM_MIN_N && (dtype == QLM_F32 || dtype == QLM_I8);
 }
 
 void qlm_dot_rows_f32(float *y, long ldy, const float *x, int n, const float *w, size_t w_stride, int rows, long cols) {
@@ -299,10 +227,6 @@ void qlm_exp_f32(float *x, long n) {
 void qlm_matmul(float *y, const float *x, int n, const qlm_weight *w, const float *bias) {
     if (n <= 0 || w->rows <= 0 || w->cols < 0) return;
     const qlm_kernel_table *kt = qlm_kernels();
-    if (uses_sgemm(w->dtype, n) && w->cols > 0) {
-        gemm_parallel(y, x, n, w, bias, kt);
-        return;
-    }
     uint16_t *xb = NULL;
     if (qlm_x_dtype(w->dtype) == QLM_BF16) {
         /* x is rounded once per call rather than in every thread's kernel. */

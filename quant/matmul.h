@@ -7,14 +7,9 @@
 #include "../core/weight.h"
 
 /* y[i][o] = sum_k x[i][k] * W[o][k] (+ bias[o] when bias != NULL), i < n, o < w->rows, k < w->cols.
- * x and y are row-major and must not alias. */
+ * x and y are row-major and must not alias. Row i of y depends on row i of x alone, bit for bit,
+ * whatever n and the thread count are. */
 void qlm_matmul(float *y, const float *x, int n, const qlm_weight *w, const float *bias);
-
-/* qlm_matmul's own register-tiled kernels read W in its storage dtype for any number of rows of
- * x. From QLM_MATMUL_SGEMM_MIN_N rows on, F32 and INT8 weights go to OpenBLAS sgemm instead (INT8
- * through F32 tiles), which matches them there; for BF16 and F16 the own kernels stay faster
- * (measured with bench_kernels --hot). */
-#define QLM_MATMUL_SGEMM_MIN_N 64
 
 /* y[i * ldy + o] = dot(w + o * w_stride, x + i * cols) over cols, for i < n, o < rows: F32 rows at
  * any stride (one head's keys in a KV cache), with the kernels of qlm_matmul. Single-threaded,
