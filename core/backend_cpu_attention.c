@@ -1,9 +1,9 @@
-/* Attention on the CPU. Few query rows, or rows of different sequences (decode), take a per-row
- * loop over the keys, vectorized with OpenMP SIMD, with the softmax computed online over chunks
- * of keys, and every (row, head) pair of the batch in one parallel loop. Many rows of one
- * sequence (prefill, encoders) take, per head, two single-threaded sgemm calls, scores = Q K^T
- * and out = softmax(scores) V, with the heads spread over the threads: the loop form left
- * prefill spending most of its time here. */
+/* Attention on the CPU. Few query rows of a sequence (decode) take a per-row loop over the keys,
+ * with the softmax computed online over chunks of keys, and every (row, head) pair of the batch
+ * in one parallel loop. Many rows of one sequence (prefill, encoders) take, per head, two
+ * single-threaded sgemm calls, scores = Q K^T and out = softmax(scores) V, with the heads spread
+ * over the threads: the loop form left prefill spending most of its time here. One call may mix
+ * both (a prefill beside decode rows). */
 #include "backend_cpu_attention.h"
 
 #include <cblas.h>
@@ -105,16 +105,17 @@ static void attend(float *out, const float *q, const float *kc, const float *vc,
     }
 }
 
-/* Every (row, group of query heads) of the call in one parallel loop. Heads sharing a KV head go
- * together when that still leaves a few items per thread; a row's result is the same either way. */
-static void attention_rows(float *out, const float *q, const float *k_cache, const float *v_cache, int n,
-                           const int *pos, const qlm_attn_shape *sh) {
+/* Every (listed row, group of query heads) in one parallel loop; rows NULL lists rows 0..n-1. Heads
+ * sharing a KV head go together when that still leaves a few items per thread; a row's result is
+ * the same either way. */
+static void attention_rows(float *out, const float *q, const float *k_cache, const float *v_cache, const int *rows,
+                           int n, const int *pos, const qlm_attn_shape *sh) {
     int hd = sh->head_dim, group = sh->n_heads / sh->n_kv_heads;
     int g = group <= MAX_GROUP && n * sh->n_kv_heads >= 2 * omp_get_max_threads() ? group : 1;
     int per_row = sh->n_heads / g;
 #pragma omp parallel for schedule(dynamic, 1) if (n * per_row > 1)
     for (int it = 0; it < n * per_row; it++) {
-        int i = it / per_row, h0 = it % per_row * g;
+        int i = rows ? rows[it / per_row] : it / per_row, h0 = it % per_row * g;
         size_t base = cache_base(sh, i), row = (size_t)i * sh->n_heads * hd;
         attend(out + row, q + row, k_cache + base, v_cache + base, sh, h0, g, h0 / group, keys_of(sh, pos, i), pos[i]);
     }
@@ -171,23 +172,52 @@ static void attention_sgemm(float *out, const float *q, const float *k_cache, co
     }
     if (blas_threads != 1) openblas_set_num_threads(blas_threads);
     /* Out of memory for a score matrix: the row form needs only a row of it. */
-    if (failed) attention_rows(out, q, k_cache, v_cache, n, pos, sh);
+    if (failed) attention_rows(out, q, k_cache, v_cache, NULL, n, pos, sh);
 }
 
-void qlm_cpu_attention(float *out, const float *q, const float *k_cache, const float *v_cache, int n, const int *pos,
-                       const qlm_attn_shape *sh) {
-    int one_sequence = 1;
-    for (int i = 1; i < n && sh->slots && one_sequence; i++) one_sequence = sh->slots[i] == sh->slots[0];
-    if (n < SGEMM_MIN_ROWS || !one_sequence) {
-        attention_rows(out, q, k_cache, v_cache, n, pos, sh);
-        return;
-    }
+/* The calling thread's list of rows for the loop form, kept across calls like the score matrices. */
+static _Thread_local int *t_loose;
+static _Thread_local size_t t_loose_cap;
+
+static int *loose_buffer(size_t n) {
+    if (n <= t_loose_cap) return t_loose;
+    int *p = realloc(t_loose, n * sizeof *p);
+    if (!p) return NULL;
+    t_loose = p;
+    t_loose_cap = n;
+    return p;
+}
+
+/* The sgemm form over rows [r0, r1), which are all of one sequence. */
+static void sequence_sgemm(float *out, const float *q, const float *k_cache, const float *v_cache, int r0, int r1,
+                           const int *pos, const qlm_attn_shape *sh) {
     qlm_attn_shape seq = *sh;
     seq.slots = NULL;
-    if (sh->n_keys) seq.n_keys = keys_of(sh, pos, 0);
+    if (sh->n_keys) seq.n_keys = keys_of(sh, pos, r0);
     int max_len = seq.n_keys;
-    for (int i = 0; i < n && !seq.n_keys; i++)
+    for (int i = r0; i < r1 && !seq.n_keys; i++)
         if (pos[i] + 1 > max_len) max_len = pos[i] + 1;
-    size_t base = cache_base(sh, 0);
-    attention_sgemm(out, q, k_cache + base, v_cache + base, n, pos, &seq, max_len);
+    size_t base = cache_base(sh, r0), q_row = (size_t)sh->n_heads * sh->head_dim;
+    attention_sgemm(out + r0 * q_row, q + r0 * q_row, k_cache + base, v_cache + base, r1 - r0, pos + r0, &seq, max_len);
+}
+
+/* Runs of at least SGEMM_MIN_ROWS consecutive rows of one sequence (a prefill, alone or beside
+ * decode rows) take the sgemm form, the other rows the loop form together: a row gets the form it
+ * would get with its sequence alone in the call, and so the same result. */
+void qlm_cpu_attention(float *out, const float *q, const float *k_cache, const float *v_cache, int n, const int *pos,
+                       const qlm_attn_shape *sh) {
+    int *loose = loose_buffer((size_t)n), n_loose = 0;
+    if (!loose) {
+        /* Out of memory for the row list: every row in the loop form, still correct. */
+        attention_rows(out, q, k_cache, v_cache, NULL, n, pos, sh);
+        return;
+    }
+    for (int r0 = 0, r1; r0 < n; r0 = r1) {
+        for (r1 = r0 + 1; r1 < n && (!sh->slots || sh->slots[r1] == sh->slots[r0]); r1++) {}
+        if (r1 - r0 >= SGEMM_MIN_ROWS)
+            sequence_sgemm(out, q, k_cache, v_cache, r0, r1, pos, sh);
+        else
+            for (int i = r0; i < r1; i++) loose[n_loose++] = i;
+    }
+    if (n_loose) attention_rows(out, q, k_cache, v_cache, n_loose == n ? NULL : loose, n_loose, pos, sh);
 }

@@ -1,7 +1,8 @@
 /* The CPU attention op against a double-precision reference: causal and fixed-key forms, GQA,
  * a relative-position bias, few rows (the loop form, with contexts longer than one key chunk)
  * and many rows (the sgemm form); a batch of sequences with one cache each (slots) against
- * each row attending alone; and the head-by-head cache layout against the default one. */
+ * each row attending alone; a prefill beside decode rows in one call; and the head-by-head cache
+ * layout against the default one. */
 #include <math.h>
 #include <string.h>
 
@@ -131,6 +132,38 @@ static void test_slots(void **state) {
     check_slots(1);
 }
 
+/* One call with a decode row of slot 0, a 20-row prefill of slot 1 (the sgemm form) and a decode
+ * row of slot 2, as a batch step that admits a prompt: each part equals the call with it alone,
+ * bit for bit. */
+static void test_prefill_beside_decode(void **state) {
+    (void)state;
+    enum { SLOTS = 3, MAX_SEQ = 40, P = 20, N = P + 2 };
+    qlm_attn_shape sh = {.n_heads = 4, .n_kv_heads = 2, .head_dim = 16, .scale = 0.25f};
+    int q_dim = sh.n_heads * sh.head_dim, kv_dim = sh.n_kv_heads * sh.head_dim;
+    size_t stride = (size_t)MAX_SEQ * kv_dim;
+    unsigned seed = 5u;
+    float *q = malloc((size_t)N * q_dim * sizeof *q), *k = malloc(SLOTS * stride * sizeof *k);
+    float *v = malloc(SLOTS * stride * sizeof *v), *out = malloc((size_t)N * q_dim * sizeof *out);
+    float *one = malloc((size_t)N * q_dim * sizeof *one);
+    for (int i = 0; i < N * q_dim; i++) q[i] = 2 * frand(&seed);
+    for (size_t i = 0; i < SLOTS * stride; i++) k[i] = frand(&seed), v[i] = frand(&seed);
+    int slots[N], pos[N];
+    slots[0] = 0, pos[0] = 30;
+    for (int i = 1; i <= P; i++) slots[i] = 1, pos[i] = i - 1;
+    slots[N - 1] = 2, pos[N - 1] = 12;
+    qlm_attn_shape batch = sh;
+    batch.slots = slots;
+    batch.slot_stride = stride;
+    const qlm_backend *be = qlm_backend_cpu();
+    be->attention(out, q, k, v, N, pos, &batch);
+    for (int i = 0; i < N; i += i == 0 ? 1 : P) {
+        int rows = i == 0 || i == N - 1 ? 1 : P;
+        be->attention(one, q + (size_t)i * q_dim, k + slots[i] * stride, v + slots[i] * stride, rows, pos + i, &sh);
+        assert_memory_equal(one, out + (size_t)i * q_dim, (size_t)rows * q_dim * sizeof *out);
+    }
+    free(q), free(k), free(v), free(out), free(one);
+}
+
 /* The same keys and values laid out head by head ([kv_head][cap][head_dim], as a decode cache
  * holds them) give bit for bit the default layout's result, in the loop form and the sgemm form,
  * causal and over fixed keys, and for a batch of slots. */
@@ -178,6 +211,7 @@ int main(void) {
         cmocka_unit_test(test_few_rows),
         cmocka_unit_test(test_many_rows),
         cmocka_unit_test(test_slots),
+        cmocka_unit_test(test_prefill_beside_decode),
         cmocka_unit_test(test_head_major_layout),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
