@@ -9,6 +9,7 @@
 
 typedef struct {
     int active;
+    int pending; /* admitted, its prompt (T5: its start token) not yet evaluated */
     qlm_batch_request req;
     int *tokens; /* decoder-only: prompt + output; T5: decoder tokens from its start token */
     int n_tokens;
@@ -58,7 +59,16 @@ static int forward(batch *b, const int *ids, const int *pos, const int *slots, i
     return 0;
 }
 
-/* Puts a new request into slot i: prefills it so that its first token's logits are ready. */
+/* Rows one forward pass takes without splitting them into chunks; a split would change how a
+ * prompt's attention is blocked, and so its rounding. */
+static int step_rows(const batch *b) {
+    return b->cfg.t5 ? b->t5.rows : b->kv.max_batch;
+}
+
+/* Puts a new request into slot i. Its prompt (T5: the encoder runs now, and the decoder's start
+ * token waits) is evaluated with the next decode step when it fits beside a full batch of decode
+ * rows; a longer prompt is prefilled now, alone. Either way its first token's logits are ready
+ * before it is first sampled. */
 static int admit(batch *b, int i, const qlm_batch_request *req, qlm_batch_stats *st) {
     const qlm_batch_config *c = &b->cfg;
     slot *s = &b->slots[i];
@@ -67,18 +77,22 @@ static int admit(batch *b, int i, const qlm_batch_request *req, qlm_batch_stats 
     s->req = *req;
     s->len = 0;
     qlm_lora_slots_set(c->t5 ? &b->t5.lora : &b->kv.lora, i, req->adapter);
-    int start, n, prev = -1;
+    int prev = -1;
     if (c->t5) {
         if (qlm_t5_encode(c->t5, &b->t5, i, req->ids, req->n_ids) != 0) return -1;
-        start = c->t5->cfg.decoder_start_id;
-        s->tokens[0] = start;
-        n = 1;
+        s->tokens[0] = c->t5->cfg.decoder_start_id;
+        s->n_tokens = 1;
     } else {
         memcpy(s->tokens, req->ids, (size_t)req->n_ids * sizeof *req->ids);
-        n = req->n_ids;
-        prev = s->tokens[n - 1];
+        s->n_tokens = req->n_ids;
+        prev = s->tokens[s->n_tokens - 1];
     }
-    int *pos = malloc((size_t)n * 2 * sizeof *pos);
+    if (qlm_token_stream_init(&s->ts, c->tok, req->params, b->vocab, prev, collect_text, s, &s->stats) != 0) return -1;
+    s->active = 1;
+    s->pending = 1;
+    st->prompt_tokens += req->n_ids;
+    if (s->n_tokens <= step_rows(b) - c->n_slots) return 0;
+    int n = s->n_tokens, *pos = malloc((size_t)n * 2 * sizeof *pos);
     if (!pos) return qlm_errorf("out of memory");
     int *slots = pos + n, last = n - 1;
     for (int k = 0; k < n; k++) {
@@ -87,12 +101,8 @@ static int admit(batch *b, int i, const qlm_batch_request *req, qlm_batch_stats 
     }
     int rc = forward(b, s->tokens, pos, slots, n, &last, 1);
     free(pos);
-    if (rc != 0) return -1;
-    s->n_tokens = n;
-    if (qlm_token_stream_init(&s->ts, c->tok, req->params, b->vocab, prev, collect_text, s, &s->stats) != 0) return -1;
-    s->active = 1;
-    st->prompt_tokens += req->n_ids;
-    return 0;
+    s->pending = rc != 0;
+    return rc;
 }
 
 /* Reports a finished slot and frees it. */
@@ -127,11 +137,13 @@ static int alloc_batch(batch *b) {
     b->slots = calloc((size_t)n, sizeof *b->slots);
     b->logits = malloc((size_t)n * b->vocab * sizeof *b->logits);
     b->row_logits = malloc((size_t)n * b->vocab * sizeof *b->row_logits);
-    b->ids = malloc((size_t)n * 4 * sizeof *b->ids);
+    /* A step's rows: the decode rows and the prompts that join them, at most one chunk. */
+    int rows = step_rows(b);
+    b->ids = malloc((size_t)rows * 4 * sizeof *b->ids);
     if (!b->slots || !b->logits || !b->row_logits || !b->ids) return qlm_errorf("out of memory");
-    b->pos = b->ids + n;
-    b->slot_of = b->pos + n;
-    b->rows = b->slot_of + n;
+    b->pos = b->ids + rows;
+    b->slot_of = b->pos + rows;
+    b->rows = b->slot_of + rows;
     for (int i = 0; i < n; i++)
         if (!(b->slots[i].tokens = malloc((size_t)b->capacity * sizeof(int)))) return qlm_errorf("out of memory");
     return 0;
@@ -205,11 +217,11 @@ int qlm_batch_drain(qlm_batch *b, qlm_batch_next_fn next, qlm_batch_done_fn done
             else rc = admit(b, i, &req, stats);
         }
         if (rc != 0) break;
-        /* Sample every active slot; the ones that go on form this step's rows. */
+        /* Sample every evaluated slot; the ones that go on form this step's rows. */
         int n = 0;
         for (int i = 0; i < cfg->n_slots && rc == 0; i++) {
             slot *s = &b->slots[i];
-            if (!s->active) continue;
+            if (!s->active || s->pending) continue;
             int id, r = qlm_token_stream_next(&s->ts, b->logits + (size_t)i * b->vocab, s->tokens, s->n_tokens, &id);
             if (r == 0 && s->n_tokens >= b->capacity) {
                 s->stats.reason = QLM_STOP_CONTEXT;
@@ -227,11 +239,26 @@ int qlm_batch_drain(qlm_batch *b, qlm_batch_next_fn next, qlm_batch_done_fn done
             }
         }
         if (rc != 0) break;
+        /* Admitted prompts join the step while the rows fit one chunk; the logits of each one's
+         * last row are its first token's. Rows are independent in every op (matmul rows, a
+         * prompt's own attention form), so each request still gets what it gets alone. */
+        int n_logits = n;
+        for (int i = 0; i < cfg->n_slots; i++) {
+            slot *s = &b->slots[i];
+            if (!s->active || !s->pending || n + s->n_tokens > step_rows(b)) continue;
+            for (int k = 0; k < s->n_tokens; k++, n++) {
+                b->ids[n] = s->tokens[k];
+                b->pos[n] = k;
+                b->slot_of[n] = i;
+            }
+            b->rows[n_logits++] = n - 1;
+            s->pending = 0;
+        }
         if (n == 0) {
             if (!more) break;
             continue;
         }
-        rc = forward(b, b->ids, b->pos, b->slot_of, n, b->rows, n);
+        rc = forward(b, b->ids, b->pos, b->slot_of, n, b->rows, n_logits);
         stats->steps++;
     }
     /* After an error the requests still in slots are dropped, so the batch can serve again. */
