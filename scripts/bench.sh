@@ -138,7 +138,8 @@ fi
     echo
     echo "\`qlm summarize --batch\` over the first $n_dialogues DialogSum test dialogues (zero-shot prompt; chat template for"
     echo "SmolLM2, plain for T5), greedy, at most $summary_tokens new tokens each, BF16 weights, in the same run. Each"
-    echo "dialogue is prefilled (T5: encoded) on its own; decode steps are shared by the batch."
+    echo "dialogue's prompt (T5: its encoder pass) is evaluated once; a prompt that fits joins a decode step, and decode"
+    echo "steps are shared by the batch."
     echo
     echo "| model | batch size | seconds | dialogues/s | generated tok/s | vs batch 1 |"
     echo "| --- | ---: | ---: | ---: | ---: | ---: |"
@@ -161,7 +162,7 @@ fi
     echo
     echo "\`qlm serve\` on SmolLM2-135M-Instruct (BF16, --max-seqs 16, same run), loaded by build/bench/bench_serve:"
     echo "C concurrent clients send streaming /v1/completions requests (a different prompt each, greedy, max_tokens 64)"
-    echo "back to back, max(16, 2C) requests per row. Aggregate tok/s: completion tokens (from the usage of each"
+    echo "back to back, max(16, 8C) requests per row. Aggregate tok/s: completion tokens (from the usage of each"
     echo "stream) over the row's wall time; TTFT: from connecting to the first streamed token. Target: 16 clients"
     echo "≥ 4x the tokens/s of one, TTFT p99 under 2 s."
     echo
