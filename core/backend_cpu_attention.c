@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "../quant/matmul.h"
+#include "cpu_scratch.h"
 
 /* From this many query rows on, the sgemm form is faster (same threshold as the matmuls). */
 #define SGEMM_MIN_ROWS 16
@@ -122,17 +123,7 @@ static void attention_rows(float *out, const float *q, const float *k_cache, con
 }
 
 /* Per-thread score matrices, kept across calls so steady-state prefill does not allocate. */
-static _Thread_local float *t_scores;
-static _Thread_local size_t t_scores_cap;
-
-static float *scores_buffer(size_t n) {
-    if (n <= t_scores_cap) return t_scores;
-    float *p = realloc(t_scores, n * sizeof *p);
-    if (!p) return NULL;
-    t_scores = p;
-    t_scores_cap = n;
-    return p;
-}
+static _Thread_local qlm_cpu_scratch t_scores;
 
 /* Query rows one pair of sgemm calls takes: a causal block sees only the keys up to its last
  * row, so the masked half of the score matrix is mostly never computed. */
@@ -148,7 +139,7 @@ static void attention_sgemm(float *out, const float *q, const float *k_cache, co
     int failed = 0;
 #pragma omp parallel for schedule(dynamic, 1) reduction(| : failed)
     for (int h = 0; h < sh->n_heads; h++) {
-        float *s = scores_buffer((size_t)ROW_BLOCK * max_len);
+        float *s = qlm_cpu_scratch_get(&t_scores, (size_t)ROW_BLOCK * max_len);
         if (!s) {
             failed = 1;
             continue;
@@ -176,17 +167,7 @@ static void attention_sgemm(float *out, const float *q, const float *k_cache, co
 }
 
 /* The calling thread's list of rows for the loop form, kept across calls like the score matrices. */
-static _Thread_local int *t_loose;
-static _Thread_local size_t t_loose_cap;
-
-static int *loose_buffer(size_t n) {
-    if (n <= t_loose_cap) return t_loose;
-    int *p = realloc(t_loose, n * sizeof *p);
-    if (!p) return NULL;
-    t_loose = p;
-    t_loose_cap = n;
-    return p;
-}
+static _Thread_local qlm_cpu_scratch t_loose;
 
 /* The sgemm form over rows [r0, r1), which are all of one sequence. */
 static void sequence_sgemm(float *out, const float *q, const float *k_cache, const float *v_cache, int r0, int r1,
@@ -206,7 +187,7 @@ static void sequence_sgemm(float *out, const float *q, const float *k_cache, con
  * would get with its sequence alone in the call, and so the same result. */
 void qlm_cpu_attention(float *out, const float *q, const float *k_cache, const float *v_cache, int n, const int *pos,
                        const qlm_attn_shape *sh) {
-    int *loose = loose_buffer((size_t)n), n_loose = 0;
+    int *loose = qlm_cpu_scratch_bytes(&t_loose, (size_t)n * sizeof(int)), n_loose = 0;
     if (!loose) {
         /* Out of memory for the row list: every row in the loop form, still correct. */
         attention_rows(out, q, k_cache, v_cache, NULL, n, pos, sh);

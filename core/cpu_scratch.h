@@ -6,18 +6,23 @@
 #include <stdlib.h>
 
 typedef struct {
-    float *p;
-    size_t cap;
+    void *p;
+    size_t cap; /* bytes */
 } qlm_cpu_scratch;
 
-/* Room for n floats (contents not kept when it grows), or NULL when out of memory. */
-static inline float *qlm_cpu_scratch_get(qlm_cpu_scratch *s, size_t n) {
-    if (n <= s->cap) return s->p;
-    float *p = realloc(s->p, n * sizeof *p);
+/* Room for the given bytes (contents not kept when it grows), or NULL when out of memory. */
+static inline void *qlm_cpu_scratch_bytes(qlm_cpu_scratch *s, size_t bytes) {
+    if (bytes <= s->cap) return s->p;
+    void *p = realloc(s->p, bytes);
     if (!p) return NULL;
     s->p = p;
-    s->cap = n;
+    s->cap = bytes;
     return p;
+}
+
+/* Room for n floats. */
+static inline float *qlm_cpu_scratch_get(qlm_cpu_scratch *s, size_t n) {
+    return qlm_cpu_scratch_bytes(s, n * sizeof(float));
 }
 
 #endif

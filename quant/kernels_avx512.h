@@ -209,16 +209,8 @@ AVX512_FN void f32_to_bf16(uint16_t *dst, const float *src, long n) {
 AVX512_INLINE __m512 exp16(__m512 x) {
     __m512 xc = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-104.0f)), _mm512_set1_ps(89.0f));
     __m512 k = _mm512_roundscale_ps(_mm512_mul_ps(xc, _mm512_set1_ps(QLM_EXP_LOG2E)), _MM_FROUND_TO_NEAREST_INT);
-    __m512 r = _mm512_fnmadd_ps(k, _mm512_set1_ps(QLM_EXP_LN2_HI), xc);
-    r = _mm512_fnmadd_ps(k, _mm512_set1_ps(QLM_EXP_LN2_LO), r);
-    __m512 p = _mm512_set1_ps(QLM_EXP_P0);
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(QLM_EXP_P1));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(QLM_EXP_P2));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(QLM_EXP_P3));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(QLM_EXP_P4));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(QLM_EXP_P5));
-    p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
-    __m512 y = _mm512_scalef_ps(p, k);
+    __m512 r = QLM_EXP_REDUCE(xc, k, _mm512_fnmadd_ps, _mm512_set1_ps);
+    __m512 y = _mm512_scalef_ps(QLM_EXP_POLY(r, _mm512_fmadd_ps, _mm512_set1_ps, _mm512_mul_ps, _mm512_add_ps), k);
     /* max/min turned NaN into a bound; give it back. */
     return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), y, x);
 }

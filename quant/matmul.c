@@ -16,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../core/cpu_scratch.h"
 #include "../core/error.h"
 #include "matmul_internal.h"
 
@@ -207,18 +208,8 @@ void qlm_weighted_sum_f32(float *o, const float *p, int g, long ldp, const float
     if (g > 0 && m > 0) qlm_kernels()->weighted_sum(o, p, g, ldp, v, v_stride, m, hd);
 }
 
-/* The calling thread's buffer for x rounded to BF16, kept across calls like the tile buffer. */
-static _Thread_local uint16_t *t_x_bf16;
-static _Thread_local size_t t_x_bf16_cap;
-
-static uint16_t *x_bf16_buffer(size_t n) {
-    if (n <= t_x_bf16_cap) return t_x_bf16;
-    uint16_t *p = realloc(t_x_bf16, n * sizeof *p);
-    if (!p) return NULL;
-    t_x_bf16 = p;
-    t_x_bf16_cap = n;
-    return p;
-}
+/* The calling thread's buffer for x rounded to BF16, kept across calls. */
+static _Thread_local qlm_cpu_scratch t_x_bf16;
 
 void qlm_exp_f32(float *x, long n) {
     if (n > 0) qlm_kernels()->exp(x, n);
@@ -230,7 +221,7 @@ void qlm_matmul(float *y, const float *x, int n, const qlm_weight *w, const floa
     uint16_t *xb = NULL;
     if (qlm_x_dtype(w->dtype) == QLM_BF16) {
         /* x is rounded once per call rather than in every thread's kernel. */
-        xb = x_bf16_buffer((size_t)n * (size_t)w->cols);
+        xb = qlm_cpu_scratch_bytes(&t_x_bf16, (size_t)n * (size_t)w->cols * sizeof *xb);
         if (!xb) {
             /* Out of memory for the rounded copy: still correct, only slower. */
             qlm_matmul_scalar(y, x, n, w, bias);

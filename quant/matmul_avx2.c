@@ -174,15 +174,8 @@ AVX2_INLINE __m256 exp8(__m256 x) {
     const __m256 lo = _mm256_set1_ps(-86.5f), hi = _mm256_set1_ps(88.72283935546875f);
     __m256 xc = _mm256_min_ps(_mm256_max_ps(x, lo), hi);
     __m256 k = _mm256_round_ps(_mm256_mul_ps(xc, _mm256_set1_ps(QLM_EXP_LOG2E)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m256 r = _mm256_fnmadd_ps(k, _mm256_set1_ps(QLM_EXP_LN2_HI), xc);
-    r = _mm256_fnmadd_ps(k, _mm256_set1_ps(QLM_EXP_LN2_LO), r);
-    __m256 p = _mm256_set1_ps(QLM_EXP_P0);
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(QLM_EXP_P1));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(QLM_EXP_P2));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(QLM_EXP_P3));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(QLM_EXP_P4));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(QLM_EXP_P5));
-    p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+    __m256 r = QLM_EXP_REDUCE(xc, k, _mm256_fnmadd_ps, _mm256_set1_ps);
+    __m256 p = QLM_EXP_POLY(r, _mm256_fmadd_ps, _mm256_set1_ps, _mm256_mul_ps, _mm256_add_ps);
     /* 2^(k-1): k - 1 + 127 in the exponent field, 1..254 for -125 <= k <= 128. */
     __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(k), _mm256_set1_epi32(126)), 23);
     __m256 y = _mm256_mul_ps(_mm256_mul_ps(p, _mm256_castsi256_ps(e)), _mm256_set1_ps(2.0f));

@@ -53,6 +53,14 @@ void qlm_weight_rows_f32(const qlm_weight *w, int r0, int r1, float *dst);
 #define QLM_EXP_P3 4.1665795894e-2f
 #define QLM_EXP_P4 1.6666665459e-1f
 #define QLM_EXP_P5 5.0000001201e-1f
+/* r = x - k ln 2 and e^r from r, in the vector ops of the caller's ISA (FNMA(a, b, c) = c - a b,
+ * FMA(a, b, c) = a b + c), so that each ISA's kernel spells the method once. */
+#define QLM_EXP_REDUCE(x, k, FNMA, SET1) FNMA(k, SET1(QLM_EXP_LN2_LO), FNMA(k, SET1(QLM_EXP_LN2_HI), x))
+#define QLM_EXP_POLY(r, FMA, SET1, MUL, ADD)                                                                   \
+    FMA(FMA(FMA(FMA(FMA(FMA(SET1(QLM_EXP_P0), r, SET1(QLM_EXP_P1)), r, SET1(QLM_EXP_P2)), r, SET1(QLM_EXP_P3)), r, \
+                    SET1(QLM_EXP_P4)),                                                                          \
+                r, SET1(QLM_EXP_P5)),                                                                           \
+        MUL(r, r), ADD(r, SET1(1.0f)))
 
 /* Element size of the weight dtypes the kernels take. */
 static inline size_t qlm_weight_elem_size(qlm_dtype dt) {
