@@ -180,27 +180,17 @@ AVX512_FN void f32_to_f16(uint16_t *dst, const float *src, long n) {
     }
 }
 
-/* Round to nearest even on the upper 16 bits; NaNs are quieted like qlm_f32_to_bf16. Result in
- * the low half of each 32-bit lane. */
-AVX512_INLINE __m512i bf16_round(__m512 v) {
-    __m512i u = _mm512_castps_si512(v);
-    __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
-    __m512i r = _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7fff)), lsb), 16);
-    __m512i nan = _mm512_or_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x40));
-    return _mm512_mask_blend_epi32(_mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), r, nan);
-}
-
-/* 32 at a time, narrowed with PACKUSDW and a lane permute rather than VPMOVDW, whose store form
- * is microcoded on AMD Zen 4 (it took 88% of this function's time there). */
+/* Round to nearest even on the upper 16 bits; NaNs are quieted like qlm_f32_to_bf16. */
 AVX512_FN void f32_to_bf16(uint16_t *dst, const float *src, long n) {
-    /* packus leaves the 64-bit groups as lo0 hi0 lo1 hi1 ...; this puts the lo ones first. */
-    const __m512i order = _mm512_set_epi64(7, 5, 3, 1, 6, 4, 2, 0);
-    for (long i = 0; i < n; i += 32) {
-        __mmask16 m0 = block_mask(i, n), m1 = i + 16 < n ? block_mask(i + 16, n) : 0;
-        __m512i lo = bf16_round(_mm512_maskz_loadu_ps(m0, src + i));
-        __m512i hi = bf16_round(_mm512_maskz_loadu_ps(m1, src + i + 16));
-        __m512i packed = _mm512_permutexvar_epi64(order, _mm512_packus_epi32(lo, hi));
-        _mm512_mask_storeu_epi16(dst + i, (__mmask32)m0 | (__mmask32)m1 << 16, packed);
+    for (long i = 0; i < n; i += 16) {
+        __mmask16 m = block_mask(i, n);
+        __m512 v = _mm512_maskz_loadu_ps(m, src + i);
+        __m512i u = _mm512_castps_si512(v);
+        __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+        __m512i r = _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7fff)), lsb), 16);
+        __m512i nan = _mm512_or_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x40));
+        r = _mm512_mask_blend_epi32(_mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), r, nan);
+        _mm256_mask_storeu_epi16(dst + i, m, _mm512_cvtepi32_epi16(r));
     }
 }
 
