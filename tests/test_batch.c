@@ -10,7 +10,7 @@
 enum { N_REQ = 7 };
 
 typedef struct {
-    int ids[64], n_ids;
+    int ids[320], n_ids;
     qlm_gen_params params;
     int out[64];
     const char *stops[1];
@@ -115,6 +115,29 @@ static void test_decoder_matches_session(void **state) {
     qlm_session single;
     assert_int_equal(qlm_session_init(&single, &m, src.tok, 64, 64), 0);
     qlm_batch_config bc = {.model = &m, .tok = src.tok, .n_slots = 3, .max_prompt = 20, .max_output = 44};
+    compare(&bc, reqs, &single);
+    qlm_session_free(&single);
+    qlm_model_free(&m);
+    qlm_source_close(&src);
+}
+
+/* Prompts of up to 300 tokens: the ones that fit beside the decode rows of a step join it (the
+ * sgemm form of attention inside a mixed step), longer ones are prefilled alone in chunks. */
+static void test_decoder_long_prompts(void **state) {
+    (void)state;
+    static const int lengths[N_REQ] = {300, 40, 260, 5, 120, 2, 253};
+    qlm_source src;
+    qlm_model m;
+    open_stories260k(&src, &m);
+    request reqs[N_REQ];
+    make_requests(reqs, m.cfg.vocab_size, qlm_tokenizer_bos(src.tok));
+    for (int i = 0; i < N_REQ; i++) {
+        reqs[i].n_ids = lengths[i];
+        for (int k = 1; k < lengths[i]; k++) reqs[i].ids[k] = 3 + (i * 31 + k * 17) % (m.cfg.vocab_size - 3);
+    }
+    qlm_session single;
+    assert_int_equal(qlm_session_init(&single, &m, src.tok, 364, 64), 0);
+    qlm_batch_config bc = {.model = &m, .tok = src.tok, .n_slots = 3, .max_prompt = 320, .max_output = 44};
     compare(&bc, reqs, &single);
     qlm_session_free(&single);
     qlm_model_free(&m);
@@ -234,6 +257,7 @@ static void test_errors(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_decoder_matches_session),
+        cmocka_unit_test(test_decoder_long_prompts),
         cmocka_unit_test(test_t5_matches_session),
         cmocka_unit_test(test_streaming_and_cancel),
         cmocka_unit_test(test_errors),
