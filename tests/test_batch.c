@@ -51,10 +51,11 @@ static int collect(void *user, const char *text, size_t len) {
     return 0;
 }
 
-/* Requests: prompts of 1..19 tokens, 0..40 new tokens, one stop string, some sampled. */
-static void make_requests(request *r, int vocab, int first_id) {
+/* Requests: prompts of 1..19 tokens (or the lengths given), 0..40 new tokens, one stop string,
+ * some sampled. */
+static void make_requests(request *r, int vocab, int first_id, const int *lengths) {
     for (int i = 0; i < N_REQ; i++) {
-        r[i].n_ids = 1 + (i * 7) % 19;
+        r[i].n_ids = lengths ? lengths[i] : 1 + (i * 7) % 19;
         r[i].ids[0] = first_id;
         for (int k = 1; k < r[i].n_ids; k++) r[i].ids[k] = 3 + (i * 31 + k * 17) % (vocab - 3);
         r[i].params = (qlm_gen_params){.sampling = qlm_sampling_defaults(), .max_new_tokens = (i * 13) % 41,
@@ -105,20 +106,25 @@ static void open_stories260k(qlm_source *src, qlm_model *m) {
     assert_int_equal(qlm_model_build(m, &src->cfg, src->store, &o), 0);
 }
 
-static void test_decoder_matches_session(void **state) {
-    (void)state;
+/* stories260K requests of the given prompt lengths (NULL: 1..19) through a 3-slot batch and alone. */
+static void decoder_vs_session(const int *lengths, int max_prompt) {
     qlm_source src;
     qlm_model m;
     open_stories260k(&src, &m);
     request reqs[N_REQ];
-    make_requests(reqs, m.cfg.vocab_size, qlm_tokenizer_bos(src.tok));
+    make_requests(reqs, m.cfg.vocab_size, qlm_tokenizer_bos(src.tok), lengths);
     qlm_session single;
-    assert_int_equal(qlm_session_init(&single, &m, src.tok, 64, 64), 0);
-    qlm_batch_config bc = {.model = &m, .tok = src.tok, .n_slots = 3, .max_prompt = 20, .max_output = 44};
+    assert_int_equal(qlm_session_init(&single, &m, src.tok, max_prompt + 44, 64), 0);
+    qlm_batch_config bc = {.model = &m, .tok = src.tok, .n_slots = 3, .max_prompt = max_prompt, .max_output = 44};
     compare(&bc, reqs, &single);
     qlm_session_free(&single);
     qlm_model_free(&m);
     qlm_source_close(&src);
+}
+
+static void test_decoder_matches_session(void **state) {
+    (void)state;
+    decoder_vs_session(NULL, 20);
 }
 
 /* Prompts of up to 300 tokens: the ones that fit beside the decode rows of a step join it (the
@@ -126,22 +132,7 @@ static void test_decoder_matches_session(void **state) {
 static void test_decoder_long_prompts(void **state) {
     (void)state;
     static const int lengths[N_REQ] = {300, 40, 260, 5, 120, 2, 253};
-    qlm_source src;
-    qlm_model m;
-    open_stories260k(&src, &m);
-    request reqs[N_REQ];
-    make_requests(reqs, m.cfg.vocab_size, qlm_tokenizer_bos(src.tok));
-    for (int i = 0; i < N_REQ; i++) {
-        reqs[i].n_ids = lengths[i];
-        for (int k = 1; k < lengths[i]; k++) reqs[i].ids[k] = 3 + (i * 31 + k * 17) % (m.cfg.vocab_size - 3);
-    }
-    qlm_session single;
-    assert_int_equal(qlm_session_init(&single, &m, src.tok, 364, 64), 0);
-    qlm_batch_config bc = {.model = &m, .tok = src.tok, .n_slots = 3, .max_prompt = 320, .max_output = 44};
-    compare(&bc, reqs, &single);
-    qlm_session_free(&single);
-    qlm_model_free(&m);
-    qlm_source_close(&src);
+    decoder_vs_session(lengths, 320);
 }
 
 static void test_t5_matches_session(void **state) {
@@ -153,7 +144,7 @@ static void test_t5_matches_session(void **state) {
     qlm_model_options o = {.dtype = QLM_F32, .backend = qlm_backend_cpu()};
     assert_int_equal(qlm_t5_build(&m, &src.t5, src.store, &o), 0);
     request reqs[N_REQ];
-    make_requests(reqs, m.cfg.vocab_size, 5);
+    make_requests(reqs, m.cfg.vocab_size, 5, NULL);
     qlm_session single;
     assert_int_equal(qlm_session_init_t5(&single, &m, NULL, 20, 45), 0);
     qlm_batch_config bc = {.t5 = &m, .n_slots = 4, .max_prompt = 20, .max_output = 44};
@@ -197,7 +188,7 @@ static void test_streaming_and_cancel(void **state) {
     qlm_model m;
     open_stories260k(&src, &m);
     request reqs[N_REQ];
-    make_requests(reqs, m.cfg.vocab_size, qlm_tokenizer_bos(src.tok));
+    make_requests(reqs, m.cfg.vocab_size, qlm_tokenizer_bos(src.tok), NULL);
     memset(g_sinks, 0, sizeof g_sinks);
     g_sinks[3].cancel_after = 3; /* request 3 asks for 39 tokens */
     run_ctx c = {.reqs = reqs, .n = N_REQ};
