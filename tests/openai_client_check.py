@@ -4,11 +4,13 @@ that `scripts/setup.sh --test` prepares ($QLM_CACHE/test-python, which has the p
 
 Starts QLM serve on a free loopback port and checks, through the client only: the model list; completions
 and chat, each streamed and not (greedy, so the streamed text must equal the other); an adapter loaded
-with POST /v1/adapters, chosen by "model" and by the "adapter" field, changing the answer, then unloaded
-with DELETE; and the client's typed errors (404 for an unknown model, 401 for a wrong key). Exits 0 when
-every check holds; SIGTERM must then drain the server to exit 0.
+with POST /v1/adapters, chosen by "model" and by the "adapter" field, changing the answer; eight
+concurrent sampled requests over the base and two adapters, each equal to the same request alone; the
+adapters unloaded with DELETE; and the client's typed errors (404 for an unknown model, 401 for a wrong
+key). Exits 0 when every check holds; SIGTERM must then drain the server to exit 0.
 
 usage: tests/openai_client_check.py QLM_BIN MODEL_DIR WORK_DIR"""
+import concurrent.futures
 import json
 import os
 import random
@@ -21,12 +23,12 @@ import sys
 import openai
 
 
-def write_adapter(folder, config, rank=4, alpha=8):
+def write_adapter(folder, config, seed, rank=4, alpha=8):
     """A PEFT LoRA folder on q_proj and v_proj with non-zero A and B (B = 0 would leave the model as it is)."""
     hidden = config["hidden_size"]
     head_dim = hidden // config["num_attention_heads"]
     kv = config.get("num_key_value_heads", config["num_attention_heads"]) * head_dim
-    rng = random.Random(7)
+    rng = random.Random(seed)
     tensors = {}
     for layer in range(config["num_hidden_layers"]):
         for module, out in (("q_proj", hidden), ("v_proj", kv)):
@@ -62,10 +64,11 @@ def main():
     qlm, model_dir, work = sys.argv[1:4]
     with open(os.path.join(model_dir, "config.json")) as f:
         config = json.load(f)
-    adapter_dir = os.path.join(work, "adapter")
-    write_adapter(adapter_dir, config)
+    adapter_dir, adapter2_dir = os.path.join(work, "adapter"), os.path.join(work, "adapter2")
+    write_adapter(adapter_dir, config, seed=7)
+    write_adapter(adapter2_dir, config, seed=8)
 
-    proc = subprocess.Popen([qlm, "serve", "-m", model_dir, "--port", "0", "--api-key", "k", "--name", "m"],
+    proc = subprocess.Popen([qlm, "serve", "-m", model_dir, "--port", "0", "--api-key", "k", "--name", "m", "--max-seqs", "8"],
                             stdout=subprocess.PIPE, text=True)
     try:
         port = int(re.search(r"127\.0\.0\.1:(\d+)", proc.stdout.readline()).group(1))
@@ -94,6 +97,22 @@ def main():
         assert complete(client, "story", stream=True) == tuned
         assert complete(client, "m", extra_body={"adapter": "story"}) == tuned
         assert complete(client, "m") == base
+
+        # Eight requests at once over the base and two adapters, sampled with a seed each: every one
+        # gets exactly what it gets alone, so the batch keeps each row's adapter and sampler apart.
+        client.post("/adapters", body={"name": "tale", "path": adapter2_dir}, cast_to=object)
+        jobs = [(["m", "story", "tale"][i % 3], f"Request {i}: once upon a time", i) for i in range(8)]
+
+        def sampled(job):
+            model, prompt, seed = job
+            c = client.completions.create(model=model, prompt=prompt, max_tokens=24, temperature=0.8, seed=seed)
+            return c.choices[0].text
+
+        alone = [sampled(job) for job in jobs]
+        with concurrent.futures.ThreadPoolExecutor(max_workers=8) as pool:
+            together = list(pool.map(sampled, jobs))
+        assert together == alone, (together, alone)
+        client.delete("/adapters/tale", cast_to=object)
         client.delete("/adapters/story", cast_to=object)
         assert [m.id for m in client.models.list().data] == ["m"]
 
@@ -105,7 +124,8 @@ def main():
                 raise AssertionError(f"expected {error.__name__}")
             except error:
                 pass
-        print(f"ok: models, completions, chat, streaming, adapters and errors through openai {openai.__version__}")
+        print(f"ok: models, completions, chat, streaming, adapters, 8 concurrent mixed-adapter requests and errors "
+              f"through openai {openai.__version__}")
     finally:
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=30) == 0, "qlm serve did not exit 0 after SIGTERM"
