@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "error.h"
+#include "kv_cache.h"
 #include "../lora/lora.h"
 #include "model.h"
 
@@ -71,25 +72,17 @@ static int attention_forward(const qlm_model *m, const qlm_layer *L, qlm_kv_stat
                              const int *slots, int n) {
     const qlm_llama_config *c = &m->cfg;
     const qlm_backend *be = m->be;
-    size_t kv_dim = (size_t)c->n_kv_heads * c->head_dim;
-    size_t slot_size = (size_t)s->max_seq * kv_dim;
     be->rmsnorm(s->xb, s->x, L->attn_norm, n, c->dim, c->norm_eps);
     if (PROJ(s->q, s->xb, &L->wq, L->bq, QLM_LORA_Q) || PROJ(s->k, s->xb, &L->wk, L->bk, QLM_LORA_K) ||
         PROJ(s->v, s->xb, &L->wv, L->bv, QLM_LORA_V))
         return -1;
     be->rope(s->q, n, pos, c->n_heads, c->head_dim, m->inv_freq);
     be->rope(s->k, n, pos, c->n_kv_heads, c->head_dim, m->inv_freq);
-    /* Each head's keys and values are a run of their own in the slot (see qlm_kv_state). */
-    size_t hd = (size_t)c->head_dim, head_run = (size_t)s->max_seq * hd;
-    for (int i = 0; i < n; i++)
-        for (int h = 0; h < c->n_kv_heads; h++) {
-            size_t at = (size_t)(slots ? slots[i] : 0) * slot_size + h * head_run + (size_t)pos[i] * hd;
-            be->copy(s->k_cache[l] + at, s->k + (size_t)i * kv_dim + h * hd, (long)hd);
-            be->copy(s->v_cache[l] + at, s->v + (size_t)i * kv_dim + h * hd, (long)hd);
-        }
+    qlm_kv_store(be, s->k_cache[l], s->k, n, slots, 0, pos, c->n_kv_heads, c->head_dim, s->max_seq);
+    qlm_kv_store(be, s->v_cache[l], s->v, n, slots, 0, pos, c->n_kv_heads, c->head_dim, s->max_seq);
     qlm_attn_shape shape = {.n_heads = c->n_heads, .n_kv_heads = c->n_kv_heads, .head_dim = c->head_dim,
-                            .scale = 1.0f / sqrtf((float)c->head_dim), .slots = slots, .slot_stride = slot_size,
-                            .row_stride = hd, .head_stride = head_run};
+                            .scale = 1.0f / sqrtf((float)c->head_dim), .slots = slots};
+    qlm_kv_shape(&shape, s->max_seq);
     be->attention(s->att, s->q, s->k_cache[l], s->v_cache[l], n, pos, &shape);
     if (PROJ(s->xb, s->att, &L->wo, L->bo, QLM_LORA_O)) return -1;
     be->add(s->x, s->xb, (long)n * c->dim);

@@ -3,6 +3,7 @@
 #include <string.h>
 
 #include "error.h"
+#include "kv_cache.h"
 #include "../lora/lora.h"
 #include "t5.h"
 
@@ -141,24 +142,27 @@ int qlm_t5_encode(const qlm_t5_model *m, qlm_t5_state *s, int slot, const int *i
         if (ffn_forward(m, L, s, n, slots, slot, stack, l) != 0) return -1;
     }
     be->rmsnorm(s->enc_out, s->x, m->enc_final_norm, n, c->d_model, c->norm_eps);
-    size_t at = (size_t)slot * s->max_src * c->n_heads * c->d_kv;
     stack = 1; /* the cross-attention keys and values are the decoder's projections */
-    for (int l = 0; l < c->n_dec_layers; l++)
-        if (PROJ(s->cross_k[l] + at, s->enc_out, &m->dec[l].ck, QLM_LORA_CROSS_K) ||
-            PROJ(s->cross_v[l] + at, s->enc_out, &m->dec[l].cv, QLM_LORA_CROSS_V))
+    for (int l = 0; l < c->n_dec_layers; l++) {
+        if (PROJ(s->k, s->enc_out, &m->dec[l].ck, QLM_LORA_CROSS_K) ||
+            PROJ(s->v, s->enc_out, &m->dec[l].cv, QLM_LORA_CROSS_V))
             return -1;
+        qlm_kv_store(be, s->cross_k[l], s->k, n, NULL, slot, s->pos, c->n_heads, c->d_kv, s->max_src);
+        qlm_kv_store(be, s->cross_v[l], s->v, n, NULL, slot, s->pos, c->n_heads, c->d_kv, s->max_src);
+    }
     s->n_src[slot] = n;
     return 0;
 }
 
-/* Attention of rows [0, n), each over its slot's keys and values. */
-static void slot_attention(const qlm_t5_model *m, qlm_t5_state *s, float **k, float **v, int l, size_t slot_rows,
+/* Attention of rows [0, n), each over its slot's keys and values (caches of slot_rows positions a
+ * slot, laid out as core/kv_cache.h says). */
+static void slot_attention(const qlm_t5_model *m, qlm_t5_state *s, float **k, float **v, int l, int slot_rows,
                            const int *pos, const int *slots, int n, int cross) {
     qlm_attn_shape sh = cross ? attn_shape(m, slots ? s->max_src : s->n_src[0], NULL, 0, 0)
                               : attn_shape(m, 0, s->dec_bias, s->dec_span, s->max_tgt - 1);
+    qlm_kv_shape(&sh, slot_rows);
     if (slots) {
         sh.slots = slots;
-        sh.slot_stride = slot_rows * (size_t)m->cfg.n_heads * m->cfg.d_kv;
         sh.slot_keys = cross ? s->n_src : NULL;
     }
     m->be->attention(s->att, s->q, k[l], v[l], n, pos, &sh);
@@ -169,7 +173,6 @@ static int decode_chunk(const qlm_t5_model *m, qlm_t5_state *s, const int *token
                         int n, const int *rows, int n_rows, float *logits) {
     const qlm_t5_config *c = &m->cfg;
     const qlm_backend *be = m->be;
-    size_t inner = (size_t)c->n_heads * c->d_kv;
     const int slot = 0, stack = 1;
     be->embedding(s->x, &m->shared, tokens, n);
     for (int l = 0; l < c->n_dec_layers; l++) {
@@ -178,18 +181,15 @@ static int decode_chunk(const qlm_t5_model *m, qlm_t5_state *s, const int *token
         if (PROJ(s->q, s->xb, &L->q, QLM_LORA_Q) || PROJ(s->k, s->xb, &L->k, QLM_LORA_K) ||
             PROJ(s->v, s->xb, &L->v, QLM_LORA_V))
             return -1;
-        for (int i = 0; i < n; i++) {
-            size_t at = ((size_t)(slots ? slots[i] : 0) * s->max_tgt + (size_t)pos[i]) * inner;
-            be->copy(s->k_cache[l] + at, s->k + (size_t)i * inner, (long)inner);
-            be->copy(s->v_cache[l] + at, s->v + (size_t)i * inner, (long)inner);
-        }
-        slot_attention(m, s, s->k_cache, s->v_cache, l, (size_t)s->max_tgt, pos, slots, n, 0);
+        qlm_kv_store(be, s->k_cache[l], s->k, n, slots, 0, pos, c->n_heads, c->d_kv, s->max_tgt);
+        qlm_kv_store(be, s->v_cache[l], s->v, n, slots, 0, pos, c->n_heads, c->d_kv, s->max_tgt);
+        slot_attention(m, s, s->k_cache, s->v_cache, l, s->max_tgt, pos, slots, n, 0);
         if (PROJ(s->xb, s->att, &L->o, QLM_LORA_O)) return -1;
         be->add(s->x, s->xb, (long)n * c->d_model);
 
         be->rmsnorm(s->xb, s->x, L->cross_norm, n, c->d_model, c->norm_eps);
         if (PROJ(s->q, s->xb, &L->cq, QLM_LORA_CROSS_Q)) return -1;
-        slot_attention(m, s, s->cross_k, s->cross_v, l, (size_t)s->max_src, pos, slots, n, 1);
+        slot_attention(m, s, s->cross_k, s->cross_v, l, s->max_src, pos, slots, n, 1);
         if (PROJ(s->xb, s->att, &L->co, QLM_LORA_CROSS_O)) return -1;
         be->add(s->x, s->xb, (long)n * c->d_model);
 
