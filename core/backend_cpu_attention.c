@@ -15,7 +15,7 @@
 #include "../quant/matmul.h"
 #include "cpu_scratch.h"
 
-/* From this many query rows on, the sgemm form is faster (same threshold as the matmuls). */
+/* From this many query rows of one sequence on, the sgemm form is faster. */
 #define SGEMM_MIN_ROWS 16
 
 /* Keys row i of the call sees: its sequence's fixed count, or the causal prefix 0..pos[i]. */

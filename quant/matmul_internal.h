@@ -38,8 +38,6 @@ extern const qlm_kernel_table qlm_kernels_avx512bf16;
 /* The table in use: the best the CPU supports, or the one forced by qlm_matmul_force_isa. */
 const qlm_kernel_table *qlm_kernels(void);
 
-/* Rows [r0, r1) of w as F32 (I8 scales applied) into dst[(r1 - r0) * cols]. */
-void qlm_weight_rows_f32(const qlm_weight *w, int r0, int r1, float *dst);
 
 /* e^x = 2^k e^r with k = round(x log2 e) and r = x - k ln 2 (ln 2 in a high part exact in a few
  * bits and a low part, so r is exact), e^r by its degree-6 minimax polynomial on |r| <= ln2/2

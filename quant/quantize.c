@@ -74,22 +74,13 @@ void qlm_convert_to_f32(float *dst, const void *src, qlm_dtype st, long n) {
     }
 }
 
-void qlm_weight_rows_f32(const qlm_weight *w, int r0, int r1, float *dst) {
+void qlm_weight_row_f32(const qlm_weight *w, int r, float *out) {
     size_t cols = (size_t)w->cols;
     if (w->dtype != QLM_I8) {
-        const char *src = (const char *)w->data + (size_t)r0 * cols * qlm_weight_elem_size(w->dtype);
-        qlm_convert_to_f32(dst, src, w->dtype, (long)((size_t)(r1 - r0) * cols));
+        qlm_convert_to_f32(out, (const char *)w->data + (size_t)r * cols * qlm_weight_elem_size(w->dtype), w->dtype,
+                           (long)cols);
         return;
     }
-    const int8_t *q = (const int8_t *)w->data + (size_t)r0 * cols;
-    const qlm_kernel_table *kt = qlm_kernels();
-    if (!w->row_scales) {
-        kt->i8_to_f32(dst, q, (long)((size_t)(r1 - r0) * cols), w->scale);
-        return;
-    }
-    for (int r = r0; r < r1; r++) kt->i8_to_f32(dst + (size_t)(r - r0) * cols, q + (size_t)(r - r0) * cols, (long)cols, w->row_scales[r]);
-}
-
-void qlm_weight_row_f32(const qlm_weight *w, int r, float *out) {
-    qlm_weight_rows_f32(w, r, r + 1, out);
+    qlm_kernels()->i8_to_f32(out, (const int8_t *)w->data + (size_t)r * cols, (long)cols,
+                             w->row_scales ? w->row_scales[r] : w->scale);
 }
