@@ -2,21 +2,37 @@
  * Tails use masked loads and stores instead of scalar loops; a masked-off element is never
  * read, so rows may end at any column. Included by matmul_avx512.c and matmul_avx512bf16.c,
  * which define AVX512_TARGET (the target attribute), AVX512_TABLE and AVX512_NAME (the table
- * and its name) and AVX512_DPBF16: 1 where the target has AVX512_BF16, whose dot product
- * multiplies BF16 weights with BF16 activations 32 columns per instruction, without converting
- * W. matmul.c only selects a table when the CPU (and the OS, for the ZMM state) supports its
+ * and its name) and AVX512_DP: 1 where the target has AVX512_BF16 and AVX512_VNNI, whose dot
+ * products multiply BF16 weights with BF16 activations (VDPBF16PS) and 16-bit integers
+ * (VPDPWSSD, for I8 weights) 32 columns per instruction, without converting W to F32.
+ * matmul.c only selects a table when the CPU (and the OS, for the ZMM state) supports its
  * target. */
 #include "matmul_internal.h"
 
 #if defined(__x86_64__)
 
 #include <immintrin.h>
+#include <string.h>
 
 #define AVX512_FN static __attribute__((target(AVX512_TARGET)))
 #define AVX512_INLINE static inline __attribute__((always_inline, target(AVX512_TARGET)))
 
 /* Whether weights of dtype dt take the BF16 dot product (a constant at every call site). */
-#define USES_DP(dt) (AVX512_DPBF16 && (dt) == QLM_BF16)
+#define USES_DP(dt) (AVX512_DP && (dt) == QLM_BF16)
+/* Columns one step takes: 32 for the dot products (BF16 pairs, I8 through 16-bit pairs). */
+#define STEP_COLS(dt) (USES_DP(dt) || (dt) == QLM_I8 ? 32 : 16)
+
+/* acc + the sums of adjacent pairs of 16-bit products of a and b, in 32-bit lanes. */
+AVX512_INLINE __m512i dot_i16(__m512i acc, __m512i a, __m512i b) {
+#if AVX512_DP
+    /* As asm with the accumulator tied: GCC 12 copies every _mm512_dpwssd_epi32 accumulator
+     * through another register and spills the copies in a tile of 24 (measured: half speed). */
+    __asm__("vpdpwssd %2, %1, %0" : "+v"(acc) : "v"(a), "vm"(b));
+    return acc;
+#else
+    return _mm512_add_epi32(acc, _mm512_madd_epi16(a, b));
+#endif
+}
 
 /* The low n (< 16) lanes. */
 AVX512_INLINE __mmask16 tail_mask(long n) {
@@ -56,18 +72,30 @@ AVX512_INLINE __m128 hsum4(__m512 a, __m512 b, __m512 c, __m512 d) {
  * enough independent FMA chains in flight to hide the FMA latency. */
 #define GROUP_ROWS(nx) ((nx) <= 2 ? 8 : 4)
 
-/* One step of gemm_tile: ks columns from k (16, or 32 for the BF16 dot product), lanes
- * outside m read nothing. x rows are cols elements apart, in the activation dtype of dt. */
-AVX512_INLINE void gemm_step(__m512 acc[8][TILE_X], const char *x, const char *w, size_t stride, long cols, long k,
+/* One step of gemm_tile: STEP_COLS(dt) columns from k, lanes outside m read nothing. x rows are
+ * ldx elements apart, in the activation form of dt. I8 sums are int32 lanes held in acc's bits. */
+AVX512_INLINE void gemm_step(__m512 acc[8][TILE_X], const char *x, long ldx, const char *w, size_t stride, long k,
                              const int nr, const int nx, qlm_dtype dt, __mmask32 m) {
-#if AVX512_DPBF16
+    if (dt == QLM_I8) {
+        __m512i wv[8];
+#pragma GCC unroll 8
+        for (int r = 0; r < nr; r++) wv[r] = _mm512_cvtepi8_epi16(_mm256_maskz_loadu_epi8(m, (const int8_t *)(w + r * stride) + k));
+#pragma GCC unroll 6
+        for (int i = 0; i < nx; i++) {
+            __m512i xv = _mm512_maskz_loadu_epi16(m, (const int16_t *)x + i * ldx + k);
+#pragma GCC unroll 8
+            for (int r = 0; r < nr; r++) acc[r][i] = _mm512_castsi512_ps(dot_i16(_mm512_castps_si512(acc[r][i]), wv[r], xv));
+        }
+        return;
+    }
+#if AVX512_DP
     if (USES_DP(dt)) {
         __m512i wv[8];
 #pragma GCC unroll 8
         for (int r = 0; r < nr; r++) wv[r] = _mm512_maskz_loadu_epi16(m, (const uint16_t *)(w + r * stride) + k);
 #pragma GCC unroll 6
         for (int i = 0; i < nx; i++) {
-            __m512bh xv = (__m512bh)_mm512_maskz_loadu_epi16(m, (const uint16_t *)x + i * cols + k);
+            __m512bh xv = (__m512bh)_mm512_maskz_loadu_epi16(m, (const uint16_t *)x + i * ldx + k);
 #pragma GCC unroll 8
             for (int r = 0; r < nr; r++) acc[r][i] = _mm512_dpbf16_ps(acc[r][i], (__m512bh)wv[r], xv);
         }
@@ -75,7 +103,7 @@ AVX512_INLINE void gemm_step(__m512 acc[8][TILE_X], const char *x, const char *w
     }
 #endif
     const qlm_dtype xdt = qlm_x_dtype(dt);
-    const long x_row = cols * (long)qlm_weight_elem_size(xdt);
+    const long x_row = ldx * (long)qlm_weight_elem_size(xdt);
     __m512 wv[8];
 #pragma GCC unroll 8
     for (int r = 0; r < nr; r++) wv[r] = load16(w + r * stride, k, dt, (__mmask16)m);
@@ -88,16 +116,17 @@ AVX512_INLINE void gemm_step(__m512 acc[8][TILE_X], const char *x, const char *w
 }
 
 /* nr (1, 4 or 8) weight rows (stride bytes apart, storage dtype dt) against nx (1..TILE_X) rows
- * of x. Each weight vector is loaded (and converted) once for nx products and each x vector
- * serves nr, so with several x rows the loop is bound by arithmetic throughput rather than
- * loads; with one it is bound by memory, and pf (when set, the next rows) is prefetched as this
- * step consumes the current ones: the hardware prefetchers lose track of several short
- * interleaved row streams. nr, nx and dt are constants at each call site, so the accumulator
- * arrays become registers. Each (row, x row) sum runs over k in the same order whatever nr and
- * nx are. */
-AVX512_INLINE void gemm_tile(float *y, long ldy, const char *x, const char *w, size_t stride, long cols,
-                             const int nr, const int nx, qlm_dtype dt, const char *pf) {
-    const long esize = (long)qlm_weight_elem_size(dt), ks = USES_DP(dt) ? 32 : 16;
+ * of x (ldx elements apart), over cols columns; add: add the sums to y rather than store them
+ * (the I8 column blocks after the first). Each weight vector is loaded (and converted) once for
+ * nx products and each x vector serves nr, so with several x rows the loop is bound by
+ * arithmetic throughput rather than loads; with one it is bound by memory, and pf (when set,
+ * the next rows) is prefetched as this step consumes the current ones: the hardware prefetchers
+ * lose track of several short interleaved row streams. nr, nx and dt are constants at each call
+ * site, so the accumulator arrays become registers. Each (row, x row) sum runs over k in the
+ * same order whatever nr and nx are. */
+AVX512_INLINE void gemm_tile(float *y, long ldy, const char *x, long ldx, const char *w, size_t stride, long cols,
+                             const int nr, const int nx, qlm_dtype dt, const char *pf, int add) {
+    const long esize = (long)qlm_weight_elem_size(dt), ks = STEP_COLS(dt);
     __m512 acc[8][TILE_X];
 #pragma GCC unroll 8
     for (int r = 0; r < nr; r++)
@@ -108,37 +137,45 @@ AVX512_INLINE void gemm_tile(float *y, long ldy, const char *x, const char *w, s
         /* This step reads nr rows x ks weights; prefetch as many bytes of the next rows. */
         if (pf)
             for (long j = 0; j < nr * ks * esize / 64; j++) _mm_prefetch(pf + k * nr * esize + 64 * j, _MM_HINT_T0);
-        gemm_step(acc, x, w, stride, cols, k, nr, nx, dt, (__mmask32)0xffffffffu);
+        gemm_step(acc, x, ldx, w, stride, k, nr, nx, dt, (__mmask32)0xffffffffu);
     }
-    if (k < cols) gemm_step(acc, x, w, stride, cols, k, nr, nx, dt, (__mmask32)((1u << (cols - k)) - 1u));
+    if (k < cols) gemm_step(acc, x, ldx, w, stride, k, nr, nx, dt, (__mmask32)((1u << (cols - k)) - 1u));
+    if (dt == QLM_I8)
+#pragma GCC unroll 8
+        for (int r = 0; r < nr; r++)
+#pragma GCC unroll 6
+            for (int i = 0; i < nx; i++) acc[r][i] = _mm512_cvtepi32_ps(_mm512_castps_si512(acc[r][i]));
 #pragma GCC unroll 6
     for (int i = 0; i < nx; i++) {
+        float *yi = y + i * ldy;
         if (nr == 1)
-            y[i * ldy] = _mm512_reduce_add_ps(acc[0][i]);
+            yi[0] = (add ? yi[0] : 0.0f) + _mm512_reduce_add_ps(acc[0][i]);
         else
 #pragma GCC unroll 2
-            for (int r = 0; r < nr; r += 4)
-                _mm_storeu_ps(y + i * ldy + r, hsum4(acc[r][i], acc[r + 1][i], acc[r + 2][i], acc[r + 3][i]));
+            for (int r = 0; r < nr; r += 4) {
+                __m128 h = hsum4(acc[r][i], acc[r + 1][i], acc[r + 2][i], acc[r + 3][i]);
+                _mm_storeu_ps(yi + r, add ? _mm_add_ps(_mm_loadu_ps(yi + r), h) : h);
+            }
     }
 }
 
 /* The same tile with nx as a constant (nr = 8 only comes with nx <= 2). */
-AVX512_INLINE void gemm_tile_x(float *y, long ldy, const char *x, int nx, const char *w, size_t stride, long cols,
-                               const int nr, qlm_dtype dt, const char *pf) {
+AVX512_INLINE void gemm_tile_x(float *y, long ldy, const char *x, long ldx, int nx, const char *w, size_t stride,
+                               long cols, const int nr, qlm_dtype dt, const char *pf, int add) {
     if (nr == 8) {
         if (nx == 1)
-            gemm_tile(y, ldy, x, w, stride, cols, 8, 1, dt, pf);
+            gemm_tile(y, ldy, x, ldx, w, stride, cols, 8, 1, dt, pf, add);
         else
-            gemm_tile(y, ldy, x, w, stride, cols, 8, 2, dt, pf);
+            gemm_tile(y, ldy, x, ldx, w, stride, cols, 8, 2, dt, pf, add);
         return;
     }
     switch (nx) {
-    case 1: gemm_tile(y, ldy, x, w, stride, cols, nr, 1, dt, pf); break;
-    case 2: gemm_tile(y, ldy, x, w, stride, cols, nr, 2, dt, pf); break;
-    case 3: gemm_tile(y, ldy, x, w, stride, cols, nr, 3, dt, pf); break;
-    case 4: gemm_tile(y, ldy, x, w, stride, cols, nr, 4, dt, pf); break;
-    case 5: gemm_tile(y, ldy, x, w, stride, cols, nr, 5, dt, pf); break;
-    default: gemm_tile(y, ldy, x, w, stride, cols, nr, TILE_X, dt, pf); break;
+    case 1: gemm_tile(y, ldy, x, ldx, w, stride, cols, nr, 1, dt, pf, add); break;
+    case 2: gemm_tile(y, ldy, x, ldx, w, stride, cols, nr, 2, dt, pf, add); break;
+    case 3: gemm_tile(y, ldy, x, ldx, w, stride, cols, nr, 3, dt, pf, add); break;
+    case 4: gemm_tile(y, ldy, x, ldx, w, stride, cols, nr, 4, dt, pf, add); break;
+    case 5: gemm_tile(y, ldy, x, ldx, w, stride, cols, nr, 5, dt, pf, add); break;
+    default: gemm_tile(y, ldy, x, ldx, w, stride, cols, nr, TILE_X, dt, pf, add); break;
     }
 }
 
@@ -192,6 +229,29 @@ AVX512_FN void f32_to_bf16(uint16_t *dst, const float *src, long n) {
         r = _mm512_mask_blend_epi32(_mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), r, nan);
         _mm256_mask_storeu_epi16(dst + i, m, _mm512_cvtepi32_epi16(r));
     }
+}
+
+AVX512_FN float quantize_i16(int16_t *q, const float *x, long n) {
+    __m512 mx = _mm512_setzero_ps();
+    __mmask16 nan = 0;
+    for (long i = 0; i < n; i += 16) {
+        __m512 v = _mm512_maskz_loadu_ps(block_mask(i, n), x + i);
+        nan |= _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+        mx = _mm512_max_ps(mx, _mm512_abs_ps(v));
+    }
+    float inv, s = qlm_x_i16_scale(_mm512_reduce_max_ps(mx), nan != 0, &inv);
+    if (inv == 0) {
+        memset(q, 0, (size_t)n * sizeof *q);
+        return s;
+    }
+    __m512 f = _mm512_set1_ps(inv);
+    for (long i = 0; i < n; i += 16) {
+        __mmask16 m = block_mask(i, n);
+        /* Round to nearest even, as lrintf; |x inv| <= 32767 so the narrowing is exact. */
+        __m512i r = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_maskz_loadu_ps(m, x + i), f));
+        _mm256_mask_storeu_epi16(q + i, m, _mm512_cvtsepi32_epi16(r));
+    }
+    return s;
 }
 
 /* e^x for 16 lanes (see QLM_EXP_LOG2E): x is clamped where e^x is 0 or +inf in float anyway, and
@@ -256,6 +316,7 @@ AVX512_FN void weighted_sum(float *o, const float *p, int g, long ldp, const flo
 const qlm_kernel_table AVX512_TABLE = {
     .name = AVX512_NAME,
     .gemm = gemm,
+    .quantize_i16 = quantize_i16,
     .dot_rows = dot_rows,
     .weighted_sum = weighted_sum,
     .exp = exp_f32,

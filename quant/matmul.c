@@ -33,6 +33,29 @@ static float x_at(const void *x, long k, qlm_dtype xdt, qlm_dtype wdt) {
     return wdt == QLM_BF16 && xdt == QLM_F32 ? qlm_bf16_to_f32(qlm_f32_to_bf16(v)) : v;
 }
 
+/* The I16 form of x[k] (qlm_x_i16_scale gave inv). */
+static int32_t x_i16_at(const float *x, long k, float inv) {
+    return inv == 0 ? 0 : (int32_t)lrintf(x[k] * inv);
+}
+
+/* The I16 scale of x[0..n) and in *inv its factor (qlm_x_i16_scale). */
+static float x_i16_scale(const float *x, long n, float *inv) {
+    float absmax = 0;
+    int has_nan = 0;
+    for (long k = 0; k < n; k++) {
+        has_nan |= isnan(x[k]);
+        absmax = fabsf(x[k]) > absmax ? fabsf(x[k]) : absmax;
+    }
+    return qlm_x_i16_scale(absmax, has_nan, inv);
+}
+
+static float scalar_quantize_i16(int16_t *q, const float *x, long n) {
+    float inv, s = x_i16_scale(x, n, &inv);
+    for (long k = 0; k < n; k++) q[k] = (int16_t)x_i16_at(x, k, inv);
+    return s;
+}
+
+/* Rows [r0, r1) of y = W x for one row of x in F32 or BF16 (xdt). */
 static void scalar_gemv(float *y, const void *x, qlm_dtype xdt, const qlm_weight *w, int r0, int r1,
                         const float *bias) {
     size_t stride = (size_t)w->cols * qlm_weight_elem_size(w->dtype);
@@ -40,15 +63,33 @@ static void scalar_gemv(float *y, const void *x, qlm_dtype xdt, const qlm_weight
         const char *row = (const char *)w->data + (size_t)o * stride;
         float s = 0;
         for (long k = 0; k < w->cols; k++) s += qlm_weight_at(row, k, w->dtype) * x_at(x, k, xdt, w->dtype);
-        y[o] = qlm_gemv_finish(s, w, o, bias);
+        y[o] = qlm_gemv_finish(s, w, o, 1.0f, bias);
     }
 }
 
-static void scalar_gemm(float *y, const void *x, int n, const qlm_weight *w, int r0, int r1, const float *bias) {
-    qlm_dtype xdt = qlm_x_dtype(w->dtype);
-    size_t x_row = (size_t)w->cols * qlm_weight_elem_size(xdt);
-    for (int i = 0; i < n; i++)
-        scalar_gemv(y + (size_t)i * w->rows, (const char *)x + (size_t)i * x_row, xdt, w, r0, r1, bias);
+/* The same for I8 weights and one row of x, given in the I16 form (q, xs) or as F32 x converted
+ * on the fly (q NULL): exact integer sums in 64 bits. */
+static void scalar_gemv_i8(float *y, const int16_t *q, const float *x, float xs, float inv, const qlm_weight *w,
+                           int r0, int r1, const float *bias) {
+    for (int o = r0; o < r1; o++) {
+        const int8_t *row = (const int8_t *)w->data + (size_t)o * w->cols;
+        int64_t s = 0;
+        for (long k = 0; k < w->cols; k++) s += (int64_t)row[k] * (q ? q[k] : x_i16_at(x, k, inv));
+        y[o] = qlm_gemv_finish((float)s, w, o, xs, bias);
+    }
+}
+
+static void scalar_gemm(float *y, const void *x, const float *x_scale, int n, const qlm_weight *w, int r0, int r1,
+                        const float *bias) {
+    size_t x_row = (size_t)w->cols * qlm_x_elem_size(w->dtype);
+    for (int i = 0; i < n; i++) {
+        const void *xi = (const char *)x + (size_t)i * x_row;
+        float *yi = y + (size_t)i * w->rows;
+        if (w->dtype == QLM_I8)
+            scalar_gemv_i8(yi, xi, NULL, x_scale[i], 0, w, r0, r1, bias);
+        else
+            scalar_gemv(yi, xi, qlm_x_dtype(w->dtype), w, r0, r1, bias);
+    }
 }
 
 static void scalar_dot_rows(float *y, long ldy, const float *x, int n, const float *w, size_t w_stride, int rows,
@@ -95,6 +136,7 @@ static void scalar_i8_to_f32(float *dst, const int8_t *src, long n, float scale)
 static const qlm_kernel_table scalar_table = {
     .name = "scalar",
     .gemm = scalar_gemm,
+    .quantize_i16 = scalar_quantize_i16,
     .dot_rows = scalar_dot_rows,
     .weighted_sum = scalar_weighted_sum,
     .exp = scalar_exp,
@@ -124,7 +166,9 @@ static const qlm_kernel_table *table_named(const char *name) {
     int avx512 = avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                  __builtin_cpu_supports("avx512vl");
     if (strcmp(name, "avx512") == 0 && avx512) return &qlm_kernels_avx512;
-    if (strcmp(name, "avx512bf16") == 0 && avx512 && __builtin_cpu_supports("avx512bf16")) return &qlm_kernels_avx512bf16;
+    if (strcmp(name, "avx512bf16") == 0 && avx512 && __builtin_cpu_supports("avx512bf16") &&
+        __builtin_cpu_supports("avx512vnni"))
+        return &qlm_kernels_avx512bf16;
 #endif
     return NULL;
 }
@@ -152,8 +196,16 @@ int qlm_matmul_force_isa(const char *name) {
 }
 
 void qlm_matmul_scalar(float *y, const float *x, int n, const qlm_weight *w, const float *bias) {
-    for (int i = 0; i < n; i++)
-        scalar_gemv(y + (size_t)i * w->rows, x + (size_t)i * w->cols, QLM_F32, w, 0, w->rows, bias);
+    for (int i = 0; i < n; i++) {
+        const float *xi = x + (size_t)i * w->cols;
+        float *yi = y + (size_t)i * w->rows;
+        if (w->dtype == QLM_I8) {
+            float inv, xs = x_i16_scale(xi, w->cols, &inv);
+            scalar_gemv_i8(yi, NULL, xi, xs, inv, w, 0, w->rows, bias);
+        } else {
+            scalar_gemv(yi, xi, QLM_F32, w, 0, w->rows, bias);
+        }
+    }
 }
 
 static int min_int(int a, int b) {
@@ -174,28 +226,44 @@ static void thread_rows(int rows, int group, int t, int nt, int *r0, int *r1) {
     *r1 = min_int(rows, (int)(groups * (t + 1) / nt) * group);
 }
 
-/* Elements of x below which the calling thread rounds x to BF16 alone rather than with a barrier. */
-#define MIN_PARALLEL_ROUNDING 16384L
+/* Elements of x below which the calling thread puts x in its activation form alone rather than
+ * with the other threads and a barrier. */
+#define MIN_PARALLEL_FORM 16384L
 
-/* Threads take runs of output rows and the kernel table's GEMM reads them in their storage dtype.
- * For BF16 weights xb (n * cols) receives x rounded to BF16, which is what the GEMM reads. */
-static void rows_parallel(float *y, const float *x, uint16_t *xb, int n, const qlm_weight *w, const float *bias,
+/* x in the activation form of W (qlm_x_dtype): the BF16 or I16 rows xf (and for I16 the row
+ * scales xs) that the GEMM reads, or x itself. */
+typedef struct {
+    const float *x;
+    void *xf;
+    float *xs;
+} x_form;
+
+/* Rows [i0, i1) of x into their activation form. */
+static void form_rows(const x_form *f, int i0, int i1, const qlm_weight *w, const qlm_kernel_table *kt) {
+    size_t cols = (size_t)w->cols;
+    if (w->dtype == QLM_BF16)
+        kt->f32_to_bf16((uint16_t *)f->xf + i0 * cols, f->x + i0 * cols, (long)((size_t)(i1 - i0) * cols));
+    else if (w->dtype == QLM_I8)
+        for (int i = i0; i < i1; i++) f->xs[i] = kt->quantize_i16((int16_t *)f->xf + i * cols, f->x + i * cols, (long)cols);
+}
+
+/* Threads take runs of output rows and the kernel table's GEMM reads them in their storage dtype,
+ * after x is put in its activation form (split among the threads by rows of x when large). */
+static void rows_parallel(float *y, const x_form *f, int n, const qlm_weight *w, const float *bias,
                           const qlm_kernel_table *kt) {
     int nth = threads_for((double)n * w->rows * w->cols);
-    long len = (long)n * w->cols;
-    int split_rounding = xb && nth > 1 && len >= MIN_PARALLEL_ROUNDING;
-    if (xb && !split_rounding) kt->f32_to_bf16(xb, x, len);
+    int split_form = f->xf && nth > 1 && n > 1 && (long)n * w->cols >= MIN_PARALLEL_FORM;
+    if (f->xf && !split_form) form_rows(f, 0, n, w, kt);
 #pragma omp parallel num_threads(nth) if (nth > 1)
     {
         int t = omp_get_thread_num(), nt = omp_get_num_threads();
-        if (split_rounding) {
-            long a = len * t / nt, b = len * (t + 1) / nt;
-            kt->f32_to_bf16(xb + a, x + a, b - a);
+        if (split_form) {
+            form_rows(f, (int)((long)n * t / nt), (int)((long)n * (t + 1) / nt), w, kt);
 #pragma omp barrier
         }
         int r0, r1;
         thread_rows(w->rows, ROW_GROUP, t, nt, &r0, &r1);
-        kt->gemm(y, xb ? (const void *)xb : x, n, w, r0, r1, bias);
+        kt->gemm(y, f->xf ? f->xf : f->x, f->xs, n, w, r0, r1, bias);
     }
 }
 
@@ -208,8 +276,8 @@ void qlm_weighted_sum_f32(float *o, const float *p, int g, long ldp, const float
     if (g > 0 && m > 0) qlm_kernels()->weighted_sum(o, p, g, ldp, v, v_stride, m, hd);
 }
 
-/* The calling thread's buffer for x rounded to BF16, kept across calls. */
-static _Thread_local qlm_cpu_scratch t_x_bf16;
+/* The calling thread's buffer for x in its activation form, kept across calls. */
+static _Thread_local qlm_cpu_scratch t_x_form;
 
 void qlm_exp_f32(float *x, long n) {
     if (n > 0) qlm_kernels()->exp(x, n);
@@ -218,15 +286,19 @@ void qlm_exp_f32(float *x, long n) {
 void qlm_matmul(float *y, const float *x, int n, const qlm_weight *w, const float *bias) {
     if (n <= 0 || w->rows <= 0 || w->cols < 0) return;
     const qlm_kernel_table *kt = qlm_kernels();
-    uint16_t *xb = NULL;
-    if (qlm_x_dtype(w->dtype) == QLM_BF16) {
-        /* x is rounded once per call rather than in every thread's kernel. */
-        xb = qlm_cpu_scratch_bytes(&t_x_bf16, (size_t)n * (size_t)w->cols * sizeof *xb);
-        if (!xb) {
-            /* Out of memory for the rounded copy: still correct, only slower. */
+    x_form f = {x, NULL, NULL};
+    if (w->dtype == QLM_BF16 || w->dtype == QLM_I8) {
+        /* x is put in its form once per call rather than in every thread's kernel; I16 row
+         * scales follow the rows, 4-byte aligned. */
+        size_t rows_bytes = ((size_t)n * (size_t)w->cols * 2 + 3) & ~(size_t)3;
+        char *buf = qlm_cpu_scratch_bytes(&t_x_form, rows_bytes + (size_t)n * sizeof(float));
+        if (!buf) {
+            /* Out of memory for the copy: still correct, only slower. */
             qlm_matmul_scalar(y, x, n, w, bias);
             return;
         }
+        f.xf = buf;
+        if (w->dtype == QLM_I8) f.xs = (float *)(buf + rows_bytes);
     }
-    rows_parallel(y, x, xb, n, w, bias, kt);
+    rows_parallel(y, &f, n, w, bias, kt);
 }

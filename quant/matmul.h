@@ -1,6 +1,7 @@
-/* CPU matrix products with weights in any storage dtype (weight-only quantization:
- * activations stay F32, rounded to BF16 only where the weights are BF16, see qlm_x_dtype). A portable scalar path and AVX2 / AVX-512 paths are chosen at
- * run time; work is split across OpenMP threads. */
+/* CPU matrix products with weights in any storage dtype (weight-only quantization: activations
+ * stay F32, rounded to BF16 where the weights are BF16 and to 16-bit integers with a row scale
+ * where they are INT8, see qlm_x_dtype). A portable scalar path and AVX2 / AVX-512 paths are
+ * chosen at run time; work is split across OpenMP threads. */
 #ifndef QLM_MATMUL_H
 #define QLM_MATMUL_H
 

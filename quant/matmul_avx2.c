@@ -7,6 +7,7 @@
 
 #include <immintrin.h>
 #include <math.h>
+#include <string.h>
 
 #define AVX2_FN static __attribute__((target("avx2,fma,f16c")))
 #define AVX2_INLINE static inline __attribute__((always_inline, target("avx2,fma,f16c")))
@@ -47,34 +48,77 @@ AVX2_INLINE float hsum(__m256 a) {
 /* Weight rows a tile takes: 4 for any nx (8 would not fit the registers). */
 #define GROUP_ROWS(nx) 4
 
-/* nr (1 or 4) weight rows against nx (1 or 2) rows of x (in the activation dtype of dt), as in
- * the AVX-512 file; the last cols % 8 columns are added in scalar code. */
-AVX2_INLINE void gemm_tile(float *y, long ldy, const char *x, const char *w, size_t stride, long cols,
-                           const int nr, const int nx, qlm_dtype dt, const char *pf) {
-    const long esize = (long)qlm_weight_elem_size(dt);
+/* Columns one step takes: 16 for I8 (pairs of 16-bit products per 32-bit lane), else 8. */
+#define STEP_COLS(dt) ((dt) == QLM_I8 ? 16 : 8)
+
+/* One step of gemm_tile: STEP_COLS(dt) columns from k; x rows ldx elements apart. I8 sums are
+ * int32 lanes held in acc's bits. */
+AVX2_INLINE void gemm_step(__m256 acc[4][TILE_X], const char *x, long ldx, const char *w, size_t stride, long k,
+                           const int nr, const int nx, qlm_dtype dt) {
+    if (dt == QLM_I8) {
+        __m256i wv[4];
+#pragma GCC unroll 4
+        for (int r = 0; r < nr; r++)
+            wv[r] = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)((const int8_t *)(w + r * stride) + k)));
+#pragma GCC unroll 2
+        for (int i = 0; i < nx; i++) {
+            __m256i xv = _mm256_loadu_si256((const __m256i *)((const int16_t *)x + i * ldx + k));
+#pragma GCC unroll 4
+            for (int r = 0; r < nr; r++)
+                acc[r][i] = _mm256_castsi256_ps(_mm256_add_epi32(_mm256_castps_si256(acc[r][i]), _mm256_madd_epi16(wv[r], xv)));
+        }
+        return;
+    }
     const qlm_dtype xdt = qlm_x_dtype(dt);
-    const long x_row = cols * (long)qlm_weight_elem_size(xdt);
+    const long x_row = ldx * (long)qlm_weight_elem_size(xdt);
+    __m256 wv[4];
+#pragma GCC unroll 4
+    for (int r = 0; r < nr; r++) wv[r] = load8(w + r * stride, k, dt);
+#pragma GCC unroll 2
+    for (int i = 0; i < nx; i++) {
+        __m256 xv = load8(x + i * x_row, k, xdt);
+#pragma GCC unroll 4
+        for (int r = 0; r < nr; r++) acc[r][i] = _mm256_fmadd_ps(wv[r], xv, acc[r][i]);
+    }
+}
+
+/* The dot product of columns [k, k1) of a weight row and a row of x in its activation form, in
+ * scalar code (I8: in integers, exact). */
+AVX2_INLINE float tail_dot(const char *w, const char *x, long k, long k1, qlm_dtype dt) {
+    if (dt == QLM_I8) {
+        int32_t s = 0;
+        for (; k < k1; k++) s += (int32_t)((const int8_t *)w)[k] * ((const int16_t *)x)[k];
+        return (float)s;
+    }
+    float s = 0;
+    for (; k < k1; k++) s += qlm_weight_at(w, k, dt) * qlm_weight_at(x, k, qlm_x_dtype(dt));
+    return s;
+}
+
+/* nr (1 or 4) weight rows against nx (1 or 2) rows of x (in the activation form of dt, ldx
+ * elements apart) over cols columns, storing or (add) adding the sums to y, as in the AVX-512
+ * file; the last columns short of a step are added in scalar code. */
+AVX2_INLINE void gemm_tile(float *y, long ldy, const char *x, long ldx, const char *w, size_t stride, long cols,
+                           const int nr, const int nx, qlm_dtype dt, const char *pf, int add) {
+    const long esize = (long)qlm_weight_elem_size(dt), ks = STEP_COLS(dt);
+    const long x_row = ldx * (long)qlm_x_elem_size(dt);
     __m256 acc[4][TILE_X];
 #pragma GCC unroll 4
     for (int r = 0; r < nr; r++)
 #pragma GCC unroll 2
         for (int i = 0; i < nx; i++) acc[r][i] = _mm256_setzero_ps();
     long k = 0;
-    for (; k + 8 <= cols; k += 8) {
-        /* This step reads 4 rows x 8 weights = 32 * esize bytes; prefetch as many of the next rows
-         * (a line ahead, rounded up). */
+    for (; k + ks <= cols; k += ks) {
+        /* This step reads 4 rows x ks weights; prefetch as many bytes of the next rows. */
         if (pf)
-            for (long j = 0; j < (esize + 1) / 2; j++) _mm_prefetch(pf + k * 4 * esize + 64 * j, _MM_HINT_T0);
-        __m256 wv[4];
-#pragma GCC unroll 4
-        for (int r = 0; r < nr; r++) wv[r] = load8(w + r * stride, k, dt);
-#pragma GCC unroll 2
-        for (int i = 0; i < nx; i++) {
-            __m256 xv = load8(x + i * x_row, k, xdt);
-#pragma GCC unroll 4
-            for (int r = 0; r < nr; r++) acc[r][i] = _mm256_fmadd_ps(wv[r], xv, acc[r][i]);
-        }
+            for (long j = 0; j < (4 * ks * esize + 63) / 64; j++) _mm_prefetch(pf + k * 4 * esize + 64 * j, _MM_HINT_T0);
+        gemm_step(acc, x, ldx, w, stride, k, nr, nx, dt);
     }
+    if (dt == QLM_I8)
+#pragma GCC unroll 4
+        for (int r = 0; r < nr; r++)
+#pragma GCC unroll 2
+            for (int i = 0; i < nx; i++) acc[r][i] = _mm256_cvtepi32_ps(_mm256_castps_si256(acc[r][i]));
     for (int i = 0; i < nx; i++) {
         float s[4];
         if (nr == 4)
@@ -82,19 +126,19 @@ AVX2_INLINE void gemm_tile(float *y, long ldy, const char *x, const char *w, siz
         else
             s[0] = hsum(acc[0][i]);
         for (int r = 0; r < nr; r++) {
-            for (long t = k; t < cols; t++) s[r] += qlm_weight_at(w + r * stride, t, dt) * qlm_weight_at(x + i * x_row, t, xdt);
-            y[i * ldy + r] = s[r];
+            s[r] += tail_dot(w + r * stride, x + i * x_row, k, cols, dt);
+            y[i * ldy + r] = (add ? y[i * ldy + r] : 0.0f) + s[r];
         }
     }
 }
 
 /* The same tile with nx as a constant. */
-AVX2_INLINE void gemm_tile_x(float *y, long ldy, const char *x, int nx, const char *w, size_t stride, long cols,
-                             const int nr, qlm_dtype dt, const char *pf) {
+AVX2_INLINE void gemm_tile_x(float *y, long ldy, const char *x, long ldx, int nx, const char *w, size_t stride,
+                             long cols, const int nr, qlm_dtype dt, const char *pf, int add) {
     if (nx == 1)
-        gemm_tile(y, ldy, x, w, stride, cols, nr, 1, dt, pf);
+        gemm_tile(y, ldy, x, ldx, w, stride, cols, nr, 1, dt, pf, add);
     else
-        gemm_tile(y, ldy, x, w, stride, cols, nr, TILE_X, dt, pf);
+        gemm_tile(y, ldy, x, ldx, w, stride, cols, nr, TILE_X, dt, pf, add);
 }
 
 #define KERNEL_FN AVX2_FN
@@ -167,6 +211,39 @@ AVX2_FN void weighted_sum(float *o, const float *p, int g, long ldp, const float
     }
 }
 
+AVX2_FN float quantize_i16(int16_t *q, const float *x, long n) {
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    __m256 mx = _mm256_setzero_ps(), nan = _mm256_setzero_ps();
+    long i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 v = _mm256_loadu_ps(x + i);
+        nan = _mm256_or_ps(nan, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+        mx = _mm256_max_ps(mx, _mm256_andnot_ps(sign, v));
+    }
+    float m[8], absmax = 0;
+    int has_nan = _mm256_movemask_ps(nan) != 0;
+    _mm256_storeu_ps(m, mx);
+    for (int j = 0; j < 8; j++) absmax = m[j] > absmax ? m[j] : absmax;
+    for (long j = i; j < n; j++) {
+        has_nan |= isnan(x[j]);
+        absmax = fabsf(x[j]) > absmax ? fabsf(x[j]) : absmax;
+    }
+    float inv, s = qlm_x_i16_scale(absmax, has_nan, &inv);
+    if (inv == 0) {
+        memset(q, 0, (size_t)n * sizeof *q);
+        return s;
+    }
+    __m256 f = _mm256_set1_ps(inv);
+    for (i = 0; i + 16 <= n; i += 16) {
+        /* Round to nearest even, as lrintf; packs puts the 128-bit lanes out of order. */
+        __m256i lo = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + i), f));
+        __m256i hi = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + i + 8), f));
+        _mm256_storeu_si256((__m256i *)(q + i), _mm256_permute4x64_epi64(_mm256_packs_epi32(lo, hi), 0xd8));
+    }
+    for (; i < n; i++) q[i] = (int16_t)lrintf(x[i] * inv);
+    return s;
+}
+
 /* e^x for 8 lanes (see QLM_EXP_LOG2E). x is clamped to where 2^(k-1) is a normal float, the
  * product takes the last factor 2 separately (so e^x up to FLT_MAX comes out), and the results
  * that would be below 3e-38 (given as 0) or infinite are put in afterwards, as is NaN. */
@@ -197,6 +274,7 @@ AVX2_FN void exp_f32(float *x, long n) {
 const qlm_kernel_table qlm_kernels_avx2 = {
     .name = "avx2",
     .gemm = gemm,
+    .quantize_i16 = quantize_i16,
     .dot_rows = dot_rows,
     .weighted_sum = weighted_sum,
     .exp = exp_f32,

@@ -3,6 +3,8 @@
 #ifndef QLM_MATMUL_INTERNAL_H
 #define QLM_MATMUL_INTERNAL_H
 
+#include <float.h>
+#include <math.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -11,10 +13,14 @@
 
 typedef struct {
     const char *name;
-    /* y[i][o] = dot(W[o], x[i]) (* I8 scale) (+ bias[o]) for r0 <= o < r1, i < n (x rows of
-     * stride cols, in qlm_x_dtype(w->dtype); y rows of stride rows); y and bias are indexed by the
+    /* y[i][o] = dot(W[o], x[i]) (* I8 scales) (+ bias[o]) for r0 <= o < r1, i < n (x rows of
+     * cols elements in the activation form of w->dtype, see qlm_x_dtype; x_scale: the row
+     * scales of the I16 form, else NULL; y rows of stride rows); y and bias are indexed by the
      * absolute output o. Single-threaded. */
-    void (*gemm)(float *y, const void *x, int n, const qlm_weight *w, int r0, int r1, const float *bias);
+    void (*gemm)(float *y, const void *x, const float *x_scale, int n, const qlm_weight *w, int r0, int r1,
+                 const float *bias);
+    /* q[k] = x[k] / s rounded, k < n, in the I16 form (qlm_x_i16_scale); returns s. */
+    float (*quantize_i16)(int16_t *q, const float *x, long n);
     /* See qlm_dot_rows_f32. */
     void (*dot_rows)(float *y, long ldy, const float *x, int n, const float *w, size_t w_stride, int rows, long cols);
     /* See qlm_weighted_sum_f32. */
@@ -65,12 +71,48 @@ static inline size_t qlm_weight_elem_size(qlm_dtype dt) {
     return dt == QLM_F32 ? 4 : dt == QLM_I8 ? 1 : 2;
 }
 
-/* The activations weights of dtype w multiply: BF16 weights take x rounded to BF16 (round to
- * nearest even, as PyTorch's bf16 matmul does), so that CPUs with a BF16 dot product (two
- * products per lane and instruction, no conversion of W) and those without give the same
- * products; every other dtype takes F32 x. Sums are F32 either way. */
+/* The activations weights of dtype w multiply (their activation form), the same on every path:
+ * - BF16 weights take x rounded to BF16 (round to nearest even, as PyTorch's bf16 matmul does),
+ *   so that CPUs with a BF16 dot product (two products per lane and instruction, no conversion
+ *   of W) and those without give the same products; sums are F32.
+ * - I8 weights take x in the I16 form: 16-bit integers q with one scale s per row of x,
+ *   x ~ q s (qlm_x_i16_scale), so W x is a sum of exact integer products, two per lane and
+ *   instruction (AVX-512 VNNI's VPDPWSSD, or VPMADDWD), and memory rather than converting W to
+ *   F32 bounds decode. The rounding error of x (at most max|x| / 65534 per element) is far
+ *   below that of the INT8 weights (max|w| / 254).
+ * - every other dtype takes F32 x.
+ * qlm_x_dtype names the F32 or BF16 form (QLM_F32 for I8 weights, whose form is not a dtype). */
 static inline qlm_dtype qlm_x_dtype(qlm_dtype w) {
     return w == QLM_BF16 ? QLM_BF16 : QLM_F32;
+}
+
+/* Bytes of one element of x in the activation form of weights of dtype w. */
+static inline size_t qlm_x_elem_size(qlm_dtype w) {
+    return w == QLM_BF16 || w == QLM_I8 ? 2 : 4;
+}
+
+/* Largest |q| of the I16 form: symmetric, so -q is always representable. */
+#define QLM_I16_MAX 32767.0f
+/* Columns of an I8 row whose integer products one int32 lane sums before they are added up in
+ * F32: with |q| <= 32767 and |w| <= 128, a lane of 8 (AVX2) holding 2 products per 16 columns
+ * stays below 2^31 over 2048 / 8 = 256 products; a multiple of every kernel's step. */
+#define QLM_I8_BLOCK 2048L
+
+/* The I16 form's scale s = max|x| / 32767 of a row whose largest magnitude is absmax (NaN if it
+ * holds a NaN or infinity, so that its products are NaN as with F32 x), and in *inv the factor
+ * that maps x to q = round(x * inv); *inv = 0 (all q = 0) for a row that is not finite or whose
+ * largest magnitude is below 1e-30 (its products, under 1e-30 |w|, are dropped). */
+static inline float qlm_x_i16_scale(float absmax, int has_nan, float *inv) {
+    if (has_nan || !(absmax <= FLT_MAX)) {
+        *inv = 0;
+        return NAN;
+    }
+    if (absmax < 1e-30f) {
+        *inv = 0;
+        return 0;
+    }
+    *inv = QLM_I16_MAX / absmax;
+    return absmax / QLM_I16_MAX;
 }
 
 /* Element k of a row in storage dtype dt as F32, without the I8 scale (for scalar loops and tails). */
@@ -83,9 +125,10 @@ static inline float qlm_weight_at(const void *row, long k, qlm_dtype dt) {
     }
 }
 
-/* Applies the I8 scale of output o and the bias to a raw dot product. */
-static inline float qlm_gemv_finish(float s, const qlm_weight *w, int o, const float *bias) {
-    if (w->dtype == QLM_I8) s *= w->row_scales ? w->row_scales[o] : w->scale;
+/* Applies the scales of an I8 product (xs: that of the row of x, in the I16 form; w's for output
+ * o) and the bias to a raw dot product. */
+static inline float qlm_gemv_finish(float s, const qlm_weight *w, int o, float xs, const float *bias) {
+    if (w->dtype == QLM_I8) s = s * xs * (w->row_scales ? w->row_scales[o] : w->scale);
     return bias ? s + bias[o] : s;
 }
 

@@ -6,9 +6,10 @@
  * GEMV results independent of the thread count; the attention kernels (strided dot products and
  * weighted sums) and the vectorized exponential on every ISA.
  *
- * Bound: every path sums exactly-dequantized F32 weights times x in F32 (x rounded to BF16 for
- * BF16 weights, on every path, so the reference rounds it too), so the error is float summation
- * error: |y - ref| <= 1e-5 * (sum_k |x_k w_k| + |bias|). */
+ * Bound: every path sums exactly-dequantized F32 weights times x in its activation form (F32;
+ * rounded to BF16 for BF16 weights; 16-bit integers with a row scale for I8 weights), the same on
+ * every path, so the reference puts x in that form too and the error is float summation error:
+ * |y - ref| <= 1e-5 * (sum_k |x_k w_k| + |bias|). */
 #include <float.h>
 #include <math.h>
 #include <omp.h>
@@ -92,25 +93,40 @@ static void free_weight(test_weight *t) {
     free(t->deq);
 }
 
-/* x[i] as weights of dtype dt multiply it. */
-static double x_for(float x, qlm_dtype dt) {
-    return dt == QLM_BF16 ? qlm_bf16_to_f32(qlm_f32_to_bf16(x)) : x;
+/* The I16 form's scale of a row of x, written out from its definition (max|x| / 32767, and
+ * q = x * (32767 / max|x|) rounded to nearest even) for the finite, non-tiny rows the tests use. */
+static double i16_value(float x, float absmax) {
+    float inv = 32767.0f / absmax;
+    return (double)rintf(x * inv) * (double)(absmax / 32767.0f);
+}
+
+/* Row x[0..cols) as weights of dtype dt multiply it. */
+static void x_for(double *out, const float *x, long cols, qlm_dtype dt) {
+    float absmax = 0;
+    for (long k = 0; k < cols; k++) absmax = fabsf(x[k]) > absmax ? fabsf(x[k]) : absmax;
+    for (long k = 0; k < cols; k++)
+        out[k] = dt == QLM_BF16 ? qlm_bf16_to_f32(qlm_f32_to_bf16(x[k])) : dt == QLM_I8 ? i16_value(x[k], absmax) : x[k];
 }
 
 /* ref = x deq^T + bias in double; mag = the error scale sum |x w| + |bias|. */
 static void reference(double *ref, double *mag, const float *x, int n, const test_weight *t, const float *bias) {
     int rows = t->w.rows, cols = t->w.cols;
-    for (int i = 0; i < n; i++)
+    double *xf = malloc((size_t)cols * sizeof *xf + 1);
+    assert_non_null(xf);
+    for (int i = 0; i < n; i++) {
+        x_for(xf, x + (size_t)i * cols, cols, t->w.dtype);
         for (int o = 0; o < rows; o++) {
             double s = bias ? bias[o] : 0, m = bias ? fabs(bias[o]) : 0;
             for (int k = 0; k < cols; k++) {
-                double p = x_for(x[(size_t)i * cols + k], t->w.dtype) * t->deq[(size_t)o * cols + k];
+                double p = xf[k] * t->deq[(size_t)o * cols + k];
                 s += p;
                 m += fabs(p);
             }
             ref[(size_t)i * rows + o] = s;
             mag[(size_t)i * rows + o] = m;
         }
+    }
+    free(xf);
 }
 
 static void check_close(const float *y, const double *ref, const double *mag, long count, const char *what) {
@@ -181,6 +197,41 @@ static void test_threaded_shapes(void **state) {
     check_shape(16, 1003, 577);
     check_shape(24, 517, 1539);
     check_shape(PREFILL_N, 517, 1539);
+    check_shape(3, 37, 5000); /* I8 rows in several integer blocks */
+}
+
+/* The largest products the I16 form makes (|q| = 32767 against |w| = 127, all of one sign) over
+ * a long row: integer partial sums must not overflow on any path. */
+static void test_i8_extreme_sums(void **state) {
+    (void)state;
+    const int rows = 5, cols = 12000;
+    float *src = malloc((size_t)rows * cols * sizeof *src), *x = malloc(cols * sizeof *x), y[5];
+    assert_true(src && x);
+    for (long i = 0; i < (long)rows * cols; i++) src[i] = i / cols == 2 ? -1.0f : 1.0f;
+    for (int k = 0; k < cols; k++) x[k] = 3.0f;
+    test_weight t;
+    make_weight(&t, &k_kinds[3], src, rows, cols);
+    const char *orig = qlm_matmul_isa();
+    for (size_t ii = 0; ii < sizeof k_isas / sizeof k_isas[0]; ii++) {
+        if (qlm_matmul_force_isa(k_isas[ii]) != 0) continue;
+        qlm_matmul(y, x, 1, &t.w, NULL);
+        for (int o = 0; o < rows; o++) {
+            double want = (o == 2 ? -3.0 : 3.0) * cols;
+            if (!(fabs(y[o] - want) <= 1e-5 * fabs(want))) fail_msg("%s: y[%d] = %.9g, want %.9g", k_isas[ii], o, y[o], want);
+        }
+        /* A NaN or infinity in x makes every product NaN, as it would with F32 x. */
+        for (int bad = 0; bad < 2; bad++) {
+            x[cols - 3] = bad ? INFINITY : NAN;
+            qlm_matmul(y, x, 1, &t.w, NULL);
+            for (int o = 0; o < rows; o++)
+                if (!isnan(y[o])) fail_msg("%s: y[%d] = %.9g with x[%d] = %g, want NaN", k_isas[ii], o, y[o], cols - 3, x[cols - 3]);
+            x[cols - 3] = 3.0f;
+        }
+    }
+    assert_int_equal(qlm_matmul_force_isa(orig), 0);
+    free_weight(&t);
+    free(src);
+    free(x);
 }
 
 /* GEMV rows are split among threads in whole kernel groups, so results do not depend on it. */
@@ -401,7 +452,7 @@ static void test_isa_selection(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_isa_selection),   cmocka_unit_test(test_odd_shapes),
+        cmocka_unit_test(test_isa_selection), cmocka_unit_test(test_i8_extreme_sums),   cmocka_unit_test(test_odd_shapes),
         cmocka_unit_test(test_threaded_shapes), cmocka_unit_test(test_thread_count_invariance),
         cmocka_unit_test(test_vs_torch),
         cmocka_unit_test(test_attention_kernels),

@@ -8,7 +8,8 @@ tests/fixtures/quant/, computed with numpy and torch (independent of qlm's C cod
   quantize.txt    matrices with their symmetric INT8 quantization per tensor and per row:
                   s = max|w| / 127 (float32), q = round_half_away_from_zero(w / s) clamped to +-127
   matmul.txt      y = x W^T + b in float64 (torch) for W stored as f32 / f16 / bf16 / int8 per row
-                  (x rounded to bf16 for bf16 W)
+                  (x in the activation form of W: rounded to bf16 for bf16 W; for int8 W, 16-bit
+                  integers q = rint(x * (32767 / max|x|)) times the row scale max|x| / 32767)
 
 Run from the repository root: python3 tools/make_quant_fixtures.py
 """
@@ -106,6 +107,17 @@ def write_quantize():
             fh.write("row_q %s\n" % " ".join(str(v) for v in qr.ravel()))
 
 
+def i16_form(x):
+    """Rows of x as int8 weights multiply them in qlm: q = round-half-even(x * (32767 / max|x|)),
+    computed in float32, times s = max|x| / 32767 (float32), per row."""
+    x = x.astype(np.float32)
+    absmax = np.abs(x).max(axis=1).astype(np.float32)
+    inv = (np.float32(32767) / absmax).astype(np.float32)
+    s = (absmax / np.float32(32767)).astype(np.float32)
+    q = np.rint((x * inv[:, None]).astype(np.float32))
+    return q.astype(np.float64) * s.astype(np.float64)[:, None]
+
+
 def write_matmul():
     n, rows, cols = 5, 11, 45
     x = rng.standard_normal((n, cols)).astype(np.float32)
@@ -120,8 +132,9 @@ def write_matmul():
         "int8_rows": torch.from_numpy(q.astype(np.float64) * s.astype(np.float64)[:, None]),
     }
     xt, bt = torch.from_numpy(x).double(), torch.from_numpy(b).double()
-    # BF16 weights multiply x rounded to bf16, as torch's bf16 matmul does (qlm_x_dtype).
-    x_for = {"bf16": torch.from_numpy(x).bfloat16().double()}
+    # BF16 weights multiply x rounded to bf16, as torch's bf16 matmul does; int8 weights x in
+    # 16-bit integers with a row scale (qlm_x_dtype).
+    x_for = {"bf16": torch.from_numpy(x).bfloat16().double(), "int8_rows": torch.from_numpy(i16_form(x))}
     with open(os.path.join(OUT, "matmul.txt"), "w") as fh:
         fh.write("# n rows cols, x/w/bias float32 bits, then y = x W^T + bias in float64 per weight dtype\n")
         fh.write("dims %d %d %d\n" % (n, rows, cols))
