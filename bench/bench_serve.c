@@ -1,8 +1,12 @@
-/* bench_serve URL: load test of a running `qlm serve`. For C = 1, 4 and 16 concurrent clients, each
- * sends streaming /v1/completions requests (greedy, max_tokens 64, a different prompt each) one after
- * another until the level's requests are done; prints aggregate generated tokens/s (from the usage in
- * the last chunk) and time-to-first-token percentiles as a markdown table. Raw sockets and HTTP/1.0,
- * so the stream arrives unchunked and the first "data:" event marks the first token. */
+/* bench_serve URL [chat|completions]: load test of a running `qlm serve`. For C = 1, 4 and 16
+ * concurrent clients, each sends streaming requests (greedy, max_tokens 64, a different prompt each)
+ * one after another until the level's requests are done; prints aggregate generated tokens/s (from
+ * the usage in the last chunk), mean tokens per request and time-to-first-token percentiles as a
+ * markdown table. The workload: "chat" (default) asks /v1/chat/completions for a story through the
+ * model's chat template, so an instruction-tuned model answers at length (to max_tokens);
+ * "completions" sends the same words as a raw /v1/completions prompt, which such a model mostly
+ * ends after a few tokens, so that load is mostly prompts and request turnover. Raw sockets and
+ * HTTP/1.0, so the stream arrives unchunked and the first "data:" event marks the first token. */
 #include <netdb.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -20,6 +24,7 @@ static const char *k_topics[] = {"a lighthouse keeper", "a lost robot",     "the
 typedef struct {
     const struct addrinfo *addr;
     const char *host;
+    int chat;                    /* the workload: chat completions, or raw completions */
     int n_requests, next;        /* the level's requests; the next one to send */
     pthread_mutex_t mu;
     double ttft[MAX_REQUESTS];   /* seconds */
@@ -35,15 +40,19 @@ static double now_s(void) {
 
 /* One streamed request: its TTFT and completion tokens, or -1. */
 static int request(const level *lv, int i, double *ttft, long *tokens) {
-    char body[256], req[1024];
-    int bn = snprintf(body, sizeof body,
-                      "{\"prompt\":\"Request %d. Write a short story about %s.\",\"max_tokens\":%d,\"temperature\":0,"
-                      "\"stream\":true}",
-                      i, k_topics[i % (int)(sizeof k_topics / sizeof *k_topics)], MAX_TOKENS);
+    char text[128], body[512], req[1024];
+    snprintf(text, sizeof text, "Request %d. Write a short story about %s.", i,
+             k_topics[i % (int)(sizeof k_topics / sizeof *k_topics)]);
+    int bn = lv->chat ? snprintf(body, sizeof body,
+                                 "{\"messages\":[{\"role\":\"user\",\"content\":\"%s\"}],\"max_tokens\":%d,"
+                                 "\"temperature\":0,\"stream\":true}",
+                                 text, MAX_TOKENS)
+                      : snprintf(body, sizeof body, "{\"prompt\":\"%s\",\"max_tokens\":%d,\"temperature\":0,\"stream\":true}",
+                                 text, MAX_TOKENS);
     int rn = snprintf(req, sizeof req,
-                      "POST /v1/completions HTTP/1.0\r\nHost: %s\r\nContent-Type: application/json\r\n"
+                      "POST /v1/%s HTTP/1.0\r\nHost: %s\r\nContent-Type: application/json\r\n"
                       "Content-Length: %d\r\n\r\n%s",
-                      lv->host, bn, body);
+                      lv->chat ? "chat/completions" : "completions", lv->host, bn, body);
     int fd = socket(lv->addr->ai_family, SOCK_STREAM, 0);
     if (fd < 0) return -1;
     double t0 = now_s();
@@ -104,7 +113,7 @@ static double percentile(const double *v, int n, double p) {
 }
 
 /* Runs the level with c clients; 0, or -1 when a request failed. */
-static int run_level(level *lv, int c, double *tps, double *p50, double *p99) {
+static int run_level(level *lv, int c, double *tps, double *per_request, double *p50, double *p99) {
     pthread_t th[16];
     /* Eight requests per client, so that clients fall out of step and the level measures sustained
      * concurrency rather than one burst and its tail; at least 16 for a p99 with one client. */
@@ -121,6 +130,7 @@ static int run_level(level *lv, int c, double *tps, double *p50, double *p99) {
     if (started < c || lv->failed) return -1;
     qsort(lv->ttft, (size_t)lv->n_requests, sizeof *lv->ttft, cmp_double);
     *tps = (double)lv->tokens / secs;
+    *per_request = (double)lv->tokens / lv->n_requests;
     *p50 = percentile(lv->ttft, lv->n_requests, 50);
     *p99 = percentile(lv->ttft, lv->n_requests, 99);
     return 0;
@@ -128,27 +138,29 @@ static int run_level(level *lv, int c, double *tps, double *p50, double *p99) {
 
 int main(int argc, char **argv) {
     char host[256], port[16] = "80";
-    if (argc != 2 || sscanf(argv[1], "http://%255[^:/]:%15[0-9]", host, port) < 1) {
-        fprintf(stderr, "usage: bench_serve http://HOST:PORT\n");
+    if (argc < 2 || argc > 3 || sscanf(argv[1], "http://%255[^:/]:%15[0-9]", host, port) < 1 ||
+        (argc == 3 && strcmp(argv[2], "chat") != 0 && strcmp(argv[2], "completions") != 0)) {
+        fprintf(stderr, "usage: bench_serve http://HOST:PORT [chat|completions]\n");
         return 2;
     }
+    const char *workload = argc == 3 ? argv[2] : "chat";
     struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM}, *addr;
     int gai = getaddrinfo(host, port, &hints, &addr);
     if (gai != 0) {
         fprintf(stderr, "bench_serve: %s: %s\n", host, gai_strerror(gai));
         return 1;
     }
-    level lv = {.addr = addr, .host = host};
+    level lv = {.addr = addr, .host = host, .chat = strcmp(workload, "chat") == 0};
     pthread_mutex_init(&lv.mu, NULL);
     /* A warm-up request first, so that page faults and thread start-up are not measured. */
     double ttft;
     long tokens;
     int rc = request(&lv, 0, &ttft, &tokens);
     static const int clients[] = {1, 4, 16};
-    double tps[3], p50[3], p99[3];
+    double tps[3], per_request[3], p50[3], p99[3];
     for (int i = 0; rc == 0 && i < 3; i++) {
-        fprintf(stderr, "bench_serve: %d clients ...\n", clients[i]);
-        rc = run_level(&lv, clients[i], &tps[i], &p50[i], &p99[i]);
+        fprintf(stderr, "bench_serve: %s, %d clients ...\n", workload, clients[i]);
+        rc = run_level(&lv, clients[i], &tps[i], &per_request[i], &p50[i], &p99[i]);
     }
     pthread_mutex_destroy(&lv.mu);
     freeaddrinfo(addr);
@@ -156,9 +168,10 @@ int main(int argc, char **argv) {
         fprintf(stderr, "bench_serve: a request to %s failed\n", argv[1]);
         return 1;
     }
-    printf("| clients | aggregate tok/s | vs 1 client | TTFT p50 ms | TTFT p99 ms |\n");
-    printf("| ---: | ---: | ---: | ---: | ---: |\n");
+    printf("| workload | clients | aggregate tok/s | vs 1 client | tokens/request | TTFT p50 ms | TTFT p99 ms |\n");
+    printf("| --- | ---: | ---: | ---: | ---: | ---: | ---: |\n");
     for (int i = 0; i < 3; i++)
-        printf("| %d | %.1f | %.2fx | %.0f | %.0f |\n", clients[i], tps[i], tps[i] / tps[0], p50[i] * 1e3, p99[i] * 1e3);
+        printf("| %s | %d | %.1f | %.2fx | %.1f | %.0f | %.0f |\n", workload, clients[i], tps[i], tps[i] / tps[0],
+               per_request[i], p50[i] * 1e3, p99[i] * 1e3);
     return 0;
 }

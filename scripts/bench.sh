@@ -59,7 +59,7 @@ echo "bench: LoRA adapters ..." >&2
 lora_table=$("$(dirname "$qlm")/bench/bench_lora" "$model" "$tmp/lora1" "$tmp/lora2" "$tmp/lora3" "$tmp/lora4")
 
 # HTTP server: `qlm serve` (BF16, 16 sequences) on a free loopback port, loaded by
-# build/bench/bench_serve with 1, 4 and 16 concurrent streaming clients.
+# build/bench/bench_serve with 1, 4 and 16 concurrent streaming clients, in its two workloads.
 echo "bench: HTTP server ..." >&2
 "$qlm" serve -m "$model" --dtype bf16 --port 0 --max-seqs 16 --quiet > "$tmp/serve.out" 2> "$tmp/serve.err" &
 serve_pid=$!
@@ -70,7 +70,8 @@ for _ in $(seq 600); do
     kill -0 "$serve_pid" 2> /dev/null || { cat "$tmp/serve.err" >&2; exit 1; }
     sleep 0.1
 done
-serve_table=$("$(dirname "$qlm")/bench/bench_serve" "$url") || { kill -TERM "$serve_pid"; exit 1; }
+serve_table=$("$(dirname "$qlm")/bench/bench_serve" "$url" chat) || { kill -TERM "$serve_pid"; exit 1; }
+serve_table_raw=$("$(dirname "$qlm")/bench/bench_serve" "$url" completions | tail -n +3) || { kill -TERM "$serve_pid"; exit 1; }
 kill -TERM "$serve_pid"
 wait "$serve_pid"
 
@@ -161,12 +162,17 @@ fi
     echo "## HTTP server"
     echo
     echo "\`qlm serve\` on SmolLM2-135M-Instruct (BF16, --max-seqs 16, same run), loaded by build/bench/bench_serve:"
-    echo "C concurrent clients send streaming /v1/completions requests (a different prompt each, greedy, max_tokens 64)"
-    echo "back to back, max(16, 8C) requests per row. Aggregate tok/s: completion tokens (from the usage of each"
+    echo "C concurrent clients send streaming requests (\"Request i. Write a short story about ...\", a different i"
+    echo "each, greedy, max_tokens 64) back to back, max(16, 8C) requests per row. Workload chat: through"
+    echo "/v1/chat/completions and the model's chat template, as an instruction-tuned model is used; its answers run"
+    echo "to max_tokens. Workload completions: the same words as a raw /v1/completions prompt, which this model"
+    echo "mostly ends after a few tokens, so that load is mostly prompts and request turnover (and rows differ in"
+    echo "their prompts, hence in tokens per request). Aggregate tok/s: completion tokens (from the usage of each"
     echo "stream) over the row's wall time; TTFT: from connecting to the first streamed token. Target: 16 clients"
     echo "≥ 4x the tokens/s of one, TTFT p99 under 2 s."
     echo
     echo "$serve_table"
+    echo "$serve_table_raw"
     echo
     echo "## LoRA training"
     echo
