@@ -5,7 +5,8 @@
  * markdown table. The workload: "chat" (default) asks /v1/chat/completions for a story through the
  * model's chat template, so an instruction-tuned model answers at length (to max_tokens);
  * "completions" sends the same words as a raw /v1/completions prompt, which such a model mostly
- * ends after a few tokens, so that load is mostly prompts and request turnover. Raw sockets and
+ * ends after a few tokens, so that load is mostly prompts and request turnover. Request i asks
+ * prompt i mod 16, so every level sends the same prompts. Raw sockets and
  * HTTP/1.0, so the stream arrives unchunked and the first "data:" event marks the first token. */
 #include <netdb.h>
 #include <pthread.h>
@@ -41,7 +42,9 @@ static double now_s(void) {
 /* One streamed request: its TTFT and completion tokens, or -1. */
 static int request(const level *lv, int i, double *ttft, long *tokens) {
     char text[128], body[512], req[1024];
-    snprintf(text, sizeof text, "Request %d. Write a short story about %s.", i,
+    /* The same 16 prompts at every level (greedy answers do not depend on the batch), so rows
+     * differ only in concurrency. */
+    snprintf(text, sizeof text, "Request %d. Write a short story about %s.", i % 16,
              k_topics[i % (int)(sizeof k_topics / sizeof *k_topics)]);
     int bn = lv->chat ? snprintf(body, sizeof body,
                                  "{\"messages\":[{\"role\":\"user\",\"content\":\"%s\"}],\"max_tokens\":%d,"
