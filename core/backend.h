@@ -64,6 +64,9 @@ typedef struct qlm_backend {
 
     /* y[n][rows] = x[n][cols] W^T (+ bias) */
     void (*matmul)(float *y, const float *x, int n, const qlm_weight *w, const float *bias);
+    /* matmul for each of count weights that multiply the same x, as one operation (one parallel
+     * region on the CPU). */
+    void (*matmul_group)(const qlm_matmul_out *outs, int count, const float *x, int n);
     /* Unmerged LoRA on top of a matmul's output: y[i] += scale B (A x[i]) with row i's own pair
      * (per_row[i]; NULL: none), so one call serves a batch that mixes adapters. Returns -1
      * (message set) only when scratch memory cannot be had. */

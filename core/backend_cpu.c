@@ -153,6 +153,7 @@ static const qlm_backend cpu_backend = {
     .free = cpu_free,
     .upload_weight = cpu_upload_weight,
     .matmul = qlm_matmul,
+    .matmul_group = qlm_matmul_group,
     .lora = cpu_lora,
     .rmsnorm = cpu_rmsnorm,
     .rope = cpu_rope,

@@ -64,8 +64,9 @@ void qlm_state_free(qlm_kv_state *s, const qlm_model *m) {
     memset(s, 0, sizeof *s);
 }
 
-/* A projection of layer l with each row's LoRA update. */
+/* A projection of layer l with each row's LoRA update, and the same for several of one x. */
 #define PROJ(y, x, w, b, target) qlm_matmul_lora(be, &s->lora, y, x, n, w, b, slots, 0, 0, l, target)
+#define PROJ_GROUP(outs, targets, count, x) qlm_matmul_lora_group(be, &s->lora, outs, targets, count, x, n, slots, 0, 0, l)
 
 /* Each row attends over its own slot's cache. */
 static int attention_forward(const qlm_model *m, const qlm_layer *L, qlm_kv_state *s, int l, const int *pos,
@@ -73,9 +74,9 @@ static int attention_forward(const qlm_model *m, const qlm_layer *L, qlm_kv_stat
     const qlm_llama_config *c = &m->cfg;
     const qlm_backend *be = m->be;
     be->rmsnorm(s->xb, s->x, L->attn_norm, n, c->dim, c->norm_eps);
-    if (PROJ(s->q, s->xb, &L->wq, L->bq, QLM_LORA_Q) || PROJ(s->k, s->xb, &L->wk, L->bk, QLM_LORA_K) ||
-        PROJ(s->v, s->xb, &L->wv, L->bv, QLM_LORA_V))
-        return -1;
+    const qlm_matmul_out qkv[] = {{s->q, &L->wq, L->bq}, {s->k, &L->wk, L->bk}, {s->v, &L->wv, L->bv}};
+    static const int qkv_targets[] = {QLM_LORA_Q, QLM_LORA_K, QLM_LORA_V};
+    if (PROJ_GROUP(qkv, qkv_targets, 3, s->xb)) return -1;
     be->rope(s->q, n, pos, c->n_heads, c->head_dim, m->inv_freq);
     be->rope(s->k, n, pos, c->n_kv_heads, c->head_dim, m->inv_freq);
     qlm_kv_store(be, s->k_cache[l], s->k, n, slots, 0, pos, c->n_kv_heads, c->head_dim, s->max_seq);
@@ -93,8 +94,9 @@ static int mlp_forward(const qlm_model *m, const qlm_layer *L, qlm_kv_state *s, 
     const qlm_llama_config *c = &m->cfg;
     const qlm_backend *be = m->be;
     be->rmsnorm(s->xb, s->x, L->ffn_norm, n, c->dim, c->norm_eps);
-    if (PROJ(s->hb, s->xb, &L->w_gate, L->b_gate, QLM_LORA_GATE) || PROJ(s->hb2, s->xb, &L->w_up, L->b_up, QLM_LORA_UP))
-        return -1;
+    const qlm_matmul_out gate_up[] = {{s->hb, &L->w_gate, L->b_gate}, {s->hb2, &L->w_up, L->b_up}};
+    static const int gate_up_targets[] = {QLM_LORA_GATE, QLM_LORA_UP};
+    if (PROJ_GROUP(gate_up, gate_up_targets, 2, s->xb)) return -1;
     be->glu(s->hb, s->hb, s->hb2, (long)n * c->hidden_dim, QLM_ACT_SILU);
     if (PROJ(s->xb, s->hb, &L->w_down, L->b_down, QLM_LORA_DOWN)) return -1;
     be->add(s->x, s->xb, (long)n * c->dim);
@@ -102,6 +104,7 @@ static int mlp_forward(const qlm_model *m, const qlm_layer *L, qlm_kv_state *s, 
 }
 
 #undef PROJ
+#undef PROJ_GROUP
 
 /* One chunk of at most max_batch tokens; logits for chunk rows rows[0..n_rows). */
 static int forward_chunk(const qlm_model *m, qlm_kv_state *s, const int *tokens, const int *pos, const int *slots,

@@ -30,10 +30,9 @@ void qlm_lora_slots_set(qlm_lora_slots *l, int slot, const struct qlm_lora_adapt
     l->slot[slot] = a;
 }
 
-int qlm_matmul_lora(const qlm_backend *be, qlm_lora_slots *l, float *y, const float *x, int n, const qlm_weight *w,
-                    const float *bias, const int *slots, int slot, int stack, int layer, int target) {
-    be->matmul(y, x, n, w, bias);
-    if (!l->active) return 0;
+/* Adds each row's adapter update for one projection to y (its product already there). */
+static int add_lora(const qlm_backend *be, qlm_lora_slots *l, float *y, const float *x, int n, const int *slots,
+                    int slot, int stack, int layer, int target) {
     int any = 0;
     for (int i = 0; i < n; i++) {
         const qlm_lora_adapter *a = l->slot[slots ? slots[i] : slot];
@@ -42,4 +41,18 @@ int qlm_matmul_lora(const qlm_backend *be, qlm_lora_slots *l, float *y, const fl
         any |= mod != NULL;
     }
     return any ? be->lora(y, x, n, l->row) : 0;
+}
+
+int qlm_matmul_lora_group(const qlm_backend *be, qlm_lora_slots *l, const qlm_matmul_out *outs, const int *targets,
+                          int count, const float *x, int n, const int *slots, int slot, int stack, int layer) {
+    be->matmul_group(outs, count, x, n);
+    for (int p = 0; l->active && p < count; p++)
+        if (add_lora(be, l, outs[p].y, x, n, slots, slot, stack, layer, targets[p]) != 0) return -1;
+    return 0;
+}
+
+int qlm_matmul_lora(const qlm_backend *be, qlm_lora_slots *l, float *y, const float *x, int n, const qlm_weight *w,
+                    const float *bias, const int *slots, int slot, int stack, int layer, int target) {
+    qlm_matmul_out out = {y, w, bias};
+    return qlm_matmul_lora_group(be, l, &out, &target, 1, x, n, slots, slot, stack, layer);
 }

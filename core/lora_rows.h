@@ -24,5 +24,9 @@ void qlm_lora_slots_set(qlm_lora_slots *l, int slot, const struct qlm_lora_adapt
  * NULL. Returns -1 only when the backend cannot get scratch memory. */
 int qlm_matmul_lora(const qlm_backend *be, qlm_lora_slots *l, float *y, const float *x, int n, const qlm_weight *w,
                     const float *bias, const int *slots, int slot, int stack, int layer, int target);
+/* The same for count projections of the same x (targets[p] for outs[p]) through the backend's
+ * matmul_group. */
+int qlm_matmul_lora_group(const qlm_backend *be, qlm_lora_slots *l, const qlm_matmul_out *outs, const int *targets,
+                          int count, const float *x, int n, const int *slots, int slot, int stack, int layer);
 
 #endif

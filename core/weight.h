@@ -13,4 +13,12 @@ typedef struct {
     const float *row_scales; /* I8: per-row scales, or NULL for per-tensor */
 } qlm_weight;
 
+/* One of several products of the same x (qlm_matmul_group, the backend's matmul_group):
+ * y = x W^T (+ bias). */
+typedef struct {
+    float *y;
+    const qlm_weight *w;
+    const float *bias;
+} qlm_matmul_out;
+
 #endif

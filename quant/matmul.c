@@ -247,23 +247,35 @@ static void form_rows(const x_form *f, int i0, int i1, const qlm_weight *w, cons
         for (int i = i0; i < i1; i++) f->xs[i] = kt->quantize_i16((int16_t *)f->xf + i * cols, f->x + i * cols, (long)cols);
 }
 
-/* Threads take runs of output rows and the kernel table's GEMM reads them in their storage dtype,
- * after x is put in its activation form (split among the threads by rows of x when large). */
-static void rows_parallel(float *y, const x_form *f, int n, const qlm_weight *w, const float *bias,
-                          const qlm_kernel_table *kt) {
-    int nth = threads_for((double)n * w->rows * w->cols);
-    int split_form = f->xf && nth > 1 && n > 1 && (long)n * w->cols >= MIN_PARALLEL_FORM;
-    if (f->xf && !split_form) form_rows(f, 0, n, w, kt);
+/* Threads take runs of output rows of all count products (in whole groups of ROW_GROUP rows of
+ * one weight) and the kernel table's GEMM reads them in their storage dtype, after x is put in
+ * its activation form (split among the threads by rows of x when large). */
+static void rows_parallel(const qlm_matmul_out *outs, int count, const x_form *f, int n, const qlm_kernel_table *kt) {
+    const qlm_weight *w0 = outs[0].w;
+    int groups = 0;
+    for (int p = 0; p < count; p++) groups += (outs[p].w->rows + ROW_GROUP - 1) / ROW_GROUP;
+    int nth = threads_for((double)n * groups * ROW_GROUP * w0->cols);
+    int split_form = f->xf && nth > 1 && n > 1 && (long)n * w0->cols >= MIN_PARALLEL_FORM;
+    if (f->xf && !split_form) form_rows(f, 0, n, w0, kt);
 #pragma omp parallel num_threads(nth) if (nth > 1)
     {
         int t = omp_get_thread_num(), nt = omp_get_num_threads();
         if (split_form) {
-            form_rows(f, (int)((long)n * t / nt), (int)((long)n * (t + 1) / nt), w, kt);
+            form_rows(f, (int)((long)n * t / nt), (int)((long)n * (t + 1) / nt), w0, kt);
 #pragma omp barrier
         }
-        int r0, r1;
-        thread_rows(w->rows, ROW_GROUP, t, nt, &r0, &r1);
-        kt->gemm(y, f->xf ? f->xf : f->x, f->xs, n, w, r0, r1, bias);
+        /* This thread's groups [g0, g1) of the concatenated rows, mapped back to each weight. */
+        int g0, g1, base = 0;
+        thread_rows(groups, 1, t, nt, &g0, &g1);
+        for (int p = 0; p < count && base < g1; p++) {
+            const qlm_weight *w = outs[p].w;
+            int wg = (w->rows + ROW_GROUP - 1) / ROW_GROUP;
+            int a = g0 > base ? g0 - base : 0, b = g1 - base < wg ? g1 - base : wg;
+            if (a < b)
+                kt->gemm(outs[p].y, f->xf ? f->xf : f->x, f->xs, n, w, a * ROW_GROUP, min_int(w->rows, b * ROW_GROUP),
+                         outs[p].bias);
+            base += wg;
+        }
     }
 }
 
@@ -283,8 +295,22 @@ void qlm_exp_f32(float *x, long n) {
     if (n > 0) qlm_kernels()->exp(x, n);
 }
 
-void qlm_matmul(float *y, const float *x, int n, const qlm_weight *w, const float *bias) {
-    if (n <= 0 || w->rows <= 0 || w->cols < 0) return;
+/* Whether the count products can share x's activation form and one region. */
+static int same_form(const qlm_matmul_out *outs, int count) {
+    for (int p = 1; p < count; p++)
+        if (outs[p].w->dtype != outs[0].w->dtype || outs[p].w->cols != outs[0].w->cols) return 0;
+    return 1;
+}
+
+void qlm_matmul_group(const qlm_matmul_out *outs, int count, const float *x, int n) {
+    if (!same_form(outs, count)) {
+        for (int p = 0; p < count; p++) qlm_matmul(outs[p].y, x, n, outs[p].w, outs[p].bias);
+        return;
+    }
+    const qlm_weight *w = outs[0].w;
+    if (n <= 0 || count <= 0 || w->cols < 0) return;
+    for (int p = 0; p < count; p++)
+        if (outs[p].w->rows < 0) return;
     const qlm_kernel_table *kt = qlm_kernels();
     x_form f = {x, NULL, NULL};
     if (w->dtype == QLM_BF16 || w->dtype == QLM_I8) {
@@ -294,11 +320,16 @@ void qlm_matmul(float *y, const float *x, int n, const qlm_weight *w, const floa
         char *buf = qlm_cpu_scratch_bytes(&t_x_form, rows_bytes + (size_t)n * sizeof(float));
         if (!buf) {
             /* Out of memory for the copy: still correct, only slower. */
-            qlm_matmul_scalar(y, x, n, w, bias);
+            for (int p = 0; p < count; p++) qlm_matmul_scalar(outs[p].y, x, n, outs[p].w, outs[p].bias);
             return;
         }
         f.xf = buf;
         if (w->dtype == QLM_I8) f.xs = (float *)(buf + rows_bytes);
     }
-    rows_parallel(y, &f, n, w, bias, kt);
+    rows_parallel(outs, count, &f, n, kt);
+}
+
+void qlm_matmul(float *y, const float *x, int n, const qlm_weight *w, const float *bias) {
+    qlm_matmul_out out = {y, w, bias};
+    qlm_matmul_group(&out, 1, x, n);
 }

@@ -12,6 +12,12 @@
  * whatever n and the thread count are. */
 void qlm_matmul(float *y, const float *x, int n, const qlm_weight *w, const float *bias);
 
+/* qlm_matmul for each of count weights that multiply the same x (q/k/v, gate/up), with the same
+ * results, in one parallel region whose threads split the rows of all of them, and x put in its
+ * activation form once: one region instead of count saves their fork/join and each thread
+ * streams one run of rows (decode). Weights of different dtypes or widths go one by one. */
+void qlm_matmul_group(const qlm_matmul_out *outs, int count, const float *x, int n);
+
 /* y[i * ldy + o] = dot(w + o * w_stride, x + i * cols) over cols, for i < n, o < rows: F32 rows at
  * any stride (one head's keys in a KV cache), with the kernels of qlm_matmul. Single-threaded,
  * for callers that spread work over threads themselves. */

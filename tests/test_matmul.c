@@ -200,6 +200,44 @@ static void test_threaded_shapes(void **state) {
     check_shape(3, 37, 5000); /* I8 rows in several integer blocks */
 }
 
+/* qlm_matmul_group gives each product exactly what qlm_matmul gives it (the shared region splits
+ * rows differently, and results must not depend on the split), for q/k/v-like shapes in every
+ * kind, and falls back to one call each when widths or dtypes differ. */
+static void test_matmul_group(void **state) {
+    (void)state;
+    static const int rows[] = {576, 192, 190};
+    const int cols = 97, n_max = 7;
+    float *src = malloc((size_t)576 * cols * sizeof *src), *x = malloc((size_t)n_max * cols * sizeof *x);
+    float *bias = malloc(576 * sizeof *bias), *y[3], *ref = malloc((size_t)n_max * 576 * sizeof *ref);
+    assert_true(src && x && bias && ref);
+    for (int i = 0; i < 576 * cols; i++) src[i] = frand() * 0.2f;
+    for (int i = 0; i < n_max * cols; i++) x[i] = frand();
+    for (int i = 0; i < 576; i++) bias[i] = frand();
+    for (int p = 0; p < 3; p++) assert_non_null(y[p] = malloc((size_t)n_max * rows[p] * sizeof *y[p]));
+    for (int ki = 0; ki < NKINDS; ki++) {
+        test_weight t[3];
+        qlm_matmul_out outs[3];
+        for (int p = 0; p < 3; p++) {
+            /* The last weight is F32 in one round, so that the group mixes dtypes. */
+            make_weight(&t[p], &k_kinds[p == 2 && ki == NKINDS - 1 ? 0 : ki], src, rows[p], cols);
+            outs[p] = (qlm_matmul_out){y[p], &t[p].w, p == 1 ? bias : NULL};
+        }
+        for (int n = 1; n <= n_max; n += 3) {
+            qlm_matmul_group(outs, 3, x, n);
+            for (int p = 0; p < 3; p++) {
+                qlm_matmul(ref, x, n, &t[p].w, outs[p].bias);
+                assert_memory_equal(y[p], ref, (size_t)n * rows[p] * sizeof *ref);
+            }
+        }
+        for (int p = 0; p < 3; p++) free_weight(&t[p]);
+    }
+    for (int p = 0; p < 3; p++) free(y[p]);
+    free(src);
+    free(x);
+    free(bias);
+    free(ref);
+}
+
 /* The largest products the I16 form makes (|q| = 32767 against |w| = 127, all of one sign) over
  * a long row: integer partial sums must not overflow on any path. */
 static void test_i8_extreme_sums(void **state) {
@@ -452,7 +490,7 @@ static void test_isa_selection(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_isa_selection), cmocka_unit_test(test_i8_extreme_sums),   cmocka_unit_test(test_odd_shapes),
+        cmocka_unit_test(test_isa_selection), cmocka_unit_test(test_i8_extreme_sums), cmocka_unit_test(test_matmul_group),   cmocka_unit_test(test_odd_shapes),
         cmocka_unit_test(test_threaded_shapes), cmocka_unit_test(test_thread_count_invariance),
         cmocka_unit_test(test_vs_torch),
         cmocka_unit_test(test_attention_kernels),
