@@ -96,8 +96,20 @@ static qlm_attn_shape attn_shape(const qlm_t5_model *m, int n_keys, const float 
                             .pos_bias_offset = offset};
 }
 
-/* A projection with each row's LoRA update: rows in slots[i] (or all in `slot`), the stack's layer l. */
+/* A projection with each row's LoRA update: rows in slots[i] (or all in `slot`), the stack's layer l;
+ * and the same for several projections of one x. */
 #define PROJ(y, x, w, target) qlm_matmul_lora(be, &s->lora, y, x, n, w, NULL, slots, slot, stack, l, target)
+#define PROJ_GROUP(outs, targets, count, x) \
+    qlm_matmul_lora_group(be, &s->lora, outs, targets, count, x, n, slots, slot, stack, l)
+
+/* q, k and v of s->xb by layer L's self-attention. */
+static int qkv_forward(const qlm_t5_model *m, const qlm_t5_layer *L, qlm_t5_state *s, int n, const int *slots,
+                       int slot, int stack, int l) {
+    const qlm_backend *be = m->be;
+    const qlm_matmul_out outs[] = {{s->q, &L->q, NULL}, {s->k, &L->k, NULL}, {s->v, &L->v, NULL}};
+    static const int targets[] = {QLM_LORA_Q, QLM_LORA_K, QLM_LORA_V};
+    return PROJ_GROUP(outs, targets, 3, s->xb);
+}
 
 static int ffn_forward(const qlm_t5_model *m, const qlm_t5_layer *L, qlm_t5_state *s, int n, const int *slots,
                        int slot, int stack, int l) {
@@ -105,13 +117,13 @@ static int ffn_forward(const qlm_t5_model *m, const qlm_t5_layer *L, qlm_t5_stat
     const qlm_backend *be = m->be;
     long nf = (long)n * c->d_ff;
     be->rmsnorm(s->xb, s->x, L->ffn_norm, n, c->d_model, c->norm_eps);
-    if (PROJ(s->hb, s->xb, &L->wi0, QLM_LORA_WI0)) return -1;
-    if (c->gated) {
-        if (PROJ(s->hb2, s->xb, &L->wi1, QLM_LORA_WI1)) return -1;
+    const qlm_matmul_out wi[] = {{s->hb, &L->wi0, NULL}, {s->hb2, &L->wi1, NULL}};
+    static const int wi_targets[] = {QLM_LORA_WI0, QLM_LORA_WI1};
+    if (PROJ_GROUP(wi, wi_targets, c->gated ? 2 : 1, s->xb)) return -1;
+    if (c->gated)
         be->glu(s->hb, s->hb, s->hb2, nf, (qlm_act)c->act);
-    } else {
+    else
         be->activate(s->hb, nf, (qlm_act)c->act);
-    }
     if (PROJ(s->xb, s->hb, &L->wo, QLM_LORA_WO)) return -1;
     be->add(s->x, s->xb, (long)n * c->d_model);
     return 0;
@@ -133,9 +145,7 @@ int qlm_t5_encode(const qlm_t5_model *m, qlm_t5_state *s, int slot, const int *i
     for (int l = 0; l < c->n_layers; l++) {
         const qlm_t5_layer *L = &m->enc[l];
         be->rmsnorm(s->xb, s->x, L->attn_norm, n, c->d_model, c->norm_eps);
-        if (PROJ(s->q, s->xb, &L->q, QLM_LORA_Q) || PROJ(s->k, s->xb, &L->k, QLM_LORA_K) ||
-            PROJ(s->v, s->xb, &L->v, QLM_LORA_V))
-            return -1;
+        if (qkv_forward(m, L, s, n, slots, slot, stack, l) != 0) return -1;
         be->attention(s->att, s->q, s->k, s->v, n, s->pos, &self);
         if (PROJ(s->xb, s->att, &L->o, QLM_LORA_O)) return -1;
         be->add(s->x, s->xb, (long)n * c->d_model);
@@ -144,9 +154,9 @@ int qlm_t5_encode(const qlm_t5_model *m, qlm_t5_state *s, int slot, const int *i
     be->rmsnorm(s->enc_out, s->x, m->enc_final_norm, n, c->d_model, c->norm_eps);
     stack = 1; /* the cross-attention keys and values are the decoder's projections */
     for (int l = 0; l < c->n_dec_layers; l++) {
-        if (PROJ(s->k, s->enc_out, &m->dec[l].ck, QLM_LORA_CROSS_K) ||
-            PROJ(s->v, s->enc_out, &m->dec[l].cv, QLM_LORA_CROSS_V))
-            return -1;
+        const qlm_matmul_out kv[] = {{s->k, &m->dec[l].ck, NULL}, {s->v, &m->dec[l].cv, NULL}};
+        static const int kv_targets[] = {QLM_LORA_CROSS_K, QLM_LORA_CROSS_V};
+        if (PROJ_GROUP(kv, kv_targets, 2, s->enc_out)) return -1;
         qlm_kv_store(be, s->cross_k[l], s->k, n, NULL, slot, s->pos, c->n_heads, c->d_kv, s->max_src);
         qlm_kv_store(be, s->cross_v[l], s->v, n, NULL, slot, s->pos, c->n_heads, c->d_kv, s->max_src);
     }
@@ -178,9 +188,7 @@ static int decode_chunk(const qlm_t5_model *m, qlm_t5_state *s, const int *token
     for (int l = 0; l < c->n_dec_layers; l++) {
         const qlm_t5_layer *L = &m->dec[l];
         be->rmsnorm(s->xb, s->x, L->attn_norm, n, c->d_model, c->norm_eps);
-        if (PROJ(s->q, s->xb, &L->q, QLM_LORA_Q) || PROJ(s->k, s->xb, &L->k, QLM_LORA_K) ||
-            PROJ(s->v, s->xb, &L->v, QLM_LORA_V))
-            return -1;
+        if (qkv_forward(m, L, s, n, slots, slot, stack, l) != 0) return -1;
         qlm_kv_store(be, s->k_cache[l], s->k, n, slots, 0, pos, c->n_heads, c->d_kv, s->max_tgt);
         qlm_kv_store(be, s->v_cache[l], s->v, n, slots, 0, pos, c->n_heads, c->d_kv, s->max_tgt);
         slot_attention(m, s, s->k_cache, s->v_cache, l, s->max_tgt, pos, slots, n, 0);
@@ -204,6 +212,7 @@ static int decode_chunk(const qlm_t5_model *m, qlm_t5_state *s, const int *token
 }
 
 #undef PROJ
+#undef PROJ_GROUP
 
 int qlm_t5_decode(const qlm_t5_model *m, qlm_t5_state *s, const int *tokens, const int *pos, const int *slots,
                   int n, const int *logit_rows, int n_logit_rows, float *logits) {
