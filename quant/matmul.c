@@ -303,12 +303,13 @@ static int same_form(const qlm_matmul_out *outs, int count) {
 }
 
 void qlm_matmul_group(const qlm_matmul_out *outs, int count, const float *x, int n) {
+    if (n <= 0 || count <= 0) return;
     if (!same_form(outs, count)) {
         for (int p = 0; p < count; p++) qlm_matmul(outs[p].y, x, n, outs[p].w, outs[p].bias);
         return;
     }
     const qlm_weight *w = outs[0].w;
-    if (n <= 0 || count <= 0 || w->cols < 0) return;
+    if (w->cols < 0) return;
     for (int p = 0; p < count; p++)
         if (outs[p].w->rows < 0) return;
     const qlm_kernel_table *kt = qlm_kernels();
