@@ -33,6 +33,9 @@ typedef struct {
      * head_stride = head_dim. A decode cache takes head_stride = max_seq * head_dim and
      * row_stride = head_dim, so that each head's keys are one contiguous run that memory streams. */
     size_t row_stride, head_stride;
+    /* The keys and values are BF16 (a decode cache of a model with 16-bit or INT8 weights,
+     * core/kv_cache.h) rather than F32; strides count elements either way. */
+    int kv_bf16;
 } qlm_attn_shape;
 
 /* One LoRA pair as the lora op applies it: y += scale * B (A x), A [r][in], B [out][r]. */
@@ -80,7 +83,7 @@ typedef struct qlm_backend {
      * the shape's strides say),
      * causal or over a fixed key count, with an optional relative-position bias (see
      * qlm_attn_shape). pos[i] is query row i's position. out: [n][n_heads*head_dim]. */
-    void (*attention)(float *out, const float *q, const float *k_cache, const float *v_cache, int n,
+    void (*attention)(float *out, const float *q, const void *k_cache, const void *v_cache, int n,
                       const int *pos, const qlm_attn_shape *shape);
     /* out = act(gate) * up, elementwise over n values (out may alias gate). */
     void (*glu)(float *out, const float *gate, const float *up, long n, qlm_act act);
@@ -92,6 +95,8 @@ typedef struct qlm_backend {
     void (*embedding)(float *out, const qlm_weight *table, const int *ids, int n);
     /* Copies n floats between device buffers. */
     void (*copy)(float *dst, const float *src, long n);
+    /* Writes n floats into dst in dtype dt (F32: a copy; BF16: rounded to nearest even). */
+    void (*convert)(void *dst, qlm_dtype dt, const float *src, long n);
     /* Copies bytes from host memory into device memory (tables computed on the host). */
     void (*to_device)(void *dst, const void *src, size_t bytes);
     /* Copies bytes from device memory into host memory. */

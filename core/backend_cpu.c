@@ -154,6 +154,7 @@ static const qlm_backend cpu_backend = {
     .upload_weight = cpu_upload_weight,
     .matmul = qlm_matmul,
     .matmul_group = qlm_matmul_group,
+    .convert = qlm_convert_from_f32,
     .lora = cpu_lora,
     .rmsnorm = cpu_rmsnorm,
     .rope = cpu_rope,

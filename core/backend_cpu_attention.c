@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "../quant/matmul.h"
+#include "../quant/quantize.h"
 #include "cpu_scratch.h"
 
 /* From this many query rows of one sequence on, the sgemm form is faster. */
@@ -33,9 +34,18 @@ static size_t head_stride(const qlm_attn_shape *sh) {
     return sh->head_stride ? sh->head_stride : (size_t)sh->head_dim;
 }
 
-/* Offset of row i's sequence in the caches. */
+/* Offset of row i's sequence in the caches, in elements. */
 static size_t cache_base(const qlm_attn_shape *sh, int i) {
     return sh->slots ? (size_t)sh->slots[i] * sh->slot_stride : 0;
+}
+
+static qlm_dtype kv_dtype(const qlm_attn_shape *sh) {
+    return sh->kv_bf16 ? QLM_BF16 : QLM_F32;
+}
+
+/* The key or value cache from element offset `at`. */
+static const void *kv_at(const void *cache, size_t at, const qlm_attn_shape *sh) {
+    return (const char *)cache + at * (sh->kv_bf16 ? sizeof(uint16_t) : sizeof(float));
 }
 
 /* Softmax of scores[0..len) in place after the bias; returns nothing, scores end as weights. */
@@ -63,22 +73,35 @@ static const float *bias_row(const qlm_attn_shape *sh, int h, int p) {
 /* Most query heads one work item takes together (those sharing a KV head, under GQA). */
 #define MAX_GROUP 8
 
+/* Query elements rounded to BF16 that attend holds on its stack (head_dim is at most 4096). */
+#define Q_BF16_CAP 4096
+
 /* Query heads [h0, h0 + g) of row i, which share KV head kvh: for each chunk of keys, the scores
  * as one small product and the weighted sum of the values, both by the matmul kernels of the
- * CPU's instruction set (this file is built for the baseline ISA), around the online softmax. */
-static void attend(float *out, const float *q, const float *kc, const float *vc, const qlm_attn_shape *sh, int h0,
-                   int g, int kvh, int len, int p) {
+ * CPU's instruction set (this file is built for the baseline ISA), around the online softmax.
+ * BF16 keys meet the query rounded to BF16, as in a BF16 matmul. */
+static void attend(float *out, const float *q, const void *kc, const void *vc, const qlm_attn_shape *sh, int h0,
+                  int g, int kvh, int len, int p) {
     int hd = sh->head_dim;
     size_t rs = row_stride(sh);
-    kc += (size_t)kvh * head_stride(sh);
-    vc += (size_t)kvh * head_stride(sh);
+    const qlm_dtype dt = kv_dtype(sh);
+    kc = kv_at(kc, (size_t)kvh * head_stride(sh), sh);
+    vc = kv_at(vc, (size_t)kvh * head_stride(sh), sh);
+    uint16_t qb[Q_BF16_CAP];
+    int gb = sh->kv_bf16 && g * hd > Q_BF16_CAP ? Q_BF16_CAP / hd : g; /* heads per scores call */
     float scores[MAX_GROUP][KEY_CHUNK], mx[MAX_GROUP], sum[MAX_GROUP];
     float *o = out + (size_t)h0 * hd;
     for (int j = 0; j < g; j++) mx[j] = -INFINITY, sum[j] = 0;
     memset(o, 0, (size_t)g * hd * sizeof *o);
     for (int t0 = 0; t0 < len; t0 += KEY_CHUNK) {
         int m = len - t0 < KEY_CHUNK ? len - t0 : KEY_CHUNK;
-        qlm_dot_rows_f32(scores[0], KEY_CHUNK, q + (size_t)h0 * hd, g, kc + (size_t)t0 * rs, rs, m, hd);
+        for (int j0 = 0; j0 < g; j0 += gb) {
+            int nj = g - j0 < gb ? g - j0 : gb;
+            const float *qj = q + (size_t)(h0 + j0) * hd;
+            if (sh->kv_bf16) qlm_convert_from_f32(qb, QLM_BF16, qj, (long)nj * hd);
+            qlm_dot_rows(scores[j0], KEY_CHUNK, sh->kv_bf16 ? (const void *)qb : qj, nj, kv_at(kc, (size_t)t0 * rs, sh),
+                         rs, m, hd, dt);
+        }
         for (int j = 0; j < g; j++) {
             const float *bias = bias_row(sh, h0 + j, p);
             float cmx = -INFINITY;
@@ -98,7 +121,7 @@ static void attend(float *out, const float *q, const float *kc, const float *vc,
             qlm_exp_f32(scores[j], m);
             for (int t = 0; t < m; t++) sum[j] += scores[j][t];
         }
-        qlm_weighted_sum_f32(o, scores[0], g, KEY_CHUNK, vc + (size_t)t0 * rs, rs, m, hd);
+        qlm_weighted_sum(o, scores[0], g, KEY_CHUNK, kv_at(vc, (size_t)t0 * rs, sh), rs, m, hd, dt);
     }
     for (int j = 0; j < g; j++) {
         float inv = 1.0f / sum[j];
@@ -109,7 +132,7 @@ static void attend(float *out, const float *q, const float *kc, const float *vc,
 /* Every (listed row, group of query heads) in one parallel loop; rows NULL lists rows 0..n-1. Heads
  * sharing a KV head go together when that still leaves a few items per thread; a row's result is
  * the same either way. */
-static void attention_rows(float *out, const float *q, const float *k_cache, const float *v_cache, const int *rows,
+static void attention_rows(float *out, const float *q, const void *k_cache, const void *v_cache, const int *rows,
                            int n, const int *pos, const qlm_attn_shape *sh) {
     int hd = sh->head_dim, group = sh->n_heads / sh->n_kv_heads;
     int g = group <= MAX_GROUP && n * sh->n_kv_heads >= 2 * omp_get_max_threads() ? group : 1;
@@ -118,18 +141,20 @@ static void attention_rows(float *out, const float *q, const float *k_cache, con
     for (int it = 0; it < n * per_row; it++) {
         int i = rows ? rows[it / per_row] : it / per_row, h0 = it % per_row * g;
         size_t base = cache_base(sh, i), row = (size_t)i * sh->n_heads * hd;
-        attend(out + row, q + row, k_cache + base, v_cache + base, sh, h0, g, h0 / group, keys_of(sh, pos, i), pos[i]);
+        attend(out + row, q + row, kv_at(k_cache, base, sh), kv_at(v_cache, base, sh), sh, h0, g, h0 / group,
+               keys_of(sh, pos, i), pos[i]);
     }
 }
 
-/* Per-thread score matrices, kept across calls so steady-state prefill does not allocate. */
-static _Thread_local qlm_cpu_scratch t_scores;
+/* Per-thread score matrices, and F32 copies of a head's BF16 keys and values, kept across calls
+ * so steady-state prefill does not allocate. */
+static _Thread_local qlm_cpu_scratch t_scores, t_kv_f32;
 
 /* Query rows one pair of sgemm calls takes: a causal block sees only the keys up to its last
  * row, so the masked half of the score matrix is mostly never computed. */
 #define ROW_BLOCK 64
 
-static void attention_sgemm(float *out, const float *q, const float *k_cache, const float *v_cache, int n,
+static void attention_sgemm(float *out, const float *q, const void *k_cache, const void *v_cache, int n,
                             const int *pos, const qlm_attn_shape *sh, int max_len) {
     int hd = sh->head_dim, q_dim = sh->n_heads * hd;
     int group = sh->n_heads / sh->n_kv_heads;
@@ -144,20 +169,38 @@ static void attention_sgemm(float *out, const float *q, const float *k_cache, co
             failed = 1;
             continue;
         }
-        const float *kh = k_cache + (size_t)(h / group) * head_stride(sh), *vh = v_cache + (size_t)(h / group) * head_stride(sh);
+        const void *kc = kv_at(k_cache, (size_t)(h / group) * head_stride(sh), sh);
+        const void *vc = kv_at(v_cache, (size_t)(h / group) * head_stride(sh), sh);
+        const float *kh = kc, *vh = vc;
+        int ld = (int)rs;
+        if (sh->kv_bf16) {
+            /* sgemm takes F32: the head's keys and values widened, rows hd apart. */
+            float *kf = qlm_cpu_scratch_get(&t_kv_f32, (size_t)2 * max_len * hd);
+            if (!kf) {
+                failed = 1;
+                continue;
+            }
+            for (int t = 0; t < max_len; t++) {
+                qlm_convert_to_f32(kf + (size_t)t * hd, kv_at(kc, (size_t)t * rs, sh), QLM_BF16, hd);
+                qlm_convert_to_f32(kf + (size_t)(max_len + t) * hd, kv_at(vc, (size_t)t * rs, sh), QLM_BF16, hd);
+            }
+            kh = kf;
+            vh = kf + (size_t)max_len * hd;
+            ld = hd;
+        }
         for (int b = 0; b < n; b += ROW_BLOCK) {
             int rows = n - b < ROW_BLOCK ? n - b : ROW_BLOCK, len = 0;
             for (int i = b; i < b + rows; i++)
                 if (keys_of(sh, pos, i) > len) len = keys_of(sh, pos, i);
             cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, len, hd, sh->scale, q + (size_t)b * q_dim + h * hd,
-                        q_dim, kh, (int)rs, 0.0f, s, len);
+                        q_dim, kh, ld, 0.0f, s, len);
             for (int i = 0; i < rows; i++) {
                 float *row = s + (size_t)i * len;
                 int keys = keys_of(sh, pos, b + i);
                 softmax_row(row, keys, bias_row(sh, h, pos[b + i]));
                 memset(row + keys, 0, (size_t)(len - keys) * sizeof *row); /* the causal mask */
             }
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, hd, len, 1.0f, s, len, vh, (int)rs, 0.0f,
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, hd, len, 1.0f, s, len, vh, ld, 0.0f,
                         out + (size_t)b * q_dim + h * hd, q_dim);
         }
     }
@@ -170,7 +213,7 @@ static void attention_sgemm(float *out, const float *q, const float *k_cache, co
 static _Thread_local qlm_cpu_scratch t_loose;
 
 /* The sgemm form over rows [r0, r1), which are all of one sequence. */
-static void sequence_sgemm(float *out, const float *q, const float *k_cache, const float *v_cache, int r0, int r1,
+static void sequence_sgemm(float *out, const float *q, const void *k_cache, const void *v_cache, int r0, int r1,
                            const int *pos, const qlm_attn_shape *sh) {
     qlm_attn_shape seq = *sh;
     seq.slots = NULL;
@@ -179,13 +222,14 @@ static void sequence_sgemm(float *out, const float *q, const float *k_cache, con
     for (int i = r0; i < r1 && !seq.n_keys; i++)
         if (pos[i] + 1 > max_len) max_len = pos[i] + 1;
     size_t base = cache_base(sh, r0), q_row = (size_t)sh->n_heads * sh->head_dim;
-    attention_sgemm(out + r0 * q_row, q + r0 * q_row, k_cache + base, v_cache + base, r1 - r0, pos + r0, &seq, max_len);
+    attention_sgemm(out + r0 * q_row, q + r0 * q_row, kv_at(k_cache, base, sh), kv_at(v_cache, base, sh), r1 - r0,
+                    pos + r0, &seq, max_len);
 }
 
 /* Runs of at least SGEMM_MIN_ROWS consecutive rows of one sequence (a prefill, alone or beside
  * decode rows) take the sgemm form, the other rows the loop form together: a row gets the form it
  * would get with its sequence alone in the call, and so the same result. */
-void qlm_cpu_attention(float *out, const float *q, const float *k_cache, const float *v_cache, int n, const int *pos,
+void qlm_cpu_attention(float *out, const float *q, const void *k_cache, const void *v_cache, int n, const int *pos,
                        const qlm_attn_shape *sh) {
     int *loose = qlm_cpu_scratch_bytes(&t_loose, (size_t)n * sizeof(int)), n_loose = 0;
     if (!loose) {

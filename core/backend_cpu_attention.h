@@ -4,7 +4,7 @@
 
 #include "backend.h"
 
-void qlm_cpu_attention(float *out, const float *q, const float *k_cache, const float *v_cache, int n, const int *pos,
+void qlm_cpu_attention(float *out, const float *q, const void *k_cache, const void *v_cache, int n, const int *pos,
                        const qlm_attn_shape *sh);
 
 #endif

@@ -23,12 +23,14 @@ int qlm_state_init_slots(qlm_kv_state *s, const qlm_model *m, int max_seq, int n
     s->max_batch = max_batch;
     size_t kv_dim = (size_t)c->n_kv_heads * c->head_dim, q_dim = (size_t)c->n_heads * c->head_dim;
     size_t B = (size_t)max_batch;
+    s->kv_dtype = qlm_kv_dtype(m->dtype);
+    size_t kv_bytes = (size_t)n_slots * max_seq * kv_dim * qlm_kv_elem_size(s->kv_dtype);
     s->k_cache = calloc((size_t)c->n_layers, sizeof *s->k_cache);
     s->v_cache = calloc((size_t)c->n_layers, sizeof *s->v_cache);
     if (!s->k_cache || !s->v_cache) goto oom;
     for (int l = 0; l < c->n_layers; l++) {
-        s->k_cache[l] = be->alloc((size_t)n_slots * max_seq * kv_dim * sizeof(float));
-        s->v_cache[l] = be->alloc((size_t)n_slots * max_seq * kv_dim * sizeof(float));
+        s->k_cache[l] = be->alloc(kv_bytes);
+        s->v_cache[l] = be->alloc(kv_bytes);
         if (!s->k_cache[l] || !s->v_cache[l]) goto oom;
     }
     size_t xb_dim = (size_t)c->dim > q_dim ? (size_t)c->dim : q_dim;
@@ -47,7 +49,8 @@ int qlm_state_init_slots(qlm_kv_state *s, const qlm_model *m, int max_seq, int n
 oom:
     qlm_state_free(s, m);
     return qlm_errorf("out of memory for a KV cache of %d x %d positions (%.1f MiB)", n_slots, max_seq,
-                      2.0 * c->n_layers * n_slots * max_seq * kv_dim * sizeof(float) / 1048576.0);
+                      2.0 * c->n_layers * n_slots * max_seq * kv_dim * qlm_kv_elem_size(qlm_kv_dtype(m->dtype)) /
+                          1048576.0);
 }
 
 void qlm_state_free(qlm_kv_state *s, const qlm_model *m) {
@@ -79,11 +82,11 @@ static int attention_forward(const qlm_model *m, const qlm_layer *L, qlm_kv_stat
     if (PROJ_GROUP(qkv, qkv_targets, 3, s->xb)) return -1;
     be->rope(s->q, n, pos, c->n_heads, c->head_dim, m->inv_freq);
     be->rope(s->k, n, pos, c->n_kv_heads, c->head_dim, m->inv_freq);
-    qlm_kv_store(be, s->k_cache[l], s->k, n, slots, 0, pos, c->n_kv_heads, c->head_dim, s->max_seq);
-    qlm_kv_store(be, s->v_cache[l], s->v, n, slots, 0, pos, c->n_kv_heads, c->head_dim, s->max_seq);
+    qlm_kv_store(be, s->k_cache[l], s->kv_dtype, s->k, n, slots, 0, pos, c->n_kv_heads, c->head_dim, s->max_seq);
+    qlm_kv_store(be, s->v_cache[l], s->kv_dtype, s->v, n, slots, 0, pos, c->n_kv_heads, c->head_dim, s->max_seq);
     qlm_attn_shape shape = {.n_heads = c->n_heads, .n_kv_heads = c->n_kv_heads, .head_dim = c->head_dim,
                             .scale = 1.0f / sqrtf((float)c->head_dim), .slots = slots};
-    qlm_kv_shape(&shape, s->max_seq);
+    qlm_kv_shape(&shape, s->max_seq, s->kv_dtype);
     be->attention(s->att, s->q, s->k_cache[l], s->v_cache[l], n, pos, &shape);
     if (PROJ(s->xb, s->att, &L->wo, L->bo, QLM_LORA_O)) return -1;
     be->add(s->x, s->xb, (long)n * c->dim);

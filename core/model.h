@@ -73,7 +73,8 @@ typedef struct {
     int max_seq;   /* positions one slot holds */
     int n_slots;
     int max_batch; /* rows one forward call may process */
-    float **k_cache, **v_cache; /* per layer: [n_slots][n_kv_heads][max_seq][head_dim] (core/kv_cache.h) */
+    qlm_dtype kv_dtype;         /* of the caches: qlm_kv_dtype of the weights */
+    void **k_cache, **v_cache;  /* per layer: [n_slots][n_kv_heads][max_seq][head_dim] (core/kv_cache.h) */
     float *x, *xb, *q, *k, *v, *att, *hb, *hb2, *logits_rows;
     qlm_lora_slots lora; /* each slot's adapter (qlm_lora_slots_set), applied unmerged */
 } qlm_kv_state;

@@ -45,11 +45,13 @@ int qlm_t5_state_init(qlm_t5_state *s, const qlm_t5_model *m, int max_src, int m
     s->pos = malloc(R * sizeof *s->pos);
     s->n_src = calloc((size_t)n_slots, sizeof *s->n_src);
     if (!s->n_src || !s->cross_k || !s->cross_v || !s->k_cache || !s->v_cache || !s->pos) goto oom;
+    s->kv_dtype = qlm_kv_dtype(m->dtype);
+    size_t esize = qlm_kv_elem_size(s->kv_dtype);
     for (size_t l = 0; l < nd; l++) {
-        s->cross_k[l] = be->alloc((size_t)n_slots * max_src * inner * sizeof(float));
-        s->cross_v[l] = be->alloc((size_t)n_slots * max_src * inner * sizeof(float));
-        s->k_cache[l] = be->alloc((size_t)n_slots * max_tgt * inner * sizeof(float));
-        s->v_cache[l] = be->alloc((size_t)n_slots * max_tgt * inner * sizeof(float));
+        s->cross_k[l] = be->alloc((size_t)n_slots * max_src * inner * esize);
+        s->cross_v[l] = be->alloc((size_t)n_slots * max_src * inner * esize);
+        s->k_cache[l] = be->alloc((size_t)n_slots * max_tgt * inner * esize);
+        s->v_cache[l] = be->alloc((size_t)n_slots * max_tgt * inner * esize);
         if (!s->cross_k[l] || !s->cross_v[l] || !s->k_cache[l] || !s->v_cache[l]) goto oom;
     }
     size_t xb = d > inner ? d : inner;
@@ -77,7 +79,7 @@ oom:
 
 void qlm_t5_state_free(qlm_t5_state *s, const qlm_t5_model *m) {
     const qlm_backend *be = m->be;
-    float **per_layer[] = {s->cross_k, s->cross_v, s->k_cache, s->v_cache};
+    void **per_layer[] = {s->cross_k, s->cross_v, s->k_cache, s->v_cache};
     for (size_t i = 0; i < 4; i++) {
         for (int l = 0; per_layer[i] && l < m->cfg.n_dec_layers; l++) be->free(per_layer[i][l]);
         free(per_layer[i]);
@@ -157,8 +159,8 @@ int qlm_t5_encode(const qlm_t5_model *m, qlm_t5_state *s, int slot, const int *i
         const qlm_matmul_out kv[] = {{s->k, &m->dec[l].ck, NULL}, {s->v, &m->dec[l].cv, NULL}};
         static const int kv_targets[] = {QLM_LORA_CROSS_K, QLM_LORA_CROSS_V};
         if (PROJ_GROUP(kv, kv_targets, 2, s->enc_out)) return -1;
-        qlm_kv_store(be, s->cross_k[l], s->k, n, NULL, slot, s->pos, c->n_heads, c->d_kv, s->max_src);
-        qlm_kv_store(be, s->cross_v[l], s->v, n, NULL, slot, s->pos, c->n_heads, c->d_kv, s->max_src);
+        qlm_kv_store(be, s->cross_k[l], s->kv_dtype, s->k, n, NULL, slot, s->pos, c->n_heads, c->d_kv, s->max_src);
+        qlm_kv_store(be, s->cross_v[l], s->kv_dtype, s->v, n, NULL, slot, s->pos, c->n_heads, c->d_kv, s->max_src);
     }
     s->n_src[slot] = n;
     return 0;
@@ -166,11 +168,11 @@ int qlm_t5_encode(const qlm_t5_model *m, qlm_t5_state *s, int slot, const int *i
 
 /* Attention of rows [0, n), each over its slot's keys and values (caches of slot_rows positions a
  * slot, laid out as core/kv_cache.h says). */
-static void slot_attention(const qlm_t5_model *m, qlm_t5_state *s, float **k, float **v, int l, int slot_rows,
+static void slot_attention(const qlm_t5_model *m, qlm_t5_state *s, void **k, void **v, int l, int slot_rows,
                            const int *pos, const int *slots, int n, int cross) {
     qlm_attn_shape sh = cross ? attn_shape(m, slots ? s->max_src : s->n_src[0], NULL, 0, 0)
                               : attn_shape(m, 0, s->dec_bias, s->dec_span, s->max_tgt - 1);
-    qlm_kv_shape(&sh, slot_rows);
+    qlm_kv_shape(&sh, slot_rows, s->kv_dtype);
     if (slots) {
         sh.slots = slots;
         sh.slot_keys = cross ? s->n_src : NULL;
@@ -189,8 +191,8 @@ static int decode_chunk(const qlm_t5_model *m, qlm_t5_state *s, const int *token
         const qlm_t5_layer *L = &m->dec[l];
         be->rmsnorm(s->xb, s->x, L->attn_norm, n, c->d_model, c->norm_eps);
         if (qkv_forward(m, L, s, n, slots, slot, stack, l) != 0) return -1;
-        qlm_kv_store(be, s->k_cache[l], s->k, n, slots, 0, pos, c->n_heads, c->d_kv, s->max_tgt);
-        qlm_kv_store(be, s->v_cache[l], s->v, n, slots, 0, pos, c->n_heads, c->d_kv, s->max_tgt);
+        qlm_kv_store(be, s->k_cache[l], s->kv_dtype, s->k, n, slots, 0, pos, c->n_heads, c->d_kv, s->max_tgt);
+        qlm_kv_store(be, s->v_cache[l], s->kv_dtype, s->v, n, slots, 0, pos, c->n_heads, c->d_kv, s->max_tgt);
         slot_attention(m, s, s->k_cache, s->v_cache, l, s->max_tgt, pos, slots, n, 0);
         if (PROJ(s->xb, s->att, &L->o, QLM_LORA_O)) return -1;
         be->add(s->x, s->xb, (long)n * c->d_model);

@@ -1,14 +1,14 @@
 /* The row drivers shared by the SIMD kernel files: y = x W^T for n rows of x (in the activation
- * form of W, qlm_x_dtype) over the output rows [r0, r1) (gemm), and the same over F32 rows at any
- * stride (dot_rows: attention scores). W goes in tiles of TILE_W rows, each multiplied with blocks
+ * form of W, qlm_x_dtype) over the output rows [r0, r1) (gemm), the same over F32 or BF16 rows at
+ * any stride (dot_rows: attention scores), and the dtype dispatch of weighted_sum. W goes in tiles of TILE_W rows, each multiplied with blocks
  * of TILE_X rows of x
  * by the file's gemm_tile_x while it stays in cache (one x row is the GEMV of decode), then the
  * I8 scales and the bias. A row's result depends on neither n nor the thread split, so a
  * sequence decodes the same alone and in a batch. Included once by each of matmul_avx2.c and
  * kernels_avx512.h after they define KERNEL_FN and KERNEL_INLINE (their target attributes),
- * TILE_X, GROUP_ROWS and gemm_tile_x, so one text serves each instruction set. */
+ * TILE_X, GROUP_ROWS, gemm_tile_x and weighted_sum_dt, so one text serves each instruction set. */
 #ifndef KERNEL_FN
-#error "define KERNEL_FN, KERNEL_INLINE, TILE_X, GROUP_ROWS and gemm_tile_x before including kernel_rows.h"
+#error "define KERNEL_FN, KERNEL_INLINE, TILE_X, GROUP_ROWS, gemm_tile_x and weighted_sum_dt before including kernel_rows.h"
 #endif
 
 /* Weight rows multiplied with every block of x while they stay in L1/L2. */
@@ -69,11 +69,26 @@ KERNEL_INLINE void gemm_dt(float *y, const void *x, const float *x_scale, int n,
     }
 }
 
-KERNEL_FN void dot_rows(float *y, long ldy, const float *x, int n, const float *w, size_t w_stride, int rows,
-                        long cols) {
-    for (int t = 0; t < rows; t += TILE_W)
-        tile_rows(y, ldy, x, n, (const char *)w, w_stride * sizeof(float), cols, t, rows - t < TILE_W ? rows : t + TILE_W,
-                  rows, QLM_F32);
+/* Rows of dt F32 or BF16 (x then in BF16 too); the branch makes dt a constant in each tile_rows. */
+KERNEL_FN void dot_rows(float *y, long ldy, const void *x, int n, const void *w, size_t w_stride, int rows, long cols,
+                        qlm_dtype dt) {
+    const size_t stride = w_stride * qlm_weight_elem_size(dt);
+    for (int t = 0; t < rows; t += TILE_W) {
+        int te = rows - t < TILE_W ? rows : t + TILE_W;
+        if (dt == QLM_BF16)
+            tile_rows(y, ldy, x, n, (const char *)w, stride, cols, t, te, rows, QLM_BF16);
+        else
+            tile_rows(y, ldy, x, n, (const char *)w, stride, cols, t, te, rows, QLM_F32);
+    }
+}
+
+/* The branch makes dt a constant inside each inlined copy of the file's weighted_sum_dt. */
+KERNEL_FN void weighted_sum(float *o, const float *p, int g, long ldp, const void *v, size_t v_stride, int m, long hd,
+                            qlm_dtype dt) {
+    if (dt == QLM_BF16)
+        weighted_sum_dt(o, p, g, ldp, v, v_stride, m, hd, QLM_BF16);
+    else
+        weighted_sum_dt(o, p, g, ldp, v, v_stride, m, hd, QLM_F32);
 }
 
 /* The dtype switch makes dt a constant inside each inlined copy of gemm_dt. */

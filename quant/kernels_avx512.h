@@ -179,10 +179,6 @@ AVX512_INLINE void gemm_tile_x(float *y, long ldy, const char *x, long ldx, int 
     }
 }
 
-#define KERNEL_FN AVX512_FN
-#define KERNEL_INLINE AVX512_INLINE
-#include "kernel_rows.h"
-
 AVX512_INLINE __mmask16 block_mask(long i, long n) {
     return n - i >= 16 ? (__mmask16)0xffff : tail_mask(n - i);
 }
@@ -274,9 +270,11 @@ AVX512_FN void exp_f32(float *x, long n) {
     }
 }
 
-/* Up to 64 outputs of one row held in registers across all m weighted value rows. */
-AVX512_FN void weighted_sum(float *o, const float *p, int g, long ldp, const float *v, size_t v_stride, int m,
-                            long hd) {
+/* Up to 64 outputs of one row held in registers across all m weighted value rows (of dt, F32 or
+ * BF16). */
+AVX512_INLINE void weighted_sum_dt(float *o, const float *p, int g, long ldp, const void *v, size_t v_stride, int m,
+                                   long hd, qlm_dtype dt) {
+    const size_t row = v_stride * qlm_weight_elem_size(dt);
     for (int j = 0; j < g; j++)
         for (long d = 0; d < hd; d += 64) {
             __mmask16 mk[4];
@@ -294,24 +292,28 @@ AVX512_FN void weighted_sum(float *o, const float *p, int g, long ldp, const flo
             int t = 0;
             for (; t + 2 <= m; t += 2) {
                 __m512 pa = _mm512_set1_ps(p[(size_t)j * ldp + t]), pb = _mm512_set1_ps(p[(size_t)j * ldp + t + 1]);
-                const float *va = v + (size_t)t * v_stride + d, *vb = va + v_stride;
+                const char *va = (const char *)v + (size_t)t * row, *vb = va + row;
 #pragma GCC unroll 4
                 for (int c = 0; c < 4; c++) {
-                    a[c] = _mm512_fmadd_ps(pa, _mm512_maskz_loadu_ps(mk[c], va + 16 * c), a[c]);
-                    b[c] = _mm512_fmadd_ps(pb, _mm512_maskz_loadu_ps(mk[c], vb + 16 * c), b[c]);
+                    a[c] = _mm512_fmadd_ps(pa, load16(va, d + 16 * c, dt, mk[c]), a[c]);
+                    b[c] = _mm512_fmadd_ps(pb, load16(vb, d + 16 * c, dt, mk[c]), b[c]);
                 }
             }
             if (t < m) {
                 __m512 pa = _mm512_set1_ps(p[(size_t)j * ldp + t]);
-                const float *va = v + (size_t)t * v_stride + d;
+                const char *va = (const char *)v + (size_t)t * row;
 #pragma GCC unroll 4
-                for (int c = 0; c < 4; c++) a[c] = _mm512_fmadd_ps(pa, _mm512_maskz_loadu_ps(mk[c], va + 16 * c), a[c]);
+                for (int c = 0; c < 4; c++) a[c] = _mm512_fmadd_ps(pa, load16(va, d + 16 * c, dt, mk[c]), a[c]);
             }
 #pragma GCC unroll 4
             for (int c = 0; c < 4; c++)
                 _mm512_mask_storeu_ps(o + (size_t)j * hd + d + 16 * c, mk[c], _mm512_add_ps(a[c], b[c]));
         }
 }
+
+#define KERNEL_FN AVX512_FN
+#define KERNEL_INLINE AVX512_INLINE
+#include "kernel_rows.h"
 
 const qlm_kernel_table AVX512_TABLE = {
     .name = AVX512_NAME,

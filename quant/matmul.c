@@ -92,21 +92,26 @@ static void scalar_gemm(float *y, const void *x, const float *x_scale, int n, co
     }
 }
 
-static void scalar_dot_rows(float *y, long ldy, const float *x, int n, const float *w, size_t w_stride, int rows,
-                            long cols) {
+static void scalar_dot_rows(float *y, long ldy, const void *x, int n, const void *w, size_t w_stride, int rows,
+                            long cols, qlm_dtype dt) {
+    const size_t esize = qlm_weight_elem_size(dt);
     for (int i = 0; i < n; i++)
         for (int o = 0; o < rows; o++) {
+            const char *wo = (const char *)w + (size_t)o * w_stride * esize, *xi = (const char *)x + (size_t)i * cols * esize;
             float s = 0;
-            for (long k = 0; k < cols; k++) s += w[(size_t)o * w_stride + k] * x[(size_t)i * cols + k];
+            for (long k = 0; k < cols; k++) s += qlm_weight_at(wo, k, dt) * qlm_weight_at(xi, k, dt);
             y[(size_t)i * ldy + o] = s;
         }
 }
 
-static void scalar_weighted_sum(float *o, const float *p, int g, long ldp, const float *v, size_t v_stride, int m,
-                                long hd) {
+static void scalar_weighted_sum(float *o, const float *p, int g, long ldp, const void *v, size_t v_stride, int m,
+                                long hd, qlm_dtype dt) {
+    const size_t esize = qlm_weight_elem_size(dt);
     for (int j = 0; j < g; j++)
-        for (int t = 0; t < m; t++)
-            for (long d = 0; d < hd; d++) o[(size_t)j * hd + d] += p[(size_t)j * ldp + t] * v[(size_t)t * v_stride + d];
+        for (int t = 0; t < m; t++) {
+            const char *vt = (const char *)v + (size_t)t * v_stride * esize;
+            for (long d = 0; d < hd; d++) o[(size_t)j * hd + d] += p[(size_t)j * ldp + t] * qlm_weight_at(vt, d, dt);
+        }
 }
 
 static void scalar_exp(float *x, long n) {
@@ -279,13 +284,14 @@ static void rows_parallel(const qlm_matmul_out *outs, int count, const x_form *f
     }
 }
 
-void qlm_dot_rows_f32(float *y, long ldy, const float *x, int n, const float *w, size_t w_stride, int rows, long cols) {
-    if (n > 0 && rows > 0) qlm_kernels()->dot_rows(y, ldy, x, n, w, w_stride, rows, cols);
+void qlm_dot_rows(float *y, long ldy, const void *x, int n, const void *w, size_t w_stride, int rows, long cols,
+                  qlm_dtype dt) {
+    if (n > 0 && rows > 0) qlm_kernels()->dot_rows(y, ldy, x, n, w, w_stride, rows, cols, dt);
 }
 
-void qlm_weighted_sum_f32(float *o, const float *p, int g, long ldp, const float *v, size_t v_stride, int m,
-                          long hd) {
-    if (g > 0 && m > 0) qlm_kernels()->weighted_sum(o, p, g, ldp, v, v_stride, m, hd);
+void qlm_weighted_sum(float *o, const float *p, int g, long ldp, const void *v, size_t v_stride, int m, long hd,
+                      qlm_dtype dt) {
+    if (g > 0 && m > 0) qlm_kernels()->weighted_sum(o, p, g, ldp, v, v_stride, m, hd, dt);
 }
 
 /* The calling thread's buffer for x in its activation form, kept across calls. */

@@ -141,10 +141,6 @@ AVX2_INLINE void gemm_tile_x(float *y, long ldy, const char *x, long ldx, int nx
         gemm_tile(y, ldy, x, ldx, w, stride, cols, nr, TILE_X, dt, pf, add);
 }
 
-#define KERNEL_FN AVX2_FN
-#define KERNEL_INLINE AVX2_INLINE
-#include "kernel_rows.h"
-
 AVX2_FN void f16_to_f32(float *dst, const uint16_t *src, long n) {
     long i = 0;
     for (; i + 8 <= n; i += 8) _mm256_storeu_ps(dst + i, load8(src, i, QLM_F16));
@@ -192,10 +188,11 @@ AVX2_FN void f32_to_bf16(uint16_t *dst, const float *src, long n) {
     for (; i < n; i++) dst[i] = qlm_f32_to_bf16(src[i]);
 }
 
-/* Eight outputs of one row held in a register across all m weighted value rows; the last hd % 8 in
- * scalar code. */
-AVX2_FN void weighted_sum(float *o, const float *p, int g, long ldp, const float *v, size_t v_stride, int m,
-                          long hd) {
+/* Eight outputs of one row held in a register across all m weighted value rows (of dt, F32 or
+ * BF16); the last hd % 8 in scalar code. */
+AVX2_INLINE void weighted_sum_dt(float *o, const float *p, int g, long ldp, const void *v, size_t v_stride, int m,
+                                 long hd, qlm_dtype dt) {
+    const size_t row = v_stride * qlm_weight_elem_size(dt);
     for (int j = 0; j < g; j++) {
         float *oj = o + (size_t)j * hd;
         const float *pj = p + (size_t)j * ldp;
@@ -203,11 +200,11 @@ AVX2_FN void weighted_sum(float *o, const float *p, int g, long ldp, const float
         for (; d + 8 <= hd; d += 8) {
             __m256 a = _mm256_loadu_ps(oj + d);
             for (int t = 0; t < m; t++)
-                a = _mm256_fmadd_ps(_mm256_set1_ps(pj[t]), _mm256_loadu_ps(v + (size_t)t * v_stride + d), a);
+                a = _mm256_fmadd_ps(_mm256_set1_ps(pj[t]), load8((const char *)v + (size_t)t * row, d, dt), a);
             _mm256_storeu_ps(oj + d, a);
         }
         for (; d < hd; d++)
-            for (int t = 0; t < m; t++) oj[d] += pj[t] * v[(size_t)t * v_stride + d];
+            for (int t = 0; t < m; t++) oj[d] += pj[t] * qlm_weight_at((const char *)v + (size_t)t * row, d, dt);
     }
 }
 
@@ -270,6 +267,10 @@ AVX2_FN void exp_f32(float *x, long n) {
         _mm256_maskstore_ps(x + i, m, exp8(_mm256_maskload_ps(x + i, m)));
     }
 }
+
+#define KERNEL_FN AVX2_FN
+#define KERNEL_INLINE AVX2_INLINE
+#include "kernel_rows.h"
 
 const qlm_kernel_table qlm_kernels_avx2 = {
     .name = "avx2",

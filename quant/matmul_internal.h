@@ -21,10 +21,12 @@ typedef struct {
                  const float *bias);
     /* q[k] = x[k] / s rounded, k < n, in the I16 form (qlm_x_i16_scale); returns s. */
     float (*quantize_i16)(int16_t *q, const float *x, long n);
-    /* See qlm_dot_rows_f32. */
-    void (*dot_rows)(float *y, long ldy, const float *x, int n, const float *w, size_t w_stride, int rows, long cols);
-    /* See qlm_weighted_sum_f32. */
-    void (*weighted_sum)(float *o, const float *p, int g, long ldp, const float *v, size_t v_stride, int m, long hd);
+    /* See qlm_dot_rows. */
+    void (*dot_rows)(float *y, long ldy, const void *x, int n, const void *w, size_t w_stride, int rows, long cols,
+                     qlm_dtype dt);
+    /* See qlm_weighted_sum. */
+    void (*weighted_sum)(float *o, const float *p, int g, long ldp, const void *v, size_t v_stride, int m, long hd,
+                         qlm_dtype dt);
     /* See qlm_exp_f32. */
     void (*exp)(float *x, long n);
     void (*f16_to_f32)(float *dst, const uint16_t *src, long n);

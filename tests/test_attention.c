@@ -1,12 +1,15 @@
 /* The CPU attention op against a double-precision reference: causal and fixed-key forms, GQA,
  * a relative-position bias, few rows (the loop form, with contexts longer than one key chunk)
  * and many rows (the sgemm form); a batch of sequences with one cache each (slots) against
- * each row attending alone; a prefill beside decode rows in one call; and the head-by-head cache
- * layout against the default one. */
+ * each row attending alone; a prefill beside decode rows in one call; the head-by-head cache
+ * layout against the default one; and BF16 keys and values (INT8 models' caches), which the
+ * reference reads rounded as well, with the query rounded to BF16 in the loop form (fewer than
+ * 16 rows of a sequence) and kept F32 in the sgemm form. */
 #include <math.h>
 #include <string.h>
 
 #include "../core/backend.h"
+#include "../quant/half.h"
 #include "test_util.h"
 
 static float frand(unsigned *s) {
@@ -39,7 +42,12 @@ static void reference(double *out, const float *q, const float *k, const float *
         }
 }
 
-static void check(int n, int keys, int first_pos, int n_keys_mode, int with_bias) {
+/* x rounded to BF16 in place. */
+static void round_bf16(float *x, long n) {
+    for (long i = 0; i < n; i++) x[i] = qlm_bf16_to_f32(qlm_f32_to_bf16(x[i]));
+}
+
+static void check(int n, int keys, int first_pos, int n_keys_mode, int with_bias, int kv_bf16) {
     qlm_attn_shape sh = {.n_heads = 4, .n_kv_heads = 2, .head_dim = 16, .scale = 0.25f};
     int q_dim = sh.n_heads * sh.head_dim, kv_dim = sh.n_kv_heads * sh.head_dim;
     unsigned seed = (unsigned)(n * 7919 + keys);
@@ -59,30 +67,46 @@ static void check(int n, int keys, int first_pos, int n_keys_mode, int with_bias
         sh.pos_bias_span = span;
         sh.pos_bias_offset = keys;
     }
-    qlm_backend_cpu()->attention(out, q, k, v, n, pos, &sh);
+    if (kv_bf16) {
+        uint16_t *kb = malloc((size_t)keys * kv_dim * sizeof *kb), *vb = malloc((size_t)keys * kv_dim * sizeof *vb);
+        assert_true(kb && vb);
+        for (long i = 0; i < (long)keys * kv_dim; i++) kb[i] = qlm_f32_to_bf16(k[i]), vb[i] = qlm_f32_to_bf16(v[i]);
+        sh.kv_bf16 = 1;
+        qlm_backend_cpu()->attention(out, q, kb, vb, n, pos, &sh);
+        free(kb), free(vb);
+        round_bf16(k, (long)keys * kv_dim);
+        round_bf16(v, (long)keys * kv_dim);
+        if (n < 16) round_bf16(q, (long)n * q_dim);
+    } else {
+        qlm_backend_cpu()->attention(out, q, k, v, n, pos, &sh);
+    }
     reference(want, q, k, v, n, pos, &sh);
     double worst = 0;
     for (int i = 0; i < n * q_dim; i++) worst = fmax(worst, fabs(out[i] - want[i]));
-    print_message("attention n %4d keys %5d %s%s: max|diff| %.3g\n", n, keys, n_keys_mode ? "all keys" : "causal",
-                  with_bias ? " + bias" : "", worst);
+    print_message("attention n %4d keys %5d %s%s%s: max|diff| %.3g\n", n, keys, n_keys_mode ? "all keys" : "causal",
+                  with_bias ? " + bias" : "", kv_bf16 ? ", bf16 k/v" : "", worst);
     assert_true(worst <= 2e-5);
     free(q), free(k), free(v), free(out), free(want), free(pos), free(bias);
 }
 
 static void test_few_rows(void **state) {
     (void)state;
-    check(1, 7, 6, 0, 0);
-    check(3, 5000, 4997, 0, 1); /* causal over more keys than one chunk */
-    check(5, 4500, 0, 1, 1);
+    for (int bf = 0; bf < 2; bf++) {
+        check(1, 7, 6, 0, 0, bf);
+        check(3, 5000, 4997, 0, 1, bf); /* causal over more keys than one chunk */
+        check(5, 4500, 0, 1, 1, bf);
+    }
 }
 
 static void test_many_rows(void **state) {
     (void)state;
-    check(16, 16, 0, 0, 0);
-    check(40, 100, 60, 0, 1); /* a chunk that starts at position 60 */
-    check(64, 64, 0, 1, 1);
-    check(150, 300, 150, 0, 1); /* three row blocks, each seeing only the keys up to its last row */
-    check(100, 100, 0, 1, 0);
+    for (int bf = 0; bf < 2; bf++) {
+        check(16, 16, 0, 0, 0, bf);
+        check(40, 100, 60, 0, 1, bf); /* a chunk that starts at position 60 */
+        check(64, 64, 0, 1, 1, bf);
+        check(150, 300, 150, 0, 1, bf); /* three row blocks, each seeing only the keys up to its last row */
+        check(100, 100, 0, 1, 0, bf);
+    }
 }
 
 /* Rows of three sequences in mixed order, each slot with its own cache, position and key count:

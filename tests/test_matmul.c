@@ -300,53 +300,67 @@ static void test_thread_count_invariance(void **state) {
 }
 
 /* The attention kernels on every ISA: scores of n query rows against strided key rows, and the
- * weighted sum of strided value rows, for head sizes that are not multiples of the vector width. */
+ * weighted sum of strided value rows, for head sizes that are not multiples of the vector width,
+ * with F32 keys and values and with BF16 ones (the queries then rounded to BF16 as well). */
+static double round_to(float v, qlm_dtype dt) {
+    return dt == QLM_BF16 ? qlm_bf16_to_f32(qlm_f32_to_bf16(v)) : v;
+}
+
 static void test_attention_kernels(void **state) {
     (void)state;
     static const int dims[] = {1, 7, 16, 17, 64, 70, 128};
     const int n = 5, rows = 37, stride = 300;
     float *kv = malloc((size_t)rows * stride * sizeof *kv), *x = malloc((size_t)n * 128 * sizeof *x);
+    uint16_t *kvb = malloc((size_t)rows * stride * sizeof *kvb), *xb = malloc((size_t)n * 128 * sizeof *xb);
     float *y = malloc((size_t)n * rows * sizeof *y), *o = malloc((size_t)n * 128 * sizeof *o);
     double *ref = malloc((size_t)n * 128 * sizeof *ref), *mag = malloc((size_t)n * 128 * sizeof *mag); /* rows < 128 */
-    assert_true(kv && x && y && o && ref && mag);
+    assert_true(kv && x && kvb && xb && y && o && ref && mag);
     for (int i = 0; i < rows * stride; i++) kv[i] = frand();
+    qlm_convert_from_f32(kvb, QLM_BF16, kv, (long)rows * stride);
     const char *orig = qlm_matmul_isa();
-    for (size_t di = 0; di < sizeof dims / sizeof dims[0]; di++) {
-        int hd = dims[di];
-        for (int i = 0; i < n * hd; i++) x[i] = frand();
-        for (size_t ii = 0; ii < sizeof k_isas / sizeof k_isas[0]; ii++) {
-            if (qlm_matmul_force_isa(k_isas[ii]) != 0) continue;
-            char what[96];
-            qlm_dot_rows_f32(y, rows, x, n, kv + 3, stride, rows, hd);
-            for (int i = 0; i < n; i++)
-                for (int r = 0; r < rows; r++) {
-                    double s = 0, m = 0;
+    for (int bf = 0; bf < 2; bf++) {
+        const qlm_dtype dt = bf ? QLM_BF16 : QLM_F32;
+        const void *keys = bf ? (const void *)(kvb + 3) : kv + 3, *values = bf ? (const void *)(kvb + 5) : kv + 5;
+        for (size_t di = 0; di < sizeof dims / sizeof dims[0]; di++) {
+            int hd = dims[di];
+            for (int i = 0; i < n * hd; i++) x[i] = frand();
+            qlm_convert_from_f32(xb, QLM_BF16, x, (long)n * hd);
+            for (size_t ii = 0; ii < sizeof k_isas / sizeof k_isas[0]; ii++) {
+                if (qlm_matmul_force_isa(k_isas[ii]) != 0) continue;
+                char what[96];
+                qlm_dot_rows(y, rows, bf ? (const void *)xb : x, n, keys, stride, rows, hd, dt);
+                for (int i = 0; i < n; i++)
+                    for (int r = 0; r < rows; r++) {
+                        double s = 0, m = 0;
+                        for (int d = 0; d < hd; d++) {
+                            double p = round_to(x[i * hd + d], dt) * round_to(kv[(size_t)r * stride + 3 + d], dt);
+                            s += p;
+                            m += fabs(p);
+                        }
+                        ref[i * rows + r] = s, mag[i * rows + r] = m;
+                    }
+                snprintf(what, sizeof what, "dot_rows %s hd=%d %s", qlm_dtype_name(dt), hd, k_isas[ii]);
+                check_close(y, ref, mag, (long)n * rows, what);
+                /* x as n rows of weights over the key rows: o = x0 + x[:, :rows] V. */
+                for (int i = 0; i < n * hd; i++) o[i] = x[i];
+                qlm_weighted_sum(o, y, n, rows, values, stride, rows, hd, dt);
+                for (int i = 0; i < n; i++)
                     for (int d = 0; d < hd; d++) {
-                        s += (double)x[i * hd + d] * kv[(size_t)r * stride + 3 + d];
-                        m += fabs((double)x[i * hd + d] * kv[(size_t)r * stride + 3 + d]);
+                        double s = x[i * hd + d], m = fabs(s);
+                        for (int t = 0; t < rows; t++) {
+                            double p = (double)y[i * rows + t] * round_to(kv[(size_t)t * stride + 5 + d], dt);
+                            s += p;
+                            m += fabs(p);
+                        }
+                        ref[i * hd + d] = s, mag[i * hd + d] = m;
                     }
-                    ref[i * rows + r] = s, mag[i * rows + r] = m;
-                }
-            snprintf(what, sizeof what, "dot_rows hd=%d %s", hd, k_isas[ii]);
-            check_close(y, ref, mag, (long)n * rows, what);
-            /* x as n rows of weights over the key rows: o = x0 + x[:, :rows] V. */
-            for (int i = 0; i < n * hd; i++) o[i] = x[i];
-            qlm_weighted_sum_f32(o, y, n, rows, kv + 5, stride, rows, hd);
-            for (int i = 0; i < n; i++)
-                for (int d = 0; d < hd; d++) {
-                    double s = x[i * hd + d], m = fabs(s);
-                    for (int t = 0; t < rows; t++) {
-                        s += (double)y[i * rows + t] * kv[(size_t)t * stride + 5 + d];
-                        m += fabs((double)y[i * rows + t] * kv[(size_t)t * stride + 5 + d]);
-                    }
-                    ref[i * hd + d] = s, mag[i * hd + d] = m;
-                }
-            snprintf(what, sizeof what, "weighted_sum hd=%d %s", hd, k_isas[ii]);
-            check_close(o, ref, mag, (long)n * hd, what);
+                snprintf(what, sizeof what, "weighted_sum %s hd=%d %s", qlm_dtype_name(dt), hd, k_isas[ii]);
+                check_close(o, ref, mag, (long)n * hd, what);
+            }
         }
     }
     assert_int_equal(qlm_matmul_force_isa(orig), 0);
-    free(kv), free(x), free(y), free(o), free(ref), free(mag);
+    free(kv), free(x), free(kvb), free(xb), free(y), free(o), free(ref), free(mag);
 }
 
 /* Units in the last place between a and the double b, at b's scale. */
