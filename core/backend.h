@@ -33,7 +33,7 @@ typedef struct {
      * head_stride = head_dim. A decode cache takes head_stride = max_seq * head_dim and
      * row_stride = head_dim, so that each head's keys are one contiguous run that memory streams. */
     size_t row_stride, head_stride;
-    /* The keys and values are BF16 (a decode cache of a model with 16-bit or INT8 weights,
+    /* The keys and values are BF16 (the decode caches of a model with INT8 weights,
      * core/kv_cache.h) rather than F32; strides count elements either way. */
     int kv_bf16;
 } qlm_attn_shape;

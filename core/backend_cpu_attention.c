@@ -89,6 +89,9 @@ static void attend(float *out, const float *q, const void *kc, const void *vc, c
     vc = kv_at(vc, (size_t)kvh * head_stride(sh), sh);
     uint16_t qb[Q_BF16_CAP];
     int gb = sh->kv_bf16 && g * hd > Q_BF16_CAP ? Q_BF16_CAP / hd : g; /* heads per scores call */
+    /* All heads' rounded query fits (the usual case): rounded once, not per chunk of keys. */
+    const int round_per_chunk = sh->kv_bf16 && gb < g;
+    if (sh->kv_bf16 && !round_per_chunk) qlm_convert_from_f32(qb, QLM_BF16, q + (size_t)h0 * hd, (long)g * hd);
     float scores[MAX_GROUP][KEY_CHUNK], mx[MAX_GROUP], sum[MAX_GROUP];
     float *o = out + (size_t)h0 * hd;
     for (int j = 0; j < g; j++) mx[j] = -INFINITY, sum[j] = 0;
@@ -98,7 +101,7 @@ static void attend(float *out, const float *q, const void *kc, const void *vc, c
         for (int j0 = 0; j0 < g; j0 += gb) {
             int nj = g - j0 < gb ? g - j0 : gb;
             const float *qj = q + (size_t)(h0 + j0) * hd;
-            if (sh->kv_bf16) qlm_convert_from_f32(qb, QLM_BF16, qj, (long)nj * hd);
+            if (round_per_chunk) qlm_convert_from_f32(qb, QLM_BF16, qj, (long)nj * hd);
             qlm_dot_rows(scores[j0], KEY_CHUNK, sh->kv_bf16 ? (const void *)qb : qj, nj, kv_at(kc, (size_t)t0 * rs, sh),
                          rs, m, hd, dt);
         }

@@ -49,8 +49,7 @@ int qlm_state_init_slots(qlm_kv_state *s, const qlm_model *m, int max_seq, int n
 oom:
     qlm_state_free(s, m);
     return qlm_errorf("out of memory for a KV cache of %d x %d positions (%.1f MiB)", n_slots, max_seq,
-                      2.0 * c->n_layers * n_slots * max_seq * kv_dim * qlm_kv_elem_size(qlm_kv_dtype(m->dtype)) /
-                          1048576.0);
+                      2.0 * c->n_layers * kv_bytes / 1048576.0);
 }
 
 void qlm_state_free(qlm_kv_state *s, const qlm_model *m) {
