@@ -9,7 +9,6 @@
 #include <time.h>
 
 #include "../core/error.h"
-#include "../core/membw.h"
 #include "../quant/matmul.h"
 #include "commands.h"
 #include "common.h"
@@ -126,17 +125,19 @@ int cmd_bench(int argc, char **argv) {
     for (int r = 0; r < reps && rc == 0; r++) {
         if (pp > 0) rc = run_once(m, &st, pp, 0, &seed, &pps[r]);
         if (tg > 0 && rc == 0) rc = run_once(m, &st, tg, 1, &seed, &tgs[r]);
-        double b = rc == 0 && tg > 0 ? qlm_measure_bandwidth_gbs() : -1;
+        double b = rc == 0 && tg > 0 ? m->be->bandwidth_gbs() : -1;
         if (b > 0) {
             bw += b;
             bw_n++;
         }
     }
     if (rc == 0 && bw_n == 0) {
-        bw = qlm_measure_bandwidth_gbs();
+        bw = m->be->bandwidth_gbs();
         bw_n = bw > 0;
     }
     if (bw_n) bw /= bw_n;
+    char device[256];
+    m->be->describe(device, sizeof device);
     if (rc == 0) {
         double pp_mean = 0, pp_sd = 0, tg_mean = 0, tg_sd = 0;
         if (pp > 0) mean_sd(pps, reps, &pp_mean, &pp_sd);
@@ -152,9 +153,9 @@ int cmd_bench(int argc, char **argv) {
             printf("{\"model\": \"%s\", \"dtype\": \"%s%s\", \"threads\": %d, \"params\": %lld, \"weight_bytes\": %.0f, "
                    "\"pp\": %d, \"pp_tps\": %.3f, \"pp_sd\": %.3f, \"tg\": %d, \"tg_tps\": %.3f, \"tg_sd\": %.3f, "
                    "\"bandwidth_gbs\": %.3f, \"tg_bound_tps\": %.3f, \"tg_fraction_of_bound\": %.4f, \"peak_rss_mib\": %.1f, "
-                   "\"isa\": \"%s\"}\n",
+                   "\"isa\": \"%s\", \"device\": \"%s\"}\n",
                    mo.model, dt, pc, omp_get_max_threads(), (long long)qlm_model_param_count(m), wbytes, pp, pp_mean, pp_sd,
-                   tg, tg_mean, tg_sd, bw, bound, bound > 0 ? tg_mean / bound : 0, rss_mib, qlm_matmul_isa());
+                   tg, tg_mean, tg_sd, bw, bound, bound > 0 ? tg_mean / bound : 0, rss_mib, qlm_matmul_isa(), device);
         } else {
             printf("| %-10s | %8s | %10s | %7s | %8s | %18s |\n", "dtype", "size MiB", "params", "threads", "test", "t/s");
             printf("| ---------- | -------: | ---------: | ------: | -------: | -----------------: |\n");
@@ -164,8 +165,8 @@ int cmd_bench(int argc, char **argv) {
             if (tg > 0)
                 printf("| %-7s%-3s | %8.1f | %9.1fM | %7d | %8s%d | %9.2f +- %6.2f |\n", dt, pc, wbytes / 1048576.0,
                        qlm_model_param_count(m) / 1e6, omp_get_max_threads(), "tg", tg, tg_mean, tg_sd);
-            printf("\nmemory bandwidth %.2f GB/s -> decode bound %.1f tok/s; decode reaches %.0f%% of it; peak RSS %.1f MiB\n",
-                   bw, bound, bound > 0 ? 100 * tg_mean / bound : 0, rss_mib);
+            printf("\n%s\nmemory bandwidth %.2f GB/s -> decode bound %.1f tok/s; decode reaches %.0f%% of it; peak RSS %.1f MiB\n",
+                   device, bw, bound, bound > 0 ? 100 * tg_mean / bound : 0, rss_mib);
         }
     }
     free(pps);

@@ -19,7 +19,9 @@ static const char *k_usage =
 static void print_devices(void) {
     printf("cpu: %d threads, matmul kernels: %s\n", omp_get_max_threads(), qlm_matmul_isa());
     const qlm_backend *cuda = qlm_backend_cuda();
-    printf("cuda: %s\n", cuda ? "available" : qlm_last_error());
+    char line[256];
+    if (cuda) cuda->describe(line, sizeof line);
+    printf("%s%s\n", cuda ? "" : "cuda: ", cuda ? line : qlm_last_error());
 }
 
 static void print_config(const qlm_llama_config *c) {

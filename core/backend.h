@@ -1,7 +1,9 @@
 /* The op table: everything a model architecture needs from a device. Model code
  * (core/llama.c) is written once against these ops; the CPU backend (core/backend_cpu.c)
- * and the CUDA backend (cuda/) implement them. Pointers to activations are device
- * memory of the backend that allocated them. */
+ * and the CUDA backend (cuda/) implement them. Pointers to activations, caches and weights
+ * are device memory of the backend that allocated them; the small integer arrays an op takes
+ * (token ids, positions, slots, slot_keys) and the per-row LoRA table are host memory, which a
+ * GPU backend copies itself. */
 #ifndef QLM_BACKEND_H
 #define QLM_BACKEND_H
 
@@ -59,11 +61,22 @@ typedef struct {
 
 typedef struct qlm_backend {
     const char *name;
-    /* Device memory for activations and caches; NULL when out of memory. */
+    /* 1 when device memory is host memory (the CPU): model code then reads and writes its
+     * buffers directly instead of staging them through to_host. */
+    int host_memory;
+    /* Device memory for activations and caches; NULL (message set) when out of memory. */
     void *(*alloc)(size_t bytes);
     void (*free)(void *p);
-    /* Uploads a weight into device memory in its dtype (identity on the CPU). */
-    int (*upload_weight)(qlm_weight *w);
+    /* Moves a buffer of parameters (host memory from malloc) into device memory and returns the
+     * pointer to use from then on, which free releases; the host buffer is then the caller's to
+     * free unless the same pointer came back (the CPU keeps it as it is). NULL (message set)
+     * when out of memory. */
+    void *(*upload)(void *host, size_t bytes);
+    /* The device memory's bandwidth in GB/s as the bound of memory-bound kernels (CPU: a
+     * timed read; GPU: a timed device-to-device copy, bytes read plus written); -1 on error. */
+    double (*bandwidth_gbs)(void);
+    /* One line naming the device and its memory, for `qlm info` and logs. */
+    void (*describe)(char *out, size_t len);
 
     /* y[n][rows] = x[n][cols] W^T (+ bias) */
     void (*matmul)(float *y, const float *x, int n, const qlm_weight *w, const float *bias);
@@ -95,15 +108,19 @@ typedef struct qlm_backend {
     void (*embedding)(float *out, const qlm_weight *table, const int *ids, int n);
     /* Copies n floats between device buffers. */
     void (*copy)(float *dst, const float *src, long n);
-    /* Writes n floats into dst in dtype dt (F32: a copy; BF16: rounded to nearest even). */
-    void (*convert)(void *dst, qlm_dtype dt, const float *src, long n);
+    /* Row i of src ([n][heads * hd]) goes to position pos[i] of slot slots[i] (slots NULL: of
+     * `slot`) of a decode cache laid out as core/kv_cache.h says, in the cache's dtype kv (F32, or
+     * BF16 rounded to nearest even). */
+    void (*kv_store)(void *cache, qlm_dtype kv, const float *src, int n, const int *slots, int slot, const int *pos,
+                     int heads, int hd, int max_pos);
     /* Copies bytes from host memory into device memory (tables computed on the host). */
     void (*to_device)(void *dst, const void *src, size_t bytes);
     /* Copies bytes from device memory into host memory. */
     void (*to_host)(void *dst, const void *src, size_t bytes);
 
     /* ---- training: the backward of each forward op, the loss and the optimizer. Gradients
-     * are F32 and accumulate (+=) unless the op says otherwise. ---- */
+     * are F32 and accumulate (+=) unless the op says otherwise. A backend without them (NULL
+     * matmul_backward_x) runs inference only. ---- */
     /* dx[n][cols] = dy[n][rows] W (accumulate 0), or += (accumulate 1); W in any storage dtype. */
     int (*matmul_backward_x)(float *dx, const float *dy, int n, const qlm_weight *w, int accumulate);
     /* dw[rows][cols] += dy^T x, db[rows] += the column sums of dy (db NULL: no bias). */
@@ -144,6 +161,14 @@ typedef struct qlm_backend {
      * F32 master weights in mixed-precision training. */
     void (*store_weight)(qlm_weight *w, const float *src);
 } qlm_backend;
+
+/* logits[n][vocab] (host memory) = x lm_head^T, through dev ([n][vocab] of device memory) where
+ * the backend's memory is not host memory (dev NULL: straight into logits). */
+static inline void qlm_logits_out(const qlm_backend *be, float *logits, float *dev, const float *x, int n,
+                                  const qlm_weight *lm_head) {
+    be->matmul(dev ? dev : logits, x, n, lm_head, NULL);
+    if (dev) be->to_host(logits, dev, (size_t)n * lm_head->rows * sizeof(float));
+}
 
 const qlm_backend *qlm_backend_cpu(void);
 /* The CUDA backend, or NULL with an error message when qlm was built without CUDA or

@@ -1,7 +1,10 @@
 /* CPU implementation of the op table: OpenMP across rows/heads, SIMD matmuls from quant/. */
 #include <math.h>
+#include <omp.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "../quant/matmul.h"
 #include "../quant/quantize.h"
@@ -10,6 +13,8 @@
 #include "backend_cpu_train.h"
 #include "cpu_scratch.h"
 #include "error.h"
+#include "kv_cache.h"
+#include "membw.h"
 
 static void *cpu_alloc(size_t bytes) {
     void *p = NULL;
@@ -19,9 +24,25 @@ static void *cpu_alloc(size_t bytes) {
 
 static void cpu_free(void *p) { free(p); }
 
-static int cpu_upload_weight(qlm_weight *w) {
-    (void)w;
-    return 0;
+static void *cpu_upload(void *host, size_t bytes) {
+    (void)bytes;
+    return host;
+}
+
+static void cpu_describe(char *out, size_t len) {
+    long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
+    snprintf(out, len, "cpu: %d threads, %.1f GiB of memory", omp_get_max_threads(),
+             pages > 0 && page > 0 ? (double)pages * page / 1073741824.0 : 0.0);
+}
+
+static void cpu_kv_store(void *cache, qlm_dtype kv, const float *src, int n, const int *slots, int slot, const int *pos,
+                         int heads, int hd, int max_pos) {
+    size_t run = (size_t)max_pos * hd, esize = qlm_kv_elem_size(kv);
+    for (int i = 0; i < n; i++) {
+        size_t base = (size_t)(slots ? slots[i] : slot) * heads * run + (size_t)pos[i] * hd;
+        for (int h = 0; h < heads; h++)
+            qlm_convert_from_f32((char *)cache + (base + h * run) * esize, kv, src + ((size_t)i * heads + h) * hd, hd);
+    }
 }
 
 static void cpu_rmsnorm(float *out, const float *x, const float *weight, int n, int dim, float eps) {
@@ -149,12 +170,15 @@ static void cpu_memcpy(void *dst, const void *src, size_t bytes) { memcpy(dst, s
 
 static const qlm_backend cpu_backend = {
     .name = "cpu",
+    .host_memory = 1,
     .alloc = cpu_alloc,
     .free = cpu_free,
-    .upload_weight = cpu_upload_weight,
+    .upload = cpu_upload,
+    .bandwidth_gbs = qlm_measure_bandwidth_gbs,
+    .describe = cpu_describe,
     .matmul = qlm_matmul,
     .matmul_group = qlm_matmul_group,
-    .convert = qlm_convert_from_f32,
+    .kv_store = cpu_kv_store,
     .lora = cpu_lora,
     .rmsnorm = cpu_rmsnorm,
     .rope = cpu_rope,

@@ -21,18 +21,6 @@ static inline size_t qlm_kv_elem_size(qlm_dtype kv) {
     return kv == QLM_BF16 ? 2 : 4;
 }
 
-/* Row i of src ([n][heads * hd]) goes to position pos[i] of slot slots[i] (slots NULL: of slot),
- * converted to the cache's dtype kv. */
-static inline void qlm_kv_store(const qlm_backend *be, void *cache, qlm_dtype kv, const float *src, int n,
-                                const int *slots, int slot, const int *pos, int heads, int hd, int max_pos) {
-    size_t run = (size_t)max_pos * hd, esize = qlm_kv_elem_size(kv);
-    for (int i = 0; i < n; i++) {
-        size_t base = (size_t)(slots ? slots[i] : slot) * heads * run + (size_t)pos[i] * hd;
-        for (int h = 0; h < heads; h++)
-            be->convert((char *)cache + (base + h * run) * esize, kv, src + ((size_t)i * heads + h) * hd, hd);
-    }
-}
-
 /* Gives sh the strides of this layout for caches of max_pos positions per slot, of dtype kv. */
 static inline void qlm_kv_shape(qlm_attn_shape *sh, int max_pos, qlm_dtype kv) {
     sh->slot_stride = (size_t)sh->n_kv_heads * max_pos * sh->head_dim;

@@ -84,8 +84,12 @@ static int build_shared(qlm_model *m, const qlm_tensor_store *store) {
 static int build_inv_freq(qlm_model *m) {
     const qlm_llama_config *c = &m->cfg;
     int half = c->head_dim / 2;
-    m->inv_freq = malloc((size_t)half * sizeof(float));
-    if (!m->inv_freq) return qlm_errorf("out of memory");
+    float *f_host = malloc((size_t)half * sizeof(float));
+    m->inv_freq = m->be->alloc((size_t)half * sizeof(float));
+    if (!f_host || !m->inv_freq) {
+        free(f_host);
+        return qlm_errorf("out of memory");
+    }
     for (int j = 0; j < half; j++) {
         float f = 1.0f / powf(c->rope_theta, (float)(2 * j) / (float)c->head_dim);
         if (c->rope_scale_factor > 0) {
@@ -100,8 +104,10 @@ static int build_inv_freq(qlm_model *m) {
                 f = (1 - smooth) * f / c->rope_scale_factor + smooth * f;
             }
         }
-        m->inv_freq[j] = f;
+        f_host[j] = f;
     }
+    m->be->to_device(m->inv_freq, f_host, (size_t)half * sizeof(float));
+    free(f_host);
     return 0;
 }
 
@@ -149,11 +155,13 @@ fail:
 }
 
 void qlm_model_free(qlm_model *m) {
-    if (m->layers)
-        for (int l = 0; l < m->cfg.n_layers; l++) free(m->layers[l].buffer);
+    const qlm_backend *be = m->be;
+    if (be) {
+        for (int l = 0; m->layers && l < m->cfg.n_layers; l++) be->free(m->layers[l].buffer);
+        be->free(m->shared_buffer);
+        be->free(m->inv_freq);
+    }
     free(m->layers);
-    free(m->shared_buffer);
-    free(m->inv_freq);
     memset(m, 0, sizeof *m);
 }
 

@@ -44,6 +44,7 @@ int qlm_state_init_slots(qlm_kv_state *s, const qlm_model *m, int max_seq, int n
     s->hb2 = be->alloc(B * c->hidden_dim * sizeof(float));
     s->logits_rows = be->alloc(B * c->dim * sizeof(float));
     if (!s->x || !s->xb || !s->q || !s->k || !s->v || !s->att || !s->hb || !s->hb2 || !s->logits_rows) goto oom;
+    if (!be->host_memory && !(s->logits_dev = be->alloc(B * c->vocab_size * sizeof(float)))) goto oom;
     if (qlm_lora_slots_init(&s->lora, n_slots, max_batch) != 0) goto oom;
     return 0;
 oom:
@@ -60,7 +61,7 @@ void qlm_state_free(qlm_kv_state *s, const qlm_model *m) {
         for (int l = 0; l < m->cfg.n_layers; l++) be->free(s->v_cache[l]);
     free(s->k_cache);
     free(s->v_cache);
-    float *bufs[] = {s->x, s->xb, s->q, s->k, s->v, s->att, s->hb, s->hb2, s->logits_rows};
+    float *bufs[] = {s->x, s->xb, s->q, s->k, s->v, s->att, s->hb, s->hb2, s->logits_rows, s->logits_dev};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) be->free(bufs[i]);
     qlm_lora_slots_free(&s->lora);
     memset(s, 0, sizeof *s);
@@ -81,8 +82,8 @@ static int attention_forward(const qlm_model *m, const qlm_layer *L, qlm_kv_stat
     if (PROJ_GROUP(qkv, qkv_targets, 3, s->xb)) return -1;
     be->rope(s->q, n, pos, c->n_heads, c->head_dim, m->inv_freq);
     be->rope(s->k, n, pos, c->n_kv_heads, c->head_dim, m->inv_freq);
-    qlm_kv_store(be, s->k_cache[l], s->kv_dtype, s->k, n, slots, 0, pos, c->n_kv_heads, c->head_dim, s->max_seq);
-    qlm_kv_store(be, s->v_cache[l], s->kv_dtype, s->v, n, slots, 0, pos, c->n_kv_heads, c->head_dim, s->max_seq);
+    be->kv_store(s->k_cache[l], s->kv_dtype, s->k, n, slots, 0, pos, c->n_kv_heads, c->head_dim, s->max_seq);
+    be->kv_store(s->v_cache[l], s->kv_dtype, s->v, n, slots, 0, pos, c->n_kv_heads, c->head_dim, s->max_seq);
     qlm_attn_shape shape = {.n_heads = c->n_heads, .n_kv_heads = c->n_kv_heads, .head_dim = c->head_dim,
                             .scale = 1.0f / sqrtf((float)c->head_dim), .slots = slots};
     qlm_kv_shape(&shape, s->max_seq, s->kv_dtype);
@@ -121,7 +122,7 @@ static int forward_chunk(const qlm_model *m, qlm_kv_state *s, const int *tokens,
     if (n_rows == 0) return 0;
     for (int r = 0; r < n_rows; r++) be->copy(s->logits_rows + (size_t)r * c->dim, s->x + (size_t)rows[r] * c->dim, c->dim);
     be->rmsnorm(s->logits_rows, s->logits_rows, m->final_norm, n_rows, c->dim, c->norm_eps);
-    be->matmul(logits, s->logits_rows, n_rows, &m->lm_head, NULL);
+    qlm_logits_out(be, logits, s->logits_dev, s->logits_rows, n_rows, &m->lm_head);
     return 0;
 }
 

@@ -76,6 +76,7 @@ typedef struct {
     qlm_dtype kv_dtype;         /* of the caches: qlm_kv_dtype of the weights */
     void **k_cache, **v_cache;  /* per layer: [n_slots][n_kv_heads][max_seq][head_dim] (core/kv_cache.h) */
     float *x, *xb, *q, *k, *v, *att, *hb, *hb2, *logits_rows;
+    float *logits_dev; /* [max_batch][vocab] where the backend's memory is not host memory, else NULL */
     qlm_lora_slots lora; /* each slot's adapter (qlm_lora_slots_set), applied unmerged */
 } qlm_kv_state;
 

@@ -85,6 +85,19 @@ static int fill_matrix(qlm_weight *w, const qlm_tensor_entry *e, qlm_dtype dt, i
     return 0;
 }
 
+/* Points the views of parameters laid out in from at the same offsets in to (after an upload). */
+static void rebase(const qlm_param *p, int n, const char *from, char *to) {
+    for (int i = 0; i < n; i++) {
+        qlm_weight *w = p[i].matrix;
+        if (w && w->data) {
+            w->data = to + ((const char *)w->data - from);
+            if (w->row_scales) w->row_scales = (const float *)(to + ((const char *)w->row_scales - from));
+        } else if (!w && *p[i].vector) {
+            *p[i].vector = (float *)(to + ((const char *)*p[i].vector - from));
+        }
+    }
+}
+
 int qlm_params_pack(const qlm_param *p, int n, const qlm_tensor_store *store, qlm_dtype dtype, int per_channel,
                     const qlm_backend *be, void **buffer, size_t *bytes) {
     *buffer = NULL;
@@ -118,7 +131,6 @@ int qlm_params_pack(const qlm_param *p, int n, const qlm_tensor_store *store, ql
             *p[i].matrix = (qlm_weight){0};
             if (!ent[i]) continue;
             rc = fill_matrix(p[i].matrix, ent[i], dtype, per_channel, &cur);
-            if (rc == 0) rc = be->upload_weight(p[i].matrix);
         } else {
             *p[i].vector = NULL;
             if (!ent[i]) continue;
@@ -128,11 +140,11 @@ int qlm_params_pack(const qlm_param *p, int n, const qlm_tensor_store *store, ql
         }
     }
     free(ent);
-    if (rc != 0) {
-        free(buf);
-        return -1;
-    }
-    *buffer = buf;
+    char *dev = rc == 0 ? be->upload(buf, total ? total : 64) : NULL;
+    if (dev && dev != buf) rebase(p, n, buf, dev);
+    if (dev != buf) free(buf);
+    if (!dev) return -1;
+    *buffer = dev;
     *bytes = total;
     return 0;
 }

@@ -20,8 +20,8 @@ typedef struct qlm_param_s {
     float **vector;     /* values kept F32 (norms, biases, small tables), row-major */
 } qlm_param;
 
-/* Finds, checks, sizes, allocates and fills every parameter of the list into *buffer, uploading
- * matrices to the backend. Errors name the tensor. On failure *buffer is freed and NULL. */
+/* Finds, checks, sizes, allocates and fills every parameter of the list into *buffer, then moves
+ * the buffer into the backend's memory (be->upload; free it with be->free). Errors name the tensor. On failure *buffer is freed and NULL. */
 int qlm_params_pack(const qlm_param *p, int n, const qlm_tensor_store *store, qlm_dtype dtype, int per_channel,
                     const qlm_backend *be, void **buffer, size_t *bytes);
 

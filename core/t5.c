@@ -86,11 +86,9 @@ static int build_shared(qlm_t5_model *m, const qlm_tensor_store *store) {
     if (qlm_params_pack(p, n, store, m->dtype, m->per_channel, m->be, &m->shared_buffer, &m->shared_bytes) != 0)
         return -1;
     if (m->cfg.tie_embeddings) m->lm_head = m->shared;
-    m->head_norm = malloc((size_t)m->cfg.d_model * sizeof(float));
+    m->head_norm = m->be->alloc((size_t)m->cfg.d_model * sizeof(float));
     if (!m->head_norm) return qlm_errorf("out of memory");
-    /* The tied head's d_model^-0.5 output scaling folds into the final norm's weight. */
-    float scale = m->cfg.tie_embeddings ? 1.0f / sqrtf((float)m->cfg.d_model) : 1.0f;
-    for (int i = 0; i < m->cfg.d_model; i++) m->head_norm[i] = m->dec_final_norm[i] * scale;
+    qlm_t5_refresh_head_norm(m);
     return 0;
 }
 
@@ -124,12 +122,15 @@ fail:
 }
 
 void qlm_t5_free(qlm_t5_model *m) {
-    for (int b = 0; m->enc && b < m->cfg.n_layers; b++) free(m->enc[b].buffer);
-    for (int b = 0; m->dec && b < m->cfg.n_dec_layers; b++) free(m->dec[b].buffer);
+    const qlm_backend *be = m->be;
+    if (be) {
+        for (int b = 0; m->enc && b < m->cfg.n_layers; b++) be->free(m->enc[b].buffer);
+        for (int b = 0; m->dec && b < m->cfg.n_dec_layers; b++) be->free(m->dec[b].buffer);
+        be->free(m->shared_buffer);
+        be->free(m->head_norm);
+    }
     free(m->enc);
     free(m->dec);
-    free(m->shared_buffer);
-    free(m->head_norm);
     memset(m, 0, sizeof *m);
 }
 
@@ -204,9 +205,10 @@ int qlm_t5_rel_bucket(int rel, int bidirectional, int n_buckets, int max_distanc
     return ret + (large < n_buckets - 1 ? large : n_buckets - 1);
 }
 
+/* The tied head's d_model^-0.5 output scaling folds into the final norm's weight. */
 void qlm_t5_refresh_head_norm(qlm_t5_model *m) {
-    float scale = m->cfg.tie_embeddings ? 1.0f / sqrtf((float)m->cfg.d_model) : 1.0f;
-    for (int i = 0; i < m->cfg.d_model; i++) m->head_norm[i] = m->dec_final_norm[i] * scale;
+    m->be->copy(m->head_norm, m->dec_final_norm, m->cfg.d_model);
+    if (m->cfg.tie_embeddings) m->be->scale(m->head_norm, m->cfg.d_model, 1.0f / sqrtf((float)m->cfg.d_model));
 }
 
 int qlm_t5_param_list(qlm_t5_model *m, qlm_param **out) {
@@ -238,8 +240,9 @@ int qlm_t5_f32_twin(qlm_t5_model *twin, const qlm_t5_model *m) {
     int k = shared_params(twin, "shared.weight", p);
     if (qlm_params_twin(m->be, p, k, &twin->shared_buffer) != 0) goto fail;
     if (m->cfg.tie_embeddings) twin->lm_head = twin->shared;
-    twin->head_norm = calloc((size_t)m->cfg.d_model, sizeof *twin->head_norm);
+    twin->head_norm = m->be->alloc((size_t)m->cfg.d_model * sizeof *twin->head_norm);
     if (!twin->head_norm) goto fail;
+    m->be->zero(twin->head_norm, m->cfg.d_model);
     for (int dec = 0; dec < 2; dec++)
         for (int b = 0; b < (dec ? m->cfg.n_dec_layers : m->cfg.n_layers); b++) {
             k = block_params(twin, dec, b, p);
@@ -251,13 +254,4 @@ fail:
     return qlm_errorf("out of memory for an F32 copy of the T5 parameters");
 }
 
-void qlm_t5_twin_free(qlm_t5_model *twin) {
-    const qlm_backend *be = twin->be;
-    for (int b = 0; twin->enc && b < twin->cfg.n_layers; b++) be->free(twin->enc[b].buffer);
-    for (int b = 0; twin->dec && b < twin->cfg.n_dec_layers; b++) be->free(twin->dec[b].buffer);
-    if (be) be->free(twin->shared_buffer);
-    free(twin->enc);
-    free(twin->dec);
-    free(twin->head_norm);
-    memset(twin, 0, sizeof *twin);
-}
+void qlm_t5_twin_free(qlm_t5_model *twin) { qlm_t5_free(twin); }

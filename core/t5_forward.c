@@ -11,12 +11,14 @@
 static float *bias_by_delta(const qlm_t5_model *m, const float *rel_bias, int len, int bidirectional, int *span) {
     const qlm_t5_config *c = &m->cfg;
     *span = 2 * len - 1;
-    float *host = malloc((size_t)c->n_heads * *span * sizeof *host);
+    size_t table = (size_t)c->rel_buckets * c->n_heads;
+    float *host = malloc((size_t)c->n_heads * *span * sizeof *host), *by_bucket = malloc(table * sizeof *by_bucket);
     float *dev = m->be->alloc((size_t)c->n_heads * *span * sizeof(float));
-    if (host && dev) {
+    if (host && by_bucket && dev) {
+        m->be->to_host(by_bucket, rel_bias, table * sizeof *by_bucket);
         for (int d = -(len - 1); d <= len - 1; d++) {
             int bucket = qlm_t5_rel_bucket(d, bidirectional, c->rel_buckets, c->rel_max_distance);
-            for (int h = 0; h < c->n_heads; h++) host[(size_t)h * *span + d + len - 1] = rel_bias[bucket * c->n_heads + h];
+            for (int h = 0; h < c->n_heads; h++) host[(size_t)h * *span + d + len - 1] = by_bucket[bucket * c->n_heads + h];
         }
         m->be->to_device(dev, host, (size_t)c->n_heads * *span * sizeof(float));
     } else if (dev) {
@@ -24,6 +26,7 @@ static float *bias_by_delta(const qlm_t5_model *m, const float *rel_bias, int le
         dev = NULL;
     }
     free(host);
+    free(by_bucket);
     return dev;
 }
 
@@ -69,6 +72,7 @@ int qlm_t5_state_init(qlm_t5_state *s, const qlm_t5_model *m, int max_src, int m
     if (!s->enc_out || !s->x || !s->xb || !s->q || !s->k || !s->v || !s->att || !s->hb || !s->hb2 || !s->enc_bias ||
         !s->dec_bias)
         goto oom;
+    if (!be->host_memory && !(s->logits_dev = be->alloc(R * c->vocab_size * sizeof(float)))) goto oom;
     if (qlm_lora_slots_init(&s->lora, n_slots, s->rows) != 0) goto oom;
     for (int i = 0; i < s->rows; i++) s->pos[i] = i;
     return 0;
@@ -84,7 +88,8 @@ void qlm_t5_state_free(qlm_t5_state *s, const qlm_t5_model *m) {
         for (int l = 0; per_layer[i] && l < m->cfg.n_dec_layers; l++) be->free(per_layer[i][l]);
         free(per_layer[i]);
     }
-    float *bufs[] = {s->enc_out, s->x, s->xb, s->q, s->k, s->v, s->att, s->hb, s->hb2, s->enc_bias, s->dec_bias};
+    float *bufs[] = {s->enc_out, s->x, s->xb, s->q, s->k, s->v, s->att, s->hb, s->hb2, s->enc_bias, s->dec_bias,
+                     s->logits_dev};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) be->free(bufs[i]);
     free(s->pos);
     free(s->n_src);
@@ -159,8 +164,8 @@ int qlm_t5_encode(const qlm_t5_model *m, qlm_t5_state *s, int slot, const int *i
         const qlm_matmul_out kv[] = {{s->k, &m->dec[l].ck, NULL}, {s->v, &m->dec[l].cv, NULL}};
         static const int kv_targets[] = {QLM_LORA_CROSS_K, QLM_LORA_CROSS_V};
         if (PROJ_GROUP(kv, kv_targets, 2, s->enc_out)) return -1;
-        qlm_kv_store(be, s->cross_k[l], s->kv_dtype, s->k, n, NULL, slot, s->pos, c->n_heads, c->d_kv, s->max_src);
-        qlm_kv_store(be, s->cross_v[l], s->kv_dtype, s->v, n, NULL, slot, s->pos, c->n_heads, c->d_kv, s->max_src);
+        be->kv_store(s->cross_k[l], s->kv_dtype, s->k, n, NULL, slot, s->pos, c->n_heads, c->d_kv, s->max_src);
+        be->kv_store(s->cross_v[l], s->kv_dtype, s->v, n, NULL, slot, s->pos, c->n_heads, c->d_kv, s->max_src);
     }
     s->n_src[slot] = n;
     return 0;
@@ -191,8 +196,8 @@ static int decode_chunk(const qlm_t5_model *m, qlm_t5_state *s, const int *token
         const qlm_t5_layer *L = &m->dec[l];
         be->rmsnorm(s->xb, s->x, L->attn_norm, n, c->d_model, c->norm_eps);
         if (qkv_forward(m, L, s, n, slots, slot, stack, l) != 0) return -1;
-        qlm_kv_store(be, s->k_cache[l], s->kv_dtype, s->k, n, slots, 0, pos, c->n_heads, c->d_kv, s->max_tgt);
-        qlm_kv_store(be, s->v_cache[l], s->kv_dtype, s->v, n, slots, 0, pos, c->n_heads, c->d_kv, s->max_tgt);
+        be->kv_store(s->k_cache[l], s->kv_dtype, s->k, n, slots, 0, pos, c->n_heads, c->d_kv, s->max_tgt);
+        be->kv_store(s->v_cache[l], s->kv_dtype, s->v, n, slots, 0, pos, c->n_heads, c->d_kv, s->max_tgt);
         slot_attention(m, s, s->k_cache, s->v_cache, l, s->max_tgt, pos, slots, n, 0);
         if (PROJ(s->xb, s->att, &L->o, QLM_LORA_O)) return -1;
         be->add(s->x, s->xb, (long)n * c->d_model);
@@ -209,7 +214,7 @@ static int decode_chunk(const qlm_t5_model *m, qlm_t5_state *s, const int *token
     for (int r = 0; r < n_rows; r++)
         be->copy(s->xb + (size_t)r * c->d_model, s->x + (size_t)rows[r] * c->d_model, c->d_model);
     be->rmsnorm(s->xb, s->xb, m->head_norm, n_rows, c->d_model, c->norm_eps);
-    be->matmul(logits, s->xb, n_rows, &m->lm_head, NULL);
+    qlm_logits_out(be, logits, s->logits_dev, s->xb, n_rows, &m->lm_head);
     return 0;
 }
 

@@ -102,7 +102,7 @@ static void open_stories260k(qlm_source *src, qlm_model *m) {
     test_asset(path, sizeof path, "stories260K");
     REQUIRE_ASSET(path);
     if (qlm_source_open(src, path, NULL) != 0) fail_msg("%s", qlm_last_error());
-    qlm_model_options o = {.dtype = QLM_F32, .backend = qlm_backend_cpu()};
+    qlm_model_options o = {.dtype = QLM_F32, .backend = test_backend()};
     assert_int_equal(qlm_model_build(m, &src->cfg, src->store, &o), 0);
 }
 
@@ -141,7 +141,7 @@ static void test_t5_matches_session(void **state) {
     if (qlm_source_open(&src, "tests/fixtures/t5/gated_untied", NULL) != 0) fail_msg("%s", qlm_last_error());
     assert_true(src.is_t5);
     qlm_t5_model m;
-    qlm_model_options o = {.dtype = QLM_F32, .backend = qlm_backend_cpu()};
+    qlm_model_options o = {.dtype = QLM_F32, .backend = test_backend()};
     assert_int_equal(qlm_t5_build(&m, &src.t5, src.store, &o), 0);
     request reqs[N_REQ];
     make_requests(reqs, m.cfg.vocab_size, 5, NULL);
@@ -234,7 +234,7 @@ static void test_errors(void **state) {
     qlm_source src;
     if (qlm_source_open(&src, "tests/fixtures/t5/relu_tied", NULL) != 0) fail_msg("%s", qlm_last_error());
     qlm_t5_model m;
-    qlm_model_options o = {.dtype = QLM_F32, .backend = qlm_backend_cpu()};
+    qlm_model_options o = {.dtype = QLM_F32, .backend = test_backend()};
     assert_int_equal(qlm_t5_build(&m, &src.t5, src.store, &o), 0);
     qlm_batch_config bc = {.t5 = &m, .n_slots = 2, .max_prompt = 20, .max_output = 8};
     assert_int_equal(qlm_batch_run(&bc, refuse, unused_done, NULL, NULL), -1);

@@ -112,7 +112,7 @@ static void check_fixture(const char *name) {
     };
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
         qlm_model m;
-        qlm_model_options o = {.dtype = cases[c].dtype, .per_channel = cases[c].per_channel, .backend = qlm_backend_cpu()};
+        qlm_model_options o = {.dtype = cases[c].dtype, .per_channel = cases[c].per_channel, .backend = test_backend()};
         if (qlm_model_build(&m, &src.cfg, src.store, &o) != 0) fail_msg("%s", qlm_last_error());
         double diff = logits_max_diff(&m, &r);
         int greedy = greedy_match(&m, &r);
@@ -143,7 +143,7 @@ static void test_incremental_equals_batched(void **state) {
     qlm_source src;
     if (qlm_source_open(&src, "tests/fixtures/llama/gqa_tied", NULL) != 0) fail_msg("%s", qlm_last_error());
     qlm_model m;
-    qlm_model_options o = {.dtype = QLM_F32, .backend = qlm_backend_cpu()};
+    qlm_model_options o = {.dtype = QLM_F32, .backend = test_backend()};
     assert_int_equal(qlm_model_build(&m, &src.cfg, src.store, &o), 0);
     int vocab = m.cfg.vocab_size, n = 20;
     int ids[20], pos[20], rows[20];

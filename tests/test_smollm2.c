@@ -136,7 +136,7 @@ static double compare_prompt(const qlm_model *m, const char *key, int *greedy_ok
 static void check_dtype(qlm_dtype dt, int per_channel, double tol, int min_greedy, int min_forced) {
     open_model();
     qlm_model m;
-    qlm_model_options o = {.dtype = dt, .per_channel = per_channel, .backend = qlm_backend_cpu()};
+    qlm_model_options o = {.dtype = dt, .per_channel = per_channel, .backend = test_backend()};
     if (qlm_model_build(&m, &g_src.cfg, g_src.store, &o) != 0) fail_msg("%s", qlm_last_error());
     const char *keys[] = {"chat_capital", "plain_fox"};
     for (int k = 0; k < 2; k++) {

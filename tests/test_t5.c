@@ -89,7 +89,7 @@ static void close_fixture(fixture *f) {
 }
 
 static void build(qlm_t5_model *m, const fixture *f, qlm_dtype dt, int per_channel) {
-    qlm_model_options o = {.dtype = dt, .per_channel = per_channel, .backend = qlm_backend_cpu()};
+    qlm_model_options o = {.dtype = dt, .per_channel = per_channel, .backend = test_backend()};
     if (qlm_t5_build(m, &f->cfg, f->store, &o) != 0) fail_msg("%s", qlm_last_error());
 }
 
@@ -104,15 +104,20 @@ static int forced_logits_r(const qlm_t5_model *m, const fixture *f, float **out,
     qlm_t5_state s;
     assert_int_equal(qlm_t5_state_init(&s, m, n_src, n_dec, 1), 0);
     assert_int_equal(qlm_t5_encode(m, &s, 0, src, n_src), 0);
-    if (residual_max)
-        for (size_t i = 0; i < (size_t)n_src * m->cfg.d_model; i++) *residual_max = fmax(*residual_max, fabs(s.x[i]));
+    size_t enc_floats = (size_t)n_src * m->cfg.d_model;
+    if (residual_max) {
+        float *x = malloc(enc_floats * sizeof *x);
+        m->be->to_host(x, s.x, enc_floats * sizeof *x);
+        for (size_t i = 0; i < enc_floats; i++) *residual_max = fmax(*residual_max, fabs(x[i]));
+        free(x);
+    }
     int *pos = malloc((size_t)n_dec * sizeof *pos);
     for (int i = 0; i < n_dec; i++) pos[i] = i;
     *out = malloc((size_t)n_dec * m->cfg.vocab_size * sizeof **out);
     assert_int_equal(qlm_t5_decode(m, &s, dec, pos, NULL, n_dec, pos, n_dec, *out), 0);
     if (enc_out) {
-        *enc_out = malloc((size_t)n_src * m->cfg.d_model * sizeof **enc_out);
-        memcpy(*enc_out, s.enc_out, (size_t)n_src * m->cfg.d_model * sizeof **enc_out);
+        *enc_out = malloc(enc_floats * sizeof **enc_out);
+        m->be->to_host(*enc_out, s.enc_out, enc_floats * sizeof **enc_out);
     }
     qlm_t5_state_free(&s, m);
     free(pos);
@@ -397,7 +402,7 @@ static void test_quantize_roundtrip(void **state) {
         assert_true(src.is_t5);
         assert_memory_equal(&src.t5, &f.cfg, sizeof f.cfg);
         assert_int_equal(src.stored_dtype, cases[c].dt);
-        qlm_model_options o = {.dtype = cases[c].dt, .per_channel = cases[c].pc, .backend = qlm_backend_cpu()};
+        qlm_model_options o = {.dtype = cases[c].dt, .per_channel = cases[c].pc, .backend = test_backend()};
         if (qlm_t5_build(&reloaded, &src.t5, src.store, &o) != 0) fail_msg("%s", qlm_last_error());
         float *a, *b;
         int n = forced_logits(&direct, &f, &a, NULL);
@@ -433,7 +438,7 @@ static void test_random_weights(void **state) {
         assert_int_equal(qlm_t5_random_store(&f.cfg, k < 2 ? 7 : 8, store), 0);
         assert_int_equal(qlm_store_count(store), qlm_store_count(f.store));
         qlm_t5_model m;
-        qlm_model_options o = {.dtype = QLM_BF16, .backend = qlm_backend_cpu()};
+        qlm_model_options o = {.dtype = QLM_BF16, .backend = test_backend()};
         if (qlm_t5_build(&m, &f.cfg, store, &o) != 0) fail_msg("%s", qlm_last_error());
         n = forced_logits(&m, &f, &logits[k], NULL);
         for (size_t i = 0; i < (size_t)n * m.cfg.vocab_size; i++) assert_true(isfinite(logits[k][i]));
@@ -468,7 +473,7 @@ static void test_errors(void **state) {
     qlm_t5_state_free(&s, &m);
     qlm_t5_free(&m);
     qlm_store_remove(f.store, "decoder.block.1.layer.1.EncDecAttention.k.weight");
-    qlm_model_options o = {.dtype = QLM_F32, .backend = qlm_backend_cpu()};
+    qlm_model_options o = {.dtype = QLM_F32, .backend = test_backend()};
     assert_int_equal(qlm_t5_build(&m, &f.cfg, f.store, &o), -1);
     assert_non_null(strstr(qlm_last_error(), "decoder.block.1.layer.1.EncDecAttention.k.weight"));
     close_fixture(&f);

@@ -15,6 +15,18 @@
 
 #include <cmocka.h>
 
+#include "../core/backend.h"
+#include "../core/error.h"
+
+/* The backend the model tests run on: $QLM_TEST_DEVICE (cpu unless set; `make test-cuda` sets
+ * cuda). A device asked for but absent fails the test rather than quietly testing the CPU. */
+static inline const qlm_backend *test_backend(void) {
+    const char *dev = getenv("QLM_TEST_DEVICE");
+    const qlm_backend *be = qlm_backend_by_name(dev && *dev ? dev : "cpu");
+    if (!be) fail_msg("QLM_TEST_DEVICE=%s: %s", dev, qlm_last_error());
+    return be;
+}
+
 /* ../shared/assets relative to the repository root (tests run from the root), or $QLM_ASSETS. */
 static inline const char *test_assets_dir(void) {
     const char *env = getenv("QLM_ASSETS");

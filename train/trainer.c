@@ -164,6 +164,10 @@ int qlm_trainer_init(qlm_trainer *t, qlm_model *llama, qlm_t5_model *t5, qlm_lor
     t->lora = o->mode == QLM_TRAIN_LORA ? lora : NULL;
     t->loss_scale = o->dynamic_loss_scale ? o->loss_scale : 1.0f;
     if (!llama == !t5) return qlm_errorf("internal: the trainer takes exactly one model");
+    const qlm_backend *be = t->arch->backend(t->model);
+    if (!be->matmul_backward_x)
+        return qlm_errorf("training runs on the cpu backend for now; the %s backend runs inference (use --device cpu)",
+                          be->name);
     if (o->compute != QLM_F32 && o->compute != QLM_BF16 && o->compute != QLM_F16)
         return qlm_errorf("training computes in f32, bf16 or f16 (not %s)", qlm_dtype_name(o->compute));
     if (o->dynamic_loss_scale && !(o->loss_scale > 0 && isfinite(o->loss_scale)))
