@@ -20,7 +20,7 @@ CUDA_SRCS := $(wildcard cuda/*.cu)
 CUDA_OBJS := $(CUDA_SRCS:%.cu=$(BUILD)/%.o)
 CFLAGS    += -DQLM_WITH_CUDA
 LDLIBS    += -L/usr/local/cuda/lib64 -lcudart -lcublas -lcublasLt -lstdc++
-NVCCFLAGS ?= -O2 -std=c++17 -arch=sm_90 -I. -Xcompiler -Wall,-Wextra
+NVCCFLAGS ?= -O2 -std=c++20 -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90 -I. -Xcompiler -Wall,-Wextra
 else
 CUDA_SRCS := cuda/backend_absent.c
 CUDA_OBJS := $(BUILD)/cuda/backend_absent.o
@@ -31,7 +31,7 @@ CLI_OBJS  := $(CLI_SRCS:%.c=$(BUILD)/%.o)
 TEST_BINS := $(TEST_SRCS:tests/%.c=$(BUILD)/tests/%)
 LIB       := $(BUILD)/libqlm.a
 
-.PHONY: all test asan run bench eval train-eval qat-eval clean setup setup-test check-tests
+.PHONY: all test asan run bench eval train-eval qat-eval clean setup setup-test check-tests test-cuda test-cuda-build
 
 all: $(BUILD)/qlm
 
@@ -73,6 +73,16 @@ test: setup-test
 asan: setup-test
 	@$(MAKE) --no-print-directory BUILD=build/asan OPT="-O1 -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=undefined" \
 		check-tests
+
+# The GPU's tests: the op table against references, and the model tests rerun with
+# QLM_TEST_DEVICE=cuda (their fixtures and tolerances unchanged), then compute-sanitizer.
+CUDA_TESTS := tests/cuda/test_backend_ops tests/test_llama tests/test_t5 tests/test_batch tests/test_smollm2
+
+test-cuda-build:
+	@$(MAKE) --no-print-directory CUDA=1 BUILD=build/cuda build/cuda/qlm build/cuda/bench/bench_cuda $(CUDA_TESTS:%=build/cuda/%)
+
+test-cuda: setup-test test-cuda-build
+	@scripts/run_cuda_tests.sh build/cuda $(CUDA_TESTS)
 
 run: setup $(BUILD)/qlm
 	@scripts/run_main_job.sh $(BUILD)/qlm

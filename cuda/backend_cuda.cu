@@ -1,21 +1,253 @@
-// CUDA backend entry point. The device is probed here; the GPU op table arrives with the
-// CUDA backend issue, so until then a present GPU is reported and the CPU backend is used.
-#include <cuda_runtime.h>
+// The CUDA backend: device start-up, the memory pool, transfers, and the op table. Every op is
+// queued on one stream, so ops run in the order model code calls them and only to_host waits.
+// The model runs from one thread at a time (the server's scheduler), as on the CPU.
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 
-extern "C" {
-#include "../core/backend.h"
-#include "../core/error.h"
+#include "cuda_internal.h"
+
+cudaStream_t qlm_cuda_stream;
+cublasHandle_t qlm_cuda_blas;
+
+void qlm_cuda_fail(const char *what, const char *why, const char *file, int line) {
+    fprintf(stderr, "qlm: CUDA failure at %s:%d: %s: %s\n", file, line, what, why);
+    exit(EXIT_FAILURE);
+}
+
+// ---- the pool: freed blocks are kept and handed out again to a request that fits them closely ----
+
+struct pool_block {
+    void *p;
+    size_t size;
+};
+static pool_block *g_live, *g_cached;  // blocks in use, blocks freed for reuse
+static size_t g_n_live, g_cap_live, g_n_cached, g_cap_cached;
+
+static int push_block(pool_block **list, size_t *n, size_t *cap, pool_block b) {
+    if (*n == *cap) {
+        size_t c = *cap ? 2 * *cap : 256;
+        pool_block *l = (pool_block *)realloc(*list, c * sizeof *l);
+        if (!l) return -1;
+        *list = l;
+        *cap = c;
+    }
+    (*list)[(*n)++] = b;
+    return 0;
+}
+
+static void release_cached(void) {
+    qlm_cuda_flush();
+    CUDA_CHECK(cudaStreamSynchronize(qlm_cuda_stream));
+    for (size_t i = 0; i < g_n_cached; i++) CUDA_CHECK(cudaFree(g_cached[i].p));
+    g_n_cached = 0;
+}
+
+void *qlm_cuda_alloc(size_t bytes) {
+    size_t size = (bytes + 511) & ~(size_t)511;
+    if (size == 0) size = 512;
+    // The smallest cached block that wastes at most a quarter of itself.
+    size_t best = g_n_cached;
+    for (size_t i = 0; i < g_n_cached; i++)
+        if (g_cached[i].size >= size && g_cached[i].size - size <= g_cached[i].size / 4 &&
+            (best == g_n_cached || g_cached[i].size < g_cached[best].size))
+            best = i;
+    pool_block b = {NULL, size};
+    if (best < g_n_cached) {
+        b = g_cached[best];
+        g_cached[best] = g_cached[--g_n_cached];
+    } else if (cudaMalloc(&b.p, size) != cudaSuccess) {
+        cudaGetLastError();
+        release_cached();
+        if (cudaMalloc(&b.p, size) != cudaSuccess) {
+            cudaGetLastError();
+            size_t free_b = 0, total_b = 0;
+            cudaMemGetInfo(&free_b, &total_b);
+            qlm_errorf("out of GPU memory: %.1f MiB needed, %.1f MiB free of %.1f MiB", size / 1048576.0,
+                       free_b / 1048576.0, total_b / 1048576.0);
+            return NULL;
+        }
+    }
+    if (push_block(&g_live, &g_n_live, &g_cap_live, b) != 0) {
+        cudaFree(b.p);
+        qlm_errorf("out of host memory for the GPU pool's table");
+        return NULL;
+    }
+    return b.p;
+}
+
+void qlm_cuda_free(void *p) {
+    if (!p) return;
+    for (size_t i = 0; i < g_n_live; i++)
+        if (g_live[i].p == p) {
+            pool_block b = g_live[i];
+            g_live[i] = g_live[--g_n_live];
+            // A block queued work may still use goes back only in stream order: kernels read it
+            // before any later op can be handed the same memory.
+            if (push_block(&g_cached, &g_n_cached, &g_cap_cached, b) != 0) {
+                CUDA_CHECK(cudaStreamSynchronize(qlm_cuda_stream));
+                CUDA_CHECK(cudaFree(b.p));
+            }
+            return;
+        }
+    qlm_cuda_fail("qlm_cuda_free", "pointer not from the pool", __FILE__, __LINE__);
+}
+
+void *qlm_cuda_scratch(void **buf, size_t *cap, size_t bytes) {
+    if (bytes <= *cap) return *buf;
+    qlm_cuda_free(*buf);
+    *buf = qlm_cuda_alloc(bytes);
+    *cap = *buf ? bytes : 0;
+    if (!*buf) qlm_cuda_fail("scratch", qlm_last_error(), __FILE__, __LINE__);
+    return *buf;
+}
+
+// ---- transfers ----
+
+// Weights go up through two pinned buffers in turn: one fills on the host while the other copies.
+static const size_t STAGE_BYTES = (size_t)16 << 20;
+static void *g_stage[2];
+static cudaEvent_t g_stage_done[2];
+
+static void *cuda_upload(void *host, size_t bytes) {
+    qlm_cuda_flush();
+    char *dev = (char *)qlm_cuda_alloc(bytes);
+    if (!dev) return NULL;
+    const char *src = (const char *)host;
+    for (size_t off = 0, k = 0; off < bytes; off += STAGE_BYTES, k ^= 1) {
+        size_t len = bytes - off < STAGE_BYTES ? bytes - off : STAGE_BYTES;
+        CUDA_CHECK(cudaEventSynchronize(g_stage_done[k]));
+        memcpy(g_stage[k], src + off, len);
+        CUDA_CHECK(cudaMemcpyAsync(dev + off, g_stage[k], len, cudaMemcpyHostToDevice, qlm_cuda_stream));
+        CUDA_CHECK(cudaEventRecord(g_stage_done[k], qlm_cuda_stream));
+    }
+    CUDA_CHECK(cudaStreamSynchronize(qlm_cuda_stream));
+    return dev;
+}
+
+static void cuda_to_device(void *dst, const void *src, size_t bytes) {
+    qlm_cuda_flush();
+    CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, qlm_cuda_stream));
+}
+
+static void cuda_to_host(void *dst, const void *src, size_t bytes) {
+    qlm_cuda_flush();
+    CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, qlm_cuda_stream));
+    CUDA_CHECK(cudaStreamSynchronize(qlm_cuda_stream));
+}
+
+// A device-to-device copy of 2 x 512 MiB, timed with events over ten repetitions after a warm-up;
+// bytes read plus bytes written, as HBM's datasheet counts them.
+static double cuda_bandwidth_gbs(void) {
+    qlm_cuda_flush();
+    const size_t bytes = (size_t)512 << 20;
+    void *a = NULL, *b = NULL;
+    if (cudaMalloc(&a, bytes) != cudaSuccess || cudaMalloc(&b, bytes) != cudaSuccess) {
+        cudaGetLastError();
+        cudaFree(a);
+        qlm_errorf("no room on the GPU for the bandwidth test (2 x 512 MiB)");
+        return -1;
+    }
+    CUDA_CHECK(cudaMemsetAsync(a, 1, bytes, qlm_cuda_stream));
+    cudaEvent_t t0, t1;
+    CUDA_CHECK(cudaEventCreate(&t0));
+    CUDA_CHECK(cudaEventCreate(&t1));
+    CUDA_CHECK(cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice, qlm_cuda_stream));
+    CUDA_CHECK(cudaEventRecord(t0, qlm_cuda_stream));
+    const int reps = 10;
+    for (int r = 0; r < reps; r++)
+        CUDA_CHECK(cudaMemcpyAsync(r & 1 ? a : b, r & 1 ? b : a, bytes, cudaMemcpyDeviceToDevice, qlm_cuda_stream));
+    CUDA_CHECK(cudaEventRecord(t1, qlm_cuda_stream));
+    CUDA_CHECK(cudaEventSynchronize(t1));
+    float ms = 0;
+    CUDA_CHECK(cudaEventElapsedTime(&ms, t0, t1));
+    CUDA_CHECK(cudaEventDestroy(t0));
+    CUDA_CHECK(cudaEventDestroy(t1));
+    CUDA_CHECK(cudaFree(a));
+    CUDA_CHECK(cudaFree(b));
+    return 2.0 * bytes * reps / (ms * 1e-3) / 1e9;
+}
+
+static cudaDeviceProp g_prop;
+static const size_t CUBLAS_WORKSPACE = (size_t)32 << 20;
+
+static void cuda_describe(char *out, size_t len) {
+    size_t free_b = 0, total_b = 0;
+    CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
+    snprintf(out, len, "cuda: %s (compute %d.%d, %d SMs), %.1f GiB free of %.1f GiB", g_prop.name, g_prop.major,
+             g_prop.minor, g_prop.multiProcessorCount, free_b / 1073741824.0, total_b / 1073741824.0);
+}
+
+static int cuda_lora(float *y, const float *x, int n, const qlm_lora_ref *const *per_row) {
+    (void)y, (void)x, (void)n, (void)per_row;
+    return qlm_errorf("LoRA adapters run on the cpu backend for now (use --device cpu)");
+}
+
+// Inference ops only: the training ops stay NULL until they have GPU forms (the trainer checks).
+static qlm_backend cuda_backend;
+
+static void fill_table(qlm_backend *b) {
+    b->name = "cuda";
+    b->host_memory = 0;
+    b->alloc = qlm_cuda_alloc;
+    b->free = qlm_cuda_free;
+    b->upload = cuda_upload;
+    b->bandwidth_gbs = cuda_bandwidth_gbs;
+    b->describe = cuda_describe;
+    b->matmul = qlm_cuda_matmul;
+    b->matmul_group = qlm_cuda_matmul_group;
+    b->lora = cuda_lora;
+    b->rmsnorm = qlm_cuda_rmsnorm;
+    b->rope = qlm_cuda_rope;
+    b->attention = qlm_cuda_attention;
+    b->glu = qlm_cuda_glu;
+    b->activate = qlm_cuda_activate;
+    b->add = qlm_cuda_add;
+    b->embedding = qlm_cuda_embedding;
+    b->copy = qlm_cuda_copy;
+    b->kv_store = qlm_cuda_kv_store;
+    b->to_device = cuda_to_device;
+    b->to_host = cuda_to_host;
+    b->scale = qlm_cuda_scale;
+    b->zero = qlm_cuda_zero;
+}
+
+// Start-up happens once; its failure (no device, no driver) is an error the caller can report.
+static int start(void) {
+    int n = 0;
+    cudaError_t err = cudaGetDeviceCount(&n);
+    if (err != cudaSuccess || n == 0)
+        return qlm_errorf("no GPU: %s", err != cudaSuccess ? cudaGetErrorString(err) : "no CUDA device found");
+    if ((err = cudaSetDevice(0)) != cudaSuccess || (err = cudaGetDeviceProperties(&g_prop, 0)) != cudaSuccess ||
+        (err = cudaStreamCreateWithFlags(&qlm_cuda_stream, cudaStreamNonBlocking)) != cudaSuccess)
+        return qlm_errorf("GPU start-up failed: %s", cudaGetErrorString(err));
+    if (g_prop.major < 8) return qlm_errorf("GPU %s is compute %d.%d; qlm needs 8.0 or newer", g_prop.name, g_prop.major, g_prop.minor);
+    for (int k = 0; k < 2; k++)
+        if ((err = cudaHostAlloc(&g_stage[k], STAGE_BYTES, cudaHostAllocDefault)) != cudaSuccess ||
+            (err = cudaEventCreateWithFlags(&g_stage_done[k], cudaEventDisableTiming)) != cudaSuccess)
+            return qlm_errorf("GPU start-up failed: pinned staging: %s", cudaGetErrorString(err));
+    cublasStatus_t bs = cublasCreate(&qlm_cuda_blas);
+    if (bs != CUBLAS_STATUS_SUCCESS) return qlm_errorf("cuBLAS start-up failed: %s", cublasGetStatusString(bs));
+    CUBLAS_CHECK(cublasSetStream(qlm_cuda_blas, qlm_cuda_stream));
+    // A workspace of its own keeps cuBLAS from allocating while a graph is being captured.
+    void *workspace = NULL;
+    if ((err = cudaMalloc(&workspace, CUBLAS_WORKSPACE)) != cudaSuccess)
+        return qlm_errorf("GPU start-up failed: cuBLAS workspace: %s", cudaGetErrorString(err));
+    CUBLAS_CHECK(cublasSetWorkspace(qlm_cuda_blas, workspace, CUBLAS_WORKSPACE));
+    fill_table(&cuda_backend);
+    return 0;
 }
 
 extern "C" const qlm_backend *qlm_backend_cuda(void) {
-    int n = 0;
-    cudaError_t err = cudaGetDeviceCount(&n);
-    if (err != cudaSuccess || n == 0) {
-        qlm_errorf("no GPU: %s", err != cudaSuccess ? cudaGetErrorString(err) : "no CUDA device found");
-        return nullptr;
+    static int state = 0; // 0: not tried, 1: up, -1: failed (message kept)
+    static char why[256];
+    if (state == 0) {
+        state = start() == 0 ? 1 : -1;
+        if (state < 0) snprintf(why, sizeof why, "%s", qlm_last_error());
     }
-    cudaDeviceProp prop;
-    cudaGetDeviceProperties(&prop, 0);
-    qlm_errorf("GPU %s found, but the CUDA op table is not implemented yet; use --device cpu", prop.name);
-    return nullptr;
+    if (state < 0) {
+        qlm_errorf("%s", why);
+        return NULL;
+    }
+    return &cuda_backend;
 }

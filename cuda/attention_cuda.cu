@@ -1,0 +1,194 @@
+// Attention on the GPU: one block per (query head, query row), its warps taking 32 keys at a time
+// (a lane per key for the scores, a lane per element for the values) with the softmax carried
+// online, so no score matrix is ever stored; the warps' partial sums meet in shared memory.
+// Covers every shape of qlm_attn_shape: causal or fixed key counts, GQA, T5's relative-position
+// bias, a batch of slots, F32 or BF16 caches.
+#include <math.h>
+#include <string.h>
+
+#include "cuda_internal.h"
+
+enum { ATTN_WARPS = 8 };
+
+struct attn_args {
+    float *out;
+    const float *q;
+    const void *k, *v;
+    qlm_cuda_ints pos, slots, slot_keys;
+    int n, n_heads, group, head_dim, n_keys, bf16;
+    int vec; // every key row starts 16-byte aligned and head_dim fills whole 16-byte loads
+    float scale;
+    const float *bias;
+    int span, offset;
+    size_t slot_stride, row_stride, head_stride;
+};
+
+__device__ __forceinline__ float kv_elem(const void *base, size_t i, int bf16) {
+    return bf16 ? qlm_bf16_to_f32(((const unsigned short *)base)[i]) : ((const float *)base)[i];
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+// ND: elements per lane, head_dim <= 32 * ND.
+template <int ND>
+__global__ void __launch_bounds__(ATTN_WARPS * 32) attention_kernel(attn_args a) {
+    extern __shared__ float smem[];
+    const int h = blockIdx.x, i = blockIdx.y, hd = a.head_dim;
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+    float *sq = smem, *s_acc = smem + hd, *s_ml = s_acc + ATTN_WARPS * hd;
+    const int p = qlm_ints_at(a.pos, i);
+    const int slot = a.slots.present ? qlm_ints_at(a.slots, i) : 0;
+    const int nk = a.n_keys > 0 ? (a.slot_keys.present ? qlm_ints_at(a.slot_keys, slot) : a.n_keys) : p + 1;
+    const size_t base = (size_t)slot * a.slot_stride + (size_t)(h / a.group) * a.head_stride;
+    const float *qi = a.q + ((size_t)i * a.n_heads + h) * hd;
+    for (int d = threadIdx.x; d < hd; d += blockDim.x) sq[d] = qi[d];
+    __syncthreads();
+    const float *bias = a.bias ? a.bias + (size_t)h * a.span + a.offset - p : NULL;
+
+    float m = -INFINITY, l = 0, acc[ND];
+#pragma unroll
+    for (int k = 0; k < ND; k++) acc[k] = 0;
+    for (int t0 = w * 32; t0 < nk; t0 += ATTN_WARPS * 32) {
+        const int t = t0 + lane;
+        float s = -INFINITY;
+        if (t < nk) {
+            size_t row = base + (size_t)t * a.row_stride;
+            float dot = 0;
+            if (a.vec) {
+                // 16 bytes at a time: 8 BF16 or 4 F32 keys elements per load.
+                const uint4 *kr = (const uint4 *)((const char *)a.k + row * (a.bf16 ? 2 : 4));
+                const float4 *q4 = (const float4 *)sq;
+                const int per = a.bf16 ? 8 : 4;
+                for (int u = 0; u < hd / per; u++) {
+                    uint4 raw = kr[u];
+                    const unsigned w[4] = {raw.x, raw.y, raw.z, raw.w};
+                    if (a.bf16) {
+                        float4 qa = q4[2 * u], qb = q4[2 * u + 1];
+                        dot += qa.x * __uint_as_float(w[0] << 16) + qa.y * __uint_as_float(w[0] & 0xffff0000u) +
+                               qa.z * __uint_as_float(w[1] << 16) + qa.w * __uint_as_float(w[1] & 0xffff0000u) +
+                               qb.x * __uint_as_float(w[2] << 16) + qb.y * __uint_as_float(w[2] & 0xffff0000u) +
+                               qb.z * __uint_as_float(w[3] << 16) + qb.w * __uint_as_float(w[3] & 0xffff0000u);
+                    } else {
+                        float4 qa = q4[u];
+                        dot += qa.x * __uint_as_float(w[0]) + qa.y * __uint_as_float(w[1]) + qa.z * __uint_as_float(w[2]) +
+                               qa.w * __uint_as_float(w[3]);
+                    }
+                }
+            } else {
+                for (int d = 0; d < hd; d++) dot += sq[d] * kv_elem(a.k, row + d, a.bf16);
+            }
+            s = dot * a.scale + (bias ? bias[t] : 0.0f);
+        }
+        const float m_new = fmaxf(m, warp_max(s));
+        const float corr = m == -INFINITY ? 0.0f : expf(m - m_new);
+        const float e = t < nk ? expf(s - m_new) : 0.0f;
+        l = l * corr + warp_sum(e);
+#pragma unroll
+        for (int k = 0; k < ND; k++) acc[k] *= corr;
+        const int len = nk - t0 < 32 ? nk - t0 : 32;
+        // Values of VU keys are loaded before any is used, so their memory latencies overlap.
+        constexpr int VU = 8;
+        for (int j0 = 0; j0 < len; j0 += VU) {
+            float vv[VU][ND];
+#pragma unroll
+            for (int u = 0; u < VU; u++) {
+                const size_t row = base + (size_t)(t0 + j0 + u) * a.row_stride;
+#pragma unroll
+                for (int k = 0; k < ND; k++) {
+                    int d = lane + 32 * k;
+                    vv[u][k] = j0 + u < len && d < hd ? kv_elem(a.v, row + d, a.bf16) : 0.0f;
+                }
+            }
+#pragma unroll
+            for (int u = 0; u < VU; u++) {
+                const float pj = __shfl_sync(0xffffffffu, e, (j0 + u) & 31);
+#pragma unroll
+                for (int k = 0; k < ND; k++) acc[k] += pj * vv[u][k];
+            }
+        }
+        m = m_new;
+    }
+#pragma unroll
+    for (int k = 0; k < ND; k++) {
+        int d = lane + 32 * k;
+        if (d < hd) s_acc[w * hd + d] = acc[k];
+    }
+    if (lane == 0) s_ml[2 * w] = m, s_ml[2 * w + 1] = l;
+    __syncthreads();
+    float mx = -INFINITY;
+    for (int u = 0; u < ATTN_WARPS; u++) mx = fmaxf(mx, s_ml[2 * u]);
+    float total = 0, wt[ATTN_WARPS];
+    for (int u = 0; u < ATTN_WARPS; u++) {
+        wt[u] = s_ml[2 * u] == -INFINITY ? 0.0f : expf(s_ml[2 * u] - mx);
+        total += wt[u] * s_ml[2 * u + 1];
+    }
+    float *oi = a.out + ((size_t)i * a.n_heads + h) * hd;
+    for (int d = threadIdx.x; d < hd; d += blockDim.x) {
+        float sum = 0;
+        for (int u = 0; u < ATTN_WARPS; u++) sum += wt[u] * s_acc[u * hd + d];
+        oi[d] = total > 0 ? sum / total : 0.0f;
+    }
+}
+
+static void launch_attention(const void *p) {
+    const attn_args &a = *(const attn_args *)p;
+    dim3 grid(a.n_heads, a.n);
+    size_t smem = ((size_t)a.head_dim * (1 + ATTN_WARPS) + 2 * ATTN_WARPS) * sizeof(float);
+    int nd = (a.head_dim + 31) / 32;
+    if (nd <= 1)
+        attention_kernel<1><<<grid, ATTN_WARPS * 32, smem, qlm_cuda_stream>>>(a);
+    else if (nd <= 2)
+        attention_kernel<2><<<grid, ATTN_WARPS * 32, smem, qlm_cuda_stream>>>(a);
+    else if (nd <= 4)
+        attention_kernel<4><<<grid, ATTN_WARPS * 32, smem, qlm_cuda_stream>>>(a);
+    else if (nd <= 8)
+        attention_kernel<8><<<grid, ATTN_WARPS * 32, smem, qlm_cuda_stream>>>(a);
+    else if (nd <= 16)
+        attention_kernel<16><<<grid, ATTN_WARPS * 32, smem, qlm_cuda_stream>>>(a);
+    else
+        attention_kernel<32><<<grid, ATTN_WARPS * 32, smem, qlm_cuda_stream>>>(a);
+}
+
+void qlm_cuda_attention(float *out, const float *q, const void *k, const void *v, int n, const int *pos,
+                        const qlm_attn_shape *sh) {
+    if (n <= 0) return;
+    const int hd = sh->head_dim;
+    if (hd > 32 * 32) qlm_cuda_fail("attention", "head_dim over 1024 is not supported on the GPU", __FILE__, __LINE__);
+    attn_args a;
+    memset(&a, 0, sizeof a);
+    a.out = out;
+    a.q = q;
+    a.k = k;
+    a.v = v;
+    a.n = n;
+    a.pos = qlm_cuda_ints_of(pos, n, 0);
+    a.slots = qlm_cuda_ints_of(sh->slots, n, 1);
+    int n_slots = 0;
+    for (int i = 0; sh->slots && i < n; i++)
+        if (sh->slots[i] + 1 > n_slots) n_slots = sh->slots[i] + 1;
+    a.slot_keys = qlm_cuda_ints_of(sh->slots ? sh->slot_keys : NULL, n_slots, 2);
+    a.n_heads = sh->n_heads;
+    a.group = sh->n_heads / sh->n_kv_heads;
+    a.head_dim = hd;
+    a.n_keys = sh->n_keys;
+    a.bf16 = sh->kv_bf16;
+    a.scale = sh->scale;
+    a.bias = sh->pos_bias;
+    a.span = sh->pos_bias_span;
+    a.offset = sh->pos_bias_offset;
+    a.slot_stride = sh->slots ? sh->slot_stride : 0;
+    a.row_stride = sh->row_stride ? sh->row_stride : (size_t)sh->n_kv_heads * hd;
+    a.head_stride = sh->head_stride ? sh->head_stride : (size_t)hd;
+    size_t esize = sh->kv_bf16 ? 2 : 4;
+    a.vec = (hd * esize) % 16 == 0 && (a.row_stride * esize) % 16 == 0 && (a.head_stride * esize) % 16 == 0 &&
+            (a.slot_stride * esize) % 16 == 0 && (uintptr_t)k % 16 == 0;
+    qlm_cuda_submit(launch_attention, &a, sizeof a);
+}

@@ -1,0 +1,87 @@
+// What the CUDA backend's files share: the one stream every op is queued on, the cuBLAS handle,
+// the device memory pool, host index arrays handed to kernels, and each file's ops.
+#ifndef QLM_CUDA_INTERNAL_H
+#define QLM_CUDA_INTERNAL_H
+
+#include <cublas_v2.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+extern "C" {
+#include "../core/backend.h"
+#include "../core/error.h"
+}
+
+// A failed CUDA or cuBLAS call past start-up is a device fault (a kernel bug or a lost GPU); the
+// context cannot be trusted after it, so the process ends with the call and the reason.
+void qlm_cuda_fail(const char *what, const char *why, const char *file, int line);
+#define CUDA_CHECK(call)                                                                     \
+    do {                                                                                     \
+        cudaError_t e_ = (call);                                                             \
+        if (e_ != cudaSuccess) qlm_cuda_fail(#call, cudaGetErrorString(e_), __FILE__, __LINE__); \
+    } while (0)
+#define CUBLAS_CHECK(call)                                                                    \
+    do {                                                                                      \
+        cublasStatus_t s_ = (call);                                                           \
+        if (s_ != CUBLAS_STATUS_SUCCESS) qlm_cuda_fail(#call, cublasGetStatusString(s_), __FILE__, __LINE__); \
+    } while (0)
+#define LAUNCH_CHECK() CUDA_CHECK(cudaGetLastError())
+
+extern cudaStream_t qlm_cuda_stream;
+extern cublasHandle_t qlm_cuda_blas;
+
+// Device memory from the pool (freed blocks are kept for reuse; cudaMalloc only). NULL with an
+// error naming the size and the free memory when the device has no room.
+void *qlm_cuda_alloc(size_t bytes);
+void qlm_cuda_free(void *p);
+// Scratch that grows: *buf holds at least bytes of device memory (its old contents are lost).
+void *qlm_cuda_scratch(void **buf, size_t *cap, size_t bytes);
+
+// Ops queue their launches (graph_cuda.cu): fn(args) runs at the next flush, args copied (and
+// compared byte for byte with earlier steps, so zero an argument struct before filling it).
+typedef void (*qlm_cuda_launcher)(const void *args);
+void qlm_cuda_submit(qlm_cuda_launcher fn, const void *args, size_t len);
+// Runs what is queued; every sync point and host-side memory operation comes after one.
+void qlm_cuda_flush(void);
+
+// A host int array as a kernel sees it: staged into device memory with the queued step (graphs
+// on), or, launching directly, up to QLM_CUDA_SMALL values inside the launch's parameters and
+// longer ones copied first.
+enum { QLM_CUDA_SMALL = 64 };
+struct qlm_cuda_ints {
+    const int *dev; // NULL: the values are in small
+    int present;    // 0: the host array was NULL
+    int small[QLM_CUDA_SMALL];
+};
+// which (0..3) picks one of the direct-launch scratch areas, so one op can pass several arrays.
+qlm_cuda_ints qlm_cuda_ints_of(const int *host, int n, int which);
+__device__ __forceinline__ int qlm_ints_at(const qlm_cuda_ints &a, int i) { return a.dev ? a.dev[i] : a.small[i]; }
+
+__device__ __forceinline__ float qlm_bf16_to_f32(unsigned short b) { return __uint_as_float((unsigned)b << 16); }
+__device__ __forceinline__ unsigned short qlm_f32_to_bf16(float f) {
+    return __bfloat16_as_ushort(__float2bfloat16_rn(f)); // nearest even; NaN stays NaN
+}
+
+static inline unsigned qlm_cuda_blocks(long n, int threads) { return (unsigned)((n + threads - 1) / threads); }
+
+// matmul_cuda.cu
+void qlm_cuda_matmul(float *y, const float *x, int n, const qlm_weight *w, const float *bias);
+void qlm_cuda_matmul_group(const qlm_matmul_out *outs, int count, const float *x, int n);
+// attention_cuda.cu
+void qlm_cuda_attention(float *out, const float *q, const void *k, const void *v, int n, const int *pos,
+                        const qlm_attn_shape *shape);
+// ops_cuda.cu
+void qlm_cuda_rmsnorm(float *out, const float *x, const float *weight, int n, int dim, float eps);
+void qlm_cuda_rope(float *x, int n, const int *pos, int n_heads, int head_dim, const float *inv_freq);
+void qlm_cuda_glu(float *out, const float *gate, const float *up, long n, qlm_act act);
+void qlm_cuda_activate(float *x, long n, qlm_act act);
+void qlm_cuda_add(float *y, const float *x, long n);
+void qlm_cuda_scale(float *x, long n, float s);
+void qlm_cuda_zero(float *x, long n);
+void qlm_cuda_copy(float *dst, const float *src, long n);
+void qlm_cuda_embedding(float *out, const qlm_weight *table, const int *ids, int n);
+void qlm_cuda_kv_store(void *cache, qlm_dtype kv, const float *src, int n, const int *slots, int slot, const int *pos,
+                       int heads, int hd, int max_pos);
+
+#endif

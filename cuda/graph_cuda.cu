@@ -1,0 +1,186 @@
+// Queued launches and CUDA graphs. A decode step is a few hundred small kernels, and launching
+// them one by one costs more host time than the GPU needs to run them. So ops do not launch:
+// they queue (launcher, arguments), and a sync point (to_host, to_device, an upload) flushes the
+// queue. A queue whose launchers and argument bytes equal those of an earlier flush is the same
+// step again: the second time it is captured into a CUDA graph, from then on the graph is
+// replayed with one launch. What changes between steps, the host index arrays (token ids,
+// positions, slots), is not in the arguments: it is staged into a pinned ring that the graph's
+// first node copies to the device, so kernels read it from the same device addresses each time.
+// QLM_CUDA_GRAPHS=0 launches each op as it comes (for compute-sanitizer and debugging).
+#include <stdlib.h>
+#include <string.h>
+
+#include "cuda_internal.h"
+
+struct queued {
+    qlm_cuda_launcher fn;
+    size_t at, len; // the arguments' bytes in g_args
+};
+
+static int g_enabled = -1;
+static queued *g_cmds;
+static size_t g_n_cmds, g_cap_cmds;
+static unsigned char *g_args;
+static size_t g_args_len, g_args_cap;
+
+// The ring of staged host ints: pinned on the host, mirrored on the device.
+static const size_t RING_INTS = (size_t)1 << 20;
+static int *g_ring_host, *g_ring_dev;
+static size_t g_ring_used;
+static cudaEvent_t g_ring_free; // recorded after the copy that last read the host ring
+
+// Graphs of earlier steps, found by the hash and bytes of their queue.
+enum { GRAPH_SLOTS = 16, SEEN_SLOTS = 32 };
+struct cached_graph {
+    unsigned long long hash;
+    unsigned char *sig;
+    size_t sig_len;
+    cudaGraphExec_t exec;
+};
+static cached_graph g_graphs[GRAPH_SLOTS];
+static int g_next_graph;
+static unsigned long long g_seen[SEEN_SLOTS]; // hashes of queues run once, not yet captured
+static int g_next_seen;
+
+static int enabled(void) {
+    if (g_enabled < 0) {
+        const char *e = getenv("QLM_CUDA_GRAPHS");
+        g_enabled = !(e && strcmp(e, "0") == 0);
+        if (g_enabled) {
+            CUDA_CHECK(cudaHostAlloc((void **)&g_ring_host, RING_INTS * sizeof(int), cudaHostAllocDefault));
+            CUDA_CHECK(cudaMalloc((void **)&g_ring_dev, RING_INTS * sizeof(int)));
+            CUDA_CHECK(cudaEventCreateWithFlags(&g_ring_free, cudaEventDisableTiming));
+        }
+    }
+    return g_enabled;
+}
+
+static void grow(void **p, size_t *cap, size_t need, size_t elem) {
+    if (need <= *cap) return;
+    size_t c = *cap ? *cap : 1024;
+    while (c < need) c *= 2;
+    void *q = realloc(*p, c * elem);
+    if (!q) qlm_cuda_fail("queue", "out of host memory", __FILE__, __LINE__);
+    *p = q;
+    *cap = c;
+}
+
+void qlm_cuda_submit(qlm_cuda_launcher fn, const void *args, size_t len) {
+    if (!enabled()) {
+        fn(args);
+        LAUNCH_CHECK();
+        return;
+    }
+    grow((void **)&g_cmds, &g_cap_cmds, g_n_cmds + 1, sizeof *g_cmds);
+    grow((void **)&g_args, &g_args_cap, g_args_len + len, 1);
+    memcpy(g_args + g_args_len, args, len);
+    g_cmds[g_n_cmds++] = {fn, g_args_len, len};
+    g_args_len += len;
+}
+
+qlm_cuda_ints qlm_cuda_ints_of(const int *host, int n, int which) {
+    qlm_cuda_ints a;
+    memset(&a, 0, sizeof a);
+    a.present = host != NULL;
+    if (!host || n <= 0) return a;
+    if (!enabled()) {
+        if (n <= QLM_CUDA_SMALL) {
+            memcpy(a.small, host, (size_t)n * sizeof(int));
+            return a;
+        }
+        static void *scratch[4];
+        static size_t cap[4];
+        int *d = (int *)qlm_cuda_scratch(&scratch[which], &cap[which], (size_t)n * sizeof(int));
+        // From pageable memory the copy is staged before the call returns, so host may change after.
+        CUDA_CHECK(cudaMemcpyAsync(d, host, (size_t)n * sizeof(int), cudaMemcpyHostToDevice, qlm_cuda_stream));
+        a.dev = d;
+        return a;
+    }
+    if ((size_t)n > RING_INTS) qlm_cuda_fail("index array", "longer than the staging ring", __FILE__, __LINE__);
+    if (g_ring_used + (size_t)n > RING_INTS) qlm_cuda_flush();
+    // The host ring is written again only once the copy of its last contents has run.
+    if (g_ring_used == 0) CUDA_CHECK(cudaEventSynchronize(g_ring_free));
+    memcpy(g_ring_host + g_ring_used, host, (size_t)n * sizeof(int));
+    a.dev = g_ring_dev + g_ring_used;
+    g_ring_used += ((size_t)n + 31) & ~(size_t)31;
+    return a;
+}
+
+// FNV-1a over the queue's launchers, arguments and ring length.
+static unsigned long long queue_hash(void) {
+    unsigned long long h = 1469598103934665603ull;
+    const unsigned char *parts[3] = {(const unsigned char *)g_cmds, g_args, (const unsigned char *)&g_ring_used};
+    size_t lens[3] = {g_n_cmds * sizeof *g_cmds, g_args_len, sizeof g_ring_used};
+    for (int p = 0; p < 3; p++)
+        for (size_t i = 0; i < lens[p]; i++) h = (h ^ parts[p][i]) * 1099511628211ull;
+    return h;
+}
+
+// The queue as bytes: commands then arguments then the ring length.
+static unsigned char *queue_sig(size_t *len) {
+    size_t a = g_n_cmds * sizeof *g_cmds;
+    *len = a + g_args_len + sizeof g_ring_used;
+    unsigned char *s = (unsigned char *)malloc(*len);
+    if (!s) return NULL;
+    memcpy(s, g_cmds, a);
+    memcpy(s + a, g_args, g_args_len);
+    memcpy(s + a + g_args_len, &g_ring_used, sizeof g_ring_used);
+    return s;
+}
+
+static void run_queue(void) {
+    if (g_ring_used)
+        CUDA_CHECK(cudaMemcpyAsync(g_ring_dev, g_ring_host, g_ring_used * sizeof(int), cudaMemcpyHostToDevice,
+                                   qlm_cuda_stream));
+    for (size_t i = 0; i < g_n_cmds; i++) {
+        g_cmds[i].fn(g_args + g_cmds[i].at);
+        LAUNCH_CHECK();
+    }
+}
+
+void qlm_cuda_flush(void) {
+    if (!enabled() || (g_n_cmds == 0 && g_ring_used == 0)) return;
+    unsigned long long h = queue_hash();
+    size_t sig_len = 0;
+    unsigned char *sig = NULL;
+    int found = -1;
+    for (int i = 0; i < GRAPH_SLOTS && found < 0; i++)
+        if (g_graphs[i].exec && g_graphs[i].hash == h) {
+            if (!sig) sig = queue_sig(&sig_len);
+            if (sig && sig_len == g_graphs[i].sig_len && memcmp(sig, g_graphs[i].sig, sig_len) == 0) found = i;
+        }
+    int seen = 0;
+    for (int i = 0; i < SEEN_SLOTS && !seen; i++) seen = g_seen[i] == h;
+    if (found >= 0) {
+        if (g_ring_used)
+            CUDA_CHECK(cudaMemcpyAsync(g_ring_dev, g_ring_host, g_ring_used * sizeof(int), cudaMemcpyHostToDevice,
+                                       qlm_cuda_stream));
+        CUDA_CHECK(cudaGraphLaunch(g_graphs[found].exec, qlm_cuda_stream));
+        free(sig);
+    } else if (seen && (sig || (sig = queue_sig(&sig_len)))) {
+        // The second time this step runs: capture it (the ring copy included) and keep the graph.
+        cudaGraph_t graph;
+        CUDA_CHECK(cudaStreamBeginCapture(qlm_cuda_stream, cudaStreamCaptureModeThreadLocal));
+        run_queue();
+        CUDA_CHECK(cudaStreamEndCapture(qlm_cuda_stream, &graph));
+        cached_graph *c = &g_graphs[g_next_graph];
+        g_next_graph = (g_next_graph + 1) % GRAPH_SLOTS;
+        if (c->exec) CUDA_CHECK(cudaGraphExecDestroy(c->exec));
+        free(c->sig);
+        CUDA_CHECK(cudaGraphInstantiate(&c->exec, graph, 0));
+        CUDA_CHECK(cudaGraphDestroy(graph));
+        c->hash = h;
+        c->sig = sig;
+        c->sig_len = sig_len;
+        CUDA_CHECK(cudaGraphLaunch(c->exec, qlm_cuda_stream));
+    } else {
+        free(sig);
+        run_queue();
+        g_seen[g_next_seen] = h;
+        g_next_seen = (g_next_seen + 1) % SEEN_SLOTS;
+    }
+    CUDA_CHECK(cudaEventRecord(g_ring_free, qlm_cuda_stream));
+    g_n_cmds = 0;
+    g_args_len = 0;
+    g_ring_used = 0;
+}

@@ -1,0 +1,240 @@
+// The CUDA backend's elementwise and per-row ops, each the GPU form of its CPU twin in
+// core/backend_cpu.c (same formulas, so the two agree to F32 rounding).
+#include <string.h>
+
+#include "cuda_internal.h"
+
+// One block per row: the sum of squares in F32 over a tree (the CPU sums in double; the two
+// differ by F32 rounding of a 2048-term sum, far below any parity tolerance).
+__global__ void rmsnorm_kernel(float *out, const float *x, const float *weight, int dim, float eps) {
+    const float *xi = x + (size_t)blockIdx.x * dim;
+    float *oi = out + (size_t)blockIdx.x * dim;
+    float ss = 0;
+    for (int j = threadIdx.x; j < dim; j += blockDim.x) ss += xi[j] * xi[j];
+    __shared__ float part[32];
+    for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+    if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = ss;
+    __syncthreads();
+    float total = 0;
+    for (int w = 0; w < (int)(blockDim.x / 32); w++) total += part[w];
+    float inv = 1.0f / sqrtf(total / dim + eps);
+    for (int j = threadIdx.x; j < dim; j += blockDim.x) oi[j] = xi[j] * inv * weight[j];
+}
+
+struct rmsnorm_args {
+    float *out;
+    const float *x, *weight;
+    int n, dim;
+    float eps;
+};
+
+static void launch_rmsnorm(const void *p) {
+    const rmsnorm_args *a = (const rmsnorm_args *)p;
+    rmsnorm_kernel<<<a->n, 256, 0, qlm_cuda_stream>>>(a->out, a->x, a->weight, a->dim, a->eps);
+}
+
+void qlm_cuda_rmsnorm(float *out, const float *x, const float *weight, int n, int dim, float eps) {
+    if (n <= 0) return;
+    rmsnorm_args a;
+    memset(&a, 0, sizeof a);
+    a.out = out, a.x = x, a.weight = weight, a.n = n, a.dim = dim, a.eps = eps;
+    qlm_cuda_submit(launch_rmsnorm, &a, sizeof a);
+}
+
+// Thread per (row, frequency, head): rotate-half RoPE.
+__global__ void rope_kernel(float *x, int n, qlm_cuda_ints pos, int n_heads, int head_dim, const float *inv_freq) {
+    int half = head_dim / 2;
+    long t = (long)blockIdx.x * blockDim.x + threadIdx.x, total = (long)n * half * n_heads;
+    if (t >= total) return;
+    int h = (int)(t % n_heads), j = (int)(t / n_heads % half), i = (int)(t / n_heads / half);
+    float angle = (float)qlm_ints_at(pos, i) * inv_freq[j];
+    float c = cosf(angle), s = sinf(angle);
+    float *v = x + ((size_t)i * n_heads + h) * head_dim;
+    float a = v[j], b = v[j + half];
+    v[j] = a * c - b * s;
+    v[j + half] = b * c + a * s;
+}
+
+struct rope_args {
+    float *x;
+    int n, n_heads, head_dim;
+    qlm_cuda_ints pos;
+    const float *inv_freq;
+};
+
+static void launch_rope(const void *p) {
+    const rope_args *a = (const rope_args *)p;
+    long total = (long)a->n * (a->head_dim / 2) * a->n_heads;
+    rope_kernel<<<qlm_cuda_blocks(total, 256), 256, 0, qlm_cuda_stream>>>(a->x, a->n, a->pos, a->n_heads, a->head_dim,
+                                                                         a->inv_freq);
+}
+
+void qlm_cuda_rope(float *x, int n, const int *pos, int n_heads, int head_dim, const float *inv_freq) {
+    if ((long)n * (head_dim / 2) * n_heads <= 0) return;
+    rope_args a;
+    memset(&a, 0, sizeof a);
+    a.x = x, a.n = n, a.n_heads = n_heads, a.head_dim = head_dim, a.inv_freq = inv_freq;
+    a.pos = qlm_cuda_ints_of(pos, n, 0);
+    qlm_cuda_submit(launch_rope, &a, sizeof a);
+}
+
+__device__ __forceinline__ float act_of(float x, qlm_act a) {
+    switch (a) {
+    case QLM_ACT_RELU: return x > 0 ? x : 0;
+    case QLM_ACT_GELU_TANH: return x - x / (expf(1.5957691216057308f * (x + 0.044715f * x * x * x)) + 1.0f);
+    default: return x / (1.0f + expf(-x));
+    }
+}
+
+__global__ void glu_kernel(float *out, const float *gate, const float *up, long n, qlm_act a) {
+    long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) out[i] = up ? act_of(gate[i], a) * up[i] : act_of(gate[i], a);
+}
+
+struct elementwise_args {
+    float *y;
+    const float *a, *b;
+    long n;
+    float s;
+    int act;
+};
+
+static void launch_glu(const void *p) {
+    const elementwise_args *a = (const elementwise_args *)p;
+    glu_kernel<<<qlm_cuda_blocks(a->n, 256), 256, 0, qlm_cuda_stream>>>(a->y, a->a, a->b, a->n, (qlm_act)a->act);
+}
+
+static void submit_elementwise(qlm_cuda_launcher fn, float *y, const float *x, const float *b, long n, float s, int act) {
+    if (n <= 0) return;
+    elementwise_args a;
+    memset(&a, 0, sizeof a);
+    a.y = y, a.a = x, a.b = b, a.n = n, a.s = s, a.act = act;
+    qlm_cuda_submit(fn, &a, sizeof a);
+}
+
+void qlm_cuda_glu(float *out, const float *gate, const float *up, long n, qlm_act act) {
+    submit_elementwise(launch_glu, out, gate, up, n, 0, act);
+}
+
+void qlm_cuda_activate(float *x, long n, qlm_act act) { qlm_cuda_glu(x, x, NULL, n, act); }
+
+__global__ void add_kernel(float *y, const float *x, long n) {
+    long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) y[i] += x[i];
+}
+
+static void launch_add(const void *p) {
+    const elementwise_args *a = (const elementwise_args *)p;
+    add_kernel<<<qlm_cuda_blocks(a->n, 256), 256, 0, qlm_cuda_stream>>>(a->y, a->a, a->n);
+}
+
+void qlm_cuda_add(float *y, const float *x, long n) { submit_elementwise(launch_add, y, x, NULL, n, 0, 0); }
+
+__global__ void scale_kernel(float *x, long n, float s) {
+    long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) x[i] *= s;
+}
+
+static void launch_scale(const void *p) {
+    const elementwise_args *a = (const elementwise_args *)p;
+    scale_kernel<<<qlm_cuda_blocks(a->n, 256), 256, 0, qlm_cuda_stream>>>(a->y, a->n, a->s);
+}
+
+void qlm_cuda_scale(float *x, long n, float s) { submit_elementwise(launch_scale, x, NULL, NULL, n, s, 0); }
+
+static void launch_zero(const void *p) {
+    const elementwise_args *a = (const elementwise_args *)p;
+    CUDA_CHECK(cudaMemsetAsync(a->y, 0, (size_t)a->n * sizeof(float), qlm_cuda_stream));
+}
+
+void qlm_cuda_zero(float *x, long n) { submit_elementwise(launch_zero, x, NULL, NULL, n, 0, 0); }
+
+static void launch_copy(const void *p) {
+    const elementwise_args *a = (const elementwise_args *)p;
+    CUDA_CHECK(cudaMemcpyAsync(a->y, a->a, (size_t)a->n * sizeof(float), cudaMemcpyDeviceToDevice, qlm_cuda_stream));
+}
+
+void qlm_cuda_copy(float *dst, const float *src, long n) { submit_elementwise(launch_copy, dst, src, NULL, n, 0, 0); }
+
+// Element c of row r of a weight in its storage dtype, as F32.
+__device__ __forceinline__ float weight_at(const qlm_weight &w, long r, long c) {
+    size_t i = (size_t)r * w.cols + c;
+    switch (w.dtype) {
+    case QLM_F32: return ((const float *)w.data)[i];
+    case QLM_F16: return __half2float(((const __half *)w.data)[i]);
+    case QLM_BF16: return qlm_bf16_to_f32(((const unsigned short *)w.data)[i]);
+    default: return ((const signed char *)w.data)[i] * (w.row_scales ? w.row_scales[r] : w.scale);
+    }
+}
+
+__global__ void embedding_kernel(float *out, qlm_weight table, qlm_cuda_ints ids, int n) {
+    long t = (long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (t >= (long)n * table.cols) return;
+    int i = (int)(t / table.cols), c = (int)(t % table.cols);
+    out[t] = weight_at(table, qlm_ints_at(ids, i), c);
+}
+
+struct embedding_args {
+    float *out;
+    qlm_weight table;
+    qlm_cuda_ints ids;
+    int n;
+};
+
+static void launch_embedding(const void *p) {
+    const embedding_args *a = (const embedding_args *)p;
+    long total = (long)a->n * a->table.cols;
+    embedding_kernel<<<qlm_cuda_blocks(total, 256), 256, 0, qlm_cuda_stream>>>(a->out, a->table, a->ids, a->n);
+}
+
+void qlm_cuda_embedding(float *out, const qlm_weight *table, const int *ids, int n) {
+    if ((long)n * table->cols <= 0) return;
+    embedding_args a;
+    memset(&a, 0, sizeof a);
+    a.out = out, a.n = n;
+    a.table = *table;
+    a.ids = qlm_cuda_ints_of(ids, n, 0);
+    qlm_cuda_submit(launch_embedding, &a, sizeof a);
+}
+
+// Thread per (row, head, element): the layout of core/kv_cache.h.
+__global__ void kv_store_kernel(void *cache, int bf16, const float *src, int n, qlm_cuda_ints slots, int slot,
+                                qlm_cuda_ints pos, int heads, int hd, int max_pos) {
+    long t = (long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (t >= (long)n * heads * hd) return;
+    int d = (int)(t % hd), h = (int)(t / hd % heads), i = (int)(t / hd / heads);
+    size_t run = (size_t)max_pos * hd;
+    size_t at = (size_t)(slots.present ? qlm_ints_at(slots, i) : slot) * heads * run + h * run +
+                (size_t)qlm_ints_at(pos, i) * hd + d;
+    float v = src[t];
+    if (bf16)
+        ((unsigned short *)cache)[at] = qlm_f32_to_bf16(v);
+    else
+        ((float *)cache)[at] = v;
+}
+
+struct kv_store_args {
+    void *cache;
+    const float *src;
+    qlm_cuda_ints slots, pos;
+    int bf16, n, slot, heads, hd, max_pos;
+};
+
+static void launch_kv_store(const void *p) {
+    const kv_store_args *a = (const kv_store_args *)p;
+    long total = (long)a->n * a->heads * a->hd;
+    kv_store_kernel<<<qlm_cuda_blocks(total, 256), 256, 0, qlm_cuda_stream>>>(a->cache, a->bf16, a->src, a->n, a->slots,
+                                                                             a->slot, a->pos, a->heads, a->hd, a->max_pos);
+}
+
+void qlm_cuda_kv_store(void *cache, qlm_dtype kv, const float *src, int n, const int *slots, int slot, const int *pos,
+                       int heads, int hd, int max_pos) {
+    if ((long)n * heads * hd <= 0) return;
+    kv_store_args a;
+    memset(&a, 0, sizeof a);
+    a.cache = cache, a.src = src, a.bf16 = kv == QLM_BF16, a.n = n, a.slot = slot, a.heads = heads, a.hd = hd;
+    a.max_pos = max_pos;
+    a.slots = qlm_cuda_ints_of(slots, n, 0);
+    a.pos = qlm_cuda_ints_of(pos, n, 1);
+    qlm_cuda_submit(launch_kv_store, &a, sizeof a);
+}

@@ -1,0 +1,337 @@
+/* The CUDA op table against references on random inputs: matmul against a double-precision sum
+ * of the same operands (x in the form each path documents), the other ops against the CPU
+ * backend's, which tests/test_*.c check against torch. Built and run by `make test-cuda` only:
+ * it needs a GPU. */
+#include <math.h>
+
+#include "../../core/kv_cache.h"
+#include "../../quant/half.h"
+#include "../../quant/quantize.h"
+#include "../test_util.h"
+
+static const qlm_backend *gpu, *cpu;
+
+static float frand(unsigned *s) {
+    *s = *s * 1664525u + 1013904223u;
+    return (float)((*s >> 8) / 16777216.0 * 2.0 - 1.0);
+}
+
+static float *randv(long n, unsigned seed, float amp) {
+    float *v = malloc((size_t)n * sizeof *v);
+    assert_non_null(v);
+    for (long i = 0; i < n; i++) v[i] = amp * frand(&seed);
+    return v;
+}
+
+static void *to_gpu(const void *host, size_t bytes) {
+    void *d = gpu->alloc(bytes);
+    assert_non_null(d);
+    gpu->to_device(d, host, bytes);
+    return d;
+}
+
+static float *from_gpu(const float *dev, long n) {
+    float *h = malloc((size_t)n * sizeof *h);
+    assert_non_null(h);
+    gpu->to_host(h, dev, (size_t)n * sizeof *h);
+    return h;
+}
+
+/* max |a - b| over n values, relative to max |b| (absolute below 1). */
+static double rel_diff(const float *a, const float *b, long n) {
+    double d = 0, m = 1;
+    for (long i = 0; i < n; i++) {
+        if (isnan(a[i]) != isnan(b[i])) return INFINITY;
+        d = fmax(d, fabs((double)a[i] - b[i]));
+        m = fmax(m, fabs((double)b[i]));
+    }
+    return d / m;
+}
+
+static float bf16_round(float x) { return qlm_bf16_to_f32(qlm_f32_to_bf16(x)); }
+
+/* A weight of dtype dt from F32 values: the host copy (h, for the reference) and the device one. */
+typedef struct {
+    qlm_weight host, dev;
+    void *host_buf, *dev_buf;
+} test_weight;
+
+static void make_weight(test_weight *t, qlm_dtype dt, int per_channel, int rows, int cols, unsigned seed) {
+    float *w = randv((long)rows * cols, seed, 1.0f);
+    size_t data = (size_t)rows * cols * qlm_dtype_size(dt), total = data + (size_t)rows * sizeof(float);
+    t->host_buf = malloc(total);
+    assert_non_null(t->host_buf);
+    float *rs = (float *)((char *)t->host_buf + data);
+    t->host = (qlm_weight){.dtype = dt, .rows = rows, .cols = cols, .data = t->host_buf, .scale = 1.0f};
+    if (dt == QLM_I8 && per_channel) {
+        qlm_quantize_i8_rows(t->host_buf, rs, w, rows, cols);
+        t->host.row_scales = rs;
+    } else if (dt == QLM_I8) {
+        t->host.scale = qlm_quantize_i8(t->host_buf, w, rows, cols);
+    } else {
+        qlm_convert_from_f32(t->host_buf, dt, w, (long)rows * cols);
+    }
+    free(w);
+    void *copy = malloc(total);
+    assert_non_null(copy);
+    memcpy(copy, t->host_buf, total);
+    t->dev_buf = gpu->upload(copy, total);
+    assert_non_null(t->dev_buf);
+    if (t->dev_buf != copy) free(copy);
+    t->dev = t->host;
+    t->dev.data = t->dev_buf;
+    if (t->host.row_scales) t->dev.row_scales = (const float *)((char *)t->dev_buf + data);
+}
+
+static void free_weight(test_weight *t) {
+    free(t->host_buf);
+    gpu->free(t->dev_buf);
+}
+
+/* The GPU's y for n rows against sum_c w[r][c] * form(x[i][c]) in double, where form rounds x to
+ * BF16 on the GEMM path of BF16 and INT8 weights (more than 8 rows). */
+static void check_matmul(qlm_dtype dt, int per_channel, int rows, int cols, int n, int with_bias) {
+    test_weight t;
+    make_weight(&t, dt, per_channel, rows, cols, (unsigned)(rows * 31 + cols + n));
+    float *x = randv((long)n * cols, 99u + (unsigned)n, 3.0f), *bias = randv(rows, 5u, 1.0f);
+    float *dx = to_gpu(x, (size_t)n * cols * sizeof *x), *db = to_gpu(bias, (size_t)rows * sizeof *bias);
+    float *dy = gpu->alloc((size_t)n * rows * sizeof(float));
+    assert_non_null(dy);
+    gpu->matmul(dy, dx, n, &t.dev, with_bias ? db : NULL);
+    float *y = from_gpu(dy, (long)n * rows), *wrow = malloc((size_t)cols * sizeof *wrow);
+    int rounds_x = n > 8 && (dt == QLM_BF16 || dt == QLM_I8);
+    double worst = 0;
+    for (int r = 0; r < rows; r++) {
+        qlm_weight_row_f32(&t.host, r, wrow);
+        for (int i = 0; i < n; i++) {
+            double sum = with_bias ? bias[r] : 0, mag = with_bias ? fabs(bias[r]) : 0;
+            for (int c = 0; c < cols; c++) {
+                double xv = rounds_x ? bf16_round(x[(size_t)i * cols + c]) : x[(size_t)i * cols + c];
+                sum += (double)wrow[c] * xv;
+                mag += fabs((double)wrow[c] * xv);
+            }
+            worst = fmax(worst, fabs(y[(size_t)i * rows + r] - sum) / (mag + 1e-30));
+        }
+    }
+    print_message("matmul %-4s%s %4d x %4d, %2d rows%s: max |diff| / sum|w x| = %.2e\n", qlm_dtype_name(dt),
+                  per_channel ? "-pc" : "", rows, cols, n, with_bias ? " + bias" : "", worst);
+    assert_true(worst <= 1e-5);
+    free(x), free(bias), free(y), free(wrow);
+    gpu->free(dx), gpu->free(db), gpu->free(dy);
+    free_weight(&t);
+}
+
+static void test_matmul(void **state) {
+    (void)state;
+    const struct {
+        qlm_dtype dt;
+        int pc;
+    } kinds[] = {{QLM_F32, 0}, {QLM_F16, 0}, {QLM_BF16, 0}, {QLM_I8, 0}, {QLM_I8, 1}};
+    const int shapes[][2] = {{37, 64}, {96, 203}, {130, 1536}};
+    const int ns[] = {1, 3, 8, 9, 40};
+    for (size_t k = 0; k < sizeof kinds / sizeof kinds[0]; k++)
+        for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
+            for (size_t j = 0; j < sizeof ns / sizeof ns[0]; j++)
+                check_matmul(kinds[k].dt, kinds[k].pc, shapes[s][0], shapes[s][1], ns[j], (int)(j + s) % 2);
+}
+
+/* A group equals its weights' separate matmuls bit for bit, on both paths, also mixing dtypes. */
+static void test_matmul_group(void **state) {
+    (void)state;
+    const int cols = 256, rows[3] = {64, 32, 48};
+    const qlm_dtype dts[3] = {QLM_BF16, QLM_BF16, QLM_I8};
+    for (int n = 1; n <= 12; n += 11) {
+        test_weight t[3];
+        float *x = randv((long)n * cols, 3u, 2.0f), *dx = to_gpu(x, (size_t)n * cols * sizeof *x);
+        qlm_matmul_out outs[3];
+        float *solo[3];
+        for (int k = 0; k < 3; k++) {
+            make_weight(&t[k], dts[k], 0, rows[k], cols, 40u + (unsigned)k);
+            outs[k] = (qlm_matmul_out){gpu->alloc((size_t)n * rows[k] * sizeof(float)), &t[k].dev, NULL};
+            solo[k] = gpu->alloc((size_t)n * rows[k] * sizeof(float));
+            gpu->matmul(solo[k], dx, n, &t[k].dev, NULL);
+        }
+        gpu->matmul_group(outs, 3, dx, n);
+        for (int k = 0; k < 3; k++) {
+            float *a = from_gpu(outs[k].y, (long)n * rows[k]), *b = from_gpu(solo[k], (long)n * rows[k]);
+            assert_memory_equal(a, b, (size_t)n * rows[k] * sizeof(float));
+            free(a), free(b);
+            gpu->free(outs[k].y), gpu->free(solo[k]);
+            free_weight(&t[k]);
+        }
+        free(x);
+        gpu->free(dx);
+    }
+}
+
+/* The same op on the CPU and the GPU over the same inputs. */
+static void test_rows_ops(void **state) {
+    (void)state;
+    const int n = 5, dim = 300, heads = 6, hd = 50;
+    float *x = randv((long)n * dim, 1u, 4.0f), *w = randv(dim, 2u, 1.0f), *want = malloc((size_t)n * dim * sizeof *want);
+    float *dx = to_gpu(x, (size_t)n * dim * sizeof *x), *dw = to_gpu(w, (size_t)dim * sizeof *w);
+    cpu->rmsnorm(want, x, w, n, dim, 1e-5f);
+    gpu->rmsnorm(dx, dx, dw, n, dim, 1e-5f);
+    float *got = from_gpu(dx, (long)n * dim);
+    assert_true(rel_diff(got, want, (long)n * dim) <= 1e-6);
+    free(got);
+
+    int pos[5] = {0, 7, 100, 2047, 31};
+    float *inv = randv(hd / 2, 3u, 0.5f), *r = randv((long)n * heads * hd, 4u, 1.0f);
+    for (int j = 0; j < hd / 2; j++) inv[j] = fabsf(inv[j]);
+    float *dr = to_gpu(r, (size_t)n * heads * hd * sizeof *r), *dinv = to_gpu(inv, (size_t)hd / 2 * sizeof *inv);
+    cpu->rope(r, n, pos, heads, hd, inv);
+    gpu->rope(dr, n, pos, heads, hd, dinv);
+    got = from_gpu(dr, (long)n * heads * hd);
+    assert_true(rel_diff(got, r, (long)n * heads * hd) <= 1e-5);
+    free(got);
+
+    const long m = 5000;
+    float *g = randv(m, 6u, 12.0f), *u = randv(m, 7u, 1.0f), *dg = to_gpu(g, m * sizeof *g), *du = to_gpu(u, m * sizeof *u);
+    float *out = malloc(m * sizeof *out), *dout = gpu->alloc(m * sizeof *dout);
+    for (int a = QLM_ACT_SILU; a <= QLM_ACT_RELU; a++) {
+        cpu->glu(out, g, u, m, (qlm_act)a);
+        gpu->glu(dout, dg, du, m, (qlm_act)a);
+        got = from_gpu(dout, m);
+        assert_true(rel_diff(got, out, m) <= 1e-6);
+        free(got);
+    }
+    gpu->add(dg, du, m);
+    gpu->scale(dg, m, -0.5f);
+    got = from_gpu(dg, m);
+    for (long i = 0; i < m; i++) assert_float_equal(got[i], (g[i] + u[i]) * -0.5f, 1e-6);
+    free(got);
+    free(x), free(w), free(want), free(inv), free(r), free(g), free(u), free(out);
+    gpu->free(dx), gpu->free(dw), gpu->free(dr), gpu->free(dinv), gpu->free(dg), gpu->free(du), gpu->free(dout);
+}
+
+static void test_embedding_and_kv_store(void **state) {
+    (void)state;
+    const int ids[4] = {3, 0, 99, 3}, vocab = 100, dim = 48;
+    for (int dt = QLM_F32; dt < QLM_DTYPE_COUNT; dt++) {
+        test_weight t;
+        make_weight(&t, (qlm_dtype)dt, dt == QLM_I8, vocab, dim, 11u);
+        float *want = malloc(4 * dim * sizeof *want), *dout = gpu->alloc(4 * dim * sizeof(float));
+        cpu->embedding(want, &t.host, ids, 4);
+        gpu->embedding(dout, &t.dev, ids, 4);
+        float *got = from_gpu(dout, 4 * dim);
+        assert_memory_equal(got, want, 4 * dim * sizeof *got);
+        free(got), free(want);
+        gpu->free(dout);
+        free_weight(&t);
+    }
+    const int n = 3, heads = 2, hd = 8, max_pos = 10, n_slots = 2, slots[3] = {1, 0, 1}, pos[3] = {9, 0, 4};
+    for (int bf = 0; bf < 2; bf++) {
+        qlm_dtype kv = bf ? QLM_BF16 : QLM_F32;
+        size_t bytes = (size_t)n_slots * heads * max_pos * hd * (bf ? 2 : 4);
+        float *src = randv(n * heads * hd, 12u, 1.0f), *dsrc = to_gpu(src, (size_t)n * heads * hd * sizeof *src);
+        void *want = calloc(1, bytes), *got = malloc(bytes), *dcache = gpu->alloc(bytes);
+        gpu->to_device(dcache, want, bytes);
+        cpu->kv_store(want, kv, src, n, slots, 0, pos, heads, hd, max_pos);
+        gpu->kv_store(dcache, kv, dsrc, n, slots, 0, pos, heads, hd, max_pos);
+        gpu->to_host(got, dcache, bytes);
+        assert_memory_equal(got, want, bytes);
+        free(src), free(want), free(got);
+        gpu->free(dsrc), gpu->free(dcache);
+    }
+}
+
+/* One attention call on both backends: caches of n_slots slots of max_pos rows in the decode
+ * layout (slots given) or one [keys][kv_dim] block (no slots). */
+static void check_attention(int n, int heads, int kv_heads, int hd, int keys, int n_keys_mode, int with_bias,
+                            int with_slots, int bf16) {
+    const int n_slots = with_slots ? 3 : 1;
+    qlm_attn_shape sh = {.n_heads = heads, .n_kv_heads = kv_heads, .head_dim = hd, .scale = 1.0f / sqrtf((float)hd)};
+    int *pos = malloc((size_t)n * sizeof *pos), *slots = malloc((size_t)n * sizeof *slots), slot_keys[3] = {keys, 1, keys / 2 + 1};
+    for (int i = 0; i < n; i++) {
+        slots[i] = i % n_slots;
+        pos[i] = n_keys_mode ? i % keys : keys - n + i;
+        if (with_slots && !n_keys_mode) pos[i] = (i * 13) % keys;
+    }
+    if (n_keys_mode) sh.n_keys = keys;
+    long bias_len = 0;
+    float *bias = NULL;
+    if (with_bias) {
+        sh.pos_bias_span = 2 * keys - 1;
+        sh.pos_bias_offset = keys - 1;
+        bias_len = (long)heads * sh.pos_bias_span;
+        bias = randv(bias_len, 21u, 2.0f);
+    }
+    if (with_slots) {
+        sh.slots = slots;
+        sh.slot_keys = n_keys_mode ? slot_keys : NULL;
+        qlm_kv_shape(&sh, keys, bf16 ? QLM_BF16 : QLM_F32);
+    }
+    sh.kv_bf16 = bf16;
+    long q_len = (long)n * heads * hd, kv_len = (long)n_slots * keys * kv_heads * hd;
+    float *q = randv(q_len, 22u, 1.5f), *k = randv(kv_len, 23u, 1.5f), *v = randv(kv_len, 24u, 1.0f);
+    void *kc = k, *vc = v;
+    if (bf16) {
+        kc = malloc((size_t)kv_len * 2), vc = malloc((size_t)kv_len * 2);
+        qlm_convert_from_f32(kc, QLM_BF16, k, kv_len);
+        qlm_convert_from_f32(vc, QLM_BF16, v, kv_len);
+    }
+    size_t kv_bytes = (size_t)kv_len * (bf16 ? 2 : 4);
+    float *want = malloc((size_t)q_len * sizeof *want), *dq = to_gpu(q, (size_t)q_len * sizeof *q);
+    void *dk = to_gpu(kc, kv_bytes), *dv = to_gpu(vc, kv_bytes);
+    float *dbias = bias ? to_gpu(bias, (size_t)bias_len * sizeof *bias) : NULL, *dout = gpu->alloc((size_t)q_len * sizeof(float));
+    qlm_attn_shape gsh = sh;
+    gsh.pos_bias = dbias;
+    /* The reference: the CPU over the stored values widened to F32 (its BF16 forms round q too). */
+    sh.pos_bias = bias;
+    sh.kv_bf16 = 0;
+    if (bf16) {
+        qlm_convert_to_f32(k, kc, QLM_BF16, kv_len);
+        qlm_convert_to_f32(v, vc, QLM_BF16, kv_len);
+    }
+    cpu->attention(want, q, k, v, n, pos, &sh);
+    gpu->attention(dout, dq, dk, dv, n, pos, &gsh);
+    float *got = from_gpu(dout, q_len);
+    double d = rel_diff(got, want, q_len);
+    print_message("attention n %3d heads %d/%d hd %3d keys %4d %s%s%s%s: %.2e\n", n, heads, kv_heads, hd, keys,
+                  n_keys_mode ? "all keys" : "causal", with_bias ? " + bias" : "", with_slots ? " slots" : "",
+                  bf16 ? " bf16" : "", d);
+    assert_true(d <= 2e-5);
+    free(pos), free(slots), free(bias), free(q), free(k), free(v), free(want), free(got);
+    if (bf16) free(kc), free(vc);
+    gpu->free(dq), gpu->free(dk), gpu->free(dv), gpu->free(dbias), gpu->free(dout);
+}
+
+static void test_attention(void **state) {
+    (void)state;
+    for (int bf = 0; bf < 2; bf++) {
+        check_attention(1, 9, 3, 64, 70, 0, 0, 0, bf);    /* decode, GQA */
+        check_attention(20, 4, 2, 16, 20, 0, 0, 0, bf);   /* causal prefill */
+        check_attention(33, 8, 8, 64, 33, 1, 1, 0, bf);   /* T5 encoder: all keys + bias */
+        check_attention(6, 4, 4, 96, 300, 0, 1, 1, bf);   /* T5 decoder: slots + causal bias */
+        check_attention(7, 4, 4, 8, 45, 1, 0, 1, bf);     /* cross-attention: per-slot key counts */
+        check_attention(100, 6, 2, 256, 100, 0, 0, 0, bf); /* wide heads, many rows (device index arrays) */
+    }
+}
+
+/* More memory than any GPU has is an error naming the size, not a crash. */
+static void test_out_of_memory(void **state) {
+    (void)state;
+    void *p = gpu->alloc((size_t)1 << 50);
+    assert_null(p);
+    assert_non_null(strstr(qlm_last_error(), "out of GPU memory"));
+    print_message("%s\n", qlm_last_error());
+}
+
+int main(void) {
+    gpu = qlm_backend_cuda();
+    cpu = qlm_backend_cpu();
+    if (!gpu) {
+        fprintf(stderr, "test_backend_ops needs a GPU: %s\n", qlm_last_error());
+        return 1;
+    }
+    char line[256];
+    gpu->describe(line, sizeof line);
+    printf("%s\n", line);
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_matmul),          cmocka_unit_test(test_matmul_group),
+        cmocka_unit_test(test_rows_ops),        cmocka_unit_test(test_embedding_and_kv_store),
+        cmocka_unit_test(test_attention),       cmocka_unit_test(test_out_of_memory),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
