@@ -87,10 +87,10 @@ typedef struct {
 } step_ctx;
 
 static void run_rmsnorm(void *p) { step_ctx *c = p; gpu->rmsnorm(c->out, c->x, c->w, 1, c->dim, 1e-5f); }
-static void run_rope(void *p) { step_ctx *c = p; gpu->rope(c->q, 1, &c->pos, c->heads, c->hd, c->inv); }
+static void run_rope(void *p) { step_ctx *c = p; gpu->rope(c->q, c->x, 1, &c->pos, c->heads, c->kv_heads, c->hd, c->inv); }
 static void run_kv_store(void *p) {
     step_ctx *c = p;
-    gpu->kv_store(c->kc, (qlm_dtype)c->kv_dtype, c->q, 1, NULL, 0, &c->pos, c->kv_heads, c->hd, c->max_pos);
+    gpu->kv_store(c->kc, c->vc, (qlm_dtype)c->kv_dtype, c->q, c->x, 1, NULL, 0, &c->pos, c->kv_heads, c->hd, c->max_pos);
 }
 static void run_attention(void *p) { step_ctx *c = p; gpu->attention(c->out, c->q, c->kc, c->vc, 1, &c->pos, &c->sh); }
 static void run_add(void *p) { step_ctx *c = p; gpu->add(c->x, c->out, c->dim); }
@@ -136,7 +136,7 @@ int main(int argc, char **argv) {
     c.out = dev_floats(8192, 1.0f), c.q = dev_floats(8192, 1.0f), c.x = dev_floats(8192, 1.0f);
     c.w = dev_floats(2048, 1.0f), c.h = dev_floats(5632, 1.0f), c.inv = dev_floats(32, 0.1f);
     printf("| rmsnorm | 1x2048 | f32 | %.2f | | |\n", time_op(run_rmsnorm, &c, reps, c.out));
-    printf("| rope | 32 heads x 64 | f32 | %.2f | | |\n", time_op(run_rope, &c, reps, c.q));
+    printf("| rope | 32 + 4 heads x 64 | f32 | %.2f | | |\n", time_op(run_rope, &c, reps, c.q));
     printf("| add | 2048 | f32 | %.2f | | |\n", time_op(run_add, &c, reps, c.x));
     printf("| glu | 5632 | f32 | %.2f | | |\n", time_op(run_glu, &c, reps, c.h));
     for (int bf = 0; bf < 2; bf++) {
@@ -146,7 +146,7 @@ int main(int argc, char **argv) {
         c.sh = (qlm_attn_shape){.n_heads = 32, .n_kv_heads = 4, .head_dim = 64, .scale = 0.125f};
         qlm_kv_shape(&c.sh, c.max_pos, (qlm_dtype)c.kv_dtype);
         c.pos = 100;
-        printf("| kv_store | 4 heads x 64 | %s | %.2f | | |\n", bf ? "bf16" : "f32", time_op(run_kv_store, &c, reps, c.out));
+        printf("| kv_store | k and v, 4 heads x 64 | %s | %.2f | | |\n", bf ? "bf16" : "f32", time_op(run_kv_store, &c, reps, c.out));
         const int ctxs[] = {128, 1024, 2047};
         for (int k = 0; k < 3; k++) {
             c.pos = ctxs[k];

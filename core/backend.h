@@ -89,9 +89,10 @@ typedef struct qlm_backend {
     int (*lora)(float *y, const float *x, int n, const qlm_lora_ref *const *per_row);
     /* out[i] = x[i] / rms(x[i]) * weight, for n rows of dim values */
     void (*rmsnorm)(float *out, const float *x, const float *weight, int n, int dim, float eps);
-    /* Rotate-half RoPE in place on n rows of n_heads*head_dim values; row i at position pos[i].
-     * inv_freq has head_dim/2 entries. */
-    void (*rope)(float *x, int n, const int *pos, int n_heads, int head_dim, const float *inv_freq);
+    /* Rotate-half RoPE in place on a step's queries (n rows of n_heads*head_dim values) and keys
+     * (n rows of n_kv_heads*head_dim); row i at position pos[i]. inv_freq has head_dim/2 entries. */
+    void (*rope)(float *q, float *k, int n, const int *pos, int n_heads, int n_kv_heads, int head_dim,
+                 const float *inv_freq);
     /* Attention of n query rows over the cache (k_cache/v_cache: [rows][n_kv_heads*head_dim] or as
      * the shape's strides say),
      * causal or over a fixed key count, with an optional relative-position bias (see
@@ -108,11 +109,11 @@ typedef struct qlm_backend {
     void (*embedding)(float *out, const qlm_weight *table, const int *ids, int n);
     /* Copies n floats between device buffers. */
     void (*copy)(float *dst, const float *src, long n);
-    /* Row i of src ([n][heads * hd]) goes to position pos[i] of slot slots[i] (slots NULL: of
-     * `slot`) of a decode cache laid out as core/kv_cache.h says, in the cache's dtype kv (F32, or
-     * BF16 rounded to nearest even). */
-    void (*kv_store)(void *cache, qlm_dtype kv, const float *src, int n, const int *slots, int slot, const int *pos,
-                     int heads, int hd, int max_pos);
+    /* Row i of k and of v ([n][heads * hd]) goes to position pos[i] of slot slots[i] (slots NULL:
+     * of `slot`) of the key and value caches laid out as core/kv_cache.h says, in the caches' dtype
+     * kv (F32, or BF16 rounded to nearest even). */
+    void (*kv_store)(void *k_cache, void *v_cache, qlm_dtype kv, const float *k, const float *v, int n, const int *slots,
+                     int slot, const int *pos, int heads, int hd, int max_pos);
     /* Copies bytes from host memory into device memory (tables computed on the host). */
     void (*to_device)(void *dst, const void *src, size_t bytes);
     /* Copies bytes from device memory into host memory. */
@@ -129,7 +130,8 @@ typedef struct qlm_backend {
     void (*rmsnorm_backward)(float *dx, float *dweight, const float *dout, const float *x, const float *weight,
                              int n, int dim, float eps);
     /* The inverse rotation of rope, in place: the backward of rope. */
-    void (*rope_backward)(float *dx, int n, const int *pos, int n_heads, int head_dim, const float *inv_freq);
+    void (*rope_backward)(float *dq, float *dk, int n, const int *pos, int n_heads, int n_kv_heads, int head_dim,
+                          const float *inv_freq);
     /* Gradients of attention (same shapes and masking as attention; k, v hold the keys the queries
      * saw): dq = (overwritten), dk, dv and dpos_bias (NULL: no bias, else [n_heads][pos_bias_span])
      * accumulate. The softmax is recomputed, so no n x n matrix is kept between the passes. */

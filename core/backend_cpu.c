@@ -35,13 +35,16 @@ static void cpu_describe(char *out, size_t len) {
              pages > 0 && page > 0 ? (double)pages * page / 1073741824.0 : 0.0);
 }
 
-static void cpu_kv_store(void *cache, qlm_dtype kv, const float *src, int n, const int *slots, int slot, const int *pos,
-                         int heads, int hd, int max_pos) {
+static void cpu_kv_store(void *k_cache, void *v_cache, qlm_dtype kv, const float *k, const float *v, int n,
+                         const int *slots, int slot, const int *pos, int heads, int hd, int max_pos) {
     size_t run = (size_t)max_pos * hd, esize = qlm_kv_elem_size(kv);
     for (int i = 0; i < n; i++) {
         size_t base = (size_t)(slots ? slots[i] : slot) * heads * run + (size_t)pos[i] * hd;
-        for (int h = 0; h < heads; h++)
-            qlm_convert_from_f32((char *)cache + (base + h * run) * esize, kv, src + ((size_t)i * heads + h) * hd, hd);
+        for (int h = 0; h < heads; h++) {
+            size_t at = (base + h * run) * esize, from = ((size_t)i * heads + h) * hd;
+            qlm_convert_from_f32((char *)k_cache + at, kv, k + from, hd);
+            qlm_convert_from_f32((char *)v_cache + at, kv, v + from, hd);
+        }
     }
 }
 
@@ -75,8 +78,10 @@ void qlm_cpu_rope_rotate(float *x, int n, const int *pos, int n_heads, int head_
     }
 }
 
-static void cpu_rope(float *x, int n, const int *pos, int n_heads, int head_dim, const float *inv_freq) {
-    qlm_cpu_rope_rotate(x, n, pos, n_heads, head_dim, inv_freq, 1.0f);
+static void cpu_rope(float *q, float *k, int n, const int *pos, int n_heads, int n_kv_heads, int head_dim,
+                     const float *inv_freq) {
+    qlm_cpu_rope_rotate(q, n, pos, n_heads, head_dim, inv_freq, 1.0f);
+    qlm_cpu_rope_rotate(k, n, pos, n_kv_heads, head_dim, inv_freq, 1.0f);
 }
 
 static _Thread_local qlm_cpu_scratch t_lora_x, t_lora_t, t_lora_u;

@@ -12,7 +12,8 @@ void qlm_cpu_rmsnorm_backward(float *dx, float *dweight, const float *dout, cons
 /* Rotate-half RoPE by +angle (direction 1: the forward) or -angle (-1: its backward), in place. */
 void qlm_cpu_rope_rotate(float *x, int n, const int *pos, int n_heads, int head_dim, const float *inv_freq,
                          float direction);
-void qlm_cpu_rope_backward(float *dx, int n, const int *pos, int n_heads, int head_dim, const float *inv_freq);
+void qlm_cpu_rope_backward(float *dq, float *dk, int n, const int *pos, int n_heads, int n_kv_heads, int head_dim,
+                           const float *inv_freq);
 int qlm_cpu_attention_backward(float *dq, float *dk, float *dv, float *dpos_bias, const float *dout, const float *q,
                                const float *k, const float *v, int n, const int *pos, const qlm_attn_shape *sh);
 void qlm_cpu_glu_backward(float *dgate, float *dup, const float *dout, const float *gate, const float *up, long n,

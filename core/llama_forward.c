@@ -80,10 +80,9 @@ static int attention_forward(const qlm_model *m, const qlm_layer *L, qlm_kv_stat
     const qlm_matmul_out qkv[] = {{s->q, &L->wq, L->bq}, {s->k, &L->wk, L->bk}, {s->v, &L->wv, L->bv}};
     static const int qkv_targets[] = {QLM_LORA_Q, QLM_LORA_K, QLM_LORA_V};
     if (PROJ_GROUP(qkv, qkv_targets, 3, s->xb)) return -1;
-    be->rope(s->q, n, pos, c->n_heads, c->head_dim, m->inv_freq);
-    be->rope(s->k, n, pos, c->n_kv_heads, c->head_dim, m->inv_freq);
-    be->kv_store(s->k_cache[l], s->kv_dtype, s->k, n, slots, 0, pos, c->n_kv_heads, c->head_dim, s->max_seq);
-    be->kv_store(s->v_cache[l], s->kv_dtype, s->v, n, slots, 0, pos, c->n_kv_heads, c->head_dim, s->max_seq);
+    be->rope(s->q, s->k, n, pos, c->n_heads, c->n_kv_heads, c->head_dim, m->inv_freq);
+    be->kv_store(s->k_cache[l], s->v_cache[l], s->kv_dtype, s->k, s->v, n, slots, 0, pos, c->n_kv_heads, c->head_dim,
+                 s->max_seq);
     qlm_attn_shape shape = {.n_heads = c->n_heads, .n_kv_heads = c->n_kv_heads, .head_dim = c->head_dim,
                             .scale = 1.0f / sqrtf((float)c->head_dim), .slots = slots};
     qlm_kv_shape(&shape, s->max_seq, s->kv_dtype);

@@ -152,8 +152,7 @@ static void layer_forward(const pass *p, int l, const float *x_in, float *x_out,
     linear_forward(p, t, t->q, t->xn1, &L->wq, L->bq, l, QLM_LORA_Q);
     linear_forward(p, t, t->k, t->xn1, &L->wk, L->bk, l, QLM_LORA_K);
     linear_forward(p, t, t->v, t->xn1, &L->wv, L->bv, l, QLM_LORA_V);
-    be->rope(t->q, n, b->pos, c->n_heads, c->head_dim, m->inv_freq);
-    be->rope(t->k, n, b->pos, c->n_kv_heads, c->head_dim, m->inv_freq);
+    be->rope(t->q, t->k, n, b->pos, c->n_heads, c->n_kv_heads, c->head_dim, m->inv_freq);
     qlm_attn_shape shape = attn_shape(c);
     for (int i = 0; i < b->n_seq; i++) {
         size_t r = (size_t)b->start[i];
@@ -207,8 +206,7 @@ static int layer_backward(const pass *p, int l, const float *x_in, qlm_llama_tra
                                    b->len[i], b->pos + r, &shape) != 0)
             return -1;
     }
-    be->rope_backward(s->dq, n, b->pos, c->n_heads, c->head_dim, m->inv_freq);
-    be->rope_backward(s->dk, n, b->pos, c->n_kv_heads, c->head_dim, m->inv_freq);
+    be->rope_backward(s->dq, s->dk, n, b->pos, c->n_heads, c->n_kv_heads, c->head_dim, m->inv_freq);
     if (linear_backward(p, t, s->dxn, 0, s->dq, t->xn1, &L->wq, GW(wq), GB(bq), l, QLM_LORA_Q) ||
         linear_backward(p, t, s->dxn, 1, s->dk, t->xn1, &L->wk, GW(wk), GB(bk), l, QLM_LORA_K) ||
         linear_backward(p, t, s->dxn, 1, s->dv, t->xn1, &L->wv, GW(wv), GB(bv), l, QLM_LORA_V))

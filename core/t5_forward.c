@@ -164,8 +164,8 @@ int qlm_t5_encode(const qlm_t5_model *m, qlm_t5_state *s, int slot, const int *i
         const qlm_matmul_out kv[] = {{s->k, &m->dec[l].ck, NULL}, {s->v, &m->dec[l].cv, NULL}};
         static const int kv_targets[] = {QLM_LORA_CROSS_K, QLM_LORA_CROSS_V};
         if (PROJ_GROUP(kv, kv_targets, 2, s->enc_out)) return -1;
-        be->kv_store(s->cross_k[l], s->kv_dtype, s->k, n, NULL, slot, s->pos, c->n_heads, c->d_kv, s->max_src);
-        be->kv_store(s->cross_v[l], s->kv_dtype, s->v, n, NULL, slot, s->pos, c->n_heads, c->d_kv, s->max_src);
+        be->kv_store(s->cross_k[l], s->cross_v[l], s->kv_dtype, s->k, s->v, n, NULL, slot, s->pos, c->n_heads, c->d_kv,
+                     s->max_src);
     }
     s->n_src[slot] = n;
     return 0;
@@ -196,8 +196,8 @@ static int decode_chunk(const qlm_t5_model *m, qlm_t5_state *s, const int *token
         const qlm_t5_layer *L = &m->dec[l];
         be->rmsnorm(s->xb, s->x, L->attn_norm, n, c->d_model, c->norm_eps);
         if (qkv_forward(m, L, s, n, slots, slot, stack, l) != 0) return -1;
-        be->kv_store(s->k_cache[l], s->kv_dtype, s->k, n, slots, 0, pos, c->n_heads, c->d_kv, s->max_tgt);
-        be->kv_store(s->v_cache[l], s->kv_dtype, s->v, n, slots, 0, pos, c->n_heads, c->d_kv, s->max_tgt);
+        be->kv_store(s->k_cache[l], s->v_cache[l], s->kv_dtype, s->k, s->v, n, slots, 0, pos, c->n_heads, c->d_kv,
+                     s->max_tgt);
         slot_attention(m, s, s->k_cache, s->v_cache, l, s->max_tgt, pos, slots, n, 0);
         if (PROJ(s->xb, s->att, &L->o, QLM_LORA_O)) return -1;
         be->add(s->x, s->xb, (long)n * c->d_model);

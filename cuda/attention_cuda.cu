@@ -190,5 +190,5 @@ void qlm_cuda_attention(float *out, const float *q, const void *k, const void *v
     size_t esize = sh->kv_bf16 ? 2 : 4;
     a.vec = (hd * esize) % 16 == 0 && (a.row_stride * esize) % 16 == 0 && (a.head_stride * esize) % 16 == 0 &&
             (a.slot_stride * esize) % 16 == 0 && (uintptr_t)k % 16 == 0;
-    qlm_cuda_submit(launch_attention, &a, sizeof a);
+    qlm_cuda_submit("attention", launch_attention, &a, sizeof a);
 }

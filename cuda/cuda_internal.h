@@ -39,9 +39,10 @@ void qlm_cuda_free(void *p);
 void *qlm_cuda_scratch(void **buf, size_t *cap, size_t bytes);
 
 // Ops queue their launches (graph_cuda.cu): fn(args) runs at the next flush, args copied (and
-// compared byte for byte with earlier steps, so zero an argument struct before filling it).
+// compared byte for byte with earlier steps, so zero an argument struct before filling it); name
+// is the op's row in the QLM_CUDA_PROFILE table.
 typedef void (*qlm_cuda_launcher)(const void *args);
-void qlm_cuda_submit(qlm_cuda_launcher fn, const void *args, size_t len);
+void qlm_cuda_submit(const char *name, qlm_cuda_launcher fn, const void *args, size_t len);
 // Runs what is queued; every sync point and host-side memory operation comes after one.
 void qlm_cuda_flush(void);
 
@@ -73,7 +74,8 @@ void qlm_cuda_attention(float *out, const float *q, const void *k, const void *v
                         const qlm_attn_shape *shape);
 // ops_cuda.cu
 void qlm_cuda_rmsnorm(float *out, const float *x, const float *weight, int n, int dim, float eps);
-void qlm_cuda_rope(float *x, int n, const int *pos, int n_heads, int head_dim, const float *inv_freq);
+void qlm_cuda_rope(float *q, float *k, int n, const int *pos, int n_heads, int n_kv_heads, int head_dim,
+                   const float *inv_freq);
 void qlm_cuda_glu(float *out, const float *gate, const float *up, long n, qlm_act act);
 void qlm_cuda_activate(float *x, long n, qlm_act act);
 void qlm_cuda_add(float *y, const float *x, long n);
@@ -81,7 +83,7 @@ void qlm_cuda_scale(float *x, long n, float s);
 void qlm_cuda_zero(float *x, long n);
 void qlm_cuda_copy(float *dst, const float *src, long n);
 void qlm_cuda_embedding(float *out, const qlm_weight *table, const int *ids, int n);
-void qlm_cuda_kv_store(void *cache, qlm_dtype kv, const float *src, int n, const int *slots, int slot, const int *pos,
-                       int heads, int hd, int max_pos);
+void qlm_cuda_kv_store(void *k_cache, void *v_cache, qlm_dtype kv, const float *k, const float *v, int n,
+                       const int *slots, int slot, const int *pos, int heads, int hd, int max_pos);
 
 #endif

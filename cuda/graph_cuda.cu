@@ -6,7 +6,9 @@
 // replayed with one launch. What changes between steps, the host index arrays (token ids,
 // positions, slots), is not in the arguments: it is staged into a pinned ring that the graph's
 // first node copies to the device, so kernels read it from the same device addresses each time.
-// QLM_CUDA_GRAPHS=0 launches each op as it comes (for compute-sanitizer and debugging).
+// QLM_CUDA_GRAPHS=0 launches each op as it comes (for compute-sanitizer and debugging);
+// QLM_CUDA_PROFILE=1 also times each one (see print_profile).
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -17,7 +19,7 @@ struct queued {
     size_t at, len; // the arguments' bytes in g_args
 };
 
-static int g_enabled = -1;
+static int g_enabled = -1, g_profiling;
 static queued *g_cmds;
 static size_t g_n_cmds, g_cap_cmds;
 static unsigned char *g_args;
@@ -44,8 +46,9 @@ static int g_next_seen;
 
 static int enabled(void) {
     if (g_enabled < 0) {
-        const char *e = getenv("QLM_CUDA_GRAPHS");
-        g_enabled = !(e && strcmp(e, "0") == 0);
+        const char *e = getenv("QLM_CUDA_GRAPHS"), *p = getenv("QLM_CUDA_PROFILE");
+        g_profiling = p && strcmp(p, "1") == 0;
+        g_enabled = !(e && strcmp(e, "0") == 0) && !g_profiling;
         if (g_enabled) {
             CUDA_CHECK(cudaHostAlloc((void **)&g_ring_host, RING_INTS * sizeof(int), cudaHostAllocDefault));
             CUDA_CHECK(cudaMalloc((void **)&g_ring_dev, RING_INTS * sizeof(int)));
@@ -65,9 +68,64 @@ static void grow(void **p, size_t *cap, size_t need, size_t elem) {
     *cap = c;
 }
 
-void qlm_cuda_submit(qlm_cuda_launcher fn, const void *args, size_t len) {
+// ---- QLM_CUDA_PROFILE=1: every op launched alone between two events and waited for, its GPU
+// time summed by name and printed at exit (graphs off; the sum against the wall time shows what
+// launching costs) ----
+
+struct profile_row {
+    const char *name;
+    double ms;
+    long calls;
+};
+static profile_row g_profile[32];
+static int g_n_profile;
+static cudaEvent_t g_prof_start, g_prof_end;
+
+static int by_time(const void *a, const void *b) {
+    double d = ((const profile_row *)b)->ms - ((const profile_row *)a)->ms;
+    return d > 0 ? 1 : d < 0 ? -1 : 0;
+}
+
+static void print_profile(void) {
+    double total = 0;
+    for (int i = 0; i < g_n_profile; i++) total += g_profile[i].ms;
+    qsort(g_profile, (size_t)g_n_profile, sizeof *g_profile, by_time);
+    fprintf(stderr, "qlm cuda profile (GPU time of each op, launched alone):\n%-18s %8s %10s %9s %6s\n", "op", "calls",
+            "total ms", "avg us", "share");
+    for (int i = 0; i < g_n_profile; i++)
+        fprintf(stderr, "%-18s %8ld %10.2f %9.2f %5.1f%%\n", g_profile[i].name, g_profile[i].calls, g_profile[i].ms,
+                1000 * g_profile[i].ms / g_profile[i].calls, 100 * g_profile[i].ms / total);
+}
+
+static void profiled(const char *name, qlm_cuda_launcher fn, const void *args) {
+    if (g_n_profile == 0) {
+        CUDA_CHECK(cudaEventCreate(&g_prof_start));
+        CUDA_CHECK(cudaEventCreate(&g_prof_end));
+        atexit(print_profile);
+    }
+    CUDA_CHECK(cudaEventRecord(g_prof_start, qlm_cuda_stream));
+    fn(args);
+    LAUNCH_CHECK();
+    CUDA_CHECK(cudaEventRecord(g_prof_end, qlm_cuda_stream));
+    CUDA_CHECK(cudaEventSynchronize(g_prof_end));
+    float ms = 0;
+    CUDA_CHECK(cudaEventElapsedTime(&ms, g_prof_start, g_prof_end));
+    int i = 0;
+    while (i < g_n_profile && strcmp(g_profile[i].name, name) != 0) i++;
+    if (i == g_n_profile) {
+        if (g_n_profile == (int)(sizeof g_profile / sizeof g_profile[0])) return;
+        g_profile[g_n_profile++] = {name, 0, 0};
+    }
+    g_profile[i].ms += ms;
+    g_profile[i].calls++;
+}
+
+void qlm_cuda_submit(const char *name, qlm_cuda_launcher fn, const void *args, size_t len) {
     if (!enabled()) {
-        fn(args);
+        if (g_profiling)
+            profiled(name, fn, args);
+        else
+            fn(args);
         LAUNCH_CHECK();
         return;
     }

@@ -168,7 +168,7 @@ static void gemv(const qlm_matmul_out *outs, int count, const float *x, int n) {
         a.start[k + 1] = a.start[k] + w->rows;
         a.vec = a.vec && (uintptr_t)w->data % 16 == 0;
     }
-    qlm_cuda_submit(launch_gemv, &a, sizeof a);
+    qlm_cuda_submit(a.n == 1 ? "gemv" : "gemv (2-8 rows)", launch_gemv, &a, sizeof a);
 }
 
 // ---- many rows: cuBLAS ----
@@ -271,7 +271,7 @@ static void gemm_matmul(float *y, const float *x, int n, const qlm_weight *w, co
         a.xb = qlm_cuda_scratch(&g_xconv, &g_xconv_cap, (size_t)n * w->cols * 2);
     if (w->dtype == QLM_I8 || w->dtype == QLM_F16)
         a.wconv = qlm_cuda_scratch(&g_wconv, &g_wconv_cap, (size_t)a.chunk * w->cols * (w->dtype == QLM_I8 ? 2 : 4));
-    qlm_cuda_submit(launch_gemm, &a, sizeof a);
+    qlm_cuda_submit("gemm (cuBLAS)", launch_gemm, &a, sizeof a);
 }
 
 void qlm_cuda_matmul(float *y, const float *x, int n, const qlm_weight *w, const float *bias) {

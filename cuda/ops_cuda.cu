@@ -5,20 +5,42 @@
 #include "cuda_internal.h"
 
 // One block per row: the sum of squares in F32 over a tree (the CPU sums in double; the two
-// differ by F32 rounding of a 2048-term sum, far below any parity tolerance).
-__global__ void rmsnorm_kernel(float *out, const float *x, const float *weight, int dim, float eps) {
+// differ by F32 rounding of a few-thousand-term sum, far below any parity tolerance). Rows of up
+// to RMS_HELD * 256 values stay in registers, x and weight read in one pass.
+enum { RMS_HELD = 16 };
+__global__ void __launch_bounds__(256) rmsnorm_kernel(float *out, const float *x, const float *weight, int dim, float eps) {
     const float *xi = x + (size_t)blockIdx.x * dim;
     float *oi = out + (size_t)blockIdx.x * dim;
-    float ss = 0;
-    for (int j = threadIdx.x; j < dim; j += blockDim.x) ss += xi[j] * xi[j];
-    __shared__ float part[32];
+    const bool held = dim <= RMS_HELD * 256;
+    float v[RMS_HELD], w[RMS_HELD], ss = 0;
+    if (held) {
+#pragma unroll
+        for (int k = 0; k < RMS_HELD; k++) {
+            int j = threadIdx.x + k * 256;
+            v[k] = j < dim ? xi[j] : 0.0f;
+            w[k] = j < dim ? weight[j] : 0.0f;
+            ss += v[k] * v[k];
+        }
+    } else {
+        for (int j = threadIdx.x; j < dim; j += 256) ss += xi[j] * xi[j];
+    }
+    __shared__ float part[8];
     for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
     if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = ss;
     __syncthreads();
     float total = 0;
-    for (int w = 0; w < (int)(blockDim.x / 32); w++) total += part[w];
-    float inv = 1.0f / sqrtf(total / dim + eps);
-    for (int j = threadIdx.x; j < dim; j += blockDim.x) oi[j] = xi[j] * inv * weight[j];
+#pragma unroll
+    for (int k = 0; k < 8; k++) total += part[k];
+    const float inv = 1.0f / sqrtf(total / dim + eps);
+    if (held) {
+#pragma unroll
+        for (int k = 0; k < RMS_HELD; k++) {
+            int j = threadIdx.x + k * 256;
+            if (j < dim) oi[j] = v[k] * inv * w[k];
+        }
+    } else {
+        for (int j = threadIdx.x; j < dim; j += 256) oi[j] = xi[j] * inv * weight[j];
+    }
 }
 
 struct rmsnorm_args {
@@ -38,44 +60,47 @@ void qlm_cuda_rmsnorm(float *out, const float *x, const float *weight, int n, in
     rmsnorm_args a;
     memset(&a, 0, sizeof a);
     a.out = out, a.x = x, a.weight = weight, a.n = n, a.dim = dim, a.eps = eps;
-    qlm_cuda_submit(launch_rmsnorm, &a, sizeof a);
+    qlm_cuda_submit("rmsnorm", launch_rmsnorm, &a, sizeof a);
 }
 
-// Thread per (row, frequency, head): rotate-half RoPE.
-__global__ void rope_kernel(float *x, int n, qlm_cuda_ints pos, int n_heads, int head_dim, const float *inv_freq) {
-    int half = head_dim / 2;
-    long t = (long)blockIdx.x * blockDim.x + threadIdx.x, total = (long)n * half * n_heads;
+// Thread per (row, frequency, head) over the query heads then the key heads: rotate-half RoPE.
+__global__ void rope_kernel(float *q, float *k, int n, qlm_cuda_ints pos, int n_heads, int n_kv_heads, int head_dim,
+                            const float *inv_freq) {
+    int half = head_dim / 2, heads = n_heads + n_kv_heads;
+    long t = (long)blockIdx.x * blockDim.x + threadIdx.x, total = (long)n * half * heads;
     if (t >= total) return;
-    int h = (int)(t % n_heads), j = (int)(t / n_heads % half), i = (int)(t / n_heads / half);
+    int h = (int)(t % heads), j = (int)(t / heads % half), i = (int)(t / heads / half);
     float angle = (float)qlm_ints_at(pos, i) * inv_freq[j];
     float c = cosf(angle), s = sinf(angle);
-    float *v = x + ((size_t)i * n_heads + h) * head_dim;
+    float *v = h < n_heads ? q + ((size_t)i * n_heads + h) * head_dim : k + ((size_t)i * n_kv_heads + h - n_heads) * head_dim;
     float a = v[j], b = v[j + half];
     v[j] = a * c - b * s;
     v[j + half] = b * c + a * s;
 }
 
 struct rope_args {
-    float *x;
-    int n, n_heads, head_dim;
+    float *q, *k;
+    int n, n_heads, n_kv_heads, head_dim;
     qlm_cuda_ints pos;
     const float *inv_freq;
 };
 
 static void launch_rope(const void *p) {
     const rope_args *a = (const rope_args *)p;
-    long total = (long)a->n * (a->head_dim / 2) * a->n_heads;
-    rope_kernel<<<qlm_cuda_blocks(total, 256), 256, 0, qlm_cuda_stream>>>(a->x, a->n, a->pos, a->n_heads, a->head_dim,
-                                                                         a->inv_freq);
+    long total = (long)a->n * (a->head_dim / 2) * (a->n_heads + a->n_kv_heads);
+    rope_kernel<<<qlm_cuda_blocks(total, 256), 256, 0, qlm_cuda_stream>>>(a->q, a->k, a->n, a->pos, a->n_heads,
+                                                                         a->n_kv_heads, a->head_dim, a->inv_freq);
 }
 
-void qlm_cuda_rope(float *x, int n, const int *pos, int n_heads, int head_dim, const float *inv_freq) {
-    if ((long)n * (head_dim / 2) * n_heads <= 0) return;
+void qlm_cuda_rope(float *q, float *k, int n, const int *pos, int n_heads, int n_kv_heads, int head_dim,
+                   const float *inv_freq) {
+    if ((long)n * (head_dim / 2) * (n_heads + n_kv_heads) <= 0) return;
     rope_args a;
     memset(&a, 0, sizeof a);
-    a.x = x, a.n = n, a.n_heads = n_heads, a.head_dim = head_dim, a.inv_freq = inv_freq;
+    a.q = q, a.k = k, a.n = n, a.n_heads = n_heads, a.n_kv_heads = n_kv_heads, a.head_dim = head_dim;
+    a.inv_freq = inv_freq;
     a.pos = qlm_cuda_ints_of(pos, n, 0);
-    qlm_cuda_submit(launch_rope, &a, sizeof a);
+    qlm_cuda_submit("rope", launch_rope, &a, sizeof a);
 }
 
 __device__ __forceinline__ float act_of(float x, qlm_act a) {
@@ -104,16 +129,16 @@ static void launch_glu(const void *p) {
     glu_kernel<<<qlm_cuda_blocks(a->n, 256), 256, 0, qlm_cuda_stream>>>(a->y, a->a, a->b, a->n, (qlm_act)a->act);
 }
 
-static void submit_elementwise(qlm_cuda_launcher fn, float *y, const float *x, const float *b, long n, float s, int act) {
+static void submit_elementwise(const char *name, qlm_cuda_launcher fn, float *y, const float *x, const float *b, long n, float s, int act) {
     if (n <= 0) return;
     elementwise_args a;
     memset(&a, 0, sizeof a);
     a.y = y, a.a = x, a.b = b, a.n = n, a.s = s, a.act = act;
-    qlm_cuda_submit(fn, &a, sizeof a);
+    qlm_cuda_submit(name, fn, &a, sizeof a);
 }
 
 void qlm_cuda_glu(float *out, const float *gate, const float *up, long n, qlm_act act) {
-    submit_elementwise(launch_glu, out, gate, up, n, 0, act);
+    submit_elementwise("glu", launch_glu, out, gate, up, n, 0, act);
 }
 
 void qlm_cuda_activate(float *x, long n, qlm_act act) { qlm_cuda_glu(x, x, NULL, n, act); }
@@ -128,7 +153,7 @@ static void launch_add(const void *p) {
     add_kernel<<<qlm_cuda_blocks(a->n, 256), 256, 0, qlm_cuda_stream>>>(a->y, a->a, a->n);
 }
 
-void qlm_cuda_add(float *y, const float *x, long n) { submit_elementwise(launch_add, y, x, NULL, n, 0, 0); }
+void qlm_cuda_add(float *y, const float *x, long n) { submit_elementwise("add", launch_add, y, x, NULL, n, 0, 0); }
 
 __global__ void scale_kernel(float *x, long n, float s) {
     long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
@@ -140,21 +165,21 @@ static void launch_scale(const void *p) {
     scale_kernel<<<qlm_cuda_blocks(a->n, 256), 256, 0, qlm_cuda_stream>>>(a->y, a->n, a->s);
 }
 
-void qlm_cuda_scale(float *x, long n, float s) { submit_elementwise(launch_scale, x, NULL, NULL, n, s, 0); }
+void qlm_cuda_scale(float *x, long n, float s) { submit_elementwise("scale", launch_scale, x, NULL, NULL, n, s, 0); }
 
 static void launch_zero(const void *p) {
     const elementwise_args *a = (const elementwise_args *)p;
     CUDA_CHECK(cudaMemsetAsync(a->y, 0, (size_t)a->n * sizeof(float), qlm_cuda_stream));
 }
 
-void qlm_cuda_zero(float *x, long n) { submit_elementwise(launch_zero, x, NULL, NULL, n, 0, 0); }
+void qlm_cuda_zero(float *x, long n) { submit_elementwise("zero", launch_zero, x, NULL, NULL, n, 0, 0); }
 
 static void launch_copy(const void *p) {
     const elementwise_args *a = (const elementwise_args *)p;
     CUDA_CHECK(cudaMemcpyAsync(a->y, a->a, (size_t)a->n * sizeof(float), cudaMemcpyDeviceToDevice, qlm_cuda_stream));
 }
 
-void qlm_cuda_copy(float *dst, const float *src, long n) { submit_elementwise(launch_copy, dst, src, NULL, n, 0, 0); }
+void qlm_cuda_copy(float *dst, const float *src, long n) { submit_elementwise("copy", launch_copy, dst, src, NULL, n, 0, 0); }
 
 // Element c of row r of a weight in its storage dtype, as F32.
 __device__ __forceinline__ float weight_at(const qlm_weight &w, long r, long c) {
@@ -194,47 +219,50 @@ void qlm_cuda_embedding(float *out, const qlm_weight *table, const int *ids, int
     a.out = out, a.n = n;
     a.table = *table;
     a.ids = qlm_cuda_ints_of(ids, n, 0);
-    qlm_cuda_submit(launch_embedding, &a, sizeof a);
+    qlm_cuda_submit("embedding", launch_embedding, &a, sizeof a);
 }
 
-// Thread per (row, head, element): the layout of core/kv_cache.h.
-__global__ void kv_store_kernel(void *cache, int bf16, const float *src, int n, qlm_cuda_ints slots, int slot,
-                                qlm_cuda_ints pos, int heads, int hd, int max_pos) {
-    long t = (long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (t >= (long)n * heads * hd) return;
+// Thread per (keys or values, row, head, element): the layout of core/kv_cache.h.
+__global__ void kv_store_kernel(void *k_cache, void *v_cache, int bf16, const float *k, const float *v, int n,
+                                qlm_cuda_ints slots, int slot, qlm_cuda_ints pos, int heads, int hd, int max_pos) {
+    long t = (long)blockIdx.x * blockDim.x + threadIdx.x, per = (long)n * heads * hd;
+    if (t >= 2 * per) return;
+    const bool is_v = t >= per;
+    void *cache = is_v ? v_cache : k_cache;
+    const float *src = is_v ? v : k;
+    if (is_v) t -= per;
     int d = (int)(t % hd), h = (int)(t / hd % heads), i = (int)(t / hd / heads);
     size_t run = (size_t)max_pos * hd;
     size_t at = (size_t)(slots.present ? qlm_ints_at(slots, i) : slot) * heads * run + h * run +
                 (size_t)qlm_ints_at(pos, i) * hd + d;
-    float v = src[t];
     if (bf16)
-        ((unsigned short *)cache)[at] = qlm_f32_to_bf16(v);
+        ((unsigned short *)cache)[at] = qlm_f32_to_bf16(src[t]);
     else
-        ((float *)cache)[at] = v;
+        ((float *)cache)[at] = src[t];
 }
 
 struct kv_store_args {
-    void *cache;
-    const float *src;
+    void *k_cache, *v_cache;
+    const float *k, *v;
     qlm_cuda_ints slots, pos;
     int bf16, n, slot, heads, hd, max_pos;
 };
 
 static void launch_kv_store(const void *p) {
     const kv_store_args *a = (const kv_store_args *)p;
-    long total = (long)a->n * a->heads * a->hd;
-    kv_store_kernel<<<qlm_cuda_blocks(total, 256), 256, 0, qlm_cuda_stream>>>(a->cache, a->bf16, a->src, a->n, a->slots,
-                                                                             a->slot, a->pos, a->heads, a->hd, a->max_pos);
+    long total = 2L * a->n * a->heads * a->hd;
+    kv_store_kernel<<<qlm_cuda_blocks(total, 256), 256, 0, qlm_cuda_stream>>>(
+        a->k_cache, a->v_cache, a->bf16, a->k, a->v, a->n, a->slots, a->slot, a->pos, a->heads, a->hd, a->max_pos);
 }
 
-void qlm_cuda_kv_store(void *cache, qlm_dtype kv, const float *src, int n, const int *slots, int slot, const int *pos,
-                       int heads, int hd, int max_pos) {
+void qlm_cuda_kv_store(void *k_cache, void *v_cache, qlm_dtype kv, const float *k, const float *v, int n,
+                       const int *slots, int slot, const int *pos, int heads, int hd, int max_pos) {
     if ((long)n * heads * hd <= 0) return;
     kv_store_args a;
     memset(&a, 0, sizeof a);
-    a.cache = cache, a.src = src, a.bf16 = kv == QLM_BF16, a.n = n, a.slot = slot, a.heads = heads, a.hd = hd;
+    a.k_cache = k_cache, a.v_cache = v_cache, a.k = k, a.v = v, a.bf16 = kv == QLM_BF16, a.n = n, a.slot = slot, a.heads = heads, a.hd = hd;
     a.max_pos = max_pos;
     a.slots = qlm_cuda_ints_of(slots, n, 0);
     a.pos = qlm_cuda_ints_of(pos, n, 1);
-    qlm_cuda_submit(launch_kv_store, &a, sizeof a);
+    qlm_cuda_submit("kv_store", launch_kv_store, &a, sizeof a);
 }

@@ -177,14 +177,20 @@ static void test_rows_ops(void **state) {
     free(got);
 
     int pos[5] = {0, 7, 100, 2047, 31};
-    float *inv = randv(hd / 2, 3u, 0.5f), *r = randv((long)n * heads * hd, 4u, 1.0f);
+    const int kv_heads = 2;
+    float *inv = randv(hd / 2, 3u, 0.5f), *r = randv((long)n * heads * hd, 4u, 1.0f), *rk = randv((long)n * kv_heads * hd, 8u, 1.0f);
     for (int j = 0; j < hd / 2; j++) inv[j] = fabsf(inv[j]);
     float *dr = to_gpu(r, (size_t)n * heads * hd * sizeof *r), *dinv = to_gpu(inv, (size_t)hd / 2 * sizeof *inv);
-    cpu->rope(r, n, pos, heads, hd, inv);
-    gpu->rope(dr, n, pos, heads, hd, dinv);
+    float *drk = to_gpu(rk, (size_t)n * kv_heads * hd * sizeof *rk);
+    cpu->rope(r, rk, n, pos, heads, kv_heads, hd, inv);
+    gpu->rope(dr, drk, n, pos, heads, kv_heads, hd, dinv);
     got = from_gpu(dr, (long)n * heads * hd);
     assert_true(rel_diff(got, r, (long)n * heads * hd) <= 1e-5);
     free(got);
+    got = from_gpu(drk, (long)n * kv_heads * hd);
+    assert_true(rel_diff(got, rk, (long)n * kv_heads * hd) <= 1e-5);
+    free(got), free(rk);
+    gpu->free(drk);
 
     const long m = 5000;
     float *g = randv(m, 6u, 12.0f), *u = randv(m, 7u, 1.0f), *dg = to_gpu(g, m * sizeof *g), *du = to_gpu(u, m * sizeof *u);
@@ -224,15 +230,21 @@ static void test_embedding_and_kv_store(void **state) {
     for (int bf = 0; bf < 2; bf++) {
         qlm_dtype kv = bf ? QLM_BF16 : QLM_F32;
         size_t bytes = (size_t)n_slots * heads * max_pos * hd * (bf ? 2 : 4);
-        float *src = randv(n * heads * hd, 12u, 1.0f), *dsrc = to_gpu(src, (size_t)n * heads * hd * sizeof *src);
-        void *want = calloc(1, bytes), *got = malloc(bytes), *dcache = gpu->alloc(bytes);
-        gpu->to_device(dcache, want, bytes);
-        cpu->kv_store(want, kv, src, n, slots, 0, pos, heads, hd, max_pos);
-        gpu->kv_store(dcache, kv, dsrc, n, slots, 0, pos, heads, hd, max_pos);
-        gpu->to_host(got, dcache, bytes);
-        assert_memory_equal(got, want, bytes);
-        free(src), free(want), free(got);
-        gpu->free(dsrc), gpu->free(dcache);
+        size_t src_bytes = (size_t)n * heads * hd * sizeof(float);
+        float *k = randv(n * heads * hd, 12u, 1.0f), *v = randv(n * heads * hd, 13u, 1.0f);
+        float *dk = to_gpu(k, src_bytes), *dv = to_gpu(v, src_bytes);
+        void *want_k = calloc(1, bytes), *want_v = calloc(1, bytes), *got = malloc(bytes);
+        void *dkc = gpu->alloc(bytes), *dvc = gpu->alloc(bytes);
+        gpu->to_device(dkc, want_k, bytes);
+        gpu->to_device(dvc, want_v, bytes);
+        cpu->kv_store(want_k, want_v, kv, k, v, n, slots, 0, pos, heads, hd, max_pos);
+        gpu->kv_store(dkc, dvc, kv, dk, dv, n, slots, 0, pos, heads, hd, max_pos);
+        gpu->to_host(got, dkc, bytes);
+        assert_memory_equal(got, want_k, bytes);
+        gpu->to_host(got, dvc, bytes);
+        assert_memory_equal(got, want_v, bytes);
+        free(k), free(v), free(want_k), free(want_v), free(got);
+        gpu->free(dk), gpu->free(dv), gpu->free(dkc), gpu->free(dvc);
     }
 }
 
