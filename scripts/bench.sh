@@ -196,10 +196,10 @@ fi
     echo
     echo "Reproduce: \`make bench\` (QLM_BENCH_REPS, QLM_BENCH_DIALOGUES and QLM_BENCH_SUMMARY_TOKENS change the"
     echo "repetitions, the number of dialogues and the summary length)."
-    # The blocks that `make eval`, `make train-eval` and `make qat-eval` write are kept.
+    # The blocks that `make eval`, `make train-eval`, `make qat-eval` and scripts/bench_gpu.sh write are kept.
     if [ -f "$out" ]; then
-        awk '/^<!-- (dialogsum-eval|dialogsum-lora|qat) -->$/ { keep = 1; print "" } keep { print }
-             /^<!-- \/(dialogsum-eval|dialogsum-lora|qat) -->$/ { keep = 0 }' "$out"
+        awk '/^<!-- (dialogsum-eval|dialogsum-lora|qat|gpu) -->$/ { keep = 1; print "" } keep { print }
+             /^<!-- \/(dialogsum-eval|dialogsum-lora|qat|gpu) -->$/ { keep = 0 }' "$out"
     fi
 } > "$out.tmp"
 mv "$out.tmp" "$out"

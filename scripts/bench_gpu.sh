@@ -6,7 +6,8 @@
 # summarization of DialogSum's test dialogues against transformers generate() on the same GPU.
 # Random weights of the real configs throughout (speed does not depend on the values; the real
 # SmolLM2 GGUF is too large to carry to the lent machine), so both engines generate exactly -n
-# tokens per dialogue. Prints a markdown block.
+# tokens per dialogue. Prints the block and puts it in docs/benchmarks.md (between <!-- gpu -->
+# markers, which `make bench` keeps).
 # Usage: scripts/bench_gpu.sh BIN ASSETS SMOLLM2 [DIALOGUES]
 #   BIN      folder holding qlm and bench_cuda built with `make CUDA=1` (build/cuda, or gpu/bin of
 #            scripts/gpu_bundle.sh)
@@ -22,7 +23,15 @@ cp "$assets/tinyllama-1.1b-chat-v1.0-tokenizer/config.json" "$work/tinyllama/"
 head -n "$n_dial" "$assets/dialogsum/dialogsum.test.jsonl" >"$work/dialogues.jsonl"
 field() { python3 -c "import json,sys; print(json.loads(sys.stdin.read())['$1'])"; }
 
-echo "### GPU: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader)"
+{
+echo "<!-- gpu -->"
+echo "## GPU (CUDA backend)"
+echo
+echo "Written by \`scripts/bench_gpu.sh\` on $(date +%Y-%m-%d): $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader)"
+echo "(driver), qlm built with \`make CUDA=1\`. Random weights of the real configs throughout (speed does not"
+echo "depend on the values). Reproduce on a machine with a GPU, PyTorch and transformers: \`make test-cuda-build &&"
+echo "scripts/bench_gpu.sh build/cuda ../shared/assets SMOLLM2_FOLDER\` (on one without qlm's Debian libraries, unpack"
+echo "what \`scripts/gpu_bundle.sh\` packs and pass its gpu/bin, gpu/assets and gpu/smollm2)."
 echo
 echo "Kernels, one TinyLlama-1.1B / SmolLM2-135M decode step's operands (\`$bin/bench_cuda\`):"
 echo
@@ -64,3 +73,7 @@ for b in 32 64; do
         sed -n 's/.* s, \([0-9.]*\) dialogues\/s.*/\1/p')
     printf '| %d | %.2f | %.2f | %.2fx |\n' $b "$q" "$h" "$(python3 -c "print($q/$h)")"
 done
+echo "<!-- /gpu -->"
+} >"$work/block.md"
+cat "$work/block.md"
+cd "$here" && . scripts/doc_block.sh && doc_block gpu "$work/block.md"
