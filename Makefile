@@ -76,7 +76,7 @@ asan: setup-test
 
 # The GPU's tests: the op table against references, and the model tests rerun with
 # QLM_TEST_DEVICE=cuda (their fixtures and tolerances unchanged), then compute-sanitizer.
-CUDA_TESTS := tests/cuda/test_backend_ops tests/test_llama tests/test_t5 tests/test_batch tests/test_smollm2
+CUDA_TESTS := tests/cuda/test_backend_ops tests/test_llama tests/test_t5 tests/test_batch tests/test_lora tests/test_smollm2
 
 test-cuda-build:
 	@$(MAKE) --no-print-directory CUDA=1 BUILD=build/cuda build/cuda/qlm build/cuda/bench/bench_cuda $(CUDA_TESTS:%=build/cuda/%)

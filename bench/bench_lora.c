@@ -62,7 +62,7 @@ int main(int argc, char **argv) {
     qlm_lora_registry reg;
     qlm_model_options o = {.dtype = QLM_BF16, .backend = qlm_backend_cpu()};
     if (qlm_source_open(&src, argv[1], NULL) != 0 || qlm_model_build(&m, &src.cfg, src.store, &o) != 0 ||
-        qlm_lora_registry_init(&reg, &src.cfg, NULL) != 0) {
+        qlm_lora_registry_init(&reg, &src.cfg, NULL, o.backend) != 0) {
         fprintf(stderr, "bench_lora: %s\n", qlm_last_error());
         return 1;
     }

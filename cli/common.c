@@ -154,9 +154,7 @@ int cli_usage_error(const char *cmd, const char *usage) {
 /* The --lora adapters, checked against the base, and the --adapter choice (default: the first). */
 static int load_adapters(const cli_model_opts *o, cli_model *cm) {
     const qlm_backend *be = cm->src.is_t5 ? cm->t5.be : cm->model.be;
-    if (o->n_lora > 0 && !be->host_memory)
-        return qlm_errorf("LoRA adapters run on the cpu backend for now, not on %s (use --device cpu)", be->name);
-    if (qlm_lora_registry_init(&cm->lora, cm->src.is_t5 ? NULL : &cm->src.cfg, cm->src.is_t5 ? &cm->src.t5 : NULL) != 0)
+    if (qlm_lora_registry_init(&cm->lora, cm->src.is_t5 ? NULL : &cm->src.cfg, cm->src.is_t5 ? &cm->src.t5 : NULL, be) != 0)
         return -1;
     for (int i = 0; i < o->n_lora; i++) {
         char name[64];

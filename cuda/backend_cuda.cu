@@ -178,11 +178,6 @@ static void cuda_describe(char *out, size_t len) {
              g_prop.minor, g_prop.multiProcessorCount, free_b / 1073741824.0, total_b / 1073741824.0);
 }
 
-static int cuda_lora(float *y, const float *x, int n, const qlm_lora_ref *const *per_row) {
-    (void)y, (void)x, (void)n, (void)per_row;
-    return qlm_errorf("LoRA adapters run on the cpu backend for now (use --device cpu)");
-}
-
 // Inference ops only: the training ops stay NULL until they have GPU forms (the trainer checks).
 static qlm_backend cuda_backend;
 
@@ -196,7 +191,7 @@ static void fill_table(qlm_backend *b) {
     b->describe = cuda_describe;
     b->matmul = qlm_cuda_matmul;
     b->matmul_group = qlm_cuda_matmul_group;
-    b->lora = cuda_lora;
+    b->lora = qlm_cuda_lora;
     b->rmsnorm = qlm_cuda_rmsnorm;
     b->rope = qlm_cuda_rope;
     b->attention = qlm_cuda_attention;

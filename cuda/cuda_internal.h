@@ -64,6 +64,10 @@ __device__ __forceinline__ unsigned short qlm_f32_to_bf16(float f) {
     return __bfloat16_as_ushort(__float2bfloat16_rn(f)); // nearest even; NaN stays NaN
 }
 
+// x as BF16 and INT8 weights meet it on every path (cuBLAS takes x rounded to BF16 for them, so the
+// GEMV kernels round it too: a row's result does not depend on how many rows share the call).
+__device__ __forceinline__ float qlm_bf16_round(float f) { return qlm_bf16_to_f32(qlm_f32_to_bf16(f)); }
+
 static inline unsigned qlm_cuda_blocks(long n, int threads) { return (unsigned)((n + threads - 1) / threads); }
 
 // matmul_cuda.cu
@@ -72,6 +76,8 @@ void qlm_cuda_matmul_group(const qlm_matmul_out *outs, int count, const float *x
 // attention_cuda.cu
 void qlm_cuda_attention(float *out, const float *q, const void *k, const void *v, int n, const int *pos,
                         const qlm_attn_shape *shape);
+// lora_cuda.cu
+int qlm_cuda_lora(float *y, const float *x, int n, const qlm_lora_ref *const *per_row);
 // ops_cuda.cu
 void qlm_cuda_rmsnorm(float *out, const float *x, const float *weight, int n, int dim, float eps);
 void qlm_cuda_rope(float *q, float *k, int n, const int *pos, int n_heads, int n_kv_heads, int head_dim,

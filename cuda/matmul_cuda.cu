@@ -1,6 +1,6 @@
 // y = x W^T on the GPU. Up to GEMV_MAX_ROWS rows of x (decode) take a GEMV kernel that streams the
-// weights once in their storage dtype, a warp per output row, with F32 products and sums; one
-// launch serves a whole matmul_group. More rows (prefill, batches) go through cuBLAS: F32 weights
+// weights once in their storage dtype, a warp per output row, with F32 products and sums (x rounded
+// to BF16 for BF16 and INT8 weights, as on the cuBLAS path); one launch serves a whole matmul_group. More rows (prefill, batches) go through cuBLAS: F32 weights
 // as SGEMM (no TF32), BF16 as a BF16 GEMM with x rounded to BF16 and F32 accumulation, INT8 as
 // exact BF16 copies of the integers (|q| <= 127 fits BF16's 8-bit significand) in a BF16 GEMM
 // with the scales applied after, F16 widened to F32 for SGEMM (F16 x could overflow on T5).
@@ -101,6 +101,9 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32) gemv_kernel(gemv_args a) {
 #pragma unroll
                     for (int v = 0; v < V / 4; v++) {
                         float4 xv = __ldg(xr + v);
+                        if (DT == QLM_BF16 || DT == QLM_I8)
+                            xv = make_float4(qlm_bf16_round(xv.x), qlm_bf16_round(xv.y), qlm_bf16_round(xv.z),
+                                             qlm_bf16_round(xv.w));
                         acc[j] += wf[4 * v] * xv.x + wf[4 * v + 1] * xv.y + wf[4 * v + 2] * xv.z + wf[4 * v + 3] * xv.w;
                     }
                 }
@@ -110,7 +113,10 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32) gemv_kernel(gemv_args a) {
         for (int c = lane; c < cols; c += 32) {
             float wv = w_scalar<DT>(wrow, c);
 #pragma unroll
-            for (int j = 0; j < NR; j++) acc[j] += wv * a.x[(size_t)j * cols + c];
+            for (int j = 0; j < NR; j++) {
+                float xv = a.x[(size_t)j * cols + c];
+                acc[j] += wv * (DT == QLM_BF16 || DT == QLM_I8 ? qlm_bf16_round(xv) : xv);
+            }
         }
     }
     const float s = DT == QLM_I8 ? (P.row_scales ? P.row_scales[r] : P.scale) : 1.0f;

@@ -489,11 +489,31 @@ int qlm_lora_load(qlm_lora_adapter *out, const char *path, const char *name, con
     return -1;
 }
 
+int qlm_lora_place(qlm_lora_adapter *a, const qlm_backend *be) {
+    if (a->be) return a->be == be ? 0 : qlm_errorf("adapter %s is already in %s memory", a->name, a->be->name);
+    char *dev = be->upload(a->buffer, a->buffer_bytes ? a->buffer_bytes : 64);
+    if (!dev) return -1;
+    if (dev != a->buffer) {
+        for (int i = 0; i < a->n_modules; i++) {
+            qlm_lora_module *m = &a->modules[i];
+            m->a.data = dev + ((const char *)m->a.data - (const char *)a->buffer);
+            m->b.data = dev + ((const char *)m->b.data - (const char *)a->buffer);
+        }
+        free(a->buffer);
+        a->buffer = dev;
+    }
+    a->be = be;
+    return 0;
+}
+
 void qlm_lora_free(qlm_lora_adapter *a) {
     lora_config_free(&a->cfg);
     free(a->modules);
     free(a->index);
-    free(a->buffer);
+    if (a->be)
+        a->be->free(a->buffer);
+    else
+        free(a->buffer);
     memset(a, 0, sizeof *a);
 }
 

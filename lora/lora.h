@@ -89,6 +89,7 @@ typedef struct qlm_lora_adapter {
     const qlm_lora_module **index; /* [stack-major layers][QLM_LORA_N_TARGETS] */
     void *buffer;             /* every A and B, 64-byte aligned */
     size_t buffer_bytes;
+    const qlm_backend *be;    /* whose memory buffer is in (qlm_lora_place), or NULL: malloc'd host memory */
     int64_t n_params;
     qlm_dtype file_dtype;     /* dtype of the tensors in the file (F32 if they differ) */
     size_t file_bytes;        /* bytes of A/B data in adapter_model.safetensors */
@@ -104,6 +105,9 @@ typedef struct qlm_lora_adapter {
  * the file and the field or tensor. */
 int qlm_lora_load(qlm_lora_adapter *out, const char *path, const char *name, const qlm_llama_config *llama,
                   const qlm_t5_config *t5, qlm_dtype ab_dtype);
+/* Moves the adapter's A and B into backend be's memory (be->upload), where its lora op reads them;
+ * a no-op on the CPU. Merging, saving and inspecting need an adapter left in host memory. */
+int qlm_lora_place(qlm_lora_adapter *a, const qlm_backend *be);
 void qlm_lora_free(qlm_lora_adapter *a);
 /* A new adapter for the base (llama or t5) as adapter_config.json text describes it (r,
  * lora_alpha, target_modules, use_rslora, patterns...), initialized as peft does: A
@@ -147,13 +151,16 @@ typedef struct {
     int is_t5;
     qlm_llama_config llama;
     qlm_t5_config t5;
+    const qlm_backend *be; /* adapters are placed in its memory as they are added (NULL: left on the host) */
     qlm_lora_adapter *adapters[QLM_LORA_MAX_RESIDENT];
     int n;
     const qlm_lora_adapter *def; /* the default, or NULL */
 } qlm_lora_registry;
 
-/* A registry for adapters of this base (exactly one of llama, t5). */
-int qlm_lora_registry_init(qlm_lora_registry *r, const qlm_llama_config *llama, const qlm_t5_config *t5);
+/* A registry for adapters of this base (exactly one of llama, t5), run by backend be (NULL: kept
+ * in host memory, as the CPU backend and the tools that read adapters want them). */
+int qlm_lora_registry_init(qlm_lora_registry *r, const qlm_llama_config *llama, const qlm_t5_config *t5,
+                           const qlm_backend *be);
 void qlm_lora_registry_free(qlm_lora_registry *r);
 /* Loads path as name (validated against the registry's base) and makes it resident; a duplicate
  * name, a full registry or a bad adapter leave the registry as it was. */

@@ -7,8 +7,10 @@
 #include "lora.h"
 #include "lora_internal.h"
 
-int qlm_lora_registry_init(qlm_lora_registry *r, const qlm_llama_config *llama, const qlm_t5_config *t5) {
+int qlm_lora_registry_init(qlm_lora_registry *r, const qlm_llama_config *llama, const qlm_t5_config *t5,
+                           const qlm_backend *be) {
     memset(r, 0, sizeof *r);
+    r->be = be;
     if (!llama == !t5) return qlm_errorf("a LoRA registry needs exactly one base configuration (Llama or T5)");
     r->is_t5 = t5 != NULL;
     if (llama) r->llama = *llama;
@@ -52,6 +54,10 @@ int qlm_lora_registry_add(qlm_lora_registry *r, qlm_lora_adapter *a) {
     if (!same_base(r, a)) return qlm_errorf("adapter %s was not loaded for this base model", a->name);
     qlm_lora_adapter *copy = malloc(sizeof *copy);
     if (!copy) return qlm_errorf("out of memory");
+    if (r->be && qlm_lora_place(a, r->be) != 0) {
+        free(copy);
+        return -1;
+    }
     *copy = *a;
     memset(a, 0, sizeof *a);
     r->adapters[r->n++] = copy;

@@ -73,11 +73,20 @@ typedef struct {
     qlm_t5_model t5;
 } base_model;
 
-static void build_base(base_model *b, const fixture *f, qlm_dtype dt) {
-    qlm_model_options o = {.dtype = dt, .backend = qlm_backend_cpu()};
+/* be: test_backend() for the tests that only run the model, the CPU for those that read its weights. */
+static void build_base_on(base_model *b, const fixture *f, qlm_dtype dt, const qlm_backend *be) {
+    qlm_model_options o = {.dtype = dt, .backend = be};
     b->is_t5 = f->src.is_t5;
     int rc = b->is_t5 ? qlm_t5_build(&b->t5, &f->src.t5, f->src.store, &o) : qlm_model_build(&b->m, &f->src.cfg, f->src.store, &o);
     if (rc != 0) fail_msg("%s", qlm_last_error());
+}
+
+static void build_base(base_model *b, const fixture *f, qlm_dtype dt) { build_base_on(b, f, dt, qlm_backend_cpu()); }
+
+/* An adapter loaded for the model's backend, placed in its memory. */
+static int load_placed(qlm_lora_adapter *a, const char *path, const fixture *f, qlm_dtype dt, const base_model *b) {
+    if (load_for(a, path, f, dt) != 0) return -1;
+    return qlm_lora_place(a, b->is_t5 ? b->t5.be : b->m.be);
 }
 
 static void free_base(base_model *b) {
@@ -345,13 +354,13 @@ static void test_unmerged_matches_peft(void **state) {
         fixture f;
         open_fixture(&f, k_names[k]);
         base_model b;
-        build_base(&b, &f, QLM_F32);
+        build_base_on(&b, &f, QLM_F32, test_backend());
         char path[1024];
         snprintf(path, sizeof path, "%s/logits.f32", f.dir);
         double diff[2];
         for (int bf16 = 0; bf16 < 2; bf16++) {
             qlm_lora_adapter a;
-            if (load_for(&a, f.dir, &f, bf16 ? QLM_BF16 : QLM_F32) != 0) fail_msg("%s", qlm_last_error());
+            if (load_placed(&a, f.dir, &f, bf16 ? QLM_BF16 : QLM_F32, &b) != 0) fail_msg("%s", qlm_last_error());
             size_t n;
             float *logits = logits_with(&f, &b, &a, &n);
             diff[bf16] = max_diff_file(logits, n, path);
@@ -376,9 +385,9 @@ static void mixed_batch(qlm_dtype base_dtype) {
     open_fixture(&fa, "mha_attn_r8");
     open_fixture(&fb, "mha_mlp_rslora_r16");
     base_model b;
-    build_base(&b, &fa, base_dtype);
+    build_base_on(&b, &fa, base_dtype, test_backend());
     qlm_lora_adapter A, B;
-    if (load_for(&A, fa.dir, &fa, QLM_F32) != 0 || load_for(&B, fb.dir, &fb, QLM_F32) != 0)
+    if (load_placed(&A, fa.dir, &fa, QLM_F32, &b) != 0 || load_placed(&B, fb.dir, &fb, QLM_F32, &b) != 0)
         fail_msg("%s", qlm_last_error());
     const qlm_lora_adapter *use[4] = {&A, &B, NULL, &A};
     enum { PROMPT = 5, STEPS = 6, SEQ = PROMPT + STEPS };
@@ -423,7 +432,9 @@ static void mixed_batch(qlm_dtype base_dtype) {
     }
     print_message("mixed batch {A, B, none, A} on a %s base: max|diff| vs each sequence alone %.3g\n",
                   qlm_dtype_name(base_dtype), worst);
-    assert_true(worst <= 1e-5);
+    /* On a GPU the 11-row runs go through cuBLAS and the 4-row steps through the GEMV kernel: the
+     * same products summed in another order (about 1e-6 of the largest logit). */
+    assert_true(worst <= (b.m.be->host_memory ? 1e-5 : 5e-5));
     qlm_state_free(&s, &b.m);
     free(got);
     free(alone);
@@ -764,8 +775,8 @@ static void test_registry(void **state) {
     open_fixture(&f, "mha_attn_r8");
     open_fixture(&q, "qwen2_all_rslora_r4");
     qlm_lora_registry r;
-    assert_int_equal(qlm_lora_registry_init(&r, &f.src.cfg, &q.src.t5), -1);
-    assert_int_equal(qlm_lora_registry_init(&r, &f.src.cfg, NULL), 0);
+    assert_int_equal(qlm_lora_registry_init(&r, &f.src.cfg, &q.src.t5, NULL), -1);
+    assert_int_equal(qlm_lora_registry_init(&r, &f.src.cfg, NULL, NULL), 0);
     assert_null(qlm_lora_registry_default(&r));
     assert_int_equal(qlm_lora_registry_load(&r, "a", FIX "/mha_attn_r8", QLM_F32), 0);
     assert_int_equal(qlm_lora_registry_load(&r, "b", FIX "/mha_mlp_rslora_r16", QLM_BF16), 0);
@@ -834,7 +845,7 @@ static void test_registry(void **state) {
     /* A T5 registry. */
     fixture t;
     open_fixture(&t, "t5_all_patterns_r8");
-    assert_int_equal(qlm_lora_registry_init(&r, NULL, &t.src.t5), 0);
+    assert_int_equal(qlm_lora_registry_init(&r, NULL, &t.src.t5, NULL), 0);
     assert_int_equal(qlm_lora_registry_load(&r, "all", FIX "/t5_all_patterns_r8", QLM_F32), 0);
     assert_int_equal(qlm_lora_registry_load(&r, "qv", FIX "/t5_qv_rslora_r16", QLM_BF16), 0);
     assert_int_equal(qlm_lora_registry_load(&r, "m", FIX "/mha_attn_r8", QLM_F32), -1);
@@ -878,7 +889,7 @@ static void test_bad_adapters(void **state) {
     base_model b;
     build_base(&b, &f, QLM_F32);
     qlm_lora_registry r;
-    assert_int_equal(qlm_lora_registry_init(&r, &f.src.cfg, NULL), 0);
+    assert_int_equal(qlm_lora_registry_init(&r, &f.src.cfg, NULL, NULL), 0);
     assert_int_equal(qlm_lora_registry_load(&r, "good", FIX "/mha_attn_r8", QLM_F32), 0);
     assert_int_equal(qlm_lora_registry_set_default(&r, "good"), 0);
     const qlm_lora_adapter *good = qlm_lora_registry_find(&r, "good");

@@ -89,7 +89,7 @@ static void free_weight(test_weight *t) {
 }
 
 /* The GPU's y for n rows against sum_c w[r][c] * form(x[i][c]) in double, where form rounds x to
- * BF16 on the GEMM path of BF16 and INT8 weights (more than 8 rows). */
+ * BF16 for BF16 and INT8 weights (GEMV and cuBLAS alike). */
 static void check_matmul(qlm_dtype dt, int per_channel, int rows, int cols, int n, int with_bias) {
     test_weight t;
     make_weight(&t, dt, per_channel, rows, cols, (unsigned)(rows * 31 + cols + n));
@@ -99,7 +99,7 @@ static void check_matmul(qlm_dtype dt, int per_channel, int rows, int cols, int 
     assert_non_null(dy);
     gpu->matmul(dy, dx, n, &t.dev, with_bias ? db : NULL);
     float *y = from_gpu(dy, (long)n * rows), *wrow = malloc((size_t)cols * sizeof *wrow);
-    int rounds_x = n > 8 && (dt == QLM_BF16 || dt == QLM_I8);
+    int rounds_x = dt == QLM_BF16 || dt == QLM_I8;
     double worst = 0;
     for (int r = 0; r < rows; r++) {
         qlm_weight_row_f32(&t.host, r, wrow);
@@ -321,6 +321,39 @@ static void test_attention(void **state) {
     }
 }
 
+/* A batch mixing two adapter pairs (F32 and BF16) and rows without one, on both backends. */
+static void test_lora(void **state) {
+    (void)state;
+    enum { N = 70, IN = 96, OUT = 80 };
+    const int ranks[2] = {8, 16};
+    test_weight A[2], B[2];
+    qlm_lora_ref host_ref[2], dev_ref[2];
+    for (int k = 0; k < 2; k++) {
+        qlm_dtype dt = k ? QLM_BF16 : QLM_F32;
+        make_weight(&A[k], dt, 0, ranks[k], IN, 60u + (unsigned)k);
+        make_weight(&B[k], dt, 0, OUT, ranks[k], 70u + (unsigned)k);
+        host_ref[k] = (qlm_lora_ref){&A[k].host, &B[k].host, 0.5f + k};
+        dev_ref[k] = (qlm_lora_ref){&A[k].dev, &B[k].dev, 0.5f + k};
+    }
+    const qlm_lora_ref *host_rows[N], *dev_rows[N];
+    for (int i = 0; i < N; i++) {
+        int pick = (i * 7) % 3; /* 0, 1: a pair; 2: none */
+        host_rows[i] = pick < 2 ? &host_ref[pick] : NULL;
+        dev_rows[i] = pick < 2 ? &dev_ref[pick] : NULL;
+    }
+    float *x = randv((long)N * IN, 80u, 1.0f), *y = randv((long)N * OUT, 81u, 1.0f);
+    float *dx = to_gpu(x, (size_t)N * IN * sizeof *x), *dy = to_gpu(y, (size_t)N * OUT * sizeof *y);
+    assert_int_equal(cpu->lora(y, x, N, host_rows), 0);
+    assert_int_equal(gpu->lora(dy, dx, N, dev_rows), 0);
+    float *got = from_gpu(dy, (long)N * OUT);
+    double d = rel_diff(got, y, (long)N * OUT);
+    print_message("lora, %d rows over 2 pairs and none: %.2e\n", N, d);
+    assert_true(d <= 1e-5);
+    free(x), free(y), free(got);
+    gpu->free(dx), gpu->free(dy);
+    for (int k = 0; k < 2; k++) free_weight(&A[k]), free_weight(&B[k]);
+}
+
 /* More memory than any GPU has is an error naming the size, not a crash. */
 static void test_out_of_memory(void **state) {
     (void)state;
@@ -343,7 +376,8 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_matmul),          cmocka_unit_test(test_matmul_group),
         cmocka_unit_test(test_rows_ops),        cmocka_unit_test(test_embedding_and_kv_store),
-        cmocka_unit_test(test_attention),       cmocka_unit_test(test_out_of_memory),
+        cmocka_unit_test(test_attention),       cmocka_unit_test(test_lora),
+        cmocka_unit_test(test_out_of_memory),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
