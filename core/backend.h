@@ -46,6 +46,19 @@ typedef struct {
     float scale;
 } qlm_lora_ref;
 
+/* The lora op's grouping: the rows of per_row[0..n) that share row i's pair go to rows (their
+ * count is returned); 0 when row i has no pair or an earlier row has the same one. */
+static inline int qlm_lora_group(const qlm_lora_ref *const *per_row, int n, int i, int *rows) {
+    const qlm_lora_ref *ref = per_row[i];
+    if (!ref) return 0;
+    for (int k = 0; k < i; k++)
+        if (per_row[k] == ref) return 0;
+    int m = 0;
+    for (int k = i; k < n; k++)
+        if (per_row[k] == ref) rows[m++] = k;
+    return m;
+}
+
 /* Activation functions of the feed-forward blocks. */
 typedef enum {
     QLM_ACT_SILU,      /* x * sigmoid(x): Llama's SwiGLU */

@@ -98,14 +98,10 @@ static int cpu_lora(float *y, const float *x, int n, const qlm_lora_ref *const *
         t_lora_rows_cap = (size_t)n;
     }
     for (int i = 0; i < n; i++) {
+        int m = qlm_lora_group(per_row, n, i, t_lora_rows);
+        if (m == 0) continue;
         const qlm_lora_ref *ref = per_row[i];
-        if (!ref) continue;
-        int seen = 0;
-        for (int k = 0; k < i && !seen; k++) seen = per_row[k] == ref;
-        if (seen) continue;
-        int in = ref->a->cols, r = ref->a->rows, out = ref->b->rows, m = 0;
-        for (int k = i; k < n; k++)
-            if (per_row[k] == ref) t_lora_rows[m++] = k;
+        int in = ref->a->cols, r = ref->a->rows, out = ref->b->rows;
         float *xs = qlm_cpu_scratch_get(&t_lora_x, (size_t)m * in), *ts = qlm_cpu_scratch_get(&t_lora_t, (size_t)m * r),
               *us = qlm_cpu_scratch_get(&t_lora_u, (size_t)m * out);
         if (!xs || !ts || !us) return qlm_errorf("out of memory for LoRA scratch");

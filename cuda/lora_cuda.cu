@@ -70,14 +70,9 @@ int qlm_cuda_lora(float *y, const float *x, int n, const qlm_lora_ref *const *pe
         if (per_row[i]) u_total += (size_t)per_row[i]->a->rows;
     float *u = (float *)qlm_cuda_scratch(&g_u, &g_u_cap, (u_total ? u_total : 1) * sizeof(float));
     for (int i = 0; i < n; i++) {
+        int m = qlm_lora_group(per_row, n, i, g_rows);
+        if (m == 0) continue;
         const qlm_lora_ref *ref = per_row[i];
-        if (!ref) continue;
-        int seen = 0;
-        for (int k = 0; k < i && !seen; k++) seen = per_row[k] == ref;
-        if (seen) continue;
-        int m = 0;
-        for (int k = i; k < n; k++)
-            if (per_row[k] == ref) g_rows[m++] = k;
         lora_args a;
         memset(&a, 0, sizeof a);
         a.y = y, a.x = x, a.u = u, a.a = *ref->a, a.b = *ref->b, a.scale = ref->scale, a.m = m;
