@@ -1,6 +1,9 @@
-// Attention on the GPU: one block per (query head, query row), its warps taking 32 keys at a time
-// (a lane per key for the scores, a lane per element for the values) with the softmax carried
-// online, so no score matrix is ever stored; the warps' partial sums meet in shared memory.
+// Attention on the GPU: one block per (query head, query row, span of keys), its warps taking 32
+// keys at a time (a lane per key for the scores, a lane per element for the values) with the
+// softmax carried online, so no score matrix is ever stored; the warps' partial sums meet in shared
+// memory. When few (row, head) blocks would each walk many keys (decode over a long context), the
+// keys are split into up to MAX_SPLITS spans of at least SPLIT_KEYS, each block writes its running max, sum and weighted
+// values, and a second kernel merges the spans (as flash-decoding does).
 // Covers every shape of qlm_attn_shape: causal or fixed key counts, GQA, T5's relative-position
 // bias, a batch of slots, F32 or BF16 caches.
 #include <math.h>
@@ -8,7 +11,7 @@
 
 #include "cuda_internal.h"
 
-enum { ATTN_WARPS = 8 };
+enum { ATTN_WARPS = 8, SPLIT_KEYS = 256, MAX_SPLITS = 64 };
 
 struct attn_args {
     float *out;
@@ -18,6 +21,8 @@ struct attn_args {
     int n, n_heads, group, head_dim, n_keys, bf16;
     int vec; // every key row starts 16-byte aligned and head_dim fills whole 16-byte loads
     float scale;
+    float *part; // splits > 1: [n][n_heads][splits][head_dim + 2] (max, sum, weighted values)
+    int splits, keys_per_split;
     const float *bias;
     int span, offset;
     size_t slot_stride, row_stride, head_stride;
@@ -41,12 +46,14 @@ __device__ __forceinline__ float warp_sum(float v) {
 template <int ND>
 __global__ void __launch_bounds__(ATTN_WARPS * 32) attention_kernel(attn_args a) {
     extern __shared__ float smem[];
-    const int h = blockIdx.x, i = blockIdx.y, hd = a.head_dim;
+    const int h = blockIdx.x, i = blockIdx.y, z = blockIdx.z, hd = a.head_dim;
     const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
     float *sq = smem, *s_acc = smem + hd, *s_ml = s_acc + ATTN_WARPS * hd;
     const int p = qlm_ints_at(a.pos, i);
     const int slot = a.slots.present ? qlm_ints_at(a.slots, i) : 0;
-    const int nk = a.n_keys > 0 ? (a.slot_keys.present ? qlm_ints_at(a.slot_keys, slot) : a.n_keys) : p + 1;
+    const int all_keys = a.n_keys > 0 ? (a.slot_keys.present ? qlm_ints_at(a.slot_keys, slot) : a.n_keys) : p + 1;
+    const int first = a.splits > 1 ? z * a.keys_per_split : 0;
+    const int nk = a.splits > 1 && first + a.keys_per_split < all_keys ? first + a.keys_per_split : all_keys;
     const size_t base = (size_t)slot * a.slot_stride + (size_t)(h / a.group) * a.head_stride;
     const float *qi = a.q + ((size_t)i * a.n_heads + h) * hd;
     for (int d = threadIdx.x; d < hd; d += blockDim.x) sq[d] = qi[d];
@@ -56,7 +63,7 @@ __global__ void __launch_bounds__(ATTN_WARPS * 32) attention_kernel(attn_args a)
     float m = -INFINITY, l = 0, acc[ND];
 #pragma unroll
     for (int k = 0; k < ND; k++) acc[k] = 0;
-    for (int t0 = w * 32; t0 < nk; t0 += ATTN_WARPS * 32) {
+    for (int t0 = first + w * 32; t0 < nk; t0 += ATTN_WARPS * 32) {
         const int t = t0 + lane;
         float s = -INFINITY;
         if (t < nk) {
@@ -130,6 +137,16 @@ __global__ void __launch_bounds__(ATTN_WARPS * 32) attention_kernel(attn_args a)
         wt[u] = s_ml[2 * u] == -INFINITY ? 0.0f : expf(s_ml[2 * u] - mx);
         total += wt[u] * s_ml[2 * u + 1];
     }
+    if (a.splits > 1) {
+        float *part = a.part + (((size_t)i * a.n_heads + h) * a.splits + z) * (hd + 2);
+        for (int d = threadIdx.x; d < hd; d += blockDim.x) {
+            float sum = 0;
+            for (int u = 0; u < ATTN_WARPS; u++) sum += wt[u] * s_acc[u * hd + d];
+            part[2 + d] = sum;
+        }
+        if (threadIdx.x == 0) part[0] = mx, part[1] = total;
+        return;
+    }
     float *oi = a.out + ((size_t)i * a.n_heads + h) * hd;
     for (int d = threadIdx.x; d < hd; d += blockDim.x) {
         float sum = 0;
@@ -138,9 +155,31 @@ __global__ void __launch_bounds__(ATTN_WARPS * 32) attention_kernel(attn_args a)
     }
 }
 
+// The spans of one (row, head) merged: each span's sums rescaled to the largest max.
+__global__ void attention_merge_kernel(attn_args a) {
+    const int h = blockIdx.x, i = blockIdx.y, hd = a.head_dim;
+    const float *part = a.part + ((size_t)i * a.n_heads + h) * a.splits * (hd + 2);
+    float mx = -INFINITY;
+    for (int z = 0; z < a.splits; z++) mx = fmaxf(mx, part[z * (hd + 2)]);
+    float total = 0;
+    for (int z = 0; z < a.splits; z++) {
+        float m = part[z * (hd + 2)];
+        if (m != -INFINITY) total += expf(m - mx) * part[z * (hd + 2) + 1];
+    }
+    float *oi = a.out + ((size_t)i * a.n_heads + h) * hd;
+    for (int d = threadIdx.x; d < hd; d += blockDim.x) {
+        float sum = 0;
+        for (int z = 0; z < a.splits; z++) {
+            float m = part[z * (hd + 2)];
+            if (m != -INFINITY) sum += expf(m - mx) * part[z * (hd + 2) + 2 + d];
+        }
+        oi[d] = total > 0 ? sum / total : 0.0f;
+    }
+}
+
 static void launch_attention(const void *p) {
     const attn_args &a = *(const attn_args *)p;
-    dim3 grid(a.n_heads, a.n);
+    dim3 grid(a.n_heads, a.n, a.splits);
     size_t smem = ((size_t)a.head_dim * (1 + ATTN_WARPS) + 2 * ATTN_WARPS) * sizeof(float);
     int nd = (a.head_dim + 31) / 32;
     if (nd <= 1)
@@ -155,7 +194,14 @@ static void launch_attention(const void *p) {
         attention_kernel<16><<<grid, ATTN_WARPS * 32, smem, qlm_cuda_stream>>>(a);
     else
         attention_kernel<32><<<grid, ATTN_WARPS * 32, smem, qlm_cuda_stream>>>(a);
+    if (a.splits > 1) {
+        LAUNCH_CHECK();
+        attention_merge_kernel<<<dim3(a.n_heads, a.n), 128, 0, qlm_cuda_stream>>>(a);
+    }
 }
+
+static void *g_part;
+static size_t g_part_cap;
 
 void qlm_cuda_attention(float *out, const float *q, const void *k, const void *v, int n, const int *pos,
                         const qlm_attn_shape *sh) {
@@ -187,6 +233,21 @@ void qlm_cuda_attention(float *out, const float *q, const void *k, const void *v
     a.slot_stride = sh->slots ? sh->slot_stride : 0;
     a.row_stride = sh->row_stride ? sh->row_stride : (size_t)sh->n_kv_heads * hd;
     a.head_stride = sh->head_stride ? sh->head_stride : (size_t)hd;
+    // Split the keys when the (row, head) blocks alone would leave most of the GPU idle.
+    int max_keys = 0;
+    for (int i = 0; i < n; i++) {
+        int nk = sh->n_keys > 0 ? (sh->slots && sh->slot_keys ? sh->slot_keys[sh->slots[i]] : sh->n_keys) : pos[i] + 1;
+        if (nk > max_keys) max_keys = nk;
+    }
+    a.splits = 1;
+    if ((long)n * sh->n_heads < 256 && max_keys > 2 * SPLIT_KEYS) {
+        a.splits = (max_keys + SPLIT_KEYS - 1) / SPLIT_KEYS;
+        if (a.splits > MAX_SPLITS) a.splits = MAX_SPLITS;
+        a.keys_per_split = ((max_keys + a.splits - 1) / a.splits + 31) & ~31;
+    }
+    if (a.splits > 1)
+        a.part = (float *)qlm_cuda_scratch(&g_part, &g_part_cap,
+                                           (size_t)n * sh->n_heads * a.splits * (hd + 2) * sizeof(float));
     size_t esize = sh->kv_bf16 ? 2 : 4;
     a.vec = (hd * esize) % 16 == 0 && (a.row_stride * esize) % 16 == 0 && (a.head_stride * esize) % 16 == 0 &&
             (a.slot_stride * esize) % 16 == 0 && (uintptr_t)k % 16 == 0;

@@ -318,6 +318,9 @@ static void test_attention(void **state) {
         check_attention(6, 4, 4, 96, 300, 0, 1, 1, bf);   /* T5 decoder: slots + causal bias */
         check_attention(7, 4, 4, 8, 45, 1, 0, 1, bf);     /* cross-attention: per-slot key counts */
         check_attention(100, 6, 2, 256, 100, 0, 0, 0, bf); /* wide heads, many rows (device index arrays) */
+        check_attention(1, 32, 4, 64, 2048, 0, 0, 0, bf);  /* decode over a long context: keys split */
+        check_attention(3, 8, 8, 64, 1500, 1, 1, 1, bf);   /* split, per-slot key counts (one under a span), bias */
+        check_attention(2, 4, 4, 64, 40000, 0, 0, 0, bf);  /* more keys than MAX_SPLITS spans of 256 */
     }
 }
 
