@@ -1,9 +1,10 @@
 // The CUDA backend: device start-up, the memory pool, transfers, and the op table. Every op is
 // queued on one stream, so ops run in the order model code calls them and only to_host waits.
-// The model runs from one thread at a time (the server's scheduler), as on the CPU.
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include <mutex>
 
 #include "cuda_internal.h"
 
@@ -178,33 +179,46 @@ static void cuda_describe(char *out, size_t len) {
              g_prop.minor, g_prop.multiProcessorCount, free_b / 1073741824.0, total_b / 1073741824.0);
 }
 
+// Every entry of the table holds one lock: the model runs from one thread, but a server may load
+// or unload an adapter (upload, free) from another while a step is being queued, and the queue,
+// the pool and the staging ring are shared. Recursive, as uploads flush through the same entries.
+static std::recursive_mutex g_lock;
+
+template <auto F> struct locked;
+template <typename R, typename... A, R (*F)(A...)> struct locked<F> {
+    static R call(A... args) {
+        std::lock_guard<std::recursive_mutex> hold(g_lock);
+        return F(args...);
+    }
+};
+
 // Inference ops only: the training ops stay NULL until they have GPU forms (the trainer checks).
 static qlm_backend cuda_backend;
 
 static void fill_table(qlm_backend *b) {
     b->name = "cuda";
     b->host_memory = 0;
-    b->alloc = qlm_cuda_alloc;
-    b->free = qlm_cuda_free;
-    b->upload = cuda_upload;
-    b->bandwidth_gbs = cuda_bandwidth_gbs;
-    b->describe = cuda_describe;
-    b->matmul = qlm_cuda_matmul;
-    b->matmul_group = qlm_cuda_matmul_group;
-    b->lora = qlm_cuda_lora;
-    b->rmsnorm = qlm_cuda_rmsnorm;
-    b->rope = qlm_cuda_rope;
-    b->attention = qlm_cuda_attention;
-    b->glu = qlm_cuda_glu;
-    b->activate = qlm_cuda_activate;
-    b->add = qlm_cuda_add;
-    b->embedding = qlm_cuda_embedding;
-    b->copy = qlm_cuda_copy;
-    b->kv_store = qlm_cuda_kv_store;
-    b->to_device = cuda_to_device;
-    b->to_host = cuda_to_host;
-    b->scale = qlm_cuda_scale;
-    b->zero = qlm_cuda_zero;
+    b->alloc = locked<qlm_cuda_alloc>::call;
+    b->free = locked<qlm_cuda_free>::call;
+    b->upload = locked<cuda_upload>::call;
+    b->bandwidth_gbs = locked<cuda_bandwidth_gbs>::call;
+    b->describe = locked<cuda_describe>::call;
+    b->matmul = locked<qlm_cuda_matmul>::call;
+    b->matmul_group = locked<qlm_cuda_matmul_group>::call;
+    b->lora = locked<qlm_cuda_lora>::call;
+    b->rmsnorm = locked<qlm_cuda_rmsnorm>::call;
+    b->rope = locked<qlm_cuda_rope>::call;
+    b->attention = locked<qlm_cuda_attention>::call;
+    b->glu = locked<qlm_cuda_glu>::call;
+    b->activate = locked<qlm_cuda_activate>::call;
+    b->add = locked<qlm_cuda_add>::call;
+    b->embedding = locked<qlm_cuda_embedding>::call;
+    b->copy = locked<qlm_cuda_copy>::call;
+    b->kv_store = locked<qlm_cuda_kv_store>::call;
+    b->to_device = locked<cuda_to_device>::call;
+    b->to_host = locked<cuda_to_host>::call;
+    b->scale = locked<qlm_cuda_scale>::call;
+    b->zero = locked<qlm_cuda_zero>::call;
 }
 
 // Start-up happens once; its failure (no device, no driver) is an error the caller can report.
