@@ -60,16 +60,18 @@ static void cpu_rmsnorm(float *out, const float *x, const float *weight, int n, 
     }
 }
 
-void qlm_cpu_rope_rotate(float *x, int n, const int *pos, int n_heads, int head_dim, const float *inv_freq,
-                         float direction) {
+/* Each (row, frequency) angle is computed once for the query heads and the key heads. */
+void qlm_cpu_rope_rotate(float *q, float *k, int n, const int *pos, int n_heads, int n_kv_heads, int head_dim,
+                         const float *inv_freq, float direction) {
     int half = head_dim / 2;
 #pragma omp parallel for if (n > 1)
     for (int i = 0; i < n; i++) {
         for (int j = 0; j < half; j++) {
             float angle = (float)pos[i] * inv_freq[j];
             float c = cosf(angle), s = direction * sinf(angle);
-            for (int h = 0; h < n_heads; h++) {
-                float *v = x + ((size_t)i * n_heads + h) * head_dim;
+            for (int h = 0; h < n_heads + n_kv_heads; h++) {
+                float *v = h < n_heads ? q + ((size_t)i * n_heads + h) * head_dim
+                                       : k + ((size_t)i * n_kv_heads + h - n_heads) * head_dim;
                 float a = v[j], b = v[j + half];
                 v[j] = a * c - b * s;
                 v[j + half] = b * c + a * s;
@@ -80,8 +82,7 @@ void qlm_cpu_rope_rotate(float *x, int n, const int *pos, int n_heads, int head_
 
 static void cpu_rope(float *q, float *k, int n, const int *pos, int n_heads, int n_kv_heads, int head_dim,
                      const float *inv_freq) {
-    qlm_cpu_rope_rotate(q, n, pos, n_heads, head_dim, inv_freq, 1.0f);
-    qlm_cpu_rope_rotate(k, n, pos, n_kv_heads, head_dim, inv_freq, 1.0f);
+    qlm_cpu_rope_rotate(q, k, n, pos, n_heads, n_kv_heads, head_dim, inv_freq, 1.0f);
 }
 
 static _Thread_local qlm_cpu_scratch t_lora_x, t_lora_t, t_lora_u;

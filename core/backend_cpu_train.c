@@ -119,8 +119,7 @@ void qlm_cpu_rmsnorm_backward(float *dx, float *dweight, const float *dout, cons
 void qlm_cpu_rope_backward(float *dq, float *dk, int n, const int *pos, int n_heads, int n_kv_heads, int head_dim,
                            const float *inv_freq) {
     /* a rotation's inverse */
-    qlm_cpu_rope_rotate(dq, n, pos, n_heads, head_dim, inv_freq, -1.0f);
-    qlm_cpu_rope_rotate(dk, n, pos, n_kv_heads, head_dim, inv_freq, -1.0f);
+    qlm_cpu_rope_rotate(dq, dk, n, pos, n_heads, n_kv_heads, head_dim, inv_freq, -1.0f);
 }
 
 

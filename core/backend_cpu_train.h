@@ -9,9 +9,10 @@ int qlm_cpu_matmul_backward_x(float *dx, const float *dy, int n, const qlm_weigh
 void qlm_cpu_matmul_backward_w(float *dw, float *db, const float *dy, const float *x, int n, int rows, int cols);
 void qlm_cpu_rmsnorm_backward(float *dx, float *dweight, const float *dout, const float *x, const float *weight, int n,
                               int dim, float eps);
-/* Rotate-half RoPE by +angle (direction 1: the forward) or -angle (-1: its backward), in place. */
-void qlm_cpu_rope_rotate(float *x, int n, const int *pos, int n_heads, int head_dim, const float *inv_freq,
-                         float direction);
+/* Rotate-half RoPE of queries and keys by +angle (direction 1: the forward) or -angle (-1: its
+ * backward), in place. */
+void qlm_cpu_rope_rotate(float *q, float *k, int n, const int *pos, int n_heads, int n_kv_heads, int head_dim,
+                         const float *inv_freq, float direction);
 void qlm_cpu_rope_backward(float *dq, float *dk, int n, const int *pos, int n_heads, int n_kv_heads, int head_dim,
                            const float *inv_freq);
 int qlm_cpu_attention_backward(float *dq, float *dk, float *dv, float *dpos_bias, const float *dout, const float *q,
