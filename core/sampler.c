@@ -50,9 +50,23 @@ void qlm_sampler_free(qlm_sampler *s) {
     s->prob = NULL;
 }
 
+/* Running maxima qlm_argmax keeps side by side: one compare-and-select chain over n elements is
+ * latency-bound, and greedy decoding of a batch runs it over every row's vocabulary each step. */
+#define ARGMAX_LANES 8
+
 int qlm_argmax(const float *x, int n) {
+    if (n <= 0) return 0;
+    float m[ARGMAX_LANES];
+    int at[ARGMAX_LANES];
+    for (int j = 0; j < ARGMAX_LANES; j++) m[j] = x[0], at[j] = 0;
+    int i = 1;
+    for (; i + ARGMAX_LANES <= n; i += ARGMAX_LANES)
+        for (int j = 0; j < ARGMAX_LANES; j++)
+            if (x[i + j] > m[j]) m[j] = x[i + j], at[j] = i + j;
     int best = 0;
-    for (int i = 1; i < n; i++)
+    for (int j = 0; j < ARGMAX_LANES; j++)
+        if (m[j] > x[best] || (m[j] == x[best] && at[j] < best)) best = at[j];
+    for (; i < n; i++)
         if (x[i] > x[best]) best = i;
     return best;
 }

@@ -73,8 +73,7 @@ typedef struct {
     int max_src, max_tgt, n_slots;
     int *n_src;                   /* per slot: encoded input length (0: none yet) */
     float *enc_out;               /* [max_src][d_model] of the last encoded input */
-    qlm_dtype kv_dtype;           /* of k_cache and v_cache: qlm_kv_dtype of the weights */
-    qlm_dtype cross_dtype;        /* of cross_k and cross_v: qlm_cross_kv_dtype of the weights */
+    qlm_dtype kv_dtype;           /* of the caches and cross_k/cross_v: qlm_kv_dtype of the weights */
     void **cross_k, **cross_v;    /* per decoder layer: [n_slots][heads][max_src][d_kv] (core/kv_cache.h) */
     void **k_cache, **v_cache;    /* per decoder layer: [n_slots][heads][max_tgt][d_kv] (core/kv_cache.h) */
     float *enc_bias, *dec_bias;   /* relative biases by delta: [heads][span] */

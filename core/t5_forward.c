@@ -49,11 +49,10 @@ int qlm_t5_state_init(qlm_t5_state *s, const qlm_t5_model *m, int max_src, int m
     s->n_src = calloc((size_t)n_slots, sizeof *s->n_src);
     if (!s->n_src || !s->cross_k || !s->cross_v || !s->k_cache || !s->v_cache || !s->pos) goto oom;
     s->kv_dtype = qlm_kv_dtype(m->dtype);
-    s->cross_dtype = qlm_cross_kv_dtype(m->dtype);
-    size_t esize = qlm_kv_elem_size(s->kv_dtype), cross_esize = qlm_kv_elem_size(s->cross_dtype);
+    size_t esize = qlm_kv_elem_size(s->kv_dtype);
     for (size_t l = 0; l < nd; l++) {
-        s->cross_k[l] = be->alloc((size_t)n_slots * max_src * inner * cross_esize);
-        s->cross_v[l] = be->alloc((size_t)n_slots * max_src * inner * cross_esize);
+        s->cross_k[l] = be->alloc((size_t)n_slots * max_src * inner * esize);
+        s->cross_v[l] = be->alloc((size_t)n_slots * max_src * inner * esize);
         s->k_cache[l] = be->alloc((size_t)n_slots * max_tgt * inner * esize);
         s->v_cache[l] = be->alloc((size_t)n_slots * max_tgt * inner * esize);
         if (!s->cross_k[l] || !s->cross_v[l] || !s->k_cache[l] || !s->v_cache[l]) goto oom;
@@ -165,7 +164,7 @@ int qlm_t5_encode(const qlm_t5_model *m, qlm_t5_state *s, int slot, const int *i
         const qlm_matmul_out kv[] = {{s->k, &m->dec[l].ck, NULL}, {s->v, &m->dec[l].cv, NULL}};
         static const int kv_targets[] = {QLM_LORA_CROSS_K, QLM_LORA_CROSS_V};
         if (PROJ_GROUP(kv, kv_targets, 2, s->enc_out)) return -1;
-        be->kv_store(s->cross_k[l], s->cross_v[l], s->cross_dtype, s->k, s->v, n, NULL, slot, s->pos, c->n_heads, c->d_kv,
+        be->kv_store(s->cross_k[l], s->cross_v[l], s->kv_dtype, s->k, s->v, n, NULL, slot, s->pos, c->n_heads, c->d_kv,
                      s->max_src);
     }
     s->n_src[slot] = n;
@@ -178,7 +177,7 @@ static void slot_attention(const qlm_t5_model *m, qlm_t5_state *s, void **k, voi
                            const int *pos, const int *slots, int n, int cross) {
     qlm_attn_shape sh = cross ? attn_shape(m, slots ? s->max_src : s->n_src[0], NULL, 0, 0)
                               : attn_shape(m, 0, s->dec_bias, s->dec_span, s->max_tgt - 1);
-    qlm_kv_shape(&sh, slot_rows, cross ? s->cross_dtype : s->kv_dtype);
+    qlm_kv_shape(&sh, slot_rows, s->kv_dtype);
     if (slots) {
         sh.slots = slots;
         sh.slot_keys = cross ? s->n_src : NULL;

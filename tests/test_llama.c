@@ -105,9 +105,11 @@ static void check_fixture(const char *name) {
     if (qlm_source_open(&src, dir, NULL) != 0) fail_msg("%s", qlm_last_error());
     reference r;
     load_reference(dir, &r, src.cfg.vocab_size);
+    /* BF16: transformers' own BF16 run of these fixtures lands 2.0-3.6% from its F32 logits
+     * (tools/check_bf16_reference.py); qlm's, with BF16 caches as there, 1.1-2.6%. */
     const precision_case cases[] = {
         {QLM_F32, 0, 0, 64},          /* absolute 1e-4, checked below */
-        {QLM_BF16, 0, 0.025, 16},     {QLM_F16, 0, 0.004, 32},
+        {QLM_BF16, 0, 0.03, 16},      {QLM_F16, 0, 0.004, 32},
         {QLM_I8, 0, 0.12, 0},         {QLM_I8, 1, 0.10, 0},
     };
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
