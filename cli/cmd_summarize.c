@@ -492,9 +492,9 @@ static int summarize_batch(const options *o, cli_model *cm, const prompter *p) {
     if (brc != 0) goto out;
     if (!o->quiet && j.first < j.in.n)
         fprintf(stderr, "summarize: %d dialogues in %.1f s (%.2f dialogues/s), %ld tokens generated (%.1f tok/s), "
-                        "%ld decode steps\n",
+                        "%ld decode steps; %ld of %ld prompt tokens reused from an earlier prompt's cache\n",
                 j.done_this_run, seconds, j.done_this_run / (seconds + 1e-9), bs.generated_tokens,
-                bs.generated_tokens / (seconds + 1e-9), bs.steps);
+                bs.generated_tokens / (seconds + 1e-9), bs.steps, bs.reused_tokens, bs.prompt_tokens);
     rc = o->eval ? evaluate(&j, seconds) : 0;
 out:
     if (j.out && fclose(j.out) != 0 && rc == 0) rc = qlm_errorf("%s: %s", o->out, strerror(errno));

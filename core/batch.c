@@ -13,6 +13,12 @@ typedef struct {
     qlm_batch_request req;
     int *tokens; /* decoder-only: prompt + output; T5: decoder tokens from its start token */
     int n_tokens;
+    /* Decoder-only: the leading tokens whose keys and values the slot's caches hold (kept after the
+     * request ends, for a later prompt that starts the same way), the adapter they were computed
+     * with, and the request's admission number. */
+    int n_cached;
+    const struct qlm_lora_adapter *cache_adapter;
+    long admitted;
     qlm_token_stream ts;
     qlm_gen_stats stats;
     char *text;
@@ -28,6 +34,7 @@ struct qlm_batch {
     float *logits;      /* [n_slots][vocab]: each slot's next-token logits */
     float *row_logits;  /* [n_slots][vocab]: one decode step's output rows */
     int *ids, *pos, *slot_of, *rows;
+    long admissions;
 };
 
 typedef struct qlm_batch batch;
@@ -52,6 +59,12 @@ static int forward(batch *b, const int *ids, const int *pos, const int *slots, i
     const qlm_batch_config *c = &b->cfg;
     int rc = c->t5 ? qlm_t5_decode(c->t5, &b->t5, ids, pos, slots, n, rows, n_rows, b->row_logits)
                    : qlm_forward_slots(c->model, &b->kv, ids, pos, slots, n, rows, n_rows, b->row_logits);
+    /* A failed pass may have written part of its slots' caches. */
+    for (int r = 0; r < n; r++) {
+        slot *s = &b->slots[slots[r]];
+        if (rc != 0) s->n_cached = 0;
+        else if (pos[r] + 1 > s->n_cached) s->n_cached = pos[r] + 1;
+    }
     if (rc != 0) return -1;
     for (int r = 0; r < n_rows; r++)
         memcpy(b->logits + (size_t)slots[rows[r]] * b->vocab, b->row_logits + (size_t)r * b->vocab,
@@ -63,6 +76,57 @@ static int forward(batch *b, const int *ids, const int *pos, const int *slots, i
  * prompt's attention is blocked, and so its rounding. */
 static int step_rows(const batch *b) {
     return b->cfg.t5 ? b->t5.rows : b->kv.max_batch;
+}
+
+/* Shared prompt prefixes shorter than this are evaluated again rather than copied or waited for. */
+#define PREFIX_MIN 16
+
+static int common_prefix(const int *a, int na, const int *b, int nb) {
+    int k = 0;
+    while (k < na && k < nb && a[k] == b[k]) k++;
+    return k;
+}
+
+/* The longest prefix of slot s's prompt, all but its last token at most (which is evaluated for the
+ * first logits), whose keys and values some slot's caches hold for the same adapter; *from: that slot. */
+static int cached_prefix(const batch *b, const slot *s, int *from) {
+    int best = 0;
+    *from = -1;
+    for (int j = 0; j < b->cfg.n_slots; j++) {
+        const slot *o = &b->slots[j];
+        if (o->cache_adapter != s->req.adapter) continue;
+        int k = common_prefix(s->tokens, s->n_tokens - 1, o->tokens, o->n_cached);
+        if (k > best) best = k, *from = j;
+    }
+    return best;
+}
+
+/* Whether a prompt admitted before slot s's and not yet in its caches shares more of s's prompt
+ * than any cache holds (have), so that s does better to wait a step and copy it. Only earlier
+ * requests are awaited, so the earliest waiting prompt always goes ahead. */
+static int awaits_prefix(const batch *b, const slot *s, int have) {
+    for (int j = 0; j < b->cfg.n_slots; j++) {
+        const slot *o = &b->slots[j];
+        if (!o->active || o->admitted >= s->admitted || o->n_cached >= o->req.n_ids || o->req.adapter != s->req.adapter)
+            continue;
+        int k = common_prefix(s->tokens, s->n_tokens - 1, o->tokens, o->req.n_ids);
+        if (k >= PREFIX_MIN && k > have) return 1;
+    }
+    return 0;
+}
+
+/* The first position of pending slot i's prompt to evaluate: a long enough prefix that a cache holds
+ * is copied into slot i (when another slot holds it) and skipped. The skipped rows' keys and values
+ * are what the prompt's own would be, up to the rounding of how its remaining rows are grouped. */
+static int reuse_prefix(batch *b, int i, qlm_batch_stats *st) {
+    slot *s = &b->slots[i];
+    if (b->cfg.t5) return 0;
+    int from, k = cached_prefix(b, s, &from);
+    if (k < PREFIX_MIN) return 0;
+    if (qlm_state_copy_prefix(b->cfg.model, &b->kv, i, from, k) != 0) return -1;
+    s->n_cached = k;
+    st->reused_tokens += k;
+    return k;
 }
 
 /* Puts a new request into slot i. Its prompt (T5: the encoder runs now, and the decoder's start
@@ -83,23 +147,29 @@ static int admit(batch *b, int i, const qlm_batch_request *req, qlm_batch_stats 
         s->tokens[0] = c->t5->cfg.decoder_start_id;
         s->n_tokens = 1;
     } else {
+        /* What the caches keep of the slot's last request, for the new prompt. */
+        s->n_cached = s->cache_adapter == req->adapter ? common_prefix(req->ids, req->n_ids, s->tokens, s->n_cached) : 0;
+        s->cache_adapter = req->adapter;
         memcpy(s->tokens, req->ids, (size_t)req->n_ids * sizeof *req->ids);
         s->n_tokens = req->n_ids;
         prev = s->tokens[s->n_tokens - 1];
     }
+    s->admitted = b->admissions++;
     if (qlm_token_stream_init(&s->ts, c->tok, req->params, b->vocab, prev, collect_text, s, &s->stats) != 0) return -1;
     s->active = 1;
     s->pending = 1;
     st->prompt_tokens += req->n_ids;
     if (s->n_tokens <= step_rows(b) - c->n_slots) return 0;
-    int n = s->n_tokens, *pos = malloc((size_t)n * 2 * sizeof *pos);
+    int start = reuse_prefix(b, i, st);
+    if (start < 0) return -1;
+    int n = s->n_tokens - start, *pos = malloc((size_t)n * 2 * sizeof *pos);
     if (!pos) return qlm_errorf("out of memory");
     int *slots = pos + n, last = n - 1;
     for (int k = 0; k < n; k++) {
-        pos[k] = k;
+        pos[k] = start + k;
         slots[k] = i;
     }
-    int rc = forward(b, s->tokens, pos, slots, n, &last, 1);
+    int rc = forward(b, s->tokens + start, pos, slots, n, &last, 1);
     free(pos);
     s->pending = rc != 0;
     return rc;
@@ -110,8 +180,10 @@ static int retire(batch *b, int i, qlm_batch_done_fn done, void *ctx, qlm_batch_
     slot *s = &b->slots[i];
     qlm_token_stream_finish(&s->ts);
     s->active = 0;
-    /* The adapter may be unloaded once its request is done: the free slot must not keep it. */
+    /* The adapter may be unloaded once its request is done: the free slot must not keep it, nor keys
+     * and values computed with it (another adapter could take its address). */
     qlm_lora_slots_set(b->cfg.t5 ? &b->t5.lora : &b->kv.lora, i, NULL);
+    if (s->cache_adapter) s->n_cached = 0, s->cache_adapter = NULL;
     st->requests++;
     st->generated_tokens += s->stats.n_generated;
     if (done(ctx, &s->req, s->text ? s->text : "", s->len, &s->stats) != 0)
@@ -243,10 +315,18 @@ int qlm_batch_drain(qlm_batch *b, qlm_batch_next_fn next, qlm_batch_done_fn done
          * last row are its first token's. Rows are independent in every op (matmul rows, a
          * prompt's own attention form), so each request still gets what it gets alone. */
         int n_logits = n;
-        for (int i = 0; i < cfg->n_slots; i++) {
+        for (int i = 0; i < cfg->n_slots && rc == 0; i++) {
             slot *s = &b->slots[i];
-            if (!s->active || !s->pending || n + s->n_tokens > step_rows(b)) continue;
-            for (int k = 0; k < s->n_tokens; k++, n++) {
+            if (!s->active || !s->pending) continue;
+            int from, have = cfg->t5 ? 0 : cached_prefix(b, s, &from);
+            if (have < PREFIX_MIN) have = 0;
+            if (n + s->n_tokens - have > step_rows(b) || (!cfg->t5 && awaits_prefix(b, s, have))) continue;
+            int start = reuse_prefix(b, i, stats);
+            if (start < 0) {
+                rc = -1;
+                break;
+            }
+            for (int k = start; k < s->n_tokens; k++, n++) {
                 b->ids[n] = s->tokens[k];
                 b->pos[n] = k;
                 b->slot_of[n] = i;

@@ -1,7 +1,9 @@
 /* Continuous batching: many independent requests decoded together on one model. Each request
  * takes a free slot (its own KV cache region), is prefilled on its own, then joins the decode
  * step, where one forward pass computes the next token of every active slot, reading the
- * weights once for all of them. A finished request frees its slot at once for the next one. */
+ * weights once for all of them. A finished request frees its slot at once for the next one. A
+ * decoder-only prompt that starts like one already evaluated (16 tokens or more, same adapter)
+ * copies that prefix's keys and values from the slot that holds them instead of evaluating it. */
 #ifndef QLM_BATCH_H
 #define QLM_BATCH_H
 
@@ -39,6 +41,7 @@ typedef struct {
 typedef struct {
     int requests;
     long prompt_tokens, generated_tokens;
+    long reused_tokens;       /* prompt tokens whose keys and values were copied from an earlier prompt's */
     long steps;               /* decode forward passes */
     double seconds;
 } qlm_batch_stats;

@@ -67,6 +67,24 @@ void qlm_state_free(qlm_kv_state *s, const qlm_model *m) {
     memset(s, 0, sizeof *s);
 }
 
+int qlm_state_copy_prefix(const qlm_model *m, qlm_kv_state *s, int dst, int src, int n) {
+    const qlm_llama_config *c = &m->cfg;
+    if (dst < 0 || dst >= s->n_slots || src < 0 || src >= s->n_slots || n < 0 || n > s->max_seq)
+        return qlm_errorf("cache copy of %d positions from slot %d to slot %d is outside %d slots of %d", n, src, dst,
+                          s->n_slots, s->max_seq);
+    if (dst == src || n == 0) return 0;
+    /* A head's run of positions is contiguous (core/kv_cache.h), and whole floats long: head_dim is even. */
+    size_t esize = qlm_kv_elem_size(s->kv_dtype), run = (size_t)s->max_seq * c->head_dim * esize;
+    long floats = (long)((size_t)n * c->head_dim * esize / sizeof(float));
+    for (int l = 0; l < c->n_layers; l++)
+        for (int h = 0; h < c->n_kv_heads; h++) {
+            size_t to = ((size_t)dst * c->n_kv_heads + h) * run, from = ((size_t)src * c->n_kv_heads + h) * run;
+            m->be->copy((float *)((char *)s->k_cache[l] + to), (const float *)((char *)s->k_cache[l] + from), floats);
+            m->be->copy((float *)((char *)s->v_cache[l] + to), (const float *)((char *)s->v_cache[l] + from), floats);
+        }
+    return 0;
+}
+
 /* A projection of layer l with each row's LoRA update, and the same for several of one x. */
 #define PROJ(y, x, w, b, target) qlm_matmul_lora(be, &s->lora, y, x, n, w, b, slots, 0, 0, l, target)
 #define PROJ_GROUP(outs, targets, count, x) qlm_matmul_lora_group(be, &s->lora, outs, targets, count, x, n, slots, 0, 0, l)

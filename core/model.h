@@ -84,6 +84,10 @@ typedef struct {
 int qlm_state_init(qlm_kv_state *s, const qlm_model *m, int max_seq, int max_batch);
 int qlm_state_init_slots(qlm_kv_state *s, const qlm_model *m, int max_seq, int n_slots, int max_batch);
 void qlm_state_free(qlm_kv_state *s, const qlm_model *m);
+/* Copies the keys and values of positions [0, n) of slot src into slot dst (a prompt prefix that
+ * another request already evaluated: every row's keys and values depend only on the tokens up to
+ * it). */
+int qlm_state_copy_prefix(const qlm_model *m, qlm_kv_state *s, int dst, int src, int n);
 
 /* Runs n tokens at positions pos[0..n) (all positions of earlier tokens must already be in the
  * cache). Writes logits for the rows listed in logit_rows (n_logit_rows of them, ascending, each

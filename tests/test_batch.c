@@ -51,13 +51,13 @@ static int collect(void *user, const char *text, size_t len) {
     return 0;
 }
 
-/* Requests: prompts of 1..19 tokens (or the lengths given), 0..40 new tokens, one stop string,
- * some sampled. */
-static void make_requests(request *r, int vocab, int first_id, const int *lengths) {
+/* Requests: prompts of 1..19 tokens (or the lengths given) whose first `shared` tokens are the same,
+ * 0..40 new tokens, one stop string, some sampled. */
+static void make_requests(request *r, int vocab, int first_id, const int *lengths, int shared) {
     for (int i = 0; i < N_REQ; i++) {
         r[i].n_ids = lengths ? lengths[i] : 1 + (i * 7) % 19;
         r[i].ids[0] = first_id;
-        for (int k = 1; k < r[i].n_ids; k++) r[i].ids[k] = 3 + (i * 31 + k * 17) % (vocab - 3);
+        for (int k = 1; k < r[i].n_ids; k++) r[i].ids[k] = 3 + ((k < shared ? 0 : i * 31) + k * 17) % (vocab - 3);
         r[i].params = (qlm_gen_params){.sampling = qlm_sampling_defaults(), .max_new_tokens = (i * 13) % 41,
                                        .out_ids = r[i].out};
         r[i].params.sampling.temperature = i % 3 == 2 ? 1.0f : 0.0f;
@@ -70,7 +70,8 @@ static void make_requests(request *r, int vocab, int first_id, const int *length
     }
 }
 
-static void compare(const qlm_batch_config *bc, request *reqs, qlm_session *single) {
+/* Returns the prompt tokens the batch reused from earlier prompts' caches. */
+static long compare(const qlm_batch_config *bc, request *reqs, qlm_session *single) {
     run_ctx c = {.reqs = reqs, .n = N_REQ};
     qlm_batch_stats bs;
     if (qlm_batch_run(bc, next_req, done_req, &c, &bs) != 0) fail_msg("%s", qlm_last_error());
@@ -93,7 +94,8 @@ static void compare(const qlm_batch_config *bc, request *reqs, qlm_session *sing
     print_message("batch of %d requests in %d slots: %ld decode steps, %ld tokens generated, completion order", N_REQ,
                   bc->n_slots, bs.steps, bs.generated_tokens);
     for (int i = 0; i < N_REQ; i++) print_message(" %d", c.order[i]);
-    print_message("\n");
+    print_message("; %ld prompt tokens reused\n", bs.reused_tokens);
+    return bs.reused_tokens;
 }
 
 /* stories260K (llama2.c, with its tokenizer) built in F32. */
@@ -106,25 +108,28 @@ static void open_stories260k(qlm_source *src, qlm_model *m) {
     assert_int_equal(qlm_model_build(m, &src->cfg, src->store, &o), 0);
 }
 
-/* stories260K requests of the given prompt lengths (NULL: 1..19) through a 3-slot batch and alone. */
-static void decoder_vs_session(const int *lengths, int max_prompt) {
+/* stories260K requests of the given prompt lengths (NULL: 1..19) through a 3-slot batch and alone;
+ * returns the prompt tokens the batch reused. */
+static long decoder_vs_session(const int *lengths, int max_prompt, int shared) {
     qlm_source src;
     qlm_model m;
     open_stories260k(&src, &m);
     request reqs[N_REQ];
-    make_requests(reqs, m.cfg.vocab_size, qlm_tokenizer_bos(src.tok), lengths);
+    make_requests(reqs, m.cfg.vocab_size, qlm_tokenizer_bos(src.tok), lengths, shared);
     qlm_session single;
     assert_int_equal(qlm_session_init(&single, &m, src.tok, max_prompt + 44, 64), 0);
     qlm_batch_config bc = {.model = &m, .tok = src.tok, .n_slots = 3, .max_prompt = max_prompt, .max_output = 44};
-    compare(&bc, reqs, &single);
+    long reused = compare(&bc, reqs, &single);
     qlm_session_free(&single);
     qlm_model_free(&m);
     qlm_source_close(&src);
+    return reused;
 }
 
 static void test_decoder_matches_session(void **state) {
     (void)state;
-    decoder_vs_session(NULL, 20);
+    /* Prompts that share only BOS evaluate all their tokens. */
+    assert_int_equal(decoder_vs_session(NULL, 20, 0), 0);
 }
 
 /* Prompts of up to 300 tokens: the ones that fit beside the decode rows of a step join it (the
@@ -132,7 +137,17 @@ static void test_decoder_matches_session(void **state) {
 static void test_decoder_long_prompts(void **state) {
     (void)state;
     static const int lengths[N_REQ] = {300, 40, 260, 5, 120, 2, 253};
-    decoder_vs_session(lengths, 320);
+    assert_int_equal(decoder_vs_session(lengths, 320, 0), 0);
+}
+
+/* Prompts that start with the same 40 tokens (as a chat template's system block and instruction
+ * do): the first one's keys and values serve the other six, which evaluate only the rest, and each
+ * still gets what a session gives it (which skips the prefix it shares with its previous prompt).
+ * The two that arrive with the first wait one step for its prefix rather than evaluate their own. */
+static void test_decoder_shared_prefix(void **state) {
+    (void)state;
+    static const int lengths[N_REQ] = {60, 45, 70, 41, 90, 50, 120};
+    assert_int_equal(decoder_vs_session(lengths, 128, 40), 6 * 40);
 }
 
 static void test_t5_matches_session(void **state) {
@@ -144,7 +159,7 @@ static void test_t5_matches_session(void **state) {
     qlm_model_options o = {.dtype = QLM_F32, .backend = test_backend()};
     assert_int_equal(qlm_t5_build(&m, &src.t5, src.store, &o), 0);
     request reqs[N_REQ];
-    make_requests(reqs, m.cfg.vocab_size, 5, NULL);
+    make_requests(reqs, m.cfg.vocab_size, 5, NULL, 0);
     qlm_session single;
     assert_int_equal(qlm_session_init_t5(&single, &m, NULL, 20, 45), 0);
     qlm_batch_config bc = {.t5 = &m, .n_slots = 4, .max_prompt = 20, .max_output = 44};
@@ -188,7 +203,7 @@ static void test_streaming_and_cancel(void **state) {
     qlm_model m;
     open_stories260k(&src, &m);
     request reqs[N_REQ];
-    make_requests(reqs, m.cfg.vocab_size, qlm_tokenizer_bos(src.tok), NULL);
+    make_requests(reqs, m.cfg.vocab_size, qlm_tokenizer_bos(src.tok), NULL, 0);
     memset(g_sinks, 0, sizeof g_sinks);
     g_sinks[3].cancel_after = 3; /* request 3 asks for 39 tokens */
     run_ctx c = {.reqs = reqs, .n = N_REQ};
@@ -249,6 +264,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_decoder_matches_session),
         cmocka_unit_test(test_decoder_long_prompts),
+        cmocka_unit_test(test_decoder_shared_prefix),
         cmocka_unit_test(test_t5_matches_session),
         cmocka_unit_test(test_streaming_and_cancel),
         cmocka_unit_test(test_errors),
