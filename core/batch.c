@@ -125,6 +125,7 @@ static int reuse_prefix(batch *b, int i, qlm_batch_stats *st) {
     if (k < PREFIX_MIN) return 0;
     if (qlm_state_copy_prefix(b->cfg.model, &b->kv, i, from, k) != 0) return -1;
     s->n_cached = k;
+    s->stats.n_prompt = s->n_tokens - k;
     st->reused_tokens += k;
     return k;
 }
@@ -156,6 +157,7 @@ static int admit(batch *b, int i, const qlm_batch_request *req, qlm_batch_stats 
     }
     s->admitted = b->admissions++;
     if (qlm_token_stream_init(&s->ts, c->tok, req->params, b->vocab, prev, collect_text, s, &s->stats) != 0) return -1;
+    s->stats.n_prompt = req->n_ids;
     s->active = 1;
     s->pending = 1;
     st->prompt_tokens += req->n_ids;

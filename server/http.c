@@ -132,7 +132,7 @@ static void histogram_add(latency_histogram *h, double seconds) {
 static char *metrics_text(qlm_server *s) {
     pthread_mutex_lock(&s->queue.mu);
     int queued = s->queue.queued, running = s->queue.running;
-    long prompt = s->queue.prompt_tokens, generated = s->queue.generated_tokens;
+    long prompt = s->queue.prompt_tokens, cached = s->queue.cached_prompt_tokens, generated = s->queue.generated_tokens;
     pthread_mutex_unlock(&s->queue.mu);
     pthread_mutex_lock(&s->mu);
     char *text = NULL;
@@ -141,10 +141,11 @@ static char *metrics_text(qlm_server *s) {
                      "qlm_requests_total{class=\"2xx\"} %ld\nqlm_requests_total{class=\"4xx\"} %ld\n"
                      "qlm_requests_total{class=\"5xx\"} %ld\n"
                      "# TYPE qlm_prompt_tokens_total counter\nqlm_prompt_tokens_total %ld\n"
+                     "# TYPE qlm_prompt_tokens_cached_total counter\nqlm_prompt_tokens_cached_total %ld\n"
                      "# TYPE qlm_generation_tokens_total counter\nqlm_generation_tokens_total %ld\n"
                      "# TYPE qlm_queue_depth gauge\nqlm_queue_depth %d\n"
                      "# TYPE qlm_running_sequences gauge\nqlm_running_sequences %d\n",
-                     s->status_counts[2], s->status_counts[4], s->status_counts[5], prompt, generated, queued,
+                     s->status_counts[2], s->status_counts[4], s->status_counts[5], prompt, cached, generated, queued,
                      running);
     if (n >= 0 && (histogram_text(&text, "qlm_generation_seconds", &s->latency) != 0 ||
                    histogram_text(&text, "qlm_time_to_first_token_seconds", &s->ttft) != 0))

@@ -51,7 +51,7 @@ typedef struct job_queue {
     job **active;            /* jobs handed to the scheduler and not finished, [cfg.n_slots] */
     qlm_batch_config cfg;
     qlm_batch *batch;        /* slots and caches, allocated once for every burst */
-    long generated_tokens, prompt_tokens;
+    long generated_tokens, prompt_tokens, cached_prompt_tokens;
     /* Jobs holding each resident adapter, from parse until freed, so an unload can refuse while
      * one is in use. The mutex also guards the server's registry (load, unload, lookups). */
     struct {

@@ -228,6 +228,9 @@ static void add_usage(cJSON *root, const job *j) {
     cJSON_AddNumberToObject(u, "prompt_tokens", j->n_ids);
     cJSON_AddNumberToObject(u, "completion_tokens", j->stats.n_generated);
     cJSON_AddNumberToObject(u, "total_tokens", j->n_ids + j->stats.n_generated);
+    /* The prompt's prefix whose keys and values came from an earlier request's cache. */
+    cJSON *details = cJSON_AddObjectToObject(u, "prompt_tokens_details");
+    cJSON_AddNumberToObject(details, "cached_tokens", j->n_ids - j->stats.n_prompt);
 }
 
 static cJSON *envelope(int chat, int chunk, const char *id, const char *model, long created) {

@@ -174,6 +174,7 @@ static int done_job(void *ctx, const qlm_batch_request *req, const char *text, s
     j->stats = *st;
     q->generated_tokens += st->n_generated;
     q->prompt_tokens += j->n_ids;
+    q->cached_prompt_tokens += j->n_ids - st->n_prompt;
     finish_locked(q, j, copy == NULL);
     pthread_mutex_unlock(&q->mu);
     return 0;

@@ -115,6 +115,27 @@ static void test_serve_openai(void **state) {
     free(stream);
     free(chat_plain);
 
+    /* The same long prompt again: all but its last token come from the first one's cache, as
+     * usage.prompt_tokens_details.cached_tokens says, and the text is the same. */
+    const char *story = "{\"prompt\":\"The little robot walked to the old mill by the river and saw a big red bird "
+                        "sitting on the roof of the mill\",\"max_tokens\":12,\"temperature\":0}";
+    char *texts[2];
+    for (int k = 0; k < 2; k++) {
+        assert_int_equal(http(&s, "POST", "/v1/completions", story, NULL, &resp), 200);
+        j = parse(resp);
+        cJSON *u = cJSON_GetObjectItem(j, "usage");
+        int prompt = cJSON_GetObjectItem(u, "prompt_tokens")->valueint;
+        int cached = cJSON_GetObjectItem(cJSON_GetObjectItem(u, "prompt_tokens_details"), "cached_tokens")->valueint;
+        assert_true(prompt > 17);
+        assert_int_equal(cached, k == 0 ? 0 : prompt - 1);
+        texts[k] = strdup(cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(j, "choices"), 0), "text")->valuestring);
+        cJSON_Delete(j);
+        free(resp);
+    }
+    assert_string_equal(texts[0], texts[1]);
+    free(texts[0]);
+    free(texts[1]);
+
     /* A stop string ends the text before it, with finish_reason "stop". */
     char stop[64];
     snprintf(stop, sizeof stop, "%.6s", plain + 8);
@@ -196,6 +217,9 @@ static void test_serve_openai(void **state) {
     assert_int_equal(http(&s, "GET", "/metrics", NULL, NULL, &resp), 200);
     assert_non_null(strstr(resp, "qlm_queue_depth 0"));
     assert_non_null(strstr(resp, "qlm_generation_tokens_total"));
+    const char *cached = strstr(resp, "\nqlm_prompt_tokens_cached_total ");
+    assert_non_null(cached);
+    assert_true(atol(cached + strlen("\nqlm_prompt_tokens_cached_total ")) > 17);
     /* Latency histograms: every finished generation lands in the +Inf bucket and in _count. */
     assert_non_null(strstr(resp, "# TYPE qlm_generation_seconds histogram"));
     assert_non_null(strstr(resp, "qlm_generation_seconds_bucket{le=\"0.5\"}"));
