@@ -88,17 +88,19 @@ static int common_prefix(const int *a, int na, const int *b, int nb) {
 }
 
 /* The longest prefix of slot s's prompt, all but its last token at most (which is evaluated for the
- * first logits), whose keys and values some slot's caches hold for the same adapter; *from: that slot. */
+ * first logits), whose keys and values some slot's caches hold for the same adapter, if it is worth
+ * reusing (PREFIX_MIN), else 0; *from: that slot. */
 static int cached_prefix(const batch *b, const slot *s, int *from) {
     int best = 0;
     *from = -1;
+    if (b->cfg.t5) return 0;
     for (int j = 0; j < b->cfg.n_slots; j++) {
         const slot *o = &b->slots[j];
         if (o->cache_adapter != s->req.adapter) continue;
         int k = common_prefix(s->tokens, s->n_tokens - 1, o->tokens, o->n_cached);
         if (k > best) best = k, *from = j;
     }
-    return best;
+    return best >= PREFIX_MIN ? best : 0;
 }
 
 /* Whether a prompt admitted before slot s's and not yet in its caches shares more of s's prompt
@@ -115,19 +117,17 @@ static int awaits_prefix(const batch *b, const slot *s, int have) {
     return 0;
 }
 
-/* The first position of pending slot i's prompt to evaluate: a long enough prefix that a cache holds
- * is copied into slot i (when another slot holds it) and skipped. The skipped rows' keys and values
- * are what the prompt's own would be, up to the rounding of how its remaining rows are grouped. */
-static int reuse_prefix(batch *b, int i, qlm_batch_stats *st) {
+/* Gives pending slot i the first k positions of its prompt from slot `from`'s caches (cached_prefix;
+ * nothing to do for k = 0 or i itself), so that evaluation starts at k. The skipped rows' keys and
+ * values are what the prompt's own would be, up to the rounding of how its remaining rows are grouped. */
+static int reuse_prefix(batch *b, int i, int from, int k, qlm_batch_stats *st) {
     slot *s = &b->slots[i];
-    if (b->cfg.t5) return 0;
-    int from, k = cached_prefix(b, s, &from);
-    if (k < PREFIX_MIN) return 0;
+    if (k == 0) return 0;
     if (qlm_state_copy_prefix(b->cfg.model, &b->kv, i, from, k) != 0) return -1;
     s->n_cached = k;
     s->stats.n_prompt = s->n_tokens - k;
     st->reused_tokens += k;
-    return k;
+    return 0;
 }
 
 /* Puts a new request into slot i. Its prompt (T5: the encoder runs now, and the decoder's start
@@ -162,8 +162,8 @@ static int admit(batch *b, int i, const qlm_batch_request *req, qlm_batch_stats 
     s->pending = 1;
     st->prompt_tokens += req->n_ids;
     if (s->n_tokens <= step_rows(b) - c->n_slots) return 0;
-    int start = reuse_prefix(b, i, st);
-    if (start < 0) return -1;
+    int from, start = cached_prefix(b, s, &from);
+    if (reuse_prefix(b, i, from, start, st) != 0) return -1;
     int n = s->n_tokens - start, *pos = malloc((size_t)n * 2 * sizeof *pos);
     if (!pos) return qlm_errorf("out of memory");
     int *slots = pos + n, last = n - 1;
@@ -315,16 +315,15 @@ int qlm_batch_drain(qlm_batch *b, qlm_batch_next_fn next, qlm_batch_done_fn done
         if (rc != 0) break;
         /* Admitted prompts join the step while the rows fit one chunk; the logits of each one's
          * last row are its first token's. Rows are independent in every op (matmul rows, a
-         * prompt's own attention form), so each request still gets what it gets alone. */
+         * prompt's own attention form), so each request still gets what it gets alone (a copied
+         * prefix aside, see reuse_prefix). */
         int n_logits = n;
         for (int i = 0; i < cfg->n_slots && rc == 0; i++) {
             slot *s = &b->slots[i];
             if (!s->active || !s->pending) continue;
-            int from, have = cfg->t5 ? 0 : cached_prefix(b, s, &from);
-            if (have < PREFIX_MIN) have = 0;
-            if (n + s->n_tokens - have > step_rows(b) || (!cfg->t5 && awaits_prefix(b, s, have))) continue;
-            int start = reuse_prefix(b, i, stats);
-            if (start < 0) {
+            int from, start = cached_prefix(b, s, &from);
+            if (n + s->n_tokens - start > step_rows(b) || (!cfg->t5 && awaits_prefix(b, s, start))) continue;
+            if (reuse_prefix(b, i, from, start, stats) != 0) {
                 rc = -1;
                 break;
             }
