@@ -2,7 +2,8 @@
  * configuration and shapes peft used; the F32 base with the adapter merged gives peft's unmerged
  * logits to 1e-4, and the backend's unmerged lora op equals the merged weight; unmerge
  * restores every weight to within one unit in the last place; save -> load is bit-exact; the
- * registry; bad adapters fail with a clear error and change neither the base nor the registry;
+ * registry; the batch scheduler reuses a shared prompt prefix only between requests with the same
+ * adapter; bad adapters fail with a clear error and change neither the base nor the registry;
  * `qlm lora info` and `qlm lora merge` through the binary.
  * With QLM_EXPORT_DIR set, every fixture adapter is also saved there by qlm, for
  * `tools/make_lora_fixtures.py --check DIR` (peft loads them and reproduces the logits). */
@@ -10,6 +11,7 @@
 #include <math.h>
 #include <unistd.h>
 
+#include "../core/batch.h"
 #include "../core/error.h"
 #include "../core/model.h"
 #include "../core/t5.h"
@@ -449,6 +451,71 @@ static void test_mixed_batch(void **state) {
     (void)state;
     mixed_batch(QLM_F32);
     mixed_batch(QLM_I8);
+}
+
+/* The batch scheduler with adapters and prompts that share their first 20 tokens: a prompt only
+ * reuses the prefix of one with the same adapter (keys and values depend on it), and every request's
+ * greedy tokens equal those of a batch that runs it alone. */
+typedef struct {
+    int ids[6][40], n, next;
+    const qlm_lora_adapter *use[6];
+    qlm_gen_params params[6];
+    int out[6][8];
+} prefix_run;
+
+static int prefix_next(void *ctx, qlm_batch_request *req) {
+    prefix_run *r = ctx;
+    if (r->next == r->n) return 0;
+    int i = r->next++;
+    *req = (qlm_batch_request){.ids = r->ids[i], .n_ids = 30, .params = &r->params[i], .adapter = r->use[i]};
+    return 1;
+}
+
+static int prefix_done(void *ctx, const qlm_batch_request *req, const char *text, size_t len, const qlm_gen_stats *st) {
+    (void)ctx, (void)req, (void)text, (void)len, (void)st;
+    return 0;
+}
+
+static void test_batch_prefix_per_adapter(void **state) {
+    (void)state;
+    fixture fa, fb;
+    open_fixture(&fa, "mha_attn_r8");
+    open_fixture(&fb, "mha_mlp_rslora_r16");
+    base_model b;
+    build_base_on(&b, &fa, QLM_F32, test_backend());
+    qlm_lora_adapter A, B;
+    if (load_placed(&A, fa.dir, &fa, QLM_F32, &b) != 0 || load_placed(&B, fb.dir, &fb, QLM_F32, &b) != 0)
+        fail_msg("%s", qlm_last_error());
+    int vocab = b.m.cfg.vocab_size;
+    prefix_run all = {.n = 6};
+    const qlm_lora_adapter *use[6] = {&A, &B, NULL, &A, &B, NULL};
+    for (int i = 0; i < 6; i++) {
+        all.use[i] = use[i];
+        for (int k = 0; k < 30; k++) all.ids[i][k] = 3 + ((k < 20 ? 0 : i * 37) + k * 11) % (vocab - 3);
+        all.params[i] = (qlm_gen_params){.sampling = qlm_sampling_defaults(), .max_new_tokens = 8, .out_ids = all.out[i]};
+        all.params[i].sampling.temperature = 0;
+    }
+    qlm_batch_config bc = {.model = &b.m, .n_slots = 6, .max_prompt = 30, .max_output = 8};
+    qlm_batch_stats st;
+    if (qlm_batch_run(&bc, prefix_next, prefix_done, &all, &st) != 0) fail_msg("%s", qlm_last_error());
+    /* The second request of each adapter (and of none) takes the first one's 20 tokens. */
+    assert_int_equal(st.reused_tokens, 3 * 20);
+    bc.n_slots = 1;
+    for (int i = 0; i < 6; i++) {
+        prefix_run one = {.n = 1};
+        memcpy(one.ids[0], all.ids[i], sizeof one.ids[0]);
+        one.use[0] = use[i];
+        one.params[0] = all.params[i];
+        one.params[0].out_ids = one.out[0];
+        if (qlm_batch_run(&bc, prefix_next, prefix_done, &one, &st) != 0) fail_msg("%s", qlm_last_error());
+        assert_int_equal(st.reused_tokens, 0);
+        assert_memory_equal(one.out[0], all.out[i], sizeof one.out[0]);
+    }
+    qlm_lora_free(&A);
+    qlm_lora_free(&B);
+    free_base(&b);
+    close_fixture(&fa);
+    close_fixture(&fb);
 }
 
 /* qlm_lora_init and `qlm lora init`: the modules the config targets, A within peft's
@@ -1130,6 +1197,7 @@ int main(void) {
         cmocka_unit_test(test_merged_matches_peft),
         cmocka_unit_test(test_unmerged_matches_peft),
         cmocka_unit_test(test_mixed_batch),
+        cmocka_unit_test(test_batch_prefix_per_adapter),
         cmocka_unit_test(test_init),
         cmocka_unit_test(test_unmerge_bound),
         cmocka_unit_test(test_save_roundtrip),
