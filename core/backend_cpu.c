@@ -121,29 +121,43 @@ static int cpu_lora(float *y, const float *x, int n, const qlm_lora_ref *const *
 /* Values per block of an activation: a block's exponentials go through the vectorized qlm_exp_f32. */
 #define ACT_BLOCK 256
 
-/* out[i] = act(x[i]) * up[i] (or without up when NULL) for i < n <= ACT_BLOCK; out may be x. */
-static void act_block(float *out, const float *x, const float *up, long n, qlm_act a) {
-    float e[ACT_BLOCK];
+/* out[i] = act(x[i]) * up[i] (or without up when NULL) for i < n <= ACT_BLOCK; out may be x, never
+ * up. Inlined with n = ACT_BLOCK for whole blocks, where the loops' fixed length lets the compiler
+ * vectorize them. */
+static inline __attribute__((always_inline)) void act_rows(float *out, const float *x, const float *restrict up,
+                                                          long n, qlm_act a) {
+    float e[ACT_BLOCK], r[ACT_BLOCK];
     switch (a) {
     case QLM_ACT_RELU:
-        for (long i = 0; i < n; i++) e[i] = x[i] > 0 ? x[i] : 0;
+        for (long i = 0; i < n; i++) r[i] = x[i] > 0 ? x[i] : 0;
         break;
     case QLM_ACT_GELU_TANH:
         /* 0.5 x (1 + tanh u) = x - x / (e^2u + 1), which holds for e^2u = inf too. */
-        for (long i = 0; i < n; i++) {
-            float xi = x[i];
-            e[i] = 1.5957691216057308f * (xi + 0.044715f * xi * xi * xi);
-        }
+        for (long i = 0; i < n; i++) e[i] = 1.5957691216057308f * (x[i] + 0.044715f * x[i] * x[i] * x[i]);
         qlm_exp_f32(e, n);
-        for (long i = 0; i < n; i++) e[i] = x[i] - x[i] / (e[i] + 1.0f);
+        for (long i = 0; i < n; i++) r[i] = x[i] - x[i] / (e[i] + 1.0f);
         break;
     default:
         /* SiLU: x / (1 + e^-x) */
         for (long i = 0; i < n; i++) e[i] = -x[i];
         qlm_exp_f32(e, n);
-        for (long i = 0; i < n; i++) e[i] = x[i] / (1.0f + e[i]);
+        for (long i = 0; i < n; i++) r[i] = x[i] / (1.0f + e[i]);
     }
-    for (long i = 0; i < n; i++) out[i] = up ? e[i] * up[i] : e[i];
+    if (up)
+        for (long i = 0; i < n; i++) out[i] = r[i] * up[i];
+    else
+        for (long i = 0; i < n; i++) out[i] = r[i];
+}
+
+/* One block of act_rows, cloned per instruction set (picked at load time) so that the vector loops
+ * are 16 wide where the CPU allows; elementwise and uncontracted (ISO C), so every clone gives the
+ * same bits. */
+__attribute__((target_clones("avx512f", "avx2", "default"))) static void act_block(float *out, const float *x,
+                                                                                 const float *up, long n, qlm_act a) {
+    if (n == ACT_BLOCK)
+        act_rows(out, x, up, ACT_BLOCK, a);
+    else
+        act_rows(out, x, up, n, a);
 }
 
 static void cpu_glu(float *out, const float *gate, const float *up, long n, qlm_act a) {
