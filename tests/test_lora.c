@@ -379,21 +379,40 @@ static void test_unmerged_matches_peft(void **state) {
     }
 }
 
+/* Two adapters of one base (mha_attn_r8 and mha_mlp_rslora_r16), placed for the test backend. */
+typedef struct {
+    fixture fa, fb;
+    base_model b;
+    qlm_lora_adapter A, B;
+} two_adapters;
+
+static void two_adapters_open(two_adapters *t, qlm_dtype base_dtype) {
+    open_fixture(&t->fa, "mha_attn_r8");
+    open_fixture(&t->fb, "mha_mlp_rslora_r16");
+    build_base_on(&t->b, &t->fa, base_dtype, test_backend());
+    if (load_placed(&t->A, t->fa.dir, &t->fa, QLM_F32, &t->b) != 0 ||
+        load_placed(&t->B, t->fb.dir, &t->fb, QLM_F32, &t->b) != 0)
+        fail_msg("%s", qlm_last_error());
+}
+
+static void two_adapters_close(two_adapters *t) {
+    qlm_lora_free(&t->A);
+    qlm_lora_free(&t->B);
+    free_base(&t->b);
+    close_fixture(&t->fa);
+    close_fixture(&t->fb);
+}
+
 /* One batch of four sequences with adapters {A, B, none, A}: prefilled per slot, then decoded
  * together step by step; every row's logits equal those of its sequence run alone, on an F32 and
  * on an INT8 base (adapters apply unmerged to any weight dtype). */
 static void mixed_batch(qlm_dtype base_dtype) {
-    fixture fa, fb;
-    open_fixture(&fa, "mha_attn_r8");
-    open_fixture(&fb, "mha_mlp_rslora_r16");
-    base_model b;
-    build_base_on(&b, &fa, base_dtype, test_backend());
-    qlm_lora_adapter A, B;
-    if (load_placed(&A, fa.dir, &fa, QLM_F32, &b) != 0 || load_placed(&B, fb.dir, &fb, QLM_F32, &b) != 0)
-        fail_msg("%s", qlm_last_error());
-    const qlm_lora_adapter *use[4] = {&A, &B, NULL, &A};
+    two_adapters t;
+    two_adapters_open(&t, base_dtype);
+    base_model *b = &t.b;
+    const qlm_lora_adapter *use[4] = {&t.A, &t.B, NULL, &t.A};
     enum { PROMPT = 5, STEPS = 6, SEQ = PROMPT + STEPS };
-    int vocab = b.m.cfg.vocab_size, tokens[4][SEQ];
+    int vocab = b->m.cfg.vocab_size, tokens[4][SEQ];
     for (int q = 0; q < 4; q++)
         for (int i = 0; i < SEQ; i++) tokens[q][i] = 3 + (q * 37 + i * 11) % (vocab - 3);
     /* Alone: each sequence in its own state, all positions' logits. */
@@ -402,21 +421,21 @@ static void mixed_batch(qlm_dtype base_dtype) {
     for (int i = 0; i < SEQ; i++) pos[i] = i;
     for (int q = 0; q < 4; q++) {
         qlm_kv_state s;
-        assert_int_equal(qlm_state_init(&s, &b.m, SEQ, SEQ), 0);
+        assert_int_equal(qlm_state_init(&s, &b->m, SEQ, SEQ), 0);
         qlm_lora_slots_set(&s.lora, 0, use[q]);
-        assert_int_equal(qlm_forward(&b.m, &s, tokens[q], pos, SEQ, pos, SEQ, alone + (size_t)q * SEQ * vocab), 0);
-        qlm_state_free(&s, &b.m);
+        assert_int_equal(qlm_forward(&b->m, &s, tokens[q], pos, SEQ, pos, SEQ, alone + (size_t)q * SEQ * vocab), 0);
+        qlm_state_free(&s, &b->m);
     }
     /* Together: four slots; prompts prefilled per slot, then one row per slot per step. */
     qlm_kv_state s;
-    assert_int_equal(qlm_state_init_slots(&s, &b.m, SEQ, 4, 16), 0);
+    assert_int_equal(qlm_state_init_slots(&s, &b->m, SEQ, 4, 16), 0);
     for (int q = 0; q < 4; q++) qlm_lora_slots_set(&s.lora, q, use[q]);
     float *got = malloc((size_t)4 * vocab * sizeof *got);
     double worst = 0;
     for (int q = 0; q < 4; q++) {
         int slots[PROMPT], last = PROMPT - 1;
         for (int i = 0; i < PROMPT; i++) slots[i] = q;
-        assert_int_equal(qlm_forward_slots(&b.m, &s, tokens[q], pos, slots, PROMPT, &last, 1, got), 0);
+        assert_int_equal(qlm_forward_slots(&b->m, &s, tokens[q], pos, slots, PROMPT, &last, 1, got), 0);
         const float *want = alone + ((size_t)q * SEQ + PROMPT - 1) * vocab;
         for (int v = 0; v < vocab; v++) worst = fmax(worst, fabs(got[v] - want[v]));
     }
@@ -426,7 +445,7 @@ static void mixed_batch(qlm_dtype base_dtype) {
             ids[q] = tokens[q][step];
             p[q] = step;
         }
-        assert_int_equal(qlm_forward_slots(&b.m, &s, ids, p, slots, 4, rows, 4, got), 0);
+        assert_int_equal(qlm_forward_slots(&b->m, &s, ids, p, slots, 4, rows, 4, got), 0);
         for (int q = 0; q < 4; q++) {
             const float *want = alone + ((size_t)q * SEQ + step) * vocab;
             for (int v = 0; v < vocab; v++) worst = fmax(worst, fabs(got[(size_t)q * vocab + v] - want[v]));
@@ -436,15 +455,11 @@ static void mixed_batch(qlm_dtype base_dtype) {
                   qlm_dtype_name(base_dtype), worst);
     /* On a GPU the 11-row runs go through cuBLAS and the 4-row steps through the GEMV kernel: the
      * same products summed in another order (about 1e-6 of the largest logit). */
-    assert_true(worst <= (b.m.be->host_memory ? 1e-5 : 5e-5));
-    qlm_state_free(&s, &b.m);
+    assert_true(worst <= (b->m.be->host_memory ? 1e-5 : 5e-5));
+    qlm_state_free(&s, &b->m);
     free(got);
     free(alone);
-    qlm_lora_free(&A);
-    qlm_lora_free(&B);
-    free_base(&b);
-    close_fixture(&fa);
-    close_fixture(&fb);
+    two_adapters_close(&t);
 }
 
 static void test_mixed_batch(void **state) {
@@ -478,24 +493,18 @@ static int prefix_done(void *ctx, const qlm_batch_request *req, const char *text
 
 static void test_batch_prefix_per_adapter(void **state) {
     (void)state;
-    fixture fa, fb;
-    open_fixture(&fa, "mha_attn_r8");
-    open_fixture(&fb, "mha_mlp_rslora_r16");
-    base_model b;
-    build_base_on(&b, &fa, QLM_F32, test_backend());
-    qlm_lora_adapter A, B;
-    if (load_placed(&A, fa.dir, &fa, QLM_F32, &b) != 0 || load_placed(&B, fb.dir, &fb, QLM_F32, &b) != 0)
-        fail_msg("%s", qlm_last_error());
-    int vocab = b.m.cfg.vocab_size;
+    two_adapters t;
+    two_adapters_open(&t, QLM_F32);
+    int vocab = t.b.m.cfg.vocab_size;
     prefix_run all = {.n = 6};
-    const qlm_lora_adapter *use[6] = {&A, &B, NULL, &A, &B, NULL};
+    const qlm_lora_adapter *use[6] = {&t.A, &t.B, NULL, &t.A, &t.B, NULL};
     for (int i = 0; i < 6; i++) {
         all.use[i] = use[i];
         for (int k = 0; k < 30; k++) all.ids[i][k] = 3 + ((k < 20 ? 0 : i * 37) + k * 11) % (vocab - 3);
         all.params[i] = (qlm_gen_params){.sampling = qlm_sampling_defaults(), .max_new_tokens = 8, .out_ids = all.out[i]};
         all.params[i].sampling.temperature = 0;
     }
-    qlm_batch_config bc = {.model = &b.m, .n_slots = 6, .max_prompt = 30, .max_output = 8};
+    qlm_batch_config bc = {.model = &t.b.m, .n_slots = 6, .max_prompt = 30, .max_output = 8};
     qlm_batch_stats st;
     if (qlm_batch_run(&bc, prefix_next, prefix_done, &all, &st) != 0) fail_msg("%s", qlm_last_error());
     /* The second request of each adapter (and of none) takes the first one's 20 tokens. */
@@ -511,11 +520,7 @@ static void test_batch_prefix_per_adapter(void **state) {
         assert_int_equal(st.reused_tokens, 0);
         assert_memory_equal(one.out[0], all.out[i], sizeof one.out[0]);
     }
-    qlm_lora_free(&A);
-    qlm_lora_free(&B);
-    free_base(&b);
-    close_fixture(&fa);
-    close_fixture(&fb);
+    two_adapters_close(&t);
 }
 
 /* qlm_lora_init and `qlm lora init`: the modules the config targets, A within peft's
