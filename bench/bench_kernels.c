@@ -1,5 +1,6 @@
 /* Kernel benchmark: memory bandwidth, then GEMV (decode, n = 1) and GEMM (prefill) speed per
- * weight dtype for the SmolLM2-135M matrix shapes, and a batched decode step's attention.
+ * weight dtype for the SmolLM2-135M matrix shapes (GEMM also flan-t5-base's), and a batched decode
+ * step's attention (SmolLM2's self-attention, flan-t5-base's cross-attention).
  *
  * GEMV runs "cold": it cycles through enough copies of the matrix to exceed the caches, as
  * decode does (a whole model never fits in L3), so GB/s is comparable with the measured
@@ -36,6 +37,12 @@ static const shape k_shapes[] = {
     {"down 576x1536", 576, 1536},   {"lm_head 49152x576", 49152, 576},
 };
 #define NSHAPES (int)(sizeof k_shapes / sizeof k_shapes[0])
+
+/* flan-t5-base's encoder products, for GEMM only: its FFN's down projection has rows of 4 KiB in
+ * BF16 (see qlm_x_row_stride). */
+static const shape k_t5_shapes[] = {
+    {"t5 q+k+v 2304x768", 2304, 768}, {"t5 gate+up 4096x768", 4096, 768}, {"t5 down 768x2048", 768, 2048}};
+#define NT5SHAPES (int)(sizeof k_t5_shapes / sizeof k_t5_shapes[0])
 
 typedef struct {
     qlm_dtype dtype;
@@ -243,8 +250,8 @@ static int bench_gemm(const options *o) {
     int n = o->gemm_n;
     double budget = o->quick ? 0.15 : 0.5;
     printf("\nGEMM n=%d (prefill, hot)\n%-20s %-9s %10s %9s\n", n, "shape", "dtype", "ms/call", "GFLOP/s");
-    for (int si = 0; si < NSHAPES; si++) {
-        const shape *s = &k_shapes[si];
+    for (int si = 0; si < NSHAPES + NT5SHAPES; si++) {
+        const shape *s = si < NSHAPES ? &k_shapes[si] : &k_t5_shapes[si - NSHAPES];
         float *x = malloc((size_t)n * s->cols * sizeof(float)), *y = malloc((size_t)n * s->rows * sizeof(float));
         if (!x || !y) {
             free(x);
@@ -283,48 +290,77 @@ static int bench_gemm(const options *o) {
     return 0;
 }
 
-/* One batched decode step's attention for SmolLM2's heads (9 query, 3 KV, 64 dims): B sequences of
- * L keys each, 30 layers of caches (so they come from memory, as in decode), with the cache laid
- * out row by row ([pos][kv_heads*head_dim]) and head by head ([kv_head][pos][head_dim], the decode
- * cache's layout). GB/s counts the keys and values read. */
-static int bench_attention(const options *o) {
-    enum { LAYERS = 30, H = 9, KV = 3, HD = 64, CAP = 512 };
-    static const int batch[] = {1, 8, 27};
-    const int len = 260;
-    size_t slot = (size_t)CAP * KV * HD;
-    printf("\ndecode attention, %d keys per sequence, %d layers\n%-8s %-12s %10s %9s\n", len, LAYERS, "seqs",
-           "layout", "ms/step", "GB/s");
-    for (size_t bi = 0; bi < sizeof batch / sizeof batch[0]; bi++) {
-        int b = batch[bi];
-        float *kv = malloc(2 * LAYERS * b * slot * sizeof(float)), *q = malloc((size_t)b * H * HD * sizeof(float));
-        float *out = malloc((size_t)b * H * HD * sizeof(float));
+/* A batched decode step's attention: B sequences of len keys each, in every layer's caches (so
+ * they come from memory, as in decode). */
+typedef struct {
+    const char *name;
+    int layers, heads, kv_heads, len;
+    int bf16;          /* BF16 caches, else F32 */
+    int both_layouts;  /* also the row-by-row layout ([pos][kv_heads*head_dim]) */
+    int batch[3];
+} attn_case;
+
+enum { ATTN_HD = 64, ATTN_CAP = 512 };
+
+static const attn_case k_attn_cases[] = {
+    /* SmolLM2-135M's self-attention (9 query, 3 KV heads) over F32 caches. */
+    {"SmolLM2 self-attention, f32", 30, 9, 3, 260, 0, 1, {1, 8, 27}},
+    /* flan-t5-base's cross-attention over a ~217-token dialogue, BF16 keys and values. */
+    {"flan-t5-base cross-attention, bf16", 12, 12, 12, 217, 1, 0, {1, 8, 32}},
+};
+
+/* One case, with the cache laid out head by head ([kv_head][pos][head_dim], the decode cache's
+ * layout) and, where asked, row by row. GB/s counts the keys and values read. */
+static int bench_attention_case(const attn_case *c, const options *o) {
+    const size_t esize = c->bf16 ? sizeof(uint16_t) : sizeof(float);
+    const size_t slot = (size_t)ATTN_CAP * c->kv_heads * ATTN_HD;
+    printf("\ndecode attention: %s, %d keys per sequence, %d layers\n%-8s %-12s %10s %9s\n", c->name, c->len,
+           c->layers, "seqs", "layout", "ms/step", "GB/s");
+    for (int bi = 0; bi < 3; bi++) {
+        int b = c->batch[bi];
+        size_t n_kv = 2 * (size_t)c->layers * b * slot;
+        char *kv = malloc(n_kv * esize);
+        float *q = malloc((size_t)b * c->heads * ATTN_HD * sizeof(float));
+        float *out = malloc((size_t)b * c->heads * ATTN_HD * sizeof(float));
         int *pos = malloc((size_t)b * sizeof(int)), *slots = malloc((size_t)b * sizeof(int));
         if (!kv || !q || !out || !pos || !slots) {
             free(kv), free(q), free(out), free(pos), free(slots);
             return qlm_errorf("bench: out of memory");
         }
-        for (size_t i = 0; i < 2 * LAYERS * b * slot; i++) kv[i] = frand();
-        for (int i = 0; i < b * H * HD; i++) q[i] = frand();
-        for (int i = 0; i < b; i++) pos[i] = len - 1, slots[i] = i;
-        for (int layout = 0; layout < 2; layout++) {
-            qlm_attn_shape sh = {.n_heads = H, .n_kv_heads = KV, .head_dim = HD, .scale = 0.125f, .slots = slots,
-                                 .slot_stride = slot};
-            if (layout) sh.row_stride = HD, sh.head_stride = (size_t)CAP * HD;
+        for (size_t i = 0; i < n_kv; i++) {
+            float v = frand();
+            if (c->bf16)
+                ((uint16_t *)kv)[i] = qlm_f32_to_bf16(v);
+            else
+                ((float *)kv)[i] = v;
+        }
+        for (int i = 0; i < b * c->heads * ATTN_HD; i++) q[i] = frand();
+        for (int i = 0; i < b; i++) pos[i] = c->len - 1, slots[i] = i;
+        for (int layout = c->both_layouts ? 0 : 1; layout < 2; layout++) {
+            qlm_attn_shape sh = {.n_heads = c->heads, .n_kv_heads = c->kv_heads, .head_dim = ATTN_HD, .scale = 0.125f,
+                                 .slots = slots, .slot_stride = slot, .kv_bf16 = c->bf16};
+            if (layout) sh.row_stride = ATTN_HD, sh.head_stride = (size_t)ATTN_CAP * ATTN_HD;
             double best = 1e30;
             for (int rep = 0; rep < (o->quick ? 3 : 8); rep++) {
                 double t0 = now_s();
-                for (int l = 0; l < LAYERS; l++) {
-                    const float *k = kv + (size_t)2 * l * b * slot;
-                    qlm_cpu_attention(out, q, k, k + (size_t)b * slot, b, pos, &sh);
+                for (int l = 0; l < c->layers; l++) {
+                    const char *k = kv + 2 * (size_t)l * b * slot * esize;
+                    qlm_cpu_attention(out, q, k, k + (size_t)b * slot * esize, b, pos, &sh);
                 }
                 double dt = now_s() - t0;
                 if (dt < best) best = dt;
             }
-            double bytes = 2.0 * LAYERS * b * len * KV * HD * sizeof(float);
+            double bytes = 2.0 * c->layers * b * c->len * c->kv_heads * ATTN_HD * (double)esize;
             printf("%-8d %-12s %10.2f %9.2f\n", b, layout ? "head by head" : "row by row", best * 1e3, bytes / best / 1e9);
         }
         free(kv), free(q), free(out), free(pos), free(slots);
     }
+    return 0;
+}
+
+static int bench_attention(const options *o) {
+    for (size_t i = 0; i < sizeof k_attn_cases / sizeof k_attn_cases[0]; i++)
+        if (bench_attention_case(&k_attn_cases[i], o) != 0) return -1;
     return 0;
 }
 

@@ -14,27 +14,27 @@
 /* Weight rows multiplied with every block of x while they stay in L1/L2. */
 #define TILE_W 32
 
-/* nr rows from w against nx rows of x (cols elements apart) over all columns: one call of
+/* nr rows from w against nx rows of x (ldx elements apart) over all columns: one call of
  * gemm_tile_x, or for I8 one per block of QLM_I8_BLOCK columns, whose integer sums each call
  * converts and adds up in F32 (the next rows from pf are prefetched along). */
-KERNEL_INLINE void tile_group(float *y, long ldy, const char *x, int nx, const char *w, size_t stride, long cols,
-                              const int nr, qlm_dtype dt, const char *pf) {
+KERNEL_INLINE void tile_group(float *y, long ldy, const char *x, long ldx, int nx, const char *w, size_t stride,
+                              long cols, const int nr, qlm_dtype dt, const char *pf) {
     const long block = dt == QLM_I8 ? QLM_I8_BLOCK : cols;
     const size_t xsize = qlm_x_elem_size(dt), esize = qlm_weight_elem_size(dt);
     long k0 = 0;
     do {
         long kc = cols - k0 < block ? cols - k0 : block;
-        gemm_tile_x(y, ldy, x + k0 * xsize, cols, nx, w + k0 * esize, stride, kc, nr, dt, pf ? pf + k0 * nr * esize : NULL,
+        gemm_tile_x(y, ldy, x + k0 * xsize, ldx, nx, w + k0 * esize, stride, kc, nr, dt, pf ? pf + k0 * nr * esize : NULL,
                     k0 > 0);
         k0 += kc;
     } while (k0 < cols);
 }
 
 /* One tile: y[i * ldy + o] = dot(row o, x[i]) for t <= o < te, i < n; rows stride bytes apart
- * from base, x rows cols elements apart. Rows up to r1 exist (for the prefetch). */
-KERNEL_INLINE void tile_rows(float *y, long ldy, const void *x, int n, const char *base, size_t stride, long cols,
-                             int t, int te, int r1, qlm_dtype dt) {
-    const size_t x_row = (size_t)cols * qlm_x_elem_size(dt);
+ * from base, x rows ldx elements apart. Rows up to r1 exist (for the prefetch). */
+KERNEL_INLINE void tile_rows(float *y, long ldy, const void *x, long ldx, int n, const char *base, size_t stride,
+                             long cols, int t, int te, int r1, qlm_dtype dt) {
+    const size_t x_row = (size_t)ldx * qlm_x_elem_size(dt);
     for (int i = 0; i < n; i += TILE_X) {
         int nx = n - i < TILE_X ? n - i : TILE_X;
         const char *xi = (const char *)x + (size_t)i * x_row;
@@ -44,22 +44,22 @@ KERNEL_INLINE void tile_rows(float *y, long ldy, const void *x, int n, const cha
         if (GROUP_ROWS(nx) == 8)
             for (; o + 8 <= te; o += 8) {
                 const char *pf = o + 16 <= r1 ? base + (size_t)(o + 8) * stride : NULL;
-                tile_group(yi + o, ldy, xi, nx, base + (size_t)o * stride, stride, cols, 8, dt, pf);
+                tile_group(yi + o, ldy, xi, ldx, nx, base + (size_t)o * stride, stride, cols, 8, dt, pf);
             }
         for (; o + 4 <= te; o += 4) {
             const char *pf = o + 8 <= r1 ? base + (size_t)(o + 4) * stride : NULL;
-            tile_group(yi + o, ldy, xi, nx, base + (size_t)o * stride, stride, cols, 4, dt, pf);
+            tile_group(yi + o, ldy, xi, ldx, nx, base + (size_t)o * stride, stride, cols, 4, dt, pf);
         }
-        for (; o < te; o++) tile_group(yi + o, ldy, xi, nx, base + (size_t)o * stride, stride, cols, 1, dt, NULL);
+        for (; o < te; o++) tile_group(yi + o, ldy, xi, ldx, nx, base + (size_t)o * stride, stride, cols, 1, dt, NULL);
     }
 }
 
-KERNEL_INLINE void gemm_dt(float *y, const void *x, const float *x_scale, int n, const qlm_weight *w, int r0, int r1,
-                           const float *bias, qlm_dtype dt) {
+KERNEL_INLINE void gemm_dt(float *y, const void *x, long ldx, const float *x_scale, int n, const qlm_weight *w, int r0,
+                           int r1, const float *bias, qlm_dtype dt) {
     size_t stride = (size_t)w->cols * qlm_weight_elem_size(dt);
     for (int t = r0; t < r1; t += TILE_W) {
         int te = r1 - t < TILE_W ? r1 : t + TILE_W;
-        tile_rows(y, w->rows, x, n, w->data, stride, w->cols, t, te, r1, dt);
+        tile_rows(y, w->rows, x, ldx, n, w->data, stride, w->cols, t, te, r1, dt);
         if (dt == QLM_I8 || bias)
             for (int i = 0; i < n; i++)
                 for (int o = t; o < te; o++) {
@@ -76,9 +76,9 @@ KERNEL_FN void dot_rows(float *y, long ldy, const void *x, int n, const void *w,
     for (int t = 0; t < rows; t += TILE_W) {
         int te = rows - t < TILE_W ? rows : t + TILE_W;
         if (dt == QLM_BF16)
-            tile_rows(y, ldy, x, n, (const char *)w, stride, cols, t, te, rows, QLM_BF16);
+            tile_rows(y, ldy, x, cols, n, (const char *)w, stride, cols, t, te, rows, QLM_BF16);
         else
-            tile_rows(y, ldy, x, n, (const char *)w, stride, cols, t, te, rows, QLM_F32);
+            tile_rows(y, ldy, x, cols, n, (const char *)w, stride, cols, t, te, rows, QLM_F32);
     }
 }
 
@@ -92,12 +92,12 @@ KERNEL_FN void weighted_sum(float *o, const float *p, int g, long ldp, const voi
 }
 
 /* The dtype switch makes dt a constant inside each inlined copy of gemm_dt. */
-KERNEL_FN void gemm(float *y, const void *x, const float *x_scale, int n, const qlm_weight *w, int r0, int r1,
+KERNEL_FN void gemm(float *y, const void *x, long ldx, const float *x_scale, int n, const qlm_weight *w, int r0, int r1,
                     const float *bias) {
     switch (w->dtype) {
-    case QLM_F16: gemm_dt(y, x, NULL, n, w, r0, r1, bias, QLM_F16); break;
-    case QLM_BF16: gemm_dt(y, x, NULL, n, w, r0, r1, bias, QLM_BF16); break;
-    case QLM_I8: gemm_dt(y, x, x_scale, n, w, r0, r1, bias, QLM_I8); break;
-    default: gemm_dt(y, x, NULL, n, w, r0, r1, bias, QLM_F32); break;
+    case QLM_F16: gemm_dt(y, x, ldx, NULL, n, w, r0, r1, bias, QLM_F16); break;
+    case QLM_BF16: gemm_dt(y, x, ldx, NULL, n, w, r0, r1, bias, QLM_BF16); break;
+    case QLM_I8: gemm_dt(y, x, ldx, x_scale, n, w, r0, r1, bias, QLM_I8); break;
+    default: gemm_dt(y, x, ldx, NULL, n, w, r0, r1, bias, QLM_F32); break;
     }
 }

@@ -79,9 +79,9 @@ static void scalar_gemv_i8(float *y, const int16_t *q, const float *x, float xs,
     }
 }
 
-static void scalar_gemm(float *y, const void *x, const float *x_scale, int n, const qlm_weight *w, int r0, int r1,
-                        const float *bias) {
-    size_t x_row = (size_t)w->cols * qlm_x_elem_size(w->dtype);
+static void scalar_gemm(float *y, const void *x, long ldx, const float *x_scale, int n, const qlm_weight *w, int r0,
+                        int r1, const float *bias) {
+    size_t x_row = (size_t)ldx * qlm_x_elem_size(w->dtype);
     for (int i = 0; i < n; i++) {
         const void *xi = (const char *)x + (size_t)i * x_row;
         float *yi = y + (size_t)i * w->rows;
@@ -235,21 +235,25 @@ static void thread_rows(int rows, int group, int t, int nt, int *r0, int *r1) {
  * with the other threads and a barrier. */
 #define MIN_PARALLEL_FORM 16384L
 
-/* x in the activation form of W (qlm_x_dtype): the BF16 or I16 rows xf (and for I16 the row
- * scales xs) that the GEMM reads, or x itself. */
+/* x in the activation form of W (qlm_x_dtype): the BF16 or I16 rows xf, ldx elements apart (and
+ * for I16 the row scales xs) that the GEMM reads, or x itself. */
 typedef struct {
     const float *x;
     void *xf;
     float *xs;
+    long ldx;
 } x_form;
 
 /* Rows [i0, i1) of x into their activation form. */
 static void form_rows(const x_form *f, int i0, int i1, const qlm_weight *w, const qlm_kernel_table *kt) {
-    size_t cols = (size_t)w->cols;
-    if (w->dtype == QLM_BF16)
-        kt->f32_to_bf16((uint16_t *)f->xf + i0 * cols, f->x + i0 * cols, (long)((size_t)(i1 - i0) * cols));
-    else if (w->dtype == QLM_I8)
-        for (int i = i0; i < i1; i++) f->xs[i] = kt->quantize_i16((int16_t *)f->xf + i * cols, f->x + i * cols, (long)cols);
+    size_t cols = (size_t)w->cols, ld = (size_t)f->ldx;
+    for (int i = i0; i < i1; i++) {
+        uint16_t *xi = (uint16_t *)f->xf + i * ld;
+        if (w->dtype == QLM_BF16)
+            kt->f32_to_bf16(xi, f->x + i * cols, (long)cols);
+        else if (w->dtype == QLM_I8)
+            f->xs[i] = kt->quantize_i16((int16_t *)xi, f->x + i * cols, (long)cols);
+    }
 }
 
 /* Threads take runs of output rows of all count products (in whole groups of ROW_GROUP rows of
@@ -277,7 +281,7 @@ static void rows_parallel(const qlm_matmul_out *outs, int count, const x_form *f
             int wg = (w->rows + ROW_GROUP - 1) / ROW_GROUP;
             int a = g0 > base ? g0 - base : 0, b = g1 - base < wg ? g1 - base : wg;
             if (a < b)
-                kt->gemm(outs[p].y, f->xf ? f->xf : f->x, f->xs, n, w, a * ROW_GROUP, min_int(w->rows, b * ROW_GROUP),
+                kt->gemm(outs[p].y, f->xf ? f->xf : f->x, f->ldx, f->xs, n, w, a * ROW_GROUP, min_int(w->rows, b * ROW_GROUP),
                          outs[p].bias);
             base += wg;
         }
@@ -319,11 +323,12 @@ void qlm_matmul_group(const qlm_matmul_out *outs, int count, const float *x, int
     for (int p = 0; p < count; p++)
         if (outs[p].w->rows < 0) return;
     const qlm_kernel_table *kt = qlm_kernels();
-    x_form f = {x, NULL, NULL};
+    x_form f = {x, NULL, NULL, w->cols};
     if (w->dtype == QLM_BF16 || w->dtype == QLM_I8) {
         /* x is put in its form once per call rather than in every thread's kernel; I16 row
          * scales follow the rows, 4-byte aligned. */
-        size_t rows_bytes = ((size_t)n * (size_t)w->cols * 2 + 3) & ~(size_t)3;
+        f.ldx = qlm_x_row_stride(w->cols, w->dtype);
+        size_t rows_bytes = ((size_t)n * (size_t)f.ldx * 2 + 3) & ~(size_t)3;
         char *buf = qlm_cpu_scratch_bytes(&t_x_form, rows_bytes + (size_t)n * sizeof(float));
         if (!buf) {
             /* Out of memory for the copy: still correct, only slower. */
