@@ -297,6 +297,7 @@ typedef struct {
     int layers, heads, kv_heads, len;
     int bf16;          /* BF16 caches, else F32 */
     int both_layouts;  /* also the row-by-row layout ([pos][kv_heads*head_dim]) */
+    int packed;        /* also heads packed back to back (qlm_attn_shape.heads_packed) */
     int batch[3];
 } attn_case;
 
@@ -304,13 +305,14 @@ enum { ATTN_HD = 64, ATTN_CAP = 512 };
 
 static const attn_case k_attn_cases[] = {
     /* SmolLM2-135M's self-attention (9 query, 3 KV heads) over F32 caches. */
-    {"SmolLM2 self-attention, f32", 30, 9, 3, 260, 0, 1, {1, 8, 27}},
+    {"SmolLM2 self-attention, f32", 30, 9, 3, 260, 0, 1, 0, {1, 8, 27}},
     /* flan-t5-base's cross-attention over a ~217-token dialogue, BF16 keys and values. */
-    {"flan-t5-base cross-attention, bf16", 12, 12, 12, 217, 1, 0, {1, 8, 32}},
+    {"flan-t5-base cross-attention, bf16", 12, 12, 12, 217, 1, 0, 1, {1, 8, 32}},
 };
 
-/* One case, with the cache laid out head by head ([kv_head][pos][head_dim], the decode cache's
- * layout) and, where asked, row by row. GB/s counts the keys and values read. */
+/* One case, with the cache laid out head by head ([kv_head][pos][head_dim] with room for
+ * ATTN_CAP positions, the decode cache's layout) and, where asked, row by row and with the heads
+ * packed. GB/s counts the keys and values read. */
 static int bench_attention_case(const attn_case *c, const options *o) {
     const size_t esize = c->bf16 ? sizeof(uint16_t) : sizeof(float);
     const size_t slot = (size_t)ATTN_CAP * c->kv_heads * ATTN_HD;
@@ -336,10 +338,12 @@ static int bench_attention_case(const attn_case *c, const options *o) {
         }
         for (int i = 0; i < b * c->heads * ATTN_HD; i++) q[i] = frand();
         for (int i = 0; i < b; i++) pos[i] = c->len - 1, slots[i] = i;
-        for (int layout = c->both_layouts ? 0 : 1; layout < 2; layout++) {
+        static const char *const names[] = {"row by row", "head by head", "packed"};
+        for (int layout = c->both_layouts ? 0 : 1; layout < (c->packed ? 3 : 2); layout++) {
             qlm_attn_shape sh = {.n_heads = c->heads, .n_kv_heads = c->kv_heads, .head_dim = ATTN_HD, .scale = 0.125f,
                                  .slots = slots, .slot_stride = slot, .kv_bf16 = c->bf16};
             if (layout) sh.row_stride = ATTN_HD, sh.head_stride = (size_t)ATTN_CAP * ATTN_HD;
+            if (layout == 2) sh.heads_packed = 1, sh.n_keys = c->len;
             double best = 1e30;
             for (int rep = 0; rep < (o->quick ? 3 : 8); rep++) {
                 double t0 = now_s();
@@ -351,7 +355,7 @@ static int bench_attention_case(const attn_case *c, const options *o) {
                 if (dt < best) best = dt;
             }
             double bytes = 2.0 * c->layers * b * c->len * c->kv_heads * ATTN_HD * (double)esize;
-            printf("%-8d %-12s %10.2f %9.2f\n", b, layout ? "head by head" : "row by row", best * 1e3, bytes / best / 1e9);
+            printf("%-8d %-12s %10.2f %9.2f\n", b, names[layout], best * 1e3, bytes / best / 1e9);
         }
         free(kv), free(q), free(out), free(pos), free(slots);
     }

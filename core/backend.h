@@ -35,6 +35,11 @@ typedef struct {
      * head_stride = head_dim. A decode cache takes head_stride = max_seq * head_dim and
      * row_stride = head_dim, so that each head's keys are one contiguous run that memory streams. */
     size_t row_stride, head_stride;
+    /* With n_keys > 0 and row_stride = head_dim: a sequence's heads lie back to back, head h of
+     * one with K keys from h * K * head_dim (head_stride unused). Caches whose keys are all stored
+     * at once (T5's cross-attention) take this layout, so that one sequence's keys (and values)
+     * are one run that memory streams rather than a run per head with gaps between. */
+    int heads_packed;
     /* The keys and values are BF16 (the decode caches of a model with INT8 weights,
      * core/kv_cache.h) rather than F32; strides count elements either way. */
     int kv_bf16;

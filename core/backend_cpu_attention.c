@@ -30,8 +30,10 @@ static size_t row_stride(const qlm_attn_shape *sh) {
     return sh->row_stride ? sh->row_stride : (size_t)sh->n_kv_heads * sh->head_dim;
 }
 
-static size_t head_stride(const qlm_attn_shape *sh) {
-    return sh->head_stride ? sh->head_stride : (size_t)sh->head_dim;
+/* Offset of KV head kvh in a sequence of `keys` keys, in elements. */
+static size_t head_offset(const qlm_attn_shape *sh, int kvh, int keys) {
+    size_t stride = sh->heads_packed ? (size_t)keys * sh->head_dim : sh->head_stride ? sh->head_stride : (size_t)sh->head_dim;
+    return (size_t)kvh * stride;
 }
 
 /* Offset of row i's sequence in the caches, in elements. */
@@ -85,8 +87,8 @@ static void attend(float *out, const float *q, const void *kc, const void *vc, c
     int hd = sh->head_dim;
     size_t rs = row_stride(sh);
     const qlm_dtype dt = kv_dtype(sh);
-    kc = kv_at(kc, (size_t)kvh * head_stride(sh), sh);
-    vc = kv_at(vc, (size_t)kvh * head_stride(sh), sh);
+    kc = kv_at(kc, head_offset(sh, kvh, len), sh);
+    vc = kv_at(vc, head_offset(sh, kvh, len), sh);
     uint16_t qb[Q_BF16_CAP];
     int gb = sh->kv_bf16 && g * hd > Q_BF16_CAP ? Q_BF16_CAP / hd : g; /* heads per scores call */
     /* All heads' rounded query fits (the usual case): rounded once, not per chunk of keys. */
@@ -134,13 +136,15 @@ static void attend(float *out, const float *q, const void *kc, const void *vc, c
 
 /* Every (listed row, group of query heads) in one parallel loop; rows NULL lists rows 0..n-1. Heads
  * sharing a KV head go together when that still leaves a few items per thread; a row's result is
- * the same either way. */
+ * the same either way. With a few rows per thread, a thread takes a whole row's heads at a time:
+ * it then reads one sequence's caches in order (one run when heads_packed), which memory streams
+ * faster than heads dealt out to the threads in turn. */
 static void attention_rows(float *out, const float *q, const void *k_cache, const void *v_cache, const int *rows,
                            int n, const int *pos, const qlm_attn_shape *sh) {
-    int hd = sh->head_dim, group = sh->n_heads / sh->n_kv_heads;
-    int g = group <= MAX_GROUP && n * sh->n_kv_heads >= 2 * omp_get_max_threads() ? group : 1;
-    int per_row = sh->n_heads / g;
-#pragma omp parallel for schedule(dynamic, 1) if (n * per_row > 1)
+    int hd = sh->head_dim, group = sh->n_heads / sh->n_kv_heads, threads = omp_get_max_threads();
+    int g = group <= MAX_GROUP && n * sh->n_kv_heads >= 2 * threads ? group : 1;
+    int per_row = sh->n_heads / g, chunk = n >= 2 * threads ? per_row : 1;
+#pragma omp parallel for schedule(dynamic, chunk) if (n * per_row > 1)
     for (int it = 0; it < n * per_row; it++) {
         int i = rows ? rows[it / per_row] : it / per_row, h0 = it % per_row * g;
         size_t base = cache_base(sh, i), row = (size_t)i * sh->n_heads * hd;
@@ -172,8 +176,8 @@ static void attention_sgemm(float *out, const float *q, const void *k_cache, con
             failed = 1;
             continue;
         }
-        const void *kc = kv_at(k_cache, (size_t)(h / group) * head_stride(sh), sh);
-        const void *vc = kv_at(v_cache, (size_t)(h / group) * head_stride(sh), sh);
+        const void *kc = kv_at(k_cache, head_offset(sh, h / group, max_len), sh);
+        const void *vc = kv_at(v_cache, head_offset(sh, h / group, max_len), sh);
         const float *kh = kc, *vh = vc;
         int ld = (int)rs;
         if (sh->kv_bf16) {

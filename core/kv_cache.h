@@ -1,6 +1,8 @@
 /* The layout of the decode caches, shared by the architectures: in each slot every head's rows are
  * one contiguous run, [slot][head][max_pos][head_dim], so that attention streams one head's keys
- * rather than picking them out of rows that interleave all heads (see qlm_attn_shape). */
+ * rather than picking them out of rows that interleave all heads (see qlm_attn_shape). Caches
+ * written whole at once (T5's cross-attention) pack the heads instead: kv_store with max_pos = the
+ * input's length, and qlm_attn_shape.heads_packed. */
 #ifndef QLM_KV_CACHE_H
 #define QLM_KV_CACHE_H
 

@@ -74,7 +74,8 @@ typedef struct {
     int *n_src;                   /* per slot: encoded input length (0: none yet) */
     float *enc_out;               /* [max_src][d_model] of the last encoded input */
     qlm_dtype kv_dtype;           /* of the caches and cross_k/cross_v: qlm_kv_dtype of the weights */
-    void **cross_k, **cross_v;    /* per decoder layer: [n_slots][heads][max_src][d_kv] (core/kv_cache.h) */
+    void **cross_k, **cross_v;    /* per decoder layer: room for [n_slots][heads][max_src][d_kv], a slot's
+                                   * heads packed as [heads][n_src][d_kv] (qlm_attn_shape.heads_packed) */
     void **k_cache, **v_cache;    /* per decoder layer: [n_slots][heads][max_tgt][d_kv] (core/kv_cache.h) */
     float *enc_bias, *dec_bias;   /* relative biases by delta: [heads][span] */
     int enc_span, dec_span;

@@ -164,8 +164,11 @@ int qlm_t5_encode(const qlm_t5_model *m, qlm_t5_state *s, int slot, const int *i
         const qlm_matmul_out kv[] = {{s->k, &m->dec[l].ck, NULL}, {s->v, &m->dec[l].cv, NULL}};
         static const int kv_targets[] = {QLM_LORA_CROSS_K, QLM_LORA_CROSS_V};
         if (PROJ_GROUP(kv, kv_targets, 2, s->enc_out)) return -1;
-        be->kv_store(s->cross_k[l], s->cross_v[l], s->kv_dtype, s->k, s->v, n, NULL, slot, s->pos, c->n_heads, c->d_kv,
-                     s->max_src);
+        /* Into the slot's region as slot 0 of caches with n positions a head: its heads packed back
+         * to back (qlm_attn_shape.heads_packed). */
+        size_t at = (size_t)slot * c->n_heads * s->max_src * c->d_kv * qlm_kv_elem_size(s->kv_dtype);
+        be->kv_store((char *)s->cross_k[l] + at, (char *)s->cross_v[l] + at, s->kv_dtype, s->k, s->v, n, NULL, 0, s->pos,
+                     c->n_heads, c->d_kv, n);
     }
     s->n_src[slot] = n;
     return 0;
@@ -178,6 +181,7 @@ static void slot_attention(const qlm_t5_model *m, qlm_t5_state *s, void **k, voi
     qlm_attn_shape sh = cross ? attn_shape(m, slots ? s->max_src : s->n_src[0], NULL, 0, 0)
                               : attn_shape(m, 0, s->dec_bias, s->dec_span, s->max_tgt - 1);
     qlm_kv_shape(&sh, slot_rows, s->kv_dtype);
+    sh.heads_packed = cross;
     if (slots) {
         sh.slots = slots;
         sh.slot_keys = cross ? s->n_src : NULL;

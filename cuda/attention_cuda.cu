@@ -26,6 +26,7 @@ struct attn_args {
     const float *bias;
     int span, offset;
     size_t slot_stride, row_stride, head_stride;
+    int heads_packed; // head_stride = the sequence's key count * head_dim
 };
 
 __device__ __forceinline__ float kv_elem(const void *base, size_t i, int bf16) {
@@ -54,7 +55,8 @@ __global__ void __launch_bounds__(ATTN_WARPS * 32) attention_kernel(attn_args a)
     const int all_keys = a.n_keys > 0 ? (a.slot_keys.present ? qlm_ints_at(a.slot_keys, slot) : a.n_keys) : p + 1;
     const int first = a.splits > 1 ? z * a.keys_per_split : 0;
     const int nk = a.splits > 1 && first + a.keys_per_split < all_keys ? first + a.keys_per_split : all_keys;
-    const size_t base = (size_t)slot * a.slot_stride + (size_t)(h / a.group) * a.head_stride;
+    const size_t head_stride = a.heads_packed ? (size_t)all_keys * hd : a.head_stride;
+    const size_t base = (size_t)slot * a.slot_stride + (size_t)(h / a.group) * head_stride;
     const float *qi = a.q + ((size_t)i * a.n_heads + h) * hd;
     for (int d = threadIdx.x; d < hd; d += blockDim.x) sq[d] = qi[d];
     __syncthreads();
@@ -233,6 +235,7 @@ void qlm_cuda_attention(float *out, const float *q, const void *k, const void *v
     a.slot_stride = sh->slots ? sh->slot_stride : 0;
     a.row_stride = sh->row_stride ? sh->row_stride : (size_t)sh->n_kv_heads * hd;
     a.head_stride = sh->head_stride ? sh->head_stride : (size_t)hd;
+    a.heads_packed = sh->heads_packed;
     // Split the keys when the (row, head) blocks alone would leave most of the GPU idle.
     int max_keys = 0;
     for (int i = 0; i < n; i++) {
