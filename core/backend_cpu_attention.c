@@ -50,18 +50,57 @@ static const void *kv_at(const void *cache, size_t at, const qlm_attn_shape *sh)
     return (const char *)cache + at * (sh->kv_bf16 ? sizeof(uint16_t) : sizeof(float));
 }
 
-/* Softmax of scores[0..len) in place after the bias; returns nothing, scores end as weights. */
-static void softmax_row(float *scores, int len, const float *bias) {
-    float mx = -INFINITY;
-    for (int t = 0; t < len; t++) {
-        if (bias) scores[t] += bias[t];
-        if (scores[t] > mx) mx = scores[t];
+/* Lanes of the running maxima and sums below: their fixed-length inner loops vectorize, where a
+ * plain reduction loop stays scalar (without -ffast-math GCC keeps a float sum in order). Each
+ * lane's operations are elementwise, so every clone (one per instruction set, picked at load time)
+ * gives the same bits. */
+#define LANES 16
+#define PER_ISA __attribute__((target_clones("avx512f", "avx2", "default")))
+
+/* s[t] = s[t] * scale + bias[t] (bias NULL: + 0) for t < n; returns the largest (-inf for n = 0). */
+PER_ISA static float scale_bias_max(float *s, int n, float scale, const float *bias) {
+    float mx[LANES];
+    for (int j = 0; j < LANES; j++) mx[j] = -INFINITY;
+    int t = 0;
+    if (bias)
+        for (; t + LANES <= n; t += LANES)
+            for (int j = 0; j < LANES; j++) s[t + j] = s[t + j] * scale + bias[t + j];
+    else
+        for (; t + LANES <= n; t += LANES)
+            for (int j = 0; j < LANES; j++) s[t + j] = s[t + j] * scale + 0.0f;
+    for (int u = 0; u < t; u += LANES)
+        for (int j = 0; j < LANES; j++) mx[j] = s[u + j] > mx[j] ? s[u + j] : mx[j];
+    for (; t < n; t++) {
+        s[t] = s[t] * scale + (bias ? bias[t] : 0.0f);
+        mx[0] = s[t] > mx[0] ? s[t] : mx[0];
     }
-    for (int t = 0; t < len; t++) scores[t] -= mx;
-    qlm_exp_f32(scores, len);
+    float m = mx[0];
+    for (int j = 1; j < LANES; j++) m = mx[j] > m ? mx[j] : m;
+    return m;
+}
+
+/* The sum of s[0..n). */
+PER_ISA static float lane_sum(const float *s, int n) {
+    float acc[LANES] = {0};
+    int t = 0;
+    for (; t + LANES <= n; t += LANES)
+        for (int j = 0; j < LANES; j++) acc[j] += s[t + j];
+    for (; t < n; t++) acc[0] += s[t];
     float sum = 0;
-    for (int t = 0; t < len; t++) sum += scores[t];
-    float inv = 1.0f / sum;
+    for (int j = 0; j < LANES; j++) sum += acc[j];
+    return sum;
+}
+
+/* s[t] = e^(s[t] - mx) for t < n; returns their sum. */
+static float exp_sum(float *s, int n, float mx) {
+    for (int t = 0; t < n; t++) s[t] -= mx;
+    qlm_exp_f32(s, n);
+    return lane_sum(s, n);
+}
+
+/* Softmax of scores[0..len) in place after the bias. */
+static void softmax_row(float *scores, int len, const float *bias) {
+    float inv = 1.0f / exp_sum(scores, len, scale_bias_max(scores, len, 1.0f, bias));
     for (int t = 0; t < len; t++) scores[t] *= inv;
 }
 
@@ -109,12 +148,7 @@ static void attend(float *out, const float *q, const void *kc, const void *vc, c
         }
         for (int j = 0; j < g; j++) {
             const float *bias = bias_row(sh, h0 + j, p);
-            float cmx = -INFINITY;
-            for (int t = 0; t < m; t++) {
-                float s = scores[j][t] * sh->scale + (bias ? bias[t0 + t] : 0.0f);
-                scores[j][t] = s;
-                if (s > cmx) cmx = s;
-            }
+            float cmx = scale_bias_max(scores[j], m, sh->scale, bias ? bias + t0 : NULL);
             if (cmx > mx[j]) {
                 /* A new maximum: what was summed so far shrinks by exp(old - new). */
                 float shrink = expf(mx[j] - cmx);
@@ -122,9 +156,7 @@ static void attend(float *out, const float *q, const void *kc, const void *vc, c
                 for (int d = 0; d < hd; d++) o[(size_t)j * hd + d] *= shrink;
                 mx[j] = cmx;
             }
-            for (int t = 0; t < m; t++) scores[j][t] -= mx[j];
-            qlm_exp_f32(scores[j], m);
-            for (int t = 0; t < m; t++) sum[j] += scores[j][t];
+            sum[j] += exp_sum(scores[j], m, mx[j]);
         }
         qlm_weighted_sum(o, scores[0], g, KEY_CHUNK, kv_at(vc, (size_t)t0 * rs, sh), rs, m, hd, dt);
     }
