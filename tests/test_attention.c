@@ -190,7 +190,8 @@ static void test_prefill_beside_decode(void **state) {
 
 /* The same keys and values laid out head by head ([kv_head][cap][head_dim], as a decode cache
  * holds them) give bit for bit the default layout's result, in the loop form and the sgemm form,
- * causal and over fixed keys, and for a batch of slots. */
+ * causal and over fixed keys, and for a batch of slots; so do they with each slot's heads packed
+ * back to back after its own key count (heads_packed, T5's cross-attention), over fixed keys. */
 static void test_head_major_layout(void **state) {
     (void)state;
     enum { KEYS = 70, CAP = 96, SLOTS = 2 };
@@ -225,6 +226,29 @@ static void test_head_major_layout(void **state) {
         hm.head_stride = (size_t)CAP * hd;
         be->attention(a, q, k, v, n, pos, &def);
         be->attention(b, q, kh, vh, n, pos, &hm);
+        assert_memory_equal(a, b, (size_t)n * q_dim * sizeof *a);
+    }
+    /* Packed heads: slot sl's KV head h holds its keys[sl] rows from (h * keys[sl]) * hd. */
+    const int keys[SLOTS] = {KEYS, KEYS - 23};
+    for (size_t i = 0; i < SLOTS * slot; i++) kh[i] = vh[i] = NAN;
+    for (int sl = 0; sl < SLOTS; sl++)
+        for (int t = 0; t < keys[sl]; t++)
+            for (int h = 0; h < sh.n_kv_heads; h++) {
+                size_t from = sl * slot + (size_t)t * kv_dim + h * hd, to = sl * slot + ((size_t)h * keys[sl] + t) * hd;
+                memcpy(kh + to, k + from, hd * sizeof *k);
+                memcpy(vh + to, v + from, hd * sizeof *v);
+            }
+    for (int form = 0; form < 3; form++) {
+        /* 0: all rows over slot 0's keys (sgemm), 1: 3 rows (loop), 2: rows of both slots */
+        int n = form == 1 ? 3 : KEYS;
+        qlm_attn_shape def = sh;
+        def.n_keys = KEYS;
+        if (form == 2) def.slots = slots, def.slot_stride = slot, def.slot_keys = keys;
+        qlm_attn_shape pk = def;
+        pk.row_stride = (size_t)hd;
+        pk.heads_packed = 1;
+        be->attention(a, q, k, v, n, pos, &def);
+        be->attention(b, q, kh, vh, n, pos, &pk);
         assert_memory_equal(a, b, (size_t)n * q_dim * sizeof *a);
     }
     free(k), free(v), free(kh), free(vh), free(q), free(a), free(b);

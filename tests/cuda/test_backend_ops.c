@@ -249,7 +249,8 @@ static void test_embedding_and_kv_store(void **state) {
 }
 
 /* One attention call on both backends: caches of n_slots slots of max_pos rows in the decode
- * layout (slots given) or one [keys][kv_dim] block (no slots). */
+ * layout (slots given; over fixed keys with each slot's heads packed) or one [keys][kv_dim] block
+ * (no slots). */
 static void check_attention(int n, int heads, int kv_heads, int hd, int keys, int n_keys_mode, int with_bias,
                             int with_slots, int bf16) {
     const int n_slots = with_slots ? 3 : 1;
@@ -273,6 +274,7 @@ static void check_attention(int n, int heads, int kv_heads, int hd, int keys, in
         sh.slots = slots;
         sh.slot_keys = n_keys_mode ? slot_keys : NULL;
         qlm_kv_shape(&sh, keys, bf16 ? QLM_BF16 : QLM_F32);
+        sh.heads_packed = n_keys_mode; /* as T5's cross-attention caches */
     }
     sh.kv_bf16 = bf16;
     long q_len = (long)n * heads * hd, kv_len = (long)n_slots * keys * kv_heads * hd;
