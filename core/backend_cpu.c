@@ -48,14 +48,27 @@ static void cpu_kv_store(void *k_cache, void *v_cache, qlm_dtype kv, const float
     }
 }
 
+/* Lanes of sum_squares: a double sum in order does not vectorize; 8 running sums do, and each is
+ * in order, so every clone (one per instruction set, picked at load time) gives the same bits. */
+#define SS_LANES 8
+
+__attribute__((target_clones("avx512f", "avx2", "default"))) static double sum_squares(const float *x, int n) {
+    double acc[SS_LANES] = {0};
+    int j = 0;
+    for (; j + SS_LANES <= n; j += SS_LANES)
+        for (int l = 0; l < SS_LANES; l++) acc[l] += (double)x[j + l] * x[j + l];
+    for (; j < n; j++) acc[0] += (double)x[j] * x[j];
+    double ss = 0;
+    for (int l = 0; l < SS_LANES; l++) ss += acc[l];
+    return ss;
+}
+
 static void cpu_rmsnorm(float *out, const float *x, const float *weight, int n, int dim, float eps) {
 #pragma omp parallel for if (n > 1)
     for (int i = 0; i < n; i++) {
         const float *xi = x + (size_t)i * dim;
         float *oi = out + (size_t)i * dim;
-        double ss = 0;
-        for (int j = 0; j < dim; j++) ss += (double)xi[j] * xi[j];
-        float inv = 1.0f / sqrtf((float)(ss / dim) + eps);
+        float inv = 1.0f / sqrtf((float)(sum_squares(xi, dim) / dim) + eps);
         for (int j = 0; j < dim; j++) oi[j] = xi[j] * inv * weight[j];
     }
 }
