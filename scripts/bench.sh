@@ -18,7 +18,8 @@ out=docs/benchmarks.md
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 
-calc() { awk "BEGIN { printf \"%.6f\", $1 }"; }
+# The expression in parentheses: a bare ">" in awk would redirect the output to a file.
+calc() { awk "BEGIN { printf \"%.6f\", ($1) }"; }
 json_field() { sed -n "s/.*\"$2\":[[:space:]]*\"\{0,1\}\([^,\"}]*\).*/\1/p" "$1"; }
 
 rows=()
