@@ -32,8 +32,8 @@ static size_t row_stride(const qlm_attn_shape *sh) {
 
 /* Offset of KV head kvh in a sequence of `keys` keys, in elements. */
 static size_t head_offset(const qlm_attn_shape *sh, int kvh, int keys) {
-    size_t stride = sh->heads_packed ? (size_t)keys * sh->head_dim : sh->head_stride ? sh->head_stride : (size_t)sh->head_dim;
-    return (size_t)kvh * stride;
+    if (sh->heads_packed) return (size_t)kvh * keys * sh->head_dim;
+    return (size_t)kvh * (sh->head_stride ? sh->head_stride : (size_t)sh->head_dim);
 }
 
 /* Offset of row i's sequence in the caches, in elements. */
