@@ -156,13 +156,16 @@ static void test_f32_matches_transformers(void **state) {
     check_dtype(QLM_F32, 0, 1e-4, 32, 32);
 }
 
+/* Free-running greedy text in BF16 and INT8 is not stable across instruction sets: a near-tie
+ * decides it (BF16 plain_fox: 32/32 equal with AVX512_BF16's dot products, 8/32 on an AVX-512
+ * CPU without them, where BF16 products are summed in another order; INT8 leaves the reference
+ * two tokens in, at 1.15 max logit error). So the bounds are on the logits and on the
+ * teacher-forced top-1 agreement along the reference continuation, which every kernel keeps. */
 static void test_bf16_close(void **state) {
     (void)state;
-    check_dtype(QLM_BF16, 0, 1.0, 16, 30);
+    check_dtype(QLM_BF16, 0, 1.0, 0, 30);
 }
 
-/* Free-running INT8 greedy leaves the reference at a near-tie two tokens into plain_fox (observed
- * 1.15 max logit error), so only the teacher-forced agreement is held to a bound. */
 static void test_int8_close(void **state) {
     (void)state;
     check_dtype(QLM_I8, 1, 2.5, 0, 28);
