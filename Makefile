@@ -9,11 +9,11 @@ BUILD   ?= build
 # also takes loops with a scalar tail (elementwise ops, softmax passes): pp512 +3%, same results
 # (reductions stay in order without -ffast-math, and ISO C contracts nothing into FMAs).
 OPT     ?= -O2 -fvect-cost-model=cheap
-CFLAGS  += -std=c11 $(OPT) -g -Wall -Wextra -D_GNU_SOURCE -fopenmp -I. $(shell pkg-config --cflags libpcre2-8 libcjson 2>/dev/null)
-LDLIBS  += -lcjson -lpcre2-8 -lopenblas -lcurl -lmicrohttpd -lcrypto -lm -lpthread -fopenmp
+CFLAGS  += -std=c11 $(OPT) -g -Wall -Wextra -D_GNU_SOURCE -fopenmp -I. $(shell pkg-config --cflags libpcre2-8 libcjson ompi-c 2>/dev/null)
+LDLIBS  += -lcjson -lpcre2-8 -lopenblas -lcurl -lmicrohttpd -lcrypto $(shell pkg-config --libs ompi-c 2>/dev/null || echo -lmpi) -lm -lpthread -fopenmp
 TEST_LDLIBS = -lcmocka
 
-LIB_SRCS  := $(wildcard core/*.c quant/*.c loaders/*.c lora/*.c eval/*.c server/*.c hub/*.c train/*.c)
+LIB_SRCS  := $(wildcard core/*.c quant/*.c loaders/*.c lora/*.c eval/*.c server/*.c hub/*.c train/*.c dist/*.c)
 CLI_SRCS  := $(wildcard cli/*.c)
 TEST_SRCS := $(wildcard tests/test_*.c)
 BENCH_SRCS := $(wildcard bench/*.c)
@@ -22,7 +22,7 @@ ifeq ($(CUDA),1)
 CUDA_SRCS := $(wildcard cuda/*.cu)
 CUDA_OBJS := $(CUDA_SRCS:%.cu=$(BUILD)/%.o)
 CFLAGS    += -DQLM_WITH_CUDA
-LDLIBS    += -L/usr/local/cuda/lib64 -lcudart -lcublas -lcublasLt -lstdc++
+LDLIBS    += -L/usr/local/cuda/lib64 -lcudart -lcublas -lcublasLt -lnccl -lstdc++
 NVCCFLAGS ?= -O2 -std=c++20 -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90 -I. -Xcompiler -Wall,-Wextra
 else
 CUDA_SRCS := cuda/backend_absent.c
@@ -79,7 +79,7 @@ asan: setup-test
 
 # The GPU's tests: the op table against references, and the model tests rerun with
 # QLM_TEST_DEVICE=cuda (their fixtures and tolerances unchanged), then compute-sanitizer.
-CUDA_TESTS := tests/cuda/test_backend_ops tests/test_llama tests/test_t5 tests/test_batch tests/test_lora tests/test_smollm2
+CUDA_TESTS := tests/cuda/test_backend_ops tests/cuda/test_comm_nccl tests/test_llama tests/test_t5 tests/test_batch tests/test_lora tests/test_smollm2
 
 test-cuda-build:
 	@$(MAKE) --no-print-directory CUDA=1 BUILD=build/cuda build/cuda/qlm build/cuda/bench/bench_cuda $(CUDA_TESTS:%=build/cuda/%)

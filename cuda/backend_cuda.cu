@@ -10,6 +10,7 @@
 
 cudaStream_t qlm_cuda_stream;
 cublasHandle_t qlm_cuda_blas;
+int qlm_cuda_device;
 
 void qlm_cuda_fail(const char *what, const char *why, const char *file, int line) {
     fprintf(stderr, "qlm: CUDA failure at %s:%d: %s: %s\n", file, line, what, why);
@@ -184,13 +185,29 @@ static void cuda_describe(char *out, size_t len) {
 // the pool and the staging ring are shared. Recursive, as uploads flush through the same entries.
 static std::recursive_mutex g_lock;
 
+// CUDA keeps a current GPU per thread: a thread's first call makes it the backend's.
+static thread_local bool t_on_device;
+static void on_device(void) {
+    if (t_on_device) return;
+    CUDA_CHECK(cudaSetDevice(qlm_cuda_device));
+    t_on_device = true;
+}
+
 template <auto F> struct locked;
 template <typename R, typename... A, R (*F)(A...)> struct locked<F> {
     static R call(A... args) {
         std::lock_guard<std::recursive_mutex> hold(g_lock);
+        on_device();
         return F(args...);
     }
 };
+
+void qlm_cuda_flush_and_record(cudaEvent_t after) {
+    std::lock_guard<std::recursive_mutex> hold(g_lock);
+    on_device();
+    qlm_cuda_flush();
+    if (after) CUDA_CHECK(cudaEventRecord(after, qlm_cuda_stream));
+}
 
 // Inference ops only: the training ops stay NULL until they have GPU forms (the trainer checks).
 static qlm_backend cuda_backend;
@@ -227,7 +244,9 @@ static int start(void) {
     cudaError_t err = cudaGetDeviceCount(&n);
     if (err != cudaSuccess || n == 0)
         return qlm_errorf("no GPU: %s", err != cudaSuccess ? cudaGetErrorString(err) : "no CUDA device found");
-    if ((err = cudaSetDevice(0)) != cudaSuccess || (err = cudaGetDeviceProperties(&g_prop, 0)) != cudaSuccess ||
+    qlm_cuda_device = qlm_cuda_launch_device(n);
+    if ((err = cudaSetDevice(qlm_cuda_device)) != cudaSuccess ||
+        (err = cudaGetDeviceProperties(&g_prop, qlm_cuda_device)) != cudaSuccess ||
         (err = cudaStreamCreateWithFlags(&qlm_cuda_stream, cudaStreamNonBlocking)) != cudaSuccess)
         return qlm_errorf("GPU start-up failed: %s", cudaGetErrorString(err));
     if (g_prop.major < 8) return qlm_errorf("GPU %s is compute %d.%d; qlm needs 8.0 or newer", g_prop.name, g_prop.major, g_prop.minor);

@@ -30,6 +30,16 @@ void qlm_cuda_fail(const char *what, const char *why, const char *file, int line
 
 extern cudaStream_t qlm_cuda_stream;
 extern cublasHandle_t qlm_cuda_blas;
+// The GPU the backend runs on: qlm_cuda_launch_device's, chosen at start-up.
+extern int qlm_cuda_device;
+
+// transport_nccl.cu: the GPU of this process. Started by a launcher (mpirun, torchrun), its rank
+// on this machine modulo the n_devices it sees, so that ranks sharing a machine take different
+// GPUs, as NCCL needs; else 0.
+int qlm_cuda_launch_device(int n_devices);
+// For the NCCL transport, which queues transfers behind the ops queued so far: runs the queue and,
+// when after is not NULL, records it on the stream behind them, under the op table's lock.
+void qlm_cuda_flush_and_record(cudaEvent_t after);
 
 // Device memory from the pool (freed blocks are kept for reuse; cudaMalloc only). NULL with an
 // error naming the size and the free memory when the device has no room.
