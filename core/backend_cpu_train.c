@@ -30,8 +30,9 @@ static void blas_release(int t) {
     if (t != 1) openblas_set_num_threads(t);
 }
 
-/* dx[:, c0:c1] (+)= dy[:, r0:r1] Wf[r0:r1, c0:c1] with Wf rows r0..r1 given at wf (F32, ld cols). */
-static void gemm_dx_block(float *dx, const float *dy, int n, int rows, int cols, const float *wf, int r0, int r1,
+/* dx (+)= dy[:, r0:r1] Wf[r0:r1, :], each thread a run of dx's columns; block holds Wf's rows
+ * r0..r1-1 (F32, ld cols). */
+static void gemm_dx_block(float *dx, const float *dy, int n, int rows, int cols, const float *block, int r0, int r1,
                           float beta) {
     int nt = omp_get_max_threads(), held = blas_hold();
 #pragma omp parallel for num_threads(nt) if (n * (r1 - r0) > 32768)
@@ -39,7 +40,7 @@ static void gemm_dx_block(float *dx, const float *dy, int n, int rows, int cols,
         int c0 = (int)((long)cols * t / nt), c1 = (int)((long)cols * (t + 1) / nt);
         if (c1 > c0)
             cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, c1 - c0, r1 - r0, 1.0f, dy + r0, rows,
-                        wf + c0, cols, beta, dx + c0, cols);
+                        block + c0, cols, beta, dx + c0, cols);
     }
     blas_release(held);
 }
@@ -56,7 +57,7 @@ int qlm_cpu_matmul_backward_x(float *dx, const float *dy, int n, const qlm_weigh
         int r1 = r0 + DEQUANT_BLOCK_ROWS < rows ? r0 + DEQUANT_BLOCK_ROWS : rows;
 #pragma omp parallel for if ((r1 - r0) * cols > 65536)
         for (int r = r0; r < r1; r++) qlm_weight_row_f32(w, r, wf + (size_t)(r - r0) * cols);
-        gemm_dx_block(dx, dy, n, rows, cols, wf - (size_t)r0 * cols, r0, r1, (accumulate || r0 > 0) ? 1.0f : 0.0f);
+        gemm_dx_block(dx, dy, n, rows, cols, wf, r0, r1, (accumulate || r0 > 0) ? 1.0f : 0.0f);
     }
     return 0;
 }

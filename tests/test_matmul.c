@@ -16,6 +16,7 @@
 
 #include "test_util.h"
 
+#include "core/backend.h"
 #include "quant/half.h"
 #include "quant/matmul.h"
 #include "quant/quantize.h"
@@ -486,6 +487,42 @@ static void test_vs_torch(void **state) {
     free(mag);
 }
 
+/* The backward through a weight, dx = dy W, for every storage dtype and a weight taller than one
+ * block of rows converted to F32 (512): each block must meet its own rows of W. Against the
+ * product in double of the dequantized weight; accumulate adds to what dx held. */
+static void test_backward_x_blocks(void **state) {
+    (void)state;
+    const qlm_backend *be = qlm_backend_cpu();
+    enum { ROWS = 1100, COLS = 40, N = 5 };
+    float *src = malloc(sizeof(float) * ROWS * COLS), *dy = malloc(sizeof(float) * N * ROWS);
+    float *dx = malloc(sizeof(float) * N * COLS);
+    assert_true(src && dy && dx);
+    for (int i = 0; i < ROWS * COLS; i++) src[i] = frand();
+    for (int i = 0; i < N * ROWS; i++) dy[i] = frand();
+    for (int k = 0; k < NKINDS; k++) {
+        test_weight t;
+        make_weight(&t, &k_kinds[k], src, ROWS, COLS);
+        for (int acc = 0; acc < 2; acc++) {
+            for (int i = 0; i < N * COLS; i++) dx[i] = 0.5f;
+            assert_int_equal(be->matmul_backward_x(dx, dy, N, &t.w, acc), 0);
+            double worst = 0;
+            for (int i = 0; i < N; i++)
+                for (int c = 0; c < COLS; c++) {
+                    double ref = acc ? 0.5 : 0, mag = acc ? 0.5 : 0;
+                    for (int r = 0; r < ROWS; r++) {
+                        ref += (double)dy[i * ROWS + r] * t.deq[(long)r * COLS + c];
+                        mag += fabs((double)dy[i * ROWS + r] * t.deq[(long)r * COLS + c]);
+                    }
+                    double e = fabs(dx[i * COLS + c] - ref) / mag;
+                    if (e > worst) worst = e;
+                }
+            if (worst > REL_TOL) fail_msg("%s backward_x (accumulate %d): relative error %.3g", k_kinds[k].name, acc, worst);
+        }
+        free_weight(&t);
+    }
+    free(src), free(dy), free(dx);
+}
+
 static void test_isa_selection(void **state) {
     (void)state;
     const char *orig = qlm_matmul_isa();
@@ -509,6 +546,7 @@ int main(void) {
         cmocka_unit_test(test_vs_torch),
         cmocka_unit_test(test_attention_kernels),
         cmocka_unit_test(test_exp),
+        cmocka_unit_test(test_backward_x_blocks),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
