@@ -3,6 +3,7 @@
 #include <cjson/cJSON.h>
 #include <errno.h>
 #include <math.h>
+#include <omp.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -20,6 +21,7 @@
 #include "../train/trainer.h"
 #include "commands.h"
 #include "common.h"
+#include "dist.h"
 #include "model_folder.h"
 
 static const char k_usage[] =
@@ -71,14 +73,25 @@ static const char k_usage[] =
     "      --seed S             data order, adapter init and dropout (default 1)\n"
     "      --threads N          CPU threads (default: all cores)\n"
     "      --device D           cpu (default)\n"
-    "      --random-weights     random weights of the shape in MODEL/config.json (for speed measurements)\n";
+    "      --random-weights     random weights of the shape in MODEL/config.json (for speed measurements)\n"
+    "  several processes (start with mpirun -np N qlm train ...; each rank takes its slice of every\n"
+    "  global batch of --batch x N x --accum sequences; rank 0 prints and writes the outputs):\n"
+    "      --shard S            ddp (default), zero1 (optimizer state split), zero2 (and gradients),\n"
+    "                           fsdp (and parameters, gathered unit by unit)\n"
+    "      --sharding-factor F  split among groups of F ranks, replicated across the N/F groups\n"
+    "                           (default N; 1 is DDP)\n"
+    "      --prefetch K         fsdp: units gathered ahead of their use (default 1)\n"
+    "      --offload cpu        keep shards and optimizer state in host memory, step on the CPU\n"
+    "      --dist-timeout S     a rank that waits S seconds for another ends the job (default 300)\n"
+    "      --reshard            --resume a checkpoint made by another number of ranks or strategy\n";
 
 enum {
     OPT_DATA = 1200, OPT_OUT_DIR, OPT_EVAL, OPT_EVAL_FRACTION, OPT_EVAL_EVERY, OPT_EVAL_MAX, OPT_MODE_LORA, OPT_RANK,
     OPT_ALPHA, OPT_LORA_DROPOUT, OPT_TARGETS, OPT_RSLORA, OPT_MODE_FULL, OPT_MODE_QAT, OPT_PER_CH, OPT_STEPS,
     OPT_EPOCHS, OPT_TBATCH, OPT_ACCUM, OPT_SEQ_LEN, OPT_PACK, OPT_LR, OPT_SCHEDULE, OPT_WARMUP, OPT_MIN_LR,
     OPT_WD, OPT_CLIP, OPT_TDTYPE, OPT_BASE_DTYPE, OPT_RECOMPUTE, OPT_TARGET_FIELD, OPT_TEMPLATE, OPT_CHAT,
-    OPT_SAVE_EVERY, OPT_RESUME, OPT_TSEED, OPT_TTHREADS, OPT_TDEVICE, OPT_RANDOM,
+    OPT_SAVE_EVERY, OPT_RESUME, OPT_TSEED, OPT_TTHREADS, OPT_TDEVICE, OPT_RANDOM, OPT_SHARD, OPT_FACTOR,
+    OPT_PREFETCH, OPT_OFFLOAD, OPT_DIST_TIMEOUT, OPT_RESHARD,
 };
 
 typedef struct {
@@ -86,7 +99,9 @@ typedef struct {
     double eval_fraction;
     int eval_every, eval_max, rank, rslora, per_channel, steps, epochs, batch, accum, seq_len, pack, warmup;
     int recompute, chat, save_every, resume, seed, threads, random_weights;
-    float alpha, lora_dropout, lr, min_lr_ratio, weight_decay, clip;
+    int factor, prefetch, reshard, shard_given;
+    float alpha, lora_dropout, lr, min_lr_ratio, weight_decay, clip, dist_timeout;
+    qlm_shard_strategy shard;
     qlm_train_mode mode;
     qlm_lr_schedule schedule;
     qlm_dtype dtype;
@@ -121,11 +136,15 @@ static int parse_args(int argc, char **argv, train_args *a) {
         {"save-every", required_argument, 0, OPT_SAVE_EVERY}, {"resume", no_argument, 0, OPT_RESUME},
         {"seed", required_argument, 0, OPT_TSEED}, {"threads", required_argument, 0, OPT_TTHREADS},
         {"device", required_argument, 0, OPT_TDEVICE}, {"random-weights", no_argument, 0, OPT_RANDOM},
+        {"shard", required_argument, 0, OPT_SHARD}, {"sharding-factor", required_argument, 0, OPT_FACTOR},
+        {"prefetch", required_argument, 0, OPT_PREFETCH}, {"offload", required_argument, 0, OPT_OFFLOAD},
+        {"dist-timeout", required_argument, 0, OPT_DIST_TIMEOUT}, {"reshard", no_argument, 0, OPT_RESHARD},
         {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
     *a = (train_args){.eval_every = 50, .eval_max = 200, .rank = 8, .lora_dropout = 0.05f, .targets = "all-linear",
                       .batch = 4, .accum = 1, .seq_len = 512, .lr = -1, .min_lr_ratio = 0.1f, .weight_decay = 0.01f,
                       .clip = 1.0f, .save_every = 50, .seed = 1, .mode = QLM_TRAIN_LORA,
-                      .schedule = QLM_SCHEDULE_COSINE, .dtype = QLM_F32, .device = "cpu"};
+                      .schedule = QLM_SCHEDULE_COSINE, .dtype = QLM_F32, .device = "cpu", .prefetch = 1,
+                      .shard = QLM_SHARD_DDP};
     int c;
     optind = 1;
     while ((c = getopt_long(argc, argv, "m:t:o:h", opts, NULL)) != -1) {
@@ -185,6 +204,18 @@ static int parse_args(int argc, char **argv, train_args *a) {
         case OPT_TTHREADS: bad = cli_int("--threads", optarg, 1, 1024, &a->threads); break;
         case OPT_TDEVICE: a->device = optarg; break;
         case OPT_RANDOM: a->random_weights = 1; break;
+        case OPT_SHARD:
+            if (qlm_shard_strategy_parse(optarg, &a->shard) != 0 || a->shard == QLM_SHARD_NONE)
+                bad = fprintf(stderr, "qlm train: --shard must be ddp, zero1, zero2 or fsdp\n") > 0;
+            a->shard_given = 1;
+            break;
+        case OPT_FACTOR: bad = cli_int("--sharding-factor", optarg, 1, 1 << 20, &a->factor); break;
+        case OPT_PREFETCH: bad = cli_int("--prefetch", optarg, 0, 64, &a->prefetch); break;
+        case OPT_OFFLOAD:
+            if (strcmp(optarg, "cpu") != 0) bad = fprintf(stderr, "qlm train: --offload takes cpu\n") > 0;
+            break;
+        case OPT_DIST_TIMEOUT: bad = cli_float("--dist-timeout", optarg, 0.1, 1e7, &a->dist_timeout); break;
+        case OPT_RESHARD: a->reshard = 1; break;
         case 'h': fputs(k_usage, stdout); exit(0);
         default: return cli_usage_error("train", k_usage);
         }
@@ -203,13 +234,14 @@ static int parse_args(int argc, char **argv, train_args *a) {
     return 0;
 }
 
-/* The settings a resumed run must share with the run it continues. */
-static char *fingerprint(const train_args *a) {
+/* The settings a resumed run must share with the run it continues (the global batch, whatever
+ * the number of ranks that split it). */
+static char *fingerprint(const train_args *a, int ranks) {
     char buf[8192], data[4096];
     if (!realpath(a->data, data)) snprintf(data, sizeof data, "%s", a->data);
     snprintf(buf, sizeof buf, "mode=%d data=%s rank=%d alpha=%g targets=%s rslora=%d batch=%d accum=%d seq=%d pack=%d "
              "lr=%g schedule=%d warmup=%d steps=%d epochs=%d dtype=%d seed=%d per_channel=%d dropout=%g",
-             a->mode, data, a->rank, a->alpha, a->targets, a->rslora, a->batch, a->accum, a->seq_len, a->pack,
+             a->mode, data, a->rank, a->alpha, a->targets, a->rslora, a->batch * ranks, a->accum, a->seq_len, a->pack,
              a->lr, a->schedule, a->warmup, a->steps, a->epochs, a->dtype, a->seed, a->per_channel, a->lora_dropout);
     return strdup(buf);
 }
@@ -247,6 +279,24 @@ static void batch_begin(batch_buf *bb) {
     if (bb->t5) bb->b.src_start = bb->src_start, bb->b.src_len = bb->src_len, bb->b.src_ids = bb->src_ids;
 }
 
+/* An encoder-decoder's split of an example: its input is the tokens before the first target. */
+static int first_target(const unsigned char *target, int len) {
+    int first = 1;
+    while (first < len && !target[first]) first++;
+    return first;
+}
+
+/* The rows (and input rows) batch_add makes of an example, without adding it. */
+static void count_rows(const batch_buf *bb, const unsigned char *target, int len, long *rows, long *src_rows) {
+    if (!bb->t5) {
+        *rows += len;
+        return;
+    }
+    int first = first_target(target, len);
+    *rows += len - first;
+    *src_rows += first + 1;
+}
+
 /* Appends one example. Decoder-only: row t predicts ids[t + 1] where target[t + 1] is set.
  * Encoder-decoder: the input is the tokens before the first target and EOS; the decoder reads
  * decoder_start and the targets shifted right, and predicts the targets. */
@@ -263,8 +313,7 @@ static void batch_add(batch_buf *bb, const int *ids, const unsigned char *target
         bb->b.n_rows += len;
         return;
     }
-    int first = 1;
-    while (first < len && !target[first]) first++;
+    int first = first_target(target, len);
     int s0 = bb->b.n_src_rows;
     bb->src_start[s] = s0;
     bb->src_len[s] = first + 1;
@@ -280,20 +329,30 @@ static void batch_add(batch_buf *bb, const int *ids, const unsigned char *target
     bb->b.n_rows += len - first;
 }
 
-/* The next micro-batch from the data stream. */
+/* This rank's micro-batch: the next global micro-batch of batch x ranks sequences is drawn from
+ * the data stream (every rank draws the same), and rank r keeps sequences r*batch .. (r+1)*batch-1,
+ * so the ranks together see what one process with the global batch would. */
 static int next_micro(batch_buf *bb, const train_args *a, const qlm_train_set *set, qlm_train_cursor *cur, int *idx,
-                      int *pack_ids, unsigned char *pack_target) {
+                      int *pack_ids, unsigned char *pack_target, int rank, int ranks) {
     batch_begin(bb);
+    int global = a->batch * ranks, first = rank * a->batch;
+    long row0 = 0, src_row0 = 0;
     if (a->pack) {
-        for (int k = 0; k < a->batch; k++) {
+        for (int k = 0; k < global; k++) {
             int len = qlm_train_next_packed(cur, set, a->seq_len, pack_ids, pack_target, NULL);
             if (len < 0) return -1;
-            batch_add(bb, pack_ids, pack_target, len);
+            if (k < first) count_rows(bb, pack_target, len, &row0, &src_row0);
+            else if (k < first + a->batch) batch_add(bb, pack_ids, pack_target, len);
         }
-        return 0;
+    } else {
+        if (qlm_train_next_batch(cur, set->n, global, idx) != 0) return -1;
+        for (int k = 0; k < first + a->batch; k++) {
+            const qlm_train_example *e = &set->ex[idx[k]];
+            if (k < first) count_rows(bb, e->target, e->len, &row0, &src_row0);
+            else batch_add(bb, e->ids, e->target, e->len);
+        }
     }
-    if (qlm_train_next_batch(cur, set->n, a->batch, idx) != 0) return -1;
-    for (int k = 0; k < a->batch; k++) batch_add(bb, set->ex[idx[k]].ids, set->ex[idx[k]].target, set->ex[idx[k]].len);
+    bb->b.row0 = row0, bb->b.src_row0 = src_row0;
     return 0;
 }
 
@@ -333,7 +392,16 @@ typedef struct {
     double elapsed_s, tokens;
 } run_totals;
 
-static char *checkpoint_state(const qlm_train_cursor *cur, const char *fp, const run_totals *tot) {
+/* What a checkpoint was made by: the model and the split of the job. A resume must match the
+ * model; the split only without --reshard. */
+typedef struct {
+    char model[4096];
+    double params;
+    int ranks, factor;
+    const char *strategy;
+} run_shape;
+
+static char *checkpoint_state(const qlm_train_cursor *cur, const char *fp, const run_totals *tot, const run_shape *rs) {
     cJSON *j = cJSON_CreateObject();
     cJSON_AddNumberToObject(j, "data_seed", (double)cur->seed);
     cJSON_AddNumberToObject(j, "data_epoch", cur->epoch);
@@ -341,12 +409,37 @@ static char *checkpoint_state(const qlm_train_cursor *cur, const char *fp, const
     cJSON_AddNumberToObject(j, "elapsed_s", tot->elapsed_s);
     cJSON_AddNumberToObject(j, "tokens", tot->tokens);
     cJSON_AddStringToObject(j, "settings", fp);
+    cJSON_AddStringToObject(j, "model", rs->model);
+    cJSON_AddNumberToObject(j, "model_params", rs->params);
+    cJSON_AddNumberToObject(j, "ranks", rs->ranks);
+    cJSON_AddStringToObject(j, "shard", rs->strategy);
+    cJSON_AddNumberToObject(j, "sharding_factor", rs->factor);
     char *s = cJSON_PrintUnformatted(j);
     cJSON_Delete(j);
     return s;
 }
 
-static int restore_state(const char *json, qlm_train_cursor *cur, const char *fp, run_totals *tot, const char *dir) {
+/* The checkpoint's model and split against this run's: 0, or -1 with a message saying what differs. */
+static int check_shape(const cJSON *j, const run_shape *rs, int reshard, const char *dir) {
+    const cJSON *model = cJSON_GetObjectItem(j, "model"), *params = cJSON_GetObjectItem(j, "model_params"),
+                *ranks = cJSON_GetObjectItem(j, "ranks"), *shard = cJSON_GetObjectItem(j, "shard"),
+                *factor = cJSON_GetObjectItem(j, "sharding_factor");
+    if (cJSON_IsNumber(params) && params->valuedouble != rs->params)
+        return qlm_errorf("%s/checkpoint.json: made for the model %s (%.0f parameters); this run trains %s (%.0f "
+                          "parameters)",
+                          dir, cJSON_IsString(model) ? model->valuestring : "?", params->valuedouble, rs->model, rs->params);
+    int c_ranks = cJSON_IsNumber(ranks) ? ranks->valueint : 1, c_factor = cJSON_IsNumber(factor) ? factor->valueint : 1;
+    const char *c_shard = cJSON_IsString(shard) ? shard->valuestring : "none";
+    if (reshard || (c_ranks == rs->ranks && c_factor == rs->factor && strcmp(c_shard, rs->strategy) == 0)) return 0;
+    return qlm_errorf("%s/checkpoint.json: made by %d rank%s with --shard %s (sharding factor %d); this run has %d "
+                      "rank%s with --shard %s (sharding factor %d): launch it as before, or add --reshard to "
+                      "continue with this one",
+                      dir, c_ranks, c_ranks == 1 ? "" : "s", c_shard, c_factor, rs->ranks, rs->ranks == 1 ? "" : "s",
+                      rs->strategy, rs->factor);
+}
+
+static int restore_state(const char *json, qlm_train_cursor *cur, const char *fp, run_totals *tot, const char *dir,
+                         const run_shape *rs, int reshard) {
     cJSON *j = json ? cJSON_Parse(json) : NULL;
     const cJSON *seed = cJSON_GetObjectItem(j, "data_seed"), *ep = cJSON_GetObjectItem(j, "data_epoch"),
                 *ix = cJSON_GetObjectItem(j, "data_index"), *el = cJSON_GetObjectItem(j, "elapsed_s"),
@@ -355,6 +448,8 @@ static int restore_state(const char *json, qlm_train_cursor *cur, const char *fp
     int rc = 0;
     if (!cJSON_IsNumber(seed) || !cJSON_IsNumber(ep) || !cJSON_IsNumber(ix) || !cJSON_IsString(set))
         rc = qlm_errorf("%s/checkpoint.json: the data position is missing", dir);
+    else if (check_shape(j, rs, reshard, dir) != 0)
+        rc = -1;
     else if (strcmp(set->valuestring, fp) != 0)
         rc = qlm_errorf("%s/checkpoint.json: made with other settings (%s); resume with the same flags or use a new --out",
                         dir, set->valuestring);
@@ -404,8 +499,32 @@ static int write_outputs(const train_args *a, qlm_trainer *t, cli_model *cm) {
     return 0;
 }
 
-/* DIR/summary.json: what the finished run did, for scripts and benchmark tables. */
-static int write_summary(const train_args *a, const qlm_trainer *t, const run_totals *tot, double loss, double eval) {
+/* What each rank held and did, gathered on every rank: [rank][DIST_FIELDS]. */
+enum { DIST_PARAMS, DIST_GRADS, DIST_OPTIM, DIST_GATHERED, DIST_GRADS_FULL, DIST_RSS, DIST_COMM, DIST_WAIT,
+       DIST_GATHERS, DIST_FIELDS };
+
+static double *gather_rank_stats(const cli_dist *d, const qlm_trainer *t, double train_rss, double comm_s) {
+    double *all = calloc((size_t)d->size * DIST_FIELDS, sizeof *all);
+    if (!all) {
+        qlm_errorf("out of memory");
+        return NULL;
+    }
+    qlm_train_memory m = qlm_trainer_memory(t);
+    qlm_train_split sp = qlm_trainer_split(t);
+    double mine[DIST_FIELDS] = {m.params, m.grads, m.optim, m.gathered_peak, m.grads_full_peak, train_rss, comm_s,
+                                sp.gather_wait_s, (double)sp.gathers};
+    memcpy(all + (size_t)d->rank * DIST_FIELDS, mine, sizeof mine);
+    if (qlm_comm_sum_host(d->world, all, d->size * DIST_FIELDS) != 0) {
+        free(all);
+        return NULL;
+    }
+    return all;
+}
+
+/* DIR/summary.json: what the finished run did, for scripts and benchmark tables; with several
+ * ranks, the split and what each rank held (bytes) and waited for. */
+static int write_summary(const train_args *a, const qlm_trainer *t, const run_totals *tot, double loss, double eval,
+                         const cli_dist *d, const double *ranks) {
     cJSON *j = cJSON_CreateObject();
     cJSON_AddStringToObject(j, "mode", a->mode == QLM_TRAIN_LORA ? "lora" : a->mode == QLM_TRAIN_FULL ? "full" : "qat");
     cJSON_AddNumberToObject(j, "steps", (double)t->step);
@@ -416,6 +535,22 @@ static int write_summary(const train_args *a, const qlm_trainer *t, const run_to
     cJSON_AddNumberToObject(j, "activation_mib", qlm_trainer_activation_bytes(t) / 1048576.0);
     if (isfinite(loss)) cJSON_AddNumberToObject(j, "last_loss", loss);
     if (isfinite(eval)) cJSON_AddNumberToObject(j, "last_eval_loss", eval);
+    qlm_train_split sp = qlm_trainer_split(t);
+    cJSON *dist = cJSON_AddObjectToObject(j, "dist");
+    cJSON_AddNumberToObject(dist, "ranks", d->size);
+    cJSON_AddStringToObject(dist, "shard", qlm_shard_strategy_name(sp.strategy));
+    cJSON_AddNumberToObject(dist, "shard_group", sp.group);
+    cJSON_AddNumberToObject(dist, "prefetch", a->prefetch);
+    static const char *const names[DIST_FIELDS] = {"params_bytes", "grads_bytes", "optim_bytes",
+                                                   "gathered_peak_bytes", "grads_full_peak_bytes",
+                                                   "train_peak_rss_mib", "comm_seconds", "gather_wait_seconds",
+                                                   "gathers"};
+    cJSON *per_rank = cJSON_AddArrayToObject(dist, "per_rank");
+    for (int r = 0; ranks && r < d->size; r++) {
+        cJSON *o = cJSON_CreateObject();
+        for (int k = 0; k < DIST_FIELDS; k++) cJSON_AddNumberToObject(o, names[k], ranks[(size_t)r * DIST_FIELDS + k]);
+        cJSON_AddItemToArray(per_rank, o);
+    }
     char *text = cJSON_Print(j), path[4200];
     cJSON_Delete(j);
     snprintf(path, sizeof path, "%s/summary.json", a->out);
@@ -424,10 +559,21 @@ static int write_summary(const train_args *a, const qlm_trainer *t, const run_to
     return rc;
 }
 
+/* Whether any rank was asked to stop (also keeps the ranks in step). */
+static int any_stop(const cli_dist *d, int *failed) {
+    double stop = g_stop;
+    if (qlm_comm_sum_host(d->world, &stop, 1) != 0) *failed = 1;
+    return stop > 0;
+}
+
 int cmd_train(int argc, char **argv) {
     train_args a;
     int prc = parse_args(argc, argv, &a);
     if (prc) return prc;
+    cli_dist d;
+    if (cli_dist_start(&d, a.device, a.dist_timeout, &a.threads) != 0) return cli_fail("train");
+    int root = d.rank == 0;
+    if (d.size > 1 && !a.shard_given) a.shard = QLM_SHARD_DDP;
     cli_model_opts mo;
     cli_model_opts_init(&mo);
     mo.model = a.model;
@@ -437,10 +583,15 @@ int cmd_train(int argc, char **argv) {
     mo.threads = a.threads;
     mo.dtype = a.mode == QLM_TRAIN_LORA ? (a.base_dtype ? a.base_dtype : qlm_dtype_name(a.dtype)) : "f32";
     cli_model cm;
-    if (cli_load_model(&mo, &cm, 1, 0) != 0) return cli_fail("train");
+    if (cli_load_model(&mo, &cm, 1, !root) != 0) {
+        cli_dist_fail(&d, "train");
+        cli_dist_end(&d);
+        return 1;
+    }
     int t5 = cm.src.is_t5;
     if (t5 && a.pack) {
         cli_free_model(&cm);
+        cli_dist_end(&d);
         fprintf(stderr, "qlm train: --pack is for decoder-only models\n");
         return 2;
     }
@@ -452,23 +603,30 @@ int cmd_train(int argc, char **argv) {
     batch_buf bb = {0};
     int *idx = NULL, *pack_ids = NULL;
     unsigned char *pack_target = NULL;
-    char *fp = fingerprint(&a), *state = NULL;
+    double *rank_stats = NULL;
+    char *fp = fingerprint(&a, d.size), *state = NULL;
     qlm_train_data_options dopt = {.seq_len = a.seq_len, .prompt_template = a.template_text,
                                    .target_field = a.target_field, .chat = a.chat, .eval_fraction = a.eval_fraction,
                                    .seed = (uint64_t)a.seed};
+    run_shape shape_now = {.params = t5 ? (double)qlm_t5_param_count(&cm.t5) : (double)qlm_model_param_count(&cm.model),
+                           .ranks = d.size, .strategy = qlm_shard_strategy_name(d.size > 1 ? a.shard : QLM_SHARD_NONE)};
+    shape_now.factor = d.size > 1 && a.shard >= QLM_SHARD_ZERO1 ? (a.factor ? a.factor : d.size) : 1;
+    if (!realpath(a.model, shape_now.model)) snprintf(shape_now.model, sizeof shape_now.model, "%s", a.model);
     double t0 = now_s();
-    fprintf(stderr, "qlm train: reading %s\n", a.data);
+    if (root) fprintf(stderr, "qlm train: reading %s\n", a.data);
     if (qlm_train_data_load(&train, &eval, a.data, a.eval, cm.src.tok, &dopt) != 0) goto fail;
-    fprintf(stderr, "qlm train: %d training examples (%ld tokens, %ld targets; %d truncated to %d, %d skipped), "
-                    "%d eval examples, read in %.1f s\n",
-            train.n, train.total_tokens, train.target_tokens, train.n_truncated, a.seq_len, train.n_skipped, eval.n,
-            now_s() - t0);
-    if (train.n < (a.pack ? 1 : a.batch)) {
-        qlm_errorf("%s: %d examples are fewer than one batch of %d", a.data, train.n, a.batch);
+    if (root)
+        fprintf(stderr, "qlm train: %d training examples (%ld tokens, %ld targets; %d truncated to %d, %d skipped), "
+                        "%d eval examples, read in %.1f s\n",
+                train.n, train.total_tokens, train.target_tokens, train.n_truncated, a.seq_len, train.n_skipped, eval.n,
+                now_s() - t0);
+    long global_batch = (long)a.batch * d.size;
+    if (train.n < (a.pack ? 1 : global_batch)) {
+        qlm_errorf("%s: %d examples are fewer than one global batch of %ld", a.data, train.n, global_batch);
         goto fail;
     }
     long per_epoch = a.pack ? qlm_train_packed_count(&train, (uint64_t)a.seed, 0, a.seq_len) : train.n;
-    long steps_per_epoch = (per_epoch + (long)a.batch * a.accum - 1) / ((long)a.batch * a.accum);
+    long steps_per_epoch = (per_epoch + global_batch * a.accum - 1) / (global_batch * a.accum);
     long total = a.steps ? a.steps : steps_per_epoch * (a.epochs ? a.epochs : 1);
     if (a.mode == QLM_TRAIN_LORA) {
         char *cfg = cli_lora_config_json(a.rank, a.alpha, a.targets, a.rslora, a.lora_dropout, t5);
@@ -488,13 +646,15 @@ int cmd_train(int argc, char **argv) {
     o.schedule = a.schedule, o.weight_decay = a.weight_decay, o.clip = a.clip;
     o.dynamic_loss_scale = a.dtype == QLM_F16;
     o.recompute = a.recompute, o.lora_dropout = a.lora_dropout, o.seed = (uint64_t)a.seed;
+    o.dist = (qlm_train_dist){.world = d.world, .strategy = d.size > 1 ? a.shard : QLM_SHARD_NONE,
+                              .factor = a.factor, .prefetch = a.prefetch};
     qlm_train_shape shape = {.max_rows = a.batch * a.seq_len, .max_src_rows = a.batch * (a.seq_len + 1),
                              .max_len = a.seq_len + 1};
     if (qlm_trainer_init(&t, t5 ? NULL : &cm.model, t5 ? &cm.t5 : NULL, a.mode == QLM_TRAIN_LORA ? &adapter : NULL, &o,
                          &shape) != 0)
         goto fail;
     if (batch_buf_init(&bb, a.batch, a.seq_len, &cm) != 0) goto fail;
-    idx = malloc((size_t)a.batch * sizeof *idx);
+    idx = malloc((size_t)global_batch * sizeof *idx);
     pack_ids = malloc((size_t)a.seq_len * sizeof *pack_ids);
     pack_target = malloc((size_t)a.seq_len);
     if (!idx || !pack_ids || !pack_target) {
@@ -504,12 +664,15 @@ int cmd_train(int argc, char **argv) {
     qlm_train_cursor cur = {.seed = (uint64_t)a.seed};
     run_totals before = {0}, tot = {0};
     if (a.resume) {
-        int lr = qlm_trainer_load(&t, a.out, &state);
-        if (lr < 0) goto fail;
+        /* What the checkpoint was made by is checked before its tensors are read. */
+        int lr = qlm_trainer_peek(a.out, &state);
+        if (lr < 0 || (lr == 0 && restore_state(state, &cur, fp, &before, a.out, &shape_now, a.reshard) != 0)) goto fail;
+        free(state);
+        state = NULL;
+        if (lr == 0 && qlm_trainer_load(&t, a.out, &state) != 0) goto fail;
         if (lr == 1) {
-            fprintf(stderr, "qlm train: no checkpoint in %s: starting from step 0\n", a.out);
-        } else {
-            if (restore_state(state, &cur, fp, &before, a.out) != 0) goto fail;
+            if (root) fprintf(stderr, "qlm train: no checkpoint in %s: starting from step 0\n", a.out);
+        } else if (root) {
             fprintf(stderr, "qlm train: resumed from %s/checkpoint.json at step %ld of %ld\n", a.out, t.step, total);
         }
     } else if (mkdir(a.out, 0755) != 0 && errno != EEXIST) {
@@ -522,15 +685,25 @@ int cmd_train(int argc, char **argv) {
         snprintf(title, sizeof title, "qlm train: %s, LoRA r=%d on %s", a.model, a.rank, a.data);
     else
         snprintf(title, sizeof title, "qlm train: %s, %s on %s", a.model, what, a.data);
-    log = qlm_train_log_open(a.out, a.resume ? t.step : -1, title);
-    if (!log) goto fail;
+    if (root && !(log = qlm_train_log_open(a.out, a.resume ? t.step : -1, title))) goto fail;
     long trainable = 0;
     for (int i = 0; i < t.n_t; i++) trainable += t.t[i].n;
-    fprintf(stderr, "qlm train: %s, %ld trainable values, %ld steps (%ld per epoch) of %d x %d sequences up to %d tokens, "
-                    "lr %g %s, %s compute%s, activations %.0f MiB\n",
-            what, trainable, total, steps_per_epoch, a.accum, a.batch, a.seq_len, a.lr,
-            a.schedule == QLM_SCHEDULE_COSINE ? "cosine" : a.schedule == QLM_SCHEDULE_LINEAR ? "linear" : "constant",
-            qlm_dtype_name(a.dtype), a.recompute ? " with recomputation" : "", qlm_trainer_activation_bytes(&t) / 1048576.0);
+    if (root) {
+        fprintf(stderr, "qlm train: %s, %ld trainable values, %ld steps (%ld per epoch) of %d x %ld sequences up to %d "
+                        "tokens, lr %g %s, %s compute%s, activations %.0f MiB\n",
+                what, trainable, total, steps_per_epoch, a.accum, global_batch, a.seq_len, a.lr,
+                a.schedule == QLM_SCHEDULE_COSINE ? "cosine" : a.schedule == QLM_SCHEDULE_LINEAR ? "linear" : "constant",
+                qlm_dtype_name(a.dtype), a.recompute ? " with recomputation" : "",
+                qlm_trainer_activation_bytes(&t) / 1048576.0);
+        if (d.size > 1) {
+            qlm_train_memory m = qlm_trainer_memory(&t);
+            qlm_train_split sp = qlm_trainer_split(&t);
+            fprintf(stderr, "qlm train: %d ranks, --shard %s, shard groups of %d (%d replicas), %d threads per rank; "
+                            "rank 0 holds %.1f MiB of parameters, %.1f of gradients, %.1f of optimizer state\n",
+                    d.size, qlm_shard_strategy_name(sp.strategy), sp.group, sp.replicas, omp_get_max_threads(),
+                    m.params / 1048576.0, m.grads / 1048576.0, m.optim / 1048576.0);
+        }
+    }
     signal(SIGINT, on_signal);
     signal(SIGTERM, on_signal);
     batch_buf micro_bufs[64];
@@ -542,81 +715,99 @@ int cmd_train(int argc, char **argv) {
     for (int k = 0; k < n_bufs; k++) micro_bufs[k] = (batch_buf){0};
     for (int k = 0; k < n_bufs; k++)
         if (batch_buf_init(&micro_bufs[k], a.batch, a.seq_len, &cm) != 0) goto fail_bufs;
-    double run_start = now_s(), window_start = run_start, last_loss = NAN, last_eval = NAN;
+    double run_start = now_s(), window_start = run_start, last_loss = NAN, last_eval = NAN, comm_s = 0;
     long window_tokens = 0, start_step = t.step;
     qlm_train_batch micro[64];
-    while (t.step < total && !g_stop) {
+    int comm_failed = 0;
+    cli_reset_peak_rss();
+    while (t.step < total && !any_stop(&d, &comm_failed)) {
         for (int k = 0; k < a.accum; k++) {
-            if (next_micro(&micro_bufs[k], &a, &train, &cur, idx, pack_ids, pack_target) != 0) goto fail_bufs;
+            if (next_micro(&micro_bufs[k], &a, &train, &cur, idx, pack_ids, pack_target, d.rank, d.size) != 0)
+                goto fail_bufs;
             micro[k] = micro_bufs[k].b;
         }
         qlm_train_step_stats st;
         if (qlm_trainer_step(&t, micro, a.accum, &st) != 0) goto fail_bufs;
         last_loss = st.loss;
+        comm_s += st.comm_s;
         window_tokens += st.n_tokens;
         double now = now_s(), tps = window_tokens / (now - window_start + 1e-9);
         tot.elapsed_s = before.elapsed_s + (now - run_start);
         tot.tokens += st.n_tokens;
         double elapsed = tot.elapsed_s;
-        if (qlm_train_log_step(log, t.step, st.loss, st.lr, st.grad_norm, tps, st.loss_scale, elapsed) != 0)
+        if (root && qlm_train_log_step(log, t.step, st.loss, st.lr, st.grad_norm, tps, st.loss_scale, elapsed) != 0)
             goto fail_bufs;
         char eta[32];
         format_eta(eta, sizeof eta, (now - run_start) / (double)(t.step - start_step) * (double)(total - t.step));
-        fprintf(stderr, "\rstep %ld/%ld  loss %.4f  lr %.2e  grad norm %.3f%s  %.0f tok/s  ETA %s   ", t.step, total,
-                st.loss, st.lr, st.grad_norm, st.skipped ? " (overflow: skipped)" : "", tps, eta);
-        if (a.dtype == QLM_F16) fprintf(stderr, " loss scale %g ", st.loss_scale);
+        if (root) {
+            fprintf(stderr, "\rstep %ld/%ld  loss %.4f  lr %.2e  grad norm %.3f%s  %.0f tok/s  ETA %s   ", t.step, total,
+                    st.loss, st.lr, st.grad_norm, st.skipped ? " (overflow: skipped)" : "", tps, eta);
+            if (a.dtype == QLM_F16) fprintf(stderr, " loss scale %g ", st.loss_scale);
+        }
         if (t.step % 20 == 0) window_start = now, window_tokens = 0;
         int last = t.step == total;
         if (eval.n && (t.step % a.eval_every == 0 || last)) {
             double el = eval_loss(&t, &eval, a.eval_max, &bb, a.batch);
             if (isnan(el)) goto fail_bufs;
-            fprintf(stderr, "\nqlm train: step %ld eval loss %.4f (%d examples)\n", t.step, el,
-                    eval.n < a.eval_max ? eval.n : a.eval_max);
-            if (qlm_train_log_eval(log, t.step, el) != 0) goto fail_bufs;
+            if (root) {
+                fprintf(stderr, "\nqlm train: step %ld eval loss %.4f (%d examples)\n", t.step, el,
+                        eval.n < a.eval_max ? eval.n : a.eval_max);
+                if (qlm_train_log_eval(log, t.step, el) != 0) goto fail_bufs;
+            }
             last_eval = el;
         }
         if (t.step % a.save_every == 0 || last || g_stop) {
             free(state);
             run_totals all = {tot.elapsed_s, before.tokens + tot.tokens};
-            state = checkpoint_state(&cur, fp, &all);
-            if (!state || qlm_train_log_sync(log) != 0 || qlm_trainer_save(&t, a.out, state) != 0 ||
-                qlm_train_log_plot(log) != 0)
+            state = checkpoint_state(&cur, fp, &all, &shape_now);
+            if (!state || (root && qlm_train_log_sync(log) != 0) || qlm_trainer_save(&t, a.out, state) != 0 ||
+                (root && qlm_train_log_plot(log) != 0))
                 goto fail_bufs;
         }
     }
-    fprintf(stderr, "\n");
-    if (g_stop) {
-        fprintf(stderr, "qlm train: interrupted at step %ld; the checkpoint in %s resumes it (--resume)\n", t.step, a.out);
+    if (comm_failed) goto fail_bufs;
+    if (root) fprintf(stderr, "\n");
+    if (t.step < total) {
+        if (root)
+            fprintf(stderr, "qlm train: interrupted at step %ld; the checkpoint in %s resumes it (--resume)\n", t.step,
+                    a.out);
         rc = 130;
     } else {
-        double secs = now_s() - run_start;
+        double secs = now_s() - run_start, train_rss = cli_peak_rss_mib();
         long trained = t.step - start_step;
-        fprintf(stderr, "qlm train: %ld steps in %.1f s (%.2f s/step), peak memory %.0f MiB RSS\n", trained, secs,
-                trained ? secs / trained : 0.0, peak_rss_mib());
+        if (root)
+            fprintf(stderr, "qlm train: %ld steps in %.1f s (%.2f s/step), peak memory %.0f MiB RSS (%.0f during the "
+                            "steps)\n",
+                    trained, secs, trained ? secs / trained : 0.0, peak_rss_mib(), train_rss);
+        rank_stats = gather_rank_stats(&d, &t, train_rss, comm_s);
+        if (!rank_stats || (a.mode != QLM_TRAIN_LORA && qlm_trainer_consolidate(&t) != 0)) goto fail_bufs;
         run_totals all = {t.step > start_step ? tot.elapsed_s : before.elapsed_s, before.tokens + tot.tokens};
         /* Resuming a finished run rewrites the outputs and keeps the summary of the run that trained. */
         char summary[4200];
         snprintf(summary, sizeof summary, "%s/summary.json", a.out);
         int keep_summary = trained == 0 && access(summary, F_OK) == 0;
-        rc = write_outputs(&a, &t, &cm) == 0 &&
-                     (keep_summary || write_summary(&a, &t, &all, last_loss, last_eval) == 0) ? 0 : 1;
-        if (rc) cli_fail("train");
+        rc = !root || (write_outputs(&a, &t, &cm) == 0 &&
+                       (keep_summary || write_summary(&a, &t, &all, last_loss, last_eval, &d, rank_stats) == 0))
+                 ? 0
+                 : 1;
+        if (rc) goto fail_bufs;
     }
     for (int k = 0; k < n_bufs; k++) batch_buf_free(&micro_bufs[k]);
     goto done;
 fail_bufs:
     for (int k = 0; k < n_bufs; k++) batch_buf_free(&micro_bufs[k]);
 fail:
-    fprintf(stderr, "\n");
-    rc = cli_fail("train");
+    if (root) fprintf(stderr, "\n");
+    rc = cli_dist_fail(&d, "train");
 done:
     qlm_train_log_close(log);
     batch_buf_free(&bb);
-    free(idx), free(pack_ids), free(pack_target), free(fp), free(state);
+    free(idx), free(pack_ids), free(pack_target), free(fp), free(state), free(rank_stats);
     if (t.t) qlm_trainer_free(&t);
     if (adapter.buffer) qlm_lora_free(&adapter);
     qlm_train_set_free(&train);
     qlm_train_set_free(&eval);
     cli_free_model(&cm);
+    cli_dist_end(&d);
     return rc;
 }

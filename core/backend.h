@@ -170,9 +170,9 @@ typedef struct qlm_backend {
     double (*sum_squares)(const float *x, long n);
     /* x *= s over n values. */
     void (*scale)(float *x, long n, float s);
-    /* out = x * keep / (1 - p), keep[i] = 0 with probability p, a pure function of (seed, i):
-     * applying it again with the same seed is its backward. out may alias x. */
-    void (*dropout)(float *out, const float *x, long n, float p, uint64_t seed);
+    /* out = x * keep / (1 - p), keep[i] = 0 with probability p, a pure function of (seed, first + i):
+     * applying it again with the same seed and first is its backward. out may alias x. */
+    void (*dropout)(float *out, const float *x, long n, float p, uint64_t seed, long first);
     /* x = 0 over n values. */
     void (*zero)(float *x, long n);
     /* One AdamW update of n parameters with their gradients and moments. */

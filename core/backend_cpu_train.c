@@ -310,12 +310,13 @@ static inline uint64_t mix64(uint64_t z) {
     return z ^ (z >> 31);
 }
 
-void qlm_cpu_dropout(float *out, const float *x, long n, float p, uint64_t seed) {
+void qlm_cpu_dropout(float *out, const float *x, long n, float p, uint64_t seed, long first) {
     uint64_t threshold = (uint64_t)((double)p * 18446744073709551616.0);
     float keep_scale = 1.0f / (1.0f - p);
     uint64_t base = mix64(seed);
 #pragma omp parallel for if (n > 65536)
-    for (long i = 0; i < n; i++) out[i] = mix64(base + (uint64_t)i * 0x9e3779b97f4a7c15ULL) < threshold ? 0.0f : x[i] * keep_scale;
+    for (long i = 0; i < n; i++)
+        out[i] = mix64(base + (uint64_t)(first + i) * 0x9e3779b97f4a7c15ULL) < threshold ? 0.0f : x[i] * keep_scale;
 }
 
 void qlm_cpu_adamw(float *p, const float *g, float *m, float *v, long n, const qlm_adamw_step *h) {

@@ -25,7 +25,7 @@ void qlm_cpu_cross_entropy(float *row_loss, float *logits, const int *targets, i
 double qlm_cpu_sum_squares(const float *x, long n);
 void qlm_cpu_scale(float *x, long n, float s);
 void qlm_cpu_zero(float *x, long n);
-void qlm_cpu_dropout(float *out, const float *x, long n, float p, uint64_t seed);
+void qlm_cpu_dropout(float *out, const float *x, long n, float p, uint64_t seed, long first);
 void qlm_cpu_adamw(float *p, const float *g, float *m, float *v, long n, const qlm_adamw_step *h);
 void qlm_cpu_store_weight(qlm_weight *w, const float *src);
 

@@ -197,18 +197,35 @@ int qlm_model_export(const qlm_model *m, qlm_tensor_store *store) {
     return walk_params((qlm_model *)m, store) < 0 ? -1 : 0;
 }
 
-int qlm_model_param_list(qlm_model *m, qlm_param **out) {
-    int cap = N_SHARED_PARAMS + m->cfg.n_layers * N_LAYER_PARAMS, n = 0;
+int qlm_model_units(qlm_model *m, qlm_param **params, int *n_params, qlm_unit **units) {
+    int cap = N_SHARED_PARAMS + m->cfg.n_layers * N_LAYER_PARAMS, n = 0, n_units = m->cfg.n_layers + 1;
     qlm_param *list = malloc((size_t)cap * sizeof *list), p[N_LAYER_PARAMS];
-    if (!list) return qlm_errorf("out of memory");
+    qlm_unit *u = units ? malloc((size_t)n_units * sizeof *u) : NULL;
+    if (!list || (units && !u)) {
+        free(list);
+        free(u);
+        return qlm_errorf("out of memory");
+    }
     int k = shared_params(m, "model.embed_tokens.weight", p);
     for (int l = -1; l < m->cfg.n_layers; l++) {
         if (l >= 0) k = (layer_params(m, l, p), N_LAYER_PARAMS);
+        if (u)
+            u[l + 1] = (qlm_unit){.buffer = l < 0 ? &m->shared_buffer : &m->layers[l].buffer,
+                                  .bytes = l < 0 ? &m->shared_bytes : &m->layers[l].buffer_bytes, .first = n};
+        if (u && l < 0 && m->cfg.tie_embeddings) u[0].alias = &m->lm_head, u[0].alias_of = &m->tok_embed;
         for (int i = 0; i < k; i++)
             if (qlm_param_present(&p[i])) list[n++] = p[i];
+        if (u) u[l + 1].count = n - u[l + 1].first;
     }
-    *out = list;
-    return n;
+    *params = list;
+    *n_params = n;
+    if (units) *units = u;
+    return n_units;
+}
+
+int qlm_model_param_list(qlm_model *m, qlm_param **out) {
+    int n = 0;
+    return qlm_model_units(m, out, &n, NULL) < 0 ? -1 : n;
 }
 
 int qlm_model_f32_twin(qlm_model *twin, const qlm_model *m) {
@@ -216,6 +233,7 @@ int qlm_model_f32_twin(qlm_model *twin, const qlm_model *m) {
     twin->dtype = QLM_F32;
     twin->per_channel = 0;
     twin->inv_freq = NULL; /* the twin owns its buffers only */
+    twin->hooks = NULL;
     twin->shared_buffer = NULL;
     twin->layers = calloc((size_t)m->cfg.n_layers, sizeof *twin->layers);
     if (!twin->layers) return qlm_errorf("out of memory");

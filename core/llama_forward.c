@@ -131,15 +131,25 @@ static int forward_chunk(const qlm_model *m, qlm_kv_state *s, const int *tokens,
                          int n, const int *rows, int n_rows, float *logits) {
     const qlm_llama_config *c = &m->cfg;
     const qlm_backend *be = m->be;
+    const qlm_unit_hooks *h = m->hooks;
+    if (qlm_unit_begin(h, QLM_PASS_FORWARD) != 0 || qlm_unit_use(h, 0) != 0) return -1;
     be->embedding(s->x, &m->tok_embed, tokens, n);
-    for (int l = 0; l < c->n_layers; l++)
-        if (attention_forward(m, &m->layers[l], s, l, pos, slots, n) != 0 ||
+    qlm_unit_done(h, 0);
+    for (int l = 0; l < c->n_layers; l++) {
+        if (qlm_unit_use(h, 1 + l) != 0 || attention_forward(m, &m->layers[l], s, l, pos, slots, n) != 0 ||
             mlp_forward(m, &m->layers[l], s, l, slots, n) != 0)
             return -1;
-    if (n_rows == 0) return 0;
+        qlm_unit_done(h, 1 + l);
+    }
+    /* Sharded, every rank gathers the head in every pass, whether it wants logits or not. */
+    if (n_rows == 0 && !h) return 0;
+    if (qlm_unit_use(h, 0) != 0) return -1;
     for (int r = 0; r < n_rows; r++) be->copy(s->logits_rows + (size_t)r * c->dim, s->x + (size_t)rows[r] * c->dim, c->dim);
-    be->rmsnorm(s->logits_rows, s->logits_rows, m->final_norm, n_rows, c->dim, c->norm_eps);
-    qlm_logits_out(be, logits, s->logits_dev, s->logits_rows, n_rows, &m->lm_head);
+    if (n_rows) {
+        be->rmsnorm(s->logits_rows, s->logits_rows, m->final_norm, n_rows, c->dim, c->norm_eps);
+        qlm_logits_out(be, logits, s->logits_dev, s->logits_rows, n_rows, &m->lm_head);
+    }
+    qlm_unit_done(h, 0);
     return 0;
 }
 

@@ -124,13 +124,13 @@ static uint64_t seed_of(const pass *p, int l, int target) {
 static void linear_forward(const pass *p, qlm_llama_trace *t, float *y, const float *x, const qlm_weight *w,
                            const float *bias, int l, int target) {
     qlm_train_linear_forward(&p->lin, y, x, p->n, w, bias, lora_module(p, l, target), t->lora_u[target],
-                             seed_of(p, l, target));
+                             seed_of(p, l, target), p->b->row0);
 }
 
 static int linear_backward(const pass *p, qlm_llama_trace *t, float *dx, int accumulate, const float *dy,
                            const float *x, const qlm_weight *w, const qlm_weight *gw, float *gbias, int l, int target) {
     return qlm_train_linear_backward(&p->lin, dx, accumulate, dy, x, p->n, w, gw, gbias, lora_module(p, l, target),
-                                     t->lora_u[target], seed_of(p, l, target));
+                                     t->lora_u[target], seed_of(p, l, target), p->b->row0);
 }
 
 static qlm_attn_shape attn_shape(const qlm_llama_config *c) {
@@ -245,16 +245,34 @@ int qlm_llama_train_pass(const qlm_model *m, const qlm_llama_grads *grads, const
         return qlm_errorf("the training state was made without room for an adapter");
     pass p = {.m = m, .g = grads, .lora = lora, .s = s, .b = b, .n = b->n_rows,
               .lin = {.be = be, .lora = lora, .tmp = s->tmp, .tmp_in = s->tmp_in, .du = s->lora_du}};
+    /* Unit 0 holds the embedding, the final norm and the head; unit 1 + l layer l. */
+    const qlm_unit_hooks *h = m->hooks;
+    if (qlm_unit_begin(h, backward ? QLM_PASS_TRAIN : QLM_PASS_EVAL) != 0 || qlm_unit_use(h, 0) != 0) return -1;
     be->embedding(s->x_in[0], &m->tok_embed, b->ids, p.n);
-    for (int l = 0; l < c->n_layers; l++)
+    qlm_unit_done(h, 0);
+    for (int l = 0; l < c->n_layers; l++) {
+        if (qlm_unit_use(h, 1 + l) != 0) return -1;
         layer_forward(&p, l, s->x_in[l], s->x_in[l + 1], &s->tr[s->recompute ? 0 : l]);
-    if (head_pass(&p, grad_scale, backward, loss_sum) != 0) return -1;
+        qlm_unit_done(h, 1 + l);
+    }
+    if (qlm_unit_use(h, 0) != 0 || (backward && qlm_unit_grads_use(h, 0) != 0) ||
+        head_pass(&p, grad_scale, backward, loss_sum) != 0 || (backward && qlm_unit_grads_done(h, 0) != 0))
+        return -1;
+    qlm_unit_done(h, 0);
     if (!backward) return 0;
     for (int l = c->n_layers - 1; l >= 0; l--) {
         qlm_llama_trace *t = &s->tr[s->recompute ? 0 : l];
+        if (qlm_unit_use(h, 1 + l) != 0 || qlm_unit_grads_use(h, 1 + l) != 0) return -1;
         if (s->recompute) layer_forward(&p, l, s->x_in[l], s->tmp_in, t);
-        if (layer_backward(&p, l, s->x_in[l], t) != 0) return -1;
+        if (layer_backward(&p, l, s->x_in[l], t) != 0 || qlm_unit_grads_done(h, 1 + l) != 0) return -1;
+        qlm_unit_done(h, 1 + l);
     }
-    if (grads) be->embedding_backward((float *)grads->tok_embed.data, s->dx, b->ids, p.n, c->dim);
+    /* The embedding's gradient goes to unit 0 again (sharded: a second reduce-scatter of it, so
+     * its whole gradient buffer is not held through the layers' backward). */
+    if (grads) {
+        if (qlm_unit_grads_use(h, 0) != 0) return -1;
+        be->embedding_backward((float *)grads->tok_embed.data, s->dx, b->ids, p.n, c->dim);
+        if (qlm_unit_grads_done(h, 0) != 0) return -1;
+    }
     return 0;
 }

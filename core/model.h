@@ -11,6 +11,7 @@
 #include "backend.h"
 #include "config.h"
 #include "lora_rows.h"
+#include "units.h"
 #include "weight.h"
 
 typedef struct {
@@ -33,6 +34,8 @@ typedef struct {
     qlm_layer *layers;
     void *shared_buffer; /* embeddings, lm_head, final norm */
     size_t shared_bytes;
+    /* Set by a sharded run: unit 0 (shared) and 1 + l (layer l) are gathered around their use. */
+    const qlm_unit_hooks *hooks;
 } qlm_model;
 
 typedef struct {
@@ -61,6 +64,9 @@ int qlm_model_export(const qlm_model *m, qlm_tensor_store *store);
  * twice), as qlm_param entries pointing at m's fields. Returns the count, or -1; *out is malloc'd. */
 struct qlm_param_s;
 int qlm_model_param_list(qlm_model *m, struct qlm_param_s **out);
+/* The same list and the units it falls into: unit 0 the shared tensors, unit 1 + l layer l.
+ * Returns the number of units; *params and *units (when units is not NULL) are malloc'd. */
+int qlm_model_units(qlm_model *m, struct qlm_param_s **params, int *n_params, qlm_unit **units);
 /* A model of m's shape whose every parameter is F32 in fresh zeroed buffers, one per unit (the
  * shared tensors, each layer): gradients, optimizer moments, master weights. It shares m's
  * backend and RoPE table; free it with qlm_model_twin_free. */

@@ -211,19 +211,36 @@ void qlm_t5_refresh_head_norm(qlm_t5_model *m) {
     if (m->cfg.tie_embeddings) m->be->scale(m->head_norm, m->cfg.d_model, 1.0f / sqrtf((float)m->cfg.d_model));
 }
 
-int qlm_t5_param_list(qlm_t5_model *m, qlm_param **out) {
-    int cap = N_SHARED_PARAMS + (m->cfg.n_layers + m->cfg.n_dec_layers) * MAX_BLOCK_PARAMS, n = 0;
+int qlm_t5_units(qlm_t5_model *m, qlm_param **params, int *n_params, qlm_unit **units) {
+    int n_blocks = m->cfg.n_layers + m->cfg.n_dec_layers, n_units = n_blocks + 1, n = 0;
+    int cap = N_SHARED_PARAMS + n_blocks * MAX_BLOCK_PARAMS;
     qlm_param *list = malloc((size_t)cap * sizeof *list), p[MAX_BLOCK_PARAMS];
-    if (!list) return qlm_errorf("out of memory");
+    qlm_unit *u = units ? malloc((size_t)n_units * sizeof *u) : NULL;
+    if (!list || (units && !u)) {
+        free(list);
+        free(u);
+        return qlm_errorf("out of memory");
+    }
     int k = shared_params(m, "shared.weight", p);
+    if (u) u[0] = (qlm_unit){.buffer = &m->shared_buffer, .bytes = &m->shared_bytes, .first = 0, .count = k};
+    if (u && m->cfg.tie_embeddings) u[0].alias = &m->lm_head, u[0].alias_of = &m->shared;
     for (int i = 0; i < k; i++) list[n++] = p[i];
-    for (int dec = 0; dec < 2; dec++)
-        for (int b = 0; b < (dec ? m->cfg.n_dec_layers : m->cfg.n_layers); b++) {
+    for (int dec = 0, unit = 1; dec < 2; dec++)
+        for (int b = 0; b < (dec ? m->cfg.n_dec_layers : m->cfg.n_layers); b++, unit++) {
+            qlm_t5_layer *L = dec ? &m->dec[b] : &m->enc[b];
             k = block_params(m, dec, b, p);
+            if (u) u[unit] = (qlm_unit){.buffer = &L->buffer, .bytes = &L->buffer_bytes, .first = n, .count = k};
             for (int i = 0; i < k; i++) list[n++] = p[i];
         }
-    *out = list;
-    return n;
+    *params = list;
+    *n_params = n;
+    if (units) *units = u;
+    return n_units;
+}
+
+int qlm_t5_param_list(qlm_t5_model *m, qlm_param **out) {
+    int n = 0;
+    return qlm_t5_units(m, out, &n, NULL) < 0 ? -1 : n;
 }
 
 int qlm_t5_f32_twin(qlm_t5_model *twin, const qlm_t5_model *m) {
@@ -231,6 +248,7 @@ int qlm_t5_f32_twin(qlm_t5_model *twin, const qlm_t5_model *m) {
     twin->dtype = QLM_F32;
     twin->per_channel = 0;
     twin->shared_buffer = twin->head_norm = NULL;
+    twin->hooks = NULL;
     twin->enc = calloc((size_t)m->cfg.n_layers, sizeof *twin->enc);
     twin->dec = calloc((size_t)m->cfg.n_dec_layers, sizeof *twin->dec);
     if (!twin->enc || !twin->dec) goto fail;

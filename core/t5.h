@@ -39,6 +39,9 @@ typedef struct {
     qlm_t5_layer *enc, *dec;
     void *shared_buffer;
     size_t shared_bytes;
+    /* Set by a sharded run: unit 0 (shared), 1 + b (encoder block b), 1 + n_layers + b (decoder
+     * block b) are gathered around their use. */
+    const qlm_unit_hooks *hooks;
 } qlm_t5_model;
 
 int qlm_t5_build(qlm_t5_model *m, const qlm_t5_config *cfg, const qlm_tensor_store *store,
@@ -54,6 +57,9 @@ int qlm_t5_export(const qlm_t5_model *m, qlm_tensor_store *store);
  * pointing at m's fields: count, or -1; *out is malloc'd. */
 struct qlm_param_s;
 int qlm_t5_param_list(qlm_t5_model *m, struct qlm_param_s **out);
+/* The same list and its units (unit 0 shared, then the encoder's blocks, then the decoder's):
+ * the number of units; *params and *units (when not NULL) are malloc'd. */
+int qlm_t5_units(qlm_t5_model *m, struct qlm_param_s **params, int *n_params, qlm_unit **units);
 /* m's shape with every parameter F32 in fresh zeroed per-unit buffers (gradients, moments). */
 int qlm_t5_f32_twin(qlm_t5_model *twin, const qlm_t5_model *m);
 void qlm_t5_twin_free(qlm_t5_model *twin);

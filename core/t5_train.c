@@ -179,16 +179,25 @@ static const qlm_lora_module *module(const pass *p, int stack, int l, int target
     return p->lora ? qlm_lora_find(p->lora->adapter, stack, l, (qlm_lora_target)target) : NULL;
 }
 
+/* The first row of a projection's input in the step's whole micro-batch: the encoder's and the
+ * cross-attention keys' and values' inputs are input rows, the others decoder rows. */
+static long input_row0(const pass *p, int stack, int target) {
+    int src = stack == 0 || target == QLM_LORA_CROSS_K || target == QLM_LORA_CROSS_V;
+    return src ? p->b->src_row0 : p->b->row0;
+}
+
 static void lin_fwd(const pass *p, qlm_t5_trace *t, float *y, const float *x, int n, const qlm_weight *w, int stack,
                     int l, int target) {
     qlm_train_linear_forward(&p->lin, y, x, n, w, NULL, module(p, stack, l, target), t->lora_u[target],
-                             p->lora ? qlm_train_dropout_seed(p->lora, stack, l, target) : 0);
+                             p->lora ? qlm_train_dropout_seed(p->lora, stack, l, target) : 0,
+                             input_row0(p, stack, target));
 }
 
 static int lin_bwd(const pass *p, qlm_t5_trace *t, float *dx, int accumulate, const float *dy, const float *x, int n,
                    const qlm_weight *w, const qlm_weight *gw, int stack, int l, int target) {
     return qlm_train_linear_backward(&p->lin, dx, accumulate, dy, x, n, w, gw, NULL, module(p, stack, l, target),
-                                     t->lora_u[target], p->lora ? qlm_train_dropout_seed(p->lora, stack, l, target) : 0);
+                                     t->lora_u[target], p->lora ? qlm_train_dropout_seed(p->lora, stack, l, target) : 0,
+                                     input_row0(p, stack, target));
 }
 
 static qlm_attn_shape shape(const qlm_t5_config *c, int n_keys, const float *bias, const qlm_t5_train_state *s) {

@@ -19,6 +19,10 @@ typedef struct {
     /* Encoder-decoders: sequence b's input is rows src_start[b] .. + src_len[b] of src_ids. */
     int n_src_rows;
     const int *src_ids, *src_start, *src_len;
+    /* Where these rows (and input rows) start in the step's whole micro-batch when several ranks
+     * split it (0 for one process): dropout draws by the whole batch's row, so a rank's slice
+     * drops what one process running the whole batch would. */
+    long row0, src_row0;
 } qlm_train_batch;
 
 /* An adapter being trained: its A and B (F32) are the parameters; grad has the same layout as

@@ -13,18 +13,18 @@ uint64_t qlm_train_dropout_seed(const qlm_lora_train *t, int stack, int layer, i
 }
 
 /* The module's input as A sees it: x itself, or a dropped-out copy in tmp_in. */
-static const float *adapter_input(const qlm_train_linear *c, const float *x, long n, uint64_t seed) {
+static const float *adapter_input(const qlm_train_linear *c, const float *x, long n, uint64_t seed, long first) {
     if (c->lora->dropout <= 0) return x;
-    c->be->dropout(c->tmp_in, x, n, c->lora->dropout, seed);
+    c->be->dropout(c->tmp_in, x, n, c->lora->dropout, seed, first);
     return c->tmp_in;
 }
 
 void qlm_train_linear_forward(const qlm_train_linear *c, float *y, const float *x, int n, const qlm_weight *w,
-                              const float *bias, const qlm_lora_module *mod, float *u, uint64_t seed) {
+                              const float *bias, const qlm_lora_module *mod, float *u, uint64_t seed, long row0) {
     const qlm_backend *be = c->be;
     be->matmul(y, x, n, w, bias);
     if (!mod) return;
-    be->matmul(u, adapter_input(c, x, (long)n * w->cols, seed), n, &mod->a, NULL);
+    be->matmul(u, adapter_input(c, x, (long)n * w->cols, seed, row0 * w->cols), n, &mod->a, NULL);
     be->scale(u, (long)n * mod->r, mod->scale);
     be->matmul(c->tmp, u, n, &mod->b, NULL);
     be->add(y, c->tmp, (long)n * w->rows);
@@ -32,7 +32,7 @@ void qlm_train_linear_forward(const qlm_train_linear *c, float *y, const float *
 
 int qlm_train_linear_backward(const qlm_train_linear *c, float *dx, int accumulate, const float *dy, const float *x,
                               int n, const qlm_weight *w, const qlm_weight *gw, float *gbias, const qlm_lora_module *mod,
-                              const float *u, uint64_t seed) {
+                              const float *u, uint64_t seed, long row0) {
     const qlm_backend *be = c->be;
     if (be->matmul_backward_x(dx, dy, n, w, accumulate) != 0) return -1;
     if (gw) be->matmul_backward_w((float *)gw->data, gbias, dy, x, n, w->rows, w->cols);
@@ -42,10 +42,11 @@ int qlm_train_linear_backward(const qlm_train_linear *c, float *dx, int accumula
     be->matmul_backward_w(dB, NULL, dy, u, n, mod->b.rows, mod->b.cols);
     if (be->matmul_backward_x(c->du, dy, n, &mod->b, 0) != 0) return -1;
     be->scale(c->du, (long)n * mod->r, mod->scale);
-    be->matmul_backward_w(dA, NULL, c->du, adapter_input(c, x, n_in, seed), n, mod->a.rows, mod->a.cols);
+    long first = row0 * w->cols;
+    be->matmul_backward_w(dA, NULL, c->du, adapter_input(c, x, n_in, seed, first), n, mod->a.rows, mod->a.cols);
     if (c->lora->dropout <= 0) return be->matmul_backward_x(dx, c->du, n, &mod->a, 1);
     if (be->matmul_backward_x(c->tmp_in, c->du, n, &mod->a, 0) != 0) return -1;
-    be->dropout(c->tmp_in, c->tmp_in, n_in, c->lora->dropout, seed);
+    be->dropout(c->tmp_in, c->tmp_in, n_in, c->lora->dropout, seed, first);
     be->add(dx, c->tmp_in, n_in);
     return 0;
 }

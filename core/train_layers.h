@@ -20,14 +20,16 @@ typedef struct {
 } qlm_train_linear;
 
 /* mod: the adapter's module for this projection, or NULL. u: [n][r] where scale * A dropout(x)
- * is kept for the backward (unused without mod). seed: this projection's dropout draw. */
+ * is kept for the backward (unused without mod). seed: this projection's dropout draw; row0: x's
+ * first row in the step's whole micro-batch (qlm_train_batch.row0 or src_row0). */
 void qlm_train_linear_forward(const qlm_train_linear *c, float *y, const float *x, int n, const qlm_weight *w,
-                              const float *bias, const struct qlm_lora_module_s *mod, float *u, uint64_t seed);
+                              const float *bias, const struct qlm_lora_module_s *mod, float *u, uint64_t seed,
+                              long row0);
 /* dx = (accumulate 0) or += dy W plus the adapter's path; gw / gbias (NULL: frozen) += the weight's
  * and bias's gradients; the adapter's A and B gradients accumulate in c->lora. */
 int qlm_train_linear_backward(const qlm_train_linear *c, float *dx, int accumulate, const float *dy, const float *x,
                               int n, const qlm_weight *w, const qlm_weight *gw, float *gbias,
-                              const struct qlm_lora_module_s *mod, const float *u, uint64_t seed);
+                              const struct qlm_lora_module_s *mod, const float *u, uint64_t seed, long row0);
 
 /* Target rows whose logits are computed together: bounds the [chunk][vocab] buffer. */
 enum { QLM_HEAD_CHUNK = 128 };

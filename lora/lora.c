@@ -506,6 +506,29 @@ int qlm_lora_place(qlm_lora_adapter *a, const qlm_backend *be) {
     return 0;
 }
 
+int qlm_lora_units(qlm_lora_adapter *a, qlm_param **params, int *n_params, qlm_unit **units) {
+    int n = 2 * a->n_modules;
+    qlm_param *p = malloc((size_t)(n ? n : 1) * sizeof *p);
+    qlm_unit *u = units ? malloc(sizeof *u) : NULL;
+    if (!p || (units && !u)) {
+        free(p);
+        free(u);
+        return qlm_errorf("out of memory");
+    }
+    for (int i = 0; i < a->n_modules; i++)
+        for (int k = 0; k < 2; k++) {
+            qlm_weight *w = k ? &a->modules[i].b : &a->modules[i].a;
+            qlm_param *e = &p[2 * i + k];
+            *e = (qlm_param){.rows = w->rows, .cols = w->cols, .matrix = w};
+            snprintf(e->name, sizeof e->name, "base_model.model.%s.lora_%c.weight", a->modules[i].path, k ? 'B' : 'A');
+        }
+    if (u) *u = (qlm_unit){.buffer = &a->buffer, .bytes = &a->buffer_bytes, .first = 0, .count = n};
+    *params = p;
+    *n_params = n;
+    if (units) *units = u;
+    return 1;
+}
+
 void qlm_lora_free(qlm_lora_adapter *a) {
     lora_config_free(&a->cfg);
     free(a->modules);

@@ -109,6 +109,9 @@ int qlm_lora_load(qlm_lora_adapter *out, const char *path, const char *name, con
  * a no-op on the CPU. Merging, saving and inspecting need an adapter left in host memory. */
 int qlm_lora_place(qlm_lora_adapter *a, const qlm_backend *be);
 void qlm_lora_free(qlm_lora_adapter *a);
+/* The adapter as one unit (core/units.h): every module's A then B, PEFT's tensor names. Returns 1
+ * (the number of units); *params and *units (when not NULL) are malloc'd. */
+int qlm_lora_units(qlm_lora_adapter *a, qlm_param **params, int *n_params, qlm_unit **units);
 /* A new adapter for the base (llama or t5) as adapter_config.json text describes it (r,
  * lora_alpha, target_modules, use_rslora, patterns...), initialized as peft does: A
  * kaiming-uniform (deterministic in seed), B zero, so it starts as the identity. For training, or

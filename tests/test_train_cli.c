@@ -8,43 +8,12 @@
 
 #include "../core/error.h"
 #include "../loaders/safetensors.h"
+#include "train_cli_test_util.h"
 #include "test_util.h"
 
 static char g_model[512], g_tok[512], g_dir[256], g_data[512];
 
-/* A JSONL of prompt/completion pairs cut from TinyStories: the first sentence, then the rest. */
-static void write_data(void) {
-    char path[512];
-    test_asset(path, sizeof path, "tinystories-text/tinystories_val.txt");
-    REQUIRE_ASSET(path);
-    test_corpus c = test_corpus_load(path);
-    FILE *f = fopen(g_data, "w");
-    assert_non_null(f);
-    int written = 0;
-    for (int i = 0; i < c.n && written < 48; i++) {
-        if (c.len[i] < 80) continue;
-        char line[400];
-        size_t n = c.len[i] < 300 ? c.len[i] : 300;
-        memcpy(line, c.line[i], n);
-        line[n] = 0;
-        char *dot = strchr(line, '.');
-        if (!dot || dot[1] == 0) continue;
-        char completion[400];
-        snprintf(completion, sizeof completion, "%s", dot + 1);
-        dot[1] = 0;
-        cJSON *j = cJSON_CreateObject();
-        cJSON_AddStringToObject(j, "prompt", line);
-        cJSON_AddStringToObject(j, "completion", completion);
-        char *s = cJSON_PrintUnformatted(j);
-        fprintf(f, "%s\n", s);
-        free(s);
-        cJSON_Delete(j);
-        written++;
-    }
-    fclose(f);
-    test_corpus_free(&c);
-    assert_true(written >= 40);
-}
+static void write_data(void) { test_write_story_pairs(g_data, 48); }
 
 static int setup(void **state) {
     (void)state;
@@ -68,26 +37,6 @@ static double now_s(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
-/* Every checkpoint in dir is complete: checkpoint.json parses and its tensor file loads. */
-static void check_checkpoint_intact(const char *dir) {
-    char path[600];
-    snprintf(path, sizeof path, "%s/checkpoint.json", dir);
-    if (!test_path_exists(path)) return; /* killed before the first checkpoint */
-    char *text = test_read_file(path, NULL);
-    assert_non_null(text);
-    cJSON *j = cJSON_Parse(text);
-    free(text);
-    if (!j) fail_msg("%s is torn", path);
-    const cJSON *file = cJSON_GetObjectItem(j, "tensors");
-    assert_true(cJSON_IsString(file));
-    snprintf(path, sizeof path, "%s/%s", dir, file->valuestring);
-    qlm_tensor_store *s = qlm_store_new();
-    if (qlm_safetensors_load(path, s) != 0) fail_msg("torn checkpoint: %s", qlm_last_error());
-    assert_true(qlm_store_count(s) > 0);
-    qlm_store_free(s);
-    cJSON_Delete(j);
 }
 
 static void test_sigkill_resume_is_bit_identical(void **state) {
@@ -124,7 +73,7 @@ static void test_sigkill_resume_is_bit_identical(void **state) {
             assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
             break; /* finished before the kill */
         }
-        check_checkpoint_intact(run);
+        test_check_checkpoint_intact(run);
     }
     print_message("killed %d times (a full run takes %.2f s)\n", kills, duration);
     assert_true(kills >= 5);

@@ -8,6 +8,7 @@
 /* ---- Llama family ---- */
 
 static int llama_param_list(void *m, qlm_param **out) { return qlm_model_param_list(m, out); }
+static int llama_units(void *m, qlm_param **p, int *n, qlm_unit **u) { return qlm_model_units(m, p, n, u); }
 static int llama_twin(void *twin, const void *m) { return qlm_model_f32_twin(twin, m); }
 static void llama_twin_free(void *twin) { qlm_model_twin_free(twin); }
 static void llama_free(void *m) { qlm_model_free(m); }
@@ -39,7 +40,7 @@ static int llama_pass(const void *m, const void *grads, const qlm_lora_train *lo
 
 const qlm_train_arch qlm_train_arch_llama = {
     .name = "llama", .model_size = sizeof(qlm_model), .state_size = sizeof(qlm_llama_train_state),
-    .param_list = llama_param_list, .twin = llama_twin, .twin_free = llama_twin_free,
+    .param_list = llama_param_list, .units = llama_units, .twin = llama_twin, .twin_free = llama_twin_free,
     .build_copy = llama_build_copy, .free_model = llama_free, .dtype = llama_dtype, .backend = llama_backend,
     .refresh = llama_refresh, .state_init = llama_state_init, .state_free = llama_state_free,
     .state_bytes = llama_state_bytes, .pass = llama_pass,
@@ -48,6 +49,7 @@ const qlm_train_arch qlm_train_arch_llama = {
 /* ---- T5 ---- */
 
 static int t5_param_list(void *m, qlm_param **out) { return qlm_t5_param_list(m, out); }
+static int t5_units(void *m, qlm_param **p, int *n, qlm_unit **u) { return qlm_t5_units(m, p, n, u); }
 static int t5_twin(void *twin, const void *m) { return qlm_t5_f32_twin(twin, m); }
 static void t5_twin_free(void *twin) { qlm_t5_twin_free(twin); }
 static void t5_free(void *m) { qlm_t5_free(m); }
@@ -79,7 +81,7 @@ static int t5_pass(const void *m, const void *grads, const qlm_lora_train *lora,
 
 const qlm_train_arch qlm_train_arch_t5 = {
     .name = "t5", .model_size = sizeof(qlm_t5_model), .state_size = sizeof(qlm_t5_train_state),
-    .param_list = t5_param_list, .twin = t5_twin, .twin_free = t5_twin_free, .build_copy = t5_build_copy,
+    .param_list = t5_param_list, .units = t5_units, .twin = t5_twin, .twin_free = t5_twin_free, .build_copy = t5_build_copy,
     .free_model = t5_free, .dtype = t5_dtype, .backend = t5_backend, .refresh = t5_refresh,
     .state_init = t5_state_init, .state_free = t5_state_free, .state_bytes = t5_state_bytes, .pass = t5_pass,
 };

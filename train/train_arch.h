@@ -8,6 +8,7 @@
 
 #include "../core/backend.h"
 #include "../core/param_pack.h"
+#include "../core/units.h"
 #include "../core/train_batch.h"
 
 /* The largest batch a training state must hold. */
@@ -21,6 +22,8 @@ typedef struct {
     const char *name;
     size_t model_size, state_size;
     int (*param_list)(void *m, qlm_param **out);
+    /* The same list and the units it falls into (core/units.h): the number of units. */
+    int (*units)(void *m, qlm_param **params, int *n_params, qlm_unit **units);
     int (*twin)(void *twin, const void *m);
     void (*twin_free)(void *twin);
     /* copy = master's parameters in dtype (a model of its own). */

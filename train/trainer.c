@@ -1,5 +1,7 @@
-/* The trainer: the tensor list, one optimizer step (accumulate, unscale, check, clip, AdamW,
- * refresh the compute copy), the schedule, and evaluation. Checkpoints: train/checkpoint.c. */
+/* The trainer: the models it keeps (master, compute copy, F32 gradient and moment twins), one
+ * optimizer step (accumulate, reduce, unscale, check, clip, AdamW, refresh the compute copy), the
+ * schedule, and evaluation. Where the state lives and the pieces a rank owns: train_shards.c;
+ * checkpoints: checkpoint.c. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -8,7 +10,7 @@
 #include "../core/error.h"
 #include "../core/param_pack.h"
 #include "../quant/fake_quant.h"
-#include "trainer.h"
+#include "trainer_internal.h"
 
 /* INT8 range of QAT: symmetric, as qlm's INT8 weights are (q in [-127, 127], w = q * scale). */
 enum { QAT_QMIN = -127, QAT_QMAX = 127 };
@@ -17,7 +19,23 @@ void qlm_train_options_init(qlm_train_options *o) {
     *o = (qlm_train_options){.mode = QLM_TRAIN_LORA, .compute = QLM_F32, .lr = 2e-4f, .min_lr_ratio = 0.1f,
                              .schedule = QLM_SCHEDULE_COSINE, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f,
                              .weight_decay = 0.01f, .clip = 1.0f, .loss_scale = 65536.0f,
-                             .loss_scale_window = 2000, .inject_overflow_step = -1};
+                             .loss_scale_window = 2000, .inject_overflow_step = -1,
+                             .dist = {.strategy = QLM_SHARD_NONE, .prefetch = 1}};
+}
+
+static const char *const k_strategy_names[] = {"none", "ddp", "zero1", "zero2", "fsdp"};
+
+const char *qlm_shard_strategy_name(qlm_shard_strategy s) {
+    return s >= QLM_SHARD_NONE && s <= QLM_SHARD_FSDP ? k_strategy_names[s] : "?";
+}
+
+int qlm_shard_strategy_parse(const char *name, qlm_shard_strategy *out) {
+    for (int i = 0; i <= QLM_SHARD_FSDP; i++)
+        if (strcmp(name, k_strategy_names[i]) == 0) {
+            *out = (qlm_shard_strategy)i;
+            return 0;
+        }
+    return -1;
 }
 
 float qlm_train_lr(const qlm_train_options *o, long step) {
@@ -30,96 +48,29 @@ float qlm_train_lr(const qlm_train_options *o, long step) {
     return (float)(min_lr + (o->lr - min_lr) * shape);
 }
 
-static float *param_values(const qlm_param *p) { return p->matrix ? (float *)p->matrix->data : *p->vector; }
-
-static int add_tensor(qlm_trainer *t, int cap, const char *name, float *p, float *g, float *m, float *v, int64_t rows,
-                      int64_t cols, int decay) {
-    if (t->n_t >= cap) return qlm_errorf("internal: trainable tensor list overflow");
-    qlm_train_tensor *e = &t->t[t->n_t++];
-    memset(e, 0, sizeof *e);
-    snprintf(e->name, sizeof e->name, "%s", name);
-    e->p = p, e->g = g, e->m = m, e->v = v;
-    e->rows = rows, e->cols = cols;
-    e->n = (long)(rows * (cols ? cols : 1));
-    e->decay = decay;
-    e->qat_scale_of = -1;
-    return 0;
-}
-
 static int init_full(qlm_trainer *t) {
     const qlm_train_options *o = &t->o;
     const qlm_train_arch *A = t->arch;
     if (A->dtype(t->model) != QLM_F32)
         return qlm_errorf("full training and QAT keep F32 master weights: load the model as f32 (it is %s)",
                           qlm_dtype_name(A->dtype(t->model)));
+    int sharded_optim = qlm_train_optim_sharded(o);
     t->grads = calloc(1, A->model_size);
-    t->moment1 = calloc(1, A->model_size);
-    t->moment2 = calloc(1, A->model_size);
-    if (!t->grads || !t->moment1 || !t->moment2) return qlm_errorf("out of memory");
-    if (A->twin(t->grads, t->model) || A->twin(t->moment1, t->model) || A->twin(t->moment2, t->model)) return -1;
+    if (!t->grads || A->twin(t->grads, t->model) != 0) return t->grads ? -1 : qlm_errorf("out of memory");
+    /* Sharded moments are parts made by train_shards.c; whole ones are twins of the model. */
+    if (!sharded_optim) {
+        t->moment1 = calloc(1, A->model_size);
+        t->moment2 = calloc(1, A->model_size);
+        if (!t->moment1 || !t->moment2) return qlm_errorf("out of memory");
+        if (A->twin(t->moment1, t->model) || A->twin(t->moment2, t->model)) return -1;
+    }
     qlm_dtype copy = o->mode == QLM_TRAIN_QAT ? QLM_F32 : o->compute;
     if (o->mode == QLM_TRAIN_QAT || copy != QLM_F32) {
         t->compute = calloc(1, A->model_size);
         if (!t->compute || A->build_copy(t->compute, t->model, copy) != 0) return -1;
         t->has_copy = 1;
     }
-    qlm_param *mp = NULL, *gp = NULL, *m1 = NULL, *m2 = NULL, *cp = NULL;
-    int n = A->param_list(t->model, &mp), rc = -1;
-    if (n < 0 || A->param_list(t->grads, &gp) != n || A->param_list(t->moment1, &m1) != n ||
-        A->param_list(t->moment2, &m2) != n || (t->has_copy && A->param_list(t->compute, &cp) != n))
-        goto done;
-    int n_scales = 0;
-    long scale_values = 0, largest = 0;
-    for (int i = 0; i < n && o->mode == QLM_TRAIN_QAT; i++)
-        if (mp[i].matrix) {
-            n_scales++;
-            scale_values += o->qat_per_channel ? (long)mp[i].rows : 1;
-            long sz = (long)(mp[i].rows * mp[i].cols);
-            if (sz > largest) largest = sz;
-        }
-    int cap = n + n_scales;
-    t->t = calloc((size_t)cap, sizeof *t->t);
-    if (!t->t) {
-        qlm_errorf("out of memory");
-        goto done;
-    }
-    for (int i = 0; i < n; i++) {
-        if (add_tensor(t, cap, mp[i].name, param_values(&mp[i]), param_values(&gp[i]), param_values(&m1[i]),
-                       param_values(&m2[i]), mp[i].rows, mp[i].cols, mp[i].cols != 0) != 0)
-            goto done;
-        if (t->has_copy) {
-            t->t[i].compute = cp[i].matrix;
-            t->t[i].compute_vec = cp[i].matrix ? NULL : *cp[i].vector;
-        }
-    }
-    if (n_scales) {
-        t->qat_buf = calloc((size_t)scale_values * 4, sizeof *t->qat_buf);
-        t->qat_tmp = malloc((size_t)largest * sizeof *t->qat_tmp);
-        if (!t->qat_buf || !t->qat_tmp) {
-            qlm_errorf("out of memory for QAT scales");
-            goto done;
-        }
-        float *s = t->qat_buf;
-        for (int i = 0; i < n; i++) {
-            if (!mp[i].matrix) continue;
-            long k = o->qat_per_channel ? (long)mp[i].rows : 1;
-            char name[200];
-            snprintf(name, sizeof name, "%s.qat_scale", mp[i].name);
-            if (add_tensor(t, cap, name, s, s + scale_values, s + 2 * scale_values, s + 3 * scale_values, k, 0, 0) != 0)
-                goto done;
-            t->t[t->n_t - 1].qat_scale_of = i;
-            const float *w = param_values(&mp[i]);
-            if (o->qat_per_channel)
-                qlm_fake_quant_init_scales_rows(s, w, (int)mp[i].rows, (int)mp[i].cols, QAT_QMAX);
-            else
-                s[0] = qlm_fake_quant_init_scale(w, (long)(mp[i].rows * mp[i].cols), QAT_QMAX);
-            s += k;
-        }
-    }
-    rc = 0;
-done:
-    free(mp), free(gp), free(m1), free(m2), free(cp);
-    return rc;
+    return 0;
 }
 
 static int init_lora(qlm_trainer *t) {
@@ -129,21 +80,11 @@ static int init_lora(qlm_trainer *t) {
     size_t floats = a->buffer_bytes / sizeof(float);
     t->lora_train = (qlm_lora_train){.adapter = a, .dropout = t->o.lora_dropout};
     t->lora_train.grad = calloc(floats ? floats : 1, sizeof(float));
-    t->lora_m = calloc(floats ? floats : 1, sizeof(float));
-    t->lora_v = calloc(floats ? floats : 1, sizeof(float));
-    t->t = calloc((size_t)a->n_modules * 2, sizeof *t->t);
-    if (!t->lora_train.grad || !t->lora_m || !t->lora_v || !t->t) return qlm_errorf("out of memory");
-    for (int i = 0; i < a->n_modules; i++) {
-        const qlm_lora_module *mod = &a->modules[i];
-        const qlm_weight *w[2] = {&mod->a, &mod->b};
-        for (int k = 0; k < 2; k++) {
-            size_t off = (size_t)((const float *)w[k]->data - (const float *)a->buffer);
-            char name[200];
-            snprintf(name, sizeof name, "base_model.model.%s.lora_%c.weight", mod->path, k ? 'B' : 'A');
-            if (add_tensor(t, a->n_modules * 2, name, (float *)w[k]->data, t->lora_train.grad + off, t->lora_m + off,
-                           t->lora_v + off, w[k]->rows, w[k]->cols, 1) != 0)
-                return -1;
-        }
+    if (!t->lora_train.grad) return qlm_errorf("out of memory");
+    if (!qlm_train_optim_sharded(&t->o)) {
+        t->lora_m = calloc(floats ? floats : 1, sizeof(float));
+        t->lora_v = calloc(floats ? floats : 1, sizeof(float));
+        if (!t->lora_m || !t->lora_v) return qlm_errorf("out of memory");
     }
     return 0;
 }
@@ -153,6 +94,53 @@ static int max_lora_rank(const qlm_lora_adapter *a) {
     for (int i = 0; a && i < a->n_modules; i++)
         if (a->modules[i].r > r) r = a->modules[i].r;
     return r;
+}
+
+/* QAT: one learned scale per weight matrix (or per row), initialized from the whole weight. */
+static int init_qat_scales(qlm_trainer *t) {
+    if (t->o.mode != QLM_TRAIN_QAT) return 0;
+    qlm_param *mp = NULL;
+    int n = t->arch->param_list(t->model, &mp);
+    if (n < 0) return -1;
+    long scale_values = 0, largest = 0;
+    int n_scales = 0;
+    for (int i = 0; i < n; i++)
+        if (mp[i].matrix) {
+            n_scales++;
+            scale_values += t->o.qat_per_channel ? (long)mp[i].rows : 1;
+            long sz = (long)(mp[i].rows * mp[i].cols);
+            if (sz > largest) largest = sz;
+        }
+    qlm_train_tensor *grown = realloc(t->t, (size_t)(t->n_t + n_scales) * sizeof *grown);
+    t->qat_buf = calloc((size_t)scale_values * 4 + 1, sizeof *t->qat_buf);
+    t->qat_tmp = malloc((size_t)(largest ? largest : 1) * sizeof *t->qat_tmp);
+    if (grown) t->t = grown;
+    if (!grown || !t->qat_buf || !t->qat_tmp) {
+        free(mp);
+        return qlm_errorf("out of memory for QAT scales");
+    }
+    float *s = t->qat_buf;
+    for (int i = 0; i < n; i++) {
+        if (!mp[i].matrix) continue;
+        long k = t->o.qat_per_channel ? (long)mp[i].rows : 1;
+        qlm_train_tensor *e = &t->t[t->n_t++];
+        memset(e, 0, sizeof *e);
+        snprintf(e->name, sizeof e->name, "%s.qat_scale", mp[i].name);
+        e->p = s, e->g = s + scale_values, e->m = s + 2 * scale_values, e->v = s + 3 * scale_values;
+        e->n = e->full_n = k;
+        e->rows = k;
+        e->param = -1;
+        e->qat_scale_of = i;
+        e->replicated = 1;
+        const float *w = mp[i].matrix->data;
+        if (t->o.qat_per_channel)
+            qlm_fake_quant_init_scales_rows(s, w, (int)mp[i].rows, (int)mp[i].cols, QAT_QMAX);
+        else
+            s[0] = qlm_fake_quant_init_scale(w, (long)(mp[i].rows * mp[i].cols), QAT_QMAX);
+        s += k;
+    }
+    free(mp);
+    return 0;
 }
 
 int qlm_trainer_init(qlm_trainer *t, qlm_model *llama, qlm_t5_model *t5, qlm_lora_adapter *lora,
@@ -175,6 +163,9 @@ int qlm_trainer_init(qlm_trainer *t, qlm_model *llama, qlm_t5_model *t5, qlm_lor
     if (t->lora && t->lora->is_t5 != (t5 != NULL))
         return qlm_errorf("the adapter is for %s, the model is %s", qlm_lora_arch_name(t->lora), t->arch->name);
     int rc = o->mode == QLM_TRAIN_LORA ? init_lora(t) : init_full(t);
+    /* The scales come from the whole weights, so before anything is split; the pieces go first. */
+    if (rc == 0) rc = init_qat_scales(t);
+    if (rc == 0) rc = qlm_train_shards_init(t);
     if (rc == 0) {
         t->state = calloc(1, t->arch->state_size);
         rc = t->state ? t->arch->state_init(t->state, qlm_trainer_forward_model(t), shape, o->recompute,
@@ -182,18 +173,20 @@ int qlm_trainer_init(qlm_trainer *t, qlm_model *llama, qlm_t5_model *t5, qlm_lor
                       : qlm_errorf("out of memory");
         if (rc != 0) free(t->state), t->state = NULL;
     }
+    if (rc == 0) rc = qlm_trainer_refresh(t);
     if (rc != 0) {
         qlm_trainer_free(t);
         return -1;
     }
-    qlm_trainer_refresh(t);
     return 0;
 }
 
 void qlm_trainer_free(qlm_trainer *t) {
     const qlm_train_arch *A = t->arch;
+    if (!A) return;
     if (t->state) A->state_free(t->state, qlm_trainer_forward_model(t));
     free(t->state);
+    qlm_train_shards_free(t);
     /* A failed build or twin leaves its model zeroed, which the free functions accept. */
     if (t->compute) A->free_model(t->compute);
     void *twins[3] = {t->grads, t->moment1, t->moment2};
@@ -213,60 +206,59 @@ const void *qlm_trainer_forward_model(const qlm_trainer *t) { return t->has_copy
 
 double qlm_trainer_activation_bytes(const qlm_trainer *t) { return t->state ? t->arch->state_bytes(t->state) : 0; }
 
-const float *qlm_trainer_qat_scales(const qlm_trainer *t, const qlm_weight *master) {
-    for (int i = 0; i < t->n_t; i++)
-        if (t->t[i].qat_scale_of >= 0 && t->t[t->t[i].qat_scale_of].p == master->data) return t->t[i].p;
-    return NULL;
-}
-
-/* The scale entry of weight entry i, or NULL. */
-static const qlm_train_tensor *qat_scale(const qlm_trainer *t, int i) {
+/* The scale entry of the weight of parameter `param`, or NULL. */
+static const qlm_train_tensor *qat_scale(const qlm_trainer *t, int param) {
     for (int j = 0; j < t->n_t; j++)
-        if (t->t[j].qat_scale_of == i) return &t->t[j];
+        if (t->t[j].qat_scale_of == param) return &t->t[j];
     return NULL;
 }
 
-/* The compute copy from the master weights: cast (mixed precision) or fake-quantize (QAT). */
-void qlm_trainer_refresh(qlm_trainer *t) {
-    t->arch->refresh(t->model);
-    if (!t->has_copy) return;
+
+/* The compute copy of this rank's pieces from the master weights: cast (mixed precision) or
+ * fake-quantized (QAT); then every rank's whole copies current again. */
+int qlm_trainer_refresh(qlm_trainer *t) {
     const qlm_backend *be = t->arch->backend(t->model);
-    for (int i = 0; i < t->n_t; i++) {
-        qlm_train_tensor *e = &t->t[i];
-        if (e->qat_scale_of >= 0) continue;
-        const qlm_train_tensor *s = qat_scale(t, i);
-        if (e->compute && s) {
-            if (t->o.qat_per_channel)
-                qlm_fake_quant_forward_rows((float *)e->compute->data, e->p, (int)e->rows, (int)e->cols, s->p,
-                                            QAT_QMIN, QAT_QMAX);
-            else
-                qlm_fake_quant_forward((float *)e->compute->data, e->p, e->n, s->p[0], QAT_QMIN, QAT_QMAX);
-        } else if (e->compute) {
-            be->store_weight(e->compute, e->p);
-        } else if (e->compute_vec) {
-            be->copy(e->compute_vec, e->p, e->n);
+    for (int i = 0; i < t->n_t && t->has_copy; i++) {
+        const qlm_train_tensor *e = &t->t[i];
+        if (e->param < 0) continue;
+        qlm_dtype dt;
+        void *dst = qlm_train_copy_at(t, e, &dt);
+        const qlm_train_tensor *s = t->o.mode == QLM_TRAIN_QAT && e->matrix ? qat_scale(t, e->param) : NULL;
+        if (s && t->o.qat_per_channel)
+            qlm_fake_quant_forward_rows(dst, e->p, (int)e->rows, (int)e->cols, s->p + e->row0, QAT_QMIN, QAT_QMAX);
+        else if (s)
+            qlm_fake_quant_forward(dst, e->p, e->n, s->p[0], QAT_QMIN, QAT_QMAX);
+        else if (e->matrix) {
+            qlm_weight w = {.dtype = dt, .rows = (int)e->rows, .cols = (int)e->cols, .data = dst, .scale = 1.0f};
+            be->store_weight(&w, e->p);
+        } else {
+            be->copy(dst, e->p, e->n);
         }
     }
-    t->arch->refresh(t->compute);
+    return qlm_train_sync_params(t);
 }
 
 /* QAT: gradients with respect to the fake-quantized weights become the latent weights'
- * (straight-through inside the range) and the scales' (LSQ). */
-static void qat_backward(qlm_trainer *t) {
+ * (straight-through inside the range) and the scales' (LSQ), piece by piece; the scale
+ * gradients are then summed over the ranks that split the weights. */
+static int qat_backward(qlm_trainer *t) {
     const qlm_backend *be = t->arch->backend(t->model);
+    long scale_values = 0;
     for (int j = 0; j < t->n_t; j++) {
-        const qlm_train_tensor *s = &t->t[j];
-        if (s->qat_scale_of < 0) continue;
-        qlm_train_tensor *e = &t->t[s->qat_scale_of];
-        float gf = qlm_lsq_grad_factor(e->n, QAT_QMAX);
+        qlm_train_tensor *e = &t->t[j];
+        if (e->replicated) scale_values += e->n;
+        const qlm_train_tensor *s = e->param >= 0 && e->matrix ? qat_scale(t, e->param) : NULL;
+        if (!s) continue;
+        float gf = qlm_lsq_grad_factor(e->full_n, QAT_QMAX);
         be->zero(t->qat_tmp, e->n);
         if (t->o.qat_per_channel)
-            qlm_fake_quant_backward_rows(t->qat_tmp, s->g, e->g, e->p, (int)e->rows, (int)e->cols, s->p, QAT_QMIN,
-                                         QAT_QMAX, gf);
+            qlm_fake_quant_backward_rows(t->qat_tmp, s->g + e->row0, e->g, e->p, (int)e->rows, (int)e->cols,
+                                         s->p + e->row0, QAT_QMIN, QAT_QMAX, gf);
         else
             qlm_fake_quant_backward(t->qat_tmp, s->g, e->g, e->p, e->n, s->p[0], QAT_QMIN, QAT_QMAX, gf);
         be->copy(e->g, t->qat_tmp, e->n);
     }
+    return qlm_train_reduce_qat(t, t->qat_buf + scale_values, scale_values);
 }
 
 static long count_targets(const qlm_train_batch *b, long *tokens) {
@@ -285,30 +277,39 @@ static int run_pass(qlm_trainer *t, const qlm_train_batch *b, float grad_scale, 
 int qlm_trainer_step(qlm_trainer *t, const qlm_train_batch *micro, int n_micro, qlm_train_step_stats *st) {
     const qlm_backend *be = t->arch->backend(t->model);
     memset(st, 0, sizeof *st);
+    t->sh->comm_s = 0;
     for (int k = 0; k < n_micro; k++) st->n_targets += count_targets(&micro[k], &st->n_tokens);
+    /* The loss is the mean over the targets of every rank's micro-batches. */
+    double counts[2] = {(double)st->n_targets, (double)st->n_tokens};
+    if (qlm_train_sum_world(t, counts, 2) != 0) return qlm_error_context("step %ld", t->step + 1);
+    st->n_targets = (long)counts[0], st->n_tokens = (long)counts[1];
     if (st->n_targets == 0) return qlm_errorf("step %ld: the batch has no target tokens", t->step + 1);
-    for (int i = 0; i < t->n_t; i++) be->zero(t->t[i].g, t->t[i].n);
+    qlm_train_zero_grads(t);
     float grad_scale = t->loss_scale / (float)st->n_targets;
     double loss = 0;
     for (int k = 0; k < n_micro; k++) {
         t->lora_train.dropout_seed = t->o.seed * 0x9e3779b97f4a7c15ULL + (uint64_t)t->step * 1000003u + (uint64_t)k;
         if (run_pass(t, &micro[k], grad_scale, 1, &loss) != 0) return qlm_error_context("step %ld", t->step + 1);
     }
+    if (qlm_train_reduce_grads(t) != 0 || qlm_train_sum_world(t, &loss, 1) != 0)
+        return qlm_error_context("step %ld", t->step + 1);
     st->loss = loss / (double)st->n_targets;
     if (t->o.inject_overflow_step == t->step && t->n_t > 0) t->t[0].g[0] = INFINITY;
-    if (t->o.mode == QLM_TRAIN_QAT) qat_backward(t);
+    if (t->o.mode == QLM_TRAIN_QAT && qat_backward(t) != 0) return qlm_error_context("step %ld", t->step + 1);
     if (t->loss_scale != 1.0f)
         for (int i = 0; i < t->n_t; i++) be->scale(t->t[i].g, t->t[i].n, 1.0f / t->loss_scale);
     double ss = 0;
-    for (int i = 0; i < t->n_t; i++) ss += be->sum_squares(t->t[i].g, t->t[i].n);
+    if (qlm_train_grad_sumsq(t, &ss) != 0) return qlm_error_context("step %ld", t->step + 1);
     st->grad_norm = sqrt(ss);
     st->lr = qlm_train_lr(&t->o, t->step);
     st->loss_scale = t->loss_scale;
     t->step++;
+    /* Every rank has the same norm, so every rank takes the same decision. */
     if (!isfinite(st->grad_norm)) {
         st->skipped = 1;
         if (t->o.dynamic_loss_scale) t->loss_scale *= 0.5f;
         t->clean_steps = 0;
+        st->comm_s = t->sh->comm_s;
         return 0;
     }
     if (t->o.dynamic_loss_scale && ++t->clean_steps >= t->o.loss_scale_window) {
@@ -328,8 +329,9 @@ int qlm_trainer_step(qlm_trainer *t, const qlm_train_batch *micro, int n_micro, 
         be->adamw(e->p, e->g, e->m, e->v, e->n, &h);
         if (e->qat_scale_of >= 0) qlm_fake_quant_clamp_scales(e->p, e->n);
     }
-    qlm_trainer_refresh(t);
-    return 0;
+    int rc = qlm_trainer_refresh(t);
+    st->comm_s = t->sh->comm_s;
+    return rc == 0 ? 0 : qlm_error_context("step %ld", t->step);
 }
 
 int qlm_trainer_eval(qlm_trainer *t, const qlm_train_batch *b, double *loss_sum, long *n_targets) {

@@ -1,0 +1,60 @@
+/* Launch, world and failure handling for the distributed commands. */
+#include "dist.h"
+
+#include <omp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "../core/error.h"
+
+int cli_dist_start(cli_dist *d, const char *device, double timeout_s, int *threads) {
+    memset(d, 0, sizeof *d);
+    d->size = 1;
+    if (qlm_launch_detect(&d->launch) != 0) return -1;
+    if (*threads <= 0 && d->launch.local_size > 1) {
+        long cores = sysconf(_SC_NPROCESSORS_ONLN);
+        *threads = cores > d->launch.local_size ? (int)(cores / d->launch.local_size) : 1;
+    }
+    if (*threads > 0) omp_set_num_threads(*threads);
+    const qlm_backend *be = qlm_backend_by_name(device && *device ? device : "cpu");
+    if (!be) return -1;
+    d->world = qlm_dist_world(&d->launch, be, timeout_s > 0 ? timeout_s : qlm_dist_default_timeout());
+    if (!d->world) return -1;
+    d->rank = d->world->rank;
+    d->size = d->world->size;
+    return 0;
+}
+
+int cli_dist_fail(cli_dist *d, const char *cmd) {
+    if (d->size > 1) {
+        fprintf(stderr, "qlm %s: rank %d: %s\n", cmd, d->rank, qlm_last_error());
+        qlm_comm_abort(d->world, 1);
+    }
+    fprintf(stderr, "qlm %s: %s\n", cmd, qlm_last_error());
+    return 1;
+}
+
+void cli_dist_end(cli_dist *d) {
+    qlm_comm_free(d->world);
+    d->world = NULL;
+}
+
+void cli_reset_peak_rss(void) {
+    FILE *f = fopen("/proc/self/clear_refs", "w");
+    if (!f) return;
+    fputs("5", f);
+    fclose(f);
+}
+
+double cli_peak_rss_mib(void) {
+    FILE *f = fopen("/proc/self/status", "r");
+    if (!f) return -1;
+    char line[256];
+    double kib = -1;
+    while (fgets(line, sizeof line, f))
+        if (strncmp(line, "VmHWM:", 6) == 0) kib = strtod(line + 6, NULL);
+    fclose(f);
+    return kib < 0 ? -1 : kib / 1024.0;
+}

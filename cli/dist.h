@@ -1,0 +1,29 @@
+/* The command line's side of a job split over processes: the launch, the world communicator,
+ * threads per rank, who prints, and ending every rank when one fails. */
+#ifndef QLM_CLI_DIST_H
+#define QLM_CLI_DIST_H
+
+#include "../dist/launch.h"
+
+typedef struct {
+    qlm_launch launch;
+    qlm_comm *world; /* a group of one when launched alone */
+    int rank, size;
+} cli_dist;
+
+/* Detects the launch and opens the world on the device's backend. *threads (0: all cores) becomes
+ * this machine's cores divided among its ranks when not given. timeout_s: each collective's
+ * deadline (0: QLM_DIST_TIMEOUT or 300). */
+int cli_dist_start(cli_dist *d, const char *device, double timeout_s, int *threads);
+/* Prints "qlm CMD: rank R: <error>" (no rank with one process); with several ranks ends the whole
+ * job, since the others would wait for this one. Returns 1. */
+int cli_dist_fail(cli_dist *d, const char *cmd);
+/* Closes the world (the last call of a distributed command). */
+void cli_dist_end(cli_dist *d);
+
+/* Resets this process's peak RSS (Linux VmHWM) to its current RSS, and reads it in MiB (-1 when
+ * /proc cannot tell): the peak of a phase, such as the training steps after set-up. */
+void cli_reset_peak_rss(void);
+double cli_peak_rss_mib(void);
+
+#endif

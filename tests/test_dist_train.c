@@ -1,0 +1,374 @@
+/* qlm train as 1, 2 and 4 ranks under mpirun on tinystories-656K (a real pretrained Llama):
+ * DDP, ZeRO-1, ZeRO-2, FSDP and hybrid sharding give, step by step, the loss of one process
+ * running the same global batch, and its final weights, within bounds argued below; a rerun of a
+ * setting is bit-identical; a rank killed by SIGKILL ends the job within seconds, and --resume
+ * from the last committed sharded checkpoint then ends bit-identical to an uninterrupted run;
+ * a checkpoint resumes under another number of ranks with --reshard, and a mismatched model or
+ * launch is refused with a message saying what differs.
+ *
+ * The bound: the ranks' gradients are each summed over their own rows and then over the ranks,
+ * one process sums all rows at once; in F32 the two orders differ by a few units in the last
+ * place of the sum of |terms| (Higham: n u for n terms, here observed ~1e-7 relative to the
+ * gradient). AdamW divides the gradient by its own running magnitude, so a relative change e in a
+ * gradient moves the update by about lr e, and ten steps move a weight by about 10 lr e: with
+ * lr 1e-3, 1e-9 of a weight of size 1. The observed worst is 3e-6 of the tensor's largest value
+ * (the embedding, where a near-zero gradient's sign can flip); the test allows 1e-4. Losses are
+ * means over ~2300 targets computed in double and agree to 1e-7; the test allows 1e-5. With LoRA
+ * dropout and with BF16 compute copies (one BF16 rounding of a weight that moved by 1e-9 flips by
+ * 2^-8 relative) the bounds are 1e-3 of the weights and 1e-3 nats (observed: LoRA 4e-5 and 1.4e-7,
+ * BF16 5e-6 and 2e-4). QAT is the least smooth: a weight that crosses an edge of its INT8 grid
+ * moves the forward by a whole step of 1/127 of its row's range, and the ten steps compound
+ * such flips: 1e-3 of the weights and 5e-3 nats (observed 3e-4 and 2e-3). */
+#include <cjson/cJSON.h>
+#include <dirent.h>
+#include <math.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include "../loaders/safetensors.h"
+#include "dist_test_util.h"
+#include "train_cli_test_util.h"
+
+enum { STEPS = 10, GLOBAL_BATCH = 8 };
+
+static char g_model[512], g_dir[256], g_data[512];
+
+static int setup(void **state) {
+    (void)state;
+    if (!test_tmpdir(g_dir, sizeof g_dir)) return -1;
+    test_asset(g_model, sizeof g_model, "tinystories-656K-hf");
+    snprintf(g_data, sizeof g_data, "%s/data.jsonl", g_dir);
+    return 0;
+}
+
+static int teardown(void **state) {
+    (void)state;
+    char cmd[400];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", g_dir);
+    return system(cmd) == 0 ? 0 : -1;
+}
+
+static void prepare(void) {
+    REQUIRE_ASSET(g_model);
+    if (!test_path_exists(g_data)) test_write_story_pairs(g_data, 64);
+}
+
+/* What trains: full F32, LoRA, BF16 mixed precision, QAT per channel. */
+static const char *const k_modes[] = {"--full --lr 1e-3", "--lora --rank 4 --lr 3e-3",
+                                      "--full --dtype bf16 --lr 1e-3", "--qat --per-channel --lr 1e-3"};
+enum { FULL, LORA, BF16, QAT };
+
+/* Trains into g_dir/name with np ranks (0: one process without mpirun) and the given split;
+ * returns the exit status. */
+static int train(const char *name, int mode, int np, const char *split, const char *extra) {
+    char out[400];
+    snprintf(out, sizeof out, "%s/%s", g_dir, name);
+    int batch = GLOBAL_BATCH / (np ? np : 1);
+    const char *fmt = "%s train -m %s --data %s --out %s %s --steps %d --batch %d --seq-len 64 --save-every 2 %s %s";
+    char *log = NULL;
+    int rc;
+    if (np == 0)
+        rc = test_run_qlm(&log, "train -m %s --data %s --out %s %s --steps %d --batch %d --seq-len 64 --save-every 2 "
+                                "--threads 1 %s 2>&1",
+                          g_model, g_data, out, k_modes[mode], STEPS, batch, extra ? extra : "");
+    else
+        rc = test_mpirun(&log, NULL, np, fmt, test_qlm_bin(), g_model, g_data, out, k_modes[mode], STEPS, batch,
+                         split ? split : "", extra ? extra : "");
+    if (rc != 0) print_message("%s: exit %d\n%s\n", name, rc, log);
+    free(log);
+    return rc;
+}
+
+/* Every step's loss from out/metrics.jsonl. */
+static int read_losses(const char *name, double *loss) {
+    char path[500];
+    snprintf(path, sizeof path, "%s/%s/metrics.jsonl", g_dir, name);
+    char *text = test_read_file(path, NULL);
+    assert_non_null(text);
+    int n = 0;
+    for (char *line = strtok(text, "\n"); line; line = strtok(NULL, "\n")) {
+        cJSON *j = cJSON_Parse(line);
+        const cJSON *l = cJSON_GetObjectItem(j, "loss");
+        if (cJSON_IsNumber(l) && n < STEPS) loss[n++] = l->valuedouble;
+        cJSON_Delete(j);
+    }
+    free(text);
+    return n;
+}
+
+static const char *weights_file(int mode) {
+    return mode == LORA ? "adapter/adapter_model.safetensors" : "model/model.safetensors";
+}
+
+/* The largest difference between the two runs' trained tensors, relative to each tensor's
+ * largest magnitude; *identical when every byte agrees. */
+static double weight_diff(const char *a, const char *b, int mode, int *identical) {
+    char pa[500], pb[500];
+    snprintf(pa, sizeof pa, "%s/%s/%s", g_dir, a, weights_file(mode));
+    snprintf(pb, sizeof pb, "%s/%s/%s", g_dir, b, weights_file(mode));
+    qlm_tensor_store *sa = qlm_store_new(), *sb = qlm_store_new();
+    if (qlm_safetensors_load(pa, sa) != 0 || qlm_safetensors_load(pb, sb) != 0) fail_msg("%s", qlm_last_error());
+    assert_int_equal(qlm_store_count(sa), qlm_store_count(sb));
+    double worst = 0;
+    *identical = 1;
+    for (int i = 0; i < qlm_store_count(sa); i++) {
+        const qlm_tensor_entry *x = qlm_store_at(sa, i), *y = qlm_store_find(sb, x->name);
+        assert_non_null(y);
+        assert_int_equal(x->nbytes, y->nbytes);
+        assert_int_equal(x->dtype, QLM_F32);
+        *identical &= memcmp(x->data, y->data, x->nbytes) == 0;
+        const float *u = x->data, *v = y->data;
+        long n = (long)(x->nbytes / sizeof(float));
+        double big = 0, diff = 0;
+        for (long k = 0; k < n; k++) {
+            big = fmax(big, fabs(u[k]));
+            diff = fmax(diff, fabs((double)u[k] - v[k]));
+        }
+        if (big > 0 && diff / big > worst) worst = diff / big;
+    }
+    qlm_store_free(sa);
+    qlm_store_free(sb);
+    return worst;
+}
+
+/* Runs `name` and holds it to the reference run `ref`: every step's loss and the final weights. */
+static void check_against(const char *ref, const char *name, int mode, int np, const char *split, double loss_tol,
+                          double weight_tol) {
+    assert_int_equal(train(name, mode, np, split, NULL), 0);
+    double want[STEPS], got[STEPS], worst = 0;
+    assert_int_equal(read_losses(ref, want), STEPS);
+    assert_int_equal(read_losses(name, got), STEPS);
+    for (int s = 0; s < STEPS; s++) worst = fmax(worst, fabs(got[s] - want[s]));
+    int identical;
+    double w = weight_diff(ref, name, mode, &identical);
+    print_message("%-22s %d ranks %-34s loss within %.2g, weights within %.2g%s\n", k_modes[mode], np,
+                  split ? split : "", worst, w, identical ? " (identical)" : "");
+    assert_true(worst <= loss_tol);
+    assert_true(w <= weight_tol);
+}
+
+/* Every strategy at 1 (bit-identical to one process), 2 and 4 ranks, and hybrid at 4 ranks. */
+static void equivalence(int mode, const char *tag, double loss_tol, double weight_tol) {
+    prepare();
+    char ref[64], name[64];
+    snprintf(ref, sizeof ref, "%s-ref", tag);
+    assert_int_equal(train(ref, mode, 0, NULL, NULL), 0);
+    static const char *const shards[] = {"ddp", "zero1", "zero2", "fsdp"};
+    for (int k = 0; k < 4; k++)
+        for (int np = 1; np <= 4; np *= 2) {
+            char split[64];
+            snprintf(split, sizeof split, "--shard %s", shards[k]);
+            snprintf(name, sizeof name, "%s-%s-%d", tag, shards[k], np);
+            check_against(ref, name, mode, np, split, np == 1 ? 0 : loss_tol, np == 1 ? 0 : weight_tol);
+        }
+    snprintf(name, sizeof name, "%s-hybrid", tag);
+    check_against(ref, name, mode, 4, "--shard fsdp --sharding-factor 2", loss_tol, weight_tol);
+}
+
+static void test_full_f32(void **state) {
+    (void)state;
+    equivalence(FULL, "full", 1e-5, 1e-4);
+}
+
+static void test_lora(void **state) {
+    (void)state;
+    equivalence(LORA, "lora", 1e-3, 1e-3);
+}
+
+/* Mixed precision and QAT under the strategies that split their compute copies and scales. */
+static void test_bf16_and_qat(void **state) {
+    (void)state;
+    prepare();
+    assert_int_equal(train("bf16-ref", BF16, 0, NULL, NULL), 0);
+    check_against("bf16-ref", "bf16-fsdp", BF16, 4, "--shard fsdp", 1e-3, 1e-3);
+    check_against("bf16-ref", "bf16-zero1", BF16, 2, "--shard zero1", 1e-3, 1e-3);
+    assert_int_equal(train("qat-ref", QAT, 0, NULL, NULL), 0);
+    check_against("qat-ref", "qat-zero2", QAT, 4, "--shard zero2", 5e-3, 1e-3);
+    check_against("qat-ref", "qat-hybrid", QAT, 4, "--shard fsdp --sharding-factor 2", 5e-3, 1e-3);
+}
+
+/* Two runs of one setting agree bit for bit (the reductions' order is fixed). */
+static void test_reruns_are_bit_identical(void **state) {
+    (void)state;
+    prepare();
+    const char *splits[] = {"--shard fsdp", "--shard fsdp --sharding-factor 2", "--shard ddp"};
+    for (int k = 0; k < 3; k++) {
+        char a[64], b[64];
+        snprintf(a, sizeof a, "again-%d-a", k);
+        snprintf(b, sizeof b, "again-%d-b", k);
+        assert_int_equal(train(a, FULL, 4, splits[k], NULL), 0);
+        assert_int_equal(train(b, FULL, 4, splits[k], NULL), 0);
+        int identical;
+        weight_diff(a, b, FULL, &identical);
+        double la[STEPS], lb[STEPS];
+        assert_int_equal(read_losses(a, la), STEPS);
+        assert_int_equal(read_losses(b, lb), STEPS);
+        assert_true(identical);
+        assert_memory_equal(la, lb, sizeof la);
+    }
+}
+
+/* The pid of world rank `rank` of a job training into out: a qlm process whose command line
+ * names out and whose environment says OMPI_COMM_WORLD_RANK=rank; 0 when none (yet). */
+static pid_t rank_pid(const char *out, int rank) {
+    DIR *d = opendir("/proc");
+    assert_non_null(d);
+    struct dirent *e;
+    pid_t found = 0;
+    char want[64];
+    snprintf(want, sizeof want, "OMPI_COMM_WORLD_RANK=%d", rank);
+    while (!found && (e = readdir(d)) != NULL) {
+        char path[300], buf[65536];
+        pid_t pid = (pid_t)atoi(e->d_name);
+        if (pid <= 0) continue;
+        snprintf(path, sizeof path, "/proc/%d/environ", pid);
+        FILE *f = fopen(path, "rb");
+        if (!f) continue;
+        size_t n = fread(buf, 1, sizeof buf - 1, f);
+        fclose(f);
+        int is_rank = 0;
+        for (size_t i = 0; i < n; i += strlen(buf + i) + 1) is_rank |= strcmp(buf + i, want) == 0;
+        if (!is_rank) continue;
+        snprintf(path, sizeof path, "/proc/%d/cmdline", pid);
+        f = fopen(path, "rb");
+        if (!f) continue;
+        n = fread(buf, 1, sizeof buf - 1, f);
+        fclose(f);
+        buf[n] = 0;
+        for (size_t i = 0; i < n; i++)
+            if (!buf[i]) buf[i] = ' ';
+        if (strstr(buf, out) && strstr(buf, " train ")) found = pid;
+    }
+    closedir(d);
+    return found;
+}
+
+/* SIGKILL of rank 2 of 4 mid-run: the job ends non-zero within 30 s, saying which rank; the
+ * committed checkpoint is whole; --resume reaches the uninterrupted run's weights bit for bit. */
+static void test_killed_rank_and_resume(void **state) {
+    (void)state;
+    prepare();
+    const char *split = "--shard fsdp";
+    assert_int_equal(train("whole", FULL, 4, split, NULL), 0);
+    char out[400], cmd[4096];
+    snprintf(out, sizeof out, "%s/killed", g_dir);
+    snprintf(cmd, sizeof cmd,
+             "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 mpirun --oversubscribe --mca btl self,vader "
+             "-np 4 %s train -m %s --data %s --out %s %s --steps %d --batch 2 --seq-len 64 --save-every 2 %s > "
+             "%s.log 2>&1; echo $? > %s.rc",
+             test_qlm_bin(), g_model, g_data, out, k_modes[FULL], STEPS, split, out, out);
+    pid_t job = fork();
+    assert_true(job >= 0);
+    if (job == 0) {
+        execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
+        _exit(127);
+    }
+    /* Wait for the second committed checkpoint, then kill rank 2. */
+    char manifest[500];
+    snprintf(manifest, sizeof manifest, "%s/metrics.jsonl", out);
+    pid_t victim = 0;
+    for (int i = 0; i < 6000 && !victim; i++) {
+        usleep(5000);
+        size_t len = 0;
+        char *m = test_read_file(manifest, &len);
+        int lines = 0;
+        for (size_t k = 0; m && k < len; k++) lines += m[k] == '\n';
+        free(m);
+        if (lines >= 4) victim = rank_pid(out, 2);
+    }
+    assert_true(victim > 0);
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    kill(victim, SIGKILL);
+    int status;
+    waitpid(job, &status, 0);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    double secs = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) * 1e-9;
+    char path[500];
+    snprintf(path, sizeof path, "%s.rc", out);
+    char *rc = test_read_file(path, NULL), *log;
+    snprintf(path, sizeof path, "%s.log", out);
+    log = test_read_file(path, NULL);
+    assert_non_null(rc);
+    assert_non_null(log);
+    print_message("killed rank 2: the job ended after %.1f s with exit %d\n", secs, atoi(rc));
+    assert_int_not_equal(atoi(rc), 0);
+    assert_true(secs < 30);
+    assert_true(strstr(log, "rank 2") != NULL);
+    free(rc);
+    free(log);
+    test_check_checkpoint_intact(out);
+    assert_int_equal(train("killed", FULL, 4, split, "--resume"), 0);
+    int identical;
+    weight_diff("whole", "killed", FULL, &identical);
+    assert_true(identical);
+}
+
+/* The checkpoint of a 4-rank FSDP run: another launch is refused with what differs, then resumed
+ * with --reshard by 2 ranks under ZeRO-1 and by one process; a checkpoint of another model is
+ * refused naming both models. */
+static void test_reshard_and_mismatch(void **state) {
+    (void)state;
+    prepare();
+    char out[400], cmd[4096];
+    snprintf(out, sizeof out, "%s/reshard", g_dir);
+    char *log = NULL;
+    int rc = test_mpirun(&log, NULL, 4, "%s train -m %s --data %s --out %s %s --steps 4 --batch 2 --seq-len 64 "
+                                        "--save-every 2 --shard fsdp",
+                         test_qlm_bin(), g_model, g_data, out, k_modes[FULL]);
+    assert_int_equal(rc, 0);
+    free(log);
+    /* Continue to STEPS under another split: refused, then accepted with --reshard. */
+    const char *fmt = "%s train -m %s --data %s --out %s %s --steps 4 --batch %d --seq-len 64 --shard zero1 --resume %s";
+    rc = test_mpirun(&log, NULL, 2, fmt, test_qlm_bin(), g_model, g_data, out, k_modes[FULL], 4, "");
+    print_message("%s", strstr(log, "made by") ? strstr(log, "made by") : log);
+    assert_int_not_equal(rc, 0);
+    assert_non_null(strstr(log, "made by 4 ranks with --shard fsdp"));
+    assert_non_null(strstr(log, "--reshard"));
+    free(log);
+    rc = test_mpirun(&log, NULL, 2, fmt, test_qlm_bin(), g_model, g_data, out, k_modes[FULL], 4, "--reshard");
+    if (rc != 0) print_message("%s\n", log);
+    assert_int_equal(rc, 0);
+    free(log);
+    /* A different model: refused, both named. */
+    char other[512];
+    test_asset(other, sizeof other, "stories260K/stories260K.bin");
+    snprintf(cmd, sizeof cmd, "train -m %s -t %s --data %s --out %s --full --steps 4 --batch 8 --seq-len 64 --resume "
+                              "--reshard 2>&1",
+             other, "../shared/assets/stories260K/tok512.bin", g_data, out);
+    rc = test_run_qlm(&log, "%s", cmd);
+    assert_int_not_equal(rc, 0);
+    assert_non_null(strstr(log, "made for the model"));
+    assert_non_null(strstr(log, "tinystories-656K-hf"));
+    free(log);
+}
+
+/* Flags that cannot work are refused before anything trains. */
+static void test_bad_flags(void **state) {
+    (void)state;
+    prepare();
+    char *log = NULL;
+    int rc = test_mpirun(&log, NULL, 4, "%s train -m %s --data %s --out %s/bad --full --steps 2 --batch 2 --shard fsdp "
+                                        "--sharding-factor 3",
+                         test_qlm_bin(), g_model, g_data, g_dir);
+    assert_int_not_equal(rc, 0);
+    assert_non_null(strstr(log, "sharding factor 3 must divide the 4 ranks"));
+    free(log);
+    rc = test_run_qlm(&log, "train -m %s --data %s --out %s/bad --shard raid 2>&1", g_model, g_data, g_dir);
+    assert_int_equal(rc, 2);
+    assert_non_null(strstr(log, "--shard must be"));
+    free(log);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_full_f32),
+        cmocka_unit_test(test_lora),
+        cmocka_unit_test(test_bf16_and_qat),
+        cmocka_unit_test(test_reruns_are_bit_identical),
+        cmocka_unit_test(test_killed_rank_and_resume),
+        cmocka_unit_test(test_reshard_and_mismatch),
+        cmocka_unit_test(test_bad_flags),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
