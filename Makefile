@@ -34,7 +34,7 @@ CLI_OBJS  := $(CLI_SRCS:%.c=$(BUILD)/%.o)
 TEST_BINS := $(TEST_SRCS:tests/%.c=$(BUILD)/tests/%)
 LIB       := $(BUILD)/libqlm.a
 
-.PHONY: all test asan run bench eval train-eval qat-eval clean setup setup-test check-tests test-cuda test-cuda-build
+.PHONY: all test asan run bench bench-dist eval train-eval qat-eval clean setup setup-test check-tests test-cuda test-cuda-build
 
 all: $(BUILD)/qlm
 
@@ -90,8 +90,12 @@ test-cuda: setup-test test-cuda-build
 run: setup $(BUILD)/qlm
 	@scripts/run_main_job.sh $(BUILD)/qlm
 
-bench: setup $(BUILD)/qlm $(BUILD)/bench/bench_lora $(BUILD)/bench/bench_serve
+bench: setup $(BUILD)/qlm $(BUILD)/bench/bench_lora $(BUILD)/bench/bench_serve $(BUILD)/bench/weights_diff
 	@scripts/bench.sh $(BUILD)/qlm
+	@if [ "$${QLM_BENCH_DIST:-1}" != 0 ]; then scripts/bench_dist.sh $(BUILD)/qlm; fi
+
+bench-dist: setup $(BUILD)/qlm $(BUILD)/bench/weights_diff
+	@scripts/bench_dist.sh $(BUILD)/qlm
 
 eval: setup $(BUILD)/qlm
 	@scripts/eval_dialogsum.sh $(BUILD)/qlm

@@ -17,7 +17,7 @@ static const char *k_usage =
     "      --no-bos           do not prepend the BOS token\n"
     "      --no-special       treat special-token text in the prompt as plain text\n"
     "      --json             print one JSON object: prompt ids, generated ids, text, stop reason\n"
-    "      --quiet            no load line or timing on stderr\n";
+    "      --quiet            no load line or timing on stderr\n" CLI_DIST_HELP;
 
 typedef struct {
     char *buf;
@@ -70,7 +70,7 @@ int cmd_generate(int argc, char **argv) {
     cli_sampling_opts_init(&so);
     const char *prompt = "", *file = NULL;
     int no_bos = 0, no_special = 0, quiet = 0, json = 0;
-    static const struct option opts[] = {CLI_MODEL_OPTIONS, CLI_SAMPLING_OPTIONS, CLI_LORA_OPTIONS,
+    static const struct option opts[] = {CLI_MODEL_OPTIONS, CLI_SAMPLING_OPTIONS, CLI_LORA_OPTIONS, CLI_DIST_OPTIONS,
                                          {"prompt", required_argument, 0, OPT_PROMPT},
                                          {"file", required_argument, 0, 'f'},
                                          {"no-bos", no_argument, 0, OPT_NO_BOS},
@@ -110,9 +110,17 @@ int cmd_generate(int argc, char **argv) {
         prompt = file_text;
     }
     cli_model cm;
+    mo.distributed = 1;
     if (cli_load_model(&mo, &cm, 1, quiet) != 0) {
         free(file_text);
-        return cli_fail("generate");
+        return cli_model_fail(&cm, "generate");
+    }
+    /* Sharded: rank 0 generates, the others hold their parts of the weights for its passes. */
+    if (!cli_is_root(&cm)) {
+        free(file_text);
+        int rc = cli_dist_drain(&cm.dist) == 0 ? 0 : cli_model_fail(&cm, "generate");
+        cli_free_model(&cm);
+        return rc;
     }
     int rc = 1, *ids = NULL, n_ids = 0, *gen_ids = NULL;
     out_text text = {.echo = !json};
@@ -156,9 +164,9 @@ int cmd_generate(int argc, char **argv) {
         fprintf(stderr, "qlm: prompt %d tokens in %.3f s (%.1f tok/s); generated %d tokens in %.3f s (%.1f tok/s); stop: %s\n",
                 pst.n_prompt, pst.prefill_seconds, pst.n_prompt / (pst.prefill_seconds + 1e-9), st.n_generated,
                 st.decode_seconds, st.n_generated / (st.decode_seconds + 1e-9), qlm_stop_reason_name(st.reason));
-    rc = 0;
+    rc = cli_dist_drain(&cm.dist) == 0 ? 0 : 1;
 out:
-    if (rc) cli_fail("generate");
+    if (rc) cli_model_fail(&cm, "generate");
     if (have_session) qlm_session_free(&s);
     free(ids);
     free(gen_ids);

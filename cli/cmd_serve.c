@@ -27,7 +27,7 @@ static const char *k_usage =
     "      --max-output N     most tokens one request may generate (default: half the context, at most 1024)\n"
     "      --timeout S        close a connection idle for S seconds (default 30)\n"
     "      --name NAME        the base model's id in the API (default: the model path's last component)\n"
-    "      --quiet            no load line or request log\n";
+    "      --quiet            no load line or request log\n" CLI_DIST_HELP;
 
 enum { OPT_HOST = 700, OPT_PORT, OPT_API_KEY, OPT_MAX_SEQS, OPT_MAX_QUEUE, OPT_MAX_OUTPUT, OPT_NAME, OPT_TIMEOUT };
 
@@ -72,7 +72,7 @@ int cmd_serve(int argc, char **argv) {
     cli_model_opts_init(&mo);
     const char *host = "127.0.0.1", *api_key = NULL, *name = NULL;
     int port = 8080, max_seqs = 8, max_queue = 64, max_output = 0, quiet = 0, timeout = 30;
-    static const struct option opts[] = {CLI_MODEL_OPTIONS, CLI_LORA_OPTIONS,
+    static const struct option opts[] = {CLI_MODEL_OPTIONS, CLI_LORA_OPTIONS, CLI_DIST_OPTIONS,
                                          {"host", required_argument, 0, OPT_HOST},
                                          {"port", required_argument, 0, OPT_PORT},
                                          {"api-key", required_argument, 0, OPT_API_KEY},
@@ -113,7 +113,17 @@ int cmd_serve(int argc, char **argv) {
         return 2;
     }
     cli_model cm;
-    if (cli_load_model(&mo, &cm, 1, quiet) != 0) return cli_fail("serve");
+    mo.distributed = 1;
+    if (cli_load_model(&mo, &cm, 1, quiet) != 0) return cli_model_fail(&cm, "serve");
+    /* Sharded: rank 0 serves; the others hold their parts of the weights for its passes until it
+     * stops (signals go to rank 0, which ends them). */
+    if (!cli_is_root(&cm)) {
+        signal(SIGINT, SIG_IGN);
+        signal(SIGTERM, SIG_IGN);
+        int rc = cli_dist_drain(&cm.dist) == 0 ? 0 : cli_model_fail(&cm, "serve");
+        cli_free_model(&cm);
+        return rc;
+    }
     /* A decoder's context holds prompt and output; T5 has separate input and output windows. */
     int ctx = cm.src.is_t5 ? (mo.ctx > 0 ? mo.ctx : 2048) : cli_context_size(&mo, &cm);
     int limit = cm.src.is_t5 ? 1024 : ctx / 2 < 1024 ? ctx / 2 : 1024;
@@ -162,7 +172,8 @@ int cmd_serve(int argc, char **argv) {
     int rc = qlm_server_run(srv);
     pthread_join(tid, NULL);
     qlm_server_free(srv);
+    if (rc == 0) rc = cli_dist_drain(&cm.dist);
+    if (rc != 0) return cli_model_fail(&cm, "serve");
     cli_free_model(&cm);
-    if (rc != 0) return cli_fail("serve");
     return 0;
 }

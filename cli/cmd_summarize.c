@@ -17,6 +17,7 @@
 #include "../core/error.h"
 #include "../core/summary_prompt.h"
 #include "../eval/rouge.h"
+#include "batch_parts.h"
 #include "commands.h"
 #include "common.h"
 #include "jsonl.h"
@@ -37,17 +38,22 @@ static const char *k_usage =
     "      --field NAME       input field holding the dialogue (default dialogue)\n"
     "      --out-field NAME   output field for the summary (default summary)\n"
     "      --batch-size B     dialogues decoded together (default 16)\n"
+    "      --no-prefix-reuse  evaluate every prompt whole: each summary is then exactly the one the dialogue\n"
+    "                         gets alone, whatever the batch or the split over ranks (copying a shared prompt\n"
+    "                         prefix is faster and can change the rounding)\n"
     "      --resume           continue after the last complete line of OUT\n"
     "      --eval             score OUT against IN's reference fields with ROUGE when done\n"
     "      --ref-field A[,B]  reference fields for --eval (default summary1,summary2,summary3 when IN has\n"
     "                         summary1, else summary)\n"
     "      --adapter-field F  each line's --lora adapter by name from its field F (none: the base model;\n"
     "                         absent: --adapter); lines with different adapters share the batch\n"
-    "      --quiet            no load line, progress or timing on stderr\n";
+    "      --quiet            no load line, progress or timing on stderr\n" CLI_DIST_HELP
+    "  (with --batch, the dialogues are split over the ranks; each writes its finished records to\n"
+    "  OUT.part-R and rank 0 puts them into OUT in input order when all are done)\n";
 
 enum {
     OPT_SHOTS = 600, OPT_EXAMPLES, OPT_TEMPLATE, OPT_FORMAT, OPT_BATCH_IN, OPT_OUT, OPT_FIELD, OPT_OUT_FIELD,
-    OPT_BATCH_SIZE, OPT_RESUME, OPT_EVAL, OPT_REF_FIELD, OPT_ADAPTER_FIELD,
+    OPT_BATCH_SIZE, OPT_RESUME, OPT_EVAL, OPT_REF_FIELD, OPT_ADAPTER_FIELD, OPT_NO_PREFIX_REUSE,
 };
 
 #define MAX_REFS 16
@@ -57,7 +63,7 @@ typedef struct {
     cli_sampling_opts so;
     const char *input, *examples, *template_path, *format, *batch_in, *out, *field, *out_field, *ref_fields,
         *adapter_field;
-    int shots, batch_size, resume, eval, quiet;
+    int shots, batch_size, resume, eval, quiet, no_prefix_reuse;
 } options;
 
 /* Everything that turns a dialogue into prompt ids. */
@@ -80,7 +86,7 @@ static int parse(int argc, char **argv, options *o) {
     o->field = "dialogue";
     o->out_field = "summary";
     o->batch_size = 16;
-    static const struct option opts[] = {CLI_MODEL_OPTIONS, CLI_SAMPLING_OPTIONS, CLI_LORA_OPTIONS,
+    static const struct option opts[] = {CLI_MODEL_OPTIONS, CLI_SAMPLING_OPTIONS, CLI_LORA_OPTIONS, CLI_DIST_OPTIONS,
                                          {"shots", required_argument, 0, OPT_SHOTS},
                                          {"examples", required_argument, 0, OPT_EXAMPLES},
                                          {"prompt-template", required_argument, 0, OPT_TEMPLATE},
@@ -95,6 +101,7 @@ static int parse(int argc, char **argv, options *o) {
                                          {"ref-field", required_argument, 0, OPT_REF_FIELD},
                                          {"adapter-field", required_argument, 0, OPT_ADAPTER_FIELD},
                                          {"quiet", no_argument, 0, OPT_QUIET},
+                                         {"no-prefix-reuse", no_argument, 0, OPT_NO_PREFIX_REUSE},
                                          {0, 0, 0, 0}};
     optind = 1;
     int c;
@@ -118,6 +125,7 @@ static int parse(int argc, char **argv, options *o) {
         case OPT_REF_FIELD: o->ref_fields = optarg; break;
         case OPT_ADAPTER_FIELD: o->adapter_field = optarg; break;
         case OPT_QUIET: o->quiet = 1; break;
+        case OPT_NO_PREFIX_REUSE: o->no_prefix_reuse = 1; break;
         default: return cli_usage_error("summarize", k_usage);
         }
     }
@@ -251,6 +259,7 @@ typedef struct {
     int *n_ids;
     char **summary;           /* finished, waiting for the ones before them */
     FILE *out;
+    cli_batch_part *part;     /* split over ranks: this rank's records and part file, else NULL */
     double t0;
     long generated;
     int done_this_run;
@@ -264,9 +273,9 @@ static double now_seconds(void) {
 }
 
 static void progress(batch_job *j, int final) {
-    if (j->o->quiet || (final && j->shown == j->written)) return;
-    j->shown = j->written;
-    int total = j->in.n - j->first, done = j->written - j->first;
+    if (j->o->quiet || !cli_is_root(j->cm) || (final && j->shown == j->done_this_run)) return;
+    j->shown = j->done_this_run;
+    int total = j->part ? j->part->n_todo : j->in.n - j->first, done = j->done_this_run;
     double secs = now_seconds() - j->t0, rate = done / (secs + 1e-9);
     double eta = rate > 0 ? (total - done) / rate : 0;
     int width = 30, fill = total ? (int)((long)width * done / total) : width;
@@ -279,15 +288,25 @@ static void progress(batch_job *j, int final) {
     fflush(stderr);
 }
 
-/* Appends record i (its input fields but the dialogue, plus the summary) as one line, durably. */
-static int write_record(batch_job *j, int i) {
+/* Record i of the output: its input fields but the dialogue, plus the summary; NULL when out of memory. */
+static cJSON *output_record(const batch_job *j, int i) {
     const options *o = j->o;
     cJSON *rec = cJSON_Duplicate(j->in.rec[i], 1);
-    if (!rec) return qlm_errorf("out of memory");
+    if (!rec) return NULL;
     cJSON_DeleteItemFromObjectCaseSensitive(rec, o->field);
     cJSON_DeleteItemFromObjectCaseSensitive(rec, o->out_field);
-    char *line = NULL;
-    if (cJSON_AddStringToObject(rec, o->out_field, j->summary[i])) line = cJSON_PrintUnformatted(rec);
+    if (!cJSON_AddStringToObject(rec, o->out_field, j->summary[i])) {
+        cJSON_Delete(rec);
+        return NULL;
+    }
+    return rec;
+}
+
+/* Appends record i as one line, durably. */
+static int write_record(batch_job *j, int i) {
+    const options *o = j->o;
+    cJSON *rec = output_record(j, i);
+    char *line = rec ? cJSON_PrintUnformatted(rec) : NULL;
     cJSON_Delete(rec);
     if (!line) return qlm_errorf("out of memory");
     int ok = fputs(line, j->out) >= 0 && fputc('\n', j->out) != EOF && fflush(j->out) == 0 &&
@@ -299,8 +318,9 @@ static int write_record(batch_job *j, int i) {
 
 static int next_dialogue(void *ctx, qlm_batch_request *req) {
     batch_job *j = ctx;
-    if (j->next == j->in.n || g_interrupted) return 0;
-    int i = j->next++;
+    int last = j->part ? j->part->n_todo : j->in.n;
+    if (j->next == last || g_interrupted) return 0;
+    int i = j->part ? j->part->todo[j->next++] : j->next++;
     *req = (qlm_batch_request){.ids = j->ids[i], .n_ids = j->n_ids[i], .params = &j->o->so.gen,
                                .adapter = j->adapter[i], .user = (void *)(intptr_t)i};
     return 1;
@@ -317,6 +337,20 @@ static int finished_dialogue(void *ctx, const qlm_batch_request *req, const char
     trim(s, len);
     j->summary[i] = s;
     j->generated += st->n_generated;
+    if (j->part) {
+        cJSON *rec = output_record(j, i);
+        int rc = rec ? cli_batch_part_write(j->part, rec, i) : qlm_errorf("out of memory");
+        cJSON_Delete(rec);
+        free(j->summary[i]);
+        j->summary[i] = NULL;
+        if (rc != 0) {
+            fprintf(stderr, "qlm summarize: %s\n", qlm_last_error());
+            return 1;
+        }
+        j->done_this_run++;
+        progress(j, 0);
+        return g_interrupted ? 1 : 0;
+    }
     /* Lines go out in input order, so the output's length always says where to resume. */
     while (j->written < j->in.n && j->summary[j->written]) {
         if (write_record(j, j->written) != 0) {
@@ -439,9 +473,22 @@ static int pick_adapters(batch_job *j) {
     return 0;
 }
 
+/* Split over ranks: rank 0 finds where OUT ends, every rank its share of the rest (after every
+ * part is read, so no rank writes before all have planned). */
+static int plan_ranks(batch_job *j, cli_batch_part *part) {
+    cli_dist *d = &j->cm->dist;
+    double first = j->first;
+    if (qlm_comm_broadcast_host(d->world, &first, sizeof first, 0) != 0) return -1;
+    j->first = (int)first;
+    if (cli_batch_part_open(part, j->o->out, j->first, j->in.n, d->rank, d->size) != 0) return -1;
+    j->part = part;
+    return qlm_comm_barrier(d->world);
+}
+
 static int summarize_batch(const options *o, cli_model *cm, const prompter *p) {
     batch_job j = {.o = o, .cm = cm, .shown = -1};
-    int rc = -1;
+    cli_batch_part part = {0};
+    int rc = -1, ranks = cm->dist.size > 1, root = cli_is_root(cm);
     if (cli_jsonl_load(&j.in, o->batch_in) != 0) goto out;
     if (j.in.n == 0) {
         qlm_errorf("%s: no records", o->batch_in);
@@ -449,7 +496,8 @@ static int summarize_batch(const options *o, cli_model *cm, const prompter *p) {
     }
     for (int i = 0; i < j.in.n; i++)
         if (!cli_jsonl_text(&j.in, i, o->field)) goto out;
-    if (open_output(&j) != 0) goto out;
+    if (root && open_output(&j) != 0) goto out;
+    if (ranks && plan_ranks(&j, &part) != 0) goto out;
     j.ids = calloc((size_t)j.in.n, sizeof *j.ids);
     j.n_ids = calloc((size_t)j.in.n, sizeof *j.n_ids);
     j.summary = calloc((size_t)j.in.n, sizeof *j.summary);
@@ -467,36 +515,54 @@ static int summarize_batch(const options *o, cli_model *cm, const prompter *p) {
         }
         if (j.n_ids[i] > max_prompt) max_prompt = j.n_ids[i];
     }
-    j.next = j.written = j.first;
+    j.written = j.first;
+    j.next = ranks ? 0 : j.first;
     qlm_batch_config bc = {.model = cm->src.is_t5 ? NULL : &cm->model, .t5 = cm->src.is_t5 ? &cm->t5 : NULL,
                            .tok = cm->src.tok, .n_slots = o->batch_size, .max_prompt = max_prompt,
-                           .max_output = o->so.gen.max_new_tokens};
-    if (!o->quiet)
+                           .max_output = o->so.gen.max_new_tokens, .no_prefix_reuse = o->no_prefix_reuse};
+    if (!o->quiet && root)
         fprintf(stderr, "summarize: %d of %d dialogues to do (%d already in %s), %d at a time, prompts up to %d tokens\n",
                 j.in.n - j.first, j.in.n, j.first, o->out, o->batch_size, max_prompt);
+    if (!o->quiet && root && ranks)
+        fprintf(stderr, "summarize: split over %d ranks; rank 0 takes %d, and the progress below is its own\n",
+                cm->dist.size, part.n_todo);
+    int mine = ranks ? part.n_todo : j.in.n - j.first;
     struct sigaction sa = {.sa_handler = on_interrupt}, old_int, old_term;
     sigaction(SIGINT, &sa, &old_int);
     sigaction(SIGTERM, &sa, &old_term);
     j.t0 = now_seconds();
     qlm_batch_stats bs;
-    int brc = j.first < j.in.n ? qlm_batch_run(&bc, next_dialogue, finished_dialogue, &j, &bs) : 0;
+    memset(&bs, 0, sizeof bs);
+    int brc = mine > 0 ? qlm_batch_run(&bc, next_dialogue, finished_dialogue, &j, &bs) : 0;
+    /* Every rank joins the others' passes until all are done. */
+    if (brc == 0 && cli_dist_drain(&cm->dist) != 0) brc = -1;
     double seconds = now_seconds() - j.t0;
     sigaction(SIGINT, &old_int, NULL);
     sigaction(SIGTERM, &old_term, NULL);
-    if (j.first < j.in.n) progress(&j, 1);
+    if (mine > 0) progress(&j, 1);
     if (g_interrupted) {
-        qlm_errorf("interrupted: %d of %d dialogues are in %s; run again with --resume to continue", j.written,
-                   j.in.n, o->out);
+        if (ranks)
+            qlm_errorf("interrupted: the finished dialogues are in %s.part-*; run again with --resume to continue",
+                       o->out);
+        else
+            qlm_errorf("interrupted: %d of %d dialogues are in %s; run again with --resume to continue", j.written,
+                       j.in.n, o->out);
         goto out;
     }
     if (brc != 0) goto out;
-    if (!o->quiet && j.first < j.in.n)
+    if (ranks && root && cli_batch_part_merge(j.out, o->out, j.first, j.in.n) != 0) goto out;
+    if (!root) {
+        rc = 0;
+        goto out;
+    }
+    if (!o->quiet && mine > 0)
         fprintf(stderr, "summarize: %d dialogues in %.1f s (%.2f dialogues/s), %ld tokens generated (%.1f tok/s), "
                         "%ld decode steps; %ld of %ld prompt tokens reused from an earlier prompt's cache\n",
                 j.done_this_run, seconds, j.done_this_run / (seconds + 1e-9), bs.generated_tokens,
                 bs.generated_tokens / (seconds + 1e-9), bs.steps, bs.reused_tokens, bs.prompt_tokens);
     rc = o->eval ? evaluate(&j, seconds) : 0;
 out:
+    cli_batch_part_close(&part);
     if (j.out && fclose(j.out) != 0 && rc == 0) rc = qlm_errorf("%s: %s", o->out, strerror(errno));
     for (int i = 0; j.ids && i < j.in.n; i++) free(j.ids[i]);
     for (int i = 0; j.summary && i < j.in.n; i++) free(j.summary[i]);
@@ -513,11 +579,15 @@ int cmd_summarize(int argc, char **argv) {
     int r = parse(argc, argv, &o);
     if (r) return r == 1 ? 0 : r;
     cli_model cm;
-    if (cli_load_model(&o.mo, &cm, 1, o.quiet) != 0) return cli_fail("summarize");
+    o.mo.distributed = 1;
+    if (cli_load_model(&o.mo, &cm, 1, o.quiet) != 0) return cli_model_fail(&cm, "summarize");
     prompter p;
     int rc = prompter_init(&p, &o, &cm);
-    if (rc == 0) rc = o.batch_in ? summarize_batch(&o, &cm, &p) : summarize_one(&o, &cm, &p);
+    /* One dialogue over sharded weights: rank 0 summarizes it, the others serve their parts. */
+    if (rc == 0) rc = o.batch_in ? summarize_batch(&o, &cm, &p) : cli_is_root(&cm) ? summarize_one(&o, &cm, &p) : 0;
+    if (rc == 0 && !o.batch_in) rc = cli_dist_drain(&cm.dist);
     prompter_free(&p);
+    if (rc != 0) return cli_model_fail(&cm, "summarize");
     cli_free_model(&cm);
-    return rc == 0 ? 0 : cli_fail("summarize");
+    return 0;
 }

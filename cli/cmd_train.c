@@ -99,7 +99,7 @@ typedef struct {
     double eval_fraction;
     int eval_every, eval_max, rank, rslora, per_channel, steps, epochs, batch, accum, seq_len, pack, warmup;
     int recompute, chat, save_every, resume, seed, threads, random_weights;
-    int factor, prefetch, reshard, shard_given;
+    int factor, prefetch, reshard, shard_given, offload;
     float alpha, lora_dropout, lr, min_lr_ratio, weight_decay, clip, dist_timeout;
     qlm_shard_strategy shard;
     qlm_train_mode mode;
@@ -213,6 +213,7 @@ static int parse_args(int argc, char **argv, train_args *a) {
         case OPT_PREFETCH: bad = cli_int("--prefetch", optarg, 0, 64, &a->prefetch); break;
         case OPT_OFFLOAD:
             if (strcmp(optarg, "cpu") != 0) bad = fprintf(stderr, "qlm train: --offload takes cpu\n") > 0;
+            a->offload = 1;
             break;
         case OPT_DIST_TIMEOUT: bad = cli_float("--dist-timeout", optarg, 0.1, 1e7, &a->dist_timeout); break;
         case OPT_RESHARD: a->reshard = 1; break;
@@ -500,8 +501,8 @@ static int write_outputs(const train_args *a, qlm_trainer *t, cli_model *cm) {
 }
 
 /* What each rank held and did, gathered on every rank: [rank][DIST_FIELDS]. */
-enum { DIST_PARAMS, DIST_GRADS, DIST_OPTIM, DIST_GATHERED, DIST_GRADS_FULL, DIST_RSS, DIST_COMM, DIST_WAIT,
-       DIST_GATHERS, DIST_FIELDS };
+enum { DIST_PARAMS, DIST_GRADS, DIST_OPTIM, DIST_TRANSIENT, DIST_RSS, DIST_COMM, DIST_WAIT, DIST_GATHERS,
+       DIST_FIELDS };
 
 static double *gather_rank_stats(const cli_dist *d, const qlm_trainer *t, double train_rss, double comm_s) {
     double *all = calloc((size_t)d->size * DIST_FIELDS, sizeof *all);
@@ -511,8 +512,8 @@ static double *gather_rank_stats(const cli_dist *d, const qlm_trainer *t, double
     }
     qlm_train_memory m = qlm_trainer_memory(t);
     qlm_train_split sp = qlm_trainer_split(t);
-    double mine[DIST_FIELDS] = {m.params, m.grads, m.optim, m.gathered_peak, m.grads_full_peak, train_rss, comm_s,
-                                sp.gather_wait_s, (double)sp.gathers};
+    double mine[DIST_FIELDS] = {m.params, m.grads, m.optim, m.transient_peak, train_rss, comm_s, sp.gather_wait_s,
+                                (double)sp.gathers};
     memcpy(all + (size_t)d->rank * DIST_FIELDS, mine, sizeof mine);
     if (qlm_comm_sum_host(d->world, all, d->size * DIST_FIELDS) != 0) {
         free(all);
@@ -542,9 +543,8 @@ static int write_summary(const train_args *a, const qlm_trainer *t, const run_to
     cJSON_AddNumberToObject(dist, "shard_group", sp.group);
     cJSON_AddNumberToObject(dist, "prefetch", a->prefetch);
     static const char *const names[DIST_FIELDS] = {"params_bytes", "grads_bytes", "optim_bytes",
-                                                   "gathered_peak_bytes", "grads_full_peak_bytes",
-                                                   "train_peak_rss_mib", "comm_seconds", "gather_wait_seconds",
-                                                   "gathers"};
+                                                   "transient_peak_bytes", "train_peak_rss_mib", "comm_seconds",
+                                                   "gather_wait_seconds", "gathers"};
     cJSON *per_rank = cJSON_AddArrayToObject(dist, "per_rank");
     for (int r = 0; ranks && r < d->size; r++) {
         cJSON *o = cJSON_CreateObject();
@@ -695,6 +695,10 @@ int cmd_train(int argc, char **argv) {
                 a.schedule == QLM_SCHEDULE_COSINE ? "cosine" : a.schedule == QLM_SCHEDULE_LINEAR ? "linear" : "constant",
                 qlm_dtype_name(a.dtype), a.recompute ? " with recomputation" : "",
                 qlm_trainer_activation_bytes(&t) / 1048576.0);
+        if (a.offload)
+            fprintf(stderr, "qlm train: --offload cpu: the %s backend keeps every shard and the optimizer state in host "
+                            "memory, and steps on the CPU, already\n",
+                    qlm_trainer_backend_name(&t));
         if (d.size > 1) {
             qlm_train_memory m = qlm_trainer_memory(&t);
             qlm_train_split sp = qlm_trainer_split(&t);

@@ -14,6 +14,7 @@ void cli_model_opts_init(cli_model_opts *o) {
     memset(o, 0, sizeof *o);
     o->device = "auto";
     o->batch = 512;
+    o->prefetch = 1;
 }
 
 void cli_sampling_opts_init(cli_sampling_opts *s) {
@@ -65,6 +66,15 @@ int cli_model_flag(cli_model_opts *o, int opt, const char *arg) {
     case OPT_CTX: return cli_int("--ctx", arg, 1, 1 << 24, &o->ctx) ? -1 : 1;
     case OPT_BATCH: return cli_int("--chunk", arg, 1, 1 << 16, &o->batch) ? -1 : 1;
     case OPT_RANDOM_WEIGHTS: o->random_weights = 1; return 1;
+    case OPT_INFER_SHARD:
+        if (strcmp(arg, "fsdp") != 0) {
+            fprintf(stderr, "qlm: --shard takes fsdp (the weights split over the ranks), got '%s'\n", arg);
+            return -1;
+        }
+        o->shard = 1;
+        return 1;
+    case OPT_INFER_PREFETCH: return cli_int("--prefetch", arg, 0, 64, &o->prefetch) ? -1 : 1;
+    case OPT_INFER_TIMEOUT: return cli_float("--dist-timeout", arg, 0.1, 1e7, &o->dist_timeout) ? -1 : 1;
     case OPT_DEVICE:
         if (strcmp(arg, "cpu") && strcmp(arg, "cuda") && strcmp(arg, "auto")) {
             fprintf(stderr, "qlm: --device must be cpu, cuda or auto, got '%s'\n", arg);
@@ -169,10 +179,46 @@ static int load_adapters(const cli_model_opts *o, cli_model *cm) {
     return qlm_lora_registry_set_default(&cm->lora, pick);
 }
 
+/* The load line (and each adapter's). */
+static void print_loaded(const cli_model_opts *o, const cli_model *cm, const qlm_backend *be, double secs) {
+    if (cm->src.is_t5) {
+        const qlm_t5_model *m = &cm->t5;
+        fprintf(stderr, "qlm: loaded %s (%s, t5) in %.2f s: %d+%d layers, d_model %d, %.1fM params, %s%s weights, %s backend, %d threads\n",
+                o->model, qlm_format_name(cm->src.format), secs, m->cfg.n_layers, m->cfg.n_dec_layers, m->cfg.d_model,
+                qlm_t5_param_count(m) / 1e6, qlm_dtype_name(m->dtype), m->per_channel ? " per-channel" : "", be->name,
+                omp_get_max_threads());
+    } else {
+        const qlm_model *m = &cm->model;
+        fprintf(stderr, "qlm: loaded %s (%s, %s) in %.2f s: %d layers, dim %d, %.1fM params, %s%s weights, %s backend, %d threads\n",
+                o->model, qlm_format_name(cm->src.format), m->cfg.arch[0] ? m->cfg.arch : "llama", secs,
+                m->cfg.n_layers, m->cfg.dim, qlm_model_param_count(m) / 1e6, qlm_dtype_name(m->dtype),
+                m->per_channel ? " per-channel" : "", be->name, omp_get_max_threads());
+    }
+    for (int i = 0; i < cm->lora.n; i++) {
+        const qlm_lora_adapter *a = qlm_lora_registry_at(&cm->lora, i);
+        fprintf(stderr, "qlm: adapter %s from %s: rank %d, %d modules, %.2fM params%s\n", a->name, a->path, a->cfg.r,
+                a->n_modules, a->n_params / 1e6, a == qlm_lora_registry_default(&cm->lora) ? " (in use)" : "");
+    }
+}
+
+/* Started as several ranks: the world, and a model that must be split over it. */
+static int start_ranks(const cli_model_opts *o, cli_model *cm, int *threads) {
+    if (cli_dist_start(&cm->dist, o->device, o->dist_timeout, threads) != 0) return -1;
+    if (cm->dist.size > 1 && !o->shard)
+        return qlm_errorf("started as %d ranks: add --shard fsdp to split the weights over them (or start one "
+                          "process)",
+                          cm->dist.size);
+    return 0;
+}
+
 int cli_load_model(const cli_model_opts *o, cli_model *cm, int need_tokenizer, int quiet) {
     memset(cm, 0, sizeof *cm);
+    cm->dist.size = 1;
     if (!o->model) return qlm_errorf("no model given (use -m PATH)");
-    if (o->threads > 0) omp_set_num_threads(o->threads);
+    int threads = o->threads;
+    if (o->distributed && start_ranks(o, cm, &threads) != 0) return -1;
+    quiet |= cm->dist.rank != 0;
+    if (threads > 0) omp_set_num_threads(threads);
     const qlm_backend *be = qlm_backend_by_name(o->device);
     if (!be) return -1;
     struct timespec t0, t1;
@@ -204,25 +250,18 @@ int cli_load_model(const cli_model_opts *o, cli_model *cm, int need_tokenizer, i
         return -1;
     }
     clock_gettime(CLOCK_MONOTONIC, &t1);
-    if (quiet) return 0;
-    double secs = (t1.tv_sec - t0.tv_sec) + (t1.tv_nsec - t0.tv_nsec) * 1e-9;
-    if (cm->src.is_t5) {
-        const qlm_t5_model *m = &cm->t5;
-        fprintf(stderr, "qlm: loaded %s (%s, t5) in %.2f s: %d+%d layers, d_model %d, %.1fM params, %s%s weights, %s backend, %d threads\n",
-                o->model, qlm_format_name(cm->src.format), secs, m->cfg.n_layers, m->cfg.n_dec_layers, m->cfg.d_model,
-                qlm_t5_param_count(m) / 1e6, qlm_dtype_name(m->dtype), m->per_channel ? " per-channel" : "", be->name,
-                omp_get_max_threads());
-    } else {
-        const qlm_model *m = &cm->model;
-        fprintf(stderr, "qlm: loaded %s (%s, %s) in %.2f s: %d layers, dim %d, %.1fM params, %s%s weights, %s backend, %d threads\n",
-                o->model, qlm_format_name(cm->src.format), m->cfg.arch[0] ? m->cfg.arch : "llama", secs,
-                m->cfg.n_layers, m->cfg.dim, qlm_model_param_count(m) / 1e6, qlm_dtype_name(m->dtype),
-                m->per_channel ? " per-channel" : "", be->name, omp_get_max_threads());
-    }
-    for (int i = 0; i < cm->lora.n; i++) {
-        const qlm_lora_adapter *a = qlm_lora_registry_at(&cm->lora, i);
-        fprintf(stderr, "qlm: adapter %s from %s: rank %d, %d modules, %.2fM params%s\n", a->name, a->path, a->cfg.r,
-                a->n_modules, a->n_params / 1e6, a == qlm_lora_registry_default(&cm->lora) ? " (in use)" : "");
+    if (!quiet) print_loaded(o, cm, be, (t1.tv_sec - t0.tv_sec) + (t1.tv_nsec - t0.tv_nsec) * 1e-9);
+    /* Split after the counts above were taken from the whole weights. */
+    if (cm->dist.size > 1 &&
+        (cm->src.is_t5 ? qlm_errorf("sharded inference runs Llama-family models; %s is T5", o->model)
+                       : cli_dist_shard(&cm->dist, &cm->model, o->prefetch)) != 0)
+        return -1;
+    if (cm->dist.size > 1 && !quiet) {
+        double whole = 0;
+        for (int u = 0; u < cm->dist.layout.n_units; u++) whole += (double)cm->dist.layout.bytes[u];
+        fprintf(stderr, "qlm: weights split over %d ranks (--shard fsdp, prefetch %d): rank 0 keeps %.1f of %.1f MiB\n",
+                cm->dist.size, o->prefetch, qlm_shard_memory_now(cm->dist.shard).params_parts / 1048576.0,
+                whole / 1048576.0);
     }
     return 0;
 }
@@ -230,9 +269,19 @@ int cli_load_model(const cli_model_opts *o, cli_model *cm, int need_tokenizer, i
 void cli_free_model(cli_model *cm) {
     if (cm->loaded) qlm_lora_registry_free(&cm->lora);
     if (cm->loaded && cm->src.is_t5) qlm_t5_free(&cm->t5);
-    if (cm->loaded && !cm->src.is_t5) qlm_model_free(&cm->model);
+    if (cm->loaded && !cm->src.is_t5) {
+        cli_dist_unshard(&cm->dist, &cm->model);
+        qlm_model_free(&cm->model);
+    }
     qlm_source_close(&cm->src);
     cm->loaded = 0;
+    cli_dist_end(&cm->dist);
+}
+
+int cli_model_fail(cli_model *cm, const char *cmd) {
+    int rc = cli_dist_fail(&cm->dist, cmd);
+    cli_free_model(cm);
+    return rc;
 }
 
 int cli_context_size(const cli_model_opts *o, const cli_model *cm) {

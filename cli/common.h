@@ -9,6 +9,7 @@
 #include "../core/t5.h"
 #include "../lora/lora.h"
 #include "../loaders/model_source.h"
+#include "dist.h"
 
 /* Long-option ids shared by several commands (values above any short option). */
 enum {
@@ -16,7 +17,8 @@ enum {
     OPT_DTYPE = 256, OPT_PER_CHANNEL, OPT_THREADS, OPT_CTX, OPT_DEVICE, OPT_BATCH,
     OPT_TEMP, OPT_TOP_K, OPT_TOP_P, OPT_REPEAT_PENALTY, OPT_REPEAT_LAST_N, OPT_SEED, OPT_STOP,
     OPT_JSON, OPT_SYSTEM, OPT_NO_BOS, OPT_RAW, OPT_FILE, OPT_REPS, OPT_PP, OPT_TG, OPT_QUIET,
-    OPT_NO_SPECIAL, OPT_RANDOM_WEIGHTS, OPT_LORA, OPT_ADAPTER,
+    OPT_NO_SPECIAL, OPT_RANDOM_WEIGHTS, OPT_LORA, OPT_ADAPTER, OPT_INFER_SHARD, OPT_INFER_PREFETCH,
+    OPT_INFER_TIMEOUT,
 };
 
 #define CLI_MODEL_OPTIONS                                                                                 \
@@ -26,6 +28,18 @@ enum {
         {"device", required_argument, 0, OPT_DEVICE}, {"chunk", required_argument, 0, OPT_BATCH},        \
         {"random-weights", no_argument, 0, OPT_RANDOM_WEIGHTS},                                           \
         {"help", no_argument, 0, OPT_HELP}
+
+/* Sharded inference under mpirun, for generate, summarize and serve. */
+#define CLI_DIST_OPTIONS                                                                                  \
+    {"shard", required_argument, 0, OPT_INFER_SHARD}, {"prefetch", required_argument, 0, OPT_INFER_PREFETCH}, \
+        {"dist-timeout", required_argument, 0, OPT_INFER_TIMEOUT}
+
+#define CLI_DIST_HELP                                                                                     \
+    "  several processes (mpirun -np N qlm ... --shard fsdp): each rank keeps 1/N of the weights and\n"  \
+    "  gathers a layer just before it runs it, so a model larger than one machine's or GPU's memory runs:\n" \
+    "      --shard fsdp       split the weights over the ranks (needed when started as several ranks)\n"  \
+    "      --prefetch K       layers gathered ahead of their use (default 1)\n"                           \
+    "      --dist-timeout S   a rank that waits S seconds for another ends the job (default 300)\n"
 
 /* Adapters, for the commands that generate (generate, chat, summarize). */
 #define CLI_LORA_OPTIONS {"lora", required_argument, 0, OPT_LORA}, {"adapter", required_argument, 0, OPT_ADAPTER}
@@ -69,6 +83,9 @@ typedef struct {
     const char *lora[CLI_MAX_LORA]; /* "NAME=PATH" */
     int n_lora;
     const char *adapter;
+    /* Commands that run as several ranks (CLI_DIST_OPTIONS) set distributed. */
+    int distributed, shard, prefetch;
+    float dist_timeout;
 } cli_model_opts;
 
 typedef struct {
@@ -96,13 +113,20 @@ typedef struct {
     qlm_t5_model t5;  /* encoder-decoders (src.is_t5) */
     qlm_lora_registry lora; /* the --lora adapters; its default is the one in use */
     int loaded;
+    cli_dist dist;    /* the job's ranks (one when started alone); with --shard, the weights' split */
 } cli_model;
 
 /* Opens the model named by o->model, builds it in the chosen dtype, loads the --lora adapters and
  * picks the --adapter, prints a load line to stderr unless quiet. need_tokenizer: fail if none
- * was found. */
+ * was found. With o->distributed: started as several ranks, the world opens first and, with
+ * --shard fsdp, the weights are split over it (only rank 0 prints). On failure the caller ends
+ * with cli_model_fail, which stops every rank; cli_free_model also closes the world. */
 int cli_load_model(const cli_model_opts *o, cli_model *cm, int need_tokenizer, int quiet);
 void cli_free_model(cli_model *cm);
+/* cli_fail, and with several ranks the whole job's end (the others would wait for this one). */
+int cli_model_fail(cli_model *cm, const char *cmd);
+/* Whether this process is the job's first rank (the one that reads requests and prints). */
+static inline int cli_is_root(const cli_model *cm) { return cm->dist.rank == 0; }
 int cli_context_size(const cli_model_opts *o, const cli_model *cm);
 /* A generation session for either architecture, with room for max_new_tokens outputs (T5's
  * input window is --ctx, default 2048). */

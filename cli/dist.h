@@ -3,12 +3,18 @@
 #ifndef QLM_CLI_DIST_H
 #define QLM_CLI_DIST_H
 
+#include "../core/model.h"
 #include "../dist/launch.h"
+#include "../dist/shard.h"
 
 typedef struct {
     qlm_launch launch;
     qlm_comm *world; /* a group of one when launched alone */
     int rank, size;
+    /* Sharded inference: the model's units split over the world, gathered around their use. */
+    qlm_layout layout;
+    qlm_shard *shard;
+    int *order, n_order; /* a forward pass's units in order, for draining */
 } cli_dist;
 
 /* Detects the launch and opens the world on the device's backend. *threads (0: all cores) becomes
@@ -20,6 +26,14 @@ int cli_dist_start(cli_dist *d, const char *device, double timeout_s, int *threa
 int cli_dist_fail(cli_dist *d, const char *cmd);
 /* Closes the world (the last call of a distributed command). */
 void cli_dist_end(cli_dist *d);
+
+/* Sharded inference (FSDP): each rank keeps 1/N of every unit of m and gathers a unit just before
+ * the forward pass runs it, prefetching the next; the ranks run their passes in lockstep. A rank
+ * whose work is done calls cli_dist_drain, which joins the others' passes until all are done.
+ * unshard: before the model is freed. */
+int cli_dist_shard(cli_dist *d, qlm_model *m, int prefetch);
+int cli_dist_drain(cli_dist *d);
+void cli_dist_unshard(cli_dist *d, qlm_model *m);
 
 /* Resets this process's peak RSS (Linux VmHWM) to its current RSS, and reads it in MiB (-1 when
  * /proc cannot tell): the peak of a phase, such as the training steps after set-up. */

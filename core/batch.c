@@ -93,7 +93,7 @@ static int common_prefix(const int *a, int na, const int *b, int nb) {
 static int cached_prefix(const batch *b, const slot *s, int *from) {
     int best = 0;
     *from = -1;
-    if (b->cfg.t5) return 0;
+    if (b->cfg.t5 || b->cfg.no_prefix_reuse) return 0;
     for (int j = 0; j < b->cfg.n_slots; j++) {
         const slot *o = &b->slots[j];
         if (o->cache_adapter != s->req.adapter) continue;
@@ -107,7 +107,7 @@ static int cached_prefix(const batch *b, const slot *s, int *from) {
  * than any cache holds (have), so that s does better to wait a step and copy it. Only earlier
  * requests are awaited, so the earliest waiting prompt always goes ahead. */
 static int awaits_prefix(const batch *b, const slot *s, int have) {
-    for (int j = 0; j < b->cfg.n_slots; j++) {
+    for (int j = 0; j < b->cfg.n_slots && !b->cfg.no_prefix_reuse; j++) {
         const slot *o = &b->slots[j];
         if (!o->active || o->admitted >= s->admitted || o->n_cached >= o->req.n_ids || o->req.adapter != s->req.adapter)
             continue;

@@ -36,6 +36,10 @@ typedef struct {
     int n_slots;              /* requests decoded together */
     int max_prompt;           /* longest prompt (T5: input) a slot takes */
     int max_output;           /* most tokens a request generates */
+    /* Evaluate every prompt whole, never copying a shared prefix: each request then gets exactly
+     * what it gets alone, whatever else shares the batch (a copied prefix of another length can
+     * change the rounding of the rest). */
+    int no_prefix_reuse;
 } qlm_batch_config;
 
 typedef struct {

@@ -117,11 +117,20 @@ size_t qlm_layout_elem(const qlm_layout *L, int i, int64_t e) {
 
 /* ---- the shard ---- */
 
-enum { MAX_PENDING = 2 };
+enum { MAX_PENDING = 2, POOL = 8 };
+
+/* Whole-unit buffers freed by one use and taken by the next: allocating and freeing them per use
+ * costs page faults and zeroing of every page on the CPU (a decode step gathers every unit). */
+typedef struct {
+    void *p[POOL];
+    size_t bytes[POOL];
+    int n;
+} buffer_pool;
 
 typedef struct {
     qlm_comm_op *op;
     float *buf;
+    size_t bytes;
 } pending_rs;
 
 struct qlm_shard {
@@ -148,6 +157,7 @@ struct qlm_shard {
     qlm_shard_memory mem;
     double wait_s, *unit_wait;
     long gathers;
+    buffer_pool pool;
 };
 
 static double now_s(void) {
@@ -156,9 +166,42 @@ static double now_s(void) {
     return ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
+
 static void track(double *now, double *peak, double delta) {
     *now += delta;
     if (*now > *peak) *peak = *now;
+}
+
+/* A buffer of at least `bytes` (a cached one when one fits: no more than twice the size). */
+static void *pool_get(qlm_shard *s, size_t bytes) {
+    buffer_pool *pl = &s->pool;
+    int best = -1;
+    for (int i = 0; i < pl->n; i++)
+        if (pl->bytes[i] >= bytes && pl->bytes[i] <= 2 * bytes && (best < 0 || pl->bytes[i] < pl->bytes[best]))
+            best = i;
+    if (best < 0) {
+        void *p = s->be->alloc(bytes ? bytes : 64);
+        if (p) track(&s->mem.buffers, &s->mem.buffers_peak, (double)bytes);
+        return p;
+    }
+    void *p = pl->p[best];
+    pl->p[best] = pl->p[--pl->n];
+    pl->bytes[best] = pl->bytes[pl->n];
+    return p;
+}
+
+/* Keeps a buffer for reuse; the pool holds the working set of gathers (prefetch + 2 units). */
+static void pool_put(qlm_shard *s, void *p, size_t bytes) {
+    buffer_pool *pl = &s->pool;
+    int keep = s->prefetch + 2 < POOL ? s->prefetch + 2 : POOL;
+    if (pl->n == keep) {
+        s->mem.buffers -= (double)pl->bytes[0];
+        s->be->free(pl->p[0]);
+        pl->p[0] = pl->p[--pl->n];
+        pl->bytes[0] = pl->bytes[pl->n];
+    }
+    pl->p[pl->n] = p;
+    pl->bytes[pl->n++] = bytes;
 }
 
 /* Copies bytes between two buffers of the backend's memory. */
@@ -183,7 +226,7 @@ static int copy_bytes(const qlm_backend *be, void *dst, const void *src, size_t 
 static int gather_start(qlm_shard *s, int u) {
     const qlm_layout *L = s->P;
     size_t bytes = L->bytes[u];
-    void *full = s->be->alloc(bytes ? bytes : 64);
+    void *full = pool_get(s, bytes);
     if (!full) return qlm_error_context("gathering unit %d (%zu bytes)", u, bytes);
     track(&s->mem.gathered, &s->mem.gathered_peak, (double)bytes);
     size_t own = qlm_layout_part(L, u, s->comm->rank), begin = qlm_layout_begin(L, u, s->comm->rank);
@@ -210,7 +253,7 @@ static int gather_wait(qlm_shard *s, int u) {
 
 static void release(qlm_shard *s, int u) {
     if (!s->full[u]) return;
-    s->be->free(s->full[u]);
+    pool_put(s, s->full[u], s->P->bytes[u]);
     s->mem.gathered -= (double)s->P->bytes[u];
     s->full[u] = NULL;
     qlm_layout_point(s->P, u, NULL);
@@ -320,7 +363,7 @@ static int shard_grads_use(void *ctx, int u) {
     qlm_shard *s = ctx;
     if (!s->G || s->gfull[u]) return 0;
     size_t bytes = s->G->bytes[u];
-    float *buf = s->be->alloc(bytes ? bytes : 64);
+    float *buf = pool_get(s, bytes);
     if (!buf) return qlm_error_context("gradients of unit %d (%zu bytes)", u, bytes);
     s->be->zero(buf, (long)(bytes / sizeof(float)));
     track(&s->mem.grads_full, &s->mem.grads_full_peak, (double)bytes);
@@ -334,7 +377,7 @@ static int wait_oldest(qlm_shard *s) {
     memmove(s->pend, s->pend + 1, (size_t)(s->n_pend - 1) * sizeof *s->pend);
     s->n_pend--;
     int rc = qlm_comm_wait(p.op);
-    s->be->free(p.buf);
+    pool_put(s, p.buf, p.bytes);
     return rc;
 }
 
@@ -349,10 +392,10 @@ static int shard_grads_done(void *ctx, int u) {
     qlm_layout_point(s->G, u, NULL);
     s->mem.grads_full -= (double)s->G->bytes[u];
     if (!op) {
-        s->be->free(buf);
+        pool_put(s, buf, s->G->bytes[u]);
         return qlm_error_context("gradients of unit %d", u);
     }
-    s->pend[s->n_pend++] = (pending_rs){op, buf};
+    s->pend[s->n_pend++] = (pending_rs){op, buf, s->G->bytes[u]};
     return 0;
 }
 
@@ -437,6 +480,7 @@ void qlm_shard_free(qlm_shard *s) {
         }
         if (s->gpart && s->gpart[u]) s->be->free(s->gpart[u]);
     }
+    for (int i = 0; i < s->pool.n; i++) s->be->free(s->pool.p[i]);
     free(s->part), free(s->full), free(s->inflight), free(s->users), free(s->gpart), free(s->gfull);
     free(s->unit_wait), free(s->offsets), free(s->trace);
     for (int k = 0; k < QLM_PASS_KINDS; k++) free(s->plan[k]);

@@ -62,6 +62,7 @@ typedef struct {
     double params_parts, grads_parts;   /* this member's parts */
     double gathered, gathered_peak;     /* whole parameter buffers of gathered units */
     double grads_full, grads_full_peak; /* whole gradient buffers of units in their backward */
+    double buffers, buffers_peak;       /* both kinds as allocated: in use, or kept for reuse */
 } qlm_shard_memory;
 
 typedef struct qlm_shard qlm_shard;

@@ -131,23 +131,27 @@ static void split(cmd *c) {
     free(mine);
 }
 
-/* Tests the requests of op; returns 1 when any finished. */
-static int progress(mpi_op *op) {
+/* Tests op's requests and returns its new state (0 in flight, 1 complete, -1 failed); *moved when
+ * any request finished. The state is not published here: the waiting thread frees op as soon as
+ * it sees a final state, so the engine unlinks op first. */
+static int progress(mpi_op *op, int *moved) {
     int *idx = malloc((size_t)(op->n ? op->n : 1) * sizeof *idx), count = 0;
+    *moved = 0;
     if (!idx) return 0;
     int rc = op->n ? MPI_Testsome(op->n, op->reqs, &count, idx, MPI_STATUSES_IGNORE) : MPI_SUCCESS;
     if (rc != MPI_SUCCESS) {
         mpi_message(rc, op->err, sizeof op->err, "a transfer failed");
-        op->state = -1;
         free(idx);
-        return 1;
+        return -1;
     }
     if (count == MPI_UNDEFINED) count = 0;
+    pthread_mutex_lock(&g.mu);
     for (int i = 0; i < count; i++) op->finished[idx[i]] = 1;
     op->n_done += count;
+    pthread_mutex_unlock(&g.mu);
     free(idx);
-    if (op->n_done == op->n) op->state = 1;
-    return count > 0 || op->state != 0;
+    *moved = count > 0;
+    return op->n_done == op->n ? 1 : 0;
 }
 
 static void *engine(void *arg) {
@@ -201,14 +205,17 @@ static void *engine(void *arg) {
         }
         for (mpi_op **p = &active; *p;) {
             mpi_op *op = *p;
-            int moved = progress(op);
-            if (moved) {
-                pthread_mutex_lock(&g.mu);
-                changed = 1;
-                pthread_mutex_unlock(&g.mu);
+            int moved, state = progress(op, &moved);
+            changed |= moved;
+            if (state == 0) {
+                p = &op->next_active;
+                continue;
             }
-            if (op->state != 0) *p = op->next_active;
-            else p = &op->next_active;
+            *p = op->next_active;
+            pthread_mutex_lock(&g.mu);
+            op->state = state;
+            pthread_mutex_unlock(&g.mu);
+            changed = 1;
         }
         if (changed) {
             pthread_mutex_lock(&g.mu);

@@ -220,10 +220,11 @@ fi
     echo "Reproduce: \`make bench\` (QLM_BENCH_REPS, QLM_BENCH_DIALOGUES, QLM_BENCH_SUMMARY_TOKENS and"
     echo "QLM_BENCH_SUMMARY_REPS change the repetitions, the number of dialogues, the summary length and the"
     echo "summarization rounds)."
-    # The blocks that `make eval`, `make train-eval`, `make qat-eval` and scripts/bench_gpu.sh write are kept.
+    # The blocks that `make eval`, `make train-eval`, `make qat-eval`, scripts/bench_gpu.sh and
+    # scripts/bench_dist.sh write are kept.
     if [ -f "$out" ]; then
-        awk '/^<!-- (dialogsum-eval|dialogsum-lora|qat|gpu) -->$/ { keep = 1; print "" } keep { print }
-             /^<!-- \/(dialogsum-eval|dialogsum-lora|qat|gpu) -->$/ { keep = 0 }' "$out"
+        awk '/^<!-- (dialogsum-eval|dialogsum-lora|qat|gpu|dist) -->$/ { keep = 1; print "" } keep { print }
+             /^<!-- \/(dialogsum-eval|dialogsum-lora|qat|gpu|dist) -->$/ { keep = 0 }' "$out"
     fi
 } > "$out.tmp"
 mv "$out.tmp" "$out"

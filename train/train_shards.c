@@ -486,8 +486,7 @@ qlm_train_memory qlm_trainer_memory(const qlm_trainer *t) {
     }
     if (sh->fwd) {
         qlm_shard_memory sm = qlm_shard_memory_now(sh->fwd);
-        mem.gathered_peak = sm.gathered_peak;
-        mem.grads_full_peak = sm.grads_full_peak;
+        mem.transient_peak = sm.buffers_peak;
     }
     return mem;
 }

@@ -202,6 +202,8 @@ void qlm_trainer_free(qlm_trainer *t) {
     memset(t, 0, sizeof *t);
 }
 
+const char *qlm_trainer_backend_name(const qlm_trainer *t) { return t->arch->backend(t->model)->name; }
+
 const void *qlm_trainer_forward_model(const qlm_trainer *t) { return t->has_copy ? t->compute : t->model; }
 
 double qlm_trainer_activation_bytes(const qlm_trainer *t) { return t->state ? t->arch->state_bytes(t->state) : 0; }

@@ -138,10 +138,10 @@ int qlm_trainer_refresh(qlm_trainer *t);
 int qlm_trainer_consolidate(qlm_trainer *t);
 /* Bytes this rank holds of parameters (what the passes read; LoRA: the base and the adapter),
  * gradients and optimizer state (moments, the F32 master under mixed precision, QAT scales), and
- * the peaks of the whole units a sharded run gathers or reduces for a while. */
+ * the peak of the whole-unit buffers a sharded run allocates to gather parameters and
+ * reduce-scatter gradients (in use or kept for reuse). */
 typedef struct {
-    double params, grads, optim;
-    double gathered_peak, grads_full_peak;
+    double params, grads, optim, transient_peak;
 } qlm_train_memory;
 qlm_train_memory qlm_trainer_memory(const qlm_trainer *t);
 /* How the run is split: the strategy in effect, the ranks of a shard group and how many groups
@@ -153,6 +153,8 @@ typedef struct {
     long gathers;
 } qlm_train_split;
 qlm_train_split qlm_trainer_split(const qlm_trainer *t);
+/* The name of the backend the trainer runs on. */
+const char *qlm_trainer_backend_name(const qlm_trainer *t);
 /* The model the forward reads (compute copy, or the master itself). */
 const void *qlm_trainer_forward_model(const qlm_trainer *t);
 /* Bytes of activation memory the training state holds. */
