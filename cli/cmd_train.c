@@ -71,7 +71,7 @@ static const char k_usage[] =
     "      --save-every N       checkpoint every N steps and at the end (default 50)\n"
     "      --resume             continue from the checkpoint in DIR, exactly where it stopped\n"
     "      --seed S             data order, adapter init and dropout (default 1)\n"
-    "      --threads N          CPU threads (default: all cores)\n"
+    "      --threads N          CPU threads (default: the cores, divided among the ranks on this machine)\n"
     "      --device D           cpu (default)\n"
     "      --random-weights     random weights of the shape in MODEL/config.json (for speed measurements)\n"
     "  several processes (start with mpirun -np N qlm train ...; each rank takes its slice of every\n"

@@ -59,7 +59,7 @@ enum {
     "  -t, --tokenizer PATH   tokenizer.json, tokenizer.bin or .gguf (default: beside the model)\n"       \
     "      --dtype D          weight dtype: f32, bf16, f16, int8 (default: as stored; f32 for GGUF)\n"    \
     "      --per-channel      int8 with one scale per output channel\n"                                   \
-    "      --threads N        CPU threads (default: all cores)\n"                                         \
+    "      --threads N        CPU threads (default: all cores, divided among the ranks of an mpirun job)\n" \
     "      --ctx N            context window in tokens (default: min(model, 4096))\n"                     \
     "      --chunk N          tokens per forward pass during prefill (default 512)\n"                     \
     "      --device D         cpu, cuda or auto (default auto)\n"                                       \

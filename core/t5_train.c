@@ -382,58 +382,87 @@ int qlm_t5_train_pass(const qlm_t5_model *m, const qlm_t5_model *grads, const ql
         return qlm_errorf("the training state was made without room for an adapter");
     pass p = {.m = m, .g = backward ? grads : NULL, .lora = lora, .s = s, .b = b,
               .lin = {.be = be, .lora = lora, .tmp = s->tmp, .tmp_in = s->tmp_in, .du = s->lora_du}};
+    /* Unit 0 holds the embedding, the final norms, the bias tables and an untied head; unit 1 + l
+     * encoder block l, unit 1 + n_layers + l decoder block l. Each use of unit 0's gradients is
+     * its own reduce-scatter when they are sharded. */
+    const qlm_unit_hooks *h = m->hooks;
+    int enc0 = 1, dec0 = 1 + c->n_layers, G = p.g != NULL;
+    if (qlm_unit_begin(h, backward ? QLM_PASS_TRAIN : QLM_PASS_EVAL) != 0 || qlm_unit_use(h, 0) != 0) return -1;
     bias_tables(&p, 1);
     int ns = b->n_src_rows, n = b->n_rows;
     be->embedding(s->enc_x[0], &m->shared, b->src_ids, ns);
-    for (int l = 0; l < c->n_layers; l++) encoder_block(&p, l, &s->enc_tr[s->recompute ? 0 : l]);
+    qlm_unit_done(h, 0);
+    for (int l = 0; l < c->n_layers; l++) {
+        if (qlm_unit_use(h, enc0 + l) != 0) return -1;
+        encoder_block(&p, l, &s->enc_tr[s->recompute ? 0 : l]);
+        qlm_unit_done(h, enc0 + l);
+    }
+    if (qlm_unit_use(h, 0) != 0) return -1;
     be->rmsnorm(s->enc_out, s->enc_x[c->n_layers], m->enc_final_norm, ns, c->d_model, c->norm_eps);
     be->embedding(s->dec_x[0], &m->shared, b->ids, n);
-    for (int l = 0; l < c->n_dec_layers; l++)
+    qlm_unit_done(h, 0);
+    for (int l = 0; l < c->n_dec_layers; l++) {
+        if (qlm_unit_use(h, dec0 + l) != 0) return -1;
         decoder_block(&p, l, &s->dec_tr[s->recompute ? 0 : l], s->dec_x[l + 1]);
+        qlm_unit_done(h, dec0 + l);
+    }
     /* The tied head's d_model^-0.5 is folded into head_norm; its gradient goes to dec_final_norm. */
-    qlm_train_head h = {.be = be, .dim = c->d_model, .vocab = c->vocab_size, .eps = c->norm_eps, .norm = m->head_norm,
-                        .lm_head = &m->lm_head, .g_norm = p.g ? s->d_head_norm : NULL, .g_head = p.g ? &p.g->lm_head : NULL,
-                        .head_x = s->head_x, .head_xn = s->head_xn, .logits = s->logits, .row_loss = s->row_loss,
-                        .dxn = s->dxn, .dnorm = s->tmp, .rows = s->head_rows, .targets = s->head_targets};
+    qlm_train_head hd = {.be = be, .dim = c->d_model, .vocab = c->vocab_size, .eps = c->norm_eps, .norm = m->head_norm,
+                         .lm_head = &m->lm_head, .g_norm = G ? s->d_head_norm : NULL, .g_head = G ? &p.g->lm_head : NULL,
+                         .head_x = s->head_x, .head_xn = s->head_xn, .logits = s->logits, .row_loss = s->row_loss,
+                         .dxn = s->dxn, .dnorm = s->tmp, .rows = s->head_rows, .targets = s->head_targets};
     if (backward) {
         be->zero(s->dx, (long)n * c->d_model);
-        if (p.g) be->zero(s->d_head_norm, c->d_model), be->zero(s->d_dec_bias, (long)c->n_heads * s->span);
+        if (G) be->zero(s->d_head_norm, c->d_model), be->zero(s->d_dec_bias, (long)c->n_heads * s->span);
     }
-    if (qlm_train_head_pass(&h, s->dec_x[c->n_dec_layers], n, b->targets, grad_scale, backward, loss_sum, s->dx) != 0)
+    if (qlm_unit_use(h, 0) != 0 || (G && qlm_unit_grads_use(h, 0) != 0)) return -1;
+    if (qlm_train_head_pass(&hd, s->dec_x[c->n_dec_layers], n, b->targets, grad_scale, backward, loss_sum, s->dx) != 0)
         return -1;
-    if (!backward) return 0;
-    if (p.g) {
+    if (G) {
         be->scale(s->d_head_norm, c->d_model, c->tie_embeddings ? 1.0f / sqrtf((float)c->d_model) : 1.0f);
         be->add(p.g->dec_final_norm, s->d_head_norm, c->d_model);
+        if (qlm_unit_grads_done(h, 0) != 0) return -1;
     }
+    qlm_unit_done(h, 0);
+    if (!backward) return 0;
     be->zero(s->d_enc_out, (long)ns * c->d_model);
     for (int l = c->n_dec_layers - 1; l >= 0; l--) {
         qlm_t5_trace *t = &s->dec_tr[s->recompute ? 0 : l];
+        if (qlm_unit_use(h, dec0 + l) != 0 || qlm_unit_grads_use(h, dec0 + l) != 0) return -1;
         if (s->recompute) decoder_block(&p, l, t, s->tmp_in);
-        if (decoder_block_backward(&p, l, t) != 0) return -1;
+        if (decoder_block_backward(&p, l, t) != 0 || qlm_unit_grads_done(h, dec0 + l) != 0) return -1;
+        qlm_unit_done(h, dec0 + l);
     }
-    if (p.g) be->embedding_backward((float *)p.g->shared.data, s->dx, b->ids, n, c->d_model);
-    /* The encoder, from the gradient of its normed output. */
+    /* The decoder's embedding gradient, then the encoder from the gradient of its normed output. */
+    if (qlm_unit_use(h, 0) != 0 || (G && qlm_unit_grads_use(h, 0) != 0)) return -1;
+    if (G) be->embedding_backward((float *)p.g->shared.data, s->dx, b->ids, n, c->d_model);
     be->zero(s->dx, (long)ns * c->d_model);
-    be->rmsnorm_backward(s->dx, p.g ? p.g->enc_final_norm : NULL, s->d_enc_out, s->enc_x[c->n_layers],
+    be->rmsnorm_backward(s->dx, G ? p.g->enc_final_norm : NULL, s->d_enc_out, s->enc_x[c->n_layers],
                          m->enc_final_norm, ns, c->d_model, c->norm_eps);
-    if (p.g) be->zero(s->d_enc_bias, (long)c->n_heads * s->span);
+    if (G && qlm_unit_grads_done(h, 0) != 0) return -1;
+    qlm_unit_done(h, 0);
+    if (G) be->zero(s->d_enc_bias, (long)c->n_heads * s->span);
     for (int l = c->n_layers - 1; l >= 0; l--) {
         qlm_t5_trace *t = &s->enc_tr[s->recompute ? 0 : l];
-        const qlm_t5_layer *L = &m->enc[l], *G = p.g ? &p.g->enc[l] : NULL;
+        if (qlm_unit_use(h, enc0 + l) != 0 || qlm_unit_grads_use(h, enc0 + l) != 0) return -1;
+        const qlm_t5_layer *L = &m->enc[l], *GL = G ? &p.g->enc[l] : NULL;
         if (s->recompute) {
             /* encoder_block writes the next input: keep it, the recomputation must not move it */
             self_forward(&p, L, t, s->enc_x[l], ns, 0, l, b->src_start, b->src_len, s->enc_bias);
             ffn_forward(&p, L, t, t->x_mid, s->tmp_in, ns, 0, l);
         }
-        if (ffn_backward(&p, L, G, t, t->x_mid, ns, 0, l) != 0 ||
-            self_backward(&p, L, G, t, s->enc_x[l], ns, 0, l, b->src_start, b->src_len, s->enc_bias,
-                          p.g ? s->d_enc_bias : NULL) != 0)
+        if (ffn_backward(&p, L, GL, t, t->x_mid, ns, 0, l) != 0 ||
+            self_backward(&p, L, GL, t, s->enc_x[l], ns, 0, l, b->src_start, b->src_len, s->enc_bias,
+                          G ? s->d_enc_bias : NULL) != 0 ||
+            qlm_unit_grads_done(h, enc0 + l) != 0)
             return -1;
+        qlm_unit_done(h, enc0 + l);
     }
-    if (p.g) {
+    if (G) {
+        if (qlm_unit_grads_use(h, 0) != 0) return -1;
         be->embedding_backward((float *)p.g->shared.data, s->dx, b->src_ids, ns, c->d_model);
         bias_tables(&p, 0);
+        if (qlm_unit_grads_done(h, 0) != 0) return -1;
     }
     return 0;
 }

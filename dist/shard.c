@@ -406,9 +406,15 @@ int qlm_shard_flush(qlm_shard *s) {
     return rc;
 }
 
-void qlm_shard_drop(qlm_shard *s) {
-    for (int u = 0; s->P && u < s->P->n_units; u++)
-        if (s->shard_params && !s->users[u] && !s->inflight[u]) release(s, u);
+int qlm_shard_drop(qlm_shard *s) {
+    int rc = 0;
+    for (int u = 0; s->shard_params && u < s->P->n_units; u++) {
+        if (s->users[u]) continue;
+        /* A prefetch still in flight gathers the old values too: completed (every rank started it), then dropped. */
+        if (s->inflight[u] && gather_wait(s, u) != 0) rc = -1;
+        release(s, u);
+    }
+    return rc;
 }
 
 static int alloc_arrays(qlm_shard *s, int n_units) {

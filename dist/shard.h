@@ -89,8 +89,9 @@ void *qlm_shard_params_part(qlm_shard *s, int u);
 float *qlm_shard_grads_part(qlm_shard *s, int u);
 /* Completes the reduce-scatters still in flight (after the last pass of a step): 0 or -1. */
 int qlm_shard_flush(qlm_shard *s);
-/* Releases every gathered unit that no pass holds (between steps). */
-void qlm_shard_drop(qlm_shard *s);
+/* Releases every gathered unit that no pass holds, prefetches in flight included (after the
+ * parameters changed, between steps): 0, or -1 when a gather failed. */
+int qlm_shard_drop(qlm_shard *s);
 /* Gathers every unit into whole buffers for good (writing the trained model): 0 or -1. The
  * shard's parameter parts are freed; the model is whole again. */
 int qlm_shard_consolidate(qlm_shard *s);

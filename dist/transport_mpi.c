@@ -58,6 +58,7 @@ static struct {
     pthread_cond_t work, done;
     cmd *head, *tail;
     int running, stop, init_state; /* init_state: 0 pending, 1 up, -1 failed */
+    int waiters; /* callers blocked in a wait */
     char init_err[256];
     int world_rank, world_size;
 } g = {.mu = PTHREAD_MUTEX_INITIALIZER, .work = PTHREAD_COND_INITIALIZER, .done = PTHREAD_COND_INITIALIZER};
@@ -223,12 +224,15 @@ static void *engine(void *arg) {
             pthread_mutex_unlock(&g.mu);
             idle = 0;
         } else if (active) {
-            /* Nothing moved: yield at first, then sleep longer, up to 0.5 ms, so a rank waiting
-             * on a slower peer does not take a core from the ranks still computing. */
-            if (++idle < 64) {
+            /* Nothing moved. With a caller waiting: yield at first, then sleep longer, up to 0.5 ms,
+             * so a rank waiting on a slower peer leaves the cores to the ranks still computing.
+             * With none (a prefetch while the caller computes): poll every 50 us, not taking the
+             * caller's core with a spin. */
+            int waiting = __atomic_load_n(&g.waiters, __ATOMIC_RELAXED) > 0;
+            if (waiting && ++idle < 64) {
                 sched_yield();
             } else {
-                long ns = 1000L * (idle < 128 ? 20 : idle < 256 ? 100 : 500);
+                long ns = 1000L * (!waiting ? 50 : idle < 128 ? 20 : idle < 256 ? 100 : 500);
                 struct timespec ts = {0, ns};
                 nanosleep(&ts, NULL);
             }
@@ -326,6 +330,7 @@ static int tp_wait(qlm_transport *t, void *handle, double timeout_s) {
     double deadline = now_s() + timeout_s;
     int timed_out = 0;
     pthread_mutex_lock(&g.mu);
+    __atomic_add_fetch(&g.waiters, 1, __ATOMIC_RELAXED);
     while (op->state == 0 && !timed_out) {
         double left = deadline - now_s();
         if (left <= 0) {
@@ -340,6 +345,7 @@ static int tp_wait(qlm_transport *t, void *handle, double timeout_s) {
         if (ts.tv_nsec >= 1000000000L) ts.tv_sec++, ts.tv_nsec -= 1000000000L;
         pthread_cond_timedwait(&g.done, &g.mu, &ts);
     }
+    __atomic_sub_fetch(&g.waiters, 1, __ATOMIC_RELAXED);
     int state = op->state, recv = 0;
     char who[256] = "";
     if (state == 0) recv = missing_peers(m, op, who, sizeof who);

@@ -156,6 +156,18 @@ block="$tmp/block.md"
             "$(mib "$g")" "$(mib "$o")" "$(mib "$total")" "$formula" "$(calc "$total / $single")" "$(mib "$tr")" "$rss"
     done
     echo
+    last=""
+    for r in "${memory_rows[@]}"; do
+        IFS='|' read -r mode shard np p g o tr rss <<< "$r"
+        [ "$mode" = "--full" ] && [ "$shard" = fsdp ] && [ "$np" = 4 ] && last="$p|$g|$o|$tr|$rss"
+    done
+    IFS='|' read -r p g o tr rss <<< "$last"
+    IFS='|' read -r _ _ _ _ _ _ _ rss1 <<< "${memory_rows[0]}"
+    printf -- "- FSDP at 4 ranks: **%.2fx** one process's persistent model state; **%.2fx** with its transient whole-unit\n" \
+        "$(calc "($p + $g + $o) / $single")" "$(calc "($p + $g + $o + $tr) / $single")"
+    printf "  buffers (the largest unit, the 113 MiB embedding that is also the head, gathered whole with its\n"
+    printf "  gradient); the steps' peak RSS **%.2fx** one process's (activations and code included).\n" "$(calc "$rss / $rss1")"
+    echo
     echo "LoRA (rank 16, all linear layers) on the BF16 base: the base is split under FSDP (parameters), the adapter"
     echo "stays whole on every rank and its moments are split from ZeRO-1 on."
     echo
@@ -184,6 +196,9 @@ block="$tmp/block.md"
     IFS='|' read -r _ _ w0 _ <<< "${overlap_rows[1]}"
     printf "\nShare of the gather time hidden by prefetching: **%.0f%%** (1 - wait with prefetch / wait without).\n" \
         "$(calc "100 * (1 - $w1 / $w0)")"
+    echo "Here every core already computes (two ranks, one thread each, on $(nproc) cores): the transfers' copies and the"
+    echo "progress thread that drives them take the same cores, so a shorter wait need not make a shorter step;"
+    echo "overlap pays where communication has resources of its own (spare cores, a GPU's copy engines and NVLink)."
     echo
     echo "### Equivalence with one process"
     echo

@@ -223,30 +223,29 @@ static void test_collectives_4(void **state) {
     run_collectives(4);
 }
 
+/* Three ranks, the last failing as scenario says: the job ends non-zero within `within` seconds
+ * and its output holds `says`. */
+static void expect_job_end(const char *scenario, const char *says, double within) {
+    char *out = NULL;
+    double secs = 0;
+    int rc = test_mpirun(&out, &secs, 3, "%s --rank %s", g_self, scenario);
+    print_message("%s: exit %d after %.1f s\n", scenario, rc, secs);
+    assert_int_not_equal(rc, 0);
+    assert_non_null(strstr(out, says));
+    assert_true(secs < within);
+    free(out);
+}
+
 /* A rank that hangs: the others' deadline (2 s here) passes and they end the job, naming it. */
 static void test_hung_rank_is_named(void **state) {
     (void)state;
-    char *out = NULL;
-    double secs = 0;
-    int rc = test_mpirun(&out, &secs, 3, "%s --rank hang", g_self);
-    print_message("hung rank: exit %d after %.1f s\n", rc, secs);
-    assert_int_not_equal(rc, 0);
-    assert_non_null(strstr(out, "no data from rank 2"));
-    assert_true(secs < 25);
-    free(out);
+    expect_job_end("hang", "no data from rank 2", 25);
 }
 
 /* A rank killed by SIGKILL: the job ends within seconds with a message naming it. */
 static void test_killed_rank_ends_job(void **state) {
     (void)state;
-    char *out = NULL;
-    double secs = 0;
-    int rc = test_mpirun(&out, &secs, 3, "%s --rank kill", g_self);
-    print_message("killed rank: exit %d after %.1f s\n", rc, secs);
-    assert_int_not_equal(rc, 0);
-    assert_true(strstr(out, "rank 2") != NULL);
-    assert_true(secs < 30);
-    free(out);
+    expect_job_end("kill", "rank 2", 30);
 }
 
 int main(int argc, char **argv) {

@@ -31,21 +31,20 @@
 
 enum { STEPS = 10, GLOBAL_BATCH = 8 };
 
-static char g_model[512], g_dir[256], g_data[512];
+static char g_model[512], g_dir[256], g_data[512], g_t5[512];
 
 static int setup(void **state) {
     (void)state;
     if (!test_tmpdir(g_dir, sizeof g_dir)) return -1;
     test_asset(g_model, sizeof g_model, "tinystories-656K-hf");
     snprintf(g_data, sizeof g_data, "%s/data.jsonl", g_dir);
+    snprintf(g_t5, sizeof g_t5, "%s/t5", g_dir);
     return 0;
 }
 
 static int teardown(void **state) {
     (void)state;
-    char cmd[400];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", g_dir);
-    return system(cmd) == 0 ? 0 : -1;
+    return test_remove_tree(g_dir);
 }
 
 static void prepare(void) {
@@ -59,20 +58,22 @@ static const char *const k_modes[] = {"--full --lr 1e-3", "--lora --rank 4 --lr 
 enum { FULL, LORA, BF16, QAT };
 
 /* Trains into g_dir/name with np ranks (0: one process without mpirun) and the given split;
- * returns the exit status. */
+ * returns the exit status. extra: more flags (the model's, --resume). */
 static int train(const char *name, int mode, int np, const char *split, const char *extra) {
     char out[400];
     snprintf(out, sizeof out, "%s/%s", g_dir, name);
     int batch = GLOBAL_BATCH / (np ? np : 1);
-    const char *fmt = "%s train -m %s --data %s --out %s %s --steps %d --batch %d --seq-len 64 --save-every 2 %s %s";
-    char *log = NULL;
+    const char *fmt = "%s train %s --data %s --out %s %s --steps %d --batch %d --seq-len 64 --save-every 2 %s %s";
+    char *log = NULL, model[600];
+    snprintf(model, sizeof model, "-m %s", g_model);
+    if (extra && strstr(extra, "--random-weights")) model[0] = 0; /* the model is in extra */
     int rc;
     if (np == 0)
-        rc = test_run_qlm(&log, "train -m %s --data %s --out %s %s --steps %d --batch %d --seq-len 64 --save-every 2 "
+        rc = test_run_qlm(&log, "train %s --data %s --out %s %s --steps %d --batch %d --seq-len 64 --save-every 2 "
                                 "--threads 1 %s 2>&1",
-                          g_model, g_data, out, k_modes[mode], STEPS, batch, extra ? extra : "");
+                          model, g_data, out, k_modes[mode], STEPS, batch, extra ? extra : "");
     else
-        rc = test_mpirun(&log, NULL, np, fmt, test_qlm_bin(), g_model, g_data, out, k_modes[mode], STEPS, batch,
+        rc = test_mpirun(&log, NULL, np, fmt, test_qlm_bin(), model, g_data, out, k_modes[mode], STEPS, batch,
                          split ? split : "", extra ? extra : "");
     if (rc != 0) print_message("%s: exit %d\n%s\n", name, rc, log);
     free(log);
@@ -131,10 +132,11 @@ static double weight_diff(const char *a, const char *b, int mode, int *identical
     return worst;
 }
 
-/* Runs `name` and holds it to the reference run `ref`: every step's loss and the final weights. */
+/* Runs `name` (extra: more flags, or NULL) and holds it to the reference run `ref`: every step's
+ * loss and the final weights. */
 static void check_against(const char *ref, const char *name, int mode, int np, const char *split, double loss_tol,
-                          double weight_tol) {
-    assert_int_equal(train(name, mode, np, split, NULL), 0);
+                          double weight_tol, const char *extra) {
+    assert_int_equal(train(name, mode, np, split, extra), 0);
     double want[STEPS], got[STEPS], worst = 0;
     assert_int_equal(read_losses(ref, want), STEPS);
     assert_int_equal(read_losses(name, got), STEPS);
@@ -159,10 +161,10 @@ static void equivalence(int mode, const char *tag, double loss_tol, double weigh
             char split[64];
             snprintf(split, sizeof split, "--shard %s", shards[k]);
             snprintf(name, sizeof name, "%s-%s-%d", tag, shards[k], np);
-            check_against(ref, name, mode, np, split, np == 1 ? 0 : loss_tol, np == 1 ? 0 : weight_tol);
+            check_against(ref, name, mode, np, split, np == 1 ? 0 : loss_tol, np == 1 ? 0 : weight_tol, NULL);
         }
     snprintf(name, sizeof name, "%s-hybrid", tag);
-    check_against(ref, name, mode, 4, "--shard fsdp --sharding-factor 2", loss_tol, weight_tol);
+    check_against(ref, name, mode, 4, "--shard fsdp --sharding-factor 2", loss_tol, weight_tol, NULL);
 }
 
 static void test_full_f32(void **state) {
@@ -180,11 +182,37 @@ static void test_bf16_and_qat(void **state) {
     (void)state;
     prepare();
     assert_int_equal(train("bf16-ref", BF16, 0, NULL, NULL), 0);
-    check_against("bf16-ref", "bf16-fsdp", BF16, 4, "--shard fsdp", 1e-3, 1e-3);
-    check_against("bf16-ref", "bf16-zero1", BF16, 2, "--shard zero1", 1e-3, 1e-3);
+    check_against("bf16-ref", "bf16-fsdp", BF16, 4, "--shard fsdp", 1e-3, 1e-3, NULL);
+    check_against("bf16-ref", "bf16-zero1", BF16, 2, "--shard zero1", 1e-3, 1e-3, NULL);
     assert_int_equal(train("qat-ref", QAT, 0, NULL, NULL), 0);
-    check_against("qat-ref", "qat-zero2", QAT, 4, "--shard zero2", 5e-3, 1e-3);
-    check_against("qat-ref", "qat-hybrid", QAT, 4, "--shard fsdp --sharding-factor 2", 5e-3, 1e-3);
+    check_against("qat-ref", "qat-zero2", QAT, 4, "--shard zero2", 5e-3, 1e-3, NULL);
+    check_against("qat-ref", "qat-hybrid", QAT, 4, "--shard fsdp --sharding-factor 2", 5e-3, 1e-3, NULL);
+}
+
+/* A small T5 v1.1 (gated GELU, untied head; FLAN-T5's tokenizer, random weights): its passes gather
+ * and reduce-scatter the encoder's and decoder's blocks and the shared unit (embedding, both final
+ * norms, both bias tables, the head, and the head norm derived from the decoder's) as Llama's do. */
+static void test_t5(void **state) {
+    (void)state;
+    prepare();
+    char tok[512], path[600];
+    test_asset(tok, sizeof tok, "flan-t5-small/tokenizer.json");
+    REQUIRE_ASSET(tok);
+    mkdir(g_t5, 0755);
+    snprintf(path, sizeof path, "%s/config.json", g_t5);
+    const char *config = "{\"architectures\": [\"T5ForConditionalGeneration\"], \"model_type\": \"t5\", \"d_ff\": 128, "
+                         "\"d_kv\": 16, \"d_model\": 64, \"decoder_start_token_id\": 0, \"dense_act_fn\": \"gelu_new\", "
+                         "\"eos_token_id\": 1, \"feed_forward_proj\": \"gated-gelu\", \"layer_norm_epsilon\": 1e-06, "
+                         "\"num_decoder_layers\": 2, \"num_heads\": 4, \"num_layers\": 2, \"pad_token_id\": 0, "
+                         "\"relative_attention_max_distance\": 128, \"relative_attention_num_buckets\": 32, "
+                         "\"tie_word_embeddings\": false, \"vocab_size\": 32128}";
+    assert_int_equal(test_write_file(path, config, strlen(config)), 0);
+    char extra[1200];
+    snprintf(extra, sizeof extra, "-m %s --random-weights -t %s", g_t5, tok);
+    assert_int_equal(train("t5-ref", FULL, 0, NULL, extra), 0);
+    check_against("t5-ref", "t5-fsdp", FULL, 4, "--shard fsdp", 1e-5, 1e-4, extra);
+    check_against("t5-ref", "t5-zero2", FULL, 2, "--shard zero2", 1e-5, 1e-4, extra);
+    check_against("t5-ref", "t5-ddp", FULL, 2, "--shard ddp", 1e-5, 1e-4, extra);
 }
 
 /* Two runs of one setting agree bit for bit (the reductions' order is fixed). */
@@ -253,8 +281,7 @@ static void test_killed_rank_and_resume(void **state) {
     char out[400], cmd[4096];
     snprintf(out, sizeof out, "%s/killed", g_dir);
     snprintf(cmd, sizeof cmd,
-             "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 mpirun --oversubscribe --mca btl self,vader "
-             "-np 4 %s train -m %s --data %s --out %s %s --steps %d --batch 2 --seq-len 64 --save-every 2 %s > "
+             TEST_MPIRUN " -np 4 %s train -m %s --data %s --out %s %s --steps %d --batch 2 --seq-len 64 --save-every 2 %s > "
              "%s.log 2>&1; echo $? > %s.rc",
              test_qlm_bin(), g_model, g_data, out, k_modes[FULL], STEPS, split, out, out);
     pid_t job = fork();
@@ -365,6 +392,7 @@ int main(void) {
         cmocka_unit_test(test_full_f32),
         cmocka_unit_test(test_lora),
         cmocka_unit_test(test_bf16_and_qat),
+        cmocka_unit_test(test_t5),
         cmocka_unit_test(test_reruns_are_bit_identical),
         cmocka_unit_test(test_killed_rank_and_resume),
         cmocka_unit_test(test_reshard_and_mismatch),

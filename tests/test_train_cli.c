@@ -26,9 +26,7 @@ static int setup(void **state) {
 
 static int teardown(void **state) {
     (void)state;
-    char cmd[400];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", g_dir);
-    return system(cmd) == 0 ? 0 : -1;
+    return test_remove_tree(g_dir);
 }
 
 #define TRAIN_ARGS "train -m %s -t %s --data %s --lora --rank 4 --steps 32 --batch 4 --seq-len 96 --save-every 2 --threads 2 --lr 3e-3"

@@ -161,16 +161,9 @@ static inline char *test_corpus_text(const test_corpus *c, int i, int n, size_t 
     return s;
 }
 
-/* Runs "$QLM_BIN ARGS" (default build/qlm) through the shell; returns its exit status and, when
- * out is not NULL, its captured stdout (malloc'd). */
-static inline int test_run_qlm(char **out, const char *fmt, ...) {
-    const char *bin = getenv("QLM_BIN");
-    char args[4096], cmd[8192];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(args, sizeof args, fmt, ap);
-    va_end(ap);
-    snprintf(cmd, sizeof cmd, "%s %s", bin && *bin ? bin : "build/qlm", args);
+/* Runs cmd through the shell; returns its exit status and, when out is not NULL, its captured
+ * stdout (malloc'd). */
+static inline int test_run_shell(char **out, const char *cmd) {
     FILE *p = popen(cmd, "r");
     assert_non_null(p);
     size_t cap = 1 << 16, n = 0, r;
@@ -186,6 +179,26 @@ static inline int test_run_qlm(char **out, const char *fmt, ...) {
     if (out) *out = buf;
     else free(buf);
     return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+/* Runs "$QLM_BIN ARGS" (default build/qlm) through the shell; returns its exit status and, when
+ * out is not NULL, its captured stdout (malloc'd). */
+static inline int test_run_qlm(char **out, const char *fmt, ...) {
+    const char *bin = getenv("QLM_BIN");
+    char args[4096], cmd[8192];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(args, sizeof args, fmt, ap);
+    va_end(ap);
+    snprintf(cmd, sizeof cmd, "%s %s", bin && *bin ? bin : "build/qlm", args);
+    return test_run_shell(out, cmd);
+}
+
+/* Removes a test's temporary directory and everything in it: 0 on success. */
+static inline int test_remove_tree(const char *dir) {
+    char cmd[600];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    return system(cmd) == 0 ? 0 : -1;
 }
 
 #endif

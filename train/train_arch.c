@@ -82,6 +82,6 @@ static int t5_pass(const void *m, const void *grads, const qlm_lora_train *lora,
 const qlm_train_arch qlm_train_arch_t5 = {
     .name = "t5", .model_size = sizeof(qlm_t5_model), .state_size = sizeof(qlm_t5_train_state),
     .param_list = t5_param_list, .units = t5_units, .twin = t5_twin, .twin_free = t5_twin_free, .build_copy = t5_build_copy,
-    .free_model = t5_free, .dtype = t5_dtype, .backend = t5_backend, .refresh = t5_refresh,
+    .free_model = t5_free, .dtype = t5_dtype, .backend = t5_backend, .refresh = t5_refresh, .derived = 1,
     .state_init = t5_state_init, .state_free = t5_state_free, .state_bytes = t5_state_bytes, .pass = t5_pass,
 };

@@ -31,8 +31,10 @@ typedef struct {
     void (*free_model)(void *m);
     qlm_dtype (*dtype)(const void *m);
     const qlm_backend *(*backend)(const void *m);
-    /* Recomputes tensors derived from the parameters (T5's head norm) after they changed. */
+    /* Recomputes tensors derived from the parameters (T5's head norm) after they changed; they are
+     * derived from unit 0's (derived set), which a sharded run gathers for it. */
     void (*refresh)(void *m);
+    int derived;
     int (*state_init)(void *state, const void *m, const qlm_train_shape *shape, int recompute, int lora_rank);
     void (*state_free)(void *state, const void *m);
     double (*state_bytes)(const void *state);

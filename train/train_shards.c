@@ -282,9 +282,6 @@ int qlm_train_shards_init(qlm_trainer *t) {
     int full = full_training(t);
     sh->grads_sharded = full && sh->strategy >= QLM_SHARD_ZERO2 && sh->S > 1;
     sh->params_sharded = sh->strategy == QLM_SHARD_FSDP && sh->S > 1;
-    if (t->arch == &qlm_train_arch_t5 && (sh->grads_sharded || sh->params_sharded))
-        return qlm_errorf("%s is not implemented for T5 yet: its passes do not gather units; use ddp or zero1",
-                          qlm_shard_strategy_name(sh->strategy));
     if (layout_of(t, full ? t->model : (void *)t->lora, NULL, &sh->Lm, &sh->cuts) != 0) return -1;
     sh->n_units = sh->Lm.n_units;
     if (split_state(t) != 0 || list_pieces(t) != 0) return -1;
@@ -430,9 +427,20 @@ int qlm_train_sync_params(qlm_trainer *t) {
         const qlm_layout *L = !full_training(t) ? &sh->Lm : t->has_copy ? &sh->Lc : &sh->Lm;
         rc = gather_whole(sh, L);
     }
-    /* Gathered units kept between passes hold the old values. */
-    if (sh->fwd) qlm_shard_drop(sh->fwd);
-    if (rc == 0 && !sh->params_sharded) t->arch->refresh((void *)qlm_trainer_forward_model(t));
+    /* Gathered units kept between passes, and prefetches, hold the old values. */
+    if (rc == 0 && sh->fwd && qlm_shard_drop(sh->fwd) != 0) rc = -1;
+    void *fwd = (void *)qlm_trainer_forward_model(t);
+    if (rc == 0 && !sh->params_sharded) {
+        t->arch->refresh(fwd);
+    } else if (rc == 0 && full_training(t) && t->arch->derived) {
+        /* The derived tensors come from unit 0, split under FSDP: gathered for the refresh. */
+        const qlm_unit_hooks *h = qlm_shard_hooks(sh->fwd);
+        rc = h->use(h->ctx, 0);
+        if (rc == 0) {
+            t->arch->refresh(fwd);
+            h->done(h->ctx, 0);
+        }
+    }
     return timed(sh, rc, t0);
 }
 
