@@ -82,7 +82,7 @@ static const char k_usage[] =
     "                           (default N; 1 is DDP)\n"
     "      --prefetch K         fsdp: units gathered ahead of their use (default 1)\n"
     "      --offload cpu        keep shards and optimizer state in host memory, step on the CPU\n"
-    "      --dist-timeout S     a rank that waits S seconds for another ends the job (default 300)\n"
+    "      --dist-timeout S     a rank that waits S seconds for another ends the job (default 600)\n"
     "      --reshard            --resume a checkpoint made by another number of ranks or strategy\n";
 
 enum {

@@ -39,7 +39,7 @@ enum {
     "  gathers a layer just before it runs it, so a model larger than one machine's or GPU's memory runs:\n" \
     "      --shard fsdp       split the weights over the ranks (needed when started as several ranks)\n"  \
     "      --prefetch K       layers gathered ahead of their use (default 1)\n"                           \
-    "      --dist-timeout S   a rank that waits S seconds for another ends the job (default 300)\n"
+    "      --dist-timeout S   a rank that waits S seconds for another ends the job (default 600)\n"
 
 /* Adapters, for the commands that generate (generate, chat, summarize). */
 #define CLI_LORA_OPTIONS {"lora", required_argument, 0, OPT_LORA}, {"adapter", required_argument, 0, OPT_ADAPTER}

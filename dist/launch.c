@@ -77,9 +77,9 @@ double qlm_dist_default_timeout(void) {
         char *end;
         double t = strtod(v, &end);
         if (!*end && t > 0 && t < 1e7) return t;
-        fprintf(stderr, "qlm: QLM_DIST_TIMEOUT=%s is not a positive number of seconds; using 300\n", v);
+        fprintf(stderr, "qlm: QLM_DIST_TIMEOUT=%s is not a positive number of seconds; using 600\n", v);
     }
-    return 300;
+    return 600;
 }
 
 qlm_comm *qlm_dist_world(const qlm_launch *l, const qlm_backend *be, double timeout_s) {

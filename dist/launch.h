@@ -24,7 +24,8 @@ typedef struct {
  * values are an error naming the variable. */
 int qlm_launch_detect(qlm_launch *l);
 
-/* The deadline of every collective wait, in seconds: QLM_DIST_TIMEOUT, else 300. */
+/* The deadline of every collective wait, in seconds: QLM_DIST_TIMEOUT, else 600 (PyTorch's NCCL
+ * default: a rank writing a large checkpoint keeps the others waiting for minutes). */
 double qlm_dist_default_timeout(void);
 
 /* The world communicator for a job on backend be: a group of one when launched alone. */

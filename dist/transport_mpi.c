@@ -232,7 +232,7 @@ static void *engine(void *arg) {
             if (waiting && ++idle < 64) {
                 sched_yield();
             } else {
-                long ns = 1000L * (!waiting ? 50 : idle < 128 ? 20 : idle < 256 ? 100 : 500);
+                long ns = 1000L * (!waiting ? 20 : idle < 128 ? 20 : idle < 256 ? 100 : 500);
                 struct timespec ts = {0, ns};
                 nanosleep(&ts, NULL);
             }

@@ -62,12 +62,19 @@ for mode in "--full" "--lora --rank 16 --base-dtype bf16"; do
 done
 
 # ---- overlap ----
-overlap_rows=()
-for k in 1 0; do
-    run "overlap-$k" 2 "--shard fsdp --prefetch $k" "--full" 4
-    s="$tmp/overlap-$k/summary.json"
-    overlap_rows+=("$k|$(calc "$(field "$s" train_seconds) / 4")|$(calc "$(rank_field "$s" gather_wait_seconds) / 4")|$(rank_field "$s" gathers)")
+# Interleaved rounds, each setting's fastest kept: the step time of this VM moves by 20% from run to run.
+overlap_rounds=${QLM_BENCH_DIST_ROUNDS:-3}
+declare -A fastest=()
+for round in $(seq "$overlap_rounds"); do
+    for k in 1 0; do
+        run "overlap-$k" 2 "--shard fsdp --prefetch $k" "--full" 4
+        s="$tmp/overlap-$k/summary.json"
+        row="$(calc "$(field "$s" train_seconds) / 4")|$(calc "$(rank_field "$s" gather_wait_seconds) / 4")|$(rank_field "$s" gathers)"
+        if [ -z "${fastest[$k]:-}" ] || [ "$(calc "${row%%|*} < ${fastest[$k]%%|*}")" = 1.000000 ]; then fastest[$k]=$row; fi
+        rm -rf "$tmp/overlap-$k"
+    done
 done
+overlap_rows=("1|${fastest[1]}" "0|${fastest[0]}")
 
 # ---- equivalence ----
 losses() { python3 -c "import json,sys; print(' '.join('%.7f' % json.loads(l)['loss'] for l in open(sys.argv[1])))" "$1"; }
@@ -184,7 +191,7 @@ block="$tmp/block.md"
     echo
     echo "Two ranks, full training, 4 steps: with --prefetch 1 the next unit's all-gather runs while the current one"
     echo "computes; with 0 every gather starts when its unit is needed. The wait is the time the passes spent"
-    echo "blocked on gathers (timers around each unit's use)."
+    echo "blocked on gathers (timers around each unit's use). Each setting's fastest of $overlap_rounds interleaved runs."
     echo
     echo "| prefetch | s/step | gather wait s/step | gathers |"
     echo "| ---: | ---: | ---: | ---: |"
@@ -196,9 +203,9 @@ block="$tmp/block.md"
     IFS='|' read -r _ _ w0 _ <<< "${overlap_rows[1]}"
     printf "\nShare of the gather time hidden by prefetching: **%.0f%%** (1 - wait with prefetch / wait without).\n" \
         "$(calc "100 * (1 - $w1 / $w0)")"
-    echo "Here every core already computes (two ranks, one thread each, on $(nproc) cores): the transfers' copies and the"
-    echo "progress thread that drives them take the same cores, so a shorter wait need not make a shorter step;"
-    echo "overlap pays where communication has resources of its own (spare cores, a GPU's copy engines and NVLink)."
+    echo "Here every core already computes (two ranks, one thread each, on $(nproc) cores): the transfers' copies take"
+    echo "the same cores, so the step gains less than the wait loses; communication with resources of its own (spare"
+    echo "cores, a GPU's copy engines and NVLink) gains the whole of it."
     echo
     echo "### Equivalence with one process"
     echo
