@@ -1,4 +1,5 @@
-# qlm build. `make` builds build/qlm; `make test` sets up what is missing and runs every test;
+# qlm build. `make` builds build/qlm; `make test` sets up what is missing and runs every test (the
+# kernel-dependent ones again under each other kernel set the CPU runs, scripts/run_isa_tests.sh);
 # `make asan` runs the suite under AddressSanitizer + UndefinedBehaviorSanitizer;
 # `make CUDA=1` also compiles the CUDA backend with nvcc; `make run` runs the main job.
 
@@ -69,6 +70,7 @@ setup-test:
 
 check-tests: $(BUILD)/qlm $(TEST_BINS)
 	@QLM_BIN=$(abspath $(BUILD)/qlm) scripts/run_tests.sh $(TEST_BINS)
+	@scripts/run_isa_tests.sh $(BUILD)
 
 test: setup-test
 	@$(MAKE) --no-print-directory check-tests

@@ -17,7 +17,8 @@ static const char *k_usage =
     "and the compute devices. Without MODEL, only the devices.\n";
 
 static void print_devices(void) {
-    printf("cpu: %d threads, matmul kernels: %s\n", omp_get_max_threads(), qlm_matmul_isa());
+    printf("cpu: %d threads, matmul kernels: %s (this CPU runs: %s; QLM_ISA picks one)\n", omp_get_max_threads(),
+           qlm_matmul_isa(), qlm_matmul_isas());
     const qlm_backend *cuda = qlm_backend_cuda();
     char line[256];
     if (cuda) cuda->describe(line, sizeof line);

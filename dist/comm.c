@@ -239,11 +239,7 @@ int qlm_comm_wait(qlm_comm_op *op) {
         rc = start_allgather(op, op->buf, 1);
         if (rc == 0) rc = wait_transfers(op);
     }
-    if (rc != 0) {
-        qlm_comm *c = op->c;
-        if (c->what) qlm_error_context("%s of %s", k_op_names[op->kind], c->what);
-        else qlm_error_context("%s", k_op_names[op->kind]);
-    }
+    if (rc != 0) qlm_error_context("%s", k_op_names[op->kind]);
     op_free(op);
     return rc;
 }

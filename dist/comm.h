@@ -24,8 +24,7 @@ struct qlm_comm {
     qlm_transport *tp; /* NULL for a group of one */
     const qlm_backend *be;
     double timeout_s;
-    const char *what; /* label of the operation being waited on, for messages (e.g. "unit 3") */
-    int world_rank;   /* this member's rank in the job */
+    int world_rank; /* this member's rank in the job */
 };
 
 /* A communicator over transport tp (NULL: a group of one), reducing with be's ops. */

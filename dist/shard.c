@@ -155,7 +155,7 @@ struct qlm_shard {
     int *trace, trace_n, trace_cap;
     size_t *offsets; /* scratch: size + 1 */
     qlm_shard_memory mem;
-    double wait_s, *unit_wait;
+    double wait_s;
     long gathers;
     buffer_pool pool;
 };
@@ -243,9 +243,7 @@ static int gather_wait(qlm_shard *s, int u) {
     double t0 = now_s();
     int rc = qlm_comm_wait(s->inflight[u]);
     s->inflight[u] = NULL;
-    double w = now_s() - t0;
-    s->wait_s += w;
-    s->unit_wait[u] += w;
+    s->wait_s += now_s() - t0;
     if (rc != 0) return qlm_error_context("unit %d", u);
     qlm_layout_point(s->P, u, s->full[u]);
     return 0;
@@ -425,10 +423,8 @@ static int alloc_arrays(qlm_shard *s, int n_units) {
     s->users = calloc(n, sizeof *s->users);
     s->gpart = calloc(n, sizeof *s->gpart);
     s->gfull = calloc(n, sizeof *s->gfull);
-    s->unit_wait = calloc(n, sizeof *s->unit_wait);
     s->offsets = calloc((size_t)s->comm->size + 1, sizeof *s->offsets);
-    if (!s->part || !s->full || !s->inflight || !s->users || !s->gpart || !s->gfull || !s->unit_wait ||
-        !s->offsets)
+    if (!s->part || !s->full || !s->inflight || !s->users || !s->gpart || !s->gfull || !s->offsets)
         return qlm_errorf("out of memory");
     return 0;
 }
@@ -488,7 +484,7 @@ void qlm_shard_free(qlm_shard *s) {
     }
     for (int i = 0; i < s->pool.n; i++) s->be->free(s->pool.p[i]);
     free(s->part), free(s->full), free(s->inflight), free(s->users), free(s->gpart), free(s->gfull);
-    free(s->unit_wait), free(s->offsets), free(s->trace);
+    free(s->offsets), free(s->trace);
     for (int k = 0; k < QLM_PASS_KINDS; k++) free(s->plan[k]);
     free(s);
 }
@@ -515,9 +511,7 @@ int qlm_shard_consolidate(qlm_shard *s) {
 
 qlm_shard_memory qlm_shard_memory_now(const qlm_shard *s) { return s->mem; }
 
-void qlm_shard_timing(const qlm_shard *s, double *wait_s, long *gathers, double *wait_per_unit) {
+void qlm_shard_timing(const qlm_shard *s, double *wait_s, long *gathers) {
     *wait_s = s->wait_s;
     *gathers = s->gathers;
-    int n_units = s->P ? s->P->n_units : 0;
-    if (wait_per_unit) memcpy(wait_per_unit, s->unit_wait, (size_t)n_units * sizeof *wait_per_unit);
 }

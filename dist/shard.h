@@ -96,9 +96,8 @@ int qlm_shard_drop(qlm_shard *s);
  * shard's parameter parts are freed; the model is whole again. */
 int qlm_shard_consolidate(qlm_shard *s);
 qlm_shard_memory qlm_shard_memory_now(const qlm_shard *s);
-/* Totals since the shard began: seconds the passes waited for gathers (the communication not
- * hidden behind compute) and the number of gathers; per unit when wait_per_unit is not NULL
- * (n_units entries). */
-void qlm_shard_timing(const qlm_shard *s, double *wait_s, long *gathers, double *wait_per_unit);
+/* Totals since the shard began: seconds the passes waited for gathers, timed around each unit's
+ * use (the communication not hidden behind compute), and the number of gathers. */
+void qlm_shard_timing(const qlm_shard *s, double *wait_s, long *gathers);
 
 #endif

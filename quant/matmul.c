@@ -13,6 +13,7 @@
 #endif
 #include <omp.h>
 #include <stdatomic.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -180,11 +181,25 @@ static const qlm_kernel_table *table_named(const char *name) {
 
 static _Atomic(const qlm_kernel_table *) g_table;
 
+static const char *const k_isas[] = {"scalar", "avx2", "avx512", "avx512bf16"};
+
+const char *qlm_matmul_isas(void) {
+    static char list[64];
+    if (!list[0])
+        for (size_t i = 0; i < sizeof k_isas / sizeof k_isas[0]; i++)
+            if (table_named(k_isas[i]))
+                snprintf(list + strlen(list), sizeof list - strlen(list), "%s%s", list[0] ? " " : "", k_isas[i]);
+    return list;
+}
+
 const qlm_kernel_table *qlm_kernels(void) {
     const qlm_kernel_table *t = atomic_load_explicit(&g_table, memory_order_relaxed);
     if (t) return t;
-    static const char *const order[] = {"avx512bf16", "avx512", "avx2", "scalar"};
-    for (size_t i = 0; !t; i++) t = table_named(order[i]);
+    const char *forced = getenv("QLM_ISA");
+    if (forced && *forced && !(t = table_named(forced)))
+        fprintf(stderr, "qlm: QLM_ISA=%s is not a kernel set this CPU runs (%s); using the best one\n", forced,
+                qlm_matmul_isas());
+    for (size_t i = sizeof k_isas / sizeof k_isas[0]; !t && i-- > 0;) t = table_named(k_isas[i]);
     atomic_store_explicit(&g_table, t, memory_order_relaxed);
     return t;
 }

@@ -37,8 +37,12 @@ void qlm_exp_f32(float *x, long n);
 /* The scalar reference, for tests. */
 void qlm_matmul_scalar(float *y, const float *x, int n, const qlm_weight *w, const float *bias);
 
-/* Name of the SIMD path in use ("avx512bf16", "avx512", "avx2", "scalar"). */
+/* Name of the SIMD path in use ("avx512bf16", "avx512", "avx2", "scalar"): the best this CPU
+ * runs, or the one the environment variable QLM_ISA names (to test every path a machine has; a
+ * path the CPU cannot run is refused with a warning on stderr and the best one used). */
 const char *qlm_matmul_isa(void);
+/* The paths this CPU runs, from the simplest, separated by spaces. */
+const char *qlm_matmul_isas(void);
 /* Forces a path ("scalar", "avx2", "avx512", "avx512bf16") if the CPU supports it; -1 otherwise. For tests/bench. */
 int qlm_matmul_force_isa(const char *name);
 

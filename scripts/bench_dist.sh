@@ -203,9 +203,10 @@ block="$tmp/block.md"
     IFS='|' read -r _ _ w0 _ <<< "${overlap_rows[1]}"
     printf "\nShare of the gather time hidden by prefetching: **%.0f%%** (1 - wait with prefetch / wait without).\n" \
         "$(calc "100 * (1 - $w1 / $w0)")"
-    echo "Here every core already computes (two ranks, one thread each, on $(nproc) cores): the transfers' copies take"
-    echo "the same cores, so the step gains less than the wait loses; communication with resources of its own (spare"
-    echo "cores, a GPU's copy engines and NVLink) gains the whole of it."
+    echo "Here every core already computes (two ranks, one thread each, on $(nproc) cores): the transfers' copies and"
+    echo "their progress thread take the same cores whether they overlap the compute or not, so the step time does"
+    echo "not follow the wait (it moves by 20% between runs of one setting on this VM); communication with resources"
+    echo "of its own (spare cores, a GPU's copy engines and NVLink) is what prefetching hides."
     echo
     echo "### Equivalence with one process"
     echo

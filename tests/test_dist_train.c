@@ -52,10 +52,11 @@ static void prepare(void) {
     if (!test_path_exists(g_data)) test_write_story_pairs(g_data, 64);
 }
 
-/* What trains: full F32, LoRA, BF16 mixed precision, QAT per channel. */
+/* What trains: full F32, LoRA, BF16 mixed precision, QAT per channel, LoRA on an INT8 base. */
 static const char *const k_modes[] = {"--full --lr 1e-3", "--lora --rank 4 --lr 3e-3",
-                                      "--full --dtype bf16 --lr 1e-3", "--qat --per-channel --lr 1e-3"};
-enum { FULL, LORA, BF16, QAT };
+                                      "--full --dtype bf16 --lr 1e-3", "--qat --per-channel --lr 1e-3",
+                                      "--lora --rank 4 --lr 3e-3 --base-dtype int8"};
+enum { FULL, LORA, BF16, QAT, LORA_INT8 };
 
 /* Trains into g_dir/name with np ranks (0: one process without mpirun) and the given split;
  * returns the exit status. extra: more flags (the model's, --resume). */
@@ -98,7 +99,7 @@ static int read_losses(const char *name, double *loss) {
 }
 
 static const char *weights_file(int mode) {
-    return mode == LORA ? "adapter/adapter_model.safetensors" : "model/model.safetensors";
+    return mode == LORA || mode == LORA_INT8 ? "adapter/adapter_model.safetensors" : "model/model.safetensors";
 }
 
 /* The largest difference between the two runs' trained tensors, relative to each tensor's
@@ -177,8 +178,9 @@ static void test_lora(void **state) {
     equivalence(LORA, "lora", 1e-3, 1e-3);
 }
 
-/* Mixed precision and QAT under the strategies that split their compute copies and scales. */
-static void test_bf16_and_qat(void **state) {
+/* Mixed precision and QAT under the strategies that split their compute copies and scales, and
+ * LoRA on an INT8 base that FSDP splits in its storage dtype. */
+static void test_bf16_qat_int8(void **state) {
     (void)state;
     prepare();
     assert_int_equal(train("bf16-ref", BF16, 0, NULL, NULL), 0);
@@ -187,6 +189,8 @@ static void test_bf16_and_qat(void **state) {
     assert_int_equal(train("qat-ref", QAT, 0, NULL, NULL), 0);
     check_against("qat-ref", "qat-zero2", QAT, 4, "--shard zero2", 5e-3, 1e-3, NULL);
     check_against("qat-ref", "qat-hybrid", QAT, 4, "--shard fsdp --sharding-factor 2", 5e-3, 1e-3, NULL);
+    assert_int_equal(train("int8-ref", LORA_INT8, 0, NULL, NULL), 0);
+    check_against("int8-ref", "int8-fsdp", LORA_INT8, 4, "--shard fsdp", 1e-3, 1e-3, NULL);
 }
 
 /* A small T5 v1.1 (gated GELU, untied head; FLAN-T5's tokenizer, random weights): its passes gather
@@ -391,7 +395,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_full_f32),
         cmocka_unit_test(test_lora),
-        cmocka_unit_test(test_bf16_and_qat),
+        cmocka_unit_test(test_bf16_qat_int8),
         cmocka_unit_test(test_t5),
         cmocka_unit_test(test_reruns_are_bit_identical),
         cmocka_unit_test(test_killed_rank_and_resume),

@@ -503,6 +503,6 @@ qlm_train_split qlm_trainer_split(const qlm_trainer *t) {
     const struct qlm_train_shards *sh = t->sh;
     int N = sh->world ? sh->world->size : 1;
     qlm_train_split out = {.strategy = sh->strategy, .group = sh->S, .replicas = N / sh->S};
-    if (sh->fwd) qlm_shard_timing(sh->fwd, &out.gather_wait_s, &out.gathers, NULL);
+    if (sh->fwd) qlm_shard_timing(sh->fwd, &out.gather_wait_s, &out.gathers);
     return out;
 }
