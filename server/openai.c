@@ -9,7 +9,7 @@
 #include "../core/chat.h"
 #include "internal.h"
 
-enum { MAX_MESSAGES = 1024 };
+enum { MAX_MESSAGES = 1024, MAX_DETOKENIZE = 131072 };
 
 static int fail(api_error *e, int status, const char *fmt, ...) {
     va_list ap;
@@ -357,19 +357,22 @@ char *openai_detokenize_json(const qlm_server_config *cfg, const char *body, siz
     int n = cJSON_IsArray(tokens) ? cJSON_GetArraySize(tokens) : -1, vocab = qlm_tokenizer_vocab_size(cfg->tok);
     char *s = NULL, *text = NULL;
     size_t text_len = 0;
-    int *ids = n > 0 ? malloc((size_t)n * sizeof *ids) : NULL;
+    int *ids = n > 0 && n <= MAX_DETOKENIZE ? malloc((size_t)n * sizeof *ids) : NULL;
     if (n < 0) fail(e, 400, "'tokens' must be a list of token ids");
+    else if (n > MAX_DETOKENIZE) fail(e, 400, "'tokens' holds %d ids, at most %d", n, MAX_DETOKENIZE), n = -1;
     else if (n > 0 && !ids) fail(e, 500, "out of memory");
-    for (int i = 0; i < n && ids; i++) {
-        const cJSON *t = cJSON_GetArrayItem(tokens, i);
+    /* One walk of the list: cJSON_GetArrayItem(i) walks it from the start each time. */
+    int i = 0;
+    const cJSON *t;
+    if (ids) cJSON_ArrayForEach(t, tokens) {
         if (!cJSON_IsNumber(t) || t->valuedouble != floor(t->valuedouble) || t->valuedouble < 0 || t->valuedouble >= vocab) {
             fail(e, 400, "'tokens[%d]' is not a token id in [0, %d)", i, vocab);
             free(ids);
             ids = NULL;
             n = -1;
-        } else {
-            ids[i] = (int)t->valuedouble;
+            break;
         }
+        ids[i++] = (int)t->valuedouble;
     }
     if (n >= 0) {
         if (qlm_tokenizer_decode(cfg->tok, ids, n, 0, &text, &text_len) != 0) {

@@ -267,6 +267,9 @@ static void test_serve_api_key(void **state) {
     free(headers);
     expect_error(&s, "GET", "/v1/models", NULL, NULL, 401, "API key");
     expect_error(&s, "POST", "/v1/completions", "{\"prompt\":\"a\"}", "-H 'Authorization: Bearer wrong'", 401, NULL);
+    expect_error(&s, "GET", "/v1/models", NULL, "-H 'Authorization: Bearer sekri'", 401, NULL);
+    expect_error(&s, "GET", "/v1/models", NULL, "-H 'Authorization: Bearer sekrit2'", 401, NULL);
+    expect_error(&s, "GET", "/v1/models", NULL, "-H 'Authorization: sekrit'", 401, NULL);
     assert_int_equal(http(&s, "GET", "/v1/models", NULL, "-H 'Authorization: Bearer sekrit'", &resp), 200);
     free(resp);
     /* A streamed request still running when SIGTERM comes finishes before the exit. */
@@ -415,6 +418,35 @@ static void raw_wait(raw_conn *c, int n, double limit_s) {
 
 /* Hundreds of malformed, oversized, truncated, random and slow requests over raw sockets: each is
  * answered with a 4xx or closed, the server survives, serves normally, and its memory comes back. */
+/* /detokenize with the most ids a request may hold answers at once (the ids were walked with
+ * cJSON_GetArrayItem, quadratic in their count: 40,000 took 17 s), and one more is refused. */
+static void test_serve_detokenize_size(void **state) {
+    (void)state;
+    char model[512];
+    test_asset(model, sizeof model, "tinystories-656K-hf");
+    REQUIRE_ASSET(model);
+    server s;
+    server_start(&s, model, "--quiet");
+    enum { MOST = 131072 };
+    char *body = malloc((size_t)MOST * 2 + 64), *resp = NULL;
+    assert_non_null(body);
+    for (int extra = 0; extra < 2; extra++) {
+        size_t len = (size_t)sprintf(body, "{\"tokens\":[");
+        for (int i = 0; i < MOST + extra; i++) len += (size_t)sprintf(body + len, "%s1", i ? "," : "");
+        strcpy(body + len, "]}");
+        double t0 = mono_s();
+        int status = http(&s, "POST", "/detokenize", body, NULL, &resp);
+        double secs = mono_s() - t0;
+        print_message("/detokenize of %d ids: %d in %.2f s\n", MOST + extra, status, secs);
+        assert_int_equal(status, extra ? 400 : 200);
+        if (extra) assert_non_null(strstr(resp, "at most 131072"));
+        assert_true(secs < 5);
+        free(resp);
+    }
+    free(body);
+    free(server_stop(&s));
+}
+
 static void test_serve_abuse(void **state) {
     (void)state;
     char model[512];
@@ -558,6 +590,7 @@ int main(void) {
         cmocka_unit_test(test_serve_adapters),
         cmocka_unit_test(test_serve_openai_client),
         cmocka_unit_test(test_serve_abuse),
+        cmocka_unit_test(test_serve_detokenize_size),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
