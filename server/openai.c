@@ -135,15 +135,16 @@ static int render_chat(const qlm_server_config *cfg, const cJSON *root, char **t
     if (n < 1 || n > MAX_MESSAGES) return fail(e, 400, "'messages' must be a list of 1 to %d messages", MAX_MESSAGES);
     qlm_chat_message *m = calloc((size_t)n, sizeof *m);
     if (!m) return fail(e, 500, "out of memory");
-    for (int i = 0; i < n; i++) {
-        const cJSON *msg = cJSON_GetArrayItem(msgs, i);
+    int i = 0;
+    const cJSON *msg;
+    cJSON_ArrayForEach(msg, msgs) {
         const cJSON *role = cJSON_GetObjectItemCaseSensitive(msg, "role");
         const cJSON *content = cJSON_GetObjectItemCaseSensitive(msg, "content");
         if (!cJSON_IsString(role) || !cJSON_IsString(content)) {
             free(m);
             return fail(e, 400, "'messages[%d]' needs string 'role' and 'content'", i);
         }
-        m[i] = (qlm_chat_message){role->valuestring, content->valuestring};
+        m[i++] = (qlm_chat_message){role->valuestring, content->valuestring};
     }
     int bos = qlm_tokenizer_bos(cfg->tok), eos = qlm_tokenizer_eos(cfg->tok);
     int rc = qlm_chat_render(qlm_tokenizer_chat_template(cfg->tok), m, n, 1,
