@@ -6,6 +6,7 @@
 
 #include "../core/error.h"
 #include "../core/tokenizer.h"
+#include "../loaders/json_strict.h"
 #include "common.h"
 
 void cli_jsonl_free(cli_jsonl *f) {
@@ -17,12 +18,12 @@ void cli_jsonl_free(cli_jsonl *f) {
 
 /* cJSON ends a string at an escaped NUL, which would silently cut the text; a space keeps the rest
  * (to ROUGE a NUL is a separator like a space anyway), so "\u0000" becomes "\u0020" before parsing. */
-static void space_nul_escapes(char *s) {
-    for (; *s; s++)
-        if (*s == '\\') {
-            if (strncmp(s + 1, "u0000", 5) == 0) memcpy(s + 1, "u0020", 5);
-            if (s[1]) s++; /* skip the escaped character, so "\\" never starts an escape */
-        }
+static void space_nul_escapes(char *s, size_t n) {
+    const char *at, *end = s + n;
+    while ((at = qlm_json_find_nul_escape(s, (size_t)(end - s)))) {
+        memcpy((char *)at + 2, "0020", 4);
+        s = (char *)at + 6;
+    }
 }
 
 int cli_jsonl_load(cli_jsonl *f, const char *path) {
@@ -42,7 +43,7 @@ int cli_jsonl_load(cli_jsonl *f, const char *path) {
         if (q < stop) {
             if (memchr(p, 0, n)) return qlm_errorf("%s:%d: line holds a NUL byte", path, line);
             if (!qlm_utf8_valid((const unsigned char *)p, n)) return qlm_errorf("%s:%d: not valid UTF-8", path, line);
-            space_nul_escapes(p);
+            space_nul_escapes(p, n);
             const char *err = NULL;
             cJSON *rec = cJSON_ParseWithOpts(p, &err, 1);
             if (!rec) return qlm_errorf("%s:%d: invalid JSON at column %d", path, line, err ? (int)(err - p) + 1 : 1);

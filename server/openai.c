@@ -7,6 +7,8 @@
 #include <string.h>
 
 #include "../core/chat.h"
+#include "../core/error.h"
+#include "../loaders/json_strict.h"
 #include "internal.h"
 
 enum { MAX_MESSAGES = 1024, MAX_DETOKENIZE = 131072 };
@@ -36,7 +38,11 @@ const char *openai_finish_reason(qlm_stop_reason r) {
 }
 
 static cJSON *parse_object(const char *body, size_t len, api_error *e) {
-    cJSON *root = cJSON_ParseWithLength(body, len);
+    cJSON *root = qlm_json_parse_strict(body, len);
+    if (!root) {
+        fail(e, 400, "the body is not acceptable JSON: %s", qlm_last_error());
+        return NULL;
+    }
     if (!cJSON_IsObject(root)) {
         cJSON_Delete(root);
         fail(e, 400, "the body is not a JSON object");

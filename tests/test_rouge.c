@@ -367,6 +367,21 @@ static void test_cli(void **state) {
     assert_int_equal(test_run_qlm(&out, "rouge --pred %s --ref %s 2>&1", path, path2), 1);
     assert_non_null(strstr(out, "twice.jsonl:2: id"));
     free(out);
+    /* An escaped NUL separates words like a space (cJSON alone would end the text there); an escaped
+     * backslash before "u0000" stays text. */
+    char *spaced[2] = {"{\"summary\": \"the cat sat on the mat\"}", "{\"summary\": \"a\\\\u0000b dog\"}"};
+    char *nul[2] = {"{\"summary\": \"the cat\\u0000sat on\\u0000\\u0000the mat\"}",
+                    "{\"summary\": \"a\\\\u0000b dog\"}"};
+    char *refs[2] = {"{\"summary\": \"the cat sat on the mat\"}", "{\"summary\": \"a u0000b dog\"}"};
+    write_lines(path, sizeof path, tmp, "spaced.jsonl", spaced, 2);
+    write_lines(path2, sizeof path2, tmp, "refs2.jsonl", refs, 2);
+    char *want;
+    assert_int_equal(test_run_qlm(&want, "rouge --pred %s --ref %s --json", path, path2), 0);
+    write_lines(path, sizeof path, tmp, "nul.jsonl", nul, 2);
+    assert_int_equal(test_run_qlm(&out, "rouge --pred %s --ref %s --json", path, path2), 0);
+    assert_string_equal(out, want);
+    free(out);
+    free(want);
     assert_int_equal(test_run_qlm(&out, "rouge --pred /nonexistent.jsonl --ref %s 2>&1", path2), 1);
     assert_non_null(strstr(out, "/nonexistent.jsonl"));
     free(out);

@@ -447,6 +447,37 @@ static void test_serve_detokenize_size(void **state) {
     free(server_stop(&s));
 }
 
+/* Bodies cJSON alone would take and silently change are 400s naming the problem; an escaped
+ * backslash before "u0000" is text and served. */
+static void test_serve_strict_json(void **state) {
+    (void)state;
+    char model[512];
+    test_asset(model, sizeof model, "tinystories-656K-hf");
+    REQUIRE_ASSET(model);
+    server s;
+    server_start(&s, model, "--quiet");
+    expect_error(&s, "POST", "/v1/completions", "{\"prompt\":\"Once\\u0000 upon\",\"max_tokens\":2}", NULL, 400,
+                 "\\u0000");
+    expect_error(&s, "POST", "/v1/chat/completions",
+                 "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\\u0000 there\"}],\"max_tokens\":2}", NULL, 400,
+                 "\\u0000");
+    expect_error(&s, "POST", "/v1/completions", "{\"prompt\":\"Once\",\"max_tokens\":2} {\"prompt\":\"x\"}", NULL, 400,
+                 "bytes after the JSON value");
+    expect_error(&s, "POST", "/v1/completions", "{\"prompt\":\"Once\",\"max_tokens\":2,\"max_tokens\":64}", NULL, 400,
+                 "\"max_tokens\" appears twice");
+    expect_error(&s, "POST", "/v1/chat/completions",
+                 "{\"messages\":[{\"role\":\"user\",\"content\":\"a\",\"role\":\"system\"}]}", NULL, 400,
+                 "\"role\" appears twice");
+    expect_error(&s, "POST", "/tokenize", "{\"prompt\":\"\xc3\x28\"}", NULL, 400, "not valid UTF-8");
+    char *resp;
+    assert_int_equal(http(&s, "POST", "/tokenize", "{\"prompt\":\"a\\\\u0000\"}\n", NULL, &resp), 200);
+    free(resp);
+    assert_int_equal(http(&s, "POST", "/v1/completions", "{\"prompt\":\"Once\",\"max_tokens\":2}\r\n", NULL, &resp),
+                     200);
+    free(resp);
+    free(server_stop(&s));
+}
+
 static void test_serve_abuse(void **state) {
     (void)state;
     char model[512];
@@ -591,6 +622,7 @@ int main(void) {
         cmocka_unit_test(test_serve_openai_client),
         cmocka_unit_test(test_serve_abuse),
         cmocka_unit_test(test_serve_detokenize_size),
+        cmocka_unit_test(test_serve_strict_json),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

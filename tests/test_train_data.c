@@ -699,6 +699,10 @@ static void test_bad_lines(void **state) {
     BAD(t, dir, "overlong.jsonl", "{\"prompt\": \"\xc0\xaf\", \"completion\": \"b\"}\n", "overlong.jsonl:1: not valid UTF-8");
     BAD(t, dir, "nul.jsonl", "{\"prompt\": \"a\0b\", \"completion\": \"b\"}\n", "nul.jsonl:1: line holds a NUL byte");
     BAD(t, dir, "nulesc.jsonl", "{\"prompt\": \"a\\u0000b\", \"completion\": \"b\"}\n", "nulesc.jsonl:1: a string holds \\u0000");
+    BAD(t, dir, "dupkey.jsonl", "{\"prompt\": \"a\", \"completion\": \"b\", \"prompt\": \"c\"}\n",
+        "dupkey.jsonl:1: the key \"prompt\" appears twice in one object");
+    BAD(t, dir, "trailing.jsonl", GOOD "{\"prompt\": \"a\", \"completion\": \"b\"} x\n",
+        "trailing.jsonl:2: bytes after the JSON value (from byte 35)");
     BAD(t, dir, "empty.jsonl", "", "empty.jsonl: no examples");
     BAD(t, dir, "blank.jsonl", "\n  \n\r\n", "blank.jsonl: no examples");
     char missing[300];

@@ -12,6 +12,7 @@
 #include "../core/error.h"
 #include "../core/tokenizer.h"
 #include "../core/summary_prompt.h"
+#include "../loaders/json_strict.h"
 
 /* ---- PRNG: splitmix64 (pure 64-bit integer arithmetic, the same on every platform) ---- */
 
@@ -46,16 +47,6 @@ void qlm_train_order(int n, uint64_t seed, int epoch, int *perm) {
 }
 
 /* ---- input checks ---- */
-
-/* True if the line holds a "\u0000" escape (cJSON would silently end the string there). */
-static int has_nul_escape(const char *s) {
-    for (; *s; s++)
-        if (*s == '\\') {
-            if (strncmp(s + 1, "u0000", 5) == 0) return 1;
-            if (s[1]) s++; /* skip the escaped character, so "\\" never starts an escape */
-        }
-    return 0;
-}
 
 /* ---- tokenization context ---- */
 
@@ -363,14 +354,11 @@ static int load_file(qlm_train_set *s, const char *path, const ctx *c) {
         while (*q == ' ' || *q == '\t') q++;
         if (memchr(line, 0, len)) rc = qlm_errorf("line holds a NUL byte");
         else if (!*q) continue;
-        else if (!qlm_utf8_valid((const unsigned char *)line, len)) rc = qlm_errorf("not valid UTF-8");
-        else if (has_nul_escape(line)) rc = qlm_errorf("a string holds \\u0000");
         n_lines++;
         if (rc == 0) {
-            const char *err = NULL;
-            cJSON *rec = cJSON_ParseWithOpts(line, &err, 1);
+            cJSON *rec = qlm_json_parse_strict(line, len);
             if (!rec) {
-                rc = qlm_errorf("invalid JSON at column %d", err ? (int)(err - line) + 1 : 1);
+                rc = -1;
             } else {
                 b.len = 0;
                 rc = record_example(c, rec, &b);
