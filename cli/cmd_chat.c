@@ -79,10 +79,10 @@ static int fit_prompt(const qlm_tokenizer *tok, history *h, int first_turn, int 
     const char *bos_s = bos >= 0 ? qlm_tokenizer_token(tok, bos) : "";
     const char *eos_s = eos >= 0 ? qlm_tokenizer_token(tok, eos) : "";
     for (;;) {
-        char *text = NULL;
-        if (qlm_chat_render(tmpl, h->msgs, h->n, 1, bos_s, eos_s, &text) != 0) return -1;
-        int rc = qlm_tokenizer_encode(tok, text, strlen(text), 0, 1, ids, n);
-        free(text);
+        qlm_marked_text text;
+        if (qlm_chat_render_marked(tmpl, h->msgs, h->n, 1, bos_s, eos_s, &text) != 0) return -1;
+        int rc = qlm_tokenizer_encode_marked(tok, &text, 0, ids, n);
+        qlm_marked_free(&text);
         if (rc != 0) return -1;
         if (*n + reserve <= ctx) return 0;
         free(*ids);

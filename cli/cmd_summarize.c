@@ -188,13 +188,13 @@ static int prompter_init(prompter *p, const options *o, const cli_model *cm) {
 }
 
 /* The prompt ids for one dialogue. A chat template writes its own special tokens; plain prompts
- * get the tokenizer's (BOS for decoders, </s> for T5). */
+ * get the tokenizer's (BOS for decoders, </s> for T5). A "</s>" inside a dialogue stays text. */
 static int prompt_ids(const prompter *p, const char *dialogue, int **ids, int *n) {
-    char *text;
+    qlm_marked_text text;
     if (qlm_summary_prompt(p->tmpl, p->shots, p->n_shots, dialogue, p->chat_template, p->bos, p->eos, &text) != 0)
         return -1;
-    int rc = qlm_tokenizer_encode(p->tok, text, strlen(text), !p->chat_template, 1, ids, n);
-    free(text);
+    int rc = qlm_tokenizer_encode_marked(p->tok, &text, !p->chat_template, ids, n);
+    qlm_marked_free(&text);
     return rc;
 }
 

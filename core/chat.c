@@ -6,30 +6,10 @@
 
 #include "error.h"
 
-typedef struct {
-    char *p;
-    size_t n, cap;
-    int failed;
-} sbuf;
-
-static void put_n(sbuf *b, const char *s, size_t n) {
-    if (b->failed) return;
-    if (b->n + n + 1 > b->cap) {
-        size_t cap = b->cap ? b->cap : 256;
-        while (cap < b->n + n + 1) cap *= 2;
-        char *p = realloc(b->p, cap);
-        if (!p) {
-            b->failed = 1;
-            return;
-        }
-        b->p = p, b->cap = cap;
-    }
-    memcpy(b->p + b->n, s, n);
-    b->n += n;
-    b->p[b->n] = 0;
-}
-
-static void put(sbuf *b, const char *s) { put_n(b, s, strlen(s)); }
+/* Template text: its special tokens are meant. */
+static void put(qlm_marked_text *b, const char *s) { qlm_marked_puts(b, s, 0); }
+/* What a message says (or its role): never read as control tokens. */
+static void put_said(qlm_marked_text *b, const char *s) { qlm_marked_puts(b, s, 1); }
 
 /* Python's str.isspace() for the characters str.strip() / Jinja's trim remove. */
 static size_t space_len(const unsigned char *s, size_t n) {
@@ -45,18 +25,27 @@ static size_t space_len(const unsigned char *s, size_t n) {
     return 0;
 }
 
-/* Appends content with leading and trailing whitespace removed. */
-static void put_stripped(sbuf *b, const char *content) {
-    const unsigned char *s = (const unsigned char *)content;
-    size_t n = strlen(content), k;
-    while ((k = space_len(s, n)) > 0) s += k, n -= k;
-    for (size_t end = n; end > 0;) {
+/* [*lo, *hi) of s[0..n) without its leading and trailing whitespace (Python's str.strip()). */
+static void strip_range(const char *text, size_t n, size_t *lo, size_t *hi) {
+    const unsigned char *s = (const unsigned char *)text;
+    size_t a = 0, k;
+    while ((k = space_len(s + a, n - a)) > 0) a += k;
+    size_t end = n;
+    while (end > a) {
         size_t start = end - 1;
-        while (start > 0 && (s[start] & 0xC0) == 0x80) start--; /* back to the character's first byte */
+        while (start > a && (s[start] & 0xC0) == 0x80) start--; /* back to the character's first byte */
         if (space_len(s + start, end - start) != end - start) break;
-        n = end = start;
+        end = start;
     }
-    put_n(b, (const char *)s, n);
+    *lo = a;
+    *hi = end;
+}
+
+/* Appends what a message says with leading and trailing whitespace removed. */
+static void put_stripped(qlm_marked_text *b, const char *content) {
+    size_t lo, hi;
+    strip_range(content, strlen(content), &lo, &hi);
+    qlm_marked_put(b, content + lo, hi - lo, 1);
 }
 
 qlm_chat_family qlm_chat_detect(const char *t) {
@@ -81,20 +70,20 @@ const char *qlm_chat_family_name(qlm_chat_family f) {
 /* ---- ChatML ---- */
 
 /* Appends the Jinja string-literal text s[0..n) with its escapes (\n, \t, \', \", \\) resolved. */
-static void put_unescaped(sbuf *b, const char *s, size_t n) {
+static void put_unescaped(qlm_marked_text *b, const char *s, size_t n) {
     for (size_t i = 0; i < n; i++) {
         char c = s[i];
         if (c == '\\' && i + 1 < n) {
             c = s[++i];
             c = c == 'n' ? '\n' : c == 't' ? '\t' : c;
         }
-        put_n(b, &c, 1);
+        qlm_marked_put(b, &c, 1, 0);
     }
 }
 
 /* The template's literal default system block "<|im_start|>system\n...<|im_end|>" (inside one
  * string literal, so no quotes), rendered into b; 0 if there is none. */
-static int default_system(const char *t, sbuf *b) {
+static int default_system(const char *t, qlm_marked_text *b) {
     static const char head[] = "<|im_start|>system", tail[] = "<|im_end|>";
     for (const char *p = strstr(t, head); p; p = strstr(p + 1, head)) {
         const char *body = p + strlen(head);
@@ -112,13 +101,13 @@ static int default_system(const char *t, sbuf *b) {
     return 0;
 }
 
-static void render_chatml(sbuf *b, const char *t, const qlm_chat_message *m, int n, int gen) {
+static void render_chatml(qlm_marked_text *b, const char *t, const qlm_chat_message *m, int n, int gen) {
     for (int i = 0; i < n; i++) {
         if (i == 0 && strcmp(m[0].role, "system") != 0) default_system(t, b);
         put(b, "<|im_start|>");
-        put(b, m[i].role);
+        put_said(b, m[i].role);
         put(b, "\n");
-        put(b, m[i].content);
+        put_said(b, m[i].content);
         put(b, "<|im_end|>\n");
     }
     if (gen) put(b, "<|im_start|>assistant\n");
@@ -126,14 +115,14 @@ static void render_chatml(sbuf *b, const char *t, const qlm_chat_message *m, int
 
 /* ---- Zephyr, Llama 2, Llama 3, plain ---- */
 
-static void render_zephyr(sbuf *b, const qlm_chat_message *m, int n, int gen, const char *eos) {
+static void render_zephyr(qlm_marked_text *b, const qlm_chat_message *m, int n, int gen, const char *eos) {
     for (int i = 0; i < n; i++) {
         const char *r = m[i].role;
         if (strcmp(r, "user") == 0 || strcmp(r, "system") == 0 || strcmp(r, "assistant") == 0) {
             put(b, "<|");
             put(b, r);
             put(b, "|>\n");
-            put(b, m[i].content);
+            put_said(b, m[i].content);
             put(b, eos);
             put(b, "\n");
         }
@@ -141,7 +130,7 @@ static void render_zephyr(sbuf *b, const qlm_chat_message *m, int n, int gen, co
     }
 }
 
-static int render_llama2(sbuf *b, const qlm_chat_message *m, int n, const char *bos, const char *eos) {
+static int render_llama2(qlm_marked_text *b, const qlm_chat_message *m, int n, const char *bos, const char *eos) {
     const char *system = NULL;
     if (n > 0 && strcmp(m[0].role, "system") == 0) {
         system = m[0].content;
@@ -152,39 +141,41 @@ static int render_llama2(sbuf *b, const qlm_chat_message *m, int n, const char *
         int user = strcmp(m[i].role, "user") == 0;
         if (user != (i % 2 == 0))
             return qlm_errorf("chat template llama2: conversation roles must alternate user/assistant/user/...");
-        sbuf content = {0};
+        qlm_marked_text content = {0};
         if (i == 0 && system) {
             put(&content, "<<SYS>>\n");
-            put(&content, system);
+            put_said(&content, system);
             put(&content, "\n<</SYS>>\n\n");
         }
-        put(&content, m[i].content);
+        put_said(&content, m[i].content);
         if (content.failed) {
-            free(content.p);
+            qlm_marked_free(&content);
             b->failed = 1;
             return 0; /* reported by the caller */
         }
+        size_t lo, hi; /* the template strips system block and message together */
+        strip_range(content.text, content.len, &lo, &hi);
         if (user) {
             put(b, bos);
             put(b, "[INST] ");
-            put_stripped(b, content.p);
+            qlm_marked_append(b, &content, lo, hi);
             put(b, " [/INST]");
         } else if (strcmp(m[i].role, "assistant") == 0) {
             put(b, " ");
-            put_stripped(b, content.p);
+            qlm_marked_append(b, &content, lo, hi);
             put(b, " ");
             put(b, eos);
         }
-        free(content.p);
+        qlm_marked_free(&content);
     }
     return 0;
 }
 
-static void render_llama3(sbuf *b, const qlm_chat_message *m, int n, int gen, const char *bos) {
+static void render_llama3(qlm_marked_text *b, const qlm_chat_message *m, int n, int gen, const char *bos) {
     for (int i = 0; i < n; i++) {
         if (i == 0) put(b, bos);
         put(b, "<|start_header_id|>");
-        put(b, m[i].role);
+        put_said(b, m[i].role);
         put(b, "<|end_header_id|>\n\n");
         put_stripped(b, m[i].content);
         put(b, "<|eot_id|>");
@@ -192,40 +183,48 @@ static void render_llama3(sbuf *b, const qlm_chat_message *m, int n, int gen, co
     if (gen) put(b, "<|start_header_id|>assistant<|end_header_id|>\n\n");
 }
 
-static void render_plain(sbuf *b, const qlm_chat_message *m, int n, int gen) {
+static void render_plain(qlm_marked_text *b, const qlm_chat_message *m, int n, int gen) {
     for (int i = 0; i < n; i++) {
         const char *r = m[i].role;
-        put(b, strcmp(r, "system") == 0 ? "System" : strcmp(r, "user") == 0 ? "User"
-                                                  : strcmp(r, "assistant") == 0 ? "Assistant" : r);
+        const char *shown = strcmp(r, "system") == 0      ? "System"
+                            : strcmp(r, "user") == 0      ? "User"
+                            : strcmp(r, "assistant") == 0 ? "Assistant"
+                                                          : NULL;
+        if (shown) put(b, shown);
+        else put_said(b, r);
         put(b, ": ");
-        put(b, m[i].content);
+        put_said(b, m[i].content);
         put(b, "\n");
     }
     if (gen) put(b, "Assistant: ");
 }
 
-int qlm_chat_render(const char *tmpl, const qlm_chat_message *msgs, int n, int gen, const char *bos, const char *eos,
-                    char **out) {
-    if (!out || n < 0 || (n > 0 && !msgs)) return qlm_errorf("chat: invalid arguments");
+int qlm_chat_render_marked(const char *tmpl, const qlm_chat_message *msgs, int n, int gen, const char *bos,
+                           const char *eos, qlm_marked_text *out) {
+    memset(out, 0, sizeof *out);
+    if (n < 0 || (n > 0 && !msgs)) return qlm_errorf("chat: invalid arguments");
     for (int i = 0; i < n; i++)
         if (!msgs[i].role || !msgs[i].content) return qlm_errorf("chat: message %d has no role or content", i);
     bos = bos ? bos : "";
     eos = eos ? eos : "";
-    sbuf b = {0};
-    put(&b, "");
+    put(out, "");
     int rc = 0;
     switch (qlm_chat_detect(tmpl)) {
-    case QLM_CHAT_CHATML: render_chatml(&b, tmpl, msgs, n, gen); break;
-    case QLM_CHAT_ZEPHYR: render_zephyr(&b, msgs, n, gen, eos); break;
-    case QLM_CHAT_LLAMA2: rc = render_llama2(&b, msgs, n, bos, eos); break;
-    case QLM_CHAT_LLAMA3: render_llama3(&b, msgs, n, gen, bos); break;
-    default: render_plain(&b, msgs, n, gen); break;
+    case QLM_CHAT_CHATML: render_chatml(out, tmpl, msgs, n, gen); break;
+    case QLM_CHAT_ZEPHYR: render_zephyr(out, msgs, n, gen, eos); break;
+    case QLM_CHAT_LLAMA2: rc = render_llama2(out, msgs, n, bos, eos); break;
+    case QLM_CHAT_LLAMA3: render_llama3(out, msgs, n, gen, bos); break;
+    default: render_plain(out, msgs, n, gen); break;
     }
-    if (rc == 0 && b.failed) rc = qlm_errorf("chat: out of memory");
-    if (rc != 0) {
-        free(b.p);
-        return -1;
-    }
-    *out = b.p;
-    return 0;
+    if (rc == 0 && out->failed) rc = qlm_errorf("chat: out of memory");
+    if (rc != 0) qlm_marked_free(out);
+    return rc;
+}
+
+int qlm_chat_render(const char *tmpl, const qlm_chat_message *msgs, int n, int gen, const char *bos, const char *eos,
+                    char **out) {
+    if (!out) return qlm_errorf("chat: invalid arguments");
+    qlm_marked_text m;
+    if (qlm_chat_render_marked(tmpl, msgs, n, gen, bos, eos, &m) != 0) return -1;
+    return (*out = qlm_marked_take(&m)) ? 0 : qlm_errorf("chat: out of memory");
 }

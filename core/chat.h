@@ -15,6 +15,8 @@
 #ifndef QLM_CHAT_H
 #define QLM_CHAT_H
 
+#include "marked_text.h"
+
 typedef struct {
     const char *role;    /* "system", "user", "assistant", ... */
     const char *content;
@@ -38,5 +40,10 @@ const char *qlm_chat_family_name(qlm_chat_family family);
  * (e.g. Llama 2 roles that do not alternate, as the template raises). */
 int qlm_chat_render(const char *jinja_template, const qlm_chat_message *msgs, int n, int add_generation_prompt,
                     const char *bos, const char *eos, char **out);
+/* The same text with what the messages say (contents, and roles the template writes out) marked
+ * untrusted, for qlm_tokenizer_encode_marked: the template's markers become control tokens, a
+ * "<|im_end|>" typed into a message stays text. */
+int qlm_chat_render_marked(const char *jinja_template, const qlm_chat_message *msgs, int n, int add_generation_prompt,
+                           const char *bos, const char *eos, qlm_marked_text *out);
 
 #endif

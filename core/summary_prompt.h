@@ -4,6 +4,8 @@
 #ifndef QLM_SUMMARY_PROMPT_H
 #define QLM_SUMMARY_PROMPT_H
 
+#include "marked_text.h"
+
 /* The zero-shot prompt of the DialogSum lab. */
 #define QLM_SUMMARY_TEMPLATE "Summarize the following conversation.\n\n{dialogue}\n\nSummary: "
 
@@ -14,12 +16,13 @@ typedef struct {
 /* Checks that tmpl holds the {dialogue} placeholder; source names it in the error. */
 int qlm_summary_template_check(const char *tmpl, const char *source);
 
-/* Builds the prompt for dialogue into *out (malloc'd). Plain (chat_template NULL): each shot is
+/* Builds the prompt for dialogue into *out (the dialogues and summaries marked untrusted, for
+ * qlm_tokenizer_encode_marked; free with qlm_marked_free). Plain (chat_template NULL): each shot is
  * the template filled with its dialogue followed by its summary and a blank line, then the
  * template filled with dialogue. Chat: each shot is a user turn (the filled template) and an
  * assistant turn (its summary), then the user turn, rendered with the generation prompt; bos/eos
  * are the tokenizer's strings for the template. */
 int qlm_summary_prompt(const char *tmpl, const qlm_shot *shots, int n_shots, const char *dialogue,
-                       const char *chat_template, const char *bos, const char *eos, char **out);
+                       const char *chat_template, const char *bos, const char *eos, qlm_marked_text *out);
 
 #endif

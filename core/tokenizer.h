@@ -8,6 +8,8 @@
 
 #include <stddef.h>
 
+#include "marked_text.h"
+
 typedef enum {
     QLM_TOK_SPM_BPE = 1,  /* "▁" for spaces, byte fallback <0xNN>, merges by rank or by score */
     QLM_TOK_BYTE_BPE = 2, /* GPT-2 byte-to-unicode alphabet, regex pre-tokenizer, merges by rank */
@@ -115,6 +117,10 @@ qlm_tokenizer *qlm_tokenizer_load_llama2c(const char *path, int vocab_size);
  * On success *ids is malloc'd (caller frees) and *n_ids set. */
 int qlm_tokenizer_encode(const qlm_tokenizer *t, const char *text, size_t len, int add_special,
                          int parse_special, int **ids, int *n_ids);
+/* Encodes with special tokens parsed except where they overlap text's untrusted ranges (what a
+ * chat message or a dialogue says): there "<|im_end|>" is text like any other. */
+int qlm_tokenizer_encode_marked(const qlm_tokenizer *t, const qlm_marked_text *text, int add_special, int **ids,
+                                int *n_ids);
 
 /* Decodes ids to UTF-8 (skipping control and unknown tokens when skip_special). *out malloc'd and
  * NUL-terminated. SPM and Unigram tokenizers with a space prefix drop one leading space of the

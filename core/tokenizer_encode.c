@@ -2,7 +2,8 @@
  * raw text (leftmost, then longest), each remaining segment is normalized ("▁" rules of SPM
  * tokenizers, the charsmap and space rules of Unigram ones) and split again on added tokens whose
  * normalized form is matched, and what is left is pre-tokenized and BPE- or Unigram-encoded.
- * Special (control) added tokens take part only with parse_special. */
+ * Special (control) added tokens take part only with parse_special, and never inside the
+ * untrusted ranges of a marked text. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -122,33 +123,47 @@ void tok_added_free(tok_added_set *a) {
     memset(a, 0, sizeof(*a));
 }
 
-/* The longest added token of set at s[pos..n), or NULL. */
-static const tok_added *match_at(const tok_added_set *set, const char *s, size_t n, size_t pos, int parse_special) {
-    unsigned char b = (unsigned char)s[pos];
-    for (int k = set->first[b]; k < set->first[b + 1]; k++) {
-        const tok_added *a = &set->items[k];
-        if ((!a->special || parse_special) && a->len <= n - pos && memcmp(s + pos, a->pat, a->len) == 0) return a;
-    }
-    return NULL;
-}
-
 /* ---- driver ---- */
 
 typedef struct {
     const qlm_tokenizer *t;
     int parse_special;
+    const qlm_marked_text *marks; /* untrusted ranges of the text, or NULL */
+    int norm_special;             /* control tokens may be read in the current normalized segment */
     tok_bpe_scratch scratch;
     tok_unigram_scratch uni;
     tok_buf norm;
     tok_ids out;
 } enc_ctx;
 
+/* Whether a control token may be read at [pos, pos + len): raw is the text as given (offsets
+ * comparable with the marks); a normalized segment has no such offsets, so it takes control tokens
+ * only if none of its raw text is untrusted. */
+static int special_allowed(const enc_ctx *c, int raw, size_t pos, size_t len) {
+    if (!c->parse_special) return 0;
+    if (!c->marks) return 1;
+    return raw ? !qlm_marked_overlaps(c->marks, pos, pos + len) : c->norm_special;
+}
+
+/* The longest added token of set at s[pos..n) that may be read there, or NULL. */
+static const tok_added *match_at(const enc_ctx *c, const tok_added_set *set, const char *s, size_t n, size_t pos,
+                                 int raw) {
+    unsigned char b = (unsigned char)s[pos];
+    for (int k = set->first[b]; k < set->first[b + 1]; k++) {
+        const tok_added *a = &set->items[k];
+        if (a->len <= n - pos && memcmp(s + pos, a->pat, a->len) == 0 &&
+            (!a->special || special_allowed(c, raw, pos, a->len)))
+            return a;
+    }
+    return NULL;
+}
+
 /* Splits s on the tokens of set; gaps go to gap(), matches to the output. */
-static int split_on(enc_ctx *c, const tok_added_set *set, const char *s, size_t n, int at_start,
+static int split_on(enc_ctx *c, const tok_added_set *set, const char *s, size_t n, int at_start, int raw,
                     int (*gap)(enc_ctx *, const char *, size_t, int)) {
     size_t g = 0;
     for (size_t pos = 0; set->n > 0 && pos < n;) {
-        const tok_added *a = match_at(set, s, n, pos, c->parse_special);
+        const tok_added *a = match_at(c, set, s, n, pos, raw);
         if (!a) {
             pos++;
             continue;
@@ -166,8 +181,13 @@ static int pre_encode(enc_ctx *c, const char *s, size_t n, int at_start) {
     return tok_pre_encode(c->t, &c->scratch, s, n, at_start, &c->out);
 }
 
+/* A gap of the raw text (s points into it). */
 static int normalize_segment(enc_ctx *c, const char *s, size_t n, int at_start) {
     const qlm_tokenizer *t = c->t;
+    if (c->marks) {
+        size_t at = (size_t)(s - c->marks->text);
+        c->norm_special = !qlm_marked_overlaps(c->marks, at, at + n);
+    }
     if (t->type == QLM_TOK_SPM_BPE && !t->spm_metaspace) {
         if (tok_spm_normalize(s, n, t->add_space_prefix, &c->norm) != 0) return -1;
         s = c->norm.p, n = c->norm.n;
@@ -175,17 +195,17 @@ static int normalize_segment(enc_ctx *c, const char *s, size_t n, int at_start) 
         if (tok_unigram_normalize(t, s, n, &c->norm) != 0) return -1;
         s = c->norm.p, n = c->norm.n;
     }
-    return split_on(c, &t->norm_added, s, n, at_start, pre_encode);
+    return split_on(c, &t->norm_added, s, n, at_start, 0, pre_encode);
 }
 
-int qlm_tokenizer_encode(const qlm_tokenizer *t, const char *text, size_t len, int add_special, int parse_special,
-                         int **ids, int *n_ids) {
+static int encode(const qlm_tokenizer *t, const char *text, size_t len, int add_special, int parse_special,
+                  const qlm_marked_text *marks, int **ids, int *n_ids) {
     if (!t || !ids || !n_ids || (!text && len > 0)) return qlm_errorf("tokenizer encode: invalid arguments");
     if (len > (size_t)INT32_MAX / 2) return qlm_errorf("tokenizer encode: text of %zu bytes is too long", len);
-    enc_ctx c = {t, parse_special, {0}, {0}, {0}, {0}};
+    enc_ctx c = {.t = t, .parse_special = parse_special, .marks = marks};
     int rc = 0;
     if (add_special && t->add_bos && t->bos >= 0) rc = tok_ids_push(&c.out, t->bos);
-    if (rc == 0 && len > 0) rc = split_on(&c, &t->raw_added, text, len, 1, normalize_segment);
+    if (rc == 0 && len > 0) rc = split_on(&c, &t->raw_added, text, len, 1, 1, normalize_segment);
     if (rc == 0 && add_special && t->add_eos && t->eos >= 0) rc = tok_ids_push(&c.out, t->eos);
     if (rc == 0 && !c.out.v) { /* *ids is never NULL, even for no tokens */
         rc = tok_ids_push(&c.out, 0);
@@ -201,4 +221,15 @@ int qlm_tokenizer_encode(const qlm_tokenizer *t, const char *text, size_t len, i
     *ids = c.out.v;
     *n_ids = c.out.n;
     return 0;
+}
+
+int qlm_tokenizer_encode(const qlm_tokenizer *t, const char *text, size_t len, int add_special, int parse_special,
+                         int **ids, int *n_ids) {
+    return encode(t, text, len, add_special, parse_special, NULL, ids, n_ids);
+}
+
+int qlm_tokenizer_encode_marked(const qlm_tokenizer *t, const qlm_marked_text *text, int add_special, int **ids,
+                                int *n_ids) {
+    if (!text || text->failed) return qlm_errorf("tokenizer encode: invalid arguments");
+    return encode(t, text->text, text->len, add_special, 1, text, ids, n_ids);
 }

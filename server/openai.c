@@ -134,8 +134,16 @@ static int parse_stop(const cJSON *root, job *j, api_error *e) {
     return 0;
 }
 
-/* The chat prompt in the model's template (qlm_chat_render's plain fallback when it has none). */
-static int render_chat(const qlm_server_config *cfg, const cJSON *root, char **text, api_error *e) {
+static int known_role(const char *r) {
+    static const char *const roles[] = {"system", "user", "assistant", "tool"};
+    for (size_t i = 0; i < sizeof roles / sizeof *roles; i++)
+        if (!strcmp(r, roles[i])) return 1;
+    return 0;
+}
+
+/* The chat prompt in the model's template (qlm_chat_render's plain fallback when it has none),
+ * with what the messages say marked so that it is never read as control tokens. */
+static int render_chat(const qlm_server_config *cfg, const cJSON *root, qlm_marked_text *text, api_error *e) {
     const cJSON *msgs = cJSON_GetObjectItemCaseSensitive(root, "messages");
     int n = cJSON_IsArray(msgs) ? cJSON_GetArraySize(msgs) : -1;
     if (n < 1 || n > MAX_MESSAGES) return fail(e, 400, "'messages' must be a list of 1 to %d messages", MAX_MESSAGES);
@@ -150,12 +158,16 @@ static int render_chat(const qlm_server_config *cfg, const cJSON *root, char **t
             free(m);
             return fail(e, 400, "'messages[%d]' needs string 'role' and 'content'", i);
         }
+        if (!known_role(role->valuestring)) {
+            free(m);
+            return fail(e, 400, "'messages[%d].role' must be system, user, assistant or tool", i);
+        }
         m[i++] = (qlm_chat_message){role->valuestring, content->valuestring};
     }
     int bos = qlm_tokenizer_bos(cfg->tok), eos = qlm_tokenizer_eos(cfg->tok);
-    int rc = qlm_chat_render(qlm_tokenizer_chat_template(cfg->tok), m, n, 1,
-                             bos >= 0 ? qlm_tokenizer_token(cfg->tok, bos) : "",
-                             eos >= 0 ? qlm_tokenizer_token(cfg->tok, eos) : "", text);
+    int rc = qlm_chat_render_marked(qlm_tokenizer_chat_template(cfg->tok), m, n, 1,
+                                    bos >= 0 ? qlm_tokenizer_token(cfg->tok, bos) : "",
+                                    eos >= 0 ? qlm_tokenizer_token(cfg->tok, eos) : "", text);
     free(m);
     if (rc != 0) return fail(e, 400, "'messages' do not fit the model's chat template (e.g. roles must alternate)");
     return 0;
@@ -166,7 +178,7 @@ int openai_parse_generation(const qlm_server_config *cfg, const char *body, size
     cJSON *root = parse_object(body, len, e);
     if (!root) return -1;
     int rc = -1;
-    char *text = NULL;
+    qlm_marked_text text = {0};
     double max_tokens = chat ? cfg->max_output : 16, temperature = 1, top_p = 1, top_k = 0, n = 1, seed = -1;
     if (pick_adapter(cfg, root, j, model_id, model_cap, e) != 0) goto out;
     if (number_field(root, "max_tokens", 1, cfg->max_output, 1, &max_tokens, e) != 0 ||
@@ -197,12 +209,13 @@ int openai_parse_generation(const qlm_server_config *cfg, const char *body, size
             fail(e, 400, "'prompt' must be a string (or a list of one string)");
             goto out;
         }
-        if (!(text = strdup(prompt->valuestring))) {
-            fail(e, 500, "out of memory");
-            goto out;
-        }
+        qlm_marked_puts(&text, prompt->valuestring, 1); /* a completion prompt is text throughout */
     }
-    if (qlm_tokenizer_encode(cfg->tok, text, strlen(text), add_special, chat, &j->ids, &j->n_ids) != 0) {
+    if (text.failed) {
+        fail(e, 500, "out of memory");
+        goto out;
+    }
+    if (qlm_tokenizer_encode_marked(cfg->tok, &text, add_special, &j->ids, &j->n_ids) != 0) {
         fail(e, 400, "the prompt cannot be tokenized");
         goto out;
     }
@@ -225,7 +238,7 @@ int openai_parse_generation(const qlm_server_config *cfg, const char *body, size
     j->params.max_new_tokens = (int)max_tokens;
     rc = 0;
 out:
-    free(text);
+    qlm_marked_free(&text);
     cJSON_Delete(root);
     return rc;
 }

@@ -60,8 +60,9 @@ typedef struct {
     int space_prefix; /* SPM-style: encoding prepends "▁" to the text */
 } ctx;
 
-static int encode(const ctx *c, const char *text, int parse_special, int **ids, int *n) {
-    return qlm_tokenizer_encode(c->tok, text, strlen(text), 0, parse_special, ids, n);
+/* Text from the data: control tokens written in it stay text. */
+static int encode(const ctx *c, const char *text, int **ids, int *n) {
+    return qlm_tokenizer_encode(c->tok, text, strlen(text), 0, 0, ids, n);
 }
 
 /* One example under construction. */
@@ -93,7 +94,7 @@ static int prompt_completion(const ctx *c, const char *prompt, const char *compl
     if (c->space_prefix && completion[0] == ' ') completion++; /* the "▁" prefix stands for it */
     int *p = NULL, *q = NULL, np = 0, nq = 0, rc = 0;
     if (c->add_bos && buf_push(b, &c->bos, 1, 0) != 0) return -1;
-    if (encode(c, prompt, 0, &p, &np) != 0 || encode(c, completion, 0, &q, &nq) != 0) rc = -1;
+    if (encode(c, prompt, &p, &np) != 0 || encode(c, completion, &q, &nq) != 0) rc = -1;
     if (rc == 0) rc = buf_push(b, p, np, 0);
     if (rc == 0) rc = buf_push(b, q, nq, 1);
     if (rc == 0 && c->eos >= 0) rc = buf_push(b, &c->eos, 1, 1);
@@ -111,31 +112,31 @@ static int common_prefix(const int *a, int na, const int *b, int nb) {
 /* render(m[0..n), gen), checked to be a prefix of full; its tokens into *ids. */
 static int render_prefix(const ctx *c, const qlm_chat_message *m, int n, int gen, const char *full, int **ids,
                          int *n_ids) {
-    char *text = NULL;
-    if (qlm_chat_render(c->chat_template, m, n, gen, c->bos_s, c->eos_s, &text) != 0) return -1;
-    size_t len = strlen(text);
+    qlm_marked_text text;
+    if (qlm_chat_render_marked(c->chat_template, m, n, gen, c->bos_s, c->eos_s, &text) != 0) return -1;
     int rc = 0;
-    if (strncmp(text, full, len) != 0)
+    if (strncmp(text.text, full, text.len) != 0)
         rc = qlm_errorf("the chat template (%s) does not render the conversation up to message %d as a prefix of "
                         "the whole conversation, so the assistant span cannot be found",
                         qlm_chat_family_name(qlm_chat_detect(c->chat_template)), n);
-    else rc = encode(c, text, 1, ids, n_ids);
-    free(text);
+    else rc = qlm_tokenizer_encode_marked(c->tok, &text, 0, ids, n_ids);
+    qlm_marked_free(&text);
     return rc;
 }
 
-/* The conversation rendered and encoded; targets as described in data.h. */
+/* The conversation rendered and encoded (what the messages say is never read as control tokens);
+ * targets as described in data.h. */
 static int chat_example(const ctx *c, const qlm_chat_message *m, int n, buf *b) {
-    char *full = NULL;
+    qlm_marked_text full;
     int *f = NULL, nf = 0;
-    if (qlm_chat_render(c->chat_template, m, n, 0, c->bos_s, c->eos_s, &full) != 0) return -1;
-    int rc = encode(c, full, 1, &f, &nf);
+    if (qlm_chat_render_marked(c->chat_template, m, n, 0, c->bos_s, c->eos_s, &full) != 0) return -1;
+    int rc = qlm_tokenizer_encode_marked(c->tok, &full, 0, &f, &nf);
     if (rc == 0) rc = buf_push(b, f, nf, 0);
     for (int i = 0; i < n && rc == 0; i++) {
         if (strcmp(m[i].role, "assistant") != 0) continue;
         int *a = NULL, *e = NULL, na = 0, ne = 0;
-        rc = render_prefix(c, m, i, 1, full, &a, &na);
-        if (rc == 0) rc = render_prefix(c, m, i + 1, 0, full, &e, &ne);
+        rc = render_prefix(c, m, i, 1, full.text, &a, &na);
+        if (rc == 0) rc = render_prefix(c, m, i + 1, 0, full.text, &e, &ne);
         if (rc == 0) {
             int start = common_prefix(a, na, f, nf); /* < na: the straddling token is a target */
             int end = common_prefix(e, ne, f, nf);
@@ -145,7 +146,7 @@ static int chat_example(const ctx *c, const qlm_chat_message *m, int n, buf *b) 
         free(a);
         free(e);
     }
-    free(full);
+    qlm_marked_free(&full);
     free(f);
     return rc;
 }
