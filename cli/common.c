@@ -6,9 +6,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 
 #include "../core/error.h"
+#include "threads.h"
 
 void cli_model_opts_init(cli_model_opts *o) {
     memset(o, 0, sizeof *o);
@@ -218,7 +220,7 @@ int cli_load_model(const cli_model_opts *o, cli_model *cm, int need_tokenizer, i
     int threads = o->threads;
     if (o->distributed && start_ranks(o, cm, &threads) != 0) return -1;
     quiet |= cm->dist.rank != 0;
-    if (threads > 0) omp_set_num_threads(threads);
+    if (!o->distributed) cli_threads_apply(threads, 1, quiet);
     const qlm_backend *be = qlm_backend_by_name(o->device);
     if (!be) return -1;
     struct timespec t0, t1;
@@ -302,7 +304,20 @@ int cli_require_decoder_only(const cli_model *cm, const char *cmd) {
                       "summarize)", cm->src.path, cmd);
 }
 
+int cli_make_dir(const char *path) {
+    struct stat st;
+    if (mkdir(path, 0755) == 0) return 0;
+    if (errno == EEXIST && stat(path, &st) == 0 && !S_ISDIR(st.st_mode))
+        return qlm_errorf("%s: exists and is not a folder", path);
+    return errno == EEXIST ? 0 : qlm_errorf("%s: cannot create: %s", path, strerror(errno));
+}
+
 char *cli_read_text(const char *path, size_t *len) {
+    struct stat st;
+    if (strcmp(path, "-") != 0 && stat(path, &st) == 0 && S_ISDIR(st.st_mode)) {
+        qlm_errorf("%s: is a folder, not a file", path);
+        return NULL;
+    }
     FILE *f = strcmp(path, "-") == 0 ? stdin : fopen(path, "rb");
     if (!f) {
         qlm_errorf("%s: %s", path, strerror(errno));

@@ -1,23 +1,18 @@
 /* Launch, world and failure handling for the distributed commands. */
 #include "dist.h"
 
-#include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #include "../core/error.h"
+#include "threads.h"
 
 int cli_dist_start(cli_dist *d, const char *device, double timeout_s, int *threads) {
     memset(d, 0, sizeof *d);
     d->size = 1;
     if (qlm_launch_detect(&d->launch) != 0) return -1;
-    if (*threads <= 0 && d->launch.local_size > 1) {
-        long cores = sysconf(_SC_NPROCESSORS_ONLN);
-        *threads = cores > d->launch.local_size ? (int)(cores / d->launch.local_size) : 1;
-    }
-    if (*threads > 0) omp_set_num_threads(*threads);
+    *threads = cli_threads_apply(*threads, d->launch.local_size, d->launch.rank != 0);
     const qlm_backend *be = qlm_backend_by_name(device && *device ? device : "cpu");
     if (!be) return -1;
     d->world = qlm_dist_world(&d->launch, be, timeout_s > 0 ? timeout_s : qlm_dist_default_timeout());

@@ -17,8 +17,8 @@ typedef struct {
     int *order, n_order; /* a forward pass's units in order, for draining */
 } cli_dist;
 
-/* Detects the launch and opens the world on the device's backend. *threads (0: all cores) becomes
- * this machine's cores divided among its ranks when not given. timeout_s: each collective's
+/* Detects the launch and opens the world on the device's backend. *threads (0: not given) becomes
+ * the count cli_threads_apply chooses. timeout_s: each collective's
  * deadline (0: QLM_DIST_TIMEOUT or 300). */
 int cli_dist_start(cli_dist *d, const char *device, double timeout_s, int *threads);
 /* Prints "qlm CMD: rank R: <error>" (no rank with one process); with several ranks ends the whole
