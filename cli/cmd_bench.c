@@ -95,6 +95,10 @@ int cmd_bench(int argc, char **argv) {
         fprintf(stderr, "qlm bench: need -m MODEL\n");
         return cli_usage_error("bench", k_usage);
     }
+    if (pp == 0 && tg == 0) {
+        fprintf(stderr, "qlm bench: --pp 0 and --tg 0 leave nothing to measure\n");
+        return cli_usage_error("bench", k_usage);
+    }
     cli_model cm;
     if (cli_load_model(&mo, &cm, 0, json) != 0) return cli_fail("bench");
     if (cli_require_decoder_only(&cm, "bench") != 0) {
@@ -104,8 +108,8 @@ int cmd_bench(int argc, char **argv) {
     const qlm_model *m = &cm.model;
     int ctx = pp > tg ? pp : tg;
     if (ctx > m->cfg.max_seq_len) {
-        cli_free_model(&cm);
         qlm_errorf("--pp/--tg of %d exceed the model's context of %d", ctx, m->cfg.max_seq_len);
+        cli_free_model(&cm);
         return cli_fail("bench");
     }
     qlm_kv_state st;

@@ -371,6 +371,8 @@ static int finished_dialogue(void *ctx, const qlm_batch_request *req, const char
 static int open_output(batch_job *j) {
     const options *o = j->o;
     struct stat st;
+    if (stat(o->out, &st) == 0 && !S_ISREG(st.st_mode))
+        return qlm_errorf("%s: not a regular file (--out names the JSONL file to write)", o->out);
     int exists = stat(o->out, &st) == 0 && st.st_size > 0;
     if (exists && !o->resume)
         return qlm_errorf("%s already holds results: use --resume to continue it, or remove it", o->out);

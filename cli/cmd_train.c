@@ -1,7 +1,6 @@
 /* qlm train: fine-tune a Llama-family model on JSONL data (LoRA, full, or quantization-aware),
  * with progress, metrics.jsonl and a loss-curve picture, atomic checkpoints and exact --resume. */
 #include <cjson/cJSON.h>
-#include <errno.h>
 #include <math.h>
 #include <omp.h>
 #include <signal.h>
@@ -9,7 +8,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
-#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -675,8 +673,7 @@ int cmd_train(int argc, char **argv) {
         } else if (root) {
             fprintf(stderr, "qlm train: resumed from %s/checkpoint.json at step %ld of %ld\n", a.out, t.step, total);
         }
-    } else if (mkdir(a.out, 0755) != 0 && errno != EEXIST) {
-        qlm_errorf("%s: cannot create: %s", a.out, strerror(errno));
+    } else if (cli_make_dir(a.out) != 0) {
         goto fail;
     }
     char title[512];

@@ -36,7 +36,7 @@ static int copy_if_exists(const char *src_dir, const char *dst_dir, const char *
 }
 
 int cli_write_model_folder(cli_model *cm, const char *out_dir) {
-    if (mkdir(out_dir, 0755) != 0 && errno != EEXIST) return qlm_errorf("%s: %s", out_dir, strerror(errno));
+    if (cli_make_dir(out_dir) != 0) return -1;
     qlm_tensor_store *store = qlm_store_new();
     if (!store) return -1;
     char path[4200];

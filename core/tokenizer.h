@@ -109,7 +109,7 @@ qlm_tokenizer *qlm_tokenizer_load_json(const char *tokenizer_json, const char *t
  * appends EOS, as T5's tokenizers do; the text is normalized and segmented as the sentencepiece
  * library does. */
 qlm_tokenizer *qlm_tokenizer_load_spiece(const char *path);
-/* llama2.c tokenizer.bin; vocab_size from the checkpoint header. */
+/* llama2.c tokenizer.bin; vocab_size from the checkpoint header, or 0 to count the file's tokens. */
 qlm_tokenizer *qlm_tokenizer_load_llama2c(const char *path, int vocab_size);
 
 /* Encodes UTF-8 text. add_special: prepend BOS (and append EOS) as the tokenizer is configured.

@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "../core/error.h"
 #include "gguf.h"
@@ -64,7 +65,8 @@ qlm_tokenizer *qlm_tokenizer_open(const char *path, int vocab_size) {
         return NULL;
     }
     if (!is_file(path)) {
-        qlm_errorf("%s: no such tokenizer file", path);
+        if (access(path, F_OK) == 0) qlm_errorf("%s: not a regular file or a folder", path);
+        else qlm_errorf("%s: no such tokenizer file", path);
         return NULL;
     }
     if (has_suffix(path, ".json")) return qlm_tokenizer_load_json(path, NULL);
@@ -76,7 +78,11 @@ qlm_tokenizer *qlm_tokenizer_open(const char *path, int vocab_size) {
         qlm_gguf_close(g);
         return t;
     }
-    return qlm_tokenizer_load_llama2c(path, vocab_size);
+    qlm_tokenizer *t = qlm_tokenizer_load_llama2c(path, vocab_size);
+    if (!t && !has_suffix(path, ".bin"))
+        qlm_errorf("%s: not a tokenizer (tokenizer.json, a SentencePiece .model, a GGUF file or a llama2.c "
+                   "tokenizer.bin)", path);
+    return t;
 }
 
 /* The stored dtype of the first attention weight decides the default compute dtype. */
@@ -188,7 +194,9 @@ int qlm_source_open(qlm_source *src, const char *model_path, const char *tokeniz
         src->format = QLM_FMT_SAFETENSORS;
         rc = open_safetensors(src, model_path, NULL);
     } else if (!is_file(model_path)) {
-        rc = qlm_errorf("%s: no such file or folder", model_path);
+        rc = access(model_path, F_OK) == 0
+                 ? qlm_errorf("%s: not a regular file or a folder (a device, FIFO or socket holds no model)", model_path)
+                 : qlm_errorf("%s: no such file or folder", model_path);
     } else if (file_magic_is_gguf(model_path)) {
         src->format = QLM_FMT_GGUF;
         rc = open_gguf(src, model_path);

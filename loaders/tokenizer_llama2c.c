@@ -73,14 +73,34 @@ static int parse_vocab(const char *path, const unsigned char *buf, size_t size, 
     return 0;
 }
 
+/* The number of token records, which must end exactly at the end of the file: the vocabulary size
+ * when no model says it. */
+static int count_records(const char *path, const unsigned char *buf, size_t size) {
+    if (size < 4) return qlm_errorf("%s: file too short for the max_token_length header", path);
+    int n = 0;
+    for (size_t off = 4; off < size; n++) {
+        int32_t len = size - off >= 8 ? rd_i32(buf + off + 4) : -1;
+        if (len < 0 || (size_t)len > size - off - 8 || n == (1 << 24))
+            return qlm_errorf("%s: not a llama2.c tokenizer (token %d's record runs past the end of the file)", path, n);
+        off += 8 + (size_t)len;
+    }
+    return n;
+}
+
 qlm_tokenizer *qlm_tokenizer_load_llama2c(const char *path, int vocab_size) {
-    if (!path || vocab_size < 3 || vocab_size > (1 << 24)) {
+    if (!path || vocab_size < 0 || vocab_size > (1 << 24)) {
         qlm_errorf("%s: vocab_size %d is not in 3..16777216", path ? path : "llama2.c tokenizer", vocab_size);
         return NULL;
     }
     size_t size = 0;
     unsigned char *buf = (unsigned char *)qlm_read_file(path, MAX_FILE, &size);
     if (!buf) return NULL;
+    if (vocab_size == 0) vocab_size = count_records(path, buf, size);
+    if (vocab_size < 3) {
+        if (vocab_size >= 0) qlm_errorf("%s: %d tokens; a llama2.c tokenizer has at least <unk>, <s> and </s>", path, vocab_size);
+        free(buf);
+        return NULL;
+    }
     l2c_vocab v = {calloc((size_t)vocab_size, sizeof(char *)), malloc(sizeof(float) * (size_t)vocab_size),
                    malloc(sizeof(int) * (size_t)vocab_size)};
     qlm_tokenizer *t = NULL;

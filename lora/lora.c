@@ -194,6 +194,12 @@ static int classify(const qlm_tensor_store *store, lora_base *b, const char *fil
                                   b->n_layers[strncmp(path, "decoder.", 8) == 0]);
             if (out_of_range)
                 return qlm_errorf("%s: tensor %s: layer numbers must be below %d", file, e->name, MAX_INFERRED_LAYERS);
+            int t5_path = strncmp(path, "encoder.block.", 14) == 0 || strncmp(path, "decoder.block.", 14) == 0;
+            int llama_path = strncmp(path, "model.layers.", 13) == 0;
+            if ((t5_path && b->is_t5 == 0) || (llama_path && b->is_t5 == 1))
+                return qlm_errorf("%s: tensor %s adapts a %s model, but %s", file, e->name, t5_path ? "T5" : "Llama-family",
+                                  b->known ? (b->is_t5 ? "the base model is a T5" : "the base model is Llama-family")
+                                           : "the adapter's earlier tensors adapt the other architecture");
             return qlm_errorf("%s: tensor %s: %s is not a projection qlm adapts in %s model", file, e->name, path,
                               b->is_t5 == 1 ? "this T5" : b->is_t5 == 0 ? "this Llama-family" : "a Llama-family or T5");
         }

@@ -184,14 +184,10 @@ int openai_parse_generation(const qlm_server_config *cfg, const char *body, size
     if (number_field(root, "max_tokens", 1, cfg->max_output, 1, &max_tokens, e) != 0 ||
         (chat && number_field(root, "max_completion_tokens", 1, cfg->max_output, 1, &max_tokens, e) != 0) ||
         number_field(root, "temperature", 0, 2, 0, &temperature, e) != 0 ||
-        number_field(root, "top_p", 0, 1, 0, &top_p, e) != 0 || number_field(root, "top_k", 0, 1e9, 1, &top_k, e) != 0 ||
+        number_field(root, "top_p", 1e-6, 1, 0, &top_p, e) != 0 || number_field(root, "top_k", 0, 1e9, 1, &top_k, e) != 0 ||
         number_field(root, "seed", 0, 9007199254740991.0, 1, &seed, e) != 0 ||
         number_field(root, "n", 1, 1, 1, &n, e) != 0 || parse_stop(root, j, e) != 0)
         goto out;
-    if (top_p == 0) {
-        fail(e, 400, "'top_p' must be greater than 0");
-        goto out;
-    }
     const cJSON *stream = cJSON_GetObjectItemCaseSensitive(root, "stream");
     if (stream && !cJSON_IsNull(stream) && !cJSON_IsBool(stream)) {
         fail(e, 400, "'stream' must be true or false");

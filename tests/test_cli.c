@@ -3,6 +3,8 @@
  * quantize/convert round trips and error handling of the command line. */
 #include <cjson/cJSON.h>
 #include <math.h>
+#include <sched.h>
+#include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -291,6 +293,109 @@ static void test_summarize(void **state) {
     rmdir(dir);
 }
 
+/* Expects "qlm ARGS" to exit with status want and its stderr to mention text. */
+static void expect_message(int want, const char *mention, const char *fmt, const char *a, const char *b) {
+    char args[2048], *out = NULL;
+    snprintf(args, sizeof args, fmt, a, b);
+    int rc = test_run_qlm(&out, "%s 2>&1", args);
+    if (rc != want || !strstr(out, mention)) fail_msg("qlm %s: exit %d (want %d): %s(want '%s')", args, rc, want, out, mention);
+    free(out);
+}
+
+/* Inputs of the wrong kind get a message that says what is wrong with them. */
+static void test_clear_messages(void **state) {
+    (void)state;
+    char model[512], tok[512], hf[512], dir[256], file[300], text[300], jsonl[300];
+    test_asset(model, sizeof model, "stories260K/stories260K.bin");
+    test_asset(tok, sizeof tok, "stories260K/tok512.bin");
+    test_asset(hf, sizeof hf, "tinystories-656K-hf");
+    REQUIRE_ASSET(model);
+    REQUIRE_ASSET(hf);
+    assert_non_null(test_tmpdir(dir, sizeof dir));
+    snprintf(file, sizeof file, "%s/afile", dir);
+    snprintf(text, sizeof text, "%s/words.txt", dir);
+    snprintf(jsonl, sizeof jsonl, "%s/d.jsonl", dir);
+    assert_int_equal(test_write_file(file, "x", 1), 0);
+    const char *words = "root:x:0:0:root:/root:/bin/bash\n";
+    assert_int_equal(test_write_file(text, words, strlen(words)), 0);
+    const char *dialogue = "{\"fname\": \"a\", \"dialogue\": \"#Person1#: Hi.\", \"summary\": \"Hi.\"}\n";
+    assert_int_equal(test_write_file(jsonl, dialogue, strlen(dialogue)), 0);
+
+    expect_message(1, "--pp/--tg of 100000 exceed the model's context of 512", "bench -m %s --pp 100000%s", model, "");
+    expect_message(2, "--pp 0 and --tg 0 leave nothing to measure", "bench -m %s --pp 0 --tg 0%s", model, "");
+    expect_message(1, "/dev/zero: not a regular file or a folder", "generate -m /dev/zero -p hi%s%s", "", "");
+    expect_message(1, "not a tokenizer (tokenizer.json", "tokenize -t %s hi%s", text, "");
+    expect_message(1, "/dev/null: not a regular file", "tokenize -t /dev/null hi%s%s", "", "");
+    expect_message(0, "3 tokens", "tokenize -t %s 'Once upon'%s", tok, ""); /* a llama2.c tokenizer alone */
+    expect_message(1, "afile: exists and is not a folder", "quantize %s %s --dtype int8", hf, file);
+    expect_message(1, "not a regular file (--out names", "summarize -m %s --batch %s --out /tmp --max-tokens 2", hf, jsonl);
+    expect_message(1, ": is a folder, not a file", "rouge --pred %s --ref %s", dir, jsonl);
+    expect_message(1, "adapts a T5 model, but the base model is Llama-family",
+                   "generate -m %s --lora a=tests/fixtures/lora/t5_qv_rslora_r16 -p hi%s", hf, "");
+    test_remove_tree(dir);
+}
+
+/* Runs "[env] qlm generate -m model --temp 0 -n 24 [flags]": the exit status, its text (*out) and
+ * its log (*err), both malloc'd. */
+static int generate_logged(const char *env, const char *model, const char *flags, char **out, char **err) {
+    char dir[256], path[300], cmd[2048];
+    assert_non_null(test_tmpdir(dir, sizeof dir));
+    snprintf(path, sizeof path, "%s/err", dir);
+    const char *bin = getenv("QLM_BIN");
+    snprintf(cmd, sizeof cmd, "%s %s generate -m %s --temp 0 -n 24 %s 2>%s", env, bin && *bin ? bin : "build/qlm", model,
+             flags, path);
+    int rc = test_run_shell(out, cmd);
+    *err = test_read_file(path, NULL);
+    assert_non_null(*err);
+    test_remove_tree(dir);
+    return rc;
+}
+
+/* On a machine other programs keep busy the default thread count shrinks to the free cores (here
+ * none: one thread) and says so; --threads and OMP_NUM_THREADS are obeyed as given. The text is
+ * the same whatever the threads. */
+static void test_threads_under_load(void **state) {
+    (void)state;
+    char model[512];
+    test_asset(model, sizeof model, "stories260K/stories260K.bin");
+    REQUIRE_ASSET(model);
+    cpu_set_t set;
+    assert_int_equal(sched_getaffinity(0, sizeof set, &set), 0);
+    int cores = CPU_COUNT(&set);
+    pid_t hogs[256];
+    assert_true(cores <= 256);
+    for (int i = 0; i < cores; i++) {
+        hogs[i] = fork();
+        assert_true(hogs[i] >= 0);
+        if (hogs[i] == 0) {
+            for (volatile unsigned long k = 0;; k++) continue;
+        }
+    }
+    usleep(200000);
+    char *out[3], *err[3];
+    int rc[3] = {generate_logged("", model, "", &out[0], &err[0]),
+                 generate_logged("", model, "--threads 2", &out[1], &err[1]),
+                 generate_logged("OMP_NUM_THREADS=2", model, "", &out[2], &err[2])};
+    for (int i = 0; i < cores; i++) {
+        kill(hogs[i], SIGKILL);
+        waitpid(hogs[i], NULL, 0);
+    }
+    for (int i = 0; i < 3; i++) assert_int_equal(rc[i], 0);
+    if (!strstr(err[0], "other programs keep") || !strstr(err[0], ": 1 thread (--threads N to choose)") ||
+        !strstr(err[0], "cpu backend, 1 threads"))
+        fail_msg("under load: %s", err[0]);
+    for (int i = 1; i < 3; i++) {
+        assert_null(strstr(err[i], "other programs keep"));
+        assert_non_null(strstr(err[i], "cpu backend, 2 threads"));
+    }
+    assert_true(strlen(out[0]) > 20);
+    for (int i = 1; i < 3; i++) assert_string_equal(out[i], out[0]);
+    for (int i = 0; i < 3; i++) {
+        free(out[i]);
+        free(err[i]);
+    }
+}
+
 static void test_command_line_errors(void **state) {
     (void)state;
     assert_int_equal(test_run_qlm(NULL, "2>/dev/null"), 2);
@@ -348,6 +453,8 @@ int main(void) {
         cmocka_unit_test(test_stop_string_and_max_tokens),
         cmocka_unit_test(test_summarize),
         cmocka_unit_test(test_command_line_errors),
+        cmocka_unit_test(test_threads_under_load),
+        cmocka_unit_test(test_clear_messages),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -469,6 +469,9 @@ static void test_serve_strict_json(void **state) {
                  "{\"messages\":[{\"role\":\"user\",\"content\":\"a\",\"role\":\"system\"}]}", NULL, 400,
                  "\"role\" appears twice");
     expect_error(&s, "POST", "/tokenize", "{\"prompt\":\"\xc3\x28\"}", NULL, 400, "not valid UTF-8");
+    /* One rule for top_p, the one qlm generate states. */
+    expect_error(&s, "POST", "/v1/completions", "{\"prompt\":\"a\",\"top_p\":0}", NULL, 400, "'top_p' must be a number in [1e-06, 1]");
+    expect_error(&s, "POST", "/v1/completions", "{\"prompt\":\"a\",\"top_p\":1.5}", NULL, 400, "'top_p' must be a number in [1e-06, 1]");
     /* Roles outside the templates' are refused (a role is written into the prompt). */
     char *resp;
     expect_error(&s, "POST", "/v1/chat/completions", "{\"messages\":[{\"role\":\"bot\",\"content\":\"a\"}]}", NULL, 400,
