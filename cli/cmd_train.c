@@ -72,6 +72,7 @@ static const char k_usage[] =
     "      --threads N          CPU threads (default: the cores, divided among the ranks on this machine)\n"
     "      --device D           cpu (default)\n"
     "      --random-weights     random weights of the shape in MODEL/config.json (for speed measurements)\n"
+    "      --no-check           skip the load-time check for NaN/Inf weights and bad INT8 scales\n"
     "  several processes (start with mpirun -np N qlm train ...; each rank takes its slice of every\n"
     "  global batch of --batch x N x --accum sequences; rank 0 prints and writes the outputs):\n"
     "      --shard S            ddp (default), zero1 (optimizer state split), zero2 (and gradients),\n"
@@ -88,7 +89,7 @@ enum {
     OPT_ALPHA, OPT_LORA_DROPOUT, OPT_TARGETS, OPT_RSLORA, OPT_MODE_FULL, OPT_MODE_QAT, OPT_PER_CH, OPT_STEPS,
     OPT_EPOCHS, OPT_TBATCH, OPT_ACCUM, OPT_SEQ_LEN, OPT_PACK, OPT_LR, OPT_SCHEDULE, OPT_WARMUP, OPT_MIN_LR,
     OPT_WD, OPT_CLIP, OPT_TDTYPE, OPT_BASE_DTYPE, OPT_RECOMPUTE, OPT_TARGET_FIELD, OPT_TEMPLATE, OPT_CHAT,
-    OPT_SAVE_EVERY, OPT_RESUME, OPT_TSEED, OPT_TTHREADS, OPT_TDEVICE, OPT_RANDOM, OPT_SHARD, OPT_FACTOR,
+    OPT_SAVE_EVERY, OPT_RESUME, OPT_TSEED, OPT_TTHREADS, OPT_TDEVICE, OPT_RANDOM, OPT_TNO_CHECK, OPT_SHARD, OPT_FACTOR,
     OPT_PREFETCH, OPT_OFFLOAD, OPT_DIST_TIMEOUT, OPT_RESHARD,
 };
 
@@ -96,7 +97,7 @@ typedef struct {
     const char *model, *tokenizer, *data, *out, *eval, *targets, *target_field, *template_text, *base_dtype, *device;
     double eval_fraction;
     int eval_every, eval_max, rank, rslora, per_channel, steps, epochs, batch, accum, seq_len, pack, warmup;
-    int recompute, chat, save_every, resume, seed, threads, random_weights;
+    int recompute, chat, save_every, resume, seed, threads, random_weights, no_check;
     int factor, prefetch, reshard, shard_given, offload;
     float alpha, lora_dropout, lr, min_lr_ratio, weight_decay, clip, dist_timeout;
     qlm_shard_strategy shard;
@@ -134,6 +135,7 @@ static int parse_args(int argc, char **argv, train_args *a) {
         {"save-every", required_argument, 0, OPT_SAVE_EVERY}, {"resume", no_argument, 0, OPT_RESUME},
         {"seed", required_argument, 0, OPT_TSEED}, {"threads", required_argument, 0, OPT_TTHREADS},
         {"device", required_argument, 0, OPT_TDEVICE}, {"random-weights", no_argument, 0, OPT_RANDOM},
+        {"no-check", no_argument, 0, OPT_TNO_CHECK},
         {"shard", required_argument, 0, OPT_SHARD}, {"sharding-factor", required_argument, 0, OPT_FACTOR},
         {"prefetch", required_argument, 0, OPT_PREFETCH}, {"offload", required_argument, 0, OPT_OFFLOAD},
         {"dist-timeout", required_argument, 0, OPT_DIST_TIMEOUT}, {"reshard", no_argument, 0, OPT_RESHARD},
@@ -202,6 +204,7 @@ static int parse_args(int argc, char **argv, train_args *a) {
         case OPT_TTHREADS: bad = cli_int("--threads", optarg, 1, 1024, &a->threads); break;
         case OPT_TDEVICE: a->device = optarg; break;
         case OPT_RANDOM: a->random_weights = 1; break;
+        case OPT_TNO_CHECK: a->no_check = 1; break;
         case OPT_SHARD:
             if (qlm_shard_strategy_parse(optarg, &a->shard) != 0 || a->shard == QLM_SHARD_NONE)
                 bad = fprintf(stderr, "qlm train: --shard must be ddp, zero1, zero2 or fsdp\n") > 0;
@@ -577,6 +580,7 @@ int cmd_train(int argc, char **argv) {
     mo.model = a.model;
     mo.tokenizer = a.tokenizer;
     mo.random_weights = a.random_weights;
+    mo.no_check = a.no_check;
     mo.device = a.device;
     mo.threads = a.threads;
     mo.dtype = a.mode == QLM_TRAIN_LORA ? (a.base_dtype ? a.base_dtype : qlm_dtype_name(a.dtype)) : "f32";

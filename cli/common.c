@@ -68,6 +68,7 @@ int cli_model_flag(cli_model_opts *o, int opt, const char *arg) {
     case OPT_CTX: return cli_int("--ctx", arg, 1, 1 << 24, &o->ctx) ? -1 : 1;
     case OPT_BATCH: return cli_int("--chunk", arg, 1, 1 << 16, &o->batch) ? -1 : 1;
     case OPT_RANDOM_WEIGHTS: o->random_weights = 1; return 1;
+    case OPT_NO_CHECK: o->no_check = 1; return 1;
     case OPT_INFER_SHARD:
         if (strcmp(arg, "fsdp") != 0) {
             fprintf(stderr, "qlm: --shard takes fsdp (the weights split over the ranks), got '%s'\n", arg);
@@ -228,6 +229,11 @@ int cli_load_model(const cli_model_opts *o, cli_model *cm, int need_tokenizer, i
     int rc = o->random_weights ? qlm_source_open_random(&cm->src, o->model, o->tokenizer, 0x716c6d)
                                : qlm_source_open(&cm->src, o->model, o->tokenizer);
     if (rc != 0) return -1;
+    if (!o->random_weights && !o->no_check && qlm_store_check_values(cm->src.store) != 0) {
+        qlm_error_context("%s (--no-check loads it anyway)", o->model);
+        qlm_source_close(&cm->src);
+        return -1;
+    }
     if (need_tokenizer && !cm->src.tok) {
         qlm_source_close(&cm->src);
         return qlm_errorf("%s: no tokenizer found beside the model; give one with -t", o->model);

@@ -18,7 +18,7 @@ enum {
     OPT_TEMP, OPT_TOP_K, OPT_TOP_P, OPT_REPEAT_PENALTY, OPT_REPEAT_LAST_N, OPT_SEED, OPT_STOP,
     OPT_JSON, OPT_SYSTEM, OPT_NO_BOS, OPT_RAW, OPT_FILE, OPT_REPS, OPT_PP, OPT_TG, OPT_QUIET,
     OPT_NO_SPECIAL, OPT_RANDOM_WEIGHTS, OPT_LORA, OPT_ADAPTER, OPT_INFER_SHARD, OPT_INFER_PREFETCH,
-    OPT_INFER_TIMEOUT,
+    OPT_INFER_TIMEOUT, OPT_NO_CHECK,
 };
 
 #define CLI_MODEL_OPTIONS                                                                                 \
@@ -26,7 +26,7 @@ enum {
         {"dtype", required_argument, 0, OPT_DTYPE}, {"per-channel", no_argument, 0, OPT_PER_CHANNEL},     \
         {"threads", required_argument, 0, OPT_THREADS}, {"ctx", required_argument, 0, OPT_CTX},           \
         {"device", required_argument, 0, OPT_DEVICE}, {"chunk", required_argument, 0, OPT_BATCH},        \
-        {"random-weights", no_argument, 0, OPT_RANDOM_WEIGHTS},                                           \
+        {"random-weights", no_argument, 0, OPT_RANDOM_WEIGHTS}, {"no-check", no_argument, 0, OPT_NO_CHECK}, \
         {"help", no_argument, 0, OPT_HELP}
 
 /* Sharded inference under mpirun, for generate, summarize and serve. */
@@ -59,11 +59,13 @@ enum {
     "  -t, --tokenizer PATH   tokenizer.json, tokenizer.bin or .gguf (default: beside the model)\n"       \
     "      --dtype D          weight dtype: f32, bf16, f16, int8 (default: as stored; f32 for GGUF)\n"    \
     "      --per-channel      int8 with one scale per output channel\n"                                   \
-    "      --threads N        CPU threads (default: all cores, divided among the ranks of an mpirun job)\n" \
+    "      --threads N        CPU threads (default: the cores other programs leave free, divided among\n" \
+    "                         the ranks of an mpirun job)\n"                                            \
     "      --ctx N            context window in tokens (default: min(model, 4096))\n"                     \
     "      --chunk N          tokens per forward pass during prefill (default 512)\n"                     \
     "      --device D         cpu, cuda or auto (default auto)\n"                                       \
-    "      --random-weights   random weights of the shape in MODEL/config.json (for speed measurements)\n"
+    "      --random-weights   random weights of the shape in MODEL/config.json (for speed measurements)\n" \
+    "      --no-check         skip the load-time check for NaN/Inf weights and bad INT8 scales\n"
 
 #define CLI_SAMPLING_HELP                                                                                 \
     "  -n, --max-tokens N     tokens to generate (default 256)\n"                                         \
@@ -79,7 +81,7 @@ enum { CLI_MAX_LORA = 32 };
 
 typedef struct {
     const char *model, *tokenizer, *dtype, *device;
-    int per_channel, threads, ctx, batch, random_weights;
+    int per_channel, threads, ctx, batch, random_weights, no_check;
     const char *lora[CLI_MAX_LORA]; /* "NAME=PATH" */
     int n_lora;
     const char *adapter;

@@ -1,5 +1,7 @@
 #include "tensor_store.h"
 
+#include <math.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -141,4 +143,61 @@ int64_t qlm_entry_numel(const qlm_tensor_entry *e) {
     int64_t n = 1;
     for (int i = 0; i < e->ndim; i++) n *= e->shape[i];
     return n;
+}
+
+/* Whether the exponent bits of any of v[0, n) are all ones (NaN or Inf); a branch-free loop the
+ * compiler vectorizes. */
+static int any_exp_ones_32(const uint32_t *v, int64_t n) {
+    uint32_t hit = 0;
+    for (int64_t i = 0; i < n; i++) hit |= (v[i] & 0x7F800000u) == 0x7F800000u;
+    return hit != 0;
+}
+
+static int any_exp_ones_16(const uint16_t *v, int64_t n, uint16_t exp) {
+    uint16_t hit = 0;
+    for (int64_t i = 0; i < n; i++) hit |= (uint16_t)((v[i] & exp) == exp);
+    return hit != 0;
+}
+
+/* The first element of e[from, to) that is a NaN or an Inf, or -1. */
+static int64_t first_non_finite(const qlm_tensor_entry *e, int64_t from, int64_t to) {
+    int wide = e->dtype == QLM_F32;
+    uint16_t exp = e->dtype == QLM_F16 ? 0x7C00u : 0x7F80u;
+    if (e->dtype != QLM_F32 && e->dtype != QLM_F16 && e->dtype != QLM_BF16) return -1;
+    const uint32_t *v32 = e->data;
+    const uint16_t *v16 = e->data;
+    if (wide ? !any_exp_ones_32(v32 + from, to - from) : !any_exp_ones_16(v16 + from, to - from, exp)) return -1;
+    for (int64_t i = from; i < to; i++)
+        if (wide ? any_exp_ones_32(v32 + i, 1) : any_exp_ones_16(v16 + i, 1, exp)) return i;
+    return -1;
+}
+
+static int scale_ok(float s) { return isfinite(s) && s > 0 && s <= 1e30f; }
+
+static int check_entry(const qlm_tensor_entry *e) {
+    if (e->dtype == QLM_I8) {
+        int64_t rows = e->ndim >= 1 ? e->shape[0] : 1;
+        if (!e->row_scales && !scale_ok(e->scale))
+            return qlm_errorf("tensor %s: INT8 scale %g is not in (0, 1e30]", e->name, (double)e->scale);
+        for (int64_t r = 0; e->row_scales && r < rows; r++)
+            if (!scale_ok(e->row_scales[r]))
+                return qlm_errorf("tensor %s: INT8 scale %g of row %lld is not in (0, 1e30]", e->name,
+                                  (double)e->row_scales[r], (long long)r);
+        return 0;
+    }
+    enum { CHUNK = 1 << 16 };
+    int64_t n = qlm_entry_numel(e), bad = INT64_MAX;
+#pragma omp parallel for schedule(dynamic) reduction(min : bad) if (n > CHUNK)
+    for (int64_t c = 0; c < (n + CHUNK - 1) / CHUNK; c++) {
+        int64_t at = first_non_finite(e, c * CHUNK, c * CHUNK + CHUNK < n ? c * CHUNK + CHUNK : n);
+        if (at >= 0 && at < bad) bad = at;
+    }
+    if (bad == INT64_MAX) return 0;
+    return qlm_errorf("tensor %s holds NaN or Inf (element %lld of %lld)", e->name, (long long)bad, (long long)n);
+}
+
+int qlm_store_check_values(const qlm_tensor_store *s) {
+    for (int i = 0; i < qlm_store_count(s); i++)
+        if (check_entry(qlm_store_at(s, i)) != 0) return -1;
+    return 0;
 }

@@ -52,4 +52,9 @@ int qlm_store_remove(qlm_tensor_store *s, const char *name);
 /* Element count of an entry (product of shape). */
 int64_t qlm_entry_numel(const qlm_tensor_entry *e);
 
+/* Checks that every value is usable: F32/F16/BF16 hold no NaN or Inf, INT8 scales are in
+ * (0, 1e30]. A file with such values loads and then generates empty or garbage text, so the error
+ * names the tensor and the first bad element. One pass over the data (a fraction of reading it). */
+int qlm_store_check_values(const qlm_tensor_store *s);
+
 #endif

@@ -335,6 +335,69 @@ static void test_clear_messages(void **state) {
     test_remove_tree(dir);
 }
 
+/* Writes bytes over element k of tensor name in dir/model.safetensors (elem: its byte width). */
+static void patch_tensor(const char *dir, const char *name, int64_t k, const void *bytes, size_t elem) {
+    char path[600];
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    size_t len;
+    char *file = test_read_file(path, &len);
+    assert_non_null(file);
+    uint64_t hlen;
+    memcpy(&hlen, file, 8);
+    cJSON *h = cJSON_ParseWithLength(file + 8, (size_t)hlen);
+    assert_non_null(h);
+    cJSON *offs = cJSON_GetObjectItem(cJSON_GetObjectItem(h, name), "data_offsets");
+    assert_non_null(offs);
+    size_t at = 8 + (size_t)hlen + (size_t)cJSON_GetArrayItem(offs, 0)->valuedouble + (size_t)k * elem;
+    assert_true(at + elem <= len);
+    memcpy(file + at, bytes, elem);
+    assert_int_equal(test_write_file(path, file, len), 0);
+    cJSON_Delete(h);
+    free(file);
+}
+
+/* NaN/Inf weights and absurd INT8 scales are refused at load, naming the tensor; --no-check loads
+ * them anyway. */
+static void test_weight_values_checked(void **state) {
+    (void)state;
+    char hf[512], dir[256];
+    test_asset(hf, sizeof hf, "tinystories-656K-hf");
+    REQUIRE_ASSET(hf);
+    assert_non_null(test_tmpdir(dir, sizeof dir));
+    const uint32_t nan32 = 0x7FC00000u;
+    const uint16_t inf_bf16 = 0x7F80u, ninf_f16 = 0xFC00u;
+    const float zero = 0, minus = -1, huge = 1e31f;
+    const struct {
+        const char *dtype, *tensor;
+        int64_t k;
+        const void *bad;
+        size_t elem;
+        const char *mention;
+    } cases[] = {
+        {"f32", "model.layers.1.mlp.down_proj.weight", 777, &nan32, 4, "down_proj.weight holds NaN or Inf (element 777 of"},
+        {"bf16", "model.layers.0.self_attn.q_proj.weight", 5, &inf_bf16, 2, "q_proj.weight holds NaN or Inf (element 5 of"},
+        {"f16", "model.embed_tokens.weight", 123, &ninf_f16, 2, "embed_tokens.weight holds NaN or Inf (element 123 of"},
+        {"int8", "model.layers.1.self_attn.o_proj.weight_scale", 0, &zero, 4, "o_proj.weight: INT8 scale 0 is not in"},
+        {"int8 --per-channel", "model.layers.0.mlp.up_proj.weight_scale", 3, &minus, 4, "up_proj.weight: INT8 scale -1 of row 3"},
+        {"int8", "model.layers.0.mlp.gate_proj.weight_scale", 0, &huge, 4, "INT8 scale 1e+31 is not in (0, 1e30]"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        char out[300], *log = NULL;
+        snprintf(out, sizeof out, "%s/m%zu", dir, i);
+        assert_int_equal(test_run_qlm(NULL, "quantize %s %s --dtype %s 2>/dev/null", hf, out, cases[i].dtype), 0);
+        assert_int_equal(test_run_qlm(&log, "generate -m %s -p Once -n 2 2>&1", out), 0);
+        free(log);
+        patch_tensor(out, cases[i].tensor, cases[i].k, cases[i].bad, cases[i].elem);
+        assert_int_equal(test_run_qlm(&log, "generate -m %s -p Once -n 2 2>&1", out), 1);
+        if (!strstr(log, cases[i].mention) || !strstr(log, "--no-check"))
+            fail_msg("%s: %s (want '%s')", cases[i].dtype, log, cases[i].mention);
+        free(log);
+        assert_int_equal(test_run_qlm(&log, "generate -m %s -p Once -n 2 --no-check 2>&1", out), 0);
+        free(log);
+    }
+    test_remove_tree(dir);
+}
+
 /* Runs "[env] qlm generate -m model --temp 0 -n 24 [flags]": the exit status, its text (*out) and
  * its log (*err), both malloc'd. */
 static int generate_logged(const char *env, const char *model, const char *flags, char **out, char **err) {
@@ -455,6 +518,7 @@ int main(void) {
         cmocka_unit_test(test_command_line_errors),
         cmocka_unit_test(test_threads_under_load),
         cmocka_unit_test(test_clear_messages),
+        cmocka_unit_test(test_weight_values_checked),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
