@@ -34,14 +34,16 @@ static const char *k_usage =
     "      --prompt-template FILE  a template with {dialogue} instead of the lab's\n"
     "      --format F         auto (chat template when the model has one, else plain), plain, chat\n"
     "      --batch IN.jsonl   summarize the --field of every line of IN\n"
-    "      --out OUT.jsonl    batch output: each input line without --field, plus --out-field\n"
+    "      --out OUT.jsonl    batch output: each input line without --field, plus --out-field (or\n"
+    "                         \"error\" for a prompt too long for the model, which is skipped)\n"
     "      --field NAME       input field holding the dialogue (default dialogue)\n"
-    "      --out-field NAME   output field for the summary (default summary)\n"
+    "      --out-field NAME   output field for the summary (default summary; refused when IN has it)\n"
     "      --batch-size B     dialogues decoded together (default 16)\n"
     "      --no-prefix-reuse  evaluate every prompt whole: each summary is then exactly the one the dialogue\n"
     "                         gets alone, whatever the batch or the split over ranks (copying a shared prompt\n"
     "                         prefix is faster and can change the rounding)\n"
-    "      --resume           continue after the last complete line of OUT\n"
+    "      --resume           continue after the last complete line of OUT (each line checked\n"
+    "                         against its input record)\n"
     "      --eval             score OUT against IN's reference fields with ROUGE when done\n"
     "      --ref-field A[,B]  reference fields for --eval (default summary1,summary2,summary3 when IN has\n"
     "                         summary1, else summary)\n"
@@ -258,6 +260,8 @@ typedef struct {
     int **ids;
     int *n_ids;
     char **summary;           /* finished, waiting for the ones before them */
+    char **error;             /* records skipped, and why (their line gets an "error" field) */
+    int n_skipped;
     FILE *out;
     cli_batch_part *part;     /* split over ranks: this rank's records and part file, else NULL */
     double t0;
@@ -288,14 +292,15 @@ static void progress(batch_job *j, int final) {
     fflush(stderr);
 }
 
-/* Record i of the output: its input fields but the dialogue, plus the summary; NULL when out of memory. */
+/* Record i of the output: its input fields but the dialogue, plus the summary (or, for a skipped
+ * record, "error"); NULL when out of memory. */
 static cJSON *output_record(const batch_job *j, int i) {
     const options *o = j->o;
     cJSON *rec = cJSON_Duplicate(j->in.rec[i], 1);
     if (!rec) return NULL;
     cJSON_DeleteItemFromObjectCaseSensitive(rec, o->field);
-    cJSON_DeleteItemFromObjectCaseSensitive(rec, o->out_field);
-    if (!cJSON_AddStringToObject(rec, o->out_field, j->summary[i])) {
+    if (!(j->error[i] ? cJSON_AddStringToObject(rec, "error", j->error[i])
+                      : cJSON_AddStringToObject(rec, o->out_field, j->summary[i]))) {
         cJSON_Delete(rec);
         return NULL;
     }
@@ -316,27 +321,9 @@ static int write_record(batch_job *j, int i) {
     return 0;
 }
 
-static int next_dialogue(void *ctx, qlm_batch_request *req) {
-    batch_job *j = ctx;
-    int last = j->part ? j->part->n_todo : j->in.n;
-    if (j->next == last || g_interrupted) return 0;
-    int i = j->part ? j->part->todo[j->next++] : j->next++;
-    *req = (qlm_batch_request){.ids = j->ids[i], .n_ids = j->n_ids[i], .params = &j->o->so.gen,
-                               .adapter = j->adapter[i], .user = (void *)(intptr_t)i};
-    return 1;
-}
-
-static int finished_dialogue(void *ctx, const qlm_batch_request *req, const char *text, size_t len,
-                             const qlm_gen_stats *st) {
-    batch_job *j = ctx;
-    int i = (int)(intptr_t)req->user;
-    char *s = malloc(len + 1);
-    if (!s) return 1;
-    memcpy(s, text, len);
-    s[len] = 0;
-    trim(s, len);
-    j->summary[i] = s;
-    j->generated += st->n_generated;
+/* Record i is finished (j->summary[i] or j->error[i] set): into this rank's part file, or into OUT
+ * once the records before it are there too. 0, or 1 to stop (the error printed). */
+static int record_done(batch_job *j, int i) {
     if (j->part) {
         cJSON *rec = output_record(j, i);
         int rc = rec ? cli_batch_part_write(j->part, rec, i) : qlm_errorf("out of memory");
@@ -352,7 +339,7 @@ static int finished_dialogue(void *ctx, const qlm_batch_request *req, const char
         return g_interrupted ? 1 : 0;
     }
     /* Lines go out in input order, so the output's length always says where to resume. */
-    while (j->written < j->in.n && j->summary[j->written]) {
+    while (j->written < j->in.n && (j->summary[j->written] || j->error[j->written])) {
         if (write_record(j, j->written) != 0) {
             fprintf(stderr, "qlm summarize: %s\n", qlm_last_error());
             return 1;
@@ -364,6 +351,47 @@ static int finished_dialogue(void *ctx, const qlm_batch_request *req, const char
         progress(j, 0);
     }
     return g_interrupted ? 1 : 0;
+}
+
+static int next_dialogue(void *ctx, qlm_batch_request *req) {
+    batch_job *j = ctx;
+    int last = j->part ? j->part->n_todo : j->in.n;
+    for (;;) {
+        if (j->next == last || g_interrupted) return 0;
+        int i = j->part ? j->part->todo[j->next++] : j->next++;
+        if (j->error[i]) { /* a skipped record is finished as soon as its turn comes */
+            if (record_done(j, i) != 0) return -1;
+            continue;
+        }
+        *req = (qlm_batch_request){.ids = j->ids[i], .n_ids = j->n_ids[i], .params = &j->o->so.gen,
+                                   .adapter = j->adapter[i], .user = (void *)(intptr_t)i};
+        return 1;
+    }
+}
+
+static int finished_dialogue(void *ctx, const qlm_batch_request *req, const char *text, size_t len,
+                             const qlm_gen_stats *st) {
+    batch_job *j = ctx;
+    int i = (int)(intptr_t)req->user;
+    char *s = malloc(len + 1);
+    if (!s) return 1;
+    memcpy(s, text, len);
+    s[len] = 0;
+    trim(s, len);
+    j->summary[i] = s;
+    j->generated += st->n_generated;
+    return record_done(j, i);
+}
+
+/* Whether an output line was written for input record i: it holds every field of the record but
+ * the dialogue, with the same values (a DialogSum fname, an id, a topic). */
+static int same_record(const batch_job *j, int i, const cJSON *line) {
+    const cJSON *f;
+    cJSON_ArrayForEach(f, j->in.rec[i]) {
+        if (!strcmp(f->string, j->o->field)) continue;
+        if (!cJSON_Compare(f, cJSON_GetObjectItemCaseSensitive(line, f->string), 1)) return 0;
+    }
+    return 1;
 }
 
 /* With --resume: the complete lines of OUT (each a JSON object) are kept, a torn last line is cut
@@ -387,19 +415,23 @@ static int open_output(batch_job *j) {
             if (!nl) break; /* a torn line from an interrupted write */
             *nl = 0;
             cJSON *rec = cJSON_Parse(text + at);
-            int ok = cJSON_IsObject(rec) && cJSON_IsString(cJSON_GetObjectItemCaseSensitive(rec, o->out_field));
+            int ok = cJSON_IsObject(rec) && (cJSON_IsString(cJSON_GetObjectItemCaseSensitive(rec, o->out_field)) ||
+                                             cJSON_IsString(cJSON_GetObjectItemCaseSensitive(rec, "error")));
+            int mine = ok && lines < j->in.n && same_record(j, lines, rec);
             cJSON_Delete(rec);
-            if (!ok) {
+            if (!ok || !mine) {
                 free(text);
-                return qlm_errorf("%s:%d: not a summary line this command wrote; not resuming", o->out, lines + 1);
+                if (!ok) return qlm_errorf("%s:%d: not a summary line this command wrote; not resuming", o->out, lines + 1);
+                if (lines >= j->in.n)
+                    return qlm_errorf("%s has more lines than %s has records; not resuming", o->out, o->batch_in);
+                return qlm_errorf("%s:%d does not belong to %s:%d (its fields differ); not resuming", o->out, lines + 1,
+                                  o->batch_in, j->in.line[lines]);
             }
             lines++;
             at = (size_t)(nl - text) + 1;
             keep = at;
         }
         free(text);
-        if (lines > j->in.n)
-            return qlm_errorf("%s has %d lines but %s only %d records", o->out, lines, o->batch_in, j->in.n);
         if (keep < (size_t)st.st_size && truncate(o->out, (off_t)keep) != 0)
             return qlm_errorf("%s: cannot cut the torn last line: %s", o->out, strerror(errno));
         j->first = lines;
@@ -439,17 +471,23 @@ static int evaluate(const batch_job *j, double seconds) {
     }
     scores = malloc((size_t)out.n * sizeof *scores);
     if (!scores) goto done;
+    int scored = 0;
     for (int i = 0; i < out.n; i++) {
+        if (cJSON_GetObjectItemCaseSensitive(out.rec[i], "error")) continue; /* skipped: no summary */
         const char *refs[MAX_REFS], *pred = cli_jsonl_text(&out, i, o->out_field);
         if (!pred) goto done;
         for (int k = 0; k < n_refs; k++)
             if (!(refs[k] = cli_jsonl_text(&j->in, i, names[k]))) goto done;
-        if (qlm_rouge_score(pred, refs, n_refs, &scores[i]) != 0) goto done;
+        if (qlm_rouge_score(pred, refs, n_refs, &scores[scored++]) != 0) goto done;
+    }
+    if (scored == 0) {
+        qlm_errorf("%s: every record was skipped: nothing to score", o->out);
+        goto done;
     }
     qlm_rouge_scores mean;
-    qlm_rouge_mean(scores, (size_t)out.n, &mean);
-    printf("ROUGE of %s against %s (%d dialogues, best of %d reference%s per metric, stemmed):\n", o->out,
-           o->batch_in, out.n, n_refs, n_refs > 1 ? "s" : "");
+    qlm_rouge_mean(scores, (size_t)scored, &mean);
+    printf("ROUGE of %s against %s (%d dialogues%s, best of %d reference%s per metric, stemmed):\n", o->out,
+           o->batch_in, scored, scored < out.n ? "; the skipped ones left out" : "", n_refs, n_refs > 1 ? "s" : "");
     qlm_rouge_print_table(stdout, &mean);
     printf("generation took %.1f s (%d dialogues this run)\n", seconds, j->done_this_run);
     rc = 0;
@@ -496,24 +534,47 @@ static int summarize_batch(const options *o, cli_model *cm, const prompter *p) {
         qlm_errorf("%s: no records", o->batch_in);
         goto out;
     }
-    for (int i = 0; i < j.in.n; i++)
+    for (int i = 0; i < j.in.n; i++) {
         if (!cli_jsonl_text(&j.in, i, o->field)) goto out;
+        /* The output line is the input's fields plus the summary: one of the same name would be lost. */
+        if (strcmp(o->field, o->out_field) != 0 && cJSON_GetObjectItemCaseSensitive(j.in.rec[i], o->out_field)) {
+            qlm_errorf("%s:%d: the record has a \"%s\" field, which the summary would replace; name the output "
+                       "field with --out-field (e.g. --out-field prediction)",
+                       o->batch_in, j.in.line[i], o->out_field);
+            goto out;
+        }
+    }
     if (root && open_output(&j) != 0) goto out;
     if (ranks && plan_ranks(&j, &part) != 0) goto out;
     j.ids = calloc((size_t)j.in.n, sizeof *j.ids);
     j.n_ids = calloc((size_t)j.in.n, sizeof *j.n_ids);
     j.summary = calloc((size_t)j.in.n, sizeof *j.summary);
     j.adapter = calloc((size_t)j.in.n, sizeof *j.adapter);
-    if (!j.ids || !j.n_ids || !j.summary || !j.adapter) {
+    j.error = calloc((size_t)j.in.n, sizeof *j.error);
+    if (!j.ids || !j.n_ids || !j.summary || !j.adapter || !j.error) {
         qlm_errorf("out of memory");
         goto out;
     }
     if (pick_adapters(&j) != 0) goto out;
-    int max_prompt = 1;
+    /* A decoder's prompt and summary share its positions: a prompt with no room for --max-tokens is
+     * skipped (its line says why), not the whole batch. */
+    int max_prompt = 1, positions = cm->src.is_t5 ? 0 : cm->model.cfg.max_seq_len;
     for (int i = j.first; i < j.in.n; i++) {
         if (prompt_ids(p, cli_jsonl_text(&j.in, i, o->field), &j.ids[i], &j.n_ids[i]) != 0) {
             qlm_error_context("%s:%d", o->batch_in, j.in.line[i]);
             goto out;
+        }
+        if (positions && j.n_ids[i] + o->so.gen.max_new_tokens > positions) {
+            if (asprintf(&j.error[i], "the prompt is %d tokens: with --max-tokens %d it exceeds the model's %d positions",
+                         j.n_ids[i], o->so.gen.max_new_tokens, positions) < 0) {
+                j.error[i] = NULL;
+                qlm_errorf("out of memory");
+                goto out;
+            }
+            j.n_skipped++;
+            if (!o->quiet && root)
+                fprintf(stderr, "summarize: %s:%d skipped: %s\n", o->batch_in, j.in.line[i], j.error[i]);
+            continue;
         }
         if (j.n_ids[i] > max_prompt) max_prompt = j.n_ids[i];
     }
@@ -557,6 +618,9 @@ static int summarize_batch(const options *o, cli_model *cm, const prompter *p) {
         rc = 0;
         goto out;
     }
+    if (j.n_skipped > 0)
+        fprintf(stderr, "summarize: %d record%s skipped (their lines in %s hold \"error\" instead of \"%s\")\n",
+                j.n_skipped, j.n_skipped == 1 ? "" : "s", o->out, o->out_field);
     if (!o->quiet && mine > 0)
         fprintf(stderr, "summarize: %d dialogues in %.1f s (%.2f dialogues/s), %ld tokens generated (%.1f tok/s), "
                         "%ld decode steps; %ld of %ld prompt tokens reused from an earlier prompt's cache\n",
@@ -568,6 +632,8 @@ out:
     if (j.out && fclose(j.out) != 0 && rc == 0) rc = qlm_errorf("%s: %s", o->out, strerror(errno));
     for (int i = 0; j.ids && i < j.in.n; i++) free(j.ids[i]);
     for (int i = 0; j.summary && i < j.in.n; i++) free(j.summary[i]);
+    for (int i = 0; j.error && i < j.in.n; i++) free(j.error[i]);
+    free(j.error);
     free(j.ids);
     free(j.n_ids);
     free(j.summary);

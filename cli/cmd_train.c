@@ -572,7 +572,7 @@ int cmd_train(int argc, char **argv) {
     int prc = parse_args(argc, argv, &a);
     if (prc) return prc;
     cli_dist d;
-    if (cli_dist_start(&d, a.device, a.dist_timeout, &a.threads) != 0) return cli_fail("train");
+    if (cli_dist_start(&d, a.device, a.dist_timeout, &a.threads, 0) != 0) return cli_fail("train");
     int root = d.rank == 0;
     if (d.size > 1 && !a.shard_given) a.shard = QLM_SHARD_DDP;
     cli_model_opts mo;

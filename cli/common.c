@@ -205,8 +205,8 @@ static void print_loaded(const cli_model_opts *o, const cli_model *cm, const qlm
 }
 
 /* Started as several ranks: the world, and a model that must be split over it. */
-static int start_ranks(const cli_model_opts *o, cli_model *cm, int *threads) {
-    if (cli_dist_start(&cm->dist, o->device, o->dist_timeout, threads) != 0) return -1;
+static int start_ranks(const cli_model_opts *o, cli_model *cm, int *threads, int quiet) {
+    if (cli_dist_start(&cm->dist, o->device, o->dist_timeout, threads, quiet) != 0) return -1;
     if (cm->dist.size > 1 && !o->shard)
         return qlm_errorf("started as %d ranks: add --shard fsdp to split the weights over them (or start one "
                           "process)",
@@ -219,7 +219,7 @@ int cli_load_model(const cli_model_opts *o, cli_model *cm, int need_tokenizer, i
     cm->dist.size = 1;
     if (!o->model) return qlm_errorf("no model given (use -m PATH)");
     int threads = o->threads;
-    if (o->distributed && start_ranks(o, cm, &threads) != 0) return -1;
+    if (o->distributed && start_ranks(o, cm, &threads, quiet) != 0) return -1;
     quiet |= cm->dist.rank != 0;
     if (!o->distributed) cli_threads_apply(threads, 1, quiet);
     const qlm_backend *be = qlm_backend_by_name(o->device);

@@ -8,11 +8,11 @@
 #include "../core/error.h"
 #include "threads.h"
 
-int cli_dist_start(cli_dist *d, const char *device, double timeout_s, int *threads) {
+int cli_dist_start(cli_dist *d, const char *device, double timeout_s, int *threads, int quiet) {
     memset(d, 0, sizeof *d);
     d->size = 1;
     if (qlm_launch_detect(&d->launch) != 0) return -1;
-    *threads = cli_threads_apply(*threads, d->launch.local_size, d->launch.rank != 0);
+    *threads = cli_threads_apply(*threads, d->launch.local_size, quiet || d->launch.rank != 0);
     const qlm_backend *be = qlm_backend_by_name(device && *device ? device : "cpu");
     if (!be) return -1;
     d->world = qlm_dist_world(&d->launch, be, timeout_s > 0 ? timeout_s : qlm_dist_default_timeout());

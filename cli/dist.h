@@ -18,9 +18,9 @@ typedef struct {
 } cli_dist;
 
 /* Detects the launch and opens the world on the device's backend. *threads (0: not given) becomes
- * the count cli_threads_apply chooses. timeout_s: each collective's
+ * the count cli_threads_apply chooses (saying why unless quiet). timeout_s: each collective's
  * deadline (0: QLM_DIST_TIMEOUT or 300). */
-int cli_dist_start(cli_dist *d, const char *device, double timeout_s, int *threads);
+int cli_dist_start(cli_dist *d, const char *device, double timeout_s, int *threads, int quiet);
 /* Prints "qlm CMD: rank R: <error>" (no rank with one process); with several ranks ends the whole
  * job, since the others would wait for this one. Returns 1. */
 int cli_dist_fail(cli_dist *d, const char *cmd);

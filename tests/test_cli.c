@@ -230,6 +230,12 @@ static void test_summarize(void **state) {
         free(gen);
     }
     char *err = NULL;
+    /* The input has "summary" (the reference): writing the summary there would lose it. */
+    assert_int_equal(test_run_qlm(&err, "summarize -m %s --batch %s --out %s %s 2>&1", model, in, out, flags), 1);
+    assert_non_null(strstr(err, "in.jsonl:1: the record has a \"summary\" field"));
+    assert_non_null(strstr(err, "--out-field"));
+    free(err);
+    flags = "--temp 0 -n 24 --quiet --out-field prediction";
     assert_int_equal(test_run_qlm(&err, "summarize -m %s --batch %s --out %s --batch-size 4 %s", model, in, out, flags), 0);
     free(err);
     size_t len;
@@ -246,7 +252,8 @@ static void test_summarize(void **state) {
         snprintf(id, sizeof id, "d%d", i);
         assert_string_equal(cJSON_GetObjectItem(rec, "id")->valuestring, id);
         assert_null(cJSON_GetObjectItem(rec, "dialogue"));
-        assert_string_equal(cJSON_GetObjectItem(rec, "summary")->valuestring, single[i]);
+        assert_string_equal(cJSON_GetObjectItem(rec, "summary")->valuestring, "Lily and Tom play with the ball in the park.");
+        assert_string_equal(cJSON_GetObjectItem(rec, "prediction")->valuestring, single[i]);
         cJSON_Delete(rec);
         *nl = '\n';
         line = nl + 1;
@@ -271,6 +278,49 @@ static void test_summarize(void **state) {
     assert_int_equal(test_run_qlm(&err, "summarize -m %s --batch %s --out %s --resume --eval %s", model, in, out, flags), 0);
     assert_non_null(strstr(err, "ROUGE-Lsum"));
     free(err);
+    /* Lines of other records (the first two swapped) are not resumed from. */
+    char *first_nl = strchr(full, '\n');
+    size_t l1 = (size_t)(first_nl - full) + 1, l2 = keep - l1;
+    char *swapped = malloc(keep);
+    memcpy(swapped, full + l1, l2);
+    memcpy(swapped + l2, full, l1);
+    assert_int_equal(test_write_file(out, swapped, keep), 0);
+    free(swapped);
+    assert_int_equal(test_run_qlm(&err, "summarize -m %s --batch %s --out %s --resume %s 2>&1", model, in, out, flags), 1);
+    assert_non_null(strstr(err, "out.jsonl:1 does not belong to"));
+    assert_non_null(strstr(err, "in.jsonl:1"));
+    free(err);
+    /* A prompt with no room for --max-tokens is skipped with an "error" line; the rest are done. */
+    char *words = malloc(8192);
+    strcpy(words, "{\"id\": \"long\", \"dialogue\": \"#Person1#:");
+    for (int i = 0; i < 600; i++) strcat(words, " ball");
+    strcat(words, "\"}\n");
+    char *withlong = test_read_file(in, &len);
+    size_t inlen = strlen(withlong);
+    withlong = realloc(withlong, inlen + strlen(words) + 1);
+    strcpy(withlong + inlen, words);
+    assert_int_equal(test_write_file(in, withlong, strlen(withlong)), 0);
+    free(words);
+    remove(out);
+    assert_int_equal(test_run_qlm(&err, "summarize -m %s --batch %s --out %s --eval %s 2>&1", model, in, out,
+                                  "--temp 0 -n 24 --out-field prediction"),
+                     0);
+    assert_non_null(strstr(err, "in.jsonl:7 skipped: the prompt is"));
+    assert_non_null(strstr(err, "1 record skipped"));
+    assert_non_null(strstr(err, "ROUGE-Lsum"));
+    free(err);
+    char *skipped = test_read_file(out, NULL);
+    assert_memory_equal(skipped, full, strlen(full));
+    cJSON *last = cJSON_Parse(skipped + strlen(full));
+    assert_non_null(last);
+    assert_string_equal(cJSON_GetObjectItem(last, "id")->valuestring, "long");
+    assert_non_null(strstr(cJSON_GetObjectItem(last, "error")->valuestring, "exceeds the model's 512 positions"));
+    assert_null(cJSON_GetObjectItem(last, "prediction"));
+    cJSON_Delete(last);
+    free(skipped);
+    withlong[inlen] = 0;
+    assert_int_equal(test_write_file(in, withlong, inlen), 0);
+    free(withlong);
 
     /* Bad input names the file and line. */
     FILE *f = fopen(in, "a");
@@ -328,7 +378,7 @@ static void test_clear_messages(void **state) {
     expect_message(1, "/dev/null: not a regular file", "tokenize -t /dev/null hi%s%s", "", "");
     expect_message(0, "3 tokens", "tokenize -t %s 'Once upon'%s", tok, ""); /* a llama2.c tokenizer alone */
     expect_message(1, "afile: exists and is not a folder", "quantize %s %s --dtype int8", hf, file);
-    expect_message(1, "not a regular file (--out names", "summarize -m %s --batch %s --out /tmp --max-tokens 2", hf, jsonl);
+    expect_message(1, "not a regular file (--out names", "summarize -m %s --batch %s --out /tmp --out-field p --max-tokens 2", hf, jsonl);
     expect_message(1, ": is a folder, not a file", "rouge --pred %s --ref %s", dir, jsonl);
     expect_message(1, "adapts a T5 model, but the base model is Llama-family",
                    "generate -m %s --lora a=tests/fixtures/lora/t5_qv_rslora_r16 -p hi%s", hf, "");
