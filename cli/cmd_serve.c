@@ -6,6 +6,7 @@
 #include <signal.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "../core/error.h"
@@ -21,7 +22,10 @@ static const char *k_usage =
     "      --lora NAME=PATH   load the PEFT LoRA adapter folder PATH as NAME (repeatable)\n"
     "      --host ADDR        IPv4 address to bind (default 127.0.0.1)\n"
     "      --port N           TCP port (default 8080; 0: any free port)\n"
-    "      --api-key KEY      require \"Authorization: Bearer KEY\" (all routes but /health)\n"
+    "      --api-key KEY      require \"Authorization: Bearer KEY\" (all routes but /health and the page /)\n"
+    "      --adapter-dir DIR  POST /v1/adapters may load adapter folders inside DIR (default: off)\n"
+    "      --cors-origin O    let pages of origin O (e.g. https://app.example; * for any) call the server\n"
+    "                         (default: other sites' pages are refused)\n"
     "      --max-seqs N       sequences decoded together (default 8)\n"
     "      --max-queue N      requests waiting beyond those before 429 (default 64)\n"
     "      --max-output N     most tokens one request may generate (default: half the context, at most 1024)\n"
@@ -29,7 +33,8 @@ static const char *k_usage =
     "      --name NAME        the base model's id in the API (default: the model path's last component)\n"
     "      --quiet            no load line or request log\n" CLI_DIST_HELP;
 
-enum { OPT_HOST = 700, OPT_PORT, OPT_API_KEY, OPT_MAX_SEQS, OPT_MAX_QUEUE, OPT_MAX_OUTPUT, OPT_NAME, OPT_TIMEOUT };
+enum { OPT_HOST = 700, OPT_PORT, OPT_API_KEY, OPT_MAX_SEQS, OPT_MAX_QUEUE, OPT_MAX_OUTPUT, OPT_NAME, OPT_TIMEOUT,
+       OPT_ADAPTER_DIR, OPT_CORS };
 
 static int g_signal_pipe[2];
 
@@ -70,7 +75,7 @@ static void base_name(const char *path, char *out, size_t cap) {
 int cmd_serve(int argc, char **argv) {
     cli_model_opts mo;
     cli_model_opts_init(&mo);
-    const char *host = "127.0.0.1", *api_key = NULL, *name = NULL;
+    const char *host = "127.0.0.1", *api_key = NULL, *name = NULL, *adapter_dir = NULL, *cors = NULL;
     int port = 8080, max_seqs = 8, max_queue = 64, max_output = 0, quiet = 0, timeout = 30;
     static const struct option opts[] = {CLI_MODEL_OPTIONS, CLI_LORA_OPTIONS, CLI_DIST_OPTIONS,
                                          {"host", required_argument, 0, OPT_HOST},
@@ -81,6 +86,8 @@ int cmd_serve(int argc, char **argv) {
                                          {"max-output", required_argument, 0, OPT_MAX_OUTPUT},
                                          {"name", required_argument, 0, OPT_NAME},
                                          {"timeout", required_argument, 0, OPT_TIMEOUT},
+                                         {"adapter-dir", required_argument, 0, OPT_ADAPTER_DIR},
+                                         {"cors-origin", required_argument, 0, OPT_CORS},
                                          {"quiet", no_argument, 0, OPT_QUIET},
                                          {0, 0, 0, 0}};
     optind = 1;
@@ -100,6 +107,8 @@ int cmd_serve(int argc, char **argv) {
         case OPT_MAX_OUTPUT: if (cli_int("--max-output", optarg, 1, 1 << 20, &max_output) != 0) return 2; break;
         case OPT_TIMEOUT: if (cli_int("--timeout", optarg, 1, 86400, &timeout) != 0) return 2; break;
         case OPT_NAME: name = optarg; break;
+        case OPT_ADAPTER_DIR: adapter_dir = optarg; break;
+        case OPT_CORS: cors = optarg; break;
         case OPT_QUIET: quiet = 1; break;
         default: return cli_usage_error("serve", k_usage);
         }
@@ -110,6 +119,15 @@ int cmd_serve(int argc, char **argv) {
     }
     if (api_key && !api_key[0]) {
         fprintf(stderr, "qlm serve: --api-key needs a non-empty key\n");
+        return 2;
+    }
+    struct stat st;
+    if (adapter_dir && (stat(adapter_dir, &st) != 0 || !S_ISDIR(st.st_mode))) {
+        fprintf(stderr, "qlm serve: --adapter-dir %s is not a folder\n", adapter_dir);
+        return 2;
+    }
+    if (cors && (!cors[0] || strchr(cors, '\r') || strchr(cors, '\n') || strchr(cors, ','))) {
+        fprintf(stderr, "qlm serve: --cors-origin takes one origin such as https://app.example, or *\n");
         return 2;
     }
     cli_model cm;
@@ -137,7 +155,8 @@ int cmd_serve(int argc, char **argv) {
     char model_name[256];
     if (name) snprintf(model_name, sizeof model_name, "%s", name);
     else base_name(mo.model, model_name, sizeof model_name);
-    qlm_server_config sc = {.host = host, .port = port, .api_key = api_key, .model_name = model_name,
+    qlm_server_config sc = {.host = host, .port = port, .api_key = api_key, .cors_origin = cors,
+                            .adapter_dir = adapter_dir, .model_name = model_name,
                             .model = cm.src.is_t5 ? NULL : &cm.model, .t5 = cm.src.is_t5 ? &cm.t5 : NULL,
                             .tok = cm.src.tok, .lora = &cm.lora, .max_seqs = max_seqs, .max_prompt = max_prompt,
                             .max_output = max_output, .max_queue = max_queue, .timeout_s = timeout, .log = quiet ? NULL : log_request};

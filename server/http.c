@@ -9,7 +9,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -51,12 +50,19 @@ typedef struct {
     job *job;                /* a generation, until the request completes */
     int chat, first, ended;
     int counted;             /* a generation counted in in_flight */
+    int cors;                /* from an origin --cors-origin allows: the answer says so */
     char id[48], model[128];
     long created;
     char *out;               /* SSE bytes not yet handed to MHD */
     size_t out_len, out_off;
 } conn;
 
+
+static void allow_origin(struct MHD_Response *r, const conn *cx) {
+    if (!cx->cors) return;
+    MHD_add_response_header(r, "Access-Control-Allow-Origin", cx->srv->cfg.cors_origin);
+    MHD_add_response_header(r, "Vary", "Origin");
+}
 
 /* Queues text as the response (takes ownership of text). */
 static enum MHD_Result respond(struct MHD_Connection *c, conn *cx, int status, char *text, const char *type) {
@@ -71,6 +77,7 @@ static enum MHD_Result respond(struct MHD_Connection *c, conn *cx, int status, c
         return MHD_NO;
     }
     MHD_add_response_header(r, "Content-Type", type);
+    allow_origin(r, cx);
     if (status == 429 || status == 503) MHD_add_response_header(r, "Retry-After", "1");
     if (status == 401) MHD_add_response_header(r, "WWW-Authenticate", "Bearer");
     cx->status = status;
@@ -245,6 +252,7 @@ static enum MHD_Result generate(struct MHD_Connection *c, conn *cx, int chat) {
         if (!r) return MHD_NO;
         MHD_add_response_header(r, "Content-Type", "text/event-stream");
         MHD_add_response_header(r, "Cache-Control", "no-cache");
+        allow_origin(r, cx);
         cx->status = 200;
         enum MHD_Result ret = MHD_queue_response(c, MHD_HTTP_OK, r);
         MHD_destroy_response(r);
@@ -265,18 +273,23 @@ static enum MHD_Result load_adapter(struct MHD_Connection *c, conn *cx) {
     qlm_server *s = cx->srv;
     qlm_lora_registry *r = s->cfg.lora;
     if (!r) return respond_error(c, cx, 400, "invalid_request_error", "this server takes no adapters");
-    char name[64], *path;
+    if (!s->cfg.adapter_dir)
+        return respond_error(c, cx, 403, "permission_error",
+                             "loading adapters over HTTP is off (start the server with --adapter-dir DIR)");
+    char name[64], *asked, *path;
     api_error e;
-    if (openai_parse_adapter_load(&s->cfg, cx->body ? cx->body : "", cx->len, name, sizeof name, &path, &e) != 0)
+    if (openai_parse_adapter_load(&s->cfg, cx->body ? cx->body : "", cx->len, name, sizeof name, &asked, &e) != 0)
         return respond_api_error(c, cx, &e);
-    struct stat st;
-    int missing = stat(path, &st) != 0;
+    /* One answer for every path that is not a folder inside --adapter-dir, so that it tells nothing
+     * about the rest of the machine. */
+    int outside = guard_adapter_path(s->cfg.adapter_dir, asked, &path) != 0;
+    free(asked);
     pthread_mutex_lock(&s->queue.mu);
     int dup = qlm_lora_registry_find(r, name) != NULL;
     pthread_mutex_unlock(&s->queue.mu);
-    if (missing || dup) {
+    if (outside || dup) {
         free(path);
-        return missing ? respond_error(c, cx, 404, "not_found_error", "'path' does not exist on the server")
+        return outside ? respond_error(c, cx, 404, "not_found_error", "'path' is not a folder inside the server's --adapter-dir")
                        : respond_error(c, cx, 409, "invalid_request_error", "an adapter with this 'name' is loaded");
     }
     qlm_lora_adapter a;
@@ -338,9 +351,33 @@ static enum MHD_Result route(struct MHD_Connection *c, conn *cx) {
     int get = !strcmp(m, "GET"), post = !strcmp(m, "POST");
     if (cx->too_large) return respond_error(c, cx, 413, "invalid_request_error", "the body is larger than 1 MiB");
     if (get && !strcmp(p, "/health")) return respond_json(c, cx, 200, strdup("{\"status\":\"ok\"}"));
+    const char *host = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Host");
+    if (!guard_host_ok(&s->cfg, host))
+        return respond_error(c, cx, 403, "permission_error",
+                             "the Host header names another server (a name rebound to this loopback address)");
+    int cors = guard_origin(&s->cfg, MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Origin"), host);
+    if (cors < 0)
+        return respond_error(c, cx, 403, "permission_error",
+                             "cross-origin requests are refused (start the server with --cors-origin ORIGIN to allow a site)");
+    cx->cors = cors;
+    if (cors && !strcmp(m, "OPTIONS")) { /* a browser's preflight */
+        struct MHD_Response *r = MHD_create_response_from_buffer(0, "", MHD_RESPMEM_PERSISTENT);
+        if (!r) return MHD_NO;
+        allow_origin(r, cx);
+        MHD_add_response_header(r, "Access-Control-Allow-Methods", "GET, POST, DELETE, OPTIONS");
+        MHD_add_response_header(r, "Access-Control-Allow-Headers", "Authorization, Content-Type");
+        MHD_add_response_header(r, "Access-Control-Max-Age", "600");
+        cx->status = 204;
+        enum MHD_Result ret = MHD_queue_response(c, 204, r);
+        MHD_destroy_response(r);
+        return ret;
+    }
     /* The page itself is public; its requests carry the key the user types in. */
     if (get && !strcmp(p, "/")) return respond(c, cx, 200, strdup(qlm_chat_page), "text/html; charset=utf-8");
     if (!authorized(c, s)) return respond_error(c, cx, 401, "authentication_error", "missing or wrong API key");
+    /* A form or a "simple" cross-site request cannot send this type without a preflight. */
+    if (post && !guard_json_type(MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Content-Type")))
+        return respond_error(c, cx, 415, "invalid_request_error", "the body must be sent as Content-Type: application/json");
     if (get && !strcmp(p, "/metrics")) return respond(c, cx, 200, metrics_text(s), "text/plain; version=0.0.4");
     if (get && !strcmp(p, "/v1/models")) {
         pthread_mutex_lock(&s->queue.mu); /* the registry may be changing */

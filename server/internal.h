@@ -9,6 +9,17 @@
 
 #include "server.h"
 
+/* Request policy (guard.c). The Host of a request to a loopback server must be the loopback
+ * (a DNS name rebound to 127.0.0.1 is refused). */
+int guard_host_ok(const qlm_server_config *cfg, const char *host);
+/* 0: no Origin, or the server's own page; 1: an origin --cors-origin allows; -1: refused. */
+int guard_origin(const qlm_server_config *cfg, const char *origin, const char *host);
+/* Whether a Content-Type is application/json (parameters allowed). */
+int guard_json_type(const char *content_type);
+/* The real path of an adapter folder named by path (absolute, or relative to adapter_dir) when it
+ * lies inside adapter_dir; -1 for everything else, missing or outside alike. */
+int guard_adapter_path(const char *adapter_dir, const char *path, char **resolved);
+
 /* Monotonic seconds, for latencies. */
 static inline double server_now(void) {
     struct timespec ts;

@@ -68,8 +68,8 @@ def main():
     write_adapter(adapter_dir, config, seed=7)
     write_adapter(adapter2_dir, config, seed=8)
 
-    proc = subprocess.Popen([qlm, "serve", "-m", model_dir, "--port", "0", "--api-key", "k", "--name", "m", "--max-seqs", "8"],
-                            stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen([qlm, "serve", "-m", model_dir, "--port", "0", "--api-key", "k", "--name", "m", "--max-seqs", "8",
+                             "--adapter-dir", work], stdout=subprocess.PIPE, text=True)
     try:
         port = int(re.search(r"127\.0\.0\.1:(\d+)", proc.stdout.readline()).group(1))
         client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="k", max_retries=0)

@@ -158,7 +158,7 @@ static void test_serve_openai(void **state) {
     int at = snprintf(cmd, sizeof cmd, "cd %s; ", s.dir);
     for (int i = 0; i < 4; i++)
         at += snprintf(cmd + at, sizeof cmd - (size_t)at,
-                       "curl -s -o c%d http://127.0.0.1:%d/v1/completions -d '{\"prompt\":\"%s\",\"max_tokens\":40,"
+                       "curl -s -o c%d -H 'Content-Type: application/json' http://127.0.0.1:%d/v1/completions -d '{\"prompt\":\"%s\",\"max_tokens\":40,"
                        "\"temperature\":0.8,\"seed\":%d}' & ",
                        i, s.port, k_prompts[i], i);
     snprintf(cmd + at, sizeof cmd - (size_t)at, "wait");
@@ -275,7 +275,7 @@ static void test_serve_api_key(void **state) {
     /* A streamed request still running when SIGTERM comes finishes before the exit. */
     char cmd[1024];
     snprintf(cmd, sizeof cmd,
-             "curl -s -N -H 'Authorization: Bearer sekrit' -o %s/drain http://127.0.0.1:%d/v1/completions "
+             "curl -s -N -H 'Authorization: Bearer sekrit' -H 'Content-Type: application/json' -o %s/drain http://127.0.0.1:%d/v1/completions "
              "-d '{\"prompt\":\"Once\",\"max_tokens\":200,\"temperature\":0,\"stream\":true}' & sleep 0.3; kill -TERM %d; wait",
              s.dir, s.port, (int)s.pid);
     assert_int_equal(system(cmd), 0);
@@ -293,19 +293,22 @@ static void test_serve_adapters(void **state) {
     char model[512];
     test_asset(model, sizeof model, "tinystories-656K-hf");
     REQUIRE_ASSET(model);
+    char adir[256], flags[512];
+    assert_non_null(test_tmpdir(adir, sizeof adir));
+    snprintf(flags, sizeof flags, "--name tiny --quiet --adapter-dir %s", adir);
     server s;
-    server_start(&s, model, "--name tiny --quiet");
+    server_start(&s, model, flags);
     /* B = 0 at init, so the adapter's outputs equal the base's. */
     const char *bin = getenv("QLM_BIN");
     char cmd[2048], body[2048], *resp;
     snprintf(cmd, sizeof cmd, "%s lora init -m %s -o %s/ad --rank 4 >/dev/null 2>&1", bin && *bin ? bin : "build/qlm",
-             model, s.dir);
+             model, adir);
     assert_int_equal(system(cmd), 0);
     const char *gen = "{\"model\":\"%s\",\"prompt\":\"Once upon a time\",\"max_tokens\":24,\"temperature\":0}";
     snprintf(body, sizeof body, gen, "tiny");
     char *base = generated(&s, "/v1/completions", body, "length");
 
-    snprintf(body, sizeof body, "{\"name\":\"ad1\",\"path\":\"%s/ad\"}", s.dir);
+    snprintf(body, sizeof body, "{\"name\":\"ad1\",\"path\":\"%s/ad\"}", adir);
     assert_int_equal(http(&s, "POST", "/v1/adapters", body, NULL, &resp), 200);
     free(resp);
     assert_int_equal(http(&s, "GET", "/v1/models", NULL, NULL, &resp), 200);
@@ -319,12 +322,18 @@ static void test_serve_adapters(void **state) {
     assert_string_equal(tuned, base);
     free(tuned);
 
-    snprintf(body, sizeof body, "{\"name\":\"ad1\",\"path\":\"%s/ad\"}", s.dir);
-    expect_error(&s, "POST", "/v1/adapters", body, NULL, 409, "name");
-    snprintf(body, sizeof body, "{\"name\":\"ad2\",\"path\":\"%s/nowhere\"}", s.dir);
-    expect_error(&s, "POST", "/v1/adapters", body, NULL, 404, "path");
-    snprintf(body, sizeof body, "{\"name\":\"ad2\",\"path\":\"%s\"}", model);
-    expect_error(&s, "POST", "/v1/adapters", body, NULL, 422, "path");
+    expect_error(&s, "POST", "/v1/adapters", "{\"name\":\"ad1\",\"path\":\"ad\"}", NULL, 409, "name");
+    /* Only folders inside --adapter-dir, with one answer for everything else: missing, outside
+     * (an existing model folder, /etc, a way out through ".."), or the folder itself. */
+    const char *elsewhere[] = {"nowhere", model, "/etc", "../../etc", ".", ""};
+    for (size_t i = 0; i < sizeof elsewhere / sizeof *elsewhere; i++) {
+        snprintf(body, sizeof body, "{\"name\":\"ad2\",\"path\":\"%s\"}", elsewhere[i]);
+        expect_error(&s, "POST", "/v1/adapters", body, NULL, elsewhere[i][0] ? 404 : 400,
+                     elsewhere[i][0] ? "'path' is not a folder inside the server's --adapter-dir" : "path");
+    }
+    snprintf(cmd, sizeof cmd, "mkdir %s/notad", adir);
+    assert_int_equal(system(cmd), 0);
+    expect_error(&s, "POST", "/v1/adapters", "{\"name\":\"ad2\",\"path\":\"notad\"}", NULL, 422, "path");
     expect_error(&s, "POST", "/v1/adapters", "{\"path\":\"/tmp\"}", NULL, 400, "name");
     expect_error(&s, "POST", "/v1/adapters", "{\"name\":\"a b\",\"path\":\"/tmp\"}", NULL, 400, "name");
     expect_error(&s, "POST", "/v1/adapters", "{\"name\":\"ad2\"}", NULL, 400, "path");
@@ -340,6 +349,12 @@ static void test_serve_adapters(void **state) {
     expect_error(&s, "POST", "/v1/completions", body, NULL, 404, "ad1");
     expect_error(&s, "DELETE", "/v1/adapters/ad1", NULL, NULL, 404, NULL);
     free(base);
+    free(server_stop(&s));
+    test_remove_tree(adir);
+    /* Without --adapter-dir nothing is loaded by path. */
+    server_start(&s, model, "--name tiny --quiet");
+    snprintf(body, sizeof body, "{\"name\":\"ad1\",\"path\":\"%s\"}", model);
+    expect_error(&s, "POST", "/v1/adapters", body, NULL, 403, "--adapter-dir");
     free(server_stop(&s));
 }
 
@@ -527,6 +542,63 @@ static void test_serve_injection(void **state) {
     free(server_stop(&s));
 }
 
+/* "curl -s -X METHOD URL HEADERS": the status, and whether the answer's headers hold want_header. */
+static int curl_status(const server *s, const char *method, const char *path, const char *headers, const char *body,
+                       const char *want_header, int *has_header) {
+    char cmd[2048], hdr[600];
+    snprintf(hdr, sizeof hdr, "%s/hdr", s->dir);
+    snprintf(cmd, sizeof cmd, "curl -s -o /dev/null -D %s -w '%%{http_code}' -X %s %s %s%s%s http://127.0.0.1:%d%s", hdr,
+             method, headers, body ? "--data-binary '" : "", body ? body : "", body ? "'" : "", s->port, path);
+    FILE *p = popen(cmd, "r");
+    assert_non_null(p);
+    int status = 0;
+    assert_int_equal(fscanf(p, "%d", &status), 1);
+    pclose(p);
+    if (has_header) {
+        char *got = test_read_file(hdr, NULL);
+        *has_header = got && want_header && strcasestr(got, want_header) != NULL;
+        free(got);
+    }
+    return status;
+}
+
+/* Requests a web page could make a browser send: a Host rebound to the loopback, another site's
+ * Origin and a body that is not declared JSON are refused; the server's own page and an origin
+ * --cors-origin names are served, with the CORS headers a browser needs. */
+static void test_serve_cross_site(void **state) {
+    (void)state;
+    char model[512];
+    test_asset(model, sizeof model, "tinystories-656K-hf");
+    REQUIRE_ASSET(model);
+    server s;
+    server_start(&s, model, "--quiet --cors-origin https://app.example");
+    const char *json = "-H 'Content-Type: application/json'", *gen = "{\"prompt\":\"Once\",\"max_tokens\":1}";
+    char own[128], both[256];
+    snprintf(own, sizeof own, "-H 'Origin: http://127.0.0.1:%d'", s.port);
+    int cors = 0;
+    assert_int_equal(curl_status(&s, "GET", "/v1/models", "-H 'Host: rebound.example:80'", NULL, NULL, NULL), 403);
+    assert_int_equal(curl_status(&s, "GET", "/health", "-H 'Host: rebound.example:80'", NULL, NULL, NULL), 200);
+    assert_int_equal(curl_status(&s, "GET", "/v1/models", "-H 'Host: localhost:1'", NULL, NULL, NULL), 200);
+    assert_int_equal(curl_status(&s, "GET", "/v1/models", "-H 'Origin: https://evil.example'", NULL, NULL, NULL), 403);
+    snprintf(both, sizeof both, "%s -H 'Content-Type: text/plain'", own);
+    assert_int_equal(curl_status(&s, "POST", "/v1/completions", both, gen, NULL, NULL), 415);
+    assert_int_equal(curl_status(&s, "POST", "/v1/completions", "", gen, NULL, NULL), 415); /* form-encoded */
+    snprintf(both, sizeof both, "%s %s", own, json);
+    assert_int_equal(curl_status(&s, "POST", "/v1/completions", both, gen, NULL, NULL), 200);
+    assert_int_equal(curl_status(&s, "POST", "/v1/completions", json, gen, NULL, NULL), 200);
+    snprintf(both, sizeof both, "-H 'Origin: https://app.example' %s", json);
+    assert_int_equal(curl_status(&s, "POST", "/v1/completions", both, gen, "Access-Control-Allow-Origin: https://app.example",
+                                 &cors),
+                     200);
+    assert_true(cors);
+    assert_int_equal(curl_status(&s, "OPTIONS", "/v1/completions",
+                                 "-H 'Origin: https://app.example' -H 'Access-Control-Request-Method: POST'", NULL,
+                                 "Access-Control-Allow-Headers: Authorization, Content-Type", &cors),
+                     204);
+    assert_true(cors);
+    free(server_stop(&s));
+}
+
 static void test_serve_abuse(void **state) {
     (void)state;
     char model[512];
@@ -673,6 +745,7 @@ int main(void) {
         cmocka_unit_test(test_serve_detokenize_size),
         cmocka_unit_test(test_serve_strict_json),
         cmocka_unit_test(test_serve_injection),
+        cmocka_unit_test(test_serve_cross_site),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
