@@ -6,6 +6,7 @@
 #include <signal.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -29,12 +30,40 @@ static const char *k_usage =
     "      --max-seqs N       sequences decoded together (default 8)\n"
     "      --max-queue N      requests waiting beyond those before 429 (default 64)\n"
     "      --max-output N     most tokens one request may generate (default: half the context, at most 1024)\n"
-    "      --timeout S        close a connection idle for S seconds (default 30)\n"
+    "      --timeout S        a request must arrive whole within S seconds, and a connection idle\n"
+    "                         for S seconds is closed (default 30)\n"
+    "      --max-connections N     open connections at most (default 2048; raises ulimit -n to fit)\n"
+    "      --max-connections-per-ip N  from one client address at most (default 1024; 0: no limit)\n"
     "      --name NAME        the base model's id in the API (default: the model path's last component)\n"
     "      --quiet            no load line or request log\n" CLI_DIST_HELP;
 
 enum { OPT_HOST = 700, OPT_PORT, OPT_API_KEY, OPT_MAX_SEQS, OPT_MAX_QUEUE, OPT_MAX_OUTPUT, OPT_NAME, OPT_TIMEOUT,
-       OPT_ADAPTER_DIR, OPT_CORS };
+       OPT_ADAPTER_DIR, OPT_CORS, OPT_MAX_CONN, OPT_MAX_CONN_IP };
+
+/* Descriptors beyond the connections: model files, pipes, the event loop's own. */
+enum { SPARE_FDS = 64 };
+
+/* Raises the descriptor limit to fit max connections (up to the hard limit), or lowers max to
+ * what the limit allows, saying so. -1 when not even one fits. */
+static int fit_descriptors(int *max, int quiet) {
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) != 0) return 0;
+    rlim_t need = (rlim_t)*max + SPARE_FDS;
+    if (rl.rlim_cur == RLIM_INFINITY || rl.rlim_cur >= need) return 0;
+    rl.rlim_cur = rl.rlim_max != RLIM_INFINITY && rl.rlim_max < need ? rl.rlim_max : need;
+    if (setrlimit(RLIMIT_NOFILE, &rl) != 0 && getrlimit(RLIMIT_NOFILE, &rl) != 0) return 0;
+    if (rl.rlim_cur >= need) return 0;
+    if (rl.rlim_cur <= SPARE_FDS) {
+        fprintf(stderr, "qlm serve: the descriptor limit (ulimit -n) of %lu leaves no room for connections\n",
+                (unsigned long)rl.rlim_cur);
+        return -1;
+    }
+    *max = (int)(rl.rlim_cur - SPARE_FDS);
+    if (!quiet)
+        fprintf(stderr, "qlm serve: the descriptor limit (ulimit -n %lu) allows %d connections, not more\n",
+                (unsigned long)rl.rlim_cur, *max);
+    return 0;
+}
 
 static int g_signal_pipe[2];
 
@@ -77,6 +106,7 @@ int cmd_serve(int argc, char **argv) {
     cli_model_opts_init(&mo);
     const char *host = "127.0.0.1", *api_key = NULL, *name = NULL, *adapter_dir = NULL, *cors = NULL;
     int port = 8080, max_seqs = 8, max_queue = 64, max_output = 0, quiet = 0, timeout = 30;
+    int max_conn = 2048, max_conn_ip = 1024;
     static const struct option opts[] = {CLI_MODEL_OPTIONS, CLI_LORA_OPTIONS, CLI_DIST_OPTIONS,
                                          {"host", required_argument, 0, OPT_HOST},
                                          {"port", required_argument, 0, OPT_PORT},
@@ -88,6 +118,8 @@ int cmd_serve(int argc, char **argv) {
                                          {"timeout", required_argument, 0, OPT_TIMEOUT},
                                          {"adapter-dir", required_argument, 0, OPT_ADAPTER_DIR},
                                          {"cors-origin", required_argument, 0, OPT_CORS},
+                                         {"max-connections", required_argument, 0, OPT_MAX_CONN},
+                                         {"max-connections-per-ip", required_argument, 0, OPT_MAX_CONN_IP},
                                          {"quiet", no_argument, 0, OPT_QUIET},
                                          {0, 0, 0, 0}};
     optind = 1;
@@ -106,6 +138,10 @@ int cmd_serve(int argc, char **argv) {
         case OPT_MAX_QUEUE: if (cli_int("--max-queue", optarg, 1, 100000, &max_queue) != 0) return 2; break;
         case OPT_MAX_OUTPUT: if (cli_int("--max-output", optarg, 1, 1 << 20, &max_output) != 0) return 2; break;
         case OPT_TIMEOUT: if (cli_int("--timeout", optarg, 1, 86400, &timeout) != 0) return 2; break;
+        case OPT_MAX_CONN: if (cli_int("--max-connections", optarg, 1, 1000000, &max_conn) != 0) return 2; break;
+        case OPT_MAX_CONN_IP:
+            if (cli_int("--max-connections-per-ip", optarg, 0, 1000000, &max_conn_ip) != 0) return 2;
+            break;
         case OPT_NAME: name = optarg; break;
         case OPT_ADAPTER_DIR: adapter_dir = optarg; break;
         case OPT_CORS: cors = optarg; break;
@@ -130,6 +166,7 @@ int cmd_serve(int argc, char **argv) {
         fprintf(stderr, "qlm serve: --cors-origin takes one origin such as https://app.example, or *\n");
         return 2;
     }
+    if (fit_descriptors(&max_conn, quiet) != 0) return 1;
     cli_model cm;
     mo.distributed = 1;
     if (cli_load_model(&mo, &cm, 1, quiet) != 0) return cli_model_fail(&cm, "serve");
@@ -159,7 +196,9 @@ int cmd_serve(int argc, char **argv) {
                             .adapter_dir = adapter_dir, .model_name = model_name,
                             .model = cm.src.is_t5 ? NULL : &cm.model, .t5 = cm.src.is_t5 ? &cm.t5 : NULL,
                             .tok = cm.src.tok, .lora = &cm.lora, .max_seqs = max_seqs, .max_prompt = max_prompt,
-                            .max_output = max_output, .max_queue = max_queue, .timeout_s = timeout, .log = quiet ? NULL : log_request};
+                            .max_output = max_output, .max_queue = max_queue, .timeout_s = timeout,
+                            .max_connections = max_conn, .max_connections_per_ip = max_conn_ip,
+                            .log = quiet ? NULL : log_request};
     /* Libraries start threads of their own (OpenBLAS before main), so a signal may land on any
      * thread: its handler only writes to a pipe that the main thread waits on. */
     if (pipe(g_signal_pipe) != 0) {

@@ -1,11 +1,12 @@
-/* The HTTP layer: libmicrohttpd with a thread per connection (so a handler may block on its
- * job), body limits, API-key check, routing, and Server-Sent Events for streamed generations. */
+/* The HTTP layer: libmicrohttpd's event loop (epoll) on a few threads, so that idle or slow
+ * connections cost a socket and no thread; a request waiting for its generation suspends its
+ * connection and the scheduler resumes it when text arrives. Body limits, the API-key check,
+ * routing, and Server-Sent Events for streamed generations. */
 #include <arpa/inet.h>
 #include <microhttpd.h>
 #include <netinet/in.h>
 #include <openssl/crypto.h>
 #include <openssl/sha.h>
-#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -15,7 +16,7 @@
 #include "../core/error.h"
 #include "internal.h"
 
-enum { MAX_BODY = 1 << 20, MAX_CONNECTIONS = 256, CONNECTION_TIMEOUT_S = 30 };
+enum { MAX_BODY = 1 << 20, CONNECTION_TIMEOUT_S = 30, HTTP_THREADS = 4 };
 
 /* Upper bounds (seconds) of the latency histograms' buckets; one more bucket holds the rest. */
 enum { N_LATENCY_BUCKETS = 12 };
@@ -30,6 +31,7 @@ struct qlm_server {
     qlm_server_config cfg;
     struct MHD_Daemon *daemon;
     job_queue queue;
+    watchdog watch;
     pthread_mutex_t mu;      /* guards the fields below */
     pthread_cond_t idle;     /* in_flight reached 0 */
     int in_flight, draining;
@@ -41,6 +43,8 @@ struct qlm_server {
 
 typedef struct {
     qlm_server *srv;
+    struct MHD_Connection *c;
+    peer *peer;              /* the connection's entry in the watchdog */
     double t0;
     char method[8], path[128];
     char *body;
@@ -143,6 +147,9 @@ static char *metrics_text(qlm_server *s) {
     int queued = s->queue.queued, running = s->queue.running;
     long prompt = s->queue.prompt_tokens, cached = s->queue.cached_prompt_tokens, generated = s->queue.generated_tokens;
     pthread_mutex_unlock(&s->queue.mu);
+    int open;
+    long cut;
+    watchdog_counts(&s->watch, &open, &cut);
     pthread_mutex_lock(&s->mu);
     char *text = NULL;
     int n = asprintf(&text,
@@ -153,9 +160,11 @@ static char *metrics_text(qlm_server *s) {
                      "# TYPE qlm_prompt_tokens_cached_total counter\nqlm_prompt_tokens_cached_total %ld\n"
                      "# TYPE qlm_generation_tokens_total counter\nqlm_generation_tokens_total %ld\n"
                      "# TYPE qlm_queue_depth gauge\nqlm_queue_depth %d\n"
-                     "# TYPE qlm_running_sequences gauge\nqlm_running_sequences %d\n",
+                     "# TYPE qlm_running_sequences gauge\nqlm_running_sequences %d\n"
+                     "# TYPE qlm_open_connections gauge\nqlm_open_connections %d\n"
+                     "# TYPE qlm_connections_cut_total counter\nqlm_connections_cut_total %ld\n",
                      s->status_counts[2], s->status_counts[4], s->status_counts[5], prompt, cached, generated, queued,
-                     running);
+                     running, open, cut);
     if (n >= 0 && (histogram_text(&text, "qlm_generation_seconds", &s->latency) != 0 ||
                    histogram_text(&text, "qlm_time_to_first_token_seconds", &s->ttft) != 0))
         n = -1;
@@ -182,9 +191,9 @@ static int add_event(conn *cx, char *json) {
     return 0;
 }
 
-/* MHD pulls the stream from here: events are built from the job's text as it arrives. Blocking
- * is fine with a thread per connection; a client that left makes the next write fail, and the
- * completion callback then cancels the job. */
+/* MHD pulls the stream from here: events are built from the job's text as it arrives. With
+ * nothing to send the job parks the connection and 0 is returned; MHD calls again once the
+ * scheduler resumes it. */
 static ssize_t stream_reader(void *cls, uint64_t pos, char *buf, size_t max) {
     (void)pos;
     conn *cx = cls;
@@ -193,14 +202,14 @@ static ssize_t stream_reader(void *cls, uint64_t pos, char *buf, size_t max) {
         cx->out_len = cx->out_off = 0;
         char *text;
         size_t len;
-        int finished = job_wait(&cx->srv->queue, cx->job, 1000, &text, &len);
+        int finished = job_take(&cx->srv->queue, cx->job, &text, &len);
         int rc = 0;
         if (len) rc = add_event(cx, openai_chunk_json(cx->job, cx->chat, cx->id, cx->model, cx->created, text, len,
                                                       cx->first, 0));
         free(text);
         if (len) cx->first = 0;
         if (finished && rc == 0) {
-            /* job_wait saw finished under the lock, so the job's results are final. */
+            /* job_take saw finished under the lock, so the job's results are final. */
             if (cx->job->failed) return MHD_CONTENT_READER_END_WITH_ERROR;
             rc = add_event(cx, openai_chunk_json(cx->job, cx->chat, cx->id, cx->model, cx->created, "", 0, cx->first, 1));
             if (rc == 0) rc = add_event(cx, strdup("[DONE]"));
@@ -208,6 +217,7 @@ static ssize_t stream_reader(void *cls, uint64_t pos, char *buf, size_t max) {
             cx->ended = 1;
         }
         if (rc != 0) return MHD_CONTENT_READER_END_WITH_ERROR;
+        if (!finished && !len) return 0; /* parked */
     }
     size_t n = cx->out_len - cx->out_off < max ? cx->out_len - cx->out_off : max;
     memcpy(buf, cx->out + cx->out_off, n);
@@ -215,12 +225,25 @@ static ssize_t stream_reader(void *cls, uint64_t pos, char *buf, size_t max) {
     return (ssize_t)n;
 }
 
-/* True when the client has closed its side (a non-streamed request waits without writing). */
-static int client_gone(struct MHD_Connection *c) {
-    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
-    if (!ci) return 0;
-    struct pollfd p = {.fd = ci->connect_fd, .events = POLLRDHUP};
-    return poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR));
+static void park_connection(void *user) {
+    MHD_suspend_connection(((conn *)user)->c);
+}
+
+static void wake_connection(void *user) {
+    MHD_resume_connection(((conn *)user)->c);
+}
+
+/* A non-streamed generation's answer once it finished; until then the connection stays parked
+ * and MHD calls the handler again when it is resumed. */
+static enum MHD_Result generation_reply(struct MHD_Connection *c, conn *cx) {
+    char *text;
+    size_t len;
+    if (!job_take(&cx->srv->queue, cx->job, &text, &len)) return MHD_YES;
+    free(text);
+    job *j = cx->job;
+    cx->tokens = j->stats.n_generated;
+    if (j->failed) return respond_error(c, cx, 500, "server_error", "generation failed");
+    return respond_json(c, cx, 200, openai_result_json(j, cx->chat, cx->id, cx->model, cx->created));
 }
 
 static enum MHD_Result generate(struct MHD_Connection *c, conn *cx, int chat) {
@@ -245,8 +268,12 @@ static enum MHD_Result generate(struct MHD_Connection *c, conn *cx, int chat) {
     cx->chat = chat;
     cx->first = 1;
     cx->created = (long)time(NULL);
+    j->park = park_connection;
+    j->wake = wake_connection;
+    j->hook_user = cx;
     if (queue_push(&s->queue, j) != 0)
         return respond_error(c, cx, 429, "rate_limit_error", "too many requests are waiting; retry later");
+    if (cx->peer) watchdog_watch_job(&s->watch, cx->peer, j);
     if (j->stream) {
         struct MHD_Response *r = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 4096, stream_reader, cx, NULL);
         if (!r) return MHD_NO;
@@ -258,13 +285,7 @@ static enum MHD_Result generate(struct MHD_Connection *c, conn *cx, int chat) {
         MHD_destroy_response(r);
         return ret;
     }
-    char *text;
-    size_t len;
-    while (!job_wait(&s->queue, j, 100, &text, &len))
-        if (client_gone(c)) job_cancel(&s->queue, j);
-    cx->tokens = j->stats.n_generated;
-    if (j->failed) return respond_error(c, cx, 500, "server_error", "generation failed");
-    return respond_json(c, cx, 200, openai_result_json(j, chat, cx->id, cx->model, cx->created));
+    return generation_reply(c, cx);
 }
 
 /* POST /v1/adapters: loads the folder (outside the lock: it reads files) against the registry's
@@ -423,6 +444,9 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         cx->t0 = server_now();
         snprintf(cx->method, sizeof cx->method, "%s", method);
         snprintf(cx->path, sizeof cx->path, "%s", url);
+        cx->c = c;
+        const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+        cx->peer = ci ? ci->socket_context : NULL;
         *state = cx;
         const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
         if (cl && strtoull(cl, NULL, 10) > MAX_BODY) cx->too_large = 1;
@@ -447,7 +471,23 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         *upload_size = 0;
         return MHD_YES;
     }
+    /* Called again when a parked generation is resumed. */
+    if (cx->job && cx->job->queue && !cx->job->stream) return generation_reply(c, cx);
+    if (cx->peer) watchdog_arrived(&cx->srv->watch, cx->peer);
     return route(c, cx);
+}
+
+static void on_connection(void *cls, struct MHD_Connection *c, void **socket_context,
+                          enum MHD_ConnectionNotificationCode toe) {
+    qlm_server *s = cls;
+    if (toe == MHD_CONNECTION_NOTIFY_STARTED) {
+        const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+        /* Without an entry (out of memory) the connection only has MHD's idle timeout. */
+        *socket_context = ci ? watchdog_add(&s->watch, ci->connect_fd) : NULL;
+    } else if (*socket_context) {
+        watchdog_remove(&s->watch, *socket_context);
+        *socket_context = NULL;
+    }
 }
 
 static void on_completed(void *cls, struct MHD_Connection *c, void **state, enum MHD_RequestTerminationCode why) {
@@ -460,6 +500,7 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **state, enum
     double ms = (server_now() - cx->t0) * 1e3;
     int generation = cx->job && cx->job->queue; /* it was queued */
     double first_text = 0;
+    if (cx->peer) watchdog_answered(&s->watch, cx->peer);
     if (cx->job) {
         pthread_mutex_lock(&s->queue.mu);
         first_text = cx->job->first_text_s;
@@ -487,7 +528,8 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **state, enum
 int qlm_server_start(const qlm_server_config *cfg, qlm_server **out) {
     *out = NULL;
     if (!cfg->tok || !cfg->model == !cfg->t5 || cfg->max_seqs < 1 || cfg->max_prompt < 1 || cfg->max_output < 1 ||
-        cfg->max_queue < 1 || cfg->timeout_s < 0 || !cfg->model_name || cfg->port < 0 || cfg->port > 65535)
+        cfg->max_queue < 1 || cfg->timeout_s < 0 || !cfg->model_name || cfg->port < 0 || cfg->port > 65535 ||
+        cfg->max_connections < 1 || cfg->max_connections_per_ip < 0)
         return qlm_errorf("server: invalid configuration");
     struct sockaddr_in addr = {.sin_family = AF_INET, .sin_port = htons((uint16_t)cfg->port)};
     const char *host = cfg->host ? cfg->host : "127.0.0.1";
@@ -500,12 +542,19 @@ int qlm_server_start(const qlm_server_config *cfg, qlm_server **out) {
     qlm_batch_config bc = {.model = cfg->model, .t5 = cfg->t5, .tok = cfg->tok, .n_slots = cfg->max_seqs,
                            .max_prompt = cfg->max_prompt, .max_output = cfg->max_output};
     if (queue_start(&s->queue, &bc, cfg->max_queue) != 0) goto fail;
-    s->daemon = MHD_start_daemon(MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD, 0, NULL, NULL,
-                                 on_request, s, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&addr,
-                                 MHD_OPTION_NOTIFY_COMPLETED, on_completed, s, MHD_OPTION_CONNECTION_LIMIT,
-                                 (unsigned)MAX_CONNECTIONS, MHD_OPTION_CONNECTION_TIMEOUT,
-                                 (unsigned)(cfg->timeout_s > 0 ? cfg->timeout_s : CONNECTION_TIMEOUT_S), MHD_OPTION_END);
+    int timeout = cfg->timeout_s > 0 ? cfg->timeout_s : CONNECTION_TIMEOUT_S;
+    if (watchdog_start(&s->watch, &s->queue, timeout) != 0) {
+        queue_free(&s->queue);
+        goto fail;
+    }
+    s->daemon = MHD_start_daemon(
+        MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_AUTO | MHD_ALLOW_SUSPEND_RESUME, 0, NULL, NULL, on_request, s,
+        MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&addr, MHD_OPTION_THREAD_POOL_SIZE, (unsigned)HTTP_THREADS,
+        MHD_OPTION_NOTIFY_CONNECTION, on_connection, s, MHD_OPTION_NOTIFY_COMPLETED, on_completed, s,
+        MHD_OPTION_CONNECTION_LIMIT, (unsigned)cfg->max_connections, MHD_OPTION_PER_IP_CONNECTION_LIMIT,
+        (unsigned)cfg->max_connections_per_ip, MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)timeout, MHD_OPTION_END);
     if (!s->daemon) {
+        watchdog_stop(&s->watch);
         queue_free(&s->queue);
         qlm_errorf("server: cannot listen on %s:%d (in use, or not an address of this machine)", host, cfg->port);
         goto fail;
@@ -538,6 +587,7 @@ void qlm_server_shutdown(qlm_server *s) {
 
 void qlm_server_free(qlm_server *s) {
     MHD_stop_daemon(s->daemon);
+    watchdog_stop(&s->watch);
     queue_free(&s->queue);
     pthread_cond_destroy(&s->idle);
     pthread_mutex_destroy(&s->mu);

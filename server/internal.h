@@ -48,7 +48,12 @@ typedef struct job {
     double first_text_s;     /* server_now() when the first generated text arrived (0: none yet) */
     int finished, failed, cancelled;
     int refs;                /* the HTTP side and the scheduler each hold one */
-    pthread_cond_t cv;
+    /* The HTTP side's connection sleeps while the job has nothing for it: park(hook_user) suspends
+     * it (called by job_take), and the next text or the end calls wake(hook_user) once. */
+    void (*park)(void *hook_user);
+    void (*wake)(void *hook_user);
+    void *hook_user;
+    int parked;
     struct job *next;
     struct job_queue *queue;
 } job;
@@ -82,14 +87,51 @@ int queue_push(job_queue *q, job *j);
 job *job_new(void);
 /* Drops one reference (the queue's mutex must not be held). */
 void job_release(job_queue *q, job *j);
-/* Waits until j has new streamed text or finished, up to ms. Moves pending text into *text
- * (malloc'd, or NULL). Returns 1 when j is finished. */
-int job_wait(job_queue *q, job *j, int ms, char **text, size_t *len);
+/* Moves j's streamed text into *text (malloc'd, or NULL) and *len. When there is none and j has not
+ * finished, parks j (see job.park). Returns 1 when j is finished. */
+int job_take(job_queue *q, job *j, char **text, size_t *len);
 void job_cancel(job_queue *q, job *j);
 /* With the mutex held: makes a the job's adapter and counts the job as its user until it is freed. */
 void queue_acquire_adapter(job_queue *q, job *j, const qlm_lora_adapter *a);
 /* With the mutex held: how many jobs hold a. */
 int queue_adapter_users(const job_queue *q, const qlm_lora_adapter *a);
+
+/* ---- watchdog.c ---- */
+
+/* One open connection. */
+typedef struct peer {
+    int fd;
+    int receiving;           /* a request is due: since + the deadline is when it must have arrived */
+    double since;
+    int cut;                 /* shut down for missing the deadline */
+    job *job;                /* a waiting generation, cancelled if the client hangs up */
+    struct peer *prev, *next;
+} peer;
+
+typedef struct {
+    pthread_mutex_t mu;      /* guards the peers and counts */
+    pthread_cond_t cv;
+    pthread_t thread;
+    peer *head;
+    int open, stop;
+    long cut;
+    double deadline_s;
+    job_queue *queue;
+} watchdog;
+
+int watchdog_start(watchdog *w, job_queue *q, double deadline_s);
+/* After MHD stopped: ends the thread. */
+void watchdog_stop(watchdog *w);
+/* From MHD's connection notices: a new connection (NULL when out of memory), and its close. */
+peer *watchdog_add(watchdog *w, int fd);
+void watchdog_remove(watchdog *w, peer *p);
+/* The request arrived whole: no deadline until it is answered. */
+void watchdog_arrived(watchdog *w, peer *p);
+/* j's client is watched for hanging up until watchdog_answered. */
+void watchdog_watch_job(watchdog *w, peer *p, job *j);
+/* The request was answered: the next one on the connection is due within the deadline. */
+void watchdog_answered(watchdog *w, peer *p);
+void watchdog_counts(watchdog *w, int *open, long *cut);
 
 /* ---- openai.c ---- */
 

@@ -3,7 +3,6 @@
  * OpenMP team every command uses). It sleeps until requests arrive, then drains them through one
  * qlm_batch made at start (no allocation per burst), which takes queued requests into free slots
  * between decode steps and returns once nothing is queued or running. */
-#include <errno.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -14,7 +13,6 @@
 job *job_new(void) {
     job *j = calloc(1, sizeof *j);
     if (!j) return NULL;
-    pthread_cond_init(&j->cv, NULL);
     j->refs = 1;
     j->params.stop = (const char *const *)j->stop;
     return j;
@@ -25,7 +23,6 @@ static void job_free(job *j) {
     for (int i = 0; i < JOB_MAX_STOP; i++) free(j->stop[i]);
     free(j->pending);
     free(j->text);
-    pthread_cond_destroy(&j->cv);
     free(j);
 }
 
@@ -74,15 +71,15 @@ void job_cancel(job_queue *q, job *j) {
     pthread_mutex_unlock(&q->mu);
 }
 
-int job_wait(job_queue *q, job *j, int ms, char **text, size_t *len) {
-    struct timespec until;
-    clock_gettime(CLOCK_REALTIME, &until);
-    until.tv_nsec += (long)ms * 1000000L;
-    until.tv_sec += until.tv_nsec / 1000000000L;
-    until.tv_nsec %= 1000000000L;
+/* With the mutex held. */
+static void wake_locked(job *j) {
+    if (!j->parked) return;
+    j->parked = 0;
+    j->wake(j->hook_user);
+}
+
+int job_take(job_queue *q, job *j, char **text, size_t *len) {
     pthread_mutex_lock(&q->mu);
-    while (!j->finished && j->pending_len == 0)
-        if (pthread_cond_timedwait(&j->cv, &q->mu, &until) == ETIMEDOUT) break;
     *text = NULL;
     *len = j->pending_len;
     if (j->pending_len) {
@@ -91,6 +88,11 @@ int job_wait(job_queue *q, job *j, int ms, char **text, size_t *len) {
         j->pending_len = j->pending_cap = 0;
     }
     int finished = j->finished;
+    /* Parked under the mutex, so text that arrives right after still finds it parked. */
+    if (!finished && !*len) {
+        j->parked = 1;
+        j->park(j->hook_user);
+    }
     pthread_mutex_unlock(&q->mu);
     return finished;
 }
@@ -102,7 +104,7 @@ static void finish_locked(job_queue *q, job *j, int failed) {
     for (int i = 0; i < q->cfg.n_slots; i++)
         if (q->active[i] == j) q->active[i] = NULL;
     q->running--;
-    pthread_cond_broadcast(&j->cv);
+    wake_locked(j);
     pthread_cond_broadcast(&q->cv);
     release_locked(q, j);
 }
@@ -126,7 +128,7 @@ static int emit_text(void *user, const char *text, size_t len) {
         if (!stop) {
             memcpy(j->pending + j->pending_len, text, len);
             j->pending_len += len;
-            pthread_cond_broadcast(&j->cv);
+            wake_locked(j);
         }
     }
     pthread_mutex_unlock(&j->queue->mu);

@@ -21,7 +21,10 @@ typedef struct {
     int max_seqs;            /* sequences decoded together */
     int max_prompt, max_output; /* per-sequence limits in tokens */
     int max_queue;           /* requests waiting beyond the running ones before 429 */
-    int timeout_s;           /* an idle connection is closed after this (0: 30 s) */
+    int timeout_s;           /* a request must arrive whole within this, and an idle connection is
+                              * closed after it (0: 30 s) */
+    int max_connections;     /* open connections at most (the process needs as many descriptors) */
+    int max_connections_per_ip; /* from one client address at most (0: no such limit) */
     /* One line per finished HTTP request; called from HTTP threads. */
     void (*log)(void *user, const char *method, const char *path, int status, int tokens, double ms);
     void *log_user;

@@ -6,6 +6,7 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -431,8 +432,6 @@ static void raw_wait(raw_conn *c, int n, double limit_s) {
     }
 }
 
-/* Hundreds of malformed, oversized, truncated, random and slow requests over raw sockets: each is
- * answered with a 4xx or closed, the server survives, serves normally, and its memory comes back. */
 /* /detokenize with the most ids a request may hold answers at once (the ids were walked with
  * cJSON_GetArrayItem, quadratic in their count: 40,000 took 17 s), and one more is refused. */
 static void test_serve_detokenize_size(void **state) {
@@ -599,6 +598,8 @@ static void test_serve_cross_site(void **state) {
     free(server_stop(&s));
 }
 
+/* Hundreds of malformed, oversized, truncated, random and slow requests over raw sockets: each is
+ * answered with a 4xx or closed, the server survives, serves normally, and its memory comes back. */
 static void test_serve_abuse(void **state) {
     (void)state;
     char model[512];
@@ -703,6 +704,241 @@ static void test_serve_abuse(void **state) {
     free(server_stop(&s));
 }
 
+/* GET path on a fresh connection: the status, 0 when the server closed it without an answer. */
+static int raw_get(int port, const char *path) {
+    int fd = raw_connect(port);
+    char req[256], got[64] = {0};
+    int n = snprintf(req, sizeof req, "GET %s HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n", path);
+    if (send(fd, req, (size_t)n, MSG_NOSIGNAL) != n) {
+        close(fd);
+        return 0;
+    }
+    size_t len = 0;
+    while (len < 12) {
+        struct pollfd p = {.fd = fd, .events = POLLIN};
+        if (poll(&p, 1, 5000) != 1) fail_msg("GET %s: no answer in 5 s", path);
+        ssize_t r = recv(fd, got + len, sizeof got - 1 - len, 0);
+        if (r <= 0) break;
+        len += (size_t)r;
+    }
+    close(fd);
+    return len >= 12 && !strncmp(got, "HTTP/1.", 7) ? atoi(got + 9) : 0;
+}
+
+/* Whether the server has closed fd (end of stream or a reset waiting). */
+static int raw_closed(int fd) {
+    char b;
+    ssize_t r = recv(fd, &b, 1, MSG_DONTWAIT);
+    return r == 0 || (r < 0 && errno != EAGAIN && errno != EWOULDBLOCK);
+}
+
+/* Slowloris: connections that never finish their headers, each sent a byte every half second so
+ * that an idle timer never fires. With a thread per connection 256 of them locked every client
+ * out (/health unanswered for 20 s); on the event loop 1,000 cost a socket each, /health answers
+ * in well under a second throughout, and each is cut once --timeout has passed since it opened,
+ * bytes or not. One address may hold --max-connections-per-ip at most. */
+static void test_serve_slowloris(void **state) {
+    (void)state;
+    char model[512];
+    test_asset(model, sizeof model, "tinystories-656K-hf");
+    REQUIRE_ASSET(model);
+    enum { N = 1000 };
+    struct rlimit rl;
+    assert_int_equal(getrlimit(RLIMIT_NOFILE, &rl), 0);
+    if (rl.rlim_cur < N + 100) {
+        rl.rlim_cur = N + 100;
+        if (setrlimit(RLIMIT_NOFILE, &rl) != 0) fail_msg("this test needs ulimit -n of %d", N + 100);
+    }
+    server s;
+    server_start(&s, model, "--quiet --timeout 4");
+    static int fds[N];
+    const char *head = "GET /v1/models HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: ";
+    double t0 = mono_s();
+    for (int i = 0; i < N; i++) {
+        fds[i] = raw_connect(s.port);
+        assert_int_equal(send(fds[i], head, strlen(head), MSG_NOSIGNAL), (ssize_t)strlen(head));
+    }
+    double worst = 0;
+    int cut = 0;
+    while (mono_s() - t0 < 7.5) {
+        for (int i = 0; i < N; i++) {
+            ssize_t sent = send(fds[i], "x", 1, MSG_NOSIGNAL | MSG_DONTWAIT);
+            (void)sent; /* fails once the server cut it */
+        }
+        double t = mono_s();
+        assert_int_equal(raw_get(s.port, "/health"), 200);
+        double took = mono_s() - t;
+        if (took > worst) worst = took;
+        usleep(500000);
+    }
+    for (int i = 0; i < N; i++) cut += raw_closed(fds[i]);
+    char *metrics;
+    assert_int_equal(http(&s, "GET", "/metrics", NULL, NULL, &metrics), 200);
+    const char *at = strstr(metrics, "\nqlm_connections_cut_total ");
+    assert_non_null(at);
+    long counted = atol(at + strlen("\nqlm_connections_cut_total "));
+    free(metrics);
+    print_message("slowloris: %d connections, /health at worst %.3f s, %d cut after the 4 s deadline (%ld counted)\n",
+                  N, worst, cut, counted);
+    if (worst >= 1.0) fail_msg("/health took %.3f s under %d slow connections", worst, N);
+    assert_int_equal(cut, N);
+    assert_true(counted >= N);
+    for (int i = 0; i < N; i++) close(fds[i]);
+    free(server_stop(&s));
+
+    enum { PER_IP = 8 };
+    server_start(&s, model, "--quiet --max-connections-per-ip 8");
+    for (int i = 0; i < PER_IP; i++) {
+        fds[i] = raw_connect(s.port);
+        assert_int_equal(send(fds[i], head, strlen(head), MSG_NOSIGNAL), (ssize_t)strlen(head));
+    }
+    assert_int_equal(raw_get(s.port, "/health"), 0);
+    for (int i = 0; i < PER_IP; i++) assert_false(raw_closed(fds[i]));
+    close(fds[0]);
+    int status = 0;
+    for (int tries = 0; tries < 50 && status != 200; tries++) {
+        status = raw_get(s.port, "/health");
+        if (status != 200) usleep(20000);
+    }
+    assert_int_equal(status, 200);
+    for (int i = 1; i < PER_IP; i++) close(fds[i]);
+    free(server_stop(&s));
+}
+
+/* A number in the /metrics text. */
+static double metric(const server *s, const char *name) {
+    char *text, key[128];
+    assert_int_equal(http(s, "GET", "/metrics", NULL, NULL, &text), 200);
+    snprintf(key, sizeof key, "\n%s ", name);
+    const char *at = strstr(text, key);
+    if (!at) fail_msg("/metrics has no %s", name);
+    double v = atof(at + strlen(key));
+    free(text);
+    return v;
+}
+
+/* A client that hangs up while its generation waits (parked, its connection out of the event
+ * loop) or streams ends that generation within a moment: its slot is free again and far fewer
+ * tokens than asked for were made. */
+static void test_serve_client_leaves(void **state) {
+    (void)state;
+    char model[512];
+    REQUIRE_ASSET(test_default_gguf(model, sizeof model));
+    server s;
+    server_start(&s, model, "--quiet --max-seqs 1");
+    enum { ASKED = 400 };
+    for (int stream = 0; stream < 2; stream++) {
+        double before = metric(&s, "qlm_generation_tokens_total");
+        int fd = raw_connect(s.port);
+        char body[256], req[512];
+        int n = snprintf(body, sizeof body,
+                         "{\"messages\":[{\"role\":\"user\",\"content\":\"Write a very long story about a dragon.\"}],"
+                         "\"max_tokens\":%d,\"temperature\":0,\"stream\":%s}", ASKED, stream ? "true" : "false");
+        int m = snprintf(req, sizeof req,
+                         "POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                         "Content-Length: %d\r\n\r\n%s", n, body);
+        assert_int_equal(send(fd, req, (size_t)m, MSG_NOSIGNAL), m);
+        while (metric(&s, "qlm_running_sequences") < 1) usleep(20000);
+        usleep(500000);
+        close(fd);
+        double t = mono_s();
+        while (metric(&s, "qlm_running_sequences") > 0) {
+            if (mono_s() - t > 5) fail_msg("the generation went on 5 s after its client left");
+            usleep(20000);
+        }
+        double made = metric(&s, "qlm_generation_tokens_total") - before;
+        print_message("%s: ended %.2f s after the client left, %.0f of %d tokens made\n",
+                      stream ? "streamed" : "waiting", mono_s() - t, made, ASKED);
+        assert_true(made >= 1 && made < ASKED / 2);
+    }
+    free(server_stop(&s));
+}
+
+/* Reads fd's whole answer (the request asked to close): the status, 0 for an empty answer, -1 for
+ * a reset; *complete whether a 200's body was whole ([DONE] last for a stream, JSON for the rest). */
+static int raw_answer(int fd, int *complete) {
+    char *got = NULL;
+    size_t len = 0, cap = 0;
+    int reset = 0;
+    for (;;) {
+        struct pollfd p = {.fd = fd, .events = POLLIN};
+        if (poll(&p, 1, 30000) != 1) fail_msg("no answer in 30 s");
+        if (len + 4096 + 1 > cap) {
+            cap = (len + 4096 + 1) * 2;
+            got = realloc(got, cap);
+            assert_non_null(got);
+        }
+        ssize_t r = recv(fd, got + len, cap - len - 1, 0);
+        if (r < 0) reset = 1;
+        if (r <= 0) break;
+        len += (size_t)r;
+    }
+    int status = len >= 12 && !strncmp(got, "HTTP/1.", 7) ? atoi(got + 9) : 0;
+    *complete = 0;
+    if (status == 200 && got) {
+        got[len] = 0;
+        const char *body = strstr(got, "\r\n\r\n");
+        *complete = body && (strstr(body, "data: [DONE]") != NULL || strstr(body, "\"finish_reason\"") != NULL);
+    }
+    free(got);
+    return reset ? -1 : status;
+}
+
+/* SIGTERM while a hundred requests are queued or running, and more arrive after it: each request
+ * gets a whole 200 (taken before the drain began), a 429 (the queue was full) or a 503 (it came
+ * during the drain), or finds the port closed (the drain was over); none an empty answer, a reset
+ * or a stream cut short. */
+static void test_serve_sigterm_under_load(void **state) {
+    (void)state;
+    char model[512];
+    test_asset(model, sizeof model, "tinystories-656K-hf");
+    REQUIRE_ASSET(model);
+    server s;
+    server_start(&s, model, "--quiet --max-queue 48");
+    enum { BEFORE = 100, AFTER = 60 };
+    int fds[BEFORE + AFTER], counts[4] = {0}; /* 200, 429, 503, refused */
+    for (int i = 0; i < BEFORE + AFTER; i++) {
+        if (i == BEFORE) {
+            usleep(100000);
+            assert_int_equal(kill(s.pid, SIGTERM), 0);
+        }
+        fds[i] = socket(AF_INET, SOCK_STREAM, 0);
+        struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)s.port)};
+        a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+        if (connect(fds[i], (struct sockaddr *)&a, sizeof a) != 0) {
+            assert_true(i >= BEFORE && errno == ECONNREFUSED);
+            close(fds[i]);
+            fds[i] = -1;
+            counts[3]++;
+            continue;
+        }
+        char body[160], req[512];
+        int n = snprintf(body, sizeof body, "{\"prompt\":\"%s\",\"max_tokens\":48,\"stream\":%s}", k_prompts[i % 4],
+                         i % 3 ? "false" : "true");
+        int m = snprintf(req, sizeof req,
+                         "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                         "Connection: close\r\nContent-Length: %d\r\n\r\n%s", n, body);
+        assert_int_equal(send(fds[i], req, (size_t)m, MSG_NOSIGNAL), m);
+    }
+    for (int i = 0; i < BEFORE + AFTER; i++) {
+        if (fds[i] < 0) continue;
+        int complete, status = raw_answer(fds[i], &complete);
+        close(fds[i]);
+        if (status == 200 && complete) counts[0]++;
+        else if (status == 429) counts[1]++;
+        else if (status == 503) counts[2]++;
+        else fail_msg("request %d (%s SIGTERM) got %d%s", i, i < BEFORE ? "before" : "after", status,
+                      status == 200 ? " cut short" : "");
+    }
+    print_message("SIGTERM under load: %d whole 200s, %d 429s, %d 503s, %d refused after the drain\n", counts[0],
+                  counts[1], counts[2], counts[3]);
+    assert_true(counts[0] >= 48);
+    int st = 0;
+    assert_int_equal(waitpid(s.pid, &st, 0), s.pid);
+    s.pid = 0;
+    assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+}
+
 /* The official openai Python client, unchanged, against the real server (tests/openai_client_check.py):
  * scripts/setup.sh --test puts it in $QLM_CACHE/test-python; $QLM_TEST_PYTHON overrides that. */
 static void test_serve_openai_client(void **state) {
@@ -742,6 +978,9 @@ int main(void) {
         cmocka_unit_test(test_serve_adapters),
         cmocka_unit_test(test_serve_openai_client),
         cmocka_unit_test(test_serve_abuse),
+        cmocka_unit_test(test_serve_slowloris),
+        cmocka_unit_test(test_serve_client_leaves),
+        cmocka_unit_test(test_serve_sigterm_under_load),
         cmocka_unit_test(test_serve_detokenize_size),
         cmocka_unit_test(test_serve_strict_json),
         cmocka_unit_test(test_serve_injection),
