@@ -1024,7 +1024,7 @@ static void test_bad_adapters(void **state) {
         {"qwen2_all_rslora_r4", NULL, NONE, NULL, NULL,
          "self_attn.k_proj.lora_B.weight has shape [32,4], expected [64,4]: model.layers.0.self_attn.k_proj of the base "
          "model is [out 64, in 64]"},
-        {"t5_qv_rslora_r16", NULL, NONE, NULL, NULL, "is not a projection qlm adapts in this Llama-family model"},
+        {"t5_qv_rslora_r16", NULL, NONE, NULL, NULL, "adapts a T5 model, but the base model is Llama-family"},
     };
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
         write_variant(dir, cases[c].fixture, cases[c].patch);
