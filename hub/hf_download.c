@@ -18,12 +18,17 @@
 
 enum { MAX_ATTEMPTS = 5, API_MAX_BYTES = 32 << 20, ETAG_MAX = 128 };
 
+/* The part of a file's default deadline that does not depend on its size. */
+static const double k_base_deadline_s = 600;
+
 typedef struct {
     char endpoint[1024];
     const char *repo;
     CURL *curl;
     struct curl_slist *headers;
     int progress;
+    long min_rate, rate_window_s;
+    double deadline_s;       /* 0: by size */
 } client;
 
 /* Headers of the hub's own answer to a resolve request (before any redirect). */
@@ -39,6 +44,9 @@ typedef struct {
     size_t len, cap;
     FILE *f;
     long long offset;  /* bytes already in f when this attempt began */
+    long long limit;   /* the file's size (-1: unknown): a body running past it is cut */
+    long long written; /* bytes written to f by this attempt */
+    int too_long;      /* the body ran past limit */
     curl_off_t now;    /* bytes of this attempt's body so far (progress) */
     int write_errno;   /* set when a write to f failed (ENOSPC...) */
     int body_checked;  /* the status of the response was looked at */
@@ -106,6 +114,11 @@ static size_t on_body(char *data, size_t size, size_t nmemb, void *user) {
     }
     if (s->discard) return n;
     if (s->f) {
+        if (s->limit >= 0 && s->offset + s->written + (long long)n > s->limit) {
+            s->too_long = 1;
+            return 0;
+        }
+        s->written += (long long)n;
         if (fwrite(data, 1, n, s->f) != n) {
             s->write_errno = errno ? errno : EIO;
             return 0;
@@ -199,9 +212,10 @@ static void reset_handle(client *c, CURL *h) {
     curl_easy_setopt(h, CURLOPT_HTTPHEADER, c->headers);
     curl_easy_setopt(h, CURLOPT_USERAGENT, "qlm");
     curl_easy_setopt(h, CURLOPT_CONNECTTIMEOUT, 30L);
-    /* A stalled transfer (under 1 byte/s for 60 s) counts as a timeout and is retried. */
-    curl_easy_setopt(h, CURLOPT_LOW_SPEED_LIMIT, 1L);
-    curl_easy_setopt(h, CURLOPT_LOW_SPEED_TIME, 60L);
+    /* A transfer under the floor (a stall, or a server dripping bytes) counts as a timeout and is
+     * retried; an idle-only check would let a few bytes a second hold it forever. */
+    curl_easy_setopt(h, CURLOPT_LOW_SPEED_LIMIT, c->min_rate);
+    curl_easy_setopt(h, CURLOPT_LOW_SPEED_TIME, c->rate_window_s);
     curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
     curl_easy_setopt(h, CURLOPT_PROTOCOLS_STR, "http,https");
     curl_easy_setopt(h, CURLOPT_REDIR_PROTOCOLS_STR, "http,https");
@@ -307,6 +321,8 @@ typedef struct {
     int state, attempt;  /* attempt counts the tries of the current request */
     double wake;         /* a paused retry starts no earlier than this */
     double start;        /* the current GET began */
+    double first;        /* the file's first request began (0: not yet) */
+    double deadline;     /* when the file must be done */
     CURL *easy;
     sink s;
     resolve_headers h;
@@ -407,12 +423,35 @@ static int prepare(pool *p, job *j) {
     return 0;
 }
 
+/* Seconds j may still take, tries and pauses included; the error once none are left. */
+static int time_left(pool *p, job *j, double *left) {
+    double t = now_s();
+    if (j->first == 0) {
+        j->first = t;
+        j->deadline = t + (p->c->deadline_s > 0 ? p->c->deadline_s : k_base_deadline_s);
+    }
+    *left = j->deadline - t;
+    if (*left > 0) return 0;
+    long long have = file_size(j->partial);
+    return qlm_errorf("%s: %s: not downloaded within %.0f s, the deadline per file (--deadline)%s", p->c->repo, j->file,
+                      j->deadline - j->first,
+                      have > 0 ? "; the bytes that arrived are kept: pull again to resume" : "");
+}
+
+/* Limits the request about to start to the file's deadline. */
+static int set_deadline(pool *p, job *j) {
+    double left;
+    if (time_left(p, j, &left) != 0) return -1;
+    curl_easy_setopt(j->easy, CURLOPT_TIMEOUT_MS, (long)(left * 1000) + 1);
+    return 0;
+}
+
 /* HEAD on the resolve URL without following redirects: the hub's own answer carries the etag
  * (X-Linked-Etag for LFS files, whose redirect target is a CDN) and the size. */
 static int start_head(pool *p, job *j) {
     if (prepare(p, j) != 0) return -1;
     curl_easy_setopt(j->easy, CURLOPT_NOBODY, 1L);
-    curl_easy_setopt(j->easy, CURLOPT_TIMEOUT, 60L);
+    if (set_deadline(p, j) != 0) return -1;
     return submit(p, j, ST_HEAD);
 }
 
@@ -427,10 +466,10 @@ static int start_get(pool *p, job *j) {
         unlink(j->partial);
         have = -1;
     }
-    if (prepare(p, j) != 0) return -1;
+    if (prepare(p, j) != 0 || set_deadline(p, j) != 0) return -1;
     FILE *f = fopen(j->partial, "ab");
     if (!f) return qlm_errorf("%s: %s: cannot write %s: %s", c->repo, j->file, j->partial, strerror(errno));
-    j->s = (sink){.curl = j->easy, .f = f, .offset = have > 0 ? have : 0};
+    j->s = (sink){.curl = j->easy, .f = f, .offset = have > 0 ? have : 0, .limit = j->size};
     j->start = now_s();
     curl_easy_setopt(j->easy, CURLOPT_FOLLOWLOCATION, 1L);
     curl_easy_setopt(j->easy, CURLOPT_WRITEFUNCTION, on_body);
@@ -450,6 +489,7 @@ static int head_done(pool *p, job *j) {
     if (!normalize_etag(raw, j->etag, sizeof j->etag))
         return qlm_errorf("%s: %s: unusable ETag from the server: %s", c->repo, j->file, raw);
     j->size = j->h.linked_size >= 0 ? j->h.linked_size : j->h.content_length;
+    if (p->c->deadline_s <= 0 && j->size > 0) j->deadline += (double)j->size / (double)p->c->min_rate;
     snprintf(j->blob, sizeof j->blob, "%s/blobs/%s", p->repo_dir, j->etag);
     snprintf(j->partial, sizeof j->partial, "%s.incomplete", j->blob);
     j->state = ST_READY;
@@ -474,6 +514,11 @@ static int transfer_done(pool *p, job *j, CURLcode rc) {
             return qlm_errorf("%s: %s: writing %s failed: %s%s", p->c->repo, j->file, j->partial, strerror(werr),
                               werr == ENOSPC ? " (disk full: free space under HF_HOME and pull again to resume)"
                                              : "");
+        if (j->s.too_long) {
+            unlink(j->partial);
+            return qlm_errorf("%s: %s: the server sent more than the file's %lld bytes; the partial was deleted",
+                              p->c->repo, j->file, j->size);
+        }
         if (rc == CURLE_OK && (status == 200 || status == 206)) return complete(p, j);
     } else if (rc == CURLE_OK && status >= 200 && status < 400) {
         return head_done(p, j);
@@ -482,10 +527,16 @@ static int transfer_done(pool *p, job *j, CURLcode rc) {
         unlink(j->partial);
         if (++j->attempt < MAX_ATTEMPTS) return 0;
     }
+    double left;
+    if (rc == CURLE_OPERATION_TIMEDOUT && time_left(p, j, &left) != 0) return -1;
     if (j->attempt + 1 < MAX_ATTEMPTS && (transient_curl(rc) || (rc == CURLE_OK && transient_status(status)))) {
         j->wake = now_s() + backoff_s(j->attempt++);
         return 0;
     }
+    if (rc == CURLE_OPERATION_TIMEDOUT)
+        return qlm_errorf("%s: %s: %d tries each slower than %ld bytes/s over %ld s (--min-rate, --rate-window)%s",
+                          p->c->repo, j->file, MAX_ATTEMPTS, p->c->min_rate, p->c->rate_window_s,
+                          file_size(j->partial) > 0 ? "; the bytes that arrived are kept: pull again to resume" : "");
     return request_error(p->c, j->file, rc, status, j->h.error_message);
 }
 
@@ -618,7 +669,9 @@ int qlm_hf_pull(const qlm_hf_pull_opts *o, char *snapshot, size_t cap) {
     snprintf(blobs, sizeof blobs, "%s/blobs", repo_dir);
     if (qlm_hf_mkdirs(blobs) != 0) return -1;
 
-    client c = {.repo = o->repo, .progress = o->progress};
+    client c = {.repo = o->repo, .progress = o->progress, .deadline_s = o->deadline_s,
+                .min_rate = o->min_rate > 0 ? o->min_rate : QLM_HF_DEFAULT_MIN_RATE,
+                .rate_window_s = o->rate_window_s > 0 ? o->rate_window_s : QLM_HF_DEFAULT_RATE_WINDOW};
     const char *ep = getenv("HF_ENDPOINT"), *token = getenv("HF_TOKEN");
     snprintf(c.endpoint, sizeof c.endpoint, "%s", ep && *ep ? ep : "https://huggingface.co");
     for (size_t n = strlen(c.endpoint); n && c.endpoint[n - 1] == '/';) c.endpoint[--n] = 0;

@@ -80,10 +80,4 @@ static inline cJSON *parse(const char *text) {
     return j;
 }
 
-static inline double mono_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
 #endif

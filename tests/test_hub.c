@@ -41,6 +41,8 @@ static struct {
     long drop_after;             /* >0: the next blob transfer stops after this many bytes */
     int corrupt;                 /* serve the LFS blob with one byte changed */
     int delay_us;                /* a pause before each chunk of a file's bytes */
+    int drip_us;                 /* LFS bytes one at a time, this far apart */
+    int understate;              /* the hub states an LFS size 100 bytes short of the blob's */
     atomic_int gets, max_gets;   /* file GETs in flight now, and the most at once */
     char home[512], snap[4200];
 } M;
@@ -55,7 +57,7 @@ typedef struct {
     const char *data;
     size_t start, len, pos;
     long drop;
-    int corrupt, count, delay_us, get;
+    int corrupt, count, delay_us, drip_us, get;
 } body;
 
 /* A file GET ends (its response is freed) when its bytes are sent or the connection broke. */
@@ -73,6 +75,10 @@ static ssize_t read_body(void *cls, uint64_t pos, char *buf, size_t max) {
     if (b->drop > 0 && b->pos + n > (size_t)b->drop) n = (size_t)b->drop - b->pos;
     if (n == 0) return MHD_CONTENT_READER_END_OF_STREAM;
     if (b->delay_us) usleep((useconds_t)b->delay_us);
+    if (b->drip_us) {
+        usleep((useconds_t)b->drip_us);
+        n = 1;
+    }
     memcpy(buf, b->data + b->start + b->pos, n);
     /* The flipped byte sits in the middle of the file, wherever the transfer started. */
     size_t mid = b->len / 2;
@@ -106,6 +112,7 @@ static enum MHD_Result send_file(struct MHD_Connection *con, const char *method,
     if (count && M.drop_after > 0) b->drop = M.drop_after, M.drop_after = 0;
     b->corrupt = count && M.corrupt;
     b->delay_us = M.delay_us;
+    b->drip_us = count ? M.drip_us : 0;
     pthread_mutex_unlock(&M.mu);
     b->get = !strcmp(method, "GET");
     if (b->get) {
@@ -163,7 +170,7 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *con, const char 
         char loc[128], etag[80], size[32];
         snprintf(loc, sizeof loc, "/lfs-storage/%s", f->sha256);
         snprintf(etag, sizeof etag, "\"%s\"", f->sha256);
-        snprintf(size, sizeof size, "%zu", f->size);
+        snprintf(size, sizeof size, "%zu", f->size - (M.understate ? 100 : 0));
         MHD_add_response_header(r, "Location", loc);
         MHD_add_response_header(r, "X-Linked-Etag", etag);
         MHD_add_response_header(r, "X-Linked-Size", size);
@@ -182,7 +189,7 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *con, const char 
 static void reset_faults(void) {
     pthread_mutex_lock(&M.mu);
     M.requests = M.lfs_bytes = 0;
-    M.require_token = M.fail_500 = M.corrupt = M.delay_us = 0;
+    M.require_token = M.fail_500 = M.corrupt = M.delay_us = M.drip_us = M.understate = 0;
     M.drop_after = 0;
     atomic_store(&M.max_gets, 0);
     pthread_mutex_unlock(&M.mu);
@@ -422,6 +429,52 @@ static void test_retry_after_500(void **state) {
     assert_int_equal(M.requests, 4); /* 500, model info, HEAD, GET */
 }
 
+/* A mirror dripping bytes (20 a second) held qlm pull forever: the only check was 1 byte/s over
+ * 60 s. Now a transfer under --min-rate over --rate-window is broken off and retried from what
+ * arrived, and past --deadline the file is given up with an error naming it, the bytes kept; the
+ * next pull from a healthy mirror resumes from them. */
+static void test_slow_mirror(void **state) {
+    (void)state;
+    REQUIRE_MODEL();
+    const mirror_file *st = find_file("model.safetensors");
+    const char *inc[] = {"model.safetensors"};
+    M.drip_us = 50000;
+    qlm_hf_pull_opts o = {.repo = REPO, .rev = "main", .include = inc, .n_include = 1, .min_rate = 1024,
+                          .rate_window_s = 1, .deadline_s = 5};
+    double t0 = mono_s();
+    assert_int_equal(qlm_hf_pull(&o, M.snap, sizeof M.snap), -1);
+    double took = mono_s() - t0;
+    const char *err = qlm_last_error();
+    print_message("slow mirror: gave up after %.1f s, %ld requests: %s\n", took, M.requests, err);
+    assert_non_null(strstr(err, "model.safetensors"));
+    assert_non_null(strstr(err, "deadline"));
+    assert_non_null(strstr(err, "kept"));
+    assert_true(took > 4.5 && took < 9);
+    assert_true(M.requests >= 6); /* info, HEAD, and at least two GETs (resolve + storage each) */
+    char partial[4500];
+    cache_path(partial, sizeof partial, "blobs/");
+    strcat(partial, st->sha256);
+    strcat(partial, ".incomplete");
+    size_t kept = 0;
+    free(test_read_file(partial, &kept));
+    assert_true(kept > 0 && kept < st->size);
+
+    reset_faults();
+    assert_int_equal(pull(inc, 1), 0);
+    assert_int_equal(M.lfs_bytes, (long)(st->size - kept));
+}
+
+/* A body longer than the size the hub stated is cut where it passes it, and the partial deleted
+ * (a mirror cannot fill the disk past the file's size). */
+static void test_body_past_size(void **state) {
+    (void)state;
+    REQUIRE_MODEL();
+    const char *inc[] = {"model.safetensors"};
+    M.understate = 1;
+    assert_int_equal(pull(inc, 1), -1);
+    assert_non_null(strstr(qlm_last_error(), "more than the file's"));
+}
+
 static void test_offline(void **state) {
     (void)state;
     REQUIRE_MODEL();
@@ -566,6 +619,7 @@ int main(void) {
         cmocka_unit_test(test_resume_after_drop),  cmocka_unit_test(test_corrupt_blob_rejected),
         cmocka_unit_test(test_http_errors),        cmocka_unit_test(test_retry_after_500),
         cmocka_unit_test(test_offline),            cmocka_unit_test(test_handmade_cache_used),
+        cmocka_unit_test(test_slow_mirror),        cmocka_unit_test(test_body_past_size),
         cmocka_unit_test(test_parallel_pull_matches_sequential), cmocka_unit_test(test_parallel_resume),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

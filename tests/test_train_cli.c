@@ -31,12 +31,6 @@ static int teardown(void **state) {
 
 #define TRAIN_ARGS "train -m %s -t %s --data %s --lora --rank 4 --steps 32 --batch 4 --seq-len 96 --save-every 2 --threads 2 --lr 3e-3"
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
 static void test_sigkill_resume_is_bit_identical(void **state) {
     (void)state;
     REQUIRE_ASSET(g_model);
@@ -44,9 +38,9 @@ static void test_sigkill_resume_is_bit_identical(void **state) {
     char ref[300], run[300], args[2048], cmd[4096];
     snprintf(ref, sizeof ref, "%s/ref", g_dir);
     snprintf(run, sizeof run, "%s/run", g_dir);
-    double t0 = now_s();
+    double t0 = mono_s();
     assert_int_equal(test_run_qlm(NULL, TRAIN_ARGS " --out %s 2>/dev/null", g_model, g_tok, g_data, ref), 0);
-    double duration = now_s() - t0;
+    double duration = mono_s() - t0;
     const char *bin = getenv("QLM_BIN");
     snprintf(args, sizeof args, TRAIN_ARGS " --out %s --resume", g_model, g_tok, g_data, run);
     snprintf(cmd, sizeof cmd, "exec %s %s 2>/dev/null", bin && *bin ? bin : "build/qlm", args);

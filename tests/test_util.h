@@ -12,6 +12,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
+#include <time.h>
 
 #include <cmocka.h>
 
@@ -28,6 +29,13 @@ static inline const qlm_backend *test_backend(void) {
 }
 
 /* ../shared/assets relative to the repository root (tests run from the root), or $QLM_ASSETS. */
+/* Monotonic seconds, for the durations tests report or bound. */
+static inline double mono_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
 static inline const char *test_assets_dir(void) {
     const char *env = getenv("QLM_ASSETS");
     return env && *env ? env : "../shared/assets";
