@@ -1,6 +1,7 @@
 # qlm build. `make` builds build/qlm; `make test` sets up what is missing and runs every test (the
 # kernel-dependent ones again under each other kernel set the CPU runs, scripts/run_isa_tests.sh);
-# `make asan` runs the suite under AddressSanitizer + UndefinedBehaviorSanitizer;
+# `make asan` runs the suite under AddressSanitizer + UndefinedBehaviorSanitizer; `make fuzz` runs
+# libFuzzer on every loader (FUZZ_SECONDS each, scripts/fuzz.sh);
 # `make CUDA=1` also compiles the CUDA backend with nvcc; `make run` runs the main job.
 
 CC      ?= gcc
@@ -35,7 +36,7 @@ CLI_OBJS  := $(CLI_SRCS:%.c=$(BUILD)/%.o)
 TEST_BINS := $(TEST_SRCS:tests/%.c=$(BUILD)/tests/%)
 LIB       := $(BUILD)/libqlm.a
 
-.PHONY: all test asan run bench bench-dist eval train-eval qat-eval clean setup setup-test check-tests test-cuda test-cuda-build
+.PHONY: all test asan fuzz run bench bench-dist eval train-eval qat-eval clean setup setup-test check-tests test-cuda test-cuda-build
 
 all: $(BUILD)/qlm
 
@@ -78,6 +79,19 @@ test: setup-test
 asan: setup-test
 	@$(MAKE) --no-print-directory BUILD=build/asan OPT="-O1 -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=undefined" \
 		check-tests
+
+# The fuzzer links libFuzzer's main; the library under it is built by clang with its coverage hooks.
+FUZZ_SAN := -fsanitize=address,undefined -fno-sanitize-recover=undefined
+
+$(BUILD)/fuzz/%: fuzz/%.c $(LIB)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -fsanitize=fuzzer -o $@ $< $(LIB) $(LDLIBS)
+
+fuzz:
+	@scripts/setup.sh --fuzz
+	@$(MAKE) --no-print-directory CC=clang BUILD=build/fuzz \
+		OPT="-O1 -fno-omit-frame-pointer $(FUZZ_SAN) -fsanitize=fuzzer-no-link" build/fuzz/fuzz/fuzz_loaders
+	@scripts/fuzz.sh build/fuzz/fuzz/fuzz_loaders
 
 # The GPU's tests: the op table against references, and the model tests rerun with
 # QLM_TEST_DEVICE=cuda (their fixtures and tolerances unchanged), then compute-sanitizer.

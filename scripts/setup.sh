@@ -3,22 +3,26 @@
 # Idempotent: each step checks first and says what it does.
 #   --test     also what only the tests need: chromium (tests/test_chat_page.c) and a Python venv with the
 #              official openai client ($QLM_CACHE/test-python, for tests/openai_client_check.py)
+#   --fuzz     also clang with libFuzzer and its OpenMP runtime (make fuzz)
 #   QLM_CACHE  where the default model goes (default ~/.cache/qlm)
 set -euo pipefail
 
 say() { echo "setup: $*" >&2; }
 
 with_tests=0
+with_fuzz=0
 for arg in "$@"; do
     case "$arg" in
         --test) with_tests=1 ;;
-        *) say "unknown option $arg (usage: scripts/setup.sh [--test])"; exit 2 ;;
+        --fuzz) with_fuzz=1 ;;
+        *) say "unknown option $arg (usage: scripts/setup.sh [--test] [--fuzz])"; exit 2 ;;
     esac
 done
 
 packages=(gcc make pkg-config libcmocka-dev libpcre2-dev libcjson-dev libopenblas-dev libcurl4-openssl-dev libmicrohttpd-dev libssl-dev libopenmpi-dev openmpi-bin curl unzip ca-certificates)
 test_packages=(chromium python3-venv)
 [ "$with_tests" -eq 0 ] || packages+=("${test_packages[@]}")
+[ "$with_fuzz" -eq 0 ] || packages+=(clang libclang-rt-dev libomp-dev)
 missing=()
 for p in "${packages[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
