@@ -29,14 +29,23 @@ static int others_running(void) {
 }
 
 int cli_threads_apply(int requested, int local_ranks, int quiet) {
-    if (requested <= 0 && getenv("OMP_NUM_THREADS")) return omp_get_max_threads();
-    int threads = requested;
-    if (threads <= 0) {
-        int cores = usable_cores(), ranks = local_ranks > 1 ? local_ranks : 1;
+    int from_env = requested <= 0 && getenv("OMP_NUM_THREADS");
+    int cores = usable_cores(), ranks = local_ranks > 1 ? local_ranks : 1;
+    /* Other ranks of this job on the machine are load too, so only a lone process looks. */
+    int busy = ranks == 1 ? others_running() : -1, free_cores = cores - (busy > 0 ? busy : 0);
+    int threads = from_env ? omp_get_max_threads() : requested;
+    if (threads > 0) {
+        /* libgomp reads its wait policy at start-up, so a count chosen past the free cores can only
+         * be told how to make its waiting threads sleep. */
+        if (!quiet && busy >= 0 && threads > free_cores && !getenv("OMP_WAIT_POLICY"))
+            fprintf(stderr,
+                    "qlm: %d threads, but other programs leave %d of the %d cores free: waiting threads spin for "
+                    "nothing (OMP_WAIT_POLICY=passive makes them sleep; fewer threads is faster still)\n",
+                    threads, free_cores > 0 ? free_cores : 0, cores);
+    } else {
         threads = cores > ranks ? cores / ranks : 1;
-        int busy = ranks == 1 ? others_running() : -1;
-        if (busy > 0 && cores - busy < threads) {
-            threads = cores - busy > 1 ? cores - busy : 1;
+        if (busy > 0 && free_cores < threads) {
+            threads = free_cores > 1 ? free_cores : 1;
             if (!quiet)
                 fprintf(stderr, "qlm: other programs keep %d of the %d cores busy: %d thread%s (--threads N to choose)\n",
                         busy < cores ? busy : cores, cores, threads, threads == 1 ? "" : "s");
