@@ -5,6 +5,7 @@
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
@@ -23,7 +24,9 @@ static const char *k_usage =
     "      --lora NAME=PATH   load the PEFT LoRA adapter folder PATH as NAME (repeatable)\n"
     "      --host ADDR        IPv4 address to bind (default 127.0.0.1)\n"
     "      --port N           TCP port (default 8080; 0: any free port)\n"
-    "      --api-key KEY      require \"Authorization: Bearer KEY\" (all routes but /health and the page /)\n"
+    "      --api-key KEY      require \"Authorization: Bearer KEY\" (all routes but /health and the page /);\n"
+    "                         QLM_API_KEY in the environment does the same without showing in ps\n"
+    "      --metrics-public   GET /metrics answers without the key (for a scraper)\n"
     "      --adapter-dir DIR  POST /v1/adapters may load adapter folders inside DIR (default: off)\n"
     "      --cors-origin O    let pages of origin O (e.g. https://app.example; * for any) call the server\n"
     "                         (default: other sites' pages are refused)\n"
@@ -38,7 +41,7 @@ static const char *k_usage =
     "      --quiet            no load line or request log\n" CLI_DIST_HELP;
 
 enum { OPT_HOST = 700, OPT_PORT, OPT_API_KEY, OPT_MAX_SEQS, OPT_MAX_QUEUE, OPT_MAX_OUTPUT, OPT_NAME, OPT_TIMEOUT,
-       OPT_ADAPTER_DIR, OPT_CORS, OPT_MAX_CONN, OPT_MAX_CONN_IP };
+       OPT_ADAPTER_DIR, OPT_CORS, OPT_MAX_CONN, OPT_MAX_CONN_IP, OPT_METRICS_PUBLIC };
 
 /* Descriptors beyond the connections: model files, pipes, the event loop's own. */
 enum { SPARE_FDS = 64 };
@@ -106,7 +109,7 @@ int cmd_serve(int argc, char **argv) {
     cli_model_opts_init(&mo);
     const char *host = "127.0.0.1", *api_key = NULL, *name = NULL, *adapter_dir = NULL, *cors = NULL;
     int port = 8080, max_seqs = 8, max_queue = 64, max_output = 0, quiet = 0, timeout = 30;
-    int max_conn = 2048, max_conn_ip = 1024;
+    int max_conn = 2048, max_conn_ip = 1024, metrics_public = 0;
     static const struct option opts[] = {CLI_MODEL_OPTIONS, CLI_LORA_OPTIONS, CLI_DIST_OPTIONS,
                                          {"host", required_argument, 0, OPT_HOST},
                                          {"port", required_argument, 0, OPT_PORT},
@@ -119,6 +122,7 @@ int cmd_serve(int argc, char **argv) {
                                          {"adapter-dir", required_argument, 0, OPT_ADAPTER_DIR},
                                          {"cors-origin", required_argument, 0, OPT_CORS},
                                          {"max-connections", required_argument, 0, OPT_MAX_CONN},
+                                         {"metrics-public", no_argument, 0, OPT_METRICS_PUBLIC},
                                          {"max-connections-per-ip", required_argument, 0, OPT_MAX_CONN_IP},
                                          {"quiet", no_argument, 0, OPT_QUIET},
                                          {0, 0, 0, 0}};
@@ -146,6 +150,7 @@ int cmd_serve(int argc, char **argv) {
         case OPT_ADAPTER_DIR: adapter_dir = optarg; break;
         case OPT_CORS: cors = optarg; break;
         case OPT_QUIET: quiet = 1; break;
+        case OPT_METRICS_PUBLIC: metrics_public = 1; break;
         default: return cli_usage_error("serve", k_usage);
         }
     }
@@ -153,7 +158,13 @@ int cmd_serve(int argc, char **argv) {
         fprintf(stderr, "qlm serve: %s\n", mo.model ? "unexpected argument" : "need -m MODEL");
         return cli_usage_error("serve", k_usage);
     }
-    if (api_key && !api_key[0]) {
+    if (!api_key) {
+        api_key = getenv("QLM_API_KEY");
+        if (api_key && !api_key[0]) {
+            fprintf(stderr, "qlm serve: QLM_API_KEY is set but empty\n");
+            return 2;
+        }
+    } else if (!api_key[0]) {
         fprintf(stderr, "qlm serve: --api-key needs a non-empty key\n");
         return 2;
     }
@@ -192,7 +203,8 @@ int cmd_serve(int argc, char **argv) {
     char model_name[256];
     if (name) snprintf(model_name, sizeof model_name, "%s", name);
     else base_name(mo.model, model_name, sizeof model_name);
-    qlm_server_config sc = {.host = host, .port = port, .api_key = api_key, .cors_origin = cors,
+    qlm_server_config sc = {.host = host, .port = port, .api_key = api_key, .metrics_public = metrics_public,
+                            .cors_origin = cors,
                             .adapter_dir = adapter_dir, .model_name = model_name,
                             .model = cm.src.is_t5 ? NULL : &cm.model, .t5 = cm.src.is_t5 ? &cm.t5 : NULL,
                             .tok = cm.src.tok, .lora = &cm.lora, .max_seqs = max_seqs, .max_prompt = max_prompt,

@@ -24,7 +24,8 @@ enum {
 #define CLI_MODEL_OPTIONS                                                                                 \
     {"model", required_argument, 0, OPT_MODEL}, {"tokenizer", required_argument, 0, OPT_TOKENIZER},       \
         {"dtype", required_argument, 0, OPT_DTYPE}, {"per-channel", no_argument, 0, OPT_PER_CHANNEL},     \
-        {"threads", required_argument, 0, OPT_THREADS}, {"ctx", required_argument, 0, OPT_CTX},           \
+        {"threads", required_argument, 0, OPT_THREADS}, {"ctx", required_argument, 0, OPT_CTX},         \
+        {"ctx-size", required_argument, 0, OPT_CTX},           \
         {"device", required_argument, 0, OPT_DEVICE}, {"chunk", required_argument, 0, OPT_BATCH},        \
         {"random-weights", no_argument, 0, OPT_RANDOM_WEIGHTS}, {"no-check", no_argument, 0, OPT_NO_CHECK}, \
         {"help", no_argument, 0, OPT_HELP}
@@ -49,7 +50,8 @@ enum {
     "      --adapter NAME     the adapter to use (default: the first --lora; none: the base model)\n"
 
 #define CLI_SAMPLING_OPTIONS                                                                              \
-    {"temp", required_argument, 0, OPT_TEMP}, {"top-k", required_argument, 0, OPT_TOP_K},                 \
+    {"temp", required_argument, 0, OPT_TEMP}, {"temperature", required_argument, 0, OPT_TEMP},               \
+        {"top-k", required_argument, 0, OPT_TOP_K},                 \
         {"top-p", required_argument, 0, OPT_TOP_P}, {"repeat-penalty", required_argument, 0, OPT_REPEAT_PENALTY}, \
         {"repeat-last-n", required_argument, 0, OPT_REPEAT_LAST_N}, {"seed", required_argument, 0, OPT_SEED}, \
         {"max-tokens", required_argument, 0, OPT_NTOK}, {"stop", required_argument, 0, OPT_STOP}
@@ -61,7 +63,7 @@ enum {
     "      --per-channel      int8 with one scale per output channel\n"                                   \
     "      --threads N        CPU threads (default: the cores other programs leave free, divided among\n" \
     "                         the ranks of an mpirun job)\n"                                            \
-    "      --ctx N            context window in tokens (default: min(model, 4096))\n"                     \
+    "      --ctx N            context window in tokens (also --ctx-size; default: min(model, 4096))\n"   \
     "      --chunk N          tokens per forward pass during prefill (default 512)\n"                     \
     "      --device D         cpu, cuda or auto (default auto)\n"                                       \
     "      --random-weights   random weights of the shape in MODEL/config.json (for speed measurements)\n" \
@@ -69,7 +71,7 @@ enum {
 
 #define CLI_SAMPLING_HELP                                                                                 \
     "  -n, --max-tokens N     tokens to generate (default 256)\n"                                         \
-    "      --temp T           temperature; 0 is greedy (default 0.7)\n"                                   \
+    "      --temp T           temperature (also --temperature); 0 is greedy (default 0.7)\n"                                   \
     "      --top-k K          sample among the K most likely tokens; 0 = all (default 40)\n"              \
     "      --top-p P          nucleus sampling threshold (default 0.9)\n"                                 \
     "      --repeat-penalty R penalty for recent tokens; 1 = off (default 1)\n"                           \

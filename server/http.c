@@ -8,6 +8,7 @@
 #include <openssl/crypto.h>
 #include <openssl/sha.h>
 #include <stdio.h>
+#include <sys/random.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -35,7 +36,7 @@ struct qlm_server {
     pthread_mutex_t mu;      /* guards the fields below */
     pthread_cond_t idle;     /* in_flight reached 0 */
     int in_flight, draining;
-    long requests, next_id;
+    long requests;
     long status_counts[6];   /* by status class: [2] 2xx, [4] 4xx, [5] 5xx */
     latency_histogram latency; /* finished generations, request to response end */
     latency_histogram ttft;    /* request to the first generated text */
@@ -262,9 +263,11 @@ static enum MHD_Result generate(struct MHD_Connection *c, conn *cx, int chat) {
     if (found) queue_acquire_adapter(&s->queue, j, a);
     pthread_mutex_unlock(&s->queue.mu);
     if (!found) return respond_api_error(c, cx, &e);
-    pthread_mutex_lock(&s->mu);
-    snprintf(cx->id, sizeof cx->id, "%s-%ld", chat ? "chatcmpl" : "cmpl", ++s->next_id);
-    pthread_mutex_unlock(&s->mu);
+    /* Unguessable, so that an id says nothing about other requests. */
+    unsigned char r[12];
+    if (getrandom(r, sizeof r, 0) != (ssize_t)sizeof r) return respond_error(c, cx, 500, "server_error", "no random bytes");
+    int at = snprintf(cx->id, sizeof cx->id, "%s-", chat ? "chatcmpl" : "cmpl");
+    for (size_t i = 0; i < sizeof r; i++) at += snprintf(cx->id + at, sizeof cx->id - (size_t)at, "%02x", r[i]);
     cx->chat = chat;
     cx->first = 1;
     cx->created = (long)time(NULL);
@@ -395,16 +398,19 @@ static enum MHD_Result route(struct MHD_Connection *c, conn *cx) {
     }
     /* The page itself is public; its requests carry the key the user types in. */
     if (get && !strcmp(p, "/")) return respond(c, cx, 200, strdup(qlm_chat_page), "text/html; charset=utf-8");
-    if (!authorized(c, s)) return respond_error(c, cx, 401, "authentication_error", "missing or wrong API key");
+    int public_metrics = s->cfg.metrics_public && get && !strcmp(p, "/metrics");
+    if (!public_metrics && !authorized(c, s))
+        return respond_error(c, cx, 401, "authentication_error", "missing or wrong API key");
     /* A form or a "simple" cross-site request cannot send this type without a preflight. */
     if (post && !guard_json_type(MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Content-Type")))
         return respond_error(c, cx, 415, "invalid_request_error", "the body must be sent as Content-Type: application/json");
     if (get && !strcmp(p, "/metrics")) return respond(c, cx, 200, metrics_text(s), "text/plain; version=0.0.4");
-    if (get && !strcmp(p, "/v1/models")) {
+    if (get && (!strcmp(p, "/v1/models") || !strncmp(p, "/v1/models/", 11))) {
+        int found;
         pthread_mutex_lock(&s->queue.mu); /* the registry may be changing */
-        char *json = openai_models_json(&s->cfg, (long)time(NULL));
+        char *json = openai_models_json(&s->cfg, (long)time(NULL), p[10] ? p + 11 : NULL, &found);
         pthread_mutex_unlock(&s->queue.mu);
-        return respond_json(c, cx, 200, json);
+        return found ? respond_json(c, cx, 200, json) : respond_error(c, cx, 404, "not_found_error", "no model has this id");
     }
     if (post && !strcmp(p, "/v1/adapters")) return load_adapter(c, cx);
     if (!strcmp(m, "DELETE") && !strncmp(p, "/v1/adapters/", 13)) return unload_adapter(c, cx, p + 13);
@@ -427,7 +433,7 @@ static enum MHD_Result route(struct MHD_Connection *c, conn *cx) {
         if (draining) return respond_error(c, cx, 503, "server_error", "the server is shutting down");
         return generate(c, cx, !strcmp(p, "/v1/chat/completions"));
     }
-    int known = !strcmp(p, "/health") || !strcmp(p, "/metrics") || !strcmp(p, "/v1/models") || !strcmp(p, "/tokenize") ||
+    int known = !strcmp(p, "/health") || !strcmp(p, "/metrics") || !strncmp(p, "/v1/models", 10) || !strcmp(p, "/tokenize") ||
                 !strcmp(p, "/v1/adapters") || !strncmp(p, "/v1/adapters/", 13) ||
                 !strcmp(p, "/detokenize") || !strcmp(p, "/v1/completions") || !strcmp(p, "/v1/chat/completions");
     return known ? respond_error(c, cx, 405, "invalid_request_error", "method not allowed for this path")

@@ -158,7 +158,8 @@ int openai_find_adapter(const qlm_server_config *cfg, const job *j, const qlm_lo
  * qlm_lora_load and the base's id. 0, or -1 with a 400 naming the field in *e. */
 int openai_parse_adapter_load(const qlm_server_config *cfg, const char *body, size_t len, char *name, size_t name_cap,
                               char **path, api_error *e);
-char *openai_models_json(const qlm_server_config *cfg, long created);
+/* GET /v1/models (id NULL), or the model of that id (*found 0 when none has it). */
+char *openai_models_json(const qlm_server_config *cfg, long created, const char *id, int *found);
 char *openai_tokenize_json(const qlm_server_config *cfg, const char *body, size_t len, api_error *e);
 char *openai_detokenize_json(const qlm_server_config *cfg, const char *body, size_t len, api_error *e);
 const char *openai_finish_reason(qlm_stop_reason r);

@@ -173,6 +173,65 @@ static int render_chat(const qlm_server_config *cfg, const cJSON *root, qlm_mark
     return 0;
 }
 
+/* Whether v is the value by which a client says it does not want a feature (clients send such
+ * defaults), for the fields of OpenAI's API that qlm does not implement. */
+static int feature_off(const cJSON *v) {
+    const char *k = v->string;
+    if (cJSON_IsNull(v)) return 1;
+    if (!strcmp(k, "logprobs") || !strcmp(k, "echo") || !strcmp(k, "store") || !strcmp(k, "parallel_tool_calls"))
+        return cJSON_IsFalse(v) || (!strcmp(k, "parallel_tool_calls") && cJSON_IsTrue(v));
+    if (!strcmp(k, "top_logprobs") || !strcmp(k, "presence_penalty") || !strcmp(k, "frequency_penalty") ||
+        !strcmp(k, "min_p"))
+        return cJSON_IsNumber(v) && v->valuedouble == 0;
+    if (!strcmp(k, "best_of")) return cJSON_IsNumber(v) && v->valuedouble == 1;
+    if (!strcmp(k, "logit_bias")) return cJSON_IsObject(v) && !v->child;
+    if (!strcmp(k, "tools")) return cJSON_IsArray(v) && !v->child;
+    if (!strcmp(k, "tool_choice")) return cJSON_IsString(v) && !strcmp(v->valuestring, "none");
+    if (!strcmp(k, "response_format")) {
+        const cJSON *t = cJSON_GetObjectItemCaseSensitive(v, "type");
+        return cJSON_IsObject(v) && cJSON_GetArraySize(v) == 1 && cJSON_IsString(t) && !strcmp(t->valuestring, "text");
+    }
+    return 0;
+}
+
+static int listed(const char *name, const char *const *names) {
+    for (; *names; names++)
+        if (!strcmp(name, *names)) return 1;
+    return 0;
+}
+
+/* A field qlm does not act on is refused, naming it, rather than answered as if it had been
+ * honoured; unknown fields too, as OpenAI's API does. */
+static int check_fields(const cJSON *root, int chat, api_error *e) {
+    static const char *const both[] = {"model", "adapter", "max_tokens", "temperature", "top_p", "top_k", "seed",
+                                       "n", "stop", "stream", "stream_options", "user", "repetition_penalty", NULL};
+    static const char *const chat_only[] = {"messages", "max_completion_tokens", NULL};
+    static const char *const completion_only[] = {"prompt", NULL};
+    static const char *const not_implemented[] = {
+        "logprobs", "top_logprobs", "echo", "presence_penalty", "frequency_penalty", "logit_bias", "best_of",
+        "suffix", "response_format", "tools", "tool_choice", "parallel_tool_calls", "functions", "function_call",
+        "min_p", "store", "metadata", "service_tier", "modalities", "audio", "prediction", "reasoning_effort", NULL};
+    const cJSON *f;
+    cJSON_ArrayForEach(f, root) {
+        if (listed(f->string, both) || listed(f->string, chat ? chat_only : completion_only)) continue;
+        if (listed(f->string, not_implemented)) {
+            if (feature_off(f)) continue;
+            return fail(e, 400, "'%s' is not supported by this server", f->string);
+        }
+        return fail(e, 400, "unrecognized request field '%.64s'", f->string);
+    }
+    const cJSON *so = cJSON_GetObjectItemCaseSensitive(root, "stream_options");
+    if (so && !cJSON_IsNull(so)) {
+        /* The last chunk of a stream always carries the usage, so include_usage is honoured either way. */
+        const cJSON *u = cJSON_GetObjectItemCaseSensitive(so, "include_usage");
+        if (!cJSON_IsObject(so) || cJSON_GetArraySize(so) != (u != NULL) || (u && !cJSON_IsBool(u)))
+            return fail(e, 400, "'stream_options' takes only {\"include_usage\": true|false}");
+    }
+    const cJSON *user = cJSON_GetObjectItemCaseSensitive(root, "user");
+    if (user && !cJSON_IsNull(user) && !cJSON_IsString(user)) return fail(e, 400, "'user' must be a string");
+    return 0;
+}
+
 int openai_parse_generation(const qlm_server_config *cfg, const char *body, size_t len, int chat, job *j,
                             char *model_id, size_t model_cap, api_error *e) {
     cJSON *root = parse_object(body, len, e);
@@ -180,13 +239,15 @@ int openai_parse_generation(const qlm_server_config *cfg, const char *body, size
     int rc = -1;
     qlm_marked_text text = {0};
     double max_tokens = chat ? cfg->max_output : 16, temperature = 1, top_p = 1, top_k = 0, n = 1, seed = -1;
-    if (pick_adapter(cfg, root, j, model_id, model_cap, e) != 0) goto out;
+    double repetition = 1;
+    if (check_fields(root, chat, e) != 0 || pick_adapter(cfg, root, j, model_id, model_cap, e) != 0) goto out;
     if (number_field(root, "max_tokens", 1, cfg->max_output, 1, &max_tokens, e) != 0 ||
         (chat && number_field(root, "max_completion_tokens", 1, cfg->max_output, 1, &max_tokens, e) != 0) ||
         number_field(root, "temperature", 0, 2, 0, &temperature, e) != 0 ||
         number_field(root, "top_p", 1e-6, 1, 0, &top_p, e) != 0 || number_field(root, "top_k", 0, 1e9, 1, &top_k, e) != 0 ||
         number_field(root, "seed", 0, 9007199254740991.0, 1, &seed, e) != 0 ||
-        number_field(root, "n", 1, 1, 1, &n, e) != 0 || parse_stop(root, j, e) != 0)
+        number_field(root, "n", 1, 1, 1, &n, e) != 0 || number_field(root, "repetition_penalty", 1e-3, 100, 0, &repetition, e) != 0 ||
+        parse_stop(root, j, e) != 0)
         goto out;
     const cJSON *stream = cJSON_GetObjectItemCaseSensitive(root, "stream");
     if (stream && !cJSON_IsNull(stream) && !cJSON_IsBool(stream)) {
@@ -227,7 +288,9 @@ int openai_parse_generation(const qlm_server_config *cfg, const char *body, size
     j->params.sampling.temperature = (float)temperature;
     j->params.sampling.top_p = (float)top_p;
     j->params.sampling.top_k = (int)top_k;
-    j->params.sampling.repeat_penalty = 1;
+    /* vLLM's repetition_penalty: every token of the prompt and the output so far. */
+    j->params.sampling.repeat_penalty = (float)repetition;
+    j->params.sampling.repeat_last_n = cfg->max_prompt + cfg->max_output;
     /* The sampler takes seed 0 for "from the clock": no seed is that, an explicit 0 gets a fixed
      * stand-in so that it repeats like every other seed (which match `qlm generate --seed`). */
     j->params.sampling.seed = seed < 0 ? 0 : seed == 0 ? 0x9e3779b97f4a7c15ULL : (uint64_t)seed;
@@ -329,14 +392,20 @@ static void add_model(cJSON *list, const char *id, const char *parent, long crea
     cJSON_AddItemToArray(list, m);
 }
 
-char *openai_models_json(const qlm_server_config *cfg, long created) {
+char *openai_models_json(const qlm_server_config *cfg, long created, const char *id, int *found) {
     cJSON *root = cJSON_CreateObject();
     cJSON_AddStringToObject(root, "object", "list");
     cJSON *data = cJSON_AddArrayToObject(root, "data");
     add_model(data, cfg->model_name, NULL, created);
     for (int i = 0; cfg->lora && i < cfg->lora->n; i++)
         add_model(data, qlm_lora_registry_at(cfg->lora, i)->name, cfg->model_name, created);
-    char *s = cJSON_PrintUnformatted(root);
+    const cJSON *out = root, *m;
+    if (id) {
+        out = NULL;
+        cJSON_ArrayForEach(m, data) if (!strcmp(cJSON_GetObjectItemCaseSensitive(m, "id")->valuestring, id)) out = m;
+    }
+    *found = out != NULL;
+    char *s = out ? cJSON_PrintUnformatted(out) : NULL;
     cJSON_Delete(root);
     return s;
 }

@@ -11,6 +11,7 @@ typedef struct {
     const char *host;        /* address to bind (default 127.0.0.1) */
     int port;                /* 0: any free port (see qlm_server_port) */
     const char *api_key;     /* NULL: no authentication; else "Authorization: Bearer KEY" is required */
+    int metrics_public;      /* GET /metrics answers without the key */
     const char *cors_origin; /* an Origin whose pages may call the server ("*": any); NULL: none */
     const char *adapter_dir; /* POST /v1/adapters loads folders inside it only; NULL: loading is off */
     const char *model_name;  /* the base model's id in /v1/models */

@@ -273,6 +273,7 @@ static void test_serve_api_key(void **state) {
     expect_error(&s, "GET", "/v1/models", NULL, "-H 'Authorization: sekrit'", 401, NULL);
     assert_int_equal(http(&s, "GET", "/v1/models", NULL, "-H 'Authorization: Bearer sekrit'", &resp), 200);
     free(resp);
+    expect_error(&s, "GET", "/metrics", NULL, NULL, 401, "API key");
     /* A streamed request still running when SIGTERM comes finishes before the exit. */
     char cmd[1024];
     snprintf(cmd, sizeof cmd,
@@ -286,6 +287,101 @@ static void test_serve_api_key(void **state) {
     assert_non_null(drained);
     assert_non_null(strstr(drained, "data: [DONE]"));
     free(drained);
+}
+
+/* The key from QLM_API_KEY (kept out of ps), and /metrics opened to a scraper by --metrics-public
+ * while every other route still needs the key. */
+static void test_serve_key_from_env(void **state) {
+    (void)state;
+    char model[512];
+    test_asset(model, sizeof model, "tinystories-656K-hf");
+    REQUIRE_ASSET(model);
+    server s;
+    setenv("QLM_API_KEY", "from-env", 1);
+    server_start(&s, model, "--quiet --metrics-public");
+    unsetenv("QLM_API_KEY");
+    char *resp;
+    assert_int_equal(http(&s, "GET", "/metrics", NULL, NULL, &resp), 200);
+    assert_non_null(strstr(resp, "qlm_requests_total"));
+    free(resp);
+    expect_error(&s, "GET", "/v1/models", NULL, NULL, 401, "API key");
+    assert_int_equal(http(&s, "GET", "/v1/models", NULL, "-H 'Authorization: Bearer from-env'", &resp), 200);
+    free(resp);
+    free(server_stop(&s));
+}
+
+/* Fields qlm does not act on are 400s naming them (they were answered 200 and ignored), unless they
+ * hold the value that turns the feature off; repetition_penalty is vLLM's (prompt and output tokens,
+ * as `qlm generate --repeat-penalty R --repeat-last-n` the whole context); GET /v1/models/{id}; and
+ * response ids are random, not a counter. */
+static void test_serve_fields(void **state) {
+    (void)state;
+    char model[512];
+    test_asset(model, sizeof model, "tinystories-656K-hf");
+    REQUIRE_ASSET(model);
+    server s;
+    server_start(&s, model, "--quiet --name tiny");
+    const char *refused[][2] = {
+        {"{\"prompt\":\"a\",\"logprobs\":2}", "'logprobs'"},
+        {"{\"prompt\":\"a\",\"presence_penalty\":0.5}", "'presence_penalty'"},
+        {"{\"prompt\":\"a\",\"frequency_penalty\":1}", "'frequency_penalty'"},
+        {"{\"prompt\":\"a\",\"logit_bias\":{\"50\":-100}}", "'logit_bias'"},
+        {"{\"prompt\":\"a\",\"echo\":true}", "'echo'"},
+        {"{\"prompt\":\"a\",\"response_format\":{\"type\":\"json_object\"}}", "'response_format'"},
+        {"{\"prompt\":\"a\",\"temprature\":0}", "'temprature'"},
+        {"{\"prompt\":\"a\",\"messages\":[]}", "'messages'"},
+        {"{\"prompt\":\"a\",\"stream_options\":{\"include_usage\":1}}", "stream_options"},
+        {"{\"prompt\":\"a\",\"repetition_penalty\":0}", "repetition_penalty"},
+    };
+    for (size_t i = 0; i < sizeof refused / sizeof *refused; i++)
+        expect_error(&s, "POST", "/v1/completions", refused[i][0], NULL, 400, refused[i][1]);
+    expect_error(&s, "POST", "/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":\"a\"}],\"tools\":[{}]}",
+                 NULL, 400, "'tools'");
+    /* What clients send to mean "off" is accepted. */
+    char *off = generated(&s, "/v1/completions",
+                          "{\"prompt\":\"Once upon a time\",\"max_tokens\":24,\"temperature\":0,\"logprobs\":null,"
+                          "\"echo\":false,\"presence_penalty\":0,\"frequency_penalty\":0,\"logit_bias\":{},\"user\":\"u1\","
+                          "\"response_format\":{\"type\":\"text\"},\"stream_options\":null}",
+                          "length");
+    char *plain = generated(&s, "/v1/completions", "{\"prompt\":\"Once upon a time\",\"max_tokens\":24,\"temperature\":0}",
+                            "length");
+    assert_string_equal(off, plain);
+    char *penalized = generated(&s, "/v1/completions",
+                                "{\"prompt\":\"Once upon a time\",\"max_tokens\":24,\"temperature\":0,"
+                                "\"repetition_penalty\":1.5}", "length");
+    char *cli = NULL;
+    assert_int_equal(test_run_qlm(&cli, "generate -m %s -p 'Once upon a time' -n 24 --temperature 0 --repeat-penalty 1.5 "
+                                        "--repeat-last-n 100000 2>/dev/null", model), 0);
+    print_message("greedy: %s\nrepetition_penalty 1.5: %s\n", plain, penalized);
+    assert_string_not_equal(penalized, plain);
+    if (!strstr(cli, penalized)) fail_msg("qlm generate --repeat-penalty 1.5 wrote '%s', the server '%s'", cli, penalized);
+    free(cli);
+    free(off);
+    free(plain);
+    free(penalized);
+
+    char *resp;
+    assert_int_equal(http(&s, "GET", "/v1/models/tiny", NULL, NULL, &resp), 200);
+    cJSON *m = parse(resp);
+    assert_string_equal(cJSON_GetObjectItem(m, "id")->valuestring, "tiny");
+    assert_string_equal(cJSON_GetObjectItem(m, "object")->valuestring, "model");
+    cJSON_Delete(m);
+    free(resp);
+    expect_error(&s, "GET", "/v1/models/other", NULL, NULL, 404, "no model");
+
+    char *ids[2];
+    for (int i = 0; i < 2; i++) {
+        assert_int_equal(http(&s, "POST", "/v1/completions", "{\"prompt\":\"a\",\"max_tokens\":1}", NULL, &resp), 200);
+        cJSON *j = parse(resp);
+        ids[i] = strdup(cJSON_GetObjectItem(j, "id")->valuestring);
+        cJSON_Delete(j);
+        free(resp);
+        assert_int_equal(strlen(ids[i]), strlen("cmpl-") + 24);
+    }
+    assert_string_not_equal(ids[0], ids[1]);
+    free(ids[0]);
+    free(ids[1]);
+    free(server_stop(&s));
 }
 
 /* An adapter loaded at run time: listed, used, refused while duplicated, unloaded. */
@@ -975,6 +1071,8 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_serve_openai),
         cmocka_unit_test(test_serve_api_key),
+        cmocka_unit_test(test_serve_key_from_env),
+        cmocka_unit_test(test_serve_fields),
         cmocka_unit_test(test_serve_adapters),
         cmocka_unit_test(test_serve_openai_client),
         cmocka_unit_test(test_serve_abuse),
