@@ -399,6 +399,7 @@ static int same_record(const batch_job *j, int i, const cJSON *line) {
 static int open_output(batch_job *j) {
     const options *o = j->o;
     struct stat st;
+    if (cli_make_parent_dir(o->out) != 0) return -1;
     if (stat(o->out, &st) == 0 && !S_ISREG(st.st_mode))
         return qlm_errorf("%s: not a regular file (--out names the JSONL file to write)", o->out);
     int exists = stat(o->out, &st) == 0 && st.st_size > 0;

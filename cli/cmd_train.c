@@ -1,6 +1,7 @@
 /* qlm train: fine-tune a Llama-family model on JSONL data (LoRA, full, or quantization-aware),
  * with progress, metrics.jsonl and a loss-curve picture, atomic checkpoints and exact --resume. */
 #include <cjson/cJSON.h>
+#include <errno.h>
 #include <math.h>
 #include <omp.h>
 #include <signal.h>
@@ -68,6 +69,7 @@ static const char k_usage[] =
     "  runs:\n"
     "      --save-every N       checkpoint every N steps and at the end (default 50)\n"
     "      --resume             continue from the checkpoint in DIR, exactly where it stopped\n"
+    "      --overwrite          start a new run in a DIR that holds one (refused otherwise)\n"
     "      --seed S             data order, adapter init and dropout (default 1)\n"
     "      --threads N          CPU threads (default: the cores, divided among the ranks on this machine)\n"
     "      --device D           cpu (default)\n"
@@ -89,7 +91,7 @@ enum {
     OPT_ALPHA, OPT_LORA_DROPOUT, OPT_TARGETS, OPT_RSLORA, OPT_MODE_FULL, OPT_MODE_QAT, OPT_PER_CH, OPT_STEPS,
     OPT_EPOCHS, OPT_TBATCH, OPT_ACCUM, OPT_SEQ_LEN, OPT_PACK, OPT_LR, OPT_SCHEDULE, OPT_WARMUP, OPT_MIN_LR,
     OPT_WD, OPT_CLIP, OPT_TDTYPE, OPT_BASE_DTYPE, OPT_RECOMPUTE, OPT_TARGET_FIELD, OPT_TEMPLATE, OPT_CHAT,
-    OPT_SAVE_EVERY, OPT_RESUME, OPT_TSEED, OPT_TTHREADS, OPT_TDEVICE, OPT_RANDOM, OPT_TNO_CHECK, OPT_SHARD, OPT_FACTOR,
+    OPT_SAVE_EVERY, OPT_RESUME, OPT_OVERWRITE, OPT_TSEED, OPT_TTHREADS, OPT_TDEVICE, OPT_RANDOM, OPT_TNO_CHECK, OPT_SHARD, OPT_FACTOR,
     OPT_PREFETCH, OPT_OFFLOAD, OPT_DIST_TIMEOUT, OPT_RESHARD,
 };
 
@@ -98,7 +100,7 @@ typedef struct {
     double eval_fraction;
     int eval_every, eval_max, rank, rslora, per_channel, steps, epochs, batch, accum, seq_len, pack, warmup;
     int recompute, chat, save_every, resume, seed, threads, random_weights, no_check;
-    int factor, prefetch, reshard, shard_given, offload;
+    int factor, prefetch, reshard, shard_given, offload, overwrite;
     float alpha, lora_dropout, lr, min_lr_ratio, weight_decay, clip, dist_timeout;
     qlm_shard_strategy shard;
     qlm_train_mode mode;
@@ -133,6 +135,7 @@ static int parse_args(int argc, char **argv, train_args *a) {
         {"recompute", no_argument, 0, OPT_RECOMPUTE}, {"target-field", required_argument, 0, OPT_TARGET_FIELD},
         {"template", required_argument, 0, OPT_TEMPLATE}, {"chat", no_argument, 0, OPT_CHAT},
         {"save-every", required_argument, 0, OPT_SAVE_EVERY}, {"resume", no_argument, 0, OPT_RESUME},
+        {"overwrite", no_argument, 0, OPT_OVERWRITE},
         {"seed", required_argument, 0, OPT_TSEED}, {"threads", required_argument, 0, OPT_TTHREADS},
         {"device", required_argument, 0, OPT_TDEVICE}, {"random-weights", no_argument, 0, OPT_RANDOM},
         {"no-check", no_argument, 0, OPT_TNO_CHECK},
@@ -200,6 +203,7 @@ static int parse_args(int argc, char **argv, train_args *a) {
         case OPT_CHAT: a->chat = 1; break;
         case OPT_SAVE_EVERY: bad = cli_int("--save-every", optarg, 1, 1 << 30, &a->save_every); break;
         case OPT_RESUME: a->resume = 1; break;
+        case OPT_OVERWRITE: a->overwrite = 1; break;
         case OPT_TSEED: bad = cli_int("--seed", optarg, 0, 2147483647, &a->seed); break;
         case OPT_TTHREADS: bad = cli_int("--threads", optarg, 1, 1024, &a->threads); break;
         case OPT_TDEVICE: a->device = optarg; break;
@@ -226,6 +230,10 @@ static int parse_args(int argc, char **argv, train_args *a) {
     if (!a->model || !a->data || !a->out || optind != argc) {
         fprintf(stderr, "qlm train: need -m MODEL, --data FILE and --out DIR\n");
         return cli_usage_error("train", k_usage);
+    }
+    if (a->resume && a->overwrite) {
+        fprintf(stderr, "qlm train: --resume continues the run in --out, --overwrite replaces it: choose one\n");
+        return 2;
     }
     if (a->lr < 0) a->lr = a->mode == QLM_TRAIN_LORA ? 2e-4f : 2e-5f;
     if (a->alpha <= 0) a->alpha = 2.0f * a->rank;
@@ -567,10 +575,33 @@ static int any_stop(const cli_dist *d, int *failed) {
     return stop > 0;
 }
 
+/* The output folder, before the model or the data is read: created with its parents and found
+ * writable, and not holding another run unless --resume continues it or --overwrite replaces it
+ * (its checkpoint.json is removed, so a crash before the first new checkpoint resumes nothing old).
+ * Every rank does this before the job's first collective, so no rank has written yet. */
+static int prepare_out(const train_args *a) {
+    if (cli_make_dir(a->out) != 0) return -1;
+    static const char *const marks[] = {"checkpoint.json", "metrics.jsonl", "summary.json", "adapter", "model"};
+    char path[4200];
+    if (a->overwrite) {
+        snprintf(path, sizeof path, "%s/checkpoint.json", a->out);
+        if (unlink(path) != 0 && errno != ENOENT) return qlm_errorf("%s: cannot remove: %s", path, strerror(errno));
+        return 0;
+    }
+    for (size_t i = 0; !a->resume && i < sizeof marks / sizeof *marks; i++) {
+        snprintf(path, sizeof path, "%s/%s", a->out, marks[i]);
+        if (access(path, F_OK) == 0)
+            return qlm_errorf("%s holds a run already (%s): --resume continues it, --overwrite starts a new one "
+                              "there, or choose another --out", a->out, marks[i]);
+    }
+    return 0;
+}
+
 int cmd_train(int argc, char **argv) {
     train_args a;
     int prc = parse_args(argc, argv, &a);
     if (prc) return prc;
+    if (prepare_out(&a) != 0) return cli_fail("train");
     cli_dist d;
     if (cli_dist_start(&d, a.device, a.dist_timeout, &a.threads, 0) != 0) return cli_fail("train");
     int root = d.rank == 0;
@@ -677,8 +708,6 @@ int cmd_train(int argc, char **argv) {
         } else if (root) {
             fprintf(stderr, "qlm train: resumed from %s/checkpoint.json at step %ld of %ld\n", a.out, t.step, total);
         }
-    } else if (cli_make_dir(a.out) != 0) {
-        goto fail;
     }
     char title[512];
     const char *what = a.mode == QLM_TRAIN_LORA ? "LoRA" : a.mode == QLM_TRAIN_FULL ? "full" : "QAT";

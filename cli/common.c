@@ -2,6 +2,8 @@
 #include "common.h"
 
 #include <errno.h>
+#include <fcntl.h>
+#include <unistd.h>
 #include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -310,12 +312,42 @@ int cli_require_decoder_only(const cli_model *cm, const char *cmd) {
                       "summarize)", cm->src.path, cmd);
 }
 
-int cli_make_dir(const char *path) {
+static int make_one_dir(const char *path) {
     struct stat st;
     if (mkdir(path, 0755) == 0) return 0;
     if (errno == EEXIST && stat(path, &st) == 0 && !S_ISDIR(st.st_mode))
         return qlm_errorf("%s: exists and is not a folder", path);
     return errno == EEXIST ? 0 : qlm_errorf("%s: cannot create: %s", path, strerror(errno));
+}
+
+int cli_make_dir(const char *path) {
+    char buf[4200];
+    if (snprintf(buf, sizeof buf, "%s", path) >= (int)sizeof buf) return qlm_errorf("%.64s...: path too long", path);
+    for (char *p = buf + 1; *p; p++) {
+        if (*p != '/') continue;
+        *p = 0;
+        int rc = make_one_dir(buf);
+        *p = '/';
+        if (rc != 0) return -1;
+    }
+    if (make_one_dir(buf) != 0) return -1;
+    /* Long jobs write their results at the end: a folder they cannot write to is found now. */
+    char probe[4300];
+    snprintf(probe, sizeof probe, "%s/.qlm-write-check-%ld", path, (long)getpid());
+    int fd = open(probe, O_WRONLY | O_CREAT | O_EXCL, 0600);
+    if (fd < 0) return qlm_errorf("%s: cannot write there: %s", path, strerror(errno));
+    close(fd);
+    unlink(probe);
+    return 0;
+}
+
+int cli_make_parent_dir(const char *file) {
+    char dir[4200];
+    snprintf(dir, sizeof dir, "%s", file);
+    char *slash = strrchr(dir, '/');
+    if (!slash || slash == dir) return 0;
+    *slash = 0;
+    return cli_make_dir(dir);
 }
 
 char *cli_read_text(const char *path, size_t *len) {

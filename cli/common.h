@@ -147,8 +147,11 @@ int cli_usage_error(const char *cmd, const char *usage);
  * "all-linear"; task_type from the architecture), or NULL when out of memory. */
 char *cli_lora_config_json(int rank, double alpha, const char *targets, int rslora, double dropout, int t5);
 
-/* Creates the folder path (fine if it is one already); an error names a file in its way. */
+/* Creates the folder path and its missing parents (fine if it is one already) and checks that a
+ * file can be written in it; an error names a file in the way or the reason. */
 int cli_make_dir(const char *path);
+/* cli_make_dir for the folder that will hold file. */
+int cli_make_parent_dir(const char *file);
 /* Reads a whole file ("-" = stdin) into a malloc'd NUL-terminated string. */
 char *cli_read_text(const char *path, size_t *len);
 

@@ -162,11 +162,55 @@ static void test_bad_input(void **state) {
     free(out);
 }
 
+/* --out: missing parent folders are made, a folder that cannot be written is found before the data
+ * is read, and a folder holding a run is refused unless --resume continues it or --overwrite
+ * replaces it (a second run used to write over the first's files). summarize --out makes its
+ * folders too. */
+static void test_output_folder(void **state) {
+    (void)state;
+    REQUIRE_ASSET(g_model);
+    write_data();
+    char out[400], *log = NULL;
+    snprintf(out, sizeof out, "%s/runs/a/b", g_dir);
+    const char *fmt = "train -m %s -t %s --data %s --steps 2 --batch 4 --seq-len 64 --out %s %s 2>&1";
+    assert_int_equal(test_run_qlm(NULL, fmt, g_model, g_tok, g_data, out, ""), 0);
+    char path[500];
+    snprintf(path, sizeof path, "%s/adapter/adapter_config.json", out);
+    assert_true(test_path_exists(path));
+    assert_int_not_equal(test_run_qlm(&log, fmt, g_model, g_tok, g_data, out, ""), 0);
+    if (!strstr(log, "holds a run already") || !strstr(log, "--overwrite") || !strstr(log, "--resume"))
+        fail_msg("a second run into %s: %s", out, log);
+    free(log);
+    assert_int_equal(test_run_qlm(NULL, fmt, g_model, g_tok, g_data, out, "--overwrite"), 0);
+    assert_int_equal(test_run_qlm(NULL, fmt, g_model, g_tok, g_data, out, "--resume --overwrite"), 2);
+
+    /* A file where a folder must go: refused before the (missing) data is looked at. */
+    char blocker[300], missing[400];
+    snprintf(blocker, sizeof blocker, "%s/plain-file", g_dir);
+    snprintf(missing, sizeof missing, "%s/no-such-data.jsonl", g_dir);
+    assert_int_equal(test_write_file(blocker, "x", 1), 0);
+    snprintf(out, sizeof out, "%s/sub", blocker);
+    assert_int_not_equal(test_run_qlm(&log, fmt, g_model, g_tok, missing, out, ""), 0);
+    if (!strstr(log, "plain-file: exists and is not a folder") || strstr(log, "no-such-data"))
+        fail_msg("--out under a file: %s", log);
+    free(log);
+
+    char in[400];
+    snprintf(in, sizeof in, "%s/dialogues.jsonl", g_dir);
+    const char *lines = "{\"id\":\"a\",\"dialogue\":\"#Person1#: Hi.\\n#Person2#: Hello.\"}\n";
+    assert_int_equal(test_write_file(in, lines, strlen(lines)), 0);
+    snprintf(out, sizeof out, "%s/summaries/today/out.jsonl", g_dir);
+    assert_int_equal(test_run_qlm(NULL, "summarize -m %s -t %s --batch %s --out %s -n 4 --quiet 2>/dev/null", g_model,
+                                  g_tok, in, out), 0);
+    assert_true(test_path_exists(out));
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_sigkill_resume_is_bit_identical),
         cmocka_unit_test(test_qat_export),
         cmocka_unit_test(test_bad_input),
+        cmocka_unit_test(test_output_folder),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
