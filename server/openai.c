@@ -141,6 +141,57 @@ static int known_role(const char *r) {
     return 0;
 }
 
+/* One message as the official clients send it: content a string, a list of text parts (joined with
+ * newlines, as vLLM does), or null on an assistant turn; a participant's name is accepted (the
+ * templates do not show it). Anything that is not text is refused rather than dropped. */
+static int message_text(const cJSON *msg, int i, qlm_chat_message *out, char **owned, api_error *e) {
+    const cJSON *role = cJSON_GetObjectItemCaseSensitive(msg, "role");
+    const cJSON *content = cJSON_GetObjectItemCaseSensitive(msg, "content");
+    if (!cJSON_IsObject(msg) || !cJSON_IsString(role)) return fail(e, 400, "'messages[%d]' needs a string 'role'", i);
+    if (!known_role(role->valuestring))
+        return fail(e, 400, "'messages[%d].role' must be system, user, assistant or tool", i);
+    const cJSON *f;
+    cJSON_ArrayForEach(f, msg) {
+        if (!strcmp(f->string, "role") || !strcmp(f->string, "content")) continue;
+        if ((!strcmp(f->string, "name") || !strcmp(f->string, "tool_call_id")) && cJSON_IsString(f)) continue;
+        if (!strcmp(f->string, "tool_calls") && cJSON_IsArray(f) && !f->child) continue;
+        return fail(e, 400, "'messages[%d].%.64s' is not supported by this server", i, f->string);
+    }
+    out->role = role->valuestring;
+    if (cJSON_IsString(content)) {
+        out->content = content->valuestring;
+        return 0;
+    }
+    if (cJSON_IsNull(content) && !strcmp(role->valuestring, "assistant")) {
+        out->content = "";
+        return 0;
+    }
+    if (!cJSON_IsArray(content))
+        return fail(e, 400, "'messages[%d].content' must be a string or a list of text parts", i);
+    size_t len = 0;
+    int j = 0;
+    const cJSON *part;
+    cJSON_ArrayForEach(part, content) {
+        const cJSON *type = cJSON_GetObjectItemCaseSensitive(part, "type");
+        const cJSON *t = cJSON_GetObjectItemCaseSensitive(part, "text");
+        if (!cJSON_IsString(type) || strcmp(type->valuestring, "text") != 0)
+            return fail(e, 400, "'messages[%d].content[%d]' is a%s '%.32s' part: this model reads text only", i, j,
+                        cJSON_IsString(type) ? "" : "n untyped", cJSON_IsString(type) ? type->valuestring : "?");
+        if (!cJSON_IsString(t)) return fail(e, 400, "'messages[%d].content[%d].text' must be a string", i, j);
+        len += strlen(t->valuestring) + 1;
+        j++;
+    }
+    if (!(*owned = malloc(len + 1))) return fail(e, 500, "out of memory");
+    size_t at = 0;
+    cJSON_ArrayForEach(part, content) {
+        const char *t = cJSON_GetObjectItemCaseSensitive(part, "text")->valuestring;
+        at += (size_t)sprintf(*owned + at, "%s%s", at ? "\n" : "", t);
+    }
+    (*owned)[at] = 0;
+    out->content = *owned;
+    return 0;
+}
+
 /* The chat prompt in the model's template (qlm_chat_render's plain fallback when it has none),
  * with what the messages say marked so that it is never read as control tokens. */
 static int render_chat(const qlm_server_config *cfg, const cJSON *root, qlm_marked_text *text, api_error *e) {
@@ -148,29 +199,27 @@ static int render_chat(const qlm_server_config *cfg, const cJSON *root, qlm_mark
     int n = cJSON_IsArray(msgs) ? cJSON_GetArraySize(msgs) : -1;
     if (n < 1 || n > MAX_MESSAGES) return fail(e, 400, "'messages' must be a list of 1 to %d messages", MAX_MESSAGES);
     qlm_chat_message *m = calloc((size_t)n, sizeof *m);
-    if (!m) return fail(e, 500, "out of memory");
-    int i = 0;
+    char **owned = calloc((size_t)n, sizeof *owned);
+    int i = 0, rc = -1;
+    if (!m || !owned) {
+        fail(e, 500, "out of memory");
+        goto done;
+    }
     const cJSON *msg;
     cJSON_ArrayForEach(msg, msgs) {
-        const cJSON *role = cJSON_GetObjectItemCaseSensitive(msg, "role");
-        const cJSON *content = cJSON_GetObjectItemCaseSensitive(msg, "content");
-        if (!cJSON_IsString(role) || !cJSON_IsString(content)) {
-            free(m);
-            return fail(e, 400, "'messages[%d]' needs string 'role' and 'content'", i);
-        }
-        if (!known_role(role->valuestring)) {
-            free(m);
-            return fail(e, 400, "'messages[%d].role' must be system, user, assistant or tool", i);
-        }
-        m[i++] = (qlm_chat_message){role->valuestring, content->valuestring};
+        if (message_text(msg, i, &m[i], &owned[i], e) != 0) goto done;
+        i++;
     }
     int bos = qlm_tokenizer_bos(cfg->tok), eos = qlm_tokenizer_eos(cfg->tok);
-    int rc = qlm_chat_render_marked(qlm_tokenizer_chat_template(cfg->tok), m, n, 1,
-                                    bos >= 0 ? qlm_tokenizer_token(cfg->tok, bos) : "",
-                                    eos >= 0 ? qlm_tokenizer_token(cfg->tok, eos) : "", text);
+    rc = qlm_chat_render_marked(qlm_tokenizer_chat_template(cfg->tok), m, n, 1,
+                                bos >= 0 ? qlm_tokenizer_token(cfg->tok, bos) : "",
+                                eos >= 0 ? qlm_tokenizer_token(cfg->tok, eos) : "", text);
+    if (rc != 0) fail(e, 400, "'messages' do not fit the model's chat template (e.g. roles must alternate)");
+done:
+    for (int k = 0; owned && k < n; k++) free(owned[k]);
+    free(owned);
     free(m);
-    if (rc != 0) return fail(e, 400, "'messages' do not fit the model's chat template (e.g. roles must alternate)");
-    return 0;
+    return rc != 0 ? -1 : 0;
 }
 
 /* Whether v is the value by which a client says it does not want a feature (clients send such

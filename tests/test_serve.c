@@ -360,6 +360,27 @@ static void test_serve_fields(void **state) {
     free(plain);
     free(penalized);
 
+    /* Messages as the official clients send them: text parts (joined by newlines), a null assistant
+     * content, names; an image part is refused, not dropped. */
+    char *parts = generated(&s, "/v1/chat/completions",
+                            "{\"messages\":[{\"role\":\"user\",\"name\":\"ann\",\"content\":[{\"type\":\"text\",\"text\":\"Hello\"},"
+                            "{\"type\":\"text\",\"text\":\"there\"}]},{\"role\":\"assistant\",\"content\":null},"
+                            "{\"role\":\"user\",\"content\":\"Go on\"}],\"max_tokens\":12,\"temperature\":0}", "length");
+    char *joined = generated(&s, "/v1/chat/completions",
+                             "{\"messages\":[{\"role\":\"user\",\"content\":\"Hello\\nthere\"},{\"role\":\"assistant\","
+                             "\"content\":\"\"},{\"role\":\"user\",\"content\":\"Go on\"}],\"max_tokens\":12,\"temperature\":0}",
+                             "length");
+    assert_string_equal(parts, joined);
+    free(parts);
+    free(joined);
+    expect_error(&s, "POST", "/v1/chat/completions",
+                 "{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"image_url\",\"image_url\":{\"url\":\"x\"}}]}]}",
+                 NULL, 400, "text only");
+    expect_error(&s, "POST", "/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":null}]}", NULL, 400,
+                 "messages[0].content");
+    expect_error(&s, "POST", "/v1/chat/completions",
+                 "{\"messages\":[{\"role\":\"user\",\"content\":\"a\",\"audio\":{}}]}", NULL, 400, "messages[0].audio");
+
     char *resp;
     assert_int_equal(http(&s, "GET", "/v1/models/tiny", NULL, NULL, &resp), 200);
     cJSON *m = parse(resp);
