@@ -55,7 +55,14 @@ int cli_float(const char *flag, const char *arg, double min, double max, float *
 int cli_model_flag(cli_model_opts *o, int opt, const char *arg) {
     switch (opt) {
     case OPT_MODEL: o->model = arg; return 1;
-    case OPT_TOKENIZER: o->tokenizer = arg; return 1;
+    case OPT_TOKENIZER:
+        /* llama.cpp's -t is its thread count: a bare number is that habit, not a tokenizer file. */
+        if (arg[0] && strspn(arg, "0123456789") == strlen(arg) && access(arg, F_OK) != 0) {
+            fprintf(stderr, "qlm: -t is the tokenizer file; for %s threads use --threads %s\n", arg, arg);
+            return -1;
+        }
+        o->tokenizer = arg;
+        return 1;
     case OPT_DTYPE: {
         qlm_dtype d;
         if (qlm_dtype_parse(arg, &d) != 0) {
@@ -162,7 +169,9 @@ int cli_fail(const char *cmd) {
 }
 
 int cli_usage_error(const char *cmd, const char *usage) {
-    fprintf(stderr, "%sRun 'qlm %s --help' for all options.\n", usage, cmd);
+    const char *nl = strchr(usage, '\n');
+    fprintf(stderr, "%.*s\nRun 'qlm %s --help' for all options.\n", nl ? (int)(nl - usage) : (int)strlen(usage), usage,
+            cmd);
     return 2;
 }
 

@@ -3,6 +3,8 @@
 
 #include "commands.h"
 
+#define QLM_VERSION "0.1.0"
+
 static const struct {
     const char *name;
     int (*run)(int, char **);
@@ -26,13 +28,26 @@ static const struct {
 
 static void usage(FILE *f) {
     fprintf(f, "qlm: run and fine-tune transformer language models in low precision\n\n"
-               "usage: qlm COMMAND [options]   (qlm COMMAND --help for its options)\n\ncommands:\n");
+               "usage: qlm COMMAND [options]   (qlm COMMAND --help or qlm help COMMAND for its options)\n"
+               "       qlm --version\n\ncommands:\n");
     for (size_t i = 0; i < sizeof k_commands / sizeof k_commands[0]; i++)
         fprintf(f, "  %-11s %s\n", k_commands[i].name, k_commands[i].summary);
 }
 
 int main(int argc, char **argv) {
     if (argc < 2) {
+        usage(stderr);
+        return 2;
+    }
+    if (!strcmp(argv[1], "--version") || !strcmp(argv[1], "-V")) {
+        printf("qlm %s\n", QLM_VERSION);
+        return 0;
+    }
+    if (!strcmp(argv[1], "help") && argc > 2) { /* qlm help CMD: CMD --help */
+        char *help_argv[] = {argv[2], "--help", NULL};
+        for (size_t i = 0; i < sizeof k_commands / sizeof k_commands[0]; i++)
+            if (!strcmp(argv[2], k_commands[i].name)) return k_commands[i].run(2, help_argv);
+        fprintf(stderr, "qlm: unknown command '%s'\n\n", argv[2]);
         usage(stderr);
         return 2;
     }

@@ -518,11 +518,28 @@ static void test_command_line_errors(void **state) {
     const char *cmds[] = {"generate", "chat", "info", "tokenize", "perplexity",
                           "quantize", "convert", "bench", "rouge", "summarize", "lora", "pull", "serve"};
     for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++) {
-        char *out = NULL;
+        char *out = NULL, *help = NULL;
         assert_int_equal(test_run_qlm(&out, "%s --help", cmds[i]), 0);
         assert_non_null(strstr(out, "usage: qlm"));
+        assert_int_equal(test_run_qlm(&help, "help %s", cmds[i]), 0);
+        assert_string_equal(help, out);
+        free(help);
+        free(out);
+        /* A usage error is the synopsis and a pointer to --help, not the whole help. */
+        assert_int_equal(test_run_qlm(&out, "%s --no-such-flag 2>&1", cmds[i]), 2);
+        int lines = 0;
+        for (const char *p = out; *p; p++) lines += *p == '\n';
+        if (lines > 3 || !strstr(out, "--help") || !strstr(out, "usage: qlm")) fail_msg("%s: %s", cmds[i], out);
         free(out);
     }
+    char *version = NULL;
+    assert_int_equal(test_run_qlm(&version, "--version"), 0);
+    assert_true(!strncmp(version, "qlm ", 4) && strchr(version + 4, '.'));
+    free(version);
+    /* llama.cpp's "-t 4" (threads) gets a hint rather than "no such tokenizer file". */
+    assert_int_equal(test_run_qlm(&version, "generate -m x -t 4 -p hi 2>&1"), 2);
+    assert_non_null(strstr(version, "--threads 4"));
+    free(version);
     char *err = NULL;
     assert_int_equal(test_run_qlm(&err, "generate -m /nonexistent/model.gguf -p hi 2>&1"), 1);
     assert_non_null(strstr(err, "/nonexistent/model.gguf"));
