@@ -271,7 +271,7 @@ static int lora_init(int argc, char **argv) {
     if (cli_load_model(&mo, &cm, 0, 1) != 0) return cli_fail("lora init");
     int t5 = cm.src.is_t5;
     /* peft's defaults: alpha = rank, and the query and value projections. */
-    char *json = cli_lora_config_json(rank, alpha > 0 ? alpha : rank, targets ? targets : t5 ? "q,v" : "q_proj,v_proj", rslora, 0, t5);
+    char *json = cli_lora_config_json(mo.model, rank, alpha > 0 ? alpha : rank, targets ? targets : t5 ? "q,v" : "q_proj,v_proj", rslora, 0, t5);
     qlm_lora_adapter a;
     int rc = json ? qlm_lora_init(&a, "new", t5 ? NULL : &cm.src.cfg, t5 ? &cm.src.t5 : NULL, json, (uint64_t)seed, QLM_F32)
                   : qlm_errorf("out of memory");

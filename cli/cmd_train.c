@@ -662,7 +662,7 @@ int cmd_train(int argc, char **argv) {
     long steps_per_epoch = (per_epoch + global_batch * a.accum - 1) / (global_batch * a.accum);
     long total = a.steps ? a.steps : steps_per_epoch * (a.epochs ? a.epochs : 1);
     if (a.mode == QLM_TRAIN_LORA) {
-        char *cfg = cli_lora_config_json(a.rank, a.alpha, a.targets, a.rslora, a.lora_dropout, t5);
+        char *cfg = cli_lora_config_json(a.model, a.rank, a.alpha, a.targets, a.rslora, a.lora_dropout, t5);
         if (!cfg || qlm_lora_init(&adapter, "trained", t5 ? NULL : &cm.src.cfg, t5 ? &cm.src.t5 : NULL, cfg,
                                   (uint64_t)a.seed, QLM_F32) != 0) {
             free(cfg);

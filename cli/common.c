@@ -2,6 +2,7 @@
 #include "common.h"
 
 #include <errno.h>
+#include <limits.h>
 #include <fcntl.h>
 #include <unistd.h>
 #include <omp.h>
@@ -398,12 +399,36 @@ char *cli_read_text(const char *path, size_t *len) {
 }
 
 /* The adapter_config.json text of the flags (target_modules: a comma list, or "all-linear"). */
-char *cli_lora_config_json(int rank, double alpha, const char *targets, int rslora, double dropout, int t5) {
+/* The shortest decimal that reads back as the same float: a flag parsed as 0.05f is written 0.05,
+ * not 0.05000000074505806 (the float's exact value, which is what peft would then show). */
+static double float_decimal(double v) {
+    float f = (float)v;
+    char buf[32];
+    for (int digits = 1; digits <= 9; digits++) {
+        snprintf(buf, sizeof buf, "%.*g", digits, f);
+        if (strtof(buf, NULL) == f) break;
+    }
+    return strtod(buf, NULL);
+}
+
+/* The base as peft's from_pretrained can find it again: the hub id as given, or a local path made
+ * absolute. */
+static char *base_model_id(const char *model) {
+    char real[PATH_MAX];
+    return strdup(access(model, F_OK) == 0 && realpath(model, real) ? real : model);
+}
+
+char *cli_lora_config_json(const char *base, int rank, double alpha, const char *targets, int rslora, double dropout,
+                           int t5) {
     cJSON *root = cJSON_CreateObject();
-    int ok = root && cJSON_AddStringToObject(root, "peft_type", "LORA") && cJSON_AddNumberToObject(root, "r", rank) &&
-             cJSON_AddNumberToObject(root, "lora_alpha", alpha) && cJSON_AddBoolToObject(root, "use_rslora", rslora) &&
-             cJSON_AddStringToObject(root, "bias", "none") && cJSON_AddNumberToObject(root, "lora_dropout", dropout) &&
+    char *base_id = base_model_id(base);
+    int ok = root && base_id && cJSON_AddStringToObject(root, "peft_type", "LORA") &&
+             cJSON_AddStringToObject(root, "base_model_name_or_path", base_id) && cJSON_AddNumberToObject(root, "r", rank) &&
+             cJSON_AddNumberToObject(root, "lora_alpha", float_decimal(alpha)) &&
+             cJSON_AddBoolToObject(root, "use_rslora", rslora) && cJSON_AddStringToObject(root, "bias", "none") &&
+             cJSON_AddNumberToObject(root, "lora_dropout", float_decimal(dropout)) &&
              cJSON_AddStringToObject(root, "task_type", t5 ? "SEQ_2_SEQ_LM" : "CAUSAL_LM");
+    free(base_id);
     if (ok && strcmp(targets, "all-linear") == 0) {
         ok = cJSON_AddStringToObject(root, "target_modules", "all-linear") != NULL;
     } else if (ok) {

@@ -145,7 +145,8 @@ int cli_usage_error(const char *cmd, const char *usage);
 
 /* adapter_config.json text for a new adapter (targets: a comma list of module names, or
  * "all-linear"; task_type from the architecture), or NULL when out of memory. */
-char *cli_lora_config_json(int rank, double alpha, const char *targets, int rslora, double dropout, int t5);
+char *cli_lora_config_json(const char *base, int rank, double alpha, const char *targets, int rslora, double dropout,
+                           int t5);
 
 /* Creates the folder path and its missing parents (fine if it is one already) and checks that a
  * file can be written in it; an error names a file in the way or the reason. */

@@ -2,6 +2,7 @@
  * points and --resume give bit-identical final weights with no torn checkpoint; the loss falls;
  * QAT output becomes an INT8 model through `qlm quantize --from-qat`; bad flags and data fail. */
 #include <cjson/cJSON.h>
+#include <limits.h>
 #include <signal.h>
 #include <time.h>
 #include <unistd.h>
@@ -176,7 +177,16 @@ static void test_output_folder(void **state) {
     assert_int_equal(test_run_qlm(NULL, fmt, g_model, g_tok, g_data, out, ""), 0);
     char path[500];
     snprintf(path, sizeof path, "%s/adapter/adapter_config.json", out);
-    assert_true(test_path_exists(path));
+    /* What peft's AutoPeftModel reads to find the base, and the flags' decimals as written. */
+    char *config = test_read_file(path, NULL), real[PATH_MAX];
+    assert_non_null(config);
+    assert_non_null(realpath(g_model, real));
+    cJSON *c = cJSON_Parse(config);
+    assert_string_equal(cJSON_GetObjectItem(c, "base_model_name_or_path")->valuestring, real);
+    cJSON_Delete(c);
+    if (!strstr(config, "\"lora_dropout\":\t0.05,") || !strstr(config, "\"lora_alpha\":\t16,"))
+        fail_msg("adapter_config.json: %s", config);
+    free(config);
     assert_int_not_equal(test_run_qlm(&log, fmt, g_model, g_tok, g_data, out, ""), 0);
     if (!strstr(log, "holds a run already") || !strstr(log, "--overwrite") || !strstr(log, "--resume"))
         fail_msg("a second run into %s: %s", out, log);
