@@ -218,8 +218,16 @@ static int emit_stdout(void *user, const char *text, size_t len) {
 }
 
 static int summarize_one(const options *o, cli_model *cm, const prompter *p) {
+    int from_stdin = !strcmp(o->input, "-");
+    if (from_stdin && isatty(STDIN_FILENO) && !o->quiet)
+        fprintf(stderr, "qlm summarize: reading the dialogue from stdin (end it with Ctrl-D)\n");
     char *dialogue = cli_read_text(o->input, NULL);
     if (!dialogue) return -1;
+    /* A summary of nothing is the model's invention: say so instead. */
+    if (!dialogue[strspn(dialogue, " \t\r\n")]) {
+        free(dialogue);
+        return qlm_errorf("%s: no dialogue to summarize (the input is empty)", from_stdin ? "stdin" : o->input);
+    }
     int *ids = NULL, n = 0, rc = -1;
     qlm_session s;
     int have_session = 0;

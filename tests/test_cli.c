@@ -230,6 +230,13 @@ static void test_summarize(void **state) {
         free(gen);
     }
     char *err = NULL;
+    /* Nothing to summarize is an error, not a summary the model makes up. */
+    assert_int_equal(test_run_qlm(&err, "summarize -m %s /dev/null 2>&1", model), 1);
+    assert_non_null(strstr(err, "no dialogue to summarize"));
+    free(err);
+    assert_int_equal(test_run_qlm(&err, "summarize -m %s - < /dev/null 2>&1", model), 1);
+    assert_non_null(strstr(err, "stdin: no dialogue"));
+    free(err);
     /* The input has "summary" (the reference): writing the summary there would lose it. */
     assert_int_equal(test_run_qlm(&err, "summarize -m %s --batch %s --out %s %s 2>&1", model, in, out, flags), 1);
     assert_non_null(strstr(err, "in.jsonl:1: the record has a \"summary\" field"));
