@@ -22,7 +22,8 @@ static const char *k_usage =
     "POST /v1/chat/completions (stream: true for Server-Sent Events), POST /tokenize, POST /detokenize,\n"
     "GET /metrics. Requests are decoded together (continuous batching); \"model\" may name an adapter.\n\n" CLI_MODEL_HELP
     "      --lora NAME=PATH   load the PEFT LoRA adapter folder PATH as NAME (repeatable)\n"
-    "      --host ADDR        IPv4 address to bind (default 127.0.0.1)\n"
+    "      --host ADDR        address or name to bind, IPv4 or IPv6: 0.0.0.0, ::, localhost, ::1\n"
+    "                         (default 127.0.0.1)\n"
     "      --port N           TCP port (default 8080; 0: any free port)\n"
     "      --api-key KEY      require \"Authorization: Bearer KEY\" (all routes but /health and the page /);\n"
     "                         QLM_API_KEY in the environment does the same without showing in ps\n"
@@ -178,6 +179,8 @@ int cmd_serve(int argc, char **argv) {
         return 2;
     }
     if (fit_descriptors(&max_conn, quiet) != 0) return 1;
+    /* Found before the model loads, which can take minutes. */
+    if (qlm_server_check_listen(host, port) != 0) return cli_fail("serve");
     cli_model cm;
     mo.distributed = 1;
     if (cli_load_model(&mo, &cm, 1, quiet) != 0) return cli_model_fail(&cm, "serve");
@@ -228,8 +231,9 @@ int cmd_serve(int argc, char **argv) {
         cli_free_model(&cm);
         return cli_fail("serve");
     }
-    printf("qlm serve: listening on http://%s:%d (model %s, %d adapters, %d sequences, prompt <= %d, output <= %d)\n",
-           host, qlm_server_port(srv), model_name, cm.lora.n, max_seqs, max_prompt, max_output);
+    int v6 = strchr(host, ':') != NULL;
+    printf("qlm serve: listening on http://%s%s%s:%d (model %s, %d adapters, %d sequences, prompt <= %d, output <= %d)\n",
+           v6 ? "[" : "", host, v6 ? "]" : "", qlm_server_port(srv), model_name, cm.lora.n, max_seqs, max_prompt, max_output);
     fflush(stdout);
     watcher w = {srv, quiet};
     pthread_t tid;

@@ -21,13 +21,19 @@ static size_t host_name_len(const char *host) {
 
 static int name_is(const char *host, size_t n, const char *name) { return strlen(name) == n && !strncasecmp(host, name, n); }
 
-static int is_loopback(const char *addr) { return !strncmp(addr, "127.", 4) || !strcmp(addr, "localhost"); }
+static int is_loopback(const char *addr) {
+    return !strncmp(addr, "127.", 4) || !strcasecmp(addr, "localhost") || !strcmp(addr, "::1");
+}
 
 int guard_host_ok(const qlm_server_config *cfg, const char *host) {
     const char *bound = cfg->host ? cfg->host : "127.0.0.1";
     if (!host || !is_loopback(bound)) return 1; /* a public address is reached under any name */
     size_t n = host_name_len(host);
-    return name_is(host, n, "localhost") || name_is(host, n, "[::1]") || name_is(host, n, bound);
+    char name[64];
+    snprintf(name, sizeof name, "%.*s", (int)(n < sizeof name - 1 ? n : sizeof name - 1), host);
+    /* The loopback under its own names only: a DNS name rebound to it is what this refuses. */
+    return name_is(host, n, "localhost") || name_is(host, n, "[::1]") || name_is(host, n, bound) ||
+           (!strncmp(name, "127.", 4) && strspn(name, "0123456789.") == n);
 }
 
 int guard_origin(const qlm_server_config *cfg, const char *origin, const char *host) {

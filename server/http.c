@@ -3,6 +3,8 @@
  * connection and the scheduler resumes it when text arrives. Body limits, the API-key check,
  * routing, and Server-Sent Events for streamed generations. */
 #include <arpa/inet.h>
+#include <errno.h>
+#include <netdb.h>
 #include <microhttpd.h>
 #include <netinet/in.h>
 #include <openssl/crypto.h>
@@ -537,9 +539,9 @@ int qlm_server_start(const qlm_server_config *cfg, qlm_server **out) {
         cfg->max_queue < 1 || cfg->timeout_s < 0 || !cfg->model_name || cfg->port < 0 || cfg->port > 65535 ||
         cfg->max_connections < 1 || cfg->max_connections_per_ip < 0)
         return qlm_errorf("server: invalid configuration");
-    struct sockaddr_in addr = {.sin_family = AF_INET, .sin_port = htons((uint16_t)cfg->port)};
+    struct sockaddr_storage addr;
     const char *host = cfg->host ? cfg->host : "127.0.0.1";
-    if (inet_pton(AF_INET, host, &addr.sin_addr) != 1) return qlm_errorf("server: '%s' is not an IPv4 address", host);
+    if (qlm_server_resolve(host, cfg->port, &addr) != 0) return -1;
     qlm_server *s = calloc(1, sizeof *s);
     if (!s) return qlm_errorf("out of memory");
     s->cfg = *cfg;
@@ -554,7 +556,9 @@ int qlm_server_start(const qlm_server_config *cfg, qlm_server **out) {
         goto fail;
     }
     s->daemon = MHD_start_daemon(
-        MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_AUTO | MHD_ALLOW_SUSPEND_RESUME, 0, NULL, NULL, on_request, s,
+        MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_AUTO | MHD_ALLOW_SUSPEND_RESUME |
+            (addr.ss_family == AF_INET6 ? MHD_USE_IPv6 : 0),
+        0, NULL, NULL, on_request, s,
         MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&addr, MHD_OPTION_THREAD_POOL_SIZE, (unsigned)HTTP_THREADS,
         MHD_OPTION_NOTIFY_CONNECTION, on_connection, s, MHD_OPTION_NOTIFY_COMPLETED, on_completed, s,
         MHD_OPTION_CONNECTION_LIMIT, (unsigned)cfg->max_connections, MHD_OPTION_PER_IP_CONNECTION_LIMIT,
@@ -572,6 +576,40 @@ fail:
     pthread_mutex_destroy(&s->mu);
     free(s);
     return -1;
+}
+
+int qlm_server_resolve(const char *host, int port, struct sockaddr_storage *out) {
+    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM, .ai_flags = AI_PASSIVE}, *res = NULL;
+    int rc = getaddrinfo(host, NULL, &hints, &res);
+    if (rc != 0) return qlm_errorf("server: cannot resolve --host %s: %s", host, gai_strerror(rc));
+    /* An IPv4 address first when a name has both: "localhost" then takes 127.0.0.1, which every client tries. */
+    const struct addrinfo *pick = NULL;
+    for (const struct addrinfo *a = res; a; a = a->ai_next)
+        if (!pick || (a->ai_family == AF_INET && pick->ai_family != AF_INET)) pick = a;
+    memset(out, 0, sizeof *out);
+    memcpy(out, pick->ai_addr, pick->ai_addrlen);
+    freeaddrinfo(res);
+    if (out->ss_family == AF_INET) ((struct sockaddr_in *)out)->sin_port = htons((uint16_t)port);
+    else if (out->ss_family == AF_INET6) ((struct sockaddr_in6 *)out)->sin6_port = htons((uint16_t)port);
+    else return qlm_errorf("server: --host %s is neither an IPv4 nor an IPv6 address", host);
+    return 0;
+}
+
+int qlm_server_check_listen(const char *host, int port) {
+    struct sockaddr_storage addr;
+    if (qlm_server_resolve(host, port, &addr) != 0) return -1;
+    int fd = socket(addr.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0), one = 1;
+    if (fd < 0) return qlm_errorf("server: cannot open a socket: %s", strerror(errno));
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    socklen_t len = addr.ss_family == AF_INET ? sizeof(struct sockaddr_in) : sizeof(struct sockaddr_in6);
+    int rc = bind(fd, (struct sockaddr *)&addr, len);
+    int err = errno;
+    close(fd);
+    if (rc != 0)
+        return qlm_errorf("server: cannot listen on %s port %d: %s", host, port,
+                          err == EADDRINUSE ? "the port is in use" : err == EADDRNOTAVAIL ? "not an address of this machine"
+                                                                                            : strerror(err));
+    return 0;
 }
 
 int qlm_server_port(const qlm_server *s) {

@@ -8,7 +8,7 @@
 #include "../lora/lora.h"
 
 typedef struct {
-    const char *host;        /* address to bind (default 127.0.0.1) */
+    const char *host;        /* address or name to bind, IPv4 or IPv6 (default 127.0.0.1) */
     int port;                /* 0: any free port (see qlm_server_port) */
     const char *api_key;     /* NULL: no authentication; else "Authorization: Bearer KEY" is required */
     int metrics_public;      /* GET /metrics answers without the key */
@@ -32,6 +32,13 @@ typedef struct {
 } qlm_server_config;
 
 typedef struct qlm_server qlm_server;
+
+struct sockaddr_storage;
+/* host (a name, an IPv4 or an IPv6 address; a name's IPv4 address first) and port as a socket address. */
+int qlm_server_resolve(const char *host, int port, struct sockaddr_storage *out);
+/* Whether the server could listen there: resolves and binds a socket, then lets it go, so that a
+ * wrong --host or a port in use is found before a model is loaded. */
+int qlm_server_check_listen(const char *host, int port);
 
 /* Starts listening. The config's pointers must outlive the server. */
 int qlm_server_start(const qlm_server_config *cfg, qlm_server **out);

@@ -33,8 +33,13 @@ static inline void server_start(server *s, const char *model, const char *flags)
     s->port = 0;
     for (int i = 0; i < 200 && !s->port; i++) {
         char *out = test_read_file(path, NULL);
-        const char *at = out ? strstr(out, "http://127.0.0.1:") : NULL;
-        if (at) s->port = atoi(at + strlen("http://127.0.0.1:"));
+        /* "listening on http://HOST:PORT (model ...", HOST maybe "[::1]" */
+        const char *at = out ? strstr(out, "listening on http://") : NULL, *end = at ? strstr(at, " (model") : NULL;
+        if (end) {
+            const char *colon = end;
+            while (colon > at && *colon != ':') colon--;
+            s->port = atoi(colon + 1);
+        }
         free(out);
         if (!s->port) usleep(50000);
     }

@@ -405,6 +405,54 @@ static void test_serve_fields(void **state) {
     free(server_stop(&s));
 }
 
+/* --host takes names and IPv6 addresses, and a name that does not resolve or a port in use is
+ * reported before the model loads (it was found only after, or refused as "not an IPv4 address"). */
+static void test_serve_host(void **state) {
+    (void)state;
+    char model[512];
+    test_asset(model, sizeof model, "tinystories-656K-hf");
+    REQUIRE_ASSET(model);
+    server s;
+    server_start(&s, model, "--quiet --host localhost");
+    char *resp;
+    assert_int_equal(http(&s, "GET", "/health", NULL, NULL, &resp), 200);
+    free(resp);
+    free(server_stop(&s));
+
+    int probe = socket(AF_INET6, SOCK_STREAM, 0);
+    struct sockaddr_in6 a6 = {.sin6_family = AF_INET6, .sin6_addr = IN6ADDR_LOOPBACK_INIT};
+    int have_v6 = probe >= 0 && bind(probe, (struct sockaddr *)&a6, sizeof a6) == 0;
+    if (probe >= 0) close(probe);
+    if (have_v6) {
+        server_start(&s, model, "--quiet --host ::1");
+        char cmd[256];
+        snprintf(cmd, sizeof cmd, "curl -s -g -o /dev/null -w '%%{http_code}' http://[::1]:%d/v1/models", s.port);
+        char *code = NULL;
+        assert_int_equal(test_run_shell(&code, cmd), 0);
+        assert_string_equal(code, "200");
+        free(code);
+        free(server_stop(&s));
+    } else {
+        print_message("no IPv6 loopback on this machine: --host ::1 not tried\n");
+    }
+
+    char *err = NULL;
+    assert_int_equal(test_run_qlm(&err, "serve -m %s --host no-such-host.invalid 2>&1", model), 1);
+    if (!strstr(err, "cannot resolve --host no-such-host.invalid") || strstr(err, "loaded")) fail_msg("%s", err);
+    free(err);
+    int busy = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a4 = {.sin_family = AF_INET};
+    a4.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof a4;
+    assert_int_equal(bind(busy, (struct sockaddr *)&a4, sizeof a4), 0);
+    assert_int_equal(listen(busy, 1), 0);
+    assert_int_equal(getsockname(busy, (struct sockaddr *)&a4, &len), 0);
+    assert_int_equal(test_run_qlm(&err, "serve -m %s --port %d 2>&1", model, ntohs(a4.sin_port)), 1);
+    if (!strstr(err, "the port is in use") || strstr(err, "loaded")) fail_msg("%s", err);
+    free(err);
+    close(busy);
+}
+
 /* An adapter loaded at run time: listed, used, refused while duplicated, unloaded. */
 static void test_serve_adapters(void **state) {
     (void)state;
@@ -1097,6 +1145,7 @@ int main(void) {
         cmocka_unit_test(test_serve_api_key),
         cmocka_unit_test(test_serve_key_from_env),
         cmocka_unit_test(test_serve_fields),
+        cmocka_unit_test(test_serve_host),
         cmocka_unit_test(test_serve_adapters),
         cmocka_unit_test(test_serve_openai_client),
         cmocka_unit_test(test_serve_abuse),
