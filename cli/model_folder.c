@@ -51,7 +51,8 @@ int cli_write_model_folder(cli_model *cm, const char *out_dir) {
     if (rc == 0) rc = qlm_safetensors_save(path, store, meta);
     qlm_store_free(store);
     snprintf(path, sizeof path, "%s/config.json", out_dir);
-    if (rc == 0) rc = t5 ? qlm_hf_t5_config_save(path, &cm->t5.cfg) : qlm_hf_config_save(path, &cm->model.cfg);
+    qlm_hf_storage st = {.dtype = dt, .per_channel = per_channel};
+    if (rc == 0) rc = t5 ? qlm_hf_t5_config_save(path, &cm->t5.cfg, &st) : qlm_hf_config_save(path, &cm->model.cfg, &st);
     if (rc != 0 || !cm->src.tok) return rc;
     if (cm->src.format == QLM_FMT_SAFETENSORS) {
         char src_dir[4096];

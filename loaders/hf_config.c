@@ -342,8 +342,7 @@ static int fill_json(cJSON *root, const qlm_llama_config *cfg, hf_arch arch) {
              cJSON_AddNumberToObject(root, "max_position_embeddings", cfg->max_seq_len) &&
              add_float(root, "rope_theta", cfg->rope_theta) && add_float(root, "rms_norm_eps", cfg->norm_eps) &&
              cJSON_AddBoolToObject(root, "tie_word_embeddings", cfg->tie_embeddings) &&
-             add_token(root, "bos_token_id", cfg->bos_id) && add_token(root, "eos_token_id", cfg->eos_id) &&
-             cJSON_AddStringToObject(root, "torch_dtype", "float32");
+             add_token(root, "bos_token_id", cfg->bos_id) && add_token(root, "eos_token_id", cfg->eos_id);
     if (ok && arch == ARCH_LLAMA)
         ok = cJSON_AddBoolToObject(root, "attention_bias", cfg->attn_bias) &&
              cJSON_AddBoolToObject(root, "mlp_bias", cfg->mlp_bias);
@@ -362,6 +361,19 @@ static int fill_json(cJSON *root, const qlm_llama_config *cfg, hf_arch arch) {
 }
 
 /* Writes root as pretty JSON to path atomically, then frees it. */
+/* torch_dtype, and for INT8 the quantization_config. */
+static int add_storage(cJSON *root, const qlm_hf_storage *st) {
+    qlm_dtype d = st ? st->dtype : QLM_F32;
+    const char *torch = d == QLM_BF16 ? "bfloat16" : d == QLM_F16 ? "float16" : "float32";
+    if (!cJSON_AddStringToObject(root, "torch_dtype", torch)) return 0;
+    if (d != QLM_I8) return 1;
+    cJSON *q = cJSON_AddObjectToObject(root, "quantization_config");
+    return q && cJSON_AddStringToObject(q, "quant_method", "qlm_int8") && cJSON_AddNumberToObject(q, "bits", 8) &&
+           cJSON_AddStringToObject(q, "granularity", st->per_channel ? "per-channel" : "per-tensor") &&
+           cJSON_AddStringToObject(q, "scales", "float32 tensor <weight name>_scale beside each int8 weight; "
+                                                "weight = int8 * scale");
+}
+
 static int save_json(const char *path, cJSON *root) {
     char *text = root ? cJSON_Print(root) : NULL;
     cJSON_Delete(root);
@@ -371,18 +383,18 @@ static int save_json(const char *path, cJSON *root) {
     return rc;
 }
 
-int qlm_hf_config_save(const char *path, const qlm_llama_config *cfg) {
+int qlm_hf_config_save(const char *path, const qlm_llama_config *cfg, const qlm_hf_storage *st) {
     hf_arch arch = ARCH_LLAMA;
     if (qlm_config_validate(cfg, path) != 0 || pick_arch(cfg, path, &arch) != 0) return -1;
     cJSON *root = cJSON_CreateObject();
-    if (root && fill_json(root, cfg, arch) != 0) {
+    if (root && (fill_json(root, cfg, arch) != 0 || !add_storage(root, st))) {
         cJSON_Delete(root);
         root = NULL;
     }
     return save_json(path, root);
 }
 
-int qlm_hf_t5_config_save(const char *path, const qlm_t5_config *cfg) {
+int qlm_hf_t5_config_save(const char *path, const qlm_t5_config *cfg, const qlm_hf_storage *st) {
     if (qlm_t5_config_validate(cfg, path) != 0) return -1;
     const char *proj = !cfg->gated ? "relu" : cfg->act == QLM_ACT_SILU ? "gated-silu" : "gated-gelu";
     const char *names[1] = {"T5ForConditionalGeneration"};
@@ -401,8 +413,7 @@ int qlm_hf_t5_config_save(const char *path, const qlm_t5_config *cfg) {
          cJSON_AddBoolToObject(root, "tie_word_embeddings", cfg->tie_embeddings) &&
          cJSON_AddBoolToObject(root, "is_encoder_decoder", 1) && cJSON_AddNumberToObject(root, "pad_token_id", cfg->pad_id) &&
          cJSON_AddNumberToObject(root, "eos_token_id", cfg->eos_id) &&
-         cJSON_AddNumberToObject(root, "decoder_start_token_id", cfg->decoder_start_id) &&
-         cJSON_AddStringToObject(root, "torch_dtype", "float32");
+         cJSON_AddNumberToObject(root, "decoder_start_token_id", cfg->decoder_start_id) && add_storage(root, st);
     if (!ok) {
         cJSON_Delete(root);
         root = NULL;

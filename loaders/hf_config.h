@@ -3,15 +3,24 @@
 #define QLM_HF_CONFIG_H
 
 #include "../core/config.h"
+#include "../core/dtype.h"
+
+/* How the weights beside a config.json are stored. */
+typedef struct {
+    qlm_dtype dtype;
+    int per_channel; /* INT8: one scale per output row */
+} qlm_hf_storage;
 
 int qlm_hf_config_load(const char *path, qlm_llama_config *cfg);
 /* 1 if config.json says model_type "t5", 0 if another model, -1 (with a message) if unreadable. */
 int qlm_hf_config_is_t5(const char *path);
 /* config.json of T5ForConditionalGeneration (T5, T5 v1.1, FLAN-T5). */
 int qlm_hf_t5_config_load(const char *path, qlm_t5_config *cfg);
-/* Writes cfg as a T5ForConditionalGeneration config.json (atomically). */
-int qlm_hf_t5_config_save(const char *path, const qlm_t5_config *cfg);
-/* Writes cfg as a config.json that transformers loads (atomically). */
-int qlm_hf_config_save(const char *path, const qlm_llama_config *cfg);
+/* Writes cfg as a T5ForConditionalGeneration config.json (atomically); see qlm_hf_config_save. */
+int qlm_hf_t5_config_save(const char *path, const qlm_t5_config *cfg, const qlm_hf_storage *st);
+/* Writes cfg as a config.json that transformers loads (atomically), its torch_dtype the stored one
+ * (st NULL: float32). INT8 folders get a quantization_config naming qlm's scheme, which
+ * transformers refuses by name instead of reading INT8 bytes and scales as weights. */
+int qlm_hf_config_save(const char *path, const qlm_llama_config *cfg, const qlm_hf_storage *st);
 
 #endif

@@ -444,6 +444,24 @@ static void test_weight_values_checked(void **state) {
         assert_int_equal(test_run_qlm(NULL, "quantize %s %s --dtype %s 2>/dev/null", hf, out, cases[i].dtype), 0);
         assert_int_equal(test_run_qlm(&log, "generate -m %s -p Once -n 2 2>&1", out), 0);
         free(log);
+        /* config.json says how the folder is stored: other tools refuse INT8 by name. */
+        char cfg_path[400];
+        snprintf(cfg_path, sizeof cfg_path, "%s/config.json", out);
+        char *text = test_read_file(cfg_path, NULL);
+        cJSON *cfg = cJSON_Parse(text);
+        const char *torch = cJSON_GetObjectItem(cfg, "torch_dtype")->valuestring;
+        const cJSON *q = cJSON_GetObjectItem(cfg, "quantization_config");
+        int int8 = !strncmp(cases[i].dtype, "int8", 4);
+        assert_string_equal(torch, !strcmp(cases[i].dtype, "bf16") ? "bfloat16" : !strcmp(cases[i].dtype, "f16") ? "float16"
+                                                                                                              : "float32");
+        assert_int_equal(q != NULL, int8);
+        if (int8) {
+            assert_string_equal(cJSON_GetObjectItem(q, "quant_method")->valuestring, "qlm_int8");
+            assert_string_equal(cJSON_GetObjectItem(q, "granularity")->valuestring,
+                                strstr(cases[i].dtype, "per-channel") ? "per-channel" : "per-tensor");
+        }
+        cJSON_Delete(cfg);
+        free(text);
         patch_tensor(out, cases[i].tensor, cases[i].k, cases[i].bad, cases[i].elem);
         assert_int_equal(test_run_qlm(&log, "generate -m %s -p Once -n 2 2>&1", out), 1);
         if (!strstr(log, cases[i].mention) || !strstr(log, "--no-check"))

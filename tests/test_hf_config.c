@@ -269,7 +269,7 @@ static void test_save_roundtrip(void **state) {
         snprintf(path, sizeof path, "%s/config.json", src);
         load_ok(path, &cfg);
         snprintf(path, sizeof path, "%s/config.json", out_dir);
-        if (qlm_hf_config_save(path, &cfg) != 0) fail_msg("%s", qlm_last_error());
+        if (qlm_hf_config_save(path, &cfg, NULL) != 0) fail_msg("%s", qlm_last_error());
         load_ok(path, &back);
         assert_cfg_equal(&back, &cfg);
         char *text = test_read_file(path, NULL);
@@ -290,7 +290,7 @@ static void test_save_roundtrip(void **state) {
     qlm_llama_config cfg = FIXTURES[3].want;
     char path[400];
     snprintf(path, sizeof path, "%s/config.json", g_dir);
-    assert_int_equal(qlm_hf_config_save(path, &cfg), 0);
+    assert_int_equal(qlm_hf_config_save(path, &cfg, NULL), 0);
     char *text = test_read_file(path, NULL);
     assert_non_null(strstr(text, "\"rms_norm_eps\":\t1e-05"));
     assert_non_null(strstr(text, "\"rope_theta\":\t500000.0"));
@@ -300,17 +300,17 @@ static void test_save_roundtrip(void **state) {
     /* Bias layouts no supported HF class has, and invalid numbers, are refused. */
     cfg = FIXTURES[0].want;
     cfg.attn_out_bias = 1;
-    assert_int_equal(qlm_hf_config_save(path, &cfg), -1);
+    assert_int_equal(qlm_hf_config_save(path, &cfg, NULL), -1);
     cfg = FIXTURES[2].want;
     cfg.mlp_bias = 1;
-    assert_int_equal(qlm_hf_config_save(path, &cfg), -1);
+    assert_int_equal(qlm_hf_config_save(path, &cfg, NULL), -1);
     cfg = FIXTURES[0].want;
     cfg.n_kv_heads = 3;
-    assert_int_equal(qlm_hf_config_save(path, &cfg), -1);
+    assert_int_equal(qlm_hf_config_save(path, &cfg, NULL), -1);
     /* Mistral round-trips as Mistral. */
     cfg = FIXTURES[0].want;
     snprintf(cfg.arch, sizeof cfg.arch, "mistral");
-    assert_int_equal(qlm_hf_config_save(path, &cfg), 0);
+    assert_int_equal(qlm_hf_config_save(path, &cfg, NULL), 0);
     qlm_llama_config back;
     load_ok(path, &back);
     assert_cfg_equal(&back, &cfg);
