@@ -9,6 +9,7 @@
 #include <string.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "../core/error.h"
@@ -93,7 +94,14 @@ static void *watch_signals(void *arg) {
 
 static void log_request(void *user, const char *method, const char *path, int status, int tokens, double ms) {
     (void)user;
-    fprintf(stderr, "qlm serve: %s %s %d %d tokens %.1f ms\n", method, path, status, tokens, ms);
+    struct timespec ts;
+    struct tm tm;
+    char when[32];
+    clock_gettime(CLOCK_REALTIME, &ts);
+    gmtime_r(&ts.tv_sec, &tm);
+    strftime(when, sizeof when, "%Y-%m-%dT%H:%M:%S", &tm);
+    fprintf(stderr, "qlm serve: %s.%03ldZ %s %s %d %d tokens %.1f ms\n", when, ts.tv_nsec / 1000000, method, path, status,
+            tokens, ms);
 }
 
 /* The last path component, without a trailing slash. */

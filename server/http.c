@@ -213,7 +213,12 @@ static ssize_t stream_reader(void *cls, uint64_t pos, char *buf, size_t max) {
         if (len) cx->first = 0;
         if (finished && rc == 0) {
             /* job_take saw finished under the lock, so the job's results are final. */
-            if (cx->job->failed) return MHD_CONTENT_READER_END_WITH_ERROR;
+            int gone = job_cancelled(&cx->srv->queue, cx->job);
+            if (gone) { /* its client left */
+                cx->status = 499;
+                cx->tokens = cx->job->stats.n_generated;
+            }
+            if (cx->job->failed || gone) return MHD_CONTENT_READER_END_WITH_ERROR;
             rc = add_event(cx, openai_chunk_json(cx->job, cx->chat, cx->id, cx->model, cx->created, "", 0, cx->first, 1));
             if (rc == 0) rc = add_event(cx, strdup("[DONE]"));
             cx->tokens = cx->job->stats.n_generated;
@@ -245,6 +250,10 @@ static enum MHD_Result generation_reply(struct MHD_Connection *c, conn *cx) {
     free(text);
     job *j = cx->job;
     cx->tokens = j->stats.n_generated;
+    if (job_cancelled(&cx->srv->queue, j)) { /* its client left: nobody to answer */
+        cx->status = 499;
+        return MHD_NO;
+    }
     if (j->failed) return respond_error(c, cx, 500, "server_error", "generation failed");
     return respond_json(c, cx, 200, openai_result_json(j, cx->chat, cx->id, cx->model, cx->created));
 }
@@ -498,6 +507,21 @@ static void on_connection(void *cls, struct MHD_Connection *c, void **socket_con
     }
 }
 
+/* The log line of a request whose client left while its generation went on: written when the
+ * generation ends, with the tokens it made, as 499 (nginx's "client closed request"). */
+typedef struct {
+    qlm_server *srv;
+    char method[8], path[128];
+    double t0;
+} late_log;
+
+static void log_when_done(job *j, void *user) {
+    late_log *l = user;
+    const qlm_server_config *cfg = &l->srv->cfg;
+    cfg->log(cfg->log_user, l->method, l->path, 499, j->stats.n_generated, (server_now() - l->t0) * 1e3);
+    free(l);
+}
+
 static void on_completed(void *cls, struct MHD_Connection *c, void **state, enum MHD_RequestTerminationCode why) {
     (void)c;
     (void)why;
@@ -508,16 +532,26 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **state, enum
     double ms = (server_now() - cx->t0) * 1e3;
     int generation = cx->job && cx->job->queue; /* it was queued */
     double first_text = 0;
+    int log_later = 0;
     if (cx->peer) watchdog_answered(&s->watch, cx->peer);
     if (cx->job) {
         pthread_mutex_lock(&s->queue.mu);
         first_text = cx->job->first_text_s;
+        late_log *l = cx->job->queue && !cx->job->finished && s->cfg.log ? malloc(sizeof *l) : NULL;
+        if (l) {
+            *l = (late_log){.srv = s, .t0 = cx->t0};
+            memcpy(l->method, cx->method, sizeof l->method);
+            memcpy(l->path, cx->path, sizeof l->path);
+            cx->job->on_end = log_when_done;
+            cx->job->end_user = l;
+            log_later = 1;
+        }
         pthread_mutex_unlock(&s->queue.mu);
         /* A client that left mid-stream ends its sequence; the scheduler then frees the slot. */
         if (cx->job->queue) job_cancel(&s->queue, cx->job);
         job_release(&s->queue, cx->job);
     }
-    if (s->cfg.log) s->cfg.log(s->cfg.log_user, cx->method, cx->path, cx->status, cx->tokens, ms);
+    if (s->cfg.log && !log_later) s->cfg.log(s->cfg.log_user, cx->method, cx->path, cx->status, cx->tokens, ms);
     pthread_mutex_lock(&s->mu);
     s->requests++;
     if (cx->status >= 200 && cx->status < 600) s->status_counts[cx->status / 100]++;

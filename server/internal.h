@@ -54,6 +54,10 @@ typedef struct job {
     void (*wake)(void *hook_user);
     void *hook_user;
     int parked;
+    /* Set by the HTTP side when its request ended before the job did (the client left): called once,
+     * under the mutex, when the job finishes with its final stats. */
+    void (*on_end)(struct job *j, void *user);
+    void *end_user;
     struct job *next;
     struct job_queue *queue;
 } job;
@@ -91,6 +95,8 @@ void job_release(job_queue *q, job *j);
  * finished, parks j (see job.park). Returns 1 when j is finished. */
 int job_take(job_queue *q, job *j, char **text, size_t *len);
 void job_cancel(job_queue *q, job *j);
+/* Whether j was cancelled (its client left). */
+int job_cancelled(job_queue *q, job *j);
 /* With the mutex held: makes a the job's adapter and counts the job as its user until it is freed. */
 void queue_acquire_adapter(job_queue *q, job *j, const qlm_lora_adapter *a);
 /* With the mutex held: how many jobs hold a. */

@@ -65,6 +65,13 @@ void job_release(job_queue *q, job *j) {
     pthread_mutex_unlock(&q->mu);
 }
 
+int job_cancelled(job_queue *q, job *j) {
+    pthread_mutex_lock(&q->mu);
+    int c = j->cancelled;
+    pthread_mutex_unlock(&q->mu);
+    return c;
+}
+
 void job_cancel(job_queue *q, job *j) {
     pthread_mutex_lock(&q->mu);
     j->cancelled = 1;
@@ -105,6 +112,10 @@ static void finish_locked(job_queue *q, job *j, int failed) {
         if (q->active[i] == j) q->active[i] = NULL;
     q->running--;
     wake_locked(j);
+    if (j->on_end) {
+        j->on_end(j, j->end_user);
+        j->on_end = NULL;
+    }
     pthread_cond_broadcast(&q->cv);
     release_locked(q, j);
 }

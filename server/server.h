@@ -26,7 +26,8 @@ typedef struct {
                               * closed after it (0: 30 s) */
     int max_connections;     /* open connections at most (the process needs as many descriptors) */
     int max_connections_per_ip; /* from one client address at most (0: no such limit) */
-    /* One line per finished HTTP request; called from HTTP threads. */
+    /* One line per finished HTTP request, called from HTTP threads; a request whose client left
+     * before its generation ended is logged when it ends, as status 499, with the tokens made. */
     void (*log)(void *user, const char *method, const char *path, int status, int tokens, double ms);
     void *log_user;
 } qlm_server_config;

@@ -993,8 +993,9 @@ static void test_serve_client_leaves(void **state) {
     char model[512];
     REQUIRE_ASSET(test_default_gguf(model, sizeof model));
     server s;
-    server_start(&s, model, "--quiet --max-seqs 1");
+    server_start(&s, model, "--max-seqs 1");
     enum { ASKED = 400 };
+    int made_by[2] = {0};
     for (int stream = 0; stream < 2; stream++) {
         double before = metric(&s, "qlm_generation_tokens_total");
         int fd = raw_connect(s.port);
@@ -1018,8 +1019,19 @@ static void test_serve_client_leaves(void **state) {
         print_message("%s: ended %.2f s after the client left, %.0f of %d tokens made\n",
                       stream ? "streamed" : "waiting", mono_s() - t, made, ASKED);
         assert_true(made >= 1 && made < ASKED / 2);
+        made_by[stream] = (int)made;
     }
-    free(server_stop(&s));
+    /* Each is logged (with a UTC timestamp) as 499 with the tokens it made, once it ended. */
+    char *log = server_stop(&s);
+    for (int stream = 0; stream < 2; stream++) {
+        char want[96];
+        snprintf(want, sizeof want, "Z POST /v1/chat/completions 499 %d tokens", made_by[stream]);
+        if (!strstr(log, want)) fail_msg("the log lacks '%s':\n%s", want, log);
+    }
+    const char *line = strstr(log, "qlm serve: 20");
+    assert_non_null(line);
+    assert_true(line[strlen("qlm serve: 2026-11-26")] == 'T');
+    free(log);
 }
 
 /* Reads fd's whole answer (the request asked to close): the status, 0 for an empty answer, -1 for
