@@ -12,7 +12,7 @@ BUILD   ?= build
 # (reductions stay in order without -ffast-math, and ISO C contracts nothing into FMAs).
 OPT     ?= -O2 -fvect-cost-model=cheap
 CFLAGS  += -std=c11 $(OPT) -g -Wall -Wextra -D_GNU_SOURCE -fopenmp -I. $(shell pkg-config --cflags libpcre2-8 libcjson ompi-c 2>/dev/null)
-LDLIBS  += -lcjson -lpcre2-8 -lopenblas -lcurl -lmicrohttpd -lcrypto $(shell pkg-config --libs ompi-c 2>/dev/null || echo -lmpi) -lm -lpthread -fopenmp
+LDLIBS  += -lcjson -lpcre2-8 -lopenblas -lcurl -lmicrohttpd -lcrypto -ledit $(shell pkg-config --libs ompi-c 2>/dev/null || echo -lmpi) -lm -lpthread -fopenmp
 TEST_LDLIBS = -lcmocka
 
 LIB_SRCS  := $(wildcard core/*.c quant/*.c loaders/*.c lora/*.c eval/*.c server/*.c hub/*.c train/*.c dist/*.c)

@@ -1,6 +1,8 @@
 /* qlm chat: multi-turn conversation rendered with the model's chat template. The KV cache
  * keeps the conversation so each turn only evaluates its new tokens; when the history no
  * longer fits the context window, the oldest turns are dropped (the system prompt stays). */
+#include <editline/readline.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -13,8 +15,10 @@
 
 static const char *k_usage =
     "usage: qlm chat -m MODEL [options]\n"
-    "Interactive chat: type a message and press Enter. Commands: /reset (forget the conversation),\n"
-    "/adapter NAME|none (switch LoRA adapter; /adapter lists them), /exit. With -p the messages are\n"
+    "Interactive chat: type a message and press Enter (line editing and history on a terminal).\n"
+    "Ctrl-C stops an answer and returns to the prompt; Ctrl-C at the prompt or Ctrl-D quits. Commands:\n"
+    "/help, /reset (forget the conversation), /adapter NAME|none (switch LoRA adapter; /adapter lists\n"
+    "them), /exit; start a message with // to send one that begins with /. With -p the messages are\n"
     "sent one after another and qlm exits.\n\n" CLI_MODEL_HELP CLI_SAMPLING_HELP CLI_LORA_HELP
     "  -p, --prompt TEXT      send TEXT as a user message (repeatable); no interactive input\n"
     "      --system TEXT      system prompt\n"
@@ -55,8 +59,20 @@ typedef struct {
     size_t len, cap;
 } reply_buf;
 
+/* Ctrl-C while an answer is generated: the first stops the answer, a second one quits. */
+static volatile sig_atomic_t g_interrupted;
+
+static void on_interrupt(int sig) {
+    if (g_interrupted) {
+        signal(sig, SIG_DFL);
+        raise(sig);
+    }
+    g_interrupted = 1;
+}
+
 static int emit_reply(void *user, const char *text, size_t len) {
     reply_buf *r = user;
+    if (g_interrupted) return 1;
     fwrite(text, 1, len, stdout);
     fflush(stdout);
     if (r->len + len + 1 > r->cap) {
@@ -106,11 +122,18 @@ static int chat_turn(qlm_session *s, history *h, int first_turn, const char *mes
     }
     qlm_gen_stats pst = {0}, st = {0};
     reply_buf reply = {0};
+    g_interrupted = 0;
+    struct sigaction sa = {.sa_handler = on_interrupt}, old;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, &old);
     int rc = qlm_session_sync(s, ids, n, &pst);
     if (rc == 0) rc = qlm_session_generate(s, &so->gen, emit_reply, &reply, &st);
+    sigaction(SIGINT, &old, NULL);
     free(ids);
     fputc('\n', stdout);
     fflush(stdout);
+    /* The part said so far stays in the conversation, as the model's turn. */
+    if (g_interrupted) fprintf(stderr, "[stopped]\n");
     if (rc == 0) rc = history_add(h, "assistant", reply.buf ? reply.buf : "");
     else history_remove(h, h->n - 1);
     free(reply.buf);
@@ -143,6 +166,20 @@ static void switch_adapter(qlm_session *s, cli_model *cm, const char *arg) {
     fprintf(stderr, "[adapter: %s]\n", strcmp(arg, "none") ? arg : "none (base model)");
 }
 
+static void print_commands(void) {
+    fputs("/help              this list\n"
+          "/reset             forget the conversation (the system prompt stays)\n"
+          "/adapter           list the LoRA adapters; /adapter NAME or /adapter none switches\n"
+          "/exit, /quit       leave (so do Ctrl-D and Ctrl-C at the prompt)\n"
+          "//text             send a message that begins with /\n"
+          "Ctrl-C             while an answer is written: stop it\n",
+          stderr);
+}
+
+/* The next line typed: through libedit (editing, history) on a terminal, plain reading otherwise.
+ * NULL at end of input. */
+static char *next_line(int tty);
+
 /* Reads one line of any length from f; NULL at end of input. */
 static char *read_line(FILE *f) {
     size_t cap = 256, n = 0;
@@ -168,6 +205,13 @@ static char *read_line(FILE *f) {
     if (n && buf[n - 1] == '\r') n--;
     buf[n] = 0;
     return buf;
+}
+
+static char *next_line(int tty) {
+    if (!tty) return read_line(stdin);
+    char *line = readline("> ");
+    if (line && line[0]) add_history(line);
+    return line;
 }
 
 int cmd_chat(int argc, char **argv) {
@@ -230,20 +274,26 @@ int cmd_chat(int argc, char **argv) {
         }
     } else if (rc == 0) {
         int tty = isatty(0);
+        if (tty && !quiet) fprintf(stderr, "qlm chat: /help lists the commands\n");
         for (;;) {
-            if (tty) fputs("> ", stderr);
-            char *line = read_line(stdin);
+            char *line = next_line(tty);
             if (!line) break;
             if (!strcmp(line, "/exit") || !strcmp(line, "/quit")) {
                 free(line);
                 break;
             }
-            if (!strcmp(line, "/reset")) {
+            if (!strcmp(line, "/help")) {
+                print_commands();
+            } else if (!strcmp(line, "/reset")) {
                 history_clear(&h, first_turn);
                 fprintf(stderr, "[conversation cleared]\n");
             } else if (!strncmp(line, "/adapter", 8) && (line[8] == ' ' || !line[8])) {
                 switch_adapter(&s, &cm, line + 8);
-            } else if (line[0] && chat_turn(&s, &h, first_turn, line, &so, quiet) != 0) {
+            } else if (line[0] == '/' && line[1] != '/') {
+                /* A mistyped command would otherwise go to the model as a message. */
+                fprintf(stderr, "qlm chat: unknown command %s (/help lists them; // sends a message starting with /)\n",
+                        line);
+            } else if (line[0] && chat_turn(&s, &h, first_turn, line + (line[0] == '/'), &so, quiet) != 0) {
                 fprintf(stderr, "qlm chat: %s\n", qlm_last_error());
             }
             free(line);

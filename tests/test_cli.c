@@ -3,6 +3,8 @@
  * quantize/convert round trips and error handling of the command line. */
 #include <cjson/cJSON.h>
 #include <math.h>
+#include <poll.h>
+#include <pty.h>
 #include <sched.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -536,6 +538,103 @@ static void test_threads_under_load(void **state) {
     }
 }
 
+/* What a terminal shows of a child on a pseudo-terminal, read as it comes. */
+typedef struct {
+    int fd;
+    pid_t pid;
+    char buf[1 << 16];
+    size_t len, seen; /* seen: where the next wait starts looking */
+} terminal;
+
+/* Reads until needle appears after what earlier waits matched (fails after limit_s). */
+static void term_wait(terminal *t, const char *needle, double limit_s) {
+    double end = mono_s() + limit_s;
+    for (;;) {
+        t->buf[t->len] = 0;
+        const char *at = strstr(t->buf + t->seen, needle);
+        if (at) {
+            t->seen = (size_t)(at - t->buf) + strlen(needle);
+            return;
+        }
+        if (mono_s() > end) fail_msg("no '%s' on the terminal after %.0f s; it shows:\n%s", needle, limit_s, t->buf + t->seen);
+        struct pollfd p = {.fd = t->fd, .events = POLLIN};
+        if (poll(&p, 1, 100) == 1) {
+            ssize_t n = read(t->fd, t->buf + t->len, sizeof t->buf - 1 - t->len);
+            if (n <= 0) fail_msg("the terminal closed before '%s':\n%s", needle, t->buf + t->seen);
+            t->len += (size_t)n;
+        }
+    }
+}
+
+/* Keys typed a moment after the prompt showed: libedit sets the terminal up after printing it and
+ * drops what was typed before (as a person never types that fast, this only concerns the test). */
+static void term_type(terminal *t, const char *keys) {
+    usleep(300000);
+    assert_int_equal(write(t->fd, keys, strlen(keys)), (ssize_t)strlen(keys));
+}
+
+/* qlm chat on a terminal, as a user drives it: Ctrl-C stops an answer and the prompt comes back,
+ * /help lists the commands, an unknown /command is refused instead of sent to the model, the Up
+ * arrow recalls the last line (libedit), and Ctrl-D at the prompt quits with status 0. */
+static void test_chat_terminal(void **state) {
+    (void)state;
+    char model[512];
+    REQUIRE_ASSET(test_default_gguf(model, sizeof model));
+    const char *bin = getenv("QLM_BIN");
+    terminal *t = calloc(1, sizeof *t);
+    assert_non_null(t);
+    t->pid = forkpty(&t->fd, NULL, NULL, NULL);
+    assert_true(t->pid >= 0);
+    if (t->pid == 0) {
+        execl(bin && *bin ? bin : "build/qlm", "qlm", "chat", "-m", model, "--temp", "0", "-n", "300", "--quiet", (char *)NULL);
+        _exit(127);
+    }
+    term_wait(t, "> ", 60);
+    term_type(t, "Write a long story about a dragon who learns to fly.\r");
+    term_wait(t, "dragon", 60); /* the echo */
+    size_t before = t->len;
+    double t0 = mono_s();
+    while (t->len < before + 60 && mono_s() - t0 < 60) { /* some of the answer */
+        struct pollfd p = {.fd = t->fd, .events = POLLIN};
+        if (poll(&p, 1, 100) == 1) {
+            ssize_t n = read(t->fd, t->buf + t->len, sizeof t->buf - 1 - t->len);
+            if (n > 0) t->len += (size_t)n;
+        }
+    }
+    term_type(t, "\x03");
+    double stop = mono_s();
+    term_wait(t, "[stopped]", 10);
+    term_wait(t, "> ", 10);
+    print_message("chat: Ctrl-C stopped the answer in %.2f s and the prompt came back\n", mono_s() - stop);
+    assert_int_equal(waitpid(t->pid, NULL, WNOHANG), 0);
+    term_type(t, "/help\r");
+    term_wait(t, "/reset", 10);
+    term_wait(t, "> ", 10);
+    term_type(t, "/bogus\r");
+    term_wait(t, "unknown command /bogus", 10);
+    term_wait(t, "> ", 10);
+    term_type(t, "\x1b[A\r"); /* Up: the last line again */
+    term_wait(t, "unknown command /bogus", 10);
+    term_wait(t, "> ", 10);
+    term_type(t, "\x04");
+    int st = 0;
+    double end = mono_s() + 10;
+    while (waitpid(t->pid, &st, WNOHANG) == 0) {
+        if (mono_s() > end) {
+            t->buf[t->len] = 0;
+            fail_msg("Ctrl-D at the prompt did not end qlm chat:\n%s", t->buf + t->seen);
+        }
+        struct pollfd p = {.fd = t->fd, .events = POLLIN};
+        if (poll(&p, 1, 20) == 1 && t->len < sizeof t->buf - 1) { /* keep the terminal drained */
+            ssize_t n = read(t->fd, t->buf + t->len, sizeof t->buf - 1 - t->len);
+            if (n > 0) t->len += (size_t)n;
+        }
+    }
+    assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+    close(t->fd);
+    free(t);
+}
+
 static void test_command_line_errors(void **state) {
     (void)state;
     assert_int_equal(test_run_qlm(NULL, "2>/dev/null"), 2);
@@ -611,6 +710,7 @@ int main(void) {
         cmocka_unit_test(test_summarize),
         cmocka_unit_test(test_command_line_errors),
         cmocka_unit_test(test_threads_under_load),
+        cmocka_unit_test(test_chat_terminal),
         cmocka_unit_test(test_clear_messages),
         cmocka_unit_test(test_weight_values_checked),
     };
