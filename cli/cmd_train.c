@@ -256,6 +256,54 @@ static char *fingerprint(const train_args *a, int ranks) {
     return strdup(buf);
 }
 
+/* The fingerprint's keys, in its order, and the flags that set them. */
+static const char *const k_setting_keys[][2] = {
+    {"mode", "--lora/--full/--qat"}, {"data", "--data"}, {"rank", "--rank"}, {"alpha", "--alpha"},
+    {"targets", "--targets"}, {"rslora", "--rslora"}, {"batch", "--batch x ranks"}, {"accum", "--accum"},
+    {"seq", "--seq-len"}, {"pack", "--pack"}, {"lr", "--lr"}, {"schedule", "--schedule"}, {"warmup", "--warmup"},
+    {"steps", "--steps"}, {"epochs", "--epochs"}, {"dtype", "--dtype"}, {"seed", "--seed"},
+    {"per_channel", "--per-channel"}, {"dropout", "--lora-dropout"}};
+enum { N_SETTING_KEYS = sizeof k_setting_keys / sizeof k_setting_keys[0] };
+
+/* The value of key i in a fingerprint (values may hold spaces: a value runs to the next key). */
+static void setting_value(const char *fp, int i, char *out, size_t cap) {
+    char at[32], next[32];
+    snprintf(at, sizeof at, "%s%s=", i ? " " : "", k_setting_keys[i][0]);
+    const char *v = i ? strstr(fp, at) : (!strncmp(fp, at, strlen(at)) ? fp : NULL);
+    if (!v) {
+        snprintf(out, cap, "?");
+        return;
+    }
+    v += strlen(at);
+    const char *end = NULL;
+    if (i + 1 < N_SETTING_KEYS) {
+        snprintf(next, sizeof next, " %s=", k_setting_keys[i + 1][0]);
+        end = strstr(v, next);
+    }
+    int n = end ? (int)(end - v) : (int)strlen(v);
+    snprintf(out, cap, "%.*s", n, v);
+    /* The enums as their flags' words. */
+    static const char *const modes[] = {"--lora", "--full", "--qat"}, *const schedules[] = {"cosine", "linear", "constant"};
+    int k = atoi(out);
+    if (!strcmp(k_setting_keys[i][0], "mode") && k >= 0 && k < 3) snprintf(out, cap, "%s", modes[k]);
+    else if (!strcmp(k_setting_keys[i][0], "schedule") && k >= 0 && k < 3) snprintf(out, cap, "%s", schedules[k]);
+    else if (!strcmp(k_setting_keys[i][0], "dtype")) snprintf(out, cap, "%s", qlm_dtype_name((qlm_dtype)k));
+}
+
+/* "--lr 0.001 vs 0.0002, --seq-len 64 vs 96": what differs between two fingerprints, in flags. */
+static void settings_diff(const char *was, const char *now, char *out, size_t cap) {
+    size_t n = 0;
+    out[0] = 0;
+    for (int i = 0; i < N_SETTING_KEYS && n < cap; i++) {
+        char a[1024], b[1024];
+        setting_value(was, i, a, sizeof a);
+        setting_value(now, i, b, sizeof b);
+        if (strcmp(a, b) != 0)
+            n += (size_t)snprintf(out + n, cap - n, "%s%s %s vs %s", n ? ", " : "", k_setting_keys[i][1], a, b);
+    }
+    if (!out[0]) snprintf(out, cap, "%s", was);
+}
+
 /* Rows of one micro-batch, built from examples (or packed sequences). An encoder-decoder (t5 set)
  * reads each example's prompt tokens plus EOS as its input and decodes its targets. */
 typedef struct {
@@ -460,9 +508,13 @@ static int restore_state(const char *json, qlm_train_cursor *cur, const char *fp
         rc = qlm_errorf("%s/checkpoint.json: the data position is missing", dir);
     else if (check_shape(j, rs, reshard, dir) != 0)
         rc = -1;
-    else if (strcmp(set->valuestring, fp) != 0)
-        rc = qlm_errorf("%s/checkpoint.json: made with other settings (%s); resume with the same flags or use a new --out",
-                        dir, set->valuestring);
+    else if (strcmp(set->valuestring, fp) != 0) {
+        char diff[2048];
+        settings_diff(set->valuestring, fp, diff, sizeof diff);
+        rc = qlm_errorf("%s/checkpoint.json: made with other settings (the checkpoint's first): %s; resume with the "
+                        "same flags, or --overwrite to start again",
+                        dir, diff);
+    }
     else {
         cur->seed = (uint64_t)seed->valuedouble;
         cur->epoch = ep->valueint;
