@@ -246,11 +246,11 @@ int cmd_chat(int argc, char **argv) {
         default: return cli_usage_error("chat", k_usage);
         }
     }
-    if (optind < argc || !mo.model) {
-        fprintf(stderr, optind < argc ? "qlm chat: unexpected argument '%s'\n" : "qlm chat: no model given (-m MODEL)\n",
-                optind < argc ? argv[optind] : "");
+    if (optind < argc) {
+        fprintf(stderr, "qlm chat: unexpected argument '%s'\n", argv[optind]);
         return cli_usage_error("chat", k_usage);
     }
+    if (cli_default_model(&mo, "chat", quiet) != 0) return 2;
     cli_model cm;
     if (cli_load_model(&mo, &cm, 1, quiet) != 0) return cli_fail("chat");
     if (cli_require_decoder_only(&cm, "chat") != 0) {

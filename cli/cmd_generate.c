@@ -99,10 +99,7 @@ int cmd_generate(int argc, char **argv) {
         fprintf(stderr, "qlm generate: unexpected argument '%s'\n", argv[optind]);
         return cli_usage_error("generate", k_usage);
     }
-    if (!mo.model) {
-        fprintf(stderr, "qlm generate: no model given (-m MODEL)\n");
-        return cli_usage_error("generate", k_usage);
-    }
+    if (cli_default_model(&mo, "generate", quiet) != 0) return 2;
     char *file_text = NULL;
     if (file) {
         file_text = cli_read_text(file, NULL);

@@ -163,10 +163,11 @@ int cmd_serve(int argc, char **argv) {
         default: return cli_usage_error("serve", k_usage);
         }
     }
-    if (optind < argc || !mo.model) {
-        fprintf(stderr, "qlm serve: %s\n", mo.model ? "unexpected argument" : "need -m MODEL");
+    if (optind < argc) {
+        fprintf(stderr, "qlm serve: unexpected argument '%s'\n", argv[optind]);
         return cli_usage_error("serve", k_usage);
     }
+    if (cli_default_model(&mo, "serve", quiet) != 0) return 2;
     if (!api_key) {
         api_key = getenv("QLM_API_KEY");
         if (api_key && !api_key[0]) {

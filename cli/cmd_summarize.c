@@ -145,10 +145,7 @@ static int parse(int argc, char **argv, options *o) {
         fprintf(stderr, "qlm summarize: %s\n", why);
         return cli_usage_error("summarize", k_usage);
     }
-    if (!o->mo.model) {
-        fprintf(stderr, "qlm summarize: need -m MODEL\n");
-        return cli_usage_error("summarize", k_usage);
-    }
+    if (cli_default_model(&o->mo, "summarize", o->quiet) != 0) return 2;
     o->input = optind < argc ? argv[optind] : "-";
     return 0;
 }

@@ -351,6 +351,30 @@ int cli_make_dir(const char *path) {
     return 0;
 }
 
+int cli_default_model(cli_model_opts *mo, const char *cmd, int quiet) {
+    if (mo->model) return 0;
+    static char path[4200];
+    const char *cache = getenv("QLM_CACHE"), *home = getenv("HOME");
+    char dir[4096];
+    if (cache && *cache) snprintf(dir, sizeof dir, "%s", cache);
+    else snprintf(dir, sizeof dir, "%s/.cache/qlm", home && *home ? home : ".");
+    /* The folder `make run` converts once, else the GGUF setup fetched (read as F32 each time). */
+    const char *const names[] = {"SmolLM2-135M-Instruct/model.safetensors", "SmolLM2-135M-Instruct.Q4_1.gguf"};
+    for (int i = 0; i < 2; i++) {
+        snprintf(path, sizeof path, "%s/%s", dir, names[i]);
+        if (access(path, R_OK) != 0) continue;
+        if (i == 0) *strrchr(path, '/') = 0;
+        mo->model = path;
+        if (!quiet) fprintf(stderr, "qlm %s: no -m given: the default model, %s\n", cmd, path);
+        return 0;
+    }
+    fprintf(stderr,
+            "qlm %s: no -m MODEL given, and the default model (SmolLM2-135M-Instruct) is not in %s: `make run` "
+            "(or scripts/setup.sh) fetches it\n",
+            cmd, dir);
+    return -1;
+}
+
 int cli_make_parent_dir(const char *file) {
     char dir[4200];
     snprintf(dir, sizeof dir, "%s", file);

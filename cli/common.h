@@ -151,6 +151,9 @@ char *cli_lora_config_json(const char *base, int rank, double alpha, const char 
 /* Creates the folder path and its missing parents (fine if it is one already) and checks that a
  * file can be written in it; an error names a file in the way or the reason. */
 int cli_make_dir(const char *path);
+/* Without -m: the embedded default model from $QLM_CACHE (default ~/.cache/qlm), said on stderr
+ * unless quiet; -1 with a message on how to fetch it when it is not there. */
+int cli_default_model(cli_model_opts *mo, const char *cmd, int quiet);
 /* cli_make_dir for the folder that will hold file. */
 int cli_make_parent_dir(const char *file);
 /* Reads a whole file ("-" = stdin) into a malloc'd NUL-terminated string. */

@@ -635,6 +635,37 @@ static void test_chat_terminal(void **state) {
     free(t);
 }
 
+/* Without -m, generate (and chat, summarize, serve) use the embedded default model from
+ * $QLM_CACHE and say so; without it there, the error says how to fetch it. */
+static void test_default_model(void **state) {
+    (void)state;
+    char gguf[512], cache[256], link[400];
+    REQUIRE_ASSET(test_default_gguf(gguf, sizeof gguf));
+    assert_non_null(test_tmpdir(cache, sizeof cache));
+    snprintf(link, sizeof link, "%s/SmolLM2-135M-Instruct.Q4_1.gguf", cache);
+    assert_int_equal(symlink(gguf, link), 0);
+    char *out = NULL, *with_m = NULL;
+    char cmd[1200];
+    const char *bin = getenv("QLM_BIN");
+    snprintf(cmd, sizeof cmd, "QLM_CACHE=%s %s generate -p 'The capital of France is' -n 6 --temp 0 2>%s/err", cache,
+             bin && *bin ? bin : "build/qlm", cache);
+    assert_int_equal(test_run_shell(&out, cmd), 0);
+    char errp[300];
+    snprintf(errp, sizeof errp, "%s/err", cache);
+    char *err = test_read_file(errp, NULL);
+    if (!strstr(err, "no -m given: the default model") || !strstr(err, "SmolLM2-135M-Instruct")) fail_msg("%s", err);
+    free(err);
+    assert_int_equal(test_run_qlm(&with_m, "generate -m %s -p 'The capital of France is' -n 6 --temp 0 2>/dev/null", gguf), 0);
+    assert_string_equal(out, with_m);
+    free(out);
+    free(with_m);
+    snprintf(cmd, sizeof cmd, "QLM_CACHE=%s/none %s chat -p hi 2>&1", cache, bin && *bin ? bin : "build/qlm");
+    assert_int_equal(test_run_shell(&out, cmd), 2);
+    if (!strstr(out, "default model") || !strstr(out, "make run")) fail_msg("%s", out);
+    free(out);
+    test_remove_tree(cache);
+}
+
 static void test_command_line_errors(void **state) {
     (void)state;
     assert_int_equal(test_run_qlm(NULL, "2>/dev/null"), 2);
@@ -711,6 +742,7 @@ int main(void) {
         cmocka_unit_test(test_command_line_errors),
         cmocka_unit_test(test_threads_under_load),
         cmocka_unit_test(test_chat_terminal),
+        cmocka_unit_test(test_default_model),
         cmocka_unit_test(test_clear_messages),
         cmocka_unit_test(test_weight_values_checked),
     };
