@@ -3,6 +3,7 @@
 #ifndef QLM_SERVER_INTERNAL_H
 #define QLM_SERVER_INTERNAL_H
 
+#include <poll.h>
 #include <pthread.h>
 #include <time.h>
 #include <cjson/cJSON.h>
@@ -119,6 +120,9 @@ typedef struct {
     pthread_cond_t cv;
     pthread_t thread;
     peer *head;
+    struct pollfd *pfd;      /* the tick's poll set, and the peer of each entry */
+    struct peer **pmap;
+    int cap;
     int open, stop;
     long cut;
     double deadline_s;

@@ -957,19 +957,27 @@ static void test_serve_slowloris(void **state) {
         fds[i] = raw_connect(s.port);
         assert_int_equal(send(fds[i], head, strlen(head), MSG_NOSIGNAL), (ssize_t)strlen(head));
     }
-    assert_int_equal(raw_get(s.port, "/health"), 0);
-    for (int i = 0; i < PER_IP; i++) assert_false(raw_closed(fds[i]));
-    close(fds[0]);
-    int status = 0;
-    double freed = mono_s();
-    while (status != 200 && mono_s() - freed < 10) {
-        status = raw_get(s.port, "/health");
-        if (status != 200) usleep(20000);
+    /* Each hang-up frees its slot at once (libmicrohttpd alone missed some under load, holding the
+     * slot until the idle timeout), and the slot is taken again by the next connection. */
+    double worst_free = 0;
+    for (int round = 0; round < PER_IP; round++) {
+        assert_int_equal(raw_get(s.port, "/health"), 0);
+        for (int i = 0; i < PER_IP; i++) assert_false(raw_closed(fds[i]));
+        close(fds[round]);
+        int status = 0;
+        double freed = mono_s();
+        while (status != 200 && mono_s() - freed < 10) {
+            status = raw_get(s.port, "/health");
+            if (status != 200) usleep(20000);
+        }
+        if (status != 200) fail_msg("round %d: a closed connection's slot was not freed in 10 s", round);
+        if (mono_s() - freed > worst_free) worst_free = mono_s() - freed;
+        fds[round] = raw_connect(s.port);
+        assert_int_equal(send(fds[round], head, strlen(head), MSG_NOSIGNAL), (ssize_t)strlen(head));
     }
-    print_message("per address: the %dth connection refused; a closed one's slot reusable after %.3f s\n", PER_IP + 1,
-                  mono_s() - freed);
-    assert_int_equal(status, 200);
-    for (int i = 1; i < PER_IP; i++) close(fds[i]);
+    print_message("per address: the %dth connection refused; a closed one's slot reusable after at most %.3f s\n",
+                  PER_IP + 1, worst_free);
+    for (int i = 0; i < PER_IP; i++) close(fds[i]);
     free(server_stop(&s));
 }
 
