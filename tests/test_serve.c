@@ -897,6 +897,37 @@ static int raw_closed(int fd) {
     return r == 0 || (r < 0 && errno != EAGAIN && errno != EWOULDBLOCK);
 }
 
+/* The server's count of open connections, asked from 127.0.0.2 (another address, so outside the
+ * per-address limit being tested); it includes this request's own connection. */
+static int open_connections(int port) {
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in from = {.sin_family = AF_INET}, to = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    from.sin_addr.s_addr = htonl(0x7f000002);
+    to.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    assert_int_equal(bind(fd, (struct sockaddr *)&from, sizeof from), 0);
+    assert_int_equal(connect(fd, (struct sockaddr *)&to, sizeof to), 0);
+    const char *req = "GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n";
+    assert_int_equal(send(fd, req, strlen(req), MSG_NOSIGNAL), (ssize_t)strlen(req));
+    static char text[16384];
+    size_t len = 0;
+    for (ssize_t r; len < sizeof text - 1 && (r = recv(fd, text + len, sizeof text - 1 - len, 0)) > 0;) len += (size_t)r;
+    text[len] = 0;
+    close(fd);
+    const char *at = strstr(text, "\nqlm_open_connections ");
+    assert_non_null(at);
+    return atoi(at + strlen("\nqlm_open_connections "));
+}
+
+/* Waits until the server counts want connections of its own (plus the asking one). */
+static void await_open(int port, int want) {
+    double end = mono_s() + 10;
+    int n;
+    while ((n = open_connections(port)) != want + 1) {
+        if (mono_s() > end) fail_msg("the server counts %d open connections, not %d", n - 1, want);
+        usleep(20000);
+    }
+}
+
 /* Slowloris: connections that never finish their headers, each sent a byte every half second so
  * that an idle timer never fires. With a thread per connection 256 of them locked every client
  * out (/health unanswered for 20 s); on the event loop 1,000 cost a socket each, /health answers
@@ -952,11 +983,12 @@ static void test_serve_slowloris(void **state) {
     free(server_stop(&s));
 
     enum { PER_IP = 8 };
-    server_start(&s, model, "--quiet --max-connections-per-ip 8");
+    server_start(&s, model, "--quiet --max-connections-per-ip 8 --timeout 600"); /* no deadline cuts here */
     for (int i = 0; i < PER_IP; i++) {
         fds[i] = raw_connect(s.port);
         assert_int_equal(send(fds[i], head, strlen(head), MSG_NOSIGNAL), (ssize_t)strlen(head));
     }
+    await_open(s.port, PER_IP);
     /* Each hang-up frees its slot at once (libmicrohttpd alone missed some under load, holding the
      * slot until the idle timeout), and the slot is taken again by the next connection. */
     double worst_free = 0;
@@ -972,8 +1004,10 @@ static void test_serve_slowloris(void **state) {
         }
         if (status != 200) fail_msg("round %d: a closed connection's slot was not freed in 10 s", round);
         if (mono_s() - freed > worst_free) worst_free = mono_s() - freed;
+        await_open(s.port, PER_IP - 1); /* the /health connection gone too */
         fds[round] = raw_connect(s.port);
         assert_int_equal(send(fds[round], head, strlen(head), MSG_NOSIGNAL), (ssize_t)strlen(head));
+        await_open(s.port, PER_IP);
     }
     print_message("per address: the %dth connection refused; a closed one's slot reusable after at most %.3f s\n",
                   PER_IP + 1, worst_free);
