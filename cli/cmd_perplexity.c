@@ -8,6 +8,7 @@
 #include "../core/perplexity.h"
 #include "commands.h"
 #include "common.h"
+#include "progress.h"
 
 static const char *k_usage =
     "usage: qlm perplexity -m MODEL -f TEXTFILE [options]\n"
@@ -62,6 +63,8 @@ int cmd_perplexity(int argc, char **argv) {
     qlm_nll acc = {0};
     if (qlm_state_init(&st, &cm.model, cli_context_size(&mo, &cm), mo.batch) != 0) goto out_nostate;
     size_t sep_len = strlen(split);
+    cli_progress progress;
+    cli_progress_init(&progress, quiet || json);
     for (char *doc = text; doc;) {
         char *end = sep_len ? strstr(doc, split) : NULL;
         char *next = end ? end + sep_len : NULL;
@@ -74,11 +77,11 @@ int cmd_perplexity(int argc, char **argv) {
             free(ids);
             if (r != 0) goto out;
             n_docs++;
-            if (!quiet && !json) fprintf(stderr, "\rscored %d documents, %ld tokens", n_docs, acc.n_predicted);
+            cli_progress_update(&progress, 0, "scored %d documents, %ld tokens", n_docs, acc.n_predicted);
         }
         doc = next;
     }
-    if (!quiet && !json) fputc('\n', stderr);
+    cli_progress_update(&progress, 1, "scored %d documents, %ld tokens", n_docs, acc.n_predicted);
     if (acc.n_predicted == 0) {
         qlm_errorf("%s: no tokens to score", file);
         goto out;

@@ -21,6 +21,7 @@
 #include "commands.h"
 #include "common.h"
 #include "jsonl.h"
+#include "progress.h"
 
 static const char *k_usage =
     "usage: qlm summarize -m MODEL [FILE | -] [options]\n"
@@ -273,6 +274,7 @@ typedef struct {
     long generated;
     int done_this_run;
     int shown; /* progress last printed at this count (-1: never) */
+    cli_progress progress;
 } batch_job;
 
 static double now_seconds(void) {
@@ -288,13 +290,10 @@ static void progress(batch_job *j, int final) {
     double secs = now_seconds() - j->t0, rate = done / (secs + 1e-9);
     double eta = rate > 0 ? (total - done) / rate : 0;
     int width = 30, fill = total ? (int)((long)width * done / total) : width;
-    int tty = isatty(STDERR_FILENO);
-    /* On a terminal the bar redraws in place; in a log, one line per tenth of the work. */
-    if (!tty && !final && total >= 10 && done % (total / 10) != 0) return;
-    fprintf(stderr, "%ssummarize [%.*s%*s] %d/%d dialogues, %.2f dialogues/s, %.1f tok/s, ETA %dm%02ds%s",
-            tty ? "\r" : "", fill, "##############################", width - fill, "", done, total, rate,
-            j->generated / (secs + 1e-9), (int)eta / 60, (int)eta % 60, tty && !final && done < total ? "" : "\n");
-    fflush(stderr);
+    cli_progress_update(&j->progress, final || done == total,
+                        "summarize [%.*s%*s] %d/%d dialogues, %.2f dialogues/s, %.1f tok/s, ETA %dm%02ds", fill,
+                        "##############################", width - fill, "", done, total, rate,
+                        j->generated / (secs + 1e-9), (int)eta / 60, (int)eta % 60);
 }
 
 /* Record i of the output: its input fields but the dialogue, plus the summary (or, for a skipped
@@ -600,6 +599,7 @@ static int summarize_batch(const options *o, cli_model *cm, const prompter *p) {
     sigaction(SIGINT, &sa, &old_int);
     sigaction(SIGTERM, &sa, &old_term);
     j.t0 = now_seconds();
+    cli_progress_init(&j.progress, o->quiet);
     qlm_batch_stats bs;
     memset(&bs, 0, sizeof bs);
     int brc = mine > 0 ? qlm_batch_run(&bc, next_dialogue, finished_dialogue, &j, &bs) : 0;

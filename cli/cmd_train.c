@@ -22,6 +22,7 @@
 #include "common.h"
 #include "dist.h"
 #include "model_folder.h"
+#include "progress.h"
 
 static const char k_usage[] =
     "usage: qlm train -m MODEL --data TRAIN.jsonl --out DIR [options]\n"
@@ -681,6 +682,8 @@ int cmd_train(int argc, char **argv) {
         return 2;
     }
     int rc = 1;
+    cli_progress progress;
+    cli_progress_init(&progress, !root);
     qlm_train_set train = {0}, eval = {0};
     qlm_lora_adapter adapter = {0};
     qlm_trainer t = {0};
@@ -826,9 +829,11 @@ int cmd_train(int argc, char **argv) {
         char eta[32];
         format_eta(eta, sizeof eta, (now - run_start) / (double)(t.step - start_step) * (double)(total - t.step));
         if (root) {
-            fprintf(stderr, "\rstep %ld/%ld  loss %.4f  lr %.2e  grad norm %.3f%s  %.0f tok/s  ETA %s   ", t.step, total,
-                    st.loss, st.lr, st.grad_norm, st.skipped ? " (overflow: skipped)" : "", tps, eta);
-            if (a.dtype == QLM_F16) fprintf(stderr, " loss scale %g ", st.loss_scale);
+            char scale[48] = "";
+            if (a.dtype == QLM_F16) snprintf(scale, sizeof scale, "  loss scale %g", st.loss_scale);
+            cli_progress_update(&progress, t.step == total, "step %ld/%ld  loss %.4f  lr %.2e  grad norm %.3f%s  %.0f tok/s  ETA %s%s",
+                                t.step, total, st.loss, st.lr, st.grad_norm, st.skipped ? " (overflow: skipped)" : "",
+                                tps, eta, scale);
         }
         if (t.step % 20 == 0) window_start = now, window_tokens = 0;
         int last = t.step == total;
@@ -836,7 +841,8 @@ int cmd_train(int argc, char **argv) {
             double el = eval_loss(&t, &eval, a.eval_max, &bb, a.batch);
             if (isnan(el)) goto fail_bufs;
             if (root) {
-                fprintf(stderr, "\nqlm train: step %ld eval loss %.4f (%d examples)\n", t.step, el,
+                cli_progress_break(&progress);
+                fprintf(stderr, "qlm train: step %ld eval loss %.4f (%d examples)\n", t.step, el,
                         eval.n < a.eval_max ? eval.n : a.eval_max);
                 if (qlm_train_log_eval(log, t.step, el) != 0) goto fail_bufs;
             }
@@ -852,7 +858,7 @@ int cmd_train(int argc, char **argv) {
         }
     }
     if (comm_failed) goto fail_bufs;
-    if (root) fprintf(stderr, "\n");
+    cli_progress_break(&progress);
     if (t.step < total) {
         if (root)
             fprintf(stderr, "qlm train: interrupted at step %ld; the checkpoint in %s resumes it (--resume)\n", t.step,
@@ -883,7 +889,7 @@ int cmd_train(int argc, char **argv) {
 fail_bufs:
     for (int k = 0; k < n_bufs; k++) batch_buf_free(&micro_bufs[k]);
 fail:
-    if (root) fprintf(stderr, "\n");
+    cli_progress_break(&progress);
     rc = cli_dist_fail(&d, "train");
 done:
     qlm_train_log_close(log);

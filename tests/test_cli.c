@@ -86,6 +86,12 @@ static void test_stories260k_perplexity(void **state) {
     assert_true(fabs(bf16 - f32) < 0.005);
     assert_true(fabs(i8 - f32) < 0.01);
     assert_true(fabs(i8pc - f32) < 0.01);
+    /* Progress in a log is whole lines, not carriage returns. */
+    char *log = NULL;
+    assert_int_equal(test_run_qlm(&log, "perplexity -m %s -f %s 2>&1 >/dev/null", model, text), 0);
+    assert_null(strchr(log, '\r'));
+    assert_non_null(strstr(log, "scored "));
+    free(log);
 }
 
 static void test_quantize_roundtrip(void **state) {
