@@ -24,7 +24,9 @@ static const char *k_usage =
     "      --pred-field NAME    field holding the prediction (default summary)\n"
     "      --ref-field A[,B..]  field(s) holding the reference(s) (default summary)\n"
     "      --id-field NAME      pair the lines by this field (string or number); default: by fname when\n"
-    "                           the first object of both files has one, else by line order\n"
+    "                           the first object of both files has one, else by line order. Paired by\n"
+    "                           id, a partial prediction file is scored against its references only\n"
+    "                           (the output says how many of the references were scored)\n"
     "      --json               print one JSON object instead of the table\n";
 
 enum { OPT_PRED = 512, OPT_REF, OPT_PRED_FIELD, OPT_REF_FIELD, OPT_ID_FIELD };
@@ -113,11 +115,12 @@ static int split_fields(char *list, const char **names, int *n) {
     }
 }
 
-static int print_json(const qlm_rouge_scores *mean, int n_pairs, const char *paired_by, const char *pred_field,
-                      const char *const *ref_fields, int n_ref_fields) {
+static int print_json(const qlm_rouge_scores *mean, int n_pairs, int n_refs, const char *paired_by,
+                      const char *pred_field, const char *const *ref_fields, int n_ref_fields) {
     cJSON *o = cJSON_CreateObject(), *fields = cJSON_CreateStringArray(ref_fields, n_ref_fields);
     cJSON_AddItemToObject(o, "ref_fields", fields);
     cJSON_AddNumberToObject(o, "pairs", n_pairs);
+    cJSON_AddNumberToObject(o, "references", n_refs);
     if (paired_by) cJSON_AddStringToObject(o, "paired_by", paired_by);
     else cJSON_AddNullToObject(o, "paired_by");
     cJSON_AddStringToObject(o, "pred_field", pred_field);
@@ -182,14 +185,17 @@ int cmd_rouge(int argc, char **argv) {
         qlm_errorf("%s: no predictions", pred_path);
         goto out;
     }
-    if (pred.n != ref.n) {
-        qlm_errorf("%s has %d records but %s has %d; each prediction needs exactly one reference record", pred_path,
-                   pred.n, ref_path, ref.n);
-        goto out;
-    }
     if (!id_field && cJSON_GetObjectItemCaseSensitive(pred.rec[0], "fname") &&
         cJSON_GetObjectItemCaseSensitive(ref.rec[0], "fname"))
         id_field = "fname";
+    /* By line order the pairs are only known when the files are as long; by id a prediction file
+     * cut short (an interrupted batch) scores the records it has. */
+    if (pred.n != ref.n && (!id_field || pred.n > ref.n)) {
+        qlm_errorf("%s has %d records but %s has %d; %s", pred_path, pred.n, ref_path, ref.n,
+                   id_field ? "each prediction needs its own reference record"
+                            : "pair them by an id field (--id-field) to score part of the references");
+        goto out;
+    }
     ref_of = malloc((size_t)pred.n * sizeof *ref_of);
     scores = malloc((size_t)pred.n * sizeof *scores);
     if (!ref_of || !scores) {
@@ -214,9 +220,10 @@ int cmd_rouge(int argc, char **argv) {
     qlm_rouge_scores mean;
     qlm_rouge_mean(scores, (size_t)pred.n, &mean);
     if (json) {
-        if (print_json(&mean, pred.n, id_field, pred_field, ref_fields, n_ref_fields) != 0) goto out;
+        if (print_json(&mean, pred.n, ref.n, id_field, pred_field, ref_fields, n_ref_fields) != 0) goto out;
     } else {
         printf("%d pairs, paired by %s", pred.n, id_field ? id_field : "line order");
+        if (pred.n < ref.n) printf(" (a partial prediction file: %d of the %d references scored)", pred.n, ref.n);
         if (n_ref_fields > 1) printf(", best of %d references per metric", n_ref_fields);
         printf("; means over pairs (rouge_score, use_stemmer=True)\n");
         qlm_rouge_print_table(stdout, &mean);

@@ -352,12 +352,35 @@ static void test_cli(void **state) {
     assert_int_equal(test_run_qlm(&out, "rouge --pred %s --ref %s 2>&1", path, path), 1);
     assert_non_null(strstr(out, "array.jsonl:2: expected a JSON object"));
     free(out);
-    /* Mismatched records: counts, ids, repeated ids. */
+    /* Mismatched records: counts by line order, ids, repeated ids. */
     write_lines(path2, sizeof path2, tmp, "two.jsonl", lines, 2);
-    assert_int_equal(test_run_qlm(&out, "rouge --pred %s --ref " FIX "refs.jsonl 2>&1", path2), 1);
-    assert_non_null(strstr(out, "two.jsonl has 2 records"));
+    char *noid_two[2] = {noid[0], noid[1]};
+    write_lines(path, sizeof path, tmp, "two-noid.jsonl", noid_two, 2);
+    assert_int_equal(test_run_qlm(&out, "rouge --pred %s --ref " FIX "refs.jsonl 2>&1", path), 1);
+    if (!strstr(out, "two-noid.jsonl has 2 records") || !strstr(out, "--id-field")) fail_msg("%s", out);
     free(out);
     char *swapped[2] = {lines[0], lines[2]};
+    /* Paired by id, a partial prediction file scores its own records (pairs 0 and 2 of the
+     * fixture, both scored against summary1 by rouge_score). */
+    write_lines(path, sizeof path, tmp, "partial.jsonl", swapped, 2);
+    assert_int_equal(test_run_qlm(&out, "rouge --pred %s --ref " FIX "refs.jsonl --ref-field summary1 --json", path), 0);
+    cJSON *part = cJSON_Parse(out);
+    const cJSON *pairs = cJSON_GetObjectItemCaseSensitive(exp, "pairs");
+    double mean_f = 0;
+    for (int i = 0; i <= 2; i += 2) {
+        const cJSON *p = cJSON_GetArrayItem(pairs, i);
+        assert_int_equal(cJSON_GetArraySize(cJSON_GetObjectItemCaseSensitive(p, "ref_fields")), 1);
+        mean_f += cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(p, "rouge1"), 2)->valuedouble / 2;
+    }
+    assert_int_equal(cJSON_GetObjectItemCaseSensitive(part, "pairs")->valueint, 2);
+    assert_int_equal(cJSON_GetObjectItemCaseSensitive(part, "references")->valueint, n);
+    double got = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(part, "rouge1"), "fmeasure")->valuedouble;
+    if (fabs(got - mean_f) > TOL) fail_msg("partial ROUGE-1 F %g, rouge_score %g", got, mean_f);
+    cJSON_Delete(part);
+    free(out);
+    assert_int_equal(test_run_qlm(&out, "rouge --pred %s --ref " FIX "refs.jsonl --ref-field summary1", path), 0);
+    assert_non_null(strstr(out, "2 of the 329 references scored"));
+    free(out);
     write_lines(path, sizeof path, tmp, "other.jsonl", swapped, 2);
     assert_int_equal(test_run_qlm(&out, "rouge --pred %s --ref %s 2>&1", path, path2), 1);
     assert_non_null(strstr(out, "other.jsonl:2: fname"));
