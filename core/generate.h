@@ -13,12 +13,27 @@
 #include "sampler.h"
 #include "tokenizer.h"
 
+enum { QLM_MAX_TOP_LOGPROBS = 20 };
+
+typedef struct {
+    int id;
+    float logprob;
+} qlm_token_logprob;
+
+/* Receives each generated token's log-probability under the model (the log-softmax of the raw
+ * logits, before temperature, penalties and filters) and the n_top most likely tokens', most
+ * likely first. EOS, which ends the output, is not reported. */
+typedef void (*qlm_logprob_fn)(void *user, qlm_token_logprob chosen, const qlm_token_logprob *top, int n_top);
+
 typedef struct {
     qlm_sampling sampling;
     int max_new_tokens;
     const char *const *stop; /* stop strings (not included in the output) */
     int n_stop;
     int *out_ids; /* NULL, or room for max_new_tokens generated ids (EOS not included) */
+    qlm_logprob_fn on_logprob; /* NULL: no log-probabilities */
+    void *logprob_user;
+    int top_logprobs;          /* alternatives reported per token, 0..QLM_MAX_TOP_LOGPROBS */
 } qlm_gen_params;
 
 typedef enum { QLM_STOP_EOS, QLM_STOP_STRING, QLM_STOP_LENGTH, QLM_STOP_CONTEXT, QLM_STOP_CALLER } qlm_stop_reason;

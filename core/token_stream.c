@@ -1,5 +1,6 @@
 #include "token_stream.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -86,17 +87,54 @@ int qlm_token_stream_init(qlm_token_stream *ts, const qlm_tokenizer *tok, const 
     ts->prev = prev;
     stats->n_generated = 0;
     stats->reason = QLM_STOP_LENGTH;
-    return qlm_sampler_init(&ts->sampler, &p->sampling, vocab);
+    ts->vocab = vocab;
+    if (p->on_logprob && !(ts->raw = malloc((size_t)vocab * sizeof *ts->raw))) return qlm_errorf("out of memory");
+    if (qlm_sampler_init(&ts->sampler, &p->sampling, vocab) != 0) {
+        free(ts->raw);
+        ts->raw = NULL;
+        return -1;
+    }
+    return 0;
+}
+
+/* The chosen token's log-probability and the most likely ones', from the raw logits. */
+static void report_logprobs(const qlm_token_stream *ts, int id) {
+    const float *x = ts->raw;
+    int n = ts->vocab, k = ts->p->top_logprobs < 0 ? 0 : ts->p->top_logprobs;
+    if (k > QLM_MAX_TOP_LOGPROBS) k = QLM_MAX_TOP_LOGPROBS;
+    if (k > n) k = n;
+    float max = x[0];
+    for (int i = 1; i < n; i++) max = x[i] > max ? x[i] : max;
+    double sum = 0;
+    for (int i = 0; i < n; i++) sum += exp((double)x[i] - max);
+    double lse = max + log(sum);
+    /* The k largest by insertion into a sorted list (k <= 20); ties keep the lower id first. */
+    qlm_token_logprob top[QLM_MAX_TOP_LOGPROBS];
+    int have = 0;
+    for (int i = 0; i < n && k > 0; i++) {
+        if (have == k && x[i] <= x[top[k - 1].id]) continue;
+        int at = have < k ? have++ : k - 1;
+        while (at > 0 && x[top[at - 1].id] < x[i]) {
+            top[at] = top[at - 1];
+            at--;
+        }
+        top[at].id = i;
+    }
+    for (int i = 0; i < have; i++) top[i].logprob = (float)(x[top[i].id] - lse);
+    qlm_token_logprob chosen = {id, (float)(x[id] - lse)};
+    ts->p->on_logprob(ts->p->logprob_user, chosen, top, have);
 }
 
 int qlm_token_stream_next(qlm_token_stream *ts, float *logits, const int *history, int n_history, int *id) {
     qlm_gen_stats *st = ts->stats;
     if (st->n_generated >= ts->p->max_new_tokens) return 1;
+    if (ts->raw) memcpy(ts->raw, logits, (size_t)ts->vocab * sizeof *ts->raw);
     *id = qlm_sampler_sample(&ts->sampler, logits, history, n_history);
     if (ts->tok && qlm_tokenizer_is_eog(ts->tok, *id)) {
         st->reason = QLM_STOP_EOS;
         return 1;
     }
+    if (ts->raw) report_logprobs(ts, *id);
     if (ts->p->out_ids) ts->p->out_ids[st->n_generated] = *id;
     st->n_generated++;
     if (ts->tok) {
@@ -119,6 +157,8 @@ int qlm_token_stream_next(qlm_token_stream *ts, float *logits, const int *histor
 void qlm_token_stream_finish(qlm_token_stream *ts) {
     if (ts->stats->reason != QLM_STOP_STRING) flush(ts, 1);
     free(ts->held);
+    free(ts->raw);
     qlm_sampler_free(&ts->sampler);
     ts->held = NULL;
+    ts->raw = NULL;
 }

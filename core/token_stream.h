@@ -19,6 +19,8 @@ typedef struct {
     size_t len, cap;
     int prev;   /* the previous token, for how the next piece is spelled (-1: start of text) */
     int caller_stop;
+    int vocab;
+    float *raw; /* the logits as the model gave them, kept for log-probabilities (NULL: none asked) */
 } qlm_token_stream;
 
 /* prev: the token before the first generated one (-1 when the output starts text). Resets

@@ -60,6 +60,7 @@ typedef struct {
     int cors;                /* from an origin --cors-origin allows: the answer says so */
     char id[48], model[128];
     long created;
+    size_t lp_offset;        /* a stream's text so far, for its log-probabilities' text offsets */
     char *out;               /* SSE bytes not yet handed to MHD */
     size_t out_len, out_off;
 } conn;
@@ -205,12 +206,17 @@ static ssize_t stream_reader(void *cls, uint64_t pos, char *buf, size_t max) {
         cx->out_len = cx->out_off = 0;
         char *text;
         size_t len;
-        int finished = job_take(&cx->srv->queue, cx->job, &text, &len);
+        job_logprob *lp;
+        int n_lp;
+        const qlm_tokenizer *tok = cx->srv->cfg.tok;
+        int finished = job_take(&cx->srv->queue, cx->job, &text, &len, &lp, &n_lp);
         int rc = 0;
-        if (len) rc = add_event(cx, openai_chunk_json(cx->job, cx->chat, cx->id, cx->model, cx->created, text, len,
-                                                      cx->first, 0));
+        if (len || n_lp)
+            rc = add_event(cx, openai_chunk_json(cx->job, tok, cx->chat, cx->id, cx->model, cx->created, text, len, lp,
+                                                 n_lp, &cx->lp_offset, cx->first, 0));
         free(text);
-        if (len) cx->first = 0;
+        free(lp);
+        if (len || n_lp) cx->first = 0;
         if (finished && rc == 0) {
             /* job_take saw finished under the lock, so the job's results are final. */
             int gone = job_cancelled(&cx->srv->queue, cx->job);
@@ -219,13 +225,14 @@ static ssize_t stream_reader(void *cls, uint64_t pos, char *buf, size_t max) {
                 cx->tokens = cx->job->stats.n_generated;
             }
             if (cx->job->failed || gone) return MHD_CONTENT_READER_END_WITH_ERROR;
-            rc = add_event(cx, openai_chunk_json(cx->job, cx->chat, cx->id, cx->model, cx->created, "", 0, cx->first, 1));
+            rc = add_event(cx, openai_chunk_json(cx->job, tok, cx->chat, cx->id, cx->model, cx->created, "", 0, NULL, 0,
+                                                 &cx->lp_offset, cx->first, 1));
             if (rc == 0) rc = add_event(cx, strdup("[DONE]"));
             cx->tokens = cx->job->stats.n_generated;
             cx->ended = 1;
         }
         if (rc != 0) return MHD_CONTENT_READER_END_WITH_ERROR;
-        if (!finished && !len) return 0; /* parked */
+        if (!finished && !len && !n_lp) return 0; /* parked */
     }
     size_t n = cx->out_len - cx->out_off < max ? cx->out_len - cx->out_off : max;
     memcpy(buf, cx->out + cx->out_off, n);
@@ -246,7 +253,7 @@ static void wake_connection(void *user) {
 static enum MHD_Result generation_reply(struct MHD_Connection *c, conn *cx) {
     char *text;
     size_t len;
-    if (!job_take(&cx->srv->queue, cx->job, &text, &len)) return MHD_YES;
+    if (!job_take(&cx->srv->queue, cx->job, &text, &len, NULL, NULL)) return MHD_YES;
     free(text);
     job *j = cx->job;
     cx->tokens = j->stats.n_generated;
@@ -255,7 +262,7 @@ static enum MHD_Result generation_reply(struct MHD_Connection *c, conn *cx) {
         return MHD_NO;
     }
     if (j->failed) return respond_error(c, cx, 500, "server_error", "generation failed");
-    return respond_json(c, cx, 200, openai_result_json(j, cx->chat, cx->id, cx->model, cx->created));
+    return respond_json(c, cx, 200, openai_result_json(j, cx->srv->cfg.tok, cx->chat, cx->id, cx->model, cx->created));
 }
 
 static enum MHD_Result generate(struct MHD_Connection *c, conn *cx, int chat) {

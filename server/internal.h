@@ -30,6 +30,13 @@ static inline double server_now(void) {
 
 enum { JOB_MAX_STOP = 4 };
 
+/* One generated token's log-probability and its alternatives'. */
+typedef struct {
+    qlm_token_logprob chosen;
+    int n_top;
+    qlm_token_logprob top[QLM_MAX_TOP_LOGPROBS];
+} job_logprob;
+
 typedef struct job {
     /* Set by the HTTP thread before queueing, read-only afterwards. */
     int *ids;
@@ -40,7 +47,10 @@ typedef struct job {
     int adapter_via_model;   /* named through "model" rather than "adapter" (for the 404's wording) */
     const qlm_lora_adapter *adapter; /* set only by queue_acquire_adapter, which counts it as a user */
     int stream;
+    int logprobs;            /* the response carries log-probabilities (params.top_logprobs alternatives) */
     /* Guarded by the queue's mutex. */
+    job_logprob *lp;         /* every generated token's, in order */
+    int n_lp, cap_lp, lp_taken; /* lp_taken: how many a stream has sent */
     char *pending;           /* streamed text not yet taken by the HTTP side */
     size_t pending_len, pending_cap;
     char *text;              /* the whole output, once finished */
@@ -92,9 +102,12 @@ int queue_push(job_queue *q, job *j);
 job *job_new(void);
 /* Drops one reference (the queue's mutex must not be held). */
 void job_release(job_queue *q, job *j);
-/* Moves j's streamed text into *text (malloc'd, or NULL) and *len. When there is none and j has not
- * finished, parks j (see job.park). Returns 1 when j is finished. */
-int job_take(job_queue *q, job *j, char **text, size_t *len);
+/* Moves j's streamed text into *text (malloc'd, or NULL) and *len, and (when lp is not NULL) a copy
+ * of the log-probabilities generated since the last take into *lp (malloc'd, or NULL) and *n_lp.
+ * When there is no text and j has not finished, parks j (see job.park). Returns 1 when j is finished. */
+int job_take(job_queue *q, job *j, char **text, size_t *len, job_logprob **lp, int *n_lp);
+/* With j's parameters: collect log-probabilities into j->lp (the scheduler calls it). */
+void job_collect_logprobs(job *j);
 void job_cancel(job_queue *q, job *j);
 /* Whether j was cancelled (its client left). */
 int job_cancelled(job_queue *q, job *j);
@@ -156,11 +169,15 @@ typedef struct {
 int openai_parse_generation(const qlm_server_config *cfg, const char *body, size_t len, int chat, job *j,
                             char *model_id, size_t model_cap, api_error *e);
 char *openai_error_json(const api_error *e);
-/* Builds the final non-streamed response. */
-char *openai_result_json(const job *j, int chat, const char *id, const char *model, long created);
-/* One streamed chunk: text (may be empty), and when finished the finish_reason and usage. */
-char *openai_chunk_json(const job *j, int chat, const char *id, const char *model, long created, const char *text,
-                        size_t len, int first, int last);
+/* Builds the final non-streamed response (tok spells the log-probabilities' tokens). */
+char *openai_result_json(const job *j, const qlm_tokenizer *tok, int chat, const char *id, const char *model,
+                         long created);
+/* One streamed chunk: text (may be empty) with the log-probabilities of its tokens (lp, n_lp;
+ * *lp_offset, the text before them, is advanced past them), and when finished the finish_reason
+ * and usage. */
+char *openai_chunk_json(const job *j, const qlm_tokenizer *tok, int chat, const char *id, const char *model,
+                        long created, const char *text, size_t len, const job_logprob *lp, int n_lp,
+                        size_t *lp_offset, int first, int last);
 /* Resolves j->adapter_name in the registry (the caller holds the lock guarding it): the adapter,
  * or NULL for the base; -1 with a 404 in *e when no adapter has that name. */
 int openai_find_adapter(const qlm_server_config *cfg, const job *j, const qlm_lora_adapter **out, api_error *e);

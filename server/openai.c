@@ -222,15 +222,37 @@ done:
     return rc != 0 ? -1 : 0;
 }
 
+/* Completions: "logprobs": N alternatives (0..20). Chat: "logprobs": true, "top_logprobs": N. */
+static int parse_logprobs(const cJSON *root, int chat, job *j, api_error *e) {
+    const cJSON *lp = cJSON_GetObjectItemCaseSensitive(root, "logprobs");
+    double top = 0;
+    if (chat) {
+        if (lp && !cJSON_IsNull(lp) && !cJSON_IsBool(lp)) return fail(e, 400, "'logprobs' must be true or false");
+        if (number_field(root, "top_logprobs", 0, QLM_MAX_TOP_LOGPROBS, 1, &top, e) != 0) return -1;
+        const cJSON *t = cJSON_GetObjectItemCaseSensitive(root, "top_logprobs");
+        if (t && !cJSON_IsNull(t) && !cJSON_IsTrue(lp)) return fail(e, 400, "'top_logprobs' needs 'logprobs': true");
+        j->logprobs = cJSON_IsTrue(lp);
+    } else {
+        if (lp && !cJSON_IsNull(lp) && !cJSON_IsFalse(lp)) {
+            if (number_field(root, "logprobs", 0, QLM_MAX_TOP_LOGPROBS, 1, &top, e) != 0) return -1;
+            j->logprobs = 1;
+        }
+    }
+    if (j->logprobs) {
+        j->params.top_logprobs = (int)top;
+        job_collect_logprobs(j);
+    }
+    return 0;
+}
+
 /* Whether v is the value by which a client says it does not want a feature (clients send such
  * defaults), for the fields of OpenAI's API that qlm does not implement. */
 static int feature_off(const cJSON *v) {
     const char *k = v->string;
     if (cJSON_IsNull(v)) return 1;
-    if (!strcmp(k, "logprobs") || !strcmp(k, "echo") || !strcmp(k, "store") || !strcmp(k, "parallel_tool_calls"))
+    if (!strcmp(k, "echo") || !strcmp(k, "store") || !strcmp(k, "parallel_tool_calls"))
         return cJSON_IsFalse(v) || (!strcmp(k, "parallel_tool_calls") && cJSON_IsTrue(v));
-    if (!strcmp(k, "top_logprobs") || !strcmp(k, "presence_penalty") || !strcmp(k, "frequency_penalty") ||
-        !strcmp(k, "min_p"))
+    if (!strcmp(k, "presence_penalty") || !strcmp(k, "frequency_penalty") || !strcmp(k, "min_p"))
         return cJSON_IsNumber(v) && v->valuedouble == 0;
     if (!strcmp(k, "best_of")) return cJSON_IsNumber(v) && v->valuedouble == 1;
     if (!strcmp(k, "logit_bias")) return cJSON_IsObject(v) && !v->child;
@@ -253,11 +275,12 @@ static int listed(const char *name, const char *const *names) {
  * honoured; unknown fields too, as OpenAI's API does. */
 static int check_fields(const cJSON *root, int chat, api_error *e) {
     static const char *const both[] = {"model", "adapter", "max_tokens", "temperature", "top_p", "top_k", "seed",
-                                       "n", "stop", "stream", "stream_options", "user", "repetition_penalty", NULL};
-    static const char *const chat_only[] = {"messages", "max_completion_tokens", NULL};
+                                       "n", "stop", "stream", "stream_options", "user", "repetition_penalty",
+                                       "logprobs", NULL};
+    static const char *const chat_only[] = {"messages", "max_completion_tokens", "top_logprobs", NULL};
     static const char *const completion_only[] = {"prompt", NULL};
     static const char *const not_implemented[] = {
-        "logprobs", "top_logprobs", "echo", "presence_penalty", "frequency_penalty", "logit_bias", "best_of",
+        "echo", "presence_penalty", "frequency_penalty", "logit_bias", "best_of",
         "suffix", "response_format", "tools", "tool_choice", "parallel_tool_calls", "functions", "function_call",
         "min_p", "store", "metadata", "service_tier", "modalities", "audio", "prediction", "reasoning_effort", NULL};
     const cJSON *f;
@@ -298,6 +321,7 @@ int openai_parse_generation(const qlm_server_config *cfg, const char *body, size
         number_field(root, "n", 1, 1, 1, &n, e) != 0 || number_field(root, "repetition_penalty", 1e-3, 100, 0, &repetition, e) != 0 ||
         parse_stop(root, j, e) != 0)
         goto out;
+    if (parse_logprobs(root, chat, j, e) != 0) goto out;
     const cJSON *stream = cJSON_GetObjectItemCaseSensitive(root, "stream");
     if (stream && !cJSON_IsNull(stream) && !cJSON_IsBool(stream)) {
         fail(e, 400, "'stream' must be true or false");
@@ -382,7 +406,77 @@ static char *terminated(const char *text, size_t len) {
     return s;
 }
 
-char *openai_result_json(const job *j, int chat, const char *id, const char *model, long created) {
+/* A token as the output spells it (not as the first of a text, whose leading space some
+ * tokenizers drop). *len 0 when it adds no text. */
+static const char *spell(const qlm_tokenizer *tok, int id, char *buf, int cap, int *len) {
+    int after = qlm_tokenizer_bos(tok) == 0 ? 1 : 0;
+    int n = qlm_tokenizer_piece(tok, after, id, buf, cap - 1);
+    *len = n > 0 ? n : 0;
+    buf[*len] = 0;
+    return buf;
+}
+
+static cJSON *byte_list(const char *s, int n) {
+    cJSON *a = cJSON_CreateArray();
+    for (int i = 0; a && i < n; i++) cJSON_AddItemToArray(a, cJSON_CreateNumber((unsigned char)s[i]));
+    return a;
+}
+
+/* Chat's {"token", "logprob", "bytes"} of one token. */
+static cJSON *chat_token(const qlm_tokenizer *tok, qlm_token_logprob t) {
+    char buf[256];
+    int n;
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "token", spell(tok, t.id, buf, sizeof buf, &n));
+    cJSON_AddNumberToObject(o, "logprob", t.logprob);
+    cJSON_AddItemToObject(o, "bytes", byte_list(buf, n));
+    return o;
+}
+
+/* The logprobs object of a choice for entries lp[0..n): chat's {"content": [...]}, or the
+ * completions' parallel lists, whose text offsets start at *offset (advanced past them). text_len
+ * >= 0 keeps only the tokens that start inside the text (a stop string's tokens go with it); -1
+ * keeps all (a stream's chunk). */
+static cJSON *logprobs_json(const qlm_tokenizer *tok, int chat, const job_logprob *lp, int n, long text_len,
+                            size_t *at) {
+    size_t offset = *at;
+    cJSON *o = cJSON_CreateObject();
+    cJSON *content = chat ? cJSON_AddArrayToObject(o, "content") : NULL;
+    cJSON *tokens = chat ? NULL : cJSON_AddArrayToObject(o, "tokens");
+    cJSON *token_lp = chat ? NULL : cJSON_AddArrayToObject(o, "token_logprobs");
+    cJSON *tops = chat ? NULL : cJSON_AddArrayToObject(o, "top_logprobs");
+    cJSON *offsets = chat ? NULL : cJSON_AddArrayToObject(o, "text_offset");
+    for (int i = 0; i < n; i++) {
+        char buf[256];
+        int len;
+        spell(tok, lp[i].chosen.id, buf, sizeof buf, &len);
+        if (text_len >= 0 && offset >= (size_t)text_len) break;
+        if (chat) {
+            cJSON *t = chat_token(tok, lp[i].chosen);
+            cJSON *alt = cJSON_AddArrayToObject(t, "top_logprobs");
+            for (int k = 0; k < lp[i].n_top; k++) cJSON_AddItemToArray(alt, chat_token(tok, lp[i].top[k]));
+            cJSON_AddItemToArray(content, t);
+        } else {
+            cJSON_AddItemToArray(tokens, cJSON_CreateString(buf));
+            cJSON_AddItemToArray(token_lp, cJSON_CreateNumber(lp[i].chosen.logprob));
+            cJSON *alt = cJSON_CreateObject();
+            for (int k = 0; k < lp[i].n_top; k++) {
+                char b2[256];
+                int l2;
+                cJSON_AddNumberToObject(alt, spell(tok, lp[i].top[k].id, b2, sizeof b2, &l2), lp[i].top[k].logprob);
+            }
+            cJSON_AddItemToArray(tops, alt);
+            cJSON_AddItemToArray(offsets, cJSON_CreateNumber((double)offset));
+        }
+        offset += (size_t)len;
+    }
+    *at = offset;
+    if (chat) cJSON_AddNullToObject(o, "refusal");
+    return o;
+}
+
+char *openai_result_json(const job *j, const qlm_tokenizer *tok, int chat, const char *id, const char *model,
+                         long created) {
     cJSON *root = envelope(chat, 0, id, model, created);
     cJSON *choice = cJSON_CreateObject();
     cJSON_AddItemToArray(cJSON_AddArrayToObject(root, "choices"), choice);
@@ -393,8 +487,12 @@ char *openai_result_json(const job *j, int chat, const char *id, const char *mod
         cJSON_AddStringToObject(msg, "content", j->text ? j->text : "");
     } else {
         cJSON_AddStringToObject(choice, "text", j->text ? j->text : "");
-        cJSON_AddNullToObject(choice, "logprobs");
     }
+    /* The scheduler has finished with j, so its entries are final. */
+    size_t start = 0;
+    if (j->logprobs)
+        cJSON_AddItemToObject(choice, "logprobs", logprobs_json(tok, chat, j->lp, j->n_lp, (long)j->text_len, &start));
+    else cJSON_AddNullToObject(choice, "logprobs");
     cJSON_AddStringToObject(choice, "finish_reason", openai_finish_reason(j->stats.reason));
     add_usage(root, j);
     char *s = cJSON_PrintUnformatted(root);
@@ -402,8 +500,9 @@ char *openai_result_json(const job *j, int chat, const char *id, const char *mod
     return s;
 }
 
-char *openai_chunk_json(const job *j, int chat, const char *id, const char *model, long created, const char *text,
-                        size_t len, int first, int last) {
+char *openai_chunk_json(const job *j, const qlm_tokenizer *tok, int chat, const char *id, const char *model,
+                        long created, const char *text, size_t len, const job_logprob *lp, int n_lp,
+                        size_t *lp_offset, int first, int last) {
     char *t = terminated(text ? text : "", text ? len : 0);
     if (!t) return NULL;
     cJSON *root = envelope(chat, 1, id, model, created);
@@ -416,8 +515,9 @@ char *openai_chunk_json(const job *j, int chat, const char *id, const char *mode
         cJSON_AddStringToObject(delta, "content", t);
     } else {
         cJSON_AddStringToObject(choice, "text", t);
-        cJSON_AddNullToObject(choice, "logprobs");
     }
+    if (n_lp) cJSON_AddItemToObject(choice, "logprobs", logprobs_json(tok, chat, lp, n_lp, -1, lp_offset));
+    else cJSON_AddNullToObject(choice, "logprobs");
     if (last) {
         cJSON_AddStringToObject(choice, "finish_reason", openai_finish_reason(j->stats.reason));
         add_usage(root, j);

@@ -23,6 +23,7 @@ static void job_free(job *j) {
     for (int i = 0; i < JOB_MAX_STOP; i++) free(j->stop[i]);
     free(j->pending);
     free(j->text);
+    free(j->lp);
     free(j);
 }
 
@@ -85,7 +86,33 @@ static void wake_locked(job *j) {
     j->wake(j->hook_user);
 }
 
-int job_take(job_queue *q, job *j, char **text, size_t *len) {
+static void collect_logprob(void *user, qlm_token_logprob chosen, const qlm_token_logprob *top, int n_top) {
+    job *j = user;
+    pthread_mutex_lock(&j->queue->mu);
+    if (j->n_lp == j->cap_lp) {
+        int cap = j->cap_lp ? j->cap_lp * 2 : 64;
+        job_logprob *p = realloc(j->lp, (size_t)cap * sizeof *p);
+        if (p) {
+            j->lp = p;
+            j->cap_lp = cap;
+        }
+    }
+    /* Out of memory drops the entry; the text is unaffected. */
+    if (j->n_lp < j->cap_lp) {
+        job_logprob *e = &j->lp[j->n_lp++];
+        e->chosen = chosen;
+        e->n_top = n_top;
+        memcpy(e->top, top, (size_t)n_top * sizeof *top);
+    }
+    pthread_mutex_unlock(&j->queue->mu);
+}
+
+void job_collect_logprobs(job *j) {
+    j->params.on_logprob = collect_logprob;
+    j->params.logprob_user = j;
+}
+
+int job_take(job_queue *q, job *j, char **text, size_t *len, job_logprob **lp, int *n_lp) {
     pthread_mutex_lock(&q->mu);
     *text = NULL;
     *len = j->pending_len;
@@ -95,6 +122,17 @@ int job_take(job_queue *q, job *j, char **text, size_t *len) {
         j->pending_len = j->pending_cap = 0;
     }
     int finished = j->finished;
+    /* Log-probabilities go out with text (or at the end), never ahead of it. */
+    if (lp) {
+        *lp = NULL;
+        *n_lp = 0;
+        int n = j->n_lp - j->lp_taken;
+        if (n > 0 && (*len || finished) && (*lp = malloc((size_t)n * sizeof **lp))) {
+            memcpy(*lp, j->lp + j->lp_taken, (size_t)n * sizeof **lp);
+            *n_lp = n;
+            j->lp_taken = j->n_lp;
+        }
+    }
     /* Parked under the mutex, so text that arrives right after still finds it parked. */
     if (!finished && !*len) {
         j->parked = 1;

@@ -3,6 +3,7 @@
 #include <arpa/inet.h>
 #include <cjson/cJSON.h>
 #include <errno.h>
+#include <math.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
@@ -10,6 +11,8 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "../core/generate.h"
+#include "../loaders/model_source.h"
 #include "serve_test_util.h"
 
 /* A non-streamed generation's text (choices[0].text or .message.content); usage checked. */
@@ -322,7 +325,7 @@ static void test_serve_fields(void **state) {
     server s;
     server_start(&s, model, "--quiet --name tiny");
     const char *refused[][2] = {
-        {"{\"prompt\":\"a\",\"logprobs\":2}", "'logprobs'"},
+        {"{\"prompt\":\"a\",\"min_p\":0.1}", "'min_p'"},
         {"{\"prompt\":\"a\",\"presence_penalty\":0.5}", "'presence_penalty'"},
         {"{\"prompt\":\"a\",\"frequency_penalty\":1}", "'frequency_penalty'"},
         {"{\"prompt\":\"a\",\"logit_bias\":{\"50\":-100}}", "'logit_bias'"},
@@ -451,6 +454,137 @@ static void test_serve_host(void **state) {
     if (!strstr(err, "the port is in use") || strstr(err, "loaded")) fail_msg("%s", err);
     free(err);
     close(busy);
+}
+
+static int cmp_desc(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? 1 : x > y ? -1 : 0;
+}
+
+/* logprobs: a greedy completion's tokens with their top-5 log-probabilities, equal (within 1e-4, the
+ * batch and single-sequence passes round differently) to the log-softmax of qlm's own logits
+ * computed here step by step from a session on the same F32 model; chat's form, and streams. */
+static void test_serve_logprobs(void **state) {
+    (void)state;
+    char model[512];
+    test_asset(model, sizeof model, "tinystories-656K-hf");
+    REQUIRE_ASSET(model);
+    enum { STEPS = 8, TOP = 5 };
+    server s;
+    server_start(&s, model, "--quiet");
+    char *resp;
+    assert_int_equal(http(&s, "POST", "/v1/completions",
+                          "{\"prompt\":\"Once upon a time\",\"max_tokens\":8,\"temperature\":0,\"logprobs\":5}", NULL,
+                          &resp),
+                     200);
+    cJSON *j = parse(resp);
+    const cJSON *lp = cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(j, "choices"), 0), "logprobs");
+    const cJSON *tokens = cJSON_GetObjectItem(lp, "tokens"), *chosen = cJSON_GetObjectItem(lp, "token_logprobs");
+    const cJSON *tops = cJSON_GetObjectItem(lp, "top_logprobs"), *offsets = cJSON_GetObjectItem(lp, "text_offset");
+    assert_int_equal(cJSON_GetArraySize(tokens), STEPS);
+
+    qlm_source src;
+    if (qlm_source_open(&src, model, NULL) != 0) fail_msg("%s", qlm_last_error());
+    qlm_model m;
+    qlm_model_options o = {.dtype = QLM_F32, .backend = test_backend()};
+    assert_int_equal(qlm_model_build(&m, &src.cfg, src.store, &o), 0);
+    qlm_session ses;
+    assert_int_equal(qlm_session_init(&ses, &m, src.tok, 64, 16), 0);
+    int *ids = NULL, n = 0;
+    const char *prompt = "Once upon a time";
+    assert_int_equal(qlm_tokenizer_encode(src.tok, prompt, strlen(prompt), 1, 0, &ids, &n), 0);
+    int *seq = calloc((size_t)(n + STEPS), sizeof *seq);
+    memcpy(seq, ids, (size_t)n * sizeof *ids);
+    double worst = 0;
+    int vocab = m.cfg.vocab_size, offset = 0;
+    for (int step = 0; step < STEPS; step++) {
+        assert_int_equal(qlm_session_sync(&ses, seq, n + step, NULL), 0);
+        const float *x = ses.logits;
+        double max = x[0], sum = 0;
+        int best = 0;
+        for (int i = 1; i < vocab; i++)
+            if (x[i] > max) max = x[i], best = i;
+        for (int i = 0; i < vocab; i++) sum += exp(x[i] - max);
+        double lse = max + log(sum), want[TOP], got[TOP];
+        double *all = malloc((size_t)vocab * sizeof *all);
+        for (int i = 0; i < vocab; i++) all[i] = x[i] - lse;
+        qsort(all, (size_t)vocab, sizeof *all, cmp_desc);
+        memcpy(want, all, sizeof want);
+        free(all);
+        const cJSON *alt = cJSON_GetArrayItem(tops, step), *v;
+        int k = 0;
+        cJSON_ArrayForEach(v, alt) got[k++] = v->valuedouble;
+        assert_int_equal(k, TOP);
+        qsort(got, TOP, sizeof *got, cmp_desc);
+        for (int i = 0; i < TOP; i++) worst = fmax(worst, fabs(got[i] - want[i]));
+        worst = fmax(worst, fabs(cJSON_GetArrayItem(chosen, step)->valuedouble - want[0]));
+        char piece[256];
+        int len = qlm_tokenizer_piece(src.tok, 1, best, piece, sizeof piece - 1);
+        piece[len > 0 ? len : 0] = 0;
+        assert_string_equal(cJSON_GetArrayItem(tokens, step)->valuestring, piece);
+        assert_int_equal(cJSON_GetArrayItem(offsets, step)->valueint, offset);
+        offset += len;
+        seq[n + step] = best;
+    }
+    print_message("logprobs: %d greedy tokens, top-%d log-probabilities within %.2g of qlm's own logits\n", STEPS, TOP,
+                  worst);
+    assert_true(worst <= 1e-4);
+    cJSON_Delete(j);
+    free(resp);
+    free(seq);
+    free(ids);
+    qlm_session_free(&ses);
+    qlm_model_free(&m);
+    qlm_source_close(&src);
+
+    /* Chat: {"content": [{"token", "logprob", "bytes", "top_logprobs"}]}, top-1 the chosen token. */
+    assert_int_equal(http(&s, "POST", "/v1/chat/completions",
+                          "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"max_tokens\":4,\"temperature\":0,"
+                          "\"logprobs\":true,\"top_logprobs\":3}",
+                          NULL, &resp),
+                     200);
+    j = parse(resp);
+    const cJSON *content =
+        cJSON_GetObjectItem(cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(j, "choices"), 0), "logprobs"), "content"),
+                *e;
+    assert_int_equal(cJSON_GetArraySize(content), 4);
+    cJSON_ArrayForEach(e, content) {
+        const cJSON *alt = cJSON_GetObjectItem(e, "top_logprobs");
+        assert_int_equal(cJSON_GetArraySize(alt), 3);
+        assert_string_equal(cJSON_GetObjectItem(cJSON_GetArrayItem(alt, 0), "token")->valuestring,
+                            cJSON_GetObjectItem(e, "token")->valuestring);
+        assert_true(cJSON_GetObjectItem(e, "logprob")->valuedouble <= 0);
+        assert_int_equal(cJSON_GetArraySize(cJSON_GetObjectItem(e, "bytes")),
+                         (int)strlen(cJSON_GetObjectItem(e, "token")->valuestring));
+    }
+    cJSON_Delete(j);
+    free(resp);
+    expect_error(&s, "POST", "/v1/chat/completions",
+                 "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"top_logprobs\":3}", NULL, 400, "'logprobs': true");
+    expect_error(&s, "POST", "/v1/completions", "{\"prompt\":\"a\",\"logprobs\":21}", NULL, 400, "logprobs");
+    /* A stream's chunks carry their tokens' log-probabilities: as many as the completion's tokens. */
+    assert_int_equal(http(&s, "POST", "/v1/completions",
+                          "{\"prompt\":\"Once upon a time\",\"max_tokens\":8,\"temperature\":0,\"logprobs\":2,"
+                          "\"stream\":true}",
+                          NULL, &resp),
+                     200);
+    int streamed = 0;
+    for (char *line = strtok(resp, "\n"); line; line = strtok(NULL, "\n")) {
+        if (strncmp(line, "data: {", 7) != 0) continue;
+        cJSON *c = parse(line + 6);
+        const cJSON *l = cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(c, "choices"), 0), "logprobs");
+        if (cJSON_IsObject(l)) {
+            /* text_offset counts from the start of the whole text, across chunks. */
+            const cJSON *off = cJSON_GetObjectItem(l, "text_offset");
+            if (streamed == 0) assert_int_equal(cJSON_GetArrayItem(off, 0)->valueint, 0);
+            else assert_true(cJSON_GetArrayItem(off, 0)->valueint > 0);
+            streamed += cJSON_GetArraySize(cJSON_GetObjectItem(l, "tokens"));
+        }
+        cJSON_Delete(c);
+    }
+    assert_int_equal(streamed, STEPS);
+    free(resp);
+    free(server_stop(&s));
 }
 
 /* An adapter loaded at run time: listed, used, refused while duplicated, unloaded. */
@@ -1200,6 +1334,7 @@ int main(void) {
         cmocka_unit_test(test_serve_key_from_env),
         cmocka_unit_test(test_serve_fields),
         cmocka_unit_test(test_serve_host),
+        cmocka_unit_test(test_serve_logprobs),
         cmocka_unit_test(test_serve_adapters),
         cmocka_unit_test(test_serve_openai_client),
         cmocka_unit_test(test_serve_abuse),
