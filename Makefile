@@ -36,7 +36,7 @@ CLI_OBJS  := $(CLI_SRCS:%.c=$(BUILD)/%.o)
 TEST_BINS := $(TEST_SRCS:tests/%.c=$(BUILD)/tests/%)
 LIB       := $(BUILD)/libqlm.a
 
-.PHONY: all test asan fuzz run bench bench-dist eval train-eval qat-eval clean setup setup-test check-tests test-cuda test-cuda-build
+.PHONY: all install test asan fuzz run bench bench-dist eval train-eval qat-eval clean setup setup-test check-tests test-cuda test-cuda-build
 
 all: $(BUILD)/qlm
 
@@ -62,6 +62,13 @@ $(BUILD)/tests/%: tests/%.c $(wildcard tests/*.h) $(LIB)
 $(BUILD)/bench/%: bench/%.c $(LIB)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -o $@ $< $(LIB) $(LDLIBS)
+
+# `make install` (PREFIX=/usr/local, DESTDIR for packaging): the binary and its bash completion.
+PREFIX ?= /usr/local
+install: $(BUILD)/qlm
+	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/share/bash-completion/completions
+	install -m 755 $(BUILD)/qlm $(DESTDIR)$(PREFIX)/bin/qlm
+	install -m 644 scripts/qlm-completion.bash $(DESTDIR)$(PREFIX)/share/bash-completion/completions/qlm
 
 setup:
 	@scripts/setup.sh

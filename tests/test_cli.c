@@ -672,6 +672,34 @@ static void test_default_model(void **state) {
     test_remove_tree(cache);
 }
 
+/* The bash completion offers the commands and each command's flags as its --help lists them, and
+ * `make install PREFIX=...` puts the binary and the completion in place (the installed one runs). */
+static void test_completion_and_install(void **state) {
+    (void)state;
+    const char *bin = getenv("QLM_BIN");
+    char cmd[2048], *out = NULL, dir[256];
+    snprintf(cmd, sizeof cmd,
+             "bash -c 'source scripts/qlm-completion.bash; q=%s; COMP_WORDS=($q ge); COMP_CWORD=1; _qlm; "
+             "echo \"${COMPREPLY[*]}\"; COMP_WORDS=($q generate --tem); COMP_CWORD=2; _qlm; echo \"${COMPREPLY[*]}\"; "
+             "COMP_WORDS=($q serve --max-conn); COMP_CWORD=2; _qlm; echo \"${COMPREPLY[*]}\"'",
+             bin && *bin ? bin : "build/qlm");
+    assert_int_equal(test_run_shell(&out, cmd), 0);
+    assert_string_equal(out, "generate\n--temp --temperature\n--max-connections --max-connections-per-ip\n");
+    free(out);
+    assert_non_null(test_tmpdir(dir, sizeof dir));
+    /* The build folder of the binary under test (build/asan under make asan), so nothing is rebuilt. */
+    char build[1024] = "build";
+    if (bin && *bin && strrchr(bin, '/')) snprintf(build, sizeof build, "%.*s", (int)(strrchr(bin, '/') - bin), bin);
+    snprintf(cmd, sizeof cmd,
+             "make --no-print-directory -s install BUILD=%s PREFIX=%s/usr >/dev/null && %s/usr/bin/qlm --version && "
+             "test -f %s/usr/share/bash-completion/completions/qlm",
+             build, dir, dir, dir);
+    assert_int_equal(test_run_shell(&out, cmd), 0);
+    assert_memory_equal(out, "qlm ", 4);
+    free(out);
+    test_remove_tree(dir);
+}
+
 static void test_command_line_errors(void **state) {
     (void)state;
     assert_int_equal(test_run_qlm(NULL, "2>/dev/null"), 2);
@@ -749,6 +777,7 @@ int main(void) {
         cmocka_unit_test(test_threads_under_load),
         cmocka_unit_test(test_chat_terminal),
         cmocka_unit_test(test_default_model),
+        cmocka_unit_test(test_completion_and_install),
         cmocka_unit_test(test_clear_messages),
         cmocka_unit_test(test_weight_values_checked),
     };
