@@ -78,7 +78,7 @@ int cmd_bench(int argc, char **argv) {
                                          {"json", no_argument, 0, OPT_JSON}, {0, 0, 0, 0}};
     optind = 1;
     int c;
-    while ((c = getopt_long(argc, argv, "m:t:h", opts, NULL)) != -1) {
+    while ((c = getopt_long(argc, argv, "m:t:c:h", opts, NULL)) != -1) {
         int r = cli_model_flag(&mo, c, optarg);
         if (r < 0) return 2;
         if (r > 0) continue;

@@ -228,7 +228,7 @@ int cmd_chat(int argc, char **argv) {
                                          {0, 0, 0, 0}};
     optind = 1;
     int c;
-    while ((c = getopt_long(argc, argv, "m:t:p:n:h", opts, NULL)) != -1) {
+    while ((c = getopt_long(argc, argv, "m:t:p:n:c:h", opts, NULL)) != -1) {
         int r = cli_generation_flag(&mo, &so, c, optarg);
         if (r < 0) return 2;
         if (r > 0) continue;

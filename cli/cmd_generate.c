@@ -80,7 +80,7 @@ int cmd_generate(int argc, char **argv) {
                                          {0, 0, 0, 0}};
     optind = 1;
     int c;
-    while ((c = getopt_long(argc, argv, "m:t:p:n:f:h", opts, NULL)) != -1) {
+    while ((c = getopt_long(argc, argv, "m:t:p:n:f:c:h", opts, NULL)) != -1) {
         int r = cli_generation_flag(&mo, &so, c, optarg);
         if (r < 0) return 2;
         if (r > 0) continue;
@@ -163,8 +163,9 @@ int cmd_generate(int argc, char **argv) {
                 st.decode_seconds, st.n_generated / (st.decode_seconds + 1e-9), qlm_stop_reason_name(st.reason));
     rc = cli_dist_drain(&cm.dist) == 0 ? 0 : 1;
 out:
-    if (rc) cli_model_fail(&cm, "generate");
+    /* The session before the model it points into (a prompt longer than the context failed here). */
     if (have_session) qlm_session_free(&s);
+    if (rc) cli_model_fail(&cm, "generate");
     free(ids);
     free(gen_ids);
     free(text.buf);

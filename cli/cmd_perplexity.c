@@ -33,7 +33,7 @@ int cmd_perplexity(int argc, char **argv) {
                                          {"quiet", no_argument, 0, OPT_QUIET}, {0, 0, 0, 0}};
     optind = 1;
     int c;
-    while ((c = getopt_long(argc, argv, "m:t:f:h", opts, NULL)) != -1) {
+    while ((c = getopt_long(argc, argv, "m:t:f:c:h", opts, NULL)) != -1) {
         int r = cli_model_flag(&mo, c, optarg);
         if (r < 0) return 2;
         if (r > 0) continue;

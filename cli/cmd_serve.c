@@ -137,7 +137,7 @@ int cmd_serve(int argc, char **argv) {
                                          {0, 0, 0, 0}};
     optind = 1;
     int c;
-    while ((c = getopt_long(argc, argv, "m:t:h", opts, NULL)) != -1) {
+    while ((c = getopt_long(argc, argv, "m:t:c:h", opts, NULL)) != -1) {
         int r = cli_model_flag(&mo, c, optarg);
         if (r == 0) r = cli_lora_flag(&mo, c, optarg);
         if (r < 0) return 2;

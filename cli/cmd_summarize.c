@@ -108,7 +108,7 @@ static int parse(int argc, char **argv, options *o) {
                                          {0, 0, 0, 0}};
     optind = 1;
     int c;
-    while ((c = getopt_long(argc, argv, "m:t:n:h", opts, NULL)) != -1) {
+    while ((c = getopt_long(argc, argv, "m:t:n:c:h", opts, NULL)) != -1) {
         int r = cli_generation_flag(&o->mo, &o->so, c, optarg);
         if (r < 0) return 2;
         if (r > 0) continue;

@@ -75,6 +75,7 @@ int cli_model_flag(cli_model_opts *o, int opt, const char *arg) {
     }
     case OPT_PER_CHANNEL: o->per_channel = 1; return 1;
     case OPT_THREADS: return cli_int("--threads", arg, 1, 1024, &o->threads) ? -1 : 1;
+    case 'c': /* llama.cpp's -c */
     case OPT_CTX: return cli_int("--ctx", arg, 1, 1 << 24, &o->ctx) ? -1 : 1;
     case OPT_BATCH: return cli_int("--chunk", arg, 1, 1 << 16, &o->batch) ? -1 : 1;
     case OPT_RANDOM_WEIGHTS: o->random_weights = 1; return 1;

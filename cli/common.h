@@ -63,7 +63,7 @@ enum {
     "      --per-channel      int8 with one scale per output channel\n"                                   \
     "      --threads N        CPU threads (default: the cores other programs leave free, divided among\n" \
     "                         the ranks of an mpirun job)\n"                                            \
-    "      --ctx N            context window in tokens (also --ctx-size; default: min(model, 4096))\n"   \
+    "      --ctx N            context window in tokens (also -c, --ctx-size; default: min(model, 4096))\n"   \
     "      --chunk N          tokens per forward pass during prefill (default 512)\n"                     \
     "      --device D         cpu, cuda or auto (default auto)\n"                                       \
     "      --random-weights   random weights of the shape in MODEL/config.json (for speed measurements)\n" \

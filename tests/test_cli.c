@@ -725,6 +725,15 @@ static void test_command_line_errors(void **state) {
     assert_int_equal(test_run_qlm(&version, "--version"), 0);
     assert_true(!strncmp(version, "qlm ", 4) && strchr(version + 4, '.'));
     free(version);
+    /* llama.cpp's -c N is the context: a context too small for the prompt says so and exits 1 (it
+     * crashed: the session was freed after the model it points into). */
+    char tiny[512];
+    test_asset(tiny, sizeof tiny, "stories260K/stories260K.bin");
+    if (test_path_exists(tiny)) {
+        assert_int_equal(test_run_qlm(&version, "generate -m %s -c 4 -p 'Once upon a time there was' -n 8 2>&1", tiny), 1);
+        if (!strstr(version, "context")) fail_msg("-c 4: %s", version);
+        free(version);
+    }
     /* llama.cpp's "-t 4" (threads) gets a hint rather than "no such tokenizer file". */
     assert_int_equal(test_run_qlm(&version, "generate -m x -t 4 -p hi 2>&1"), 2);
     assert_non_null(strstr(version, "--threads 4"));
