@@ -9,18 +9,13 @@
 #include <string.h>
 #include <time.h>
 
+#include "../core/clock.h"
 #include "../core/backend.h"
 #include "../core/error.h"
 #include "../core/kv_cache.h"
 #include "../quant/quantize.h"
 
 static const qlm_backend *gpu;
-
-static double now(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return t.tv_sec + t.tv_nsec * 1e-9;
-}
 
 static float *dev_floats(long n, float amp) {
     float *h = malloc((size_t)n * sizeof *h), *d = gpu->alloc((size_t)n * sizeof *d);
@@ -57,10 +52,10 @@ static double time_op(op_fn fn, void *ctx, int reps, float *sink) {
     float h;
     double us = 0;
     for (int round = 0; round < 3; round++) {
-        double t0 = now();
+        double t0 = qlm_now_s();
         for (int r = 0; r < reps; r++) fn(ctx);
         gpu->to_host(&h, sink, sizeof h);
-        us = (now() - t0) * 1e6 / reps;
+        us = (qlm_now_s() - t0) * 1e6 / reps;
     }
     return us;
 }

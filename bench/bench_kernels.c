@@ -17,6 +17,7 @@
 
 #include "core/backend.h"
 #include "core/backend_cpu_attention.h"
+#include "core/clock.h"
 #include "core/dtype.h"
 #include "core/error.h"
 #include "core/membw.h"
@@ -55,11 +56,6 @@ static const variant k_variants[] = {
 };
 #define NVARIANTS (int)(sizeof k_variants / sizeof k_variants[0])
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 static uint64_t g_rng = 0x9e3779b97f4a7c15ull;
 
@@ -130,12 +126,12 @@ static double time_matmul(const weights *wt, const shape *s, const variant *v, i
     static double times[MAX_CALLS];
     int calls = 0;
     long c = 0;
-    double start = now_s(), t0 = start, t1;
+    double start = qlm_now_s(), t0 = start, t1;
     do {
         qlm_weight w = weights_copy(wt, s, v, c);
         qlm_matmul(y, x, n, &w, NULL);
         c = (c + 1) % wt->copies;
-        t1 = now_s();
+        t1 = qlm_now_s();
         times[calls++] = t1 - t0;
         t0 = t1;
     } while (t1 - start < budget_s && calls < MAX_CALLS);
@@ -155,14 +151,14 @@ static double memcpy_gbs(void) {
     memset(b, 2, bytes);
     double best = 1e30;
     for (int pass = 0; pass < 5; pass++) {
-        double t0 = now_s();
+        double t0 = qlm_now_s();
 #pragma omp parallel
         {
             int nt = omp_get_num_threads(), t = omp_get_thread_num();
             size_t chunk = bytes / (size_t)nt, off = chunk * (size_t)t;
             memcpy(b + off, a + off, t == nt - 1 ? bytes - off : chunk);
         }
-        double dt = now_s() - t0;
+        double dt = qlm_now_s() - t0;
         if (dt < best) best = dt;
     }
     free(a);
@@ -273,10 +269,10 @@ static int bench_gemm(const options *o) {
                 /* Reference: one sgemm call threaded by OpenBLAS itself. */
                 double best = 1e30;
                 for (int rep = 0; rep < 5; rep++) {
-                    double t0 = now_s();
+                    double t0 = qlm_now_s();
                     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, s->rows, s->cols, 1.0f, x, s->cols,
                                 wt.data, s->cols, 0.0f, y, s->rows);
-                    double dt = now_s() - t0;
+                    double dt = qlm_now_s() - t0;
                     if (dt < best) best = dt;
                 }
                 printf("%-20s %-9s %10.3f %9.2f\n", s->name, "(blas)", best * 1e3,
@@ -346,12 +342,12 @@ static int bench_attention_case(const attn_case *c, const options *o) {
             if (layout == 2) sh.heads_packed = 1, sh.n_keys = c->len;
             double best = 1e30;
             for (int rep = 0; rep < (o->quick ? 3 : 8); rep++) {
-                double t0 = now_s();
+                double t0 = qlm_now_s();
                 for (int l = 0; l < c->layers; l++) {
                     const char *k = kv + 2 * (size_t)l * b * slot * esize;
                     qlm_cpu_attention(out, q, k, k + (size_t)b * slot * esize, b, pos, &sh);
                 }
-                double dt = now_s() - t0;
+                double dt = qlm_now_s() - t0;
                 if (dt < best) best = dt;
             }
             double bytes = 2.0 * c->layers * b * c->len * c->kv_heads * ATTN_HD * (double)esize;

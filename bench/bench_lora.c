@@ -8,6 +8,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "../core/clock.h"
 #include "../core/error.h"
 #include "../core/model.h"
 #include "../loaders/model_source.h"
@@ -15,11 +16,6 @@
 
 enum { PROMPT = 32, STEPS = 96, MAX_SEQ = PROMPT + STEPS };
 
-static double now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 /* Decode tokens/s of n_seq sequences (slot i uses use[i]) over STEPS steps after a prefill. */
 static double decode_rate(const qlm_model *m, const qlm_lora_adapter *const *use, int n_seq) {
@@ -36,7 +32,7 @@ static double decode_rate(const qlm_model *m, const qlm_lora_adapter *const *use
         }
         qlm_forward_slots(m, &s, ids, pos, slots, PROMPT, &last, 1, logits);
     }
-    double t0 = now();
+    double t0 = qlm_now_s();
     for (int step = 0; step < STEPS; step++) {
         int tok[4], p[4], sl[4];
         for (int q = 0; q < n_seq; q++) {
@@ -46,7 +42,7 @@ static double decode_rate(const qlm_model *m, const qlm_lora_adapter *const *use
         }
         qlm_forward_slots(m, &s, tok, p, sl, n_seq, rows, n_seq, logits);
     }
-    double rate = (double)STEPS * n_seq / (now() - t0);
+    double rate = (double)STEPS * n_seq / (qlm_now_s() - t0);
     free(logits);
     qlm_state_free(&s, m);
     return rate;
@@ -79,12 +75,12 @@ int main(int argc, char **argv) {
     qlm_kv_state s;
     qlm_state_init_slots(&s, &m, 8, 1, 8);
     enum { SWITCHES = 1000000 };
-    double t0 = now();
+    double t0 = qlm_now_s();
     for (int i = 0; i < SWITCHES; i++) {
         qlm_lora_registry_set_default(&reg, names[i & 3]);
         qlm_lora_slots_set(&s.lora, 0, qlm_lora_registry_default(&reg));
     }
-    double switch_ns = (now() - t0) / SWITCHES * 1e9;
+    double switch_ns = (qlm_now_s() - t0) / SWITCHES * 1e9;
     qlm_state_free(&s, &m);
 
     const qlm_lora_adapter *none[4] = {NULL, NULL, NULL, NULL}, *one[4] = {A[0], A[0], A[0], A[0]};

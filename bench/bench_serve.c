@@ -17,6 +17,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "../core/clock.h"
+
 enum { MAX_TOKENS = 64, MAX_REQUESTS = 128 };
 
 static const char *k_topics[] = {"a lighthouse keeper", "a lost robot",     "the first snow",   "a dragon who cannot fly",
@@ -33,11 +35,6 @@ typedef struct {
     int failed;
 } level;
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 /* One streamed request: its TTFT and completion tokens, or -1. */
 static int request(const level *lv, int i, double *ttft, long *tokens) {
@@ -58,7 +55,7 @@ static int request(const level *lv, int i, double *ttft, long *tokens) {
                       lv->chat ? "chat/completions" : "completions", lv->host, bn, body);
     int fd = socket(lv->addr->ai_family, SOCK_STREAM, 0);
     if (fd < 0) return -1;
-    double t0 = now_s();
+    double t0 = qlm_now_s();
     if (connect(fd, lv->addr->ai_addr, lv->addr->ai_addrlen) != 0 || write(fd, req, (size_t)rn) != rn) {
         close(fd);
         return -1;
@@ -71,7 +68,7 @@ static int request(const level *lv, int i, double *ttft, long *tokens) {
     while (buf && (n = read(fd, buf + len, cap - len - 1)) > 0) {
         len += (size_t)n;
         buf[len] = 0;
-        if (*ttft < 0 && strstr(buf, "data: ")) *ttft = now_s() - t0;
+        if (*ttft < 0 && strstr(buf, "data: ")) *ttft = qlm_now_s() - t0;
         if (len + 1 == cap) {
             char *b = realloc(buf, cap *= 2);
             if (!b) free(buf);
@@ -124,12 +121,12 @@ static int run_level(level *lv, int c, double *tps, double *per_request, double 
     lv->next = 0;
     lv->tokens = 0;
     lv->failed = 0;
-    double t0 = now_s();
+    double t0 = qlm_now_s();
     int started = 0;
     for (; started < c; started++)
         if (pthread_create(&th[started], NULL, client, lv) != 0) break;
     for (int i = 0; i < started; i++) pthread_join(th[i], NULL);
-    double secs = now_s() - t0;
+    double secs = qlm_now_s() - t0;
     if (started < c || lv->failed) return -1;
     qsort(lv->ttft, (size_t)lv->n_requests, sizeof *lv->ttft, cmp_double);
     *tps = (double)lv->tokens / secs;

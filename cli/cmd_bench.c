@@ -8,6 +8,7 @@
 #include <sys/resource.h>
 #include <time.h>
 
+#include "../core/clock.h"
 #include "../core/error.h"
 #include "../quant/matmul.h"
 #include "commands.h"
@@ -23,11 +24,6 @@ static const char *k_usage =
     "      --reps R           repetitions\n"
     "      --json             one JSON object instead of the table\n";
 
-static double now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 static void mean_sd(const double *x, int n, double *mean, double *sd) {
     double s = 0, ss = 0;
@@ -52,7 +48,7 @@ static int run_once(const qlm_model *m, qlm_kv_state *st, int n, int decode, uns
         pos[i] = i;
     }
     int rc = 0;
-    double t0 = now();
+    double t0 = qlm_now_s();
     if (decode) {
         for (int i = 0; i < n && rc == 0; i++) {
             int row = 0;
@@ -62,7 +58,7 @@ static int run_once(const qlm_model *m, qlm_kv_state *st, int n, int decode, uns
         int last = n - 1;
         rc = qlm_forward(m, st, ids, pos, n, &last, 1, logits);
     }
-    *tps = n / (now() - t0);
+    *tps = n / (qlm_now_s() - t0);
     free(ids);
     free(pos);
     free(logits);

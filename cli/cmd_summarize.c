@@ -13,6 +13,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "../core/clock.h"
 #include "../core/batch.h"
 #include "../core/error.h"
 #include "../core/summary_prompt.h"
@@ -277,17 +278,12 @@ typedef struct {
     cli_progress progress;
 } batch_job;
 
-static double now_seconds(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 static void progress(batch_job *j, int final) {
     if (j->o->quiet || !cli_is_root(j->cm) || (final && j->shown == j->done_this_run)) return;
     j->shown = j->done_this_run;
     int total = j->part ? j->part->n_todo : j->in.n - j->first, done = j->done_this_run;
-    double secs = now_seconds() - j->t0, rate = done / (secs + 1e-9);
+    double secs = qlm_now_s() - j->t0, rate = done / (secs + 1e-9);
     double eta = rate > 0 ? (total - done) / rate : 0;
     int width = 30, fill = total ? (int)((long)width * done / total) : width;
     cli_progress_update(&j->progress, final || done == total,
@@ -598,14 +594,14 @@ static int summarize_batch(const options *o, cli_model *cm, const prompter *p) {
     struct sigaction sa = {.sa_handler = on_interrupt}, old_int, old_term;
     sigaction(SIGINT, &sa, &old_int);
     sigaction(SIGTERM, &sa, &old_term);
-    j.t0 = now_seconds();
+    j.t0 = qlm_now_s();
     cli_progress_init(&j.progress, o->quiet);
     qlm_batch_stats bs;
     memset(&bs, 0, sizeof bs);
     int brc = mine > 0 ? qlm_batch_run(&bc, next_dialogue, finished_dialogue, &j, &bs) : 0;
     /* Every rank joins the others' passes until all are done. */
     if (brc == 0 && cli_dist_drain(&cm->dist) != 0) brc = -1;
-    double seconds = now_seconds() - j.t0;
+    double seconds = qlm_now_s() - j.t0;
     sigaction(SIGINT, &old_int, NULL);
     sigaction(SIGTERM, &old_term, NULL);
     if (mine > 0) progress(&j, 1);

@@ -12,6 +12,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "../core/clock.h"
 #include "../core/error.h"
 #include "../loaders/atomic_file.h"
 #include "../loaders/safetensors.h"
@@ -427,11 +428,6 @@ static double eval_loss(qlm_trainer *t, const qlm_train_set *ev, int max_example
     return n_targets ? loss / (double)n_targets : NAN;
 }
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 static double peak_rss_mib(void) {
     struct rusage ru;
@@ -700,14 +696,14 @@ int cmd_train(int argc, char **argv) {
                            .ranks = d.size, .strategy = qlm_shard_strategy_name(d.size > 1 ? a.shard : QLM_SHARD_NONE)};
     shape_now.factor = d.size > 1 && a.shard >= QLM_SHARD_ZERO1 ? (a.factor ? a.factor : d.size) : 1;
     if (!realpath(a.model, shape_now.model)) snprintf(shape_now.model, sizeof shape_now.model, "%s", a.model);
-    double t0 = now_s();
+    double t0 = qlm_now_s();
     if (root) fprintf(stderr, "qlm train: reading %s\n", a.data);
     if (qlm_train_data_load(&train, &eval, a.data, a.eval, cm.src.tok, &dopt) != 0) goto fail;
     if (root)
         fprintf(stderr, "qlm train: %d training examples (%ld tokens, %ld targets; %d truncated to %d, %d skipped), "
                         "%d eval examples, read in %.1f s\n",
                 train.n, train.total_tokens, train.target_tokens, train.n_truncated, a.seq_len, train.n_skipped, eval.n,
-                now_s() - t0);
+                qlm_now_s() - t0);
     long global_batch = (long)a.batch * d.size;
     if (train.n < (a.pack ? 1 : global_batch)) {
         qlm_errorf("%s: %d examples are fewer than one global batch of %ld", a.data, train.n, global_batch);
@@ -804,7 +800,7 @@ int cmd_train(int argc, char **argv) {
     for (int k = 0; k < n_bufs; k++) micro_bufs[k] = (batch_buf){0};
     for (int k = 0; k < n_bufs; k++)
         if (batch_buf_init(&micro_bufs[k], a.batch, a.seq_len, &cm) != 0) goto fail_bufs;
-    double run_start = now_s(), window_start = run_start, last_loss = NAN, last_eval = NAN, comm_s = 0;
+    double run_start = qlm_now_s(), window_start = run_start, last_loss = NAN, last_eval = NAN, comm_s = 0;
     long window_tokens = 0, start_step = t.step;
     qlm_train_batch micro[64];
     int comm_failed = 0;
@@ -820,7 +816,7 @@ int cmd_train(int argc, char **argv) {
         last_loss = st.loss;
         comm_s += st.comm_s;
         window_tokens += st.n_tokens;
-        double now = now_s(), tps = window_tokens / (now - window_start + 1e-9);
+        double now = qlm_now_s(), tps = window_tokens / (now - window_start + 1e-9);
         tot.elapsed_s = before.elapsed_s + (now - run_start);
         tot.tokens += st.n_tokens;
         double elapsed = tot.elapsed_s;
@@ -865,7 +861,7 @@ int cmd_train(int argc, char **argv) {
                     a.out);
         rc = 130;
     } else {
-        double secs = now_s() - run_start, train_rss = cli_peak_rss_mib();
+        double secs = qlm_now_s() - run_start, train_rss = cli_peak_rss_mib();
         long trained = t.step - start_step;
         if (root)
             fprintf(stderr, "qlm train: %ld steps in %.1f s (%.2f s/step), peak memory %.0f MiB RSS (%.0f during the "

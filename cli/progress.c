@@ -5,21 +5,18 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "../core/clock.h"
+
 enum { PROGRESS_LOG_S = 5 };
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
 void cli_progress_init(cli_progress *p, int quiet) {
-    *p = (cli_progress){.tty = isatty(STDERR_FILENO), .quiet = quiet, .last = now_s()};
+    *p = (cli_progress){.tty = isatty(STDERR_FILENO), .quiet = quiet, .last = qlm_now_s()};
 }
 
 void cli_progress_update(cli_progress *p, int final, const char *fmt, ...) {
     if (p->quiet) return;
-    double t = now_s();
+    double t = qlm_now_s();
     if (!p->tty && !final && t - p->last < PROGRESS_LOG_S) return;
     p->last = t;
     char line[512];

@@ -4,6 +4,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "clock.h"
 #include "error.h"
 #include "token_stream.h"
 
@@ -238,11 +239,6 @@ static void free_batch(batch *b) {
     free(b->ids);
 }
 
-static double now_seconds(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 qlm_batch *qlm_batch_new(const qlm_batch_config *cfg) {
     if (!cfg->model == !cfg->t5) {
@@ -277,7 +273,7 @@ int qlm_batch_drain(qlm_batch *b, qlm_batch_next_fn next, qlm_batch_done_fn done
     qlm_batch_stats local;
     if (!stats) stats = &local;
     memset(stats, 0, sizeof *stats);
-    double t0 = now_seconds();
+    double t0 = qlm_now_s();
     int rc = 0;
     while (rc == 0) {
         /* Free slots take what is waiting now; requests that arrive later join at a later step. */
@@ -348,7 +344,7 @@ int qlm_batch_drain(qlm_batch *b, qlm_batch_next_fn next, qlm_batch_done_fn done
             qlm_token_stream_finish(&b->slots[i].ts);
             b->slots[i].active = 0;
         }
-    stats->seconds = now_seconds() - t0;
+    stats->seconds = qlm_now_s() - t0;
     return rc;
 }
 

@@ -4,14 +4,10 @@
 #include <string.h>
 #include <time.h>
 
+#include "clock.h"
 #include "error.h"
 #include "token_stream.h"
 
-static double now_seconds(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 const char *qlm_stop_reason_name(qlm_stop_reason r) {
     static const char *names[] = {"eos", "stop", "length", "context", "caller"};
@@ -92,7 +88,7 @@ static int eval_tokens(qlm_session *s, const int *ids, int n) {
 }
 
 static int sync_t5(qlm_session *s, const int *ids, int n, qlm_gen_stats *stats) {
-    double t0 = now_seconds();
+    double t0 = qlm_now_s();
     int same = n == s->n_input && memcmp(ids, s->input, (size_t)n * sizeof *ids) == 0;
     if (!same) {
         s->n_input = 0;
@@ -106,7 +102,7 @@ static int sync_t5(qlm_session *s, const int *ids, int n, qlm_gen_stats *stats) 
     int rc = eval_tokens(s, &start, 1);
     if (stats) {
         stats->n_prompt = same ? 0 : n;
-        stats->prefill_seconds = now_seconds() - t0;
+        stats->prefill_seconds = qlm_now_s() - t0;
     }
     return rc;
 }
@@ -121,11 +117,11 @@ int qlm_session_sync(qlm_session *s, const int *ids, int n, qlm_gen_stats *stats
     if (common == n && n > 0 && (common < s->n_tokens || !s->have_logits)) common = n - 1;
     s->n_tokens = common;
     s->have_logits = 0;
-    double t0 = now_seconds();
+    double t0 = qlm_now_s();
     int rc = eval_tokens(s, ids + common, n - common);
     if (stats) {
         stats->n_prompt = n - common;
-        stats->prefill_seconds = now_seconds() - t0;
+        stats->prefill_seconds = qlm_now_s() - t0;
     }
     return rc;
 }
@@ -141,7 +137,7 @@ int qlm_session_generate(qlm_session *s, const qlm_gen_params *p, qlm_emit_fn em
     qlm_token_stream ts;
     if (qlm_token_stream_init(&ts, s->tok, p, vocab, prev, emit, user, stats) != 0) return -1;
     int rc = 0, id;
-    double t0 = now_seconds();
+    double t0 = qlm_now_s();
     while ((rc = qlm_token_stream_next(&ts, s->logits, s->tokens, s->n_tokens, &id)) == 0) {
         if (s->n_tokens >= capacity(s)) {
             stats->reason = QLM_STOP_CONTEXT;
@@ -153,6 +149,6 @@ int qlm_session_generate(qlm_session *s, const qlm_gen_params *p, qlm_emit_fn em
         }
     }
     qlm_token_stream_finish(&ts);
-    stats->decode_seconds = now_seconds() - t0;
+    stats->decode_seconds = qlm_now_s() - t0;
     return rc < 0 ? -1 : 0;
 }

@@ -6,6 +6,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "clock.h"
 #include "error.h"
 
 /* Large enough to be 8x a 32 MiB L3, so cache hits do not inflate the result. */
@@ -17,11 +18,6 @@
  * no target flags, and the accumulators stay in registers. */
 typedef uint64_t membw_v2 __attribute__((vector_size(16)));
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 /* Reads n vectors as 8 interleaved streams: one sequential stream per thread leaves the
  * memory system idle between hardware-prefetch bursts and understates the bandwidth (by
@@ -54,7 +50,7 @@ double qlm_measure_bandwidth_gbs(void) {
     for (int pass = 0; pass < MEMBW_PASSES; pass++) {
         uint64_t total = 0;
         long bytes = 0;
-        double t0 = now_s();
+        double t0 = qlm_now_s();
 #pragma omp parallel reduction(+ : total, bytes)
         {
             int nt = omp_get_num_threads(), t = omp_get_thread_num();
@@ -62,7 +58,7 @@ double qlm_measure_bandwidth_gbs(void) {
             total += read_sum(buf + chunk * t, chunk);
             bytes += chunk * (long)sizeof(membw_v2);
         }
-        double gbs = (double)bytes / (now_s() - t0) / 1e9;
+        double gbs = (double)bytes / (qlm_now_s() - t0) / 1e9;
         sink += total;
         if (gbs > best) best = gbs;
     }

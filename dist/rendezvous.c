@@ -16,6 +16,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "../core/clock.h"
 #include "../core/error.h"
 #include "launch.h"
 
@@ -36,16 +37,11 @@ typedef struct {
     double timeout_s;
 } place;
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
 /* Milliseconds for one poll(): what is left before the deadline, rounded up, at most a second
  * (the callers check the deadline again after each poll). */
 static int poll_ms(double deadline) {
-    double left = deadline - now_s();
+    double left = deadline - qlm_now_s();
     if (left <= 0) return 0;
     return left >= 1.0 ? 1000 : (int)(left * 1000.0) + 1;
 }
@@ -80,7 +76,7 @@ static int resolve(const place *pl, const char *addr, int port, struct addrinfo 
 /* Waits until fd is ready for events or the deadline passes (-1, errno ETIMEDOUT). */
 static int wait_fd(int fd, short events, double deadline) {
     for (;;) {
-        if (now_s() >= deadline) {
+        if (qlm_now_s() >= deadline) {
             errno = ETIMEDOUT;
             return -1;
         }
@@ -357,7 +353,7 @@ static int serve(const place *pl, const char *addr, int port, int size, const vo
         rc = listen_on(&s, addr, port);
     }
     while (rc == 0 && s.n_answered < size - 1) {
-        if (now_s() >= deadline) rc = report_missing(&s);
+        if (qlm_now_s() >= deadline) rc = report_missing(&s);
         else rc = serve_round(&s, deadline);
     }
     while (s.n_conns > 0) drop_conn(&s, s.n_conns - 1);
@@ -428,9 +424,9 @@ static int join(const place *pl, const char *addr, int port, int size, void *byt
     struct addrinfo *list;
     if (resolve(pl, addr, port, &list) != 0) return -1;
     int err = ETIMEDOUT, fd = -1;
-    while (fd < 0 && now_s() < deadline) {
+    while (fd < 0 && qlm_now_s() < deadline) {
         for (struct addrinfo *ai = list; ai && fd < 0; ai = ai->ai_next) fd = try_connect(ai, deadline, &err);
-        double pause = deadline - now_s();
+        double pause = deadline - qlm_now_s();
         if (fd < 0 && pause > 0) {
             struct timespec ts = {0, pause < 0.05 ? (long)(pause * 1e9) : 50000000L};
             while (nanosleep(&ts, &ts) != 0 && errno == EINTR) continue;
@@ -458,7 +454,7 @@ int qlm_rendezvous_broadcast(const char *addr, int port, int rank, int size, voi
     if (n && !bytes) return qlm_errorf("rank %d: rendezvous: no buffer for %zu bytes", rank, n);
     place pl = {.rank = rank, .timeout_s = timeout_s};
     snprintf(pl.where, sizeof pl.where, strchr(addr, ':') ? "[%s]:%d" : "%s:%d", addr, port);
-    double deadline = now_s() + timeout_s;
+    double deadline = qlm_now_s() + timeout_s;
     return rank == 0 ? serve(&pl, addr, port, size, bytes, n, deadline)
                      : join(&pl, addr, port, size, bytes, n, deadline);
 }

@@ -1,5 +1,6 @@
 /* Unit sharding: cut points, layouts, and the hooks that gather parameters and reduce-scatter
  * gradients around each unit's use (see shard.h). */
+#include "../core/clock.h"
 #include "shard.h"
 
 #include <stdint.h>
@@ -160,11 +161,6 @@ struct qlm_shard {
     buffer_pool pool;
 };
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 
 static void track(double *now, double *peak, double delta) {
@@ -240,10 +236,10 @@ static int gather_start(qlm_shard *s, int u) {
 
 static int gather_wait(qlm_shard *s, int u) {
     if (!s->inflight[u]) return 0;
-    double t0 = now_s();
+    double t0 = qlm_now_s();
     int rc = qlm_comm_wait(s->inflight[u]);
     s->inflight[u] = NULL;
-    s->wait_s += now_s() - t0;
+    s->wait_s += qlm_now_s() - t0;
     if (rc != 0) return qlm_error_context("unit %d", u);
     qlm_layout_point(s->P, u, s->full[u]);
     return 0;

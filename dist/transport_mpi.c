@@ -15,6 +15,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "../core/clock.h"
 #include "../core/error.h"
 #include "launch.h"
 #include "transport.h"
@@ -70,11 +71,6 @@ static void mpi_message(int code, char *buf, size_t cap, const char *what) {
     snprintf(buf, cap, "%s: %.200s", what, text);
 }
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 /* ---- on the progress thread ---- */
 
@@ -327,12 +323,12 @@ static int missing_peers(const mpi_tp *m, const mpi_op *op, char *buf, size_t ca
 static int tp_wait(qlm_transport *t, void *handle, double timeout_s) {
     mpi_tp *m = (mpi_tp *)t;
     mpi_op *op = handle;
-    double deadline = now_s() + timeout_s;
+    double deadline = qlm_now_s() + timeout_s;
     int timed_out = 0;
     pthread_mutex_lock(&g.mu);
     __atomic_add_fetch(&g.waiters, 1, __ATOMIC_RELAXED);
     while (op->state == 0 && !timed_out) {
-        double left = deadline - now_s();
+        double left = deadline - qlm_now_s();
         if (left <= 0) {
             timed_out = 1;
             break;

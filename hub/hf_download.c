@@ -12,6 +12,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "../core/clock.h"
 #include "../core/error.h"
 #include "hf_cache.h"
 #include "hf_hash.h"
@@ -53,11 +54,6 @@ typedef struct {
     int discard;       /* an error body: not part of the file */
 } sink;
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 static void sleep_s(double s) {
     struct timespec ts = {(time_t)s, (long)((s - (double)(time_t)s) * 1e9)};
@@ -340,7 +336,7 @@ typedef struct {
 } pool;
 
 static void job_line(const job *j, int final, char *buf, size_t cap) {
-    double el = now_s() - j->start, got = (double)j->s.now, done = (double)j->s.offset + got;
+    double el = qlm_now_s() - j->start, got = (double)j->s.now, done = (double)j->s.offset + got;
     double speed = j->start > 0 && el > 0 ? got / el : 0, total = (double)j->size;
     if (final) done = total >= 0 ? total : done;
     char d[32], tot[32], sp[32], eta[32] = "";
@@ -359,7 +355,7 @@ static void erase_progress(pool *p) {
 
 /* On a terminal: one line per running GET, redrawn in place (at most twice a second unless forced). */
 static void draw_progress(pool *p, int force) {
-    double t = now_s();
+    double t = qlm_now_s();
     if (!p->c->progress || !p->tty || (!force && t - p->last_draw < 0.5)) return;
     p->last_draw = t;
     erase_progress(p);
@@ -425,7 +421,7 @@ static int prepare(pool *p, job *j) {
 
 /* Seconds j may still take, tries and pauses included; the error once none are left. */
 static int time_left(pool *p, job *j, double *left) {
-    double t = now_s();
+    double t = qlm_now_s();
     if (j->first == 0) {
         j->first = t;
         j->deadline = t + (p->c->deadline_s > 0 ? p->c->deadline_s : k_base_deadline_s);
@@ -470,7 +466,7 @@ static int start_get(pool *p, job *j) {
     FILE *f = fopen(j->partial, "ab");
     if (!f) return qlm_errorf("%s: %s: cannot write %s: %s", c->repo, j->file, j->partial, strerror(errno));
     j->s = (sink){.curl = j->easy, .f = f, .offset = have > 0 ? have : 0, .limit = j->size};
-    j->start = now_s();
+    j->start = qlm_now_s();
     curl_easy_setopt(j->easy, CURLOPT_FOLLOWLOCATION, 1L);
     curl_easy_setopt(j->easy, CURLOPT_WRITEFUNCTION, on_body);
     curl_easy_setopt(j->easy, CURLOPT_WRITEDATA, &j->s);
@@ -530,7 +526,7 @@ static int transfer_done(pool *p, job *j, CURLcode rc) {
     double left;
     if (rc == CURLE_OPERATION_TIMEDOUT && time_left(p, j, &left) != 0) return -1;
     if (j->attempt + 1 < MAX_ATTEMPTS && (transient_curl(rc) || (rc == CURLE_OK && transient_status(status)))) {
-        j->wake = now_s() + backoff_s(j->attempt++);
+        j->wake = qlm_now_s() + backoff_s(j->attempt++);
         return 0;
     }
     if (rc == CURLE_OPERATION_TIMEDOUT)
@@ -550,7 +546,7 @@ static int blob_busy(const pool *p, const job *j) {
 /* Fills the free slots: files whose HEAD is done first, so that started files finish first and
  * one slot means one file after another. Returns 1 when every file is done. */
 static int schedule(pool *p) {
-    double t = now_s();
+    double t = qlm_now_s();
     for (int pass = 0; pass < 2; pass++)
         for (int i = 0; i < p->n && p->active < p->max_active; i++) {
             job *j = &p->jobs[i];
@@ -566,7 +562,7 @@ static int schedule(pool *p) {
 /* Milliseconds until the next paused retry may start, at most 100 (the progress refresh). Files
  * waiting for a slot need no timer: a finished transfer wakes the poll. */
 static int poll_ms(const pool *p) {
-    double t = now_s(), wait = 0.1;
+    double t = qlm_now_s(), wait = 0.1;
     for (int i = 0; i < p->n; i++) {
         const job *j = &p->jobs[i];
         if ((j->state == ST_QUEUED || j->state == ST_READY) && j->wake > t && j->wake - t < wait) wait = j->wake - t;

@@ -465,7 +465,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     if (!cx) {
         if (!(cx = calloc(1, sizeof *cx))) return MHD_NO;
         cx->srv = cls;
-        cx->t0 = server_now();
+        cx->t0 = qlm_now_s();
         snprintf(cx->method, sizeof cx->method, "%s", method);
         snprintf(cx->path, sizeof cx->path, "%s", url);
         cx->c = c;
@@ -525,7 +525,7 @@ typedef struct {
 static void log_when_done(job *j, void *user) {
     late_log *l = user;
     const qlm_server_config *cfg = &l->srv->cfg;
-    cfg->log(cfg->log_user, l->method, l->path, 499, j->stats.n_generated, (server_now() - l->t0) * 1e3);
+    cfg->log(cfg->log_user, l->method, l->path, 499, j->stats.n_generated, (qlm_now_s() - l->t0) * 1e3);
     free(l);
 }
 
@@ -536,7 +536,7 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **state, enum
     conn *cx = *state;
     if (!cx) return;
     *state = NULL;
-    double ms = (server_now() - cx->t0) * 1e3;
+    double ms = (qlm_now_s() - cx->t0) * 1e3;
     int generation = cx->job && cx->job->queue; /* it was queued */
     double first_text = 0;
     int log_later = 0;

@@ -8,6 +8,7 @@
 #include <time.h>
 #include <cjson/cJSON.h>
 
+#include "../core/clock.h"
 #include "server.h"
 
 /* Request policy (guard.c). The Host of a request to a loopback server must be the loopback
@@ -20,13 +21,6 @@ int guard_json_type(const char *content_type);
 /* The real path of an adapter folder named by path (absolute, or relative to adapter_dir) when it
  * lies inside adapter_dir; -1 for everything else, missing or outside alike. */
 int guard_adapter_path(const char *adapter_dir, const char *path, char **resolved);
-
-/* Monotonic seconds, for latencies. */
-static inline double server_now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 enum { JOB_MAX_STOP = 4 };
 
@@ -56,7 +50,7 @@ typedef struct job {
     char *text;              /* the whole output, once finished */
     size_t text_len;
     qlm_gen_stats stats;
-    double first_text_s;     /* server_now() when the first generated text arrived (0: none yet) */
+    double first_text_s;     /* qlm_now_s() when the first generated text arrived (0: none yet) */
     int finished, failed, cancelled;
     int refs;                /* the HTTP side and the scheduler each hold one */
     /* The HTTP side's connection sleeps while the job has nothing for it: park(hook_user) suspends

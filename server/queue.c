@@ -162,7 +162,7 @@ static void finish_locked(job_queue *q, job *j, int failed) {
 static int emit_text(void *user, const char *text, size_t len) {
     job *j = user;
     pthread_mutex_lock(&j->queue->mu);
-    if (j->first_text_s == 0) j->first_text_s = server_now();
+    if (j->first_text_s == 0) j->first_text_s = qlm_now_s();
     int stop = j->cancelled;
     if (!stop && j->stream) {
         if (j->pending_len + len > j->pending_cap) {

@@ -69,7 +69,7 @@ static void *watch(void *arg) {
         until.tv_sec += until.tv_nsec / 1000000000L;
         until.tv_nsec %= 1000000000L;
         pthread_cond_timedwait(&w->cv, &w->mu, &until);
-        look(w, server_now());
+        look(w, qlm_now_s());
     }
     pthread_mutex_unlock(&w->mu);
     return NULL;
@@ -104,7 +104,7 @@ peer *watchdog_add(watchdog *w, int fd) {
     if (!p) return NULL;
     p->fd = fd;
     p->receiving = 1;
-    p->since = server_now();
+    p->since = qlm_now_s();
     pthread_mutex_lock(&w->mu);
     p->next = w->head;
     if (w->head) w->head->prev = p;
@@ -140,7 +140,7 @@ void watchdog_answered(watchdog *w, peer *p) {
     pthread_mutex_lock(&w->mu);
     p->job = NULL;
     p->receiving = 1;
-    p->since = server_now();
+    p->since = qlm_now_s();
     pthread_mutex_unlock(&w->mu);
 }
 

@@ -92,7 +92,7 @@ static void cdp_write(browser *b, const char *text, double end) {
             continue;
         }
         if (n < 0 && errno != EAGAIN && errno != EINTR) browser_fail(b, "writing to Chromium: %s", strerror(errno));
-        double left = end - mono_s();
+        double left = end - qlm_now_s();
         if (left <= 0) browser_fail(b, "Chromium does not read its pipe");
         struct pollfd p = {.fd = b->to_chrome, .events = POLLOUT};
         if (poll(&p, 1, (int)(left * 1000) + 1) < 0 && errno != EINTR) browser_fail(b, "poll: %s", strerror(errno));
@@ -111,7 +111,7 @@ static int cdp_send(browser *b, const char *method, cJSON *params, int in_sessio
     char *text = cJSON_PrintUnformatted(m);
     cJSON_Delete(m);
     if (!text) fail_msg("out of memory building JSON");
-    cdp_write(b, text, mono_s() + 10);
+    cdp_write(b, text, qlm_now_s() + 10);
     free(text);
     return id;
 }
@@ -128,7 +128,7 @@ static cJSON *cdp_next(browser *b, double end) {
             if (!m) browser_fail(b, "Chromium sent a message that is not JSON");
             return m;
         }
-        double left = end - mono_s();
+        double left = end - qlm_now_s();
         if (left <= 0) return NULL;
         struct pollfd p = {.fd = b->from_chrome, .events = POLLIN};
         int ready = poll(&p, 1, (int)(left * 1000) + 1);
@@ -198,7 +198,7 @@ static void on_message(browser *b, const cJSON *m) {
 /* Sends a command and waits (up to limit_s) for its reply; returns its result (the caller deletes it). */
 static cJSON *cdp_call(browser *b, const char *method, cJSON *params, int in_session, double limit_s) {
     int id = cdp_send(b, method, params, in_session);
-    double end = mono_s() + limit_s;
+    double end = qlm_now_s() + limit_s;
     for (;;) {
         cJSON *m = cdp_next(b, end);
         if (!m) browser_fail(b, "no reply to %s within %.0f s", method, limit_s);
@@ -218,7 +218,7 @@ static cJSON *cdp_call(browser *b, const char *method, cJSON *params, int in_ses
 
 /* Serves events for the given time. */
 static void cdp_pump(browser *b, double seconds) {
-    double end = mono_s() + seconds;
+    double end = qlm_now_s() + seconds;
     cJSON *m;
     while ((m = cdp_next(b, end))) {
         on_message(b, m);
@@ -244,13 +244,13 @@ static cJSON *eval(browser *b, const char *js) {
 
 /* Evaluates js every 50 ms (serving events meanwhile) until it returns true; fails after limit_s. */
 static void wait_until(browser *b, const char *js, double limit_s, const char *what) {
-    double end = mono_s() + limit_s;
+    double end = qlm_now_s() + limit_s;
     for (;;) {
         cJSON *v = eval(b, js);
         int ok = cJSON_IsTrue(v);
         cJSON_Delete(v);
         if (ok) return;
-        if (mono_s() > end) browser_fail(b, "%s: not within %.0f s", what, limit_s);
+        if (qlm_now_s() > end) browser_fail(b, "%s: not within %.0f s", what, limit_s);
         cdp_pump(b, 0.05);
     }
 }
@@ -350,7 +350,7 @@ static void browser_start(browser *b, const char *chrome) {
 /* Waits (up to limit_s) until the browser and every process of its group have ended and are
  * reaped; returns 0 when they have. */
 static int browser_reap(browser *b, double limit_s) {
-    double end = mono_s() + limit_s;
+    double end = qlm_now_s() + limit_s;
     for (;;) {
         int st;
         pid_t r = waitpid(-b->chrome, &st, WNOHANG);
@@ -361,7 +361,7 @@ static int browser_reap(browser *b, double limit_s) {
             return 0;
         }
         if (r < 0 && errno != EINTR) return -1;
-        if (mono_s() > end) return -1;
+        if (qlm_now_s() > end) return -1;
         usleep(10000);
     }
 }
@@ -370,13 +370,13 @@ static int browser_reap(browser *b, double limit_s) {
  * this process (their subreaper) as orphans: once the browser is gone, they are this process's only
  * children. Waits (up to limit_s) for them to end, then kills what is left; 0 when all are reaped. */
 static int reap_orphans(double limit_s) {
-    double end = mono_s() + limit_s;
+    double end = qlm_now_s() + limit_s;
     for (int killed = 0;;) {
         pid_t r = waitpid(-1, NULL, WNOHANG);
         if (r > 0) continue;
         if (r < 0 && errno == ECHILD) return 0;
         if (r < 0 && errno != EINTR) return -1;
-        if (mono_s() > end) {
+        if (qlm_now_s() > end) {
             if (killed) return -1;
             char path[64];
             snprintf(path, sizeof path, "/proc/%d/task/%d/children", (int)getpid(), (int)getpid());
@@ -389,7 +389,7 @@ static int reap_orphans(double limit_s) {
             }
             free(pids);
             killed = 1;
-            end = mono_s() + limit_s;
+            end = qlm_now_s() + limit_s;
         }
         usleep(10000);
     }
@@ -501,7 +501,7 @@ static void test_chat_page(void **state) {
         print_message("%s is missing, skipping (scripts/setup.sh --test installs it)\n", chrome);
         skip();
     }
-    double t0 = mono_s();
+    double t0 = qlm_now_s();
     server_start(&b->srv, model, "--name tiny --quiet");
     browser_start(b, chrome);
 
@@ -554,12 +554,12 @@ static void test_chat_page(void **state) {
     type_into(b, "temperature", k_temperature);
     type_into(b, "max-tokens", k_max_tokens);
     click(b, "send");
-    double t_sent = mono_s();
+    double t_sent = qlm_now_s();
     wait_until(b,
                "['done', 'error'].includes(document.getElementById('status').textContent) &&"
                " !document.getElementById('send').disabled",
                60, "the answer");
-    double answer_s = mono_s() - t_sent;
+    double answer_s = qlm_now_s() - t_sent;
     cJSON *page = eval(b, "(() => { const last = (c) => [...document.querySelectorAll('.msg.' + c)].pop();"
                           " return { status: document.getElementById('status').textContent,"
                           " user: last('user').textContent, answer: last('assistant').textContent,"
@@ -637,7 +637,7 @@ static void test_chat_page(void **state) {
     if (!WIFEXITED(b->chrome_status) || WEXITSTATUS(b->chrome_status) != 0)
         browser_fail(b, "Chromium ended with wait status %#x", b->chrome_status);
     free(server_stop(&b->srv));
-    print_message("chat page: %.1f s in all\n", mono_s() - t0);
+    print_message("chat page: %.1f s in all\n", qlm_now_s() - t0);
     b->passed = 1;
 }
 

@@ -554,7 +554,7 @@ typedef struct {
 
 /* Reads until needle appears after what earlier waits matched (fails after limit_s). */
 static void term_wait(terminal *t, const char *needle, double limit_s) {
-    double end = mono_s() + limit_s;
+    double end = qlm_now_s() + limit_s;
     for (;;) {
         t->buf[t->len] = 0;
         const char *at = strstr(t->buf + t->seen, needle);
@@ -562,7 +562,7 @@ static void term_wait(terminal *t, const char *needle, double limit_s) {
             t->seen = (size_t)(at - t->buf) + strlen(needle);
             return;
         }
-        if (mono_s() > end) fail_msg("no '%s' on the terminal after %.0f s; it shows:\n%s", needle, limit_s, t->buf + t->seen);
+        if (qlm_now_s() > end) fail_msg("no '%s' on the terminal after %.0f s; it shows:\n%s", needle, limit_s, t->buf + t->seen);
         struct pollfd p = {.fd = t->fd, .events = POLLIN};
         if (poll(&p, 1, 100) == 1) {
             ssize_t n = read(t->fd, t->buf + t->len, sizeof t->buf - 1 - t->len);
@@ -599,8 +599,8 @@ static void test_chat_terminal(void **state) {
     term_type(t, "Write a long story about a dragon who learns to fly.\r");
     term_wait(t, "dragon", 60); /* the echo */
     size_t before = t->len;
-    double t0 = mono_s();
-    while (t->len < before + 60 && mono_s() - t0 < 60) { /* some of the answer */
+    double t0 = qlm_now_s();
+    while (t->len < before + 60 && qlm_now_s() - t0 < 60) { /* some of the answer */
         struct pollfd p = {.fd = t->fd, .events = POLLIN};
         if (poll(&p, 1, 100) == 1) {
             ssize_t n = read(t->fd, t->buf + t->len, sizeof t->buf - 1 - t->len);
@@ -608,10 +608,10 @@ static void test_chat_terminal(void **state) {
         }
     }
     term_type(t, "\x03");
-    double stop = mono_s();
+    double stop = qlm_now_s();
     term_wait(t, "[stopped]", 10);
     term_wait(t, "> ", 10);
-    print_message("chat: Ctrl-C stopped the answer in %.2f s and the prompt came back\n", mono_s() - stop);
+    print_message("chat: Ctrl-C stopped the answer in %.2f s and the prompt came back\n", qlm_now_s() - stop);
     assert_int_equal(waitpid(t->pid, NULL, WNOHANG), 0);
     term_type(t, "/help\r");
     term_wait(t, "/reset", 10);
@@ -624,9 +624,9 @@ static void test_chat_terminal(void **state) {
     term_wait(t, "> ", 10);
     term_type(t, "\x04");
     int st = 0;
-    double end = mono_s() + 10;
+    double end = qlm_now_s() + 10;
     while (waitpid(t->pid, &st, WNOHANG) == 0) {
-        if (mono_s() > end) {
+        if (qlm_now_s() > end) {
             t->buf[t->len] = 0;
             fail_msg("Ctrl-D at the prompt did not end qlm chat:\n%s", t->buf + t->seen);
         }

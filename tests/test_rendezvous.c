@@ -69,9 +69,9 @@ static pid_t spawn_rank(const rank_plan *p) {
     fill_pattern(want);
     if (p->rank == 0) memcpy(buf, want, sizeof buf);
     else memset(buf, 0, sizeof buf);
-    double t0 = mono_s();
+    double t0 = qlm_now_s();
     int rc = qlm_rendezvous_broadcast(p->addr, p->port, p->rank, p->size, buf, sizeof buf, p->timeout_s);
-    double took = mono_s() - t0;
+    double took = qlm_now_s() - t0;
     if (rc != 0) fprintf(stderr, "  rank %d (%.2f s): %s\n", p->rank, took, qlm_last_error());
     int ok = p->must_say ? rc == -1 && strstr(qlm_last_error(), p->must_say) && took <= p->fail_within_s
                          : rc == 0 && memcmp(buf, want, sizeof buf) == 0;
@@ -124,7 +124,7 @@ static void test_ipv6(void **state) {
 static int connect_retry(int port, double timeout_s) {
     struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
     a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    for (double end = mono_s() + timeout_s; mono_s() < end; sleep_s(0.02)) {
+    for (double end = qlm_now_s() + timeout_s; qlm_now_s() < end; sleep_s(0.02)) {
         int fd = socket(AF_INET, SOCK_STREAM, 0);
         if (fd < 0) return -1;
         if (connect(fd, (struct sockaddr *)&a, sizeof a) == 0) return fd;
@@ -216,9 +216,9 @@ static void test_no_rank0(void **state) {
     int port = free_port(AF_INET);
     assert_true(port > 0);
     unsigned char buf[PATTERN_BYTES] = {0};
-    double t0 = mono_s();
+    double t0 = qlm_now_s();
     assert_int_equal(qlm_rendezvous_broadcast("127.0.0.1", port, 1, 2, buf, sizeof buf, 0.5), -1);
-    double took = mono_s() - t0;
+    double took = qlm_now_s() - t0;
     char where[64];
     snprintf(where, sizeof where, "rank 1: rendezvous at 127.0.0.1:%d: could not reach rank 0", port);
     print_message("%s (%.2f s)\n", qlm_last_error(), took);

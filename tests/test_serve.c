@@ -696,13 +696,13 @@ static int raw_connect(int port) {
 /* Waits (up to limit_s) until every connection was answered or closed by the server, sending the
  * slowloris bytes meanwhile. */
 static void raw_wait(raw_conn *c, int n, double limit_s) {
-    double end = mono_s() + limit_s, next_drip = mono_s() + 0.2;
+    double end = qlm_now_s() + limit_s, next_drip = qlm_now_s() + 0.2;
     for (;;) {
         int open = 0;
         for (int i = 0; i < n; i++) open += !c[i].done;
         if (!open) return;
-        if (mono_s() > end) fail_msg("%d connections neither answered nor closed", open);
-        if (mono_s() >= next_drip) {
+        if (qlm_now_s() > end) fail_msg("%d connections neither answered nor closed", open);
+        if (qlm_now_s() >= next_drip) {
             for (int i = 0; i < n; i++)
                 if (!c[i].done && c[i].dribble > 0 && send(c[i].fd, "x", 1, MSG_NOSIGNAL) == 1) c[i].dribble--;
             next_drip += 0.2;
@@ -747,9 +747,9 @@ static void test_serve_detokenize_size(void **state) {
         size_t len = (size_t)sprintf(body, "{\"tokens\":[");
         for (int i = 0; i < MOST + extra; i++) len += (size_t)sprintf(body + len, "%s1", i ? "," : "");
         strcpy(body + len, "]}");
-        double t0 = mono_s();
+        double t0 = qlm_now_s();
         int status = http(&s, "POST", "/detokenize", body, NULL, &resp);
-        double secs = mono_s() - t0;
+        double secs = qlm_now_s() - t0;
         print_message("/detokenize of %d ids: %d in %.2f s\n", MOST + extra, status, secs);
         assert_int_equal(status, extra ? 400 : 200);
         if (extra) assert_non_null(strstr(resp, "at most 131072"));
@@ -1054,10 +1054,10 @@ static int open_connections(int port) {
 
 /* Waits until the server counts want connections of its own (plus the asking one). */
 static void await_open(int port, int want) {
-    double end = mono_s() + 10;
+    double end = qlm_now_s() + 10;
     int n;
     while ((n = open_connections(port)) != want + 1) {
-        if (mono_s() > end) fail_msg("the server counts %d open connections, not %d", n - 1, want);
+        if (qlm_now_s() > end) fail_msg("the server counts %d open connections, not %d", n - 1, want);
         usleep(20000);
     }
 }
@@ -1083,21 +1083,21 @@ static void test_serve_slowloris(void **state) {
     server_start(&s, model, "--quiet --timeout 4");
     static int fds[N];
     const char *head = "GET /v1/models HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: ";
-    double t0 = mono_s();
+    double t0 = qlm_now_s();
     for (int i = 0; i < N; i++) {
         fds[i] = raw_connect(s.port);
         assert_int_equal(send(fds[i], head, strlen(head), MSG_NOSIGNAL), (ssize_t)strlen(head));
     }
     double worst = 0;
     int cut = 0;
-    while (mono_s() - t0 < 7.5) {
+    while (qlm_now_s() - t0 < 7.5) {
         for (int i = 0; i < N; i++) {
             ssize_t sent = send(fds[i], "x", 1, MSG_NOSIGNAL | MSG_DONTWAIT);
             (void)sent; /* fails once the server cut it */
         }
-        double t = mono_s();
+        double t = qlm_now_s();
         assert_int_equal(raw_get(s.port, "/health"), 200);
-        double took = mono_s() - t;
+        double took = qlm_now_s() - t;
         if (took > worst) worst = took;
         usleep(500000);
     }
@@ -1131,13 +1131,13 @@ static void test_serve_slowloris(void **state) {
         for (int i = 0; i < PER_IP; i++) assert_false(raw_closed(fds[i]));
         close(fds[round]);
         int status = 0;
-        double freed = mono_s();
-        while (status != 200 && mono_s() - freed < 10) {
+        double freed = qlm_now_s();
+        while (status != 200 && qlm_now_s() - freed < 10) {
             status = raw_get(s.port, "/health");
             if (status != 200) usleep(20000);
         }
         if (status != 200) fail_msg("round %d: a closed connection's slot was not freed in 10 s", round);
-        if (mono_s() - freed > worst_free) worst_free = mono_s() - freed;
+        if (qlm_now_s() - freed > worst_free) worst_free = qlm_now_s() - freed;
         await_open(s.port, PER_IP - 1); /* the /health connection gone too */
         fds[round] = raw_connect(s.port);
         assert_int_equal(send(fds[round], head, strlen(head), MSG_NOSIGNAL), (ssize_t)strlen(head));
@@ -1186,14 +1186,14 @@ static void test_serve_client_leaves(void **state) {
         while (metric(&s, "qlm_running_sequences") < 1) usleep(20000);
         usleep(500000);
         close(fd);
-        double t = mono_s();
+        double t = qlm_now_s();
         while (metric(&s, "qlm_running_sequences") > 0) {
-            if (mono_s() - t > 5) fail_msg("the generation went on 5 s after its client left");
+            if (qlm_now_s() - t > 5) fail_msg("the generation went on 5 s after its client left");
             usleep(20000);
         }
         double made = metric(&s, "qlm_generation_tokens_total") - before;
         print_message("%s: ended %.2f s after the client left, %.0f of %d tokens made\n",
-                      stream ? "streamed" : "waiting", mono_s() - t, made, ASKED);
+                      stream ? "streamed" : "waiting", qlm_now_s() - t, made, ASKED);
         assert_true(made >= 1 && made < ASKED / 2);
         made_by[stream] = (int)made;
     }

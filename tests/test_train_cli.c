@@ -39,9 +39,9 @@ static void test_sigkill_resume_is_bit_identical(void **state) {
     char ref[300], run[300], args[2048], cmd[4096];
     snprintf(ref, sizeof ref, "%s/ref", g_dir);
     snprintf(run, sizeof run, "%s/run", g_dir);
-    double t0 = mono_s();
+    double t0 = qlm_now_s();
     assert_int_equal(test_run_qlm(NULL, TRAIN_ARGS " --out %s 2>/dev/null", g_model, g_tok, g_data, ref), 0);
-    double duration = mono_s() - t0;
+    double duration = qlm_now_s() - t0;
     const char *bin = getenv("QLM_BIN");
     snprintf(args, sizeof args, TRAIN_ARGS " --out %s --resume", g_model, g_tok, g_data, run);
     snprintf(cmd, sizeof cmd, "exec %s %s 2>/dev/null", bin && *bin ? bin : "build/qlm", args);

@@ -17,6 +17,7 @@
 #include <cmocka.h>
 
 #include "../core/backend.h"
+#include "../core/clock.h"
 #include "../core/error.h"
 
 /* The backend the model tests run on: $QLM_TEST_DEVICE (cpu unless set; `make test-cuda` sets
@@ -29,13 +30,6 @@ static inline const qlm_backend *test_backend(void) {
 }
 
 /* ../shared/assets relative to the repository root (tests run from the root), or $QLM_ASSETS. */
-/* Monotonic seconds, for the durations tests report or bound. */
-static inline double mono_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
 static inline const char *test_assets_dir(void) {
     const char *env = getenv("QLM_ASSETS");
     return env && *env ? env : "../shared/assets";
