@@ -176,10 +176,6 @@ static void print_commands(void) {
           stderr);
 }
 
-/* The next line typed: through libedit (editing, history) on a terminal, plain reading otherwise.
- * NULL at end of input. */
-static char *next_line(int tty);
-
 /* Reads one line of any length from f; NULL at end of input. */
 static char *read_line(FILE *f) {
     size_t cap = 256, n = 0;
@@ -207,6 +203,8 @@ static char *read_line(FILE *f) {
     return buf;
 }
 
+/* The next line typed: through libedit (editing, history) on a terminal, plain reading otherwise.
+ * NULL at end of input. */
 static char *next_line(int tty) {
     if (!tty) return read_line(stdin);
     char *line = readline("> ");

@@ -31,13 +31,17 @@ static int others_running(void) {
 int cli_threads_apply(int requested, int local_ranks, int quiet) {
     int from_env = requested <= 0 && getenv("OMP_NUM_THREADS");
     int cores = usable_cores(), ranks = local_ranks > 1 ? local_ranks : 1;
-    /* Other ranks of this job on the machine are load too, so only a lone process looks. */
-    int busy = ranks == 1 ? others_running() : -1, free_cores = cores - (busy > 0 ? busy : 0);
     int threads = from_env ? omp_get_max_threads() : requested;
+    /* The load is sampled (10 ms) only where it decides something: the default count, or a warning
+     * about a chosen one. Other ranks of this job on the machine are load too, so only a lone
+     * process looks. */
+    int warn = threads > 0 && !quiet && !getenv("OMP_WAIT_POLICY");
+    int busy = ranks == 1 && (threads <= 0 || warn) ? others_running() : -1;
+    int free_cores = cores - (busy > 0 ? busy : 0);
     if (threads > 0) {
         /* libgomp reads its wait policy at start-up, so a count chosen past the free cores can only
          * be told how to make its waiting threads sleep. */
-        if (!quiet && busy >= 0 && threads > free_cores && !getenv("OMP_WAIT_POLICY"))
+        if (warn && busy >= 0 && threads > free_cores)
             fprintf(stderr,
                     "qlm: %d threads, but other programs leave %d of the %d cores free: waiting threads spin for "
                     "nothing (OMP_WAIT_POLICY=passive makes them sleep; fewer threads is faster still)\n",

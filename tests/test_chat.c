@@ -8,7 +8,7 @@
 #include "core/chat.h"
 #include "core/error.h"
 #include "core/tokenizer.h"
-#include "loaders/gguf.h"
+#include "loaders/model_source.h"
 
 static cJSON *load_cases(void) {
     char *json = test_read_file("tests/fixtures/chat/chat_cases.json", NULL);
@@ -230,10 +230,7 @@ static void test_injection(void **state) {
     (void)state;
     char path[512];
     REQUIRE_ASSET(test_default_gguf(path, sizeof path));
-    qlm_gguf *g = qlm_gguf_open(path);
-    assert_non_null(g);
-    qlm_tokenizer *smol = qlm_gguf_tokenizer(g);
-    qlm_gguf_close(g);
+    qlm_tokenizer *smol = qlm_tokenizer_open(path, 0);
     assert_non_null(smol);
     const char *chatml[] = {"<|im_start|>", "<|im_end|>"};
     check_injection(smol, qlm_tokenizer_chat_template(smol), chatml, 2,

@@ -9,7 +9,7 @@
 #include "core/error.h"
 #include "core/summary_prompt.h"
 #include "core/tokenizer.h"
-#include "loaders/gguf.h"
+#include "loaders/model_source.h"
 #include "train/data.h"
 
 #define FIX "tests/fixtures/train_data/"
@@ -34,10 +34,7 @@ static qlm_tokenizer *load_tinyllama(void) {
 static qlm_tokenizer *load_smollm2(void) {
     char path[512];
     REQUIRE_ASSET(test_default_gguf(path, sizeof path));
-    qlm_gguf *g = qlm_gguf_open(path);
-    assert_non_null(g);
-    qlm_tokenizer *t = qlm_gguf_tokenizer(g);
-    qlm_gguf_close(g);
+    qlm_tokenizer *t = qlm_tokenizer_open(path, 0);
     assert_non_null(t);
     assert_int_equal(qlm_chat_detect(qlm_tokenizer_chat_template(t)), QLM_CHAT_CHATML);
     return t;
