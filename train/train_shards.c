@@ -18,14 +18,10 @@
 #include <string.h>
 #include <time.h>
 
+#include "../core/clock.h"
 #include "../core/error.h"
 #include "trainer_internal.h"
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 static int full_training(const qlm_trainer *t) { return t->o.mode != QLM_TRAIN_LORA; }
 
@@ -321,14 +317,14 @@ void qlm_train_shards_free(qlm_trainer *t) {
 /* ---- the distributed parts of a step ---- */
 
 static int timed(struct qlm_train_shards *sh, int rc, double t0) {
-    sh->comm_s += now_s() - t0;
+    sh->comm_s += qlm_now_s() - t0;
     return rc;
 }
 
 int qlm_train_sum_world(const qlm_trainer *t, double *x, int n) {
     struct qlm_train_shards *sh = t->sh;
     if (!sh->world || sh->world->size == 1) return 0;
-    double t0 = now_s();
+    double t0 = qlm_now_s();
     return timed(sh, qlm_comm_sum_host(sh->world, x, n), t0);
 }
 
@@ -342,7 +338,7 @@ int qlm_train_grad_sumsq(const qlm_trainer *t, double *ss) {
     }
     struct qlm_train_shards *sh = t->sh;
     if (sh->group && sh->group->size > 1) {
-        double t0 = now_s();
+        double t0 = qlm_now_s();
         if (timed(sh, qlm_comm_sum_host(sh->group, &pieces, 1), t0) != 0) return -1;
     }
     *ss = pieces + replicated;
@@ -367,7 +363,7 @@ void qlm_train_zero_grads(qlm_trainer *t) {
 
 int qlm_train_reduce_grads(qlm_trainer *t) {
     struct qlm_train_shards *sh = t->sh;
-    double t0 = now_s();
+    double t0 = qlm_now_s();
     if (sh->fwd && qlm_shard_flush(sh->fwd) != 0) return timed(sh, -1, t0);
     if (!sh->world || sh->world->size == 1) return timed(sh, 0, t0);
     size_t *off = malloc((size_t)(sh->S + 1) * sizeof *off);
@@ -400,7 +396,7 @@ int qlm_train_reduce_grads(qlm_trainer *t) {
 int qlm_train_reduce_qat(qlm_trainer *t, float *scale_grads, long n) {
     struct qlm_train_shards *sh = t->sh;
     if (!sh->group || sh->group->size == 1 || n == 0) return 0;
-    double t0 = now_s();
+    double t0 = qlm_now_s();
     return timed(sh, qlm_comm_allreduce(sh->group, scale_grads, (size_t)n), t0);
 }
 
@@ -419,7 +415,7 @@ static int gather_whole(struct qlm_train_shards *sh, const qlm_layout *L) {
 
 int qlm_train_sync_params(qlm_trainer *t) {
     struct qlm_train_shards *sh = t->sh;
-    double t0 = now_s();
+    double t0 = qlm_now_s();
     int rc = 0;
     if (sh->S > 1 && (!full_training(t) || !sh->params_sharded)) {
         /* What the passes read whole: the adapter (replicated under FSDP too), the compute copy,
