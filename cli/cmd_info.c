@@ -31,9 +31,19 @@ static void print_config(const qlm_llama_config *c) {
            c->n_layers, c->n_heads, c->n_kv_heads, c->head_dim);
     printf("  vocab %d, context %d, rope theta %g, rms eps %g, tied embeddings %s, qkv bias %s\n", c->vocab_size,
            c->max_seq_len, c->rope_theta, c->norm_eps, c->tie_embeddings ? "yes" : "no", c->attn_bias ? "yes" : "no");
-    if (c->rope_scale_factor > 0)
+    static const char *const acts[] = {[QLM_ACT_SILU] = "silu", [QLM_ACT_GELU_TANH] = "gelu (tanh)",
+                                       [QLM_ACT_RELU] = "relu", [QLM_ACT_GELU] = "gelu"};
+    printf("  activation %s, q/k norm %s\n", acts[c->act], c->qk_norm ? "yes" : "no");
+    if (c->rope_type == QLM_ROPE_LINEAR)
+        printf("  rope scaling linear: factor %g\n", c->rope_scale_factor);
+    if (c->rope_type == QLM_ROPE_LLAMA3)
         printf("  rope scaling llama3: factor %g, low %g, high %g, original context %d\n", c->rope_scale_factor,
                c->rope_low_freq_factor, c->rope_high_freq_factor, c->rope_orig_max_pos);
+    if (c->rope_type == QLM_ROPE_YARN)
+        printf("  rope scaling yarn: factor %g, beta fast %g, slow %g, attention factor %g, original context %d\n",
+               c->rope_scale_factor, c->rope_beta_fast, c->rope_beta_slow, c->rope_attn_factor, c->rope_orig_max_pos);
+    if (c->sliding_window)
+        printf("  sliding window %d tokens, layers %d..%d\n", c->sliding_window, c->window_first_layer, c->n_layers - 1);
 }
 
 static void print_t5_config(const qlm_t5_config *c) {

@@ -20,6 +20,9 @@ typedef struct {
     /* 0: causal, query row i sees cache rows 0..pos[i]. > 0: every row sees rows 0..n_keys-1
      * (T5's encoder and cross-attention). */
     int n_keys;
+    /* Causal only: > 0 limits row i to the last `window` keys, pos[i] - window + 1 .. pos[i]
+     * (sliding-window attention); 0: the whole prefix. */
+    int window;
     /* NULL, or an additive score bias by relative position (T5): for query position p and key
      * row t, pos_bias[h * pos_bias_span + t - p + pos_bias_offset]. */
     const float *pos_bias;
@@ -69,6 +72,7 @@ typedef enum {
     QLM_ACT_SILU,      /* x * sigmoid(x): Llama's SwiGLU */
     QLM_ACT_GELU_TANH, /* GELU, tanh approximation ("gelu_new"): T5 v1.1 / FLAN-T5 */
     QLM_ACT_RELU,      /* original T5 */
+    QLM_ACT_GELU,      /* exact GELU, x * Phi(x) (hidden_act "gelu") */
 } qlm_act;
 
 /* One AdamW update as torch.optim.AdamW computes it (decoupled weight decay, bias correction). */

@@ -150,6 +150,9 @@ static inline __attribute__((always_inline)) void act_rows(float *out, const flo
         qlm_exp_f32(e, n);
         for (long i = 0; i < n; i++) r[i] = x[i] - x[i] / (e[i] + 1.0f);
         break;
+    case QLM_ACT_GELU:
+        for (long i = 0; i < n; i++) r[i] = 0.5f * x[i] * (1.0f + erff(x[i] * 0.7071067811865476f));
+        break;
     default:
         /* SiLU: x / (1 + e^-x) */
         for (long i = 0; i < n; i++) e[i] = -x[i];

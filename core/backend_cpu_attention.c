@@ -7,6 +7,7 @@
 #include "backend_cpu_attention.h"
 
 #include <cblas.h>
+#include <limits.h>
 #include <math.h>
 #include <omp.h>
 #include <stdlib.h>
@@ -23,6 +24,12 @@
 static int keys_of(const qlm_attn_shape *sh, const int *pos, int i) {
     if (!sh->n_keys) return pos[i] + 1;
     return sh->slots && sh->slot_keys ? sh->slot_keys[sh->slots[i]] : sh->n_keys;
+}
+
+/* The first key row i sees: past the sliding window, or 0. */
+static int first_key(const qlm_attn_shape *sh, const int *pos, int i) {
+    if (sh->n_keys || !sh->window || pos[i] < sh->window) return 0;
+    return pos[i] - sh->window + 1;
 }
 
 /* See qlm_attn_shape's row_stride and head_stride. */
@@ -104,8 +111,9 @@ static void softmax_row(float *scores, int len, const float *bias) {
     for (int t = 0; t < len; t++) scores[t] *= inv;
 }
 
-static const float *bias_row(const qlm_attn_shape *sh, int h, int p) {
-    return sh->pos_bias ? sh->pos_bias + (size_t)h * sh->pos_bias_span + sh->pos_bias_offset - p : NULL;
+/* The bias of head h's query at position p from key `from` on (NULL: none). */
+static const float *bias_row(const qlm_attn_shape *sh, int h, int p, int from) {
+    return sh->pos_bias ? sh->pos_bias + (size_t)h * sh->pos_bias_span + sh->pos_bias_offset - p + from : NULL;
 }
 
 /* Keys are taken in chunks of this many, with the softmax carried across chunks (running max and
@@ -117,12 +125,12 @@ static const float *bias_row(const qlm_attn_shape *sh, int h, int p) {
 /* Query elements rounded to BF16 that attend holds on its stack (head_dim is at most 4096). */
 #define Q_BF16_CAP 4096
 
-/* Query heads [h0, h0 + g) of row i, which share KV head kvh: for each chunk of keys, the scores
+/* Query heads [h0, h0 + g) of row i, which share KV head kvh, over keys [first, len): for each chunk of keys, the scores
  * as one small product and the weighted sum of the values, both by the matmul kernels of the
  * CPU's instruction set (this file is built for the baseline ISA), around the online softmax.
  * BF16 keys meet the query rounded to BF16, as in a BF16 matmul. */
 static void attend(float *out, const float *q, const void *kc, const void *vc, const qlm_attn_shape *sh, int h0,
-                  int g, int kvh, int len, int p) {
+                  int g, int kvh, int first, int len, int p) {
     int hd = sh->head_dim;
     size_t rs = row_stride(sh);
     const qlm_dtype dt = kv_dtype(sh);
@@ -137,7 +145,7 @@ static void attend(float *out, const float *q, const void *kc, const void *vc, c
     float *o = out + (size_t)h0 * hd;
     for (int j = 0; j < g; j++) mx[j] = -INFINITY, sum[j] = 0;
     memset(o, 0, (size_t)g * hd * sizeof *o);
-    for (int t0 = 0; t0 < len; t0 += KEY_CHUNK) {
+    for (int t0 = first; t0 < len; t0 += KEY_CHUNK) {
         int m = len - t0 < KEY_CHUNK ? len - t0 : KEY_CHUNK;
         for (int j0 = 0; j0 < g; j0 += gb) {
             int nj = g - j0 < gb ? g - j0 : gb;
@@ -147,8 +155,7 @@ static void attend(float *out, const float *q, const void *kc, const void *vc, c
                          rs, m, hd, dt);
         }
         for (int j = 0; j < g; j++) {
-            const float *bias = bias_row(sh, h0 + j, p);
-            float cmx = scale_bias_max(scores[j], m, sh->scale, bias ? bias + t0 : NULL);
+            float cmx = scale_bias_max(scores[j], m, sh->scale, bias_row(sh, h0 + j, p, t0));
             if (cmx > mx[j]) {
                 /* A new maximum: what was summed so far shrinks by exp(old - new). */
                 float shrink = expf(mx[j] - cmx);
@@ -181,7 +188,7 @@ static void attention_rows(float *out, const float *q, const void *k_cache, cons
         int i = rows ? rows[it / per_row] : it / per_row, h0 = it % per_row * g;
         size_t base = cache_base(sh, i), row = (size_t)i * sh->n_heads * hd;
         attend(out + row, q + row, kv_at(k_cache, base, sh), kv_at(v_cache, base, sh), sh, h0, g, h0 / group,
-               keys_of(sh, pos, i), pos[i]);
+               first_key(sh, pos, i), keys_of(sh, pos, i), pos[i]);
     }
 }
 
@@ -228,19 +235,25 @@ static void attention_sgemm(float *out, const float *q, const void *k_cache, con
             ld = hd;
         }
         for (int b = 0; b < n; b += ROW_BLOCK) {
-            int rows = n - b < ROW_BLOCK ? n - b : ROW_BLOCK, len = 0;
-            for (int i = b; i < b + rows; i++)
+            /* The block's keys [k0, len): a sliding window leaves out those before every row's. */
+            int rows = n - b < ROW_BLOCK ? n - b : ROW_BLOCK, len = 0, k0 = INT_MAX;
+            for (int i = b; i < b + rows; i++) {
                 if (keys_of(sh, pos, i) > len) len = keys_of(sh, pos, i);
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, len, hd, sh->scale, q + (size_t)b * q_dim + h * hd,
-                        q_dim, kh, ld, 0.0f, s, len);
-            for (int i = 0; i < rows; i++) {
-                float *row = s + (size_t)i * len;
-                int keys = keys_of(sh, pos, b + i);
-                softmax_row(row, keys, bias_row(sh, h, pos[b + i]));
-                memset(row + keys, 0, (size_t)(len - keys) * sizeof *row); /* the causal mask */
+                if (first_key(sh, pos, i) < k0) k0 = first_key(sh, pos, i);
             }
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, hd, len, 1.0f, s, len, vh, ld, 0.0f,
-                        out + (size_t)b * q_dim + h * hd, q_dim);
+            int span = len - k0;
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, span, hd, sh->scale,
+                        q + (size_t)b * q_dim + h * hd, q_dim, kh + (size_t)k0 * ld, ld, 0.0f, s, span);
+            for (int i = 0; i < rows; i++) {
+                float *row = s + (size_t)i * span;
+                int from = first_key(sh, pos, b + i) - k0, keys = keys_of(sh, pos, b + i) - k0;
+                softmax_row(row + from, keys - from, bias_row(sh, h, pos[b + i], k0 + from));
+                /* the causal mask and the window */
+                memset(row, 0, (size_t)from * sizeof *row);
+                memset(row + keys, 0, (size_t)(span - keys) * sizeof *row);
+            }
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, hd, span, 1.0f, s, span, vh + (size_t)k0 * ld,
+                        ld, 0.0f, out + (size_t)b * q_dim + h * hd, q_dim);
         }
     }
     if (blas_threads != 1) openblas_set_num_threads(blas_threads);

@@ -141,29 +141,32 @@ static int attention_head_backward(float *dq, float *dk_h, float *dv_h, float *d
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, nk, D, 1.0f, gh, q_stride, vh, kv_stride, 0.0f, dP, nk);
     for (int i = 0; i < n; i++) {
         float *pi = P + (size_t)i * nk, *dpi = dP + (size_t)i * nk;
+        /* Keys [first, seen): the causal prefix, or the fixed count, less what a window leaves out. */
         int seen = sh->n_keys > 0 ? sh->n_keys : pos[i] + 1;
+        int first = sh->n_keys <= 0 && sh->window > 0 && pos[i] >= sh->window ? pos[i] - sh->window + 1 : 0;
         if (seen > nk) seen = nk;
         if (sh->pos_bias) {
             const float *bias = sh->pos_bias + (size_t)h * sh->pos_bias_span - pos[i] + sh->pos_bias_offset;
-            for (int t = 0; t < seen; t++) pi[t] += bias[t];
+            for (int t = first; t < seen; t++) pi[t] += bias[t];
         }
         float mx = -INFINITY;
-        for (int t = 0; t < seen; t++) mx = pi[t] > mx ? pi[t] : mx;
+        for (int t = first; t < seen; t++) mx = pi[t] > mx ? pi[t] : mx;
         double sum = 0;
-        for (int t = 0; t < seen; t++) {
+        for (int t = first; t < seen; t++) {
             pi[t] = expf(pi[t] - mx);
             sum += pi[t];
         }
         float inv = (float)(1.0 / sum), dot = 0;
-        for (int t = 0; t < seen; t++) {
+        for (int t = first; t < seen; t++) {
             pi[t] *= inv;
             dot += pi[t] * dpi[t];
         }
-        for (int t = 0; t < seen; t++) {
+        for (int t = first; t < seen; t++) {
             float ds = pi[t] * (dpi[t] - dot);
             if (dbias_h) dbias_h[t - pos[i] + sh->pos_bias_offset] += ds;
             dpi[t] = ds * sh->scale;
         }
+        for (int t = 0; t < first; t++) pi[t] = dpi[t] = 0;
         for (int t = seen; t < nk; t++) pi[t] = dpi[t] = 0;
     }
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, D, nk, 1.0f, dP, nk, kh, kv_stride, 0.0f,
@@ -224,6 +227,11 @@ static inline float act_grad(float x, qlm_act a, float *value) {
     case QLM_ACT_RELU:
         *value = x > 0 ? x : 0;
         return x > 0 ? 1.0f : 0.0f;
+    case QLM_ACT_GELU: {
+        float cdf = 0.5f * (1.0f + erff(x * 0.7071067811865476f));
+        *value = x * cdf;
+        return cdf + x * 0.3989422804014327f * expf(-0.5f * x * x);
+    }
     default: {
         float s = 1.0f / (1.0f + expf(-x));
         *value = x * s;

@@ -19,14 +19,30 @@ typedef struct {
     int attn_bias;      /* q/k/v projections have a bias (Qwen2) */
     int attn_out_bias;  /* o_proj has a bias */
     int mlp_bias;       /* gate/up/down have a bias */
-    /* Llama 3.x "rope_scaling": {"rope_type": "llama3", ...}; factor 0 means none. */
+    int act;            /* qlm_act of the gated MLP (hidden_act) */
+    int qk_norm;        /* per-head RMSNorm of queries and keys before RoPE (Qwen3) */
+    /* "rope_scaling": the type and its parameters (factor 0 with QLM_ROPE_DEFAULT). */
+    int rope_type;      /* qlm_rope_type */
     float rope_scale_factor;
-    float rope_low_freq_factor;
-    float rope_high_freq_factor;
+    float rope_low_freq_factor;  /* llama3 */
+    float rope_high_freq_factor; /* llama3 */
+    float rope_beta_fast, rope_beta_slow; /* yarn */
+    float rope_attn_factor;      /* yarn: cos and sin are scaled by it (0: none) */
     int rope_orig_max_pos;
+    /* Sliding-window attention: a query at position p sees keys p - sliding_window + 1 .. p, in
+     * layers window_first_layer and up (Qwen2's max_window_layers; 0 for Mistral). 0: none. */
+    int sliding_window;
+    int window_first_layer;
     int bos_id;         /* -1 when unknown */
     int eos_id;         /* -1 when unknown */
 } qlm_llama_config;
+
+typedef enum { QLM_ROPE_DEFAULT, QLM_ROPE_LINEAR, QLM_ROPE_LLAMA3, QLM_ROPE_YARN } qlm_rope_type;
+
+/* The window of layer l's attention (0: the whole causal prefix). */
+static inline int qlm_layer_window(const qlm_llama_config *c, int l) {
+    return c->sliding_window > 0 && l >= c->window_first_layer ? c->sliding_window : 0;
+}
 
 /* Checks that the numbers are positive and consistent (heads divide, GQA groups, ...).
  * `source` names the file for the message. */

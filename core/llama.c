@@ -10,7 +10,7 @@
 
 /* ---- building: from store entries to converted weights ---- */
 
-enum { N_LAYER_PARAMS = 16, N_SHARED_PARAMS = 3 };
+enum { N_LAYER_PARAMS = 18, N_FIRST_OPTIONAL = 9, N_SHARED_PARAMS = 3 };
 
 /* The parameters of layer l under their Hugging Face names, with shapes and destinations. */
 static void layer_params(qlm_model *m, int l, qlm_param p[N_LAYER_PARAMS]) {
@@ -39,9 +39,11 @@ static void layer_params(qlm_model *m, int l, qlm_param p[N_LAYER_PARAMS]) {
         {"mlp.gate_proj.bias", c->hidden_dim, 0, NULL, &L->b_gate},
         {"mlp.up_proj.bias", c->hidden_dim, 0, NULL, &L->b_up},
         {"mlp.down_proj.bias", c->dim, 0, NULL, &L->b_down},
+        {"self_attn.q_norm.weight", c->head_dim, 0, NULL, &L->q_norm},
+        {"self_attn.k_norm.weight", c->head_dim, 0, NULL, &L->k_norm},
     };
     for (int i = 0; i < N_LAYER_PARAMS; i++) {
-        p[i] = (qlm_param){.rows = k[i].rows, .cols = k[i].cols, .optional = i >= 9, .matrix = k[i].matrix,
+        p[i] = (qlm_param){.rows = k[i].rows, .cols = k[i].cols, .optional = i >= N_FIRST_OPTIONAL, .matrix = k[i].matrix,
                            .vector = k[i].vector};
         snprintf(p[i].name, sizeof p[i].name, "model.layers.%d.%s", l, k[i].suffix);
     }
@@ -80,7 +82,41 @@ static int build_shared(qlm_model *m, const qlm_tensor_store *store) {
     return 0;
 }
 
-/* RoPE inverse frequencies, with Llama 3's long-context rescaling when configured. */
+/* One RoPE inverse frequency f (theta^(-2j/head_dim)) under the configured scaling, as
+ * transformers' rope initialisation functions compute it. */
+static float scaled_freq(const qlm_llama_config *c, int j, float f) {
+    float factor = c->rope_scale_factor, old = (float)c->rope_orig_max_pos;
+    switch ((qlm_rope_type)c->rope_type) {
+    case QLM_ROPE_DEFAULT:
+        return f;
+    case QLM_ROPE_LINEAR:
+        return f / factor;
+    case QLM_ROPE_LLAMA3: {
+        float low_wavelen = old / c->rope_low_freq_factor, high_wavelen = old / c->rope_high_freq_factor;
+        float wavelen = 2.0f * (float)M_PI / f;
+        if (wavelen > low_wavelen) return f / factor;
+        if (wavelen < high_wavelen) return f;
+        float smooth = (old / wavelen - c->rope_low_freq_factor) / (c->rope_high_freq_factor - c->rope_low_freq_factor);
+        return (1 - smooth) * f / factor + smooth * f;
+    }
+    case QLM_ROPE_YARN: {
+        /* Dimensions that turn fewer than beta_slow times over the original context are
+         * interpolated (f / factor), more than beta_fast times kept, with a linear ramp between. */
+        float d = (float)c->head_dim, base = c->rope_theta;
+        float lo = floorf(d * logf(old / (c->rope_beta_fast * 2 * (float)M_PI)) / (2 * logf(base)));
+        float hi = ceilf(d * logf(old / (c->rope_beta_slow * 2 * (float)M_PI)) / (2 * logf(base)));
+        if (lo < 0) lo = 0;
+        if (hi > d - 1) hi = d - 1;
+        if (lo == hi) hi += 0.001f;
+        float ramp = ((float)j - lo) / (hi - lo);
+        ramp = ramp < 0 ? 0 : ramp > 1 ? 1 : ramp;
+        float extrapolation = 1 - ramp;
+        return (f / factor) * (1 - extrapolation) + f * extrapolation;
+    }
+    }
+    return f;
+}
+
 static int build_inv_freq(qlm_model *m) {
     const qlm_llama_config *c = &m->cfg;
     int half = c->head_dim / 2;
@@ -90,22 +126,8 @@ static int build_inv_freq(qlm_model *m) {
         free(f_host);
         return qlm_errorf("out of memory");
     }
-    for (int j = 0; j < half; j++) {
-        float f = 1.0f / powf(c->rope_theta, (float)(2 * j) / (float)c->head_dim);
-        if (c->rope_scale_factor > 0) {
-            float old = (float)c->rope_orig_max_pos;
-            float low_wavelen = old / c->rope_low_freq_factor, high_wavelen = old / c->rope_high_freq_factor;
-            float wavelen = 2.0f * (float)M_PI / f;
-            if (wavelen > low_wavelen) {
-                f = f / c->rope_scale_factor;
-            } else if (wavelen >= high_wavelen) {
-                float smooth = (old / wavelen - c->rope_low_freq_factor) /
-                               (c->rope_high_freq_factor - c->rope_low_freq_factor);
-                f = (1 - smooth) * f / c->rope_scale_factor + smooth * f;
-            }
-        }
-        f_host[j] = f;
-    }
+    for (int j = 0; j < half; j++)
+        f_host[j] = scaled_freq(c, j, 1.0f / powf(c->rope_theta, (float)(2 * j) / (float)c->head_dim));
     m->be->to_device(m->inv_freq, f_host, (size_t)half * sizeof(float));
     free(f_host);
     return 0;
@@ -125,8 +147,11 @@ int qlm_model_random_store(const qlm_llama_config *cfg, uint64_t seed, qlm_tenso
         for (int i = 0; i < N_LAYER_PARAMS; i++) {
             const char *name = p[i].name;
             int is_bias = strstr(name, ".bias") != NULL;
-            int wanted = !is_bias || (strstr(name, "o_proj") ? cfg->attn_out_bias
-                                      : strstr(name, "mlp.") ? cfg->mlp_bias : cfg->attn_bias);
+            int wanted = strstr(name, "_norm.weight") && i >= N_FIRST_OPTIONAL ? cfg->qk_norm
+                         : !is_bias                    ? 1
+                         : strstr(name, "o_proj")      ? cfg->attn_out_bias
+                         : strstr(name, "mlp.")        ? cfg->mlp_bias
+                                                       : cfg->attn_bias;
             if (wanted) p[keep++] = p[i];
         }
         rc = qlm_params_add_random(p, keep, seed + 1000003u * (uint64_t)(l + 1), store);

@@ -1,5 +1,4 @@
 /* The Llama forward pass over a KV cache, written once against the backend op table. */
-#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -98,11 +97,16 @@ static int attention_forward(const qlm_model *m, const qlm_layer *L, qlm_kv_stat
     const qlm_matmul_out qkv[] = {{s->q, &L->wq, L->bq}, {s->k, &L->wk, L->bk}, {s->v, &L->wv, L->bv}};
     static const int qkv_targets[] = {QLM_LORA_Q, QLM_LORA_K, QLM_LORA_V};
     if (PROJ_GROUP(qkv, qkv_targets, 3, s->xb)) return -1;
+    if (L->q_norm) {
+        be->rmsnorm(s->q, s->q, L->q_norm, n * c->n_heads, c->head_dim, c->norm_eps);
+        be->rmsnorm(s->k, s->k, L->k_norm, n * c->n_kv_heads, c->head_dim, c->norm_eps);
+    }
     be->rope(s->q, s->k, n, pos, c->n_heads, c->n_kv_heads, c->head_dim, m->inv_freq);
     be->kv_store(s->k_cache[l], s->v_cache[l], s->kv_dtype, s->k, s->v, n, slots, 0, pos, c->n_kv_heads, c->head_dim,
                  s->max_seq);
     qlm_attn_shape shape = {.n_heads = c->n_heads, .n_kv_heads = c->n_kv_heads, .head_dim = c->head_dim,
-                            .scale = 1.0f / sqrtf((float)c->head_dim), .slots = slots};
+                            .scale = qlm_llama_attn_scale(c), .window = qlm_layer_window(c, l),
+                            .slots = slots};
     qlm_kv_shape(&shape, s->max_seq, s->kv_dtype);
     be->attention(s->att, s->q, s->k_cache[l], s->v_cache[l], n, pos, &shape);
     if (PROJ(s->xb, s->att, &L->wo, L->bo, QLM_LORA_O)) return -1;
@@ -117,7 +121,7 @@ static int mlp_forward(const qlm_model *m, const qlm_layer *L, qlm_kv_state *s, 
     const qlm_matmul_out gate_up[] = {{s->hb, &L->w_gate, L->b_gate}, {s->hb2, &L->w_up, L->b_up}};
     static const int gate_up_targets[] = {QLM_LORA_GATE, QLM_LORA_UP};
     if (PROJ_GROUP(gate_up, gate_up_targets, 2, s->xb)) return -1;
-    be->glu(s->hb, s->hb, s->hb2, (long)n * c->hidden_dim, QLM_ACT_SILU);
+    be->glu(s->hb, s->hb, s->hb2, (long)n * c->hidden_dim, (qlm_act)c->act);
     if (PROJ(s->xb, s->hb, &L->w_down, L->b_down, QLM_LORA_DOWN)) return -1;
     be->add(s->x, s->xb, (long)n * c->dim);
     return 0;

@@ -1,7 +1,6 @@
 /* The Llama training pass: attention_forward/attention_backward and mlp_forward/mlp_backward per
  * layer, the head with its loss in chunks of target rows (the logits of a whole batch would not
  * fit), and the embedding's gradient. */
-#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -11,7 +10,7 @@
 #include "train_layers.h"
 
 static void trace_free(const qlm_backend *be, qlm_llama_trace *t) {
-    float *bufs[] = {t->xn1, t->q, t->k, t->v, t->att, t->x_mid, t->xn2, t->gate, t->up, t->h};
+    float *bufs[] = {t->xn1, t->q, t->k, t->v, t->att, t->x_mid, t->xn2, t->gate, t->up, t->h, t->q_pre, t->k_pre};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) be->free(bufs[i]);
     for (int i = 0; i < 7; i++) be->free(t->lora_u[i]);
 }
@@ -24,8 +23,10 @@ static int trace_init(const qlm_backend *be, const qlm_llama_config *c, int rows
         size_t n;
     } b[] = {{&t->xn1, c->dim}, {&t->q, q},         {&t->k, kv},       {&t->v, kv},
              {&t->att, q},      {&t->x_mid, c->dim}, {&t->xn2, c->dim}, {&t->gate, c->hidden_dim},
-             {&t->up, c->hidden_dim}, {&t->h, c->hidden_dim}};
+             {&t->up, c->hidden_dim}, {&t->h, c->hidden_dim}, {&t->q_pre, c->qk_norm ? q : 0},
+             {&t->k_pre, c->qk_norm ? kv : 0}};
     for (size_t i = 0; i < sizeof b / sizeof b[0]; i++) {
+        if (!b[i].n) continue;
         *b[i].p = be->alloc(R * b[i].n * sizeof(float));
         if (!*b[i].p) return -1;
         *bytes += (double)R * b[i].n * sizeof(float);
@@ -69,8 +70,10 @@ int qlm_llama_train_state_init(qlm_llama_train_state *s, const qlm_model *m, int
              {&s->dgate, R * c->hidden_dim}, {&s->dup, R * c->hidden_dim}, {&s->tmp, R * wide},
              {&s->tmp_in, R * wide},     {&s->lora_du, R * (lora_rank ? lora_rank : 1)},
              {&s->head_x, (size_t)QLM_HEAD_CHUNK * c->dim}, {&s->head_xn, (size_t)QLM_HEAD_CHUNK * c->dim},
-             {&s->logits, (size_t)QLM_HEAD_CHUNK * c->vocab_size}, {&s->row_loss, QLM_HEAD_CHUNK}};
+             {&s->logits, (size_t)QLM_HEAD_CHUNK * c->vocab_size}, {&s->row_loss, QLM_HEAD_CHUNK},
+             {&s->dq_pre, c->qk_norm ? R * q : 0}, {&s->dk_pre, c->qk_norm ? R * kv : 0}};
     for (size_t i = 0; i < sizeof b / sizeof b[0]; i++) {
+        if (!b[i].n) continue;
         *b[i].p = be->alloc(b[i].n * sizeof(float));
         if (!*b[i].p) goto oom;
         s->peak_bytes += (double)b[i].n * sizeof(float);
@@ -95,7 +98,7 @@ void qlm_llama_train_state_free(qlm_llama_train_state *s, const qlm_model *m) {
     free(s->x_in);
     free(s->tr);
     float *bufs[] = {s->dx, s->dxn, s->dq, s->dk, s->dv, s->datt, s->dgate, s->dup, s->tmp, s->tmp_in, s->lora_du,
-                     s->head_x, s->head_xn, s->logits, s->row_loss};
+                     s->head_x, s->head_xn, s->logits, s->row_loss, s->dq_pre, s->dk_pre};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) be->free(bufs[i]);
     free(s->head_rows);
     free(s->head_targets);
@@ -133,9 +136,9 @@ static int linear_backward(const pass *p, qlm_llama_trace *t, float *dx, int acc
                                      t->lora_u[target], seed_of(p, l, target), p->b->row0);
 }
 
-static qlm_attn_shape attn_shape(const qlm_llama_config *c) {
+static qlm_attn_shape attn_shape(const qlm_llama_config *c, int l) {
     return (qlm_attn_shape){.n_heads = c->n_heads, .n_kv_heads = c->n_kv_heads, .head_dim = c->head_dim,
-                            .scale = 1.0f / sqrtf((float)c->head_dim)};
+                            .scale = qlm_llama_attn_scale(c), .window = qlm_layer_window(c, l)};
 }
 
 /* x_out = layer l applied to x_in, leaving the trace. */
@@ -149,11 +152,15 @@ static void layer_forward(const pass *p, int l, const float *x_in, float *x_out,
     size_t q_dim = (size_t)c->n_heads * c->head_dim, kv_dim = (size_t)c->n_kv_heads * c->head_dim;
     /* attention_forward */
     be->rmsnorm(t->xn1, x_in, L->attn_norm, n, c->dim, c->norm_eps);
-    linear_forward(p, t, t->q, t->xn1, &L->wq, L->bq, l, QLM_LORA_Q);
-    linear_forward(p, t, t->k, t->xn1, &L->wk, L->bk, l, QLM_LORA_K);
+    linear_forward(p, t, L->q_norm ? t->q_pre : t->q, t->xn1, &L->wq, L->bq, l, QLM_LORA_Q);
+    linear_forward(p, t, L->q_norm ? t->k_pre : t->k, t->xn1, &L->wk, L->bk, l, QLM_LORA_K);
     linear_forward(p, t, t->v, t->xn1, &L->wv, L->bv, l, QLM_LORA_V);
+    if (L->q_norm) {
+        be->rmsnorm(t->q, t->q_pre, L->q_norm, n * c->n_heads, c->head_dim, c->norm_eps);
+        be->rmsnorm(t->k, t->k_pre, L->k_norm, n * c->n_kv_heads, c->head_dim, c->norm_eps);
+    }
     be->rope(t->q, t->k, n, b->pos, c->n_heads, c->n_kv_heads, c->head_dim, m->inv_freq);
-    qlm_attn_shape shape = attn_shape(c);
+    qlm_attn_shape shape = attn_shape(c, l);
     for (int i = 0; i < b->n_seq; i++) {
         size_t r = (size_t)b->start[i];
         be->attention(t->att + r * q_dim, t->q + r * q_dim, t->k + r * kv_dim, t->v + r * kv_dim, b->len[i],
@@ -166,7 +173,7 @@ static void layer_forward(const pass *p, int l, const float *x_in, float *x_out,
     be->rmsnorm(t->xn2, t->x_mid, L->ffn_norm, n, c->dim, c->norm_eps);
     linear_forward(p, t, t->gate, t->xn2, &L->w_gate, L->b_gate, l, QLM_LORA_GATE);
     linear_forward(p, t, t->up, t->xn2, &L->w_up, L->b_up, l, QLM_LORA_UP);
-    be->glu(t->h, t->gate, t->up, (long)n * c->hidden_dim, QLM_ACT_SILU);
+    be->glu(t->h, t->gate, t->up, (long)n * c->hidden_dim, (qlm_act)c->act);
     linear_forward(p, t, p->s->dxn, t->h, &L->w_down, L->b_down, l, QLM_LORA_DOWN);
     be->copy(x_out, t->x_mid, (long)n * c->dim);
     be->add(x_out, p->s->dxn, (long)n * c->dim);
@@ -189,7 +196,7 @@ static int layer_backward(const pass *p, int l, const float *x_in, qlm_llama_tra
     /* mlp_backward: dx is the gradient of the block output and of x_mid through the residual. */
     if (linear_backward(p, t, s->tmp, 0, s->dx, t->h, &L->w_down, GW(w_down), GB(b_down), l, QLM_LORA_DOWN) != 0)
         return -1;
-    be->glu_backward(s->dgate, s->dup, s->tmp, t->gate, t->up, nh, QLM_ACT_SILU);
+    be->glu_backward(s->dgate, s->dup, s->tmp, t->gate, t->up, nh, (qlm_act)c->act);
     if (linear_backward(p, t, s->dxn, 0, s->dgate, t->xn2, &L->w_gate, GW(w_gate), GB(b_gate), l, QLM_LORA_GATE) ||
         linear_backward(p, t, s->dxn, 1, s->dup, t->xn2, &L->w_up, GW(w_up), GB(b_up), l, QLM_LORA_UP))
         return -1;
@@ -198,7 +205,7 @@ static int layer_backward(const pass *p, int l, const float *x_in, qlm_llama_tra
     if (linear_backward(p, t, s->datt, 0, s->dx, t->att, &L->wo, GW(wo), GB(bo), l, QLM_LORA_O) != 0) return -1;
     be->zero(s->dk, (long)n * kv_dim);
     be->zero(s->dv, (long)n * kv_dim);
-    qlm_attn_shape shape = attn_shape(c);
+    qlm_attn_shape shape = attn_shape(c, l);
     for (int i = 0; i < b->n_seq; i++) {
         size_t r = (size_t)b->start[i];
         if (be->attention_backward(s->dq + r * q_dim, s->dk + r * kv_dim, s->dv + r * kv_dim, NULL,
@@ -207,8 +214,18 @@ static int layer_backward(const pass *p, int l, const float *x_in, qlm_llama_tra
             return -1;
     }
     be->rope_backward(s->dq, s->dk, n, b->pos, c->n_heads, c->n_kv_heads, c->head_dim, m->inv_freq);
-    if (linear_backward(p, t, s->dxn, 0, s->dq, t->xn1, &L->wq, GW(wq), GB(bq), l, QLM_LORA_Q) ||
-        linear_backward(p, t, s->dxn, 1, s->dk, t->xn1, &L->wk, GW(wk), GB(bk), l, QLM_LORA_K) ||
+    float *dq = s->dq, *dk = s->dk;
+    if (L->q_norm) {
+        dq = s->dq_pre, dk = s->dk_pre;
+        be->zero(dq, (long)n * q_dim);
+        be->zero(dk, (long)n * kv_dim);
+        be->rmsnorm_backward(dq, G ? G->q_norm : NULL, s->dq, t->q_pre, L->q_norm, n * c->n_heads, c->head_dim,
+                             c->norm_eps);
+        be->rmsnorm_backward(dk, G ? G->k_norm : NULL, s->dk, t->k_pre, L->k_norm, n * c->n_kv_heads, c->head_dim,
+                             c->norm_eps);
+    }
+    if (linear_backward(p, t, s->dxn, 0, dq, t->xn1, &L->wq, GW(wq), GB(bq), l, QLM_LORA_Q) ||
+        linear_backward(p, t, s->dxn, 1, dk, t->xn1, &L->wk, GW(wk), GB(bk), l, QLM_LORA_K) ||
         linear_backward(p, t, s->dxn, 1, s->dv, t->xn1, &L->wv, GW(wv), GB(bv), l, QLM_LORA_V))
         return -1;
     be->rmsnorm_backward(s->dx, G ? G->attn_norm : NULL, s->dxn, x_in, L->attn_norm, n, c->dim, c->norm_eps);

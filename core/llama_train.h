@@ -11,6 +11,7 @@
 /* What one layer's backward reads, as the forward left it. */
 typedef struct {
     float *xn1, *q, *k, *v, *att, *x_mid, *xn2, *gate, *up, *h;
+    float *q_pre, *k_pre; /* with qk_norm: the projections before their norm, else NULL */
     float *lora_u[7]; /* per target: scale * A(dropout(x)), [rows][r] */
 } qlm_llama_trace;
 
@@ -20,6 +21,7 @@ typedef struct {
     qlm_llama_trace *tr;   /* n_layers traces, or one that recompute refills per layer */
     int n_traces;
     float *dx, *dxn, *dq, *dk, *dv, *datt, *dgate, *dup, *tmp, *tmp_in, *lora_du;
+    float *dq_pre, *dk_pre; /* with qk_norm: gradients of the projections before their norm */
     float *head_x, *head_xn, *logits, *row_loss; /* one chunk of target rows */
     int *head_rows, *head_targets;
     double peak_bytes;     /* activation memory held */

@@ -5,6 +5,7 @@
 #ifndef QLM_MODEL_H
 #define QLM_MODEL_H
 
+#include <math.h>
 #include <stdint.h>
 
 #include "../loaders/tensor_store.h"
@@ -18,6 +19,7 @@ typedef struct {
     float *attn_norm, *ffn_norm;
     qlm_weight wq, wk, wv, wo, w_gate, w_up, w_down;
     float *bq, *bk, *bv, *bo, *b_gate, *b_up, *b_down; /* NULL when absent */
+    float *q_norm, *k_norm;                           /* [head_dim] with qk_norm, else NULL */
     void *buffer;                                     /* the layer's flat parameter buffer */
     size_t buffer_bytes;
 } qlm_layer;
@@ -43,6 +45,13 @@ typedef struct {
     int per_channel;     /* INT8: per-output-channel scales */
     const qlm_backend *backend;
 } qlm_model_options;
+
+/* The softmax scale of attention: 1/sqrt(head_dim), times the square of YaRN's attention factor
+ * (transformers scales cos and sin by it, so every score carries it twice). */
+static inline float qlm_llama_attn_scale(const qlm_llama_config *c) {
+    float f = c->rope_attn_factor > 0 ? c->rope_attn_factor : 1.0f;
+    return f * f / sqrtf((float)c->head_dim);
+}
 
 /* Builds the model from store (HF names). Converts each tensor to opts->dtype. */
 int qlm_model_build(qlm_model *m, const qlm_llama_config *cfg, const qlm_tensor_store *store,

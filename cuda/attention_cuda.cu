@@ -19,6 +19,7 @@ struct attn_args {
     const void *k, *v;
     qlm_cuda_ints pos, slots, slot_keys;
     int n, n_heads, group, head_dim, n_keys, bf16;
+    int window; // causal: a query at p sees keys from p - window + 1 (0: all)
     int vec; // every key row starts 16-byte aligned and head_dim fills whole 16-byte loads
     float scale;
     float *part; // splits > 1: [n][n_heads][splits][head_dim + 2] (max, sum, weighted values)
@@ -53,8 +54,10 @@ __global__ void __launch_bounds__(ATTN_WARPS * 32) attention_kernel(attn_args a)
     const int p = qlm_ints_at(a.pos, i);
     const int slot = a.slots.present ? qlm_ints_at(a.slots, i) : 0;
     const int all_keys = a.n_keys > 0 ? (a.slot_keys.present ? qlm_ints_at(a.slot_keys, slot) : a.n_keys) : p + 1;
-    const int first = a.splits > 1 ? z * a.keys_per_split : 0;
-    const int nk = a.splits > 1 && first + a.keys_per_split < all_keys ? first + a.keys_per_split : all_keys;
+    const int window_first = a.n_keys == 0 && a.window > 0 && p >= a.window ? p - a.window + 1 : 0;
+    const int split_first = a.splits > 1 ? z * a.keys_per_split : 0;
+    const int first = split_first > window_first ? split_first : window_first;
+    const int nk = a.splits > 1 && split_first + a.keys_per_split < all_keys ? split_first + a.keys_per_split : all_keys;
     const size_t head_stride = a.heads_packed ? (size_t)all_keys * hd : a.head_stride;
     const size_t base = (size_t)slot * a.slot_stride + (size_t)(h / a.group) * head_stride;
     const float *qi = a.q + ((size_t)i * a.n_heads + h) * hd;
@@ -227,6 +230,7 @@ void qlm_cuda_attention(float *out, const float *q, const void *k, const void *v
     a.group = sh->n_heads / sh->n_kv_heads;
     a.head_dim = hd;
     a.n_keys = sh->n_keys;
+    a.window = sh->window;
     a.bf16 = sh->kv_bf16;
     a.scale = sh->scale;
     a.bias = sh->pos_bias;

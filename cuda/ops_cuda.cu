@@ -107,6 +107,7 @@ __device__ __forceinline__ float act_of(float x, qlm_act a) {
     switch (a) {
     case QLM_ACT_RELU: return x > 0 ? x : 0;
     case QLM_ACT_GELU_TANH: return x - x / (expf(1.5957691216057308f * (x + 0.044715f * x * x * x)) + 1.0f);
+    case QLM_ACT_GELU: return 0.5f * x * (1.0f + erff(x * 0.7071067811865476f));
     default: return x / (1.0f + expf(-x));
     }
 }

@@ -720,11 +720,11 @@ int qlm_gguf_tensor_describe(const qlm_gguf *g, int i, const char **name, const 
 /* ---------- Llama-family config ---------- */
 
 /* Llama-shaped architectures. llama.cpp's converter interleaves the Q/K rows of "llama" models
- * (pairwise RoPE); "qwen2" keeps Hugging Face's rotate-half layout. */
+ * (pairwise RoPE); "qwen2" and "qwen3" keep Hugging Face's rotate-half layout. */
 static const struct {
     const char *arch;
     int permuted;
-} ARCHS[] = {{"llama", 1}, {"qwen2", 0}};
+} ARCHS[] = {{"llama", 1}, {"qwen2", 0}, {"qwen3", 0}};
 
 static int arch_index(const char *arch) {
     for (int i = 0; i < (int)(sizeof ARCHS / sizeof ARCHS[0]); i++)
@@ -868,6 +868,7 @@ static int read_rope_freqs(const qlm_gguf *g, qlm_llama_config *c) {
         return qlm_errorf("%s: rope_freqs.weight does not follow Llama 3 RoPE scaling (original context 8192, "
                           "frequency factors 1 and 4); other RoPE scalings are not supported", g->path);
     if (factor > 1) {
+        c->rope_type = QLM_ROPE_LLAMA3;
         c->rope_scale_factor = factor;
         c->rope_low_freq_factor = low;
         c->rope_high_freq_factor = high;
@@ -876,14 +877,27 @@ static int read_rope_freqs(const qlm_gguf *g, qlm_llama_config *c) {
     return 0;
 }
 
-static int check_rope_scaling(const qlm_gguf *g, const char *a) {
+/* <arch>.rope.scaling.*: none, linear (factor) or yarn (factor, original context, betas, attention factor). */
+static int read_rope_scaling(const qlm_gguf *g, const char *a, qlm_llama_config *c) {
     char key[128];
     const char *type;
     snprintf(key, sizeof key, "%s.rope.scaling.type", a);
     if (!find_kv(g, key)) return 0;
     if (qlm_gguf_get_str(g, key, &type) != 0) return -1;
-    if (strcmp(type, "none") != 0)
-        return qlm_errorf("%s: RoPE scaling \"%s\" (%s) is not supported", g->path, type, key);
+    if (strcmp(type, "none") == 0) return 0;
+    if (strcmp(type, "linear") == 0) c->rope_type = QLM_ROPE_LINEAR;
+    else if (strcmp(type, "yarn") == 0) c->rope_type = QLM_ROPE_YARN;
+    else return qlm_errorf("%s: RoPE scaling \"%s\" (%s) is not supported (none, linear, yarn)", g->path, type, key);
+    if (arch_float(g, a, "rope.scaling.factor", 1, 0, &c->rope_scale_factor) != 0 ||
+        arch_int(g, a, "rope.scaling.original_context_length", 0, c->max_seq_len, &c->rope_orig_max_pos) != 0)
+        return -1;
+    if (c->rope_type != QLM_ROPE_YARN) return 0;
+    if (arch_float(g, a, "rope.scaling.yarn_beta_fast", 0, 32, &c->rope_beta_fast) != 0 ||
+        arch_float(g, a, "rope.scaling.yarn_beta_slow", 0, 1, &c->rope_beta_slow) != 0)
+        return -1;
+    /* transformers' attention factor from the scaling factor (llama.cpp's own attn_factor key
+     * multiplies its internal one and is not read). */
+    c->rope_attn_factor = c->rope_scale_factor > 1 ? 0.1f * logf(c->rope_scale_factor) + 1.0f : 1.0f;
     return 0;
 }
 
@@ -892,17 +906,18 @@ int qlm_gguf_llama_config(const qlm_gguf *g, qlm_llama_config *cfg) {
     const char *arch;
     if (qlm_gguf_get_str(g, "general.architecture", &arch) != 0) return -1;
     if (arch_index(arch) < 0)
-        return qlm_errorf("%s: architecture \"%s\" is not supported (llama, qwen2)", g->path, arch);
+        return qlm_errorf("%s: architecture \"%s\" is not supported (llama, qwen2, qwen3)", g->path, arch);
     snprintf(cfg->arch, sizeof cfg->arch, "%s", arch);
     if (read_dims(g, arch, cfg) != 0 || read_vocab(g, arch, cfg) != 0) return -1;
     cfg->tie_embeddings = find_tensor(g, "output.weight") == NULL;
     cfg->attn_bias = find_tensor(g, "blk.0.attn_q.bias") != NULL;
     cfg->attn_out_bias = find_tensor(g, "blk.0.attn_output.bias") != NULL;
     cfg->mlp_bias = find_tensor(g, "blk.0.ffn_gate.bias") != NULL;
+    cfg->qk_norm = find_tensor(g, "blk.0.attn_q_norm.weight") != NULL;
     if (read_token_id(g, "tokenizer.ggml.bos_token_id", cfg->vocab_size, &cfg->bos_id) != 0 ||
         read_token_id(g, "tokenizer.ggml.eos_token_id", cfg->vocab_size, &cfg->eos_id) != 0)
         return -1;
-    if (qlm_config_validate(cfg, g->path) != 0 || check_rope_scaling(g, arch) != 0) return -1;
+    if (read_rope_scaling(g, arch, cfg) != 0 || qlm_config_validate(cfg, g->path) != 0) return -1;
     return read_rope_freqs(g, cfg);
 }
 
@@ -917,7 +932,7 @@ typedef struct {
     int wanted;
 } want;
 
-#define LAYER_WANTS 16
+#define LAYER_WANTS 18
 
 static int layer_wants(const qlm_llama_config *c, int permuted, want w[LAYER_WANTS]) {
     int64_t q = (int64_t)c->n_heads * c->head_dim, kv = (int64_t)c->n_kv_heads * c->head_dim;
@@ -939,6 +954,8 @@ static int layer_wants(const qlm_llama_config *c, int permuted, want w[LAYER_WAN
         {"ffn_gate.bias", "mlp.gate_proj.bias", c->hidden_dim, 0, 0, c->mlp_bias},
         {"ffn_up.bias", "mlp.up_proj.bias", c->hidden_dim, 0, 0, c->mlp_bias},
         {"ffn_down.bias", "mlp.down_proj.bias", c->dim, 0, 0, c->mlp_bias},
+        {"attn_q_norm.weight", "self_attn.q_norm.weight", c->head_dim, 0, 0, c->qk_norm},
+        {"attn_k_norm.weight", "self_attn.k_norm.weight", c->head_dim, 0, 0, c->qk_norm},
     };
     _Static_assert(sizeof list / sizeof list[0] == LAYER_WANTS, "LAYER_WANTS must match the list");
     memcpy(w, list, sizeof list);

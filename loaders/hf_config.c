@@ -1,6 +1,6 @@
-/* config.json of LlamaForCausalLM, Qwen2ForCausalLM and MistralForCausalLM checkpoints.
- * Defaults follow transformers' own config classes (tie_word_embeddings is false for all
- * three; rope_theta 10000). Both the old RoPE keys ("rope_theta", "rope_scaling") and the
+/* config.json of LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM and MistralForCausalLM
+ * checkpoints. Defaults follow transformers' own config classes (tie_word_embeddings is false for
+ * all four; rope_theta 10000; Mistral's sliding_window 4096 when absent). Both the old RoPE keys ("rope_theta", "rope_scaling") and the
  * transformers 5 form ("rope_parameters": {"rope_type", "rope_theta", ...}) are read. */
 #include "hf_config.h"
 
@@ -21,12 +21,13 @@
 
 #define HF_CONFIG_MAX_BYTES (16u * 1024u * 1024u)
 
-typedef enum { ARCH_LLAMA, ARCH_QWEN2, ARCH_MISTRAL } hf_arch;
+typedef enum { ARCH_LLAMA, ARCH_QWEN2, ARCH_QWEN3, ARCH_MISTRAL } hf_arch;
 
 /* Indexed by hf_arch. */
 static const struct { const char *model_type, *architecture; } ARCHES[] = {
     [ARCH_LLAMA] = {"llama", "LlamaForCausalLM"},
     [ARCH_QWEN2] = {"qwen2", "Qwen2ForCausalLM"},
+    [ARCH_QWEN3] = {"qwen3", "Qwen3ForCausalLM"},
     [ARCH_MISTRAL] = {"mistral", "MistralForCausalLM"},
 };
 #define N_ARCHES (sizeof ARCHES / sizeof ARCHES[0])
@@ -118,8 +119,35 @@ static int find_arch(const hf_ctx *c, hf_arch *arch) {
             *arch = (hf_arch)i;
             return 0;
         }
-    return qlm_errorf("%s: unsupported model (model_type %s, architecture %s; supported: llama, qwen2, mistral)",
+    return qlm_errorf("%s: unsupported model (model_type %s, architecture %s; supported: llama, qwen2, qwen3, mistral)",
                       c->path, mt ? mt : "absent", an ? an : "absent");
+}
+
+/* YaRN's ramp bounds and the attention factor that scales cos and sin, as transformers derives it
+ * (from mscale and mscale_all_dim when both are given, else from the factor). */
+static float yarn_mscale(float scale, float mscale) {
+    return scale <= 1 ? 1.0f : (float)(0.1 * mscale * log(scale) + 1.0);
+}
+
+static int read_yarn(const hf_ctx *rc, const cJSON *rope, qlm_llama_config *cfg) {
+    float mscale, mscale_all_dim;
+    const cJSON *truncate = field(rope, "truncate");
+    if (get_float(rc, rope, "beta_fast", 0, 32, &cfg->rope_beta_fast) != 0 ||
+        get_float(rc, rope, "beta_slow", 0, 1, &cfg->rope_beta_slow) != 0 ||
+        get_float(rc, rope, "mscale", 0, 0, &mscale) != 0 || get_float(rc, rope, "mscale_all_dim", 0, 0, &mscale_all_dim) != 0 ||
+        get_float(rc, rope, "attention_factor", 0, 0, &cfg->rope_attn_factor) != 0)
+        return -1;
+    if (truncate && !cJSON_IsTrue(truncate))
+        return qlm_errorf("%s: %struncate false is not supported", rc->path, rc->prefix);
+    if (!(cfg->rope_beta_fast > 0) || !(cfg->rope_beta_slow > 0))
+        return qlm_errorf("%s: %sbeta_fast and beta_slow must be positive", rc->path, rc->prefix);
+    if (cfg->rope_attn_factor < 0) return qlm_errorf("%s: %sattention_factor must be positive", rc->path, rc->prefix);
+    if (cfg->rope_attn_factor == 0)
+        cfg->rope_attn_factor = mscale != 0 && mscale_all_dim != 0
+                                    ? yarn_mscale(cfg->rope_scale_factor, mscale) /
+                                          yarn_mscale(cfg->rope_scale_factor, mscale_all_dim)
+                                    : yarn_mscale(cfg->rope_scale_factor, 1);
+    return 0;
 }
 
 /* rope_scaling (old) wins over rope_parameters (transformers 5), as in transformers. */
@@ -146,29 +174,83 @@ static int read_rope(const hf_ctx *c, qlm_llama_config *cfg) {
     const char *type, *legacy_type;
     if (get_str(&rc, rope, "rope_type", &type) != 0 || get_str(&rc, rope, "type", &legacy_type) != 0) return -1;
     if (!type) type = legacy_type ? legacy_type : "default";
-    if (strcmp(type, "default") == 0) return 0;
-    if (strcmp(type, "llama3") != 0)
-        return qlm_errorf("%s: %s type \"%s\" is not supported (only default and llama3)", c->path, key, type);
+    static const struct { const char *name; qlm_rope_type type; } TYPES[] = {
+        {"default", QLM_ROPE_DEFAULT}, {"linear", QLM_ROPE_LINEAR}, {"llama3", QLM_ROPE_LLAMA3}, {"yarn", QLM_ROPE_YARN}};
+    size_t t = 0;
+    while (t < sizeof TYPES / sizeof TYPES[0] && strcmp(TYPES[t].name, type) != 0) t++;
+    if (t == sizeof TYPES / sizeof TYPES[0])
+        return qlm_errorf("%s: %s type \"%s\" is not supported (default, linear, llama3, yarn)", c->path, key, type);
+    cfg->rope_type = TYPES[t].type;
+    if (cfg->rope_type == QLM_ROPE_DEFAULT) return 0;
     if (get_float(&rc, rope, "factor", 1, 0, &cfg->rope_scale_factor) != 0 ||
-        get_float(&rc, rope, "low_freq_factor", 1, 0, &cfg->rope_low_freq_factor) != 0 ||
-        get_float(&rc, rope, "high_freq_factor", 1, 0, &cfg->rope_high_freq_factor) != 0 ||
         get_int(&rc, rope, "original_max_position_embeddings", 0, cfg->max_seq_len, &cfg->rope_orig_max_pos) != 0)
         return -1;
-    if (!(cfg->rope_scale_factor > 0) || !(cfg->rope_low_freq_factor > 0) ||
-        !(cfg->rope_high_freq_factor > cfg->rope_low_freq_factor) || cfg->rope_orig_max_pos <= 0)
-        return qlm_errorf("%s: %s: llama3 factors must be positive with high_freq_factor > low_freq_factor", c->path, key);
+    if (!(cfg->rope_scale_factor > 0) || cfg->rope_orig_max_pos <= 0)
+        return qlm_errorf("%s: %sfactor and original_max_position_embeddings must be positive", c->path, prefix);
+    if (cfg->rope_type == QLM_ROPE_LLAMA3) {
+        if (get_float(&rc, rope, "low_freq_factor", 1, 0, &cfg->rope_low_freq_factor) != 0 ||
+            get_float(&rc, rope, "high_freq_factor", 1, 0, &cfg->rope_high_freq_factor) != 0)
+            return -1;
+        if (!(cfg->rope_low_freq_factor > 0) || !(cfg->rope_high_freq_factor > cfg->rope_low_freq_factor))
+            return qlm_errorf("%s: %s: llama3 factors must be positive with high_freq_factor > low_freq_factor", c->path,
+                              key);
+    }
+    return cfg->rope_type == QLM_ROPE_YARN ? read_yarn(&rc, rope, cfg) : 0;
+}
+
+/* Which layers attend over a sliding window, as transformers decides: Mistral's every layer when
+ * sliding_window is set (4096 when absent); Qwen2/Qwen3 only with use_sliding_window, layers from
+ * max_window_layers on; or the layer_types list a config spells out, which must have that shape. */
+static int read_sliding_window(const hf_ctx *c, hf_arch arch, qlm_llama_config *cfg) {
+    if (arch == ARCH_LLAMA) return 0;
+    int use = 1, window, first = 0;
+    if (arch != ARCH_MISTRAL && (get_bool(c, "use_sliding_window", 0, &use) != 0 ||
+                                 get_int(c, c->root, "max_window_layers", 0, 28, &first) != 0))
+        return -1;
+    if (get_int(c, c->root, "sliding_window", 0, 4096, &window) != 0) return -1;
+    if (field(c->root, "sliding_window") == NULL && cJSON_GetObjectItemCaseSensitive(c->root, "sliding_window"))
+        window = 0; /* null: no window */
+    if (!use || window == 0) return 0;
+    if (window < 0) return qlm_errorf("%s: sliding_window must be positive", c->path);
+    const cJSON *types = field(c->root, "layer_types");
+    if (!types) {
+        if (first < cfg->n_layers) cfg->sliding_window = window, cfg->window_first_layer = first < 0 ? 0 : first;
+        return 0;
+    }
+    if (!cJSON_IsArray(types) || cJSON_GetArraySize(types) != cfg->n_layers)
+        return qlm_errorf("%s: layer_types must list one type per layer (%d)", c->path, cfg->n_layers);
+    /* The first sliding layer; every layer after it must slide too. */
+    int l = 0, first_sliding = -1;
+    for (const cJSON *t = types->child; t; t = t->next, l++) {
+        int sliding = cJSON_IsString(t) && strcmp(t->valuestring, "sliding_attention") == 0;
+        if (!sliding && !(cJSON_IsString(t) && strcmp(t->valuestring, "full_attention") == 0))
+            return qlm_errorf("%s: layer_types[%d] must be \"full_attention\" or \"sliding_attention\"", c->path, l);
+        if (sliding && first_sliding < 0) first_sliding = l;
+        if (!sliding && first_sliding >= 0)
+            return qlm_errorf("%s: layer_types: full attention after a sliding layer (layer %d) is not supported",
+                              c->path, l);
+    }
+    cfg->sliding_window = first_sliding < 0 ? 0 : window;
+    cfg->window_first_layer = first_sliding < 0 ? 0 : first_sliding;
     return 0;
 }
 
-/* Attention limited to a sliding window is plain causal attention for sequences that fit
- * in the window, so the usable context is capped at the window. */
-static int read_sliding_window(const hf_ctx *c, hf_arch arch, qlm_llama_config *cfg) {
-    if (arch == ARCH_LLAMA) return 0;
-    int use = 1, window;
-    if (arch == ARCH_QWEN2 && get_bool(c, "use_sliding_window", 0, &use) != 0) return -1;
-    if (get_int(c, c->root, "sliding_window", 0, 0, &window) != 0) return -1;
-    if (use && window > 0 && window < cfg->max_seq_len) cfg->max_seq_len = window;
-    return 0;
+/* hidden_act: transformers' names for the activations qlm has. */
+static int read_act(const hf_ctx *c, qlm_llama_config *cfg) {
+    static const struct { const char *name; qlm_act act; } ACTS[] = {
+        {"silu", QLM_ACT_SILU}, {"swish", QLM_ACT_SILU}, {"gelu", QLM_ACT_GELU},
+        {"gelu_new", QLM_ACT_GELU_TANH}, {"gelu_pytorch_tanh", QLM_ACT_GELU_TANH}, {"relu", QLM_ACT_RELU}};
+    const char *act;
+    if (get_str(c, c->root, "hidden_act", &act) != 0) return -1;
+    cfg->act = QLM_ACT_SILU;
+    if (!act) return 0;
+    for (size_t i = 0; i < sizeof ACTS / sizeof ACTS[0]; i++)
+        if (strcmp(ACTS[i].name, act) == 0) {
+            cfg->act = ACTS[i].act;
+            return 0;
+        }
+    return qlm_errorf("%s: hidden_act \"%s\" is not supported (silu, gelu, gelu_new, gelu_pytorch_tanh, relu)",
+                      c->path, act);
 }
 
 static int read_biases(const hf_ctx *c, hf_arch arch, qlm_llama_config *cfg) {
@@ -177,6 +259,11 @@ static int read_biases(const hf_ctx *c, hf_arch arch, qlm_llama_config *cfg) {
         cfg->attn_bias = 1;
         return 0;
     case ARCH_MISTRAL:
+        return 0;
+    case ARCH_QWEN3:
+        cfg->qk_norm = 1;
+        if (get_bool(c, "attention_bias", 0, &cfg->attn_bias) != 0) return -1;
+        cfg->attn_out_bias = cfg->attn_bias;
         return 0;
     case ARCH_LLAMA:
         if (get_bool(c, "attention_bias", 0, &cfg->attn_bias) != 0 || get_bool(c, "mlp_bias", 0, &cfg->mlp_bias) != 0)
@@ -192,9 +279,7 @@ static int read_config(const hf_ctx *c, qlm_llama_config *cfg) {
     if (find_arch(c, &arch) != 0) return -1;
     memset(cfg, 0, sizeof *cfg);
     snprintf(cfg->arch, sizeof cfg->arch, "%s", ARCHES[arch].model_type);
-    const char *act;
-    if (get_str(c, c->root, "hidden_act", &act) != 0) return -1;
-    if (act && strcmp(act, "silu") != 0) return qlm_errorf("%s: hidden_act \"%s\" is not supported (only silu)", c->path, act);
+    if (read_act(c, cfg) != 0) return -1;
     if (get_int(c, c->root, "hidden_size", 1, 0, &cfg->dim) != 0 ||
         get_int(c, c->root, "intermediate_size", 1, 0, &cfg->hidden_dim) != 0 ||
         get_int(c, c->root, "num_hidden_layers", 1, 0, &cfg->n_layers) != 0 ||
@@ -307,20 +392,69 @@ static cJSON *add_token(cJSON *obj, const char *key, int id) {
     return id >= 0 ? cJSON_AddNumberToObject(obj, key, id) : cJSON_AddNullToObject(obj, key);
 }
 
-/* Qwen2 is the only supported family with q/k/v biases but no o_proj bias; Llama's
- * attention_bias covers all four projections. */
+/* The HF family that has the config's features: Qwen3 for per-head q/k norms, Qwen2 for q/k/v
+ * biases without an o_proj bias, Mistral for a window over every layer, else Llama (whose
+ * attention_bias covers all four projections). */
 static int pick_arch(const qlm_llama_config *cfg, const char *path, hf_arch *arch) {
-    if (cfg->attn_bias && !cfg->attn_out_bias) {
+    if (cfg->qk_norm) {
+        if (cfg->mlp_bias || cfg->attn_bias != cfg->attn_out_bias)
+            return qlm_errorf("%s: q/k norms with MLP biases or partial attention biases have no HF model", path);
+        *arch = ARCH_QWEN3;
+    } else if (cfg->attn_bias && !cfg->attn_out_bias) {
         if (cfg->mlp_bias) return qlm_errorf("%s: q/k/v bias without o_proj bias plus MLP bias has no HF model", path);
         *arch = ARCH_QWEN2;
     } else if (!cfg->attn_bias && cfg->attn_out_bias) {
         return qlm_errorf("%s: an o_proj bias without q/k/v biases has no HF model", path);
-    } else if (strcmp(cfg->arch, "mistral") == 0 && !cfg->attn_bias && !cfg->mlp_bias) {
+    } else if ((strcmp(cfg->arch, "mistral") == 0 || (cfg->sliding_window && !cfg->window_first_layer)) &&
+               !cfg->attn_bias && !cfg->mlp_bias) {
         *arch = ARCH_MISTRAL;
     } else {
         *arch = ARCH_LLAMA;
     }
+    if (cfg->sliding_window && *arch == ARCH_LLAMA)
+        return qlm_errorf("%s: sliding-window attention with biases has no HF model", path);
+    if (cfg->sliding_window && *arch == ARCH_MISTRAL && cfg->window_first_layer)
+        return qlm_errorf("%s: a sliding window over only some layers has no Mistral model", path);
     return 0;
+}
+
+static const char *act_name(int act) {
+    switch ((qlm_act)act) {
+    case QLM_ACT_GELU: return "gelu";
+    case QLM_ACT_GELU_TANH: return "gelu_pytorch_tanh";
+    case QLM_ACT_RELU: return "relu";
+    case QLM_ACT_SILU: break;
+    }
+    return "silu";
+}
+
+static int add_rope_scaling(cJSON *root, const qlm_llama_config *cfg) {
+    if (cfg->rope_type == QLM_ROPE_DEFAULT) return cJSON_AddNullToObject(root, "rope_scaling") != NULL;
+    static const char *const NAMES[] = {[QLM_ROPE_LINEAR] = "linear", [QLM_ROPE_LLAMA3] = "llama3",
+                                        [QLM_ROPE_YARN] = "yarn"};
+    cJSON *rope = cJSON_AddObjectToObject(root, "rope_scaling");
+    int ok = rope && cJSON_AddStringToObject(rope, "rope_type", NAMES[cfg->rope_type]) &&
+             add_float(rope, "factor", cfg->rope_scale_factor) &&
+             cJSON_AddNumberToObject(rope, "original_max_position_embeddings", cfg->rope_orig_max_pos);
+    if (ok && cfg->rope_type == QLM_ROPE_LLAMA3)
+        ok = add_float(rope, "low_freq_factor", cfg->rope_low_freq_factor) &&
+             add_float(rope, "high_freq_factor", cfg->rope_high_freq_factor);
+    if (ok && cfg->rope_type == QLM_ROPE_YARN)
+        ok = add_float(rope, "beta_fast", cfg->rope_beta_fast) && add_float(rope, "beta_slow", cfg->rope_beta_slow) &&
+             add_float(rope, "attention_factor", cfg->rope_attn_factor);
+    return ok;
+}
+
+static int add_sliding_window(cJSON *root, const qlm_llama_config *cfg, hf_arch arch) {
+    if (arch == ARCH_MISTRAL)
+        return cfg->sliding_window ? cJSON_AddNumberToObject(root, "sliding_window", cfg->sliding_window) != NULL
+                                   : cJSON_AddNullToObject(root, "sliding_window") != NULL;
+    if (arch == ARCH_LLAMA) return 1;
+    return cJSON_AddBoolToObject(root, "use_sliding_window", cfg->sliding_window > 0) &&
+           (cfg->sliding_window ? cJSON_AddNumberToObject(root, "sliding_window", cfg->sliding_window) != NULL
+                                : cJSON_AddNullToObject(root, "sliding_window") != NULL) &&
+           cJSON_AddNumberToObject(root, "max_window_layers",
+                                   cfg->sliding_window ? cfg->window_first_layer : cfg->n_layers);
 }
 
 static int fill_json(cJSON *root, const qlm_llama_config *cfg, hf_arch arch) {
@@ -331,7 +465,7 @@ static int fill_json(cJSON *root, const qlm_llama_config *cfg, hf_arch arch) {
         return -1;
     }
     int ok = cJSON_AddStringToObject(root, "model_type", ARCHES[arch].model_type) &&
-             cJSON_AddStringToObject(root, "hidden_act", "silu") &&
+             cJSON_AddStringToObject(root, "hidden_act", act_name(cfg->act)) &&
              cJSON_AddNumberToObject(root, "hidden_size", cfg->dim) &&
              cJSON_AddNumberToObject(root, "intermediate_size", cfg->hidden_dim) &&
              cJSON_AddNumberToObject(root, "num_hidden_layers", cfg->n_layers) &&
@@ -342,21 +476,11 @@ static int fill_json(cJSON *root, const qlm_llama_config *cfg, hf_arch arch) {
              cJSON_AddNumberToObject(root, "max_position_embeddings", cfg->max_seq_len) &&
              add_float(root, "rope_theta", cfg->rope_theta) && add_float(root, "rms_norm_eps", cfg->norm_eps) &&
              cJSON_AddBoolToObject(root, "tie_word_embeddings", cfg->tie_embeddings) &&
-             add_token(root, "bos_token_id", cfg->bos_id) && add_token(root, "eos_token_id", cfg->eos_id);
-    if (ok && arch == ARCH_LLAMA)
-        ok = cJSON_AddBoolToObject(root, "attention_bias", cfg->attn_bias) &&
-             cJSON_AddBoolToObject(root, "mlp_bias", cfg->mlp_bias);
-    if (ok && arch == ARCH_MISTRAL) ok = cJSON_AddNullToObject(root, "sliding_window") != NULL;
-    if (ok && cfg->rope_scale_factor > 0) {
-        cJSON *rope = cJSON_AddObjectToObject(root, "rope_scaling");
-        ok = rope && cJSON_AddStringToObject(rope, "rope_type", "llama3") &&
-             add_float(rope, "factor", cfg->rope_scale_factor) &&
-             add_float(rope, "low_freq_factor", cfg->rope_low_freq_factor) &&
-             add_float(rope, "high_freq_factor", cfg->rope_high_freq_factor) &&
-             cJSON_AddNumberToObject(rope, "original_max_position_embeddings", cfg->rope_orig_max_pos);
-    } else if (ok) {
-        ok = cJSON_AddNullToObject(root, "rope_scaling") != NULL;
-    }
+             add_token(root, "bos_token_id", cfg->bos_id) && add_token(root, "eos_token_id", cfg->eos_id) &&
+             add_rope_scaling(root, cfg) && add_sliding_window(root, cfg, arch);
+    if (ok && (arch == ARCH_LLAMA || arch == ARCH_QWEN3))
+        ok = cJSON_AddBoolToObject(root, "attention_bias", cfg->attn_bias) != NULL;
+    if (ok && arch == ARCH_LLAMA) ok = cJSON_AddBoolToObject(root, "mlp_bias", cfg->mlp_bias) != NULL;
     return ok ? 0 : -1;
 }
 

@@ -186,6 +186,8 @@ static void check_config(const qlm_llama_config *c, const cJSON *ref) {
     assert_int_equal(c->attn_bias, (int)jnum(ref, "attn_bias"));
     assert_int_equal(c->attn_out_bias, 0);
     assert_int_equal(c->mlp_bias, 0);
+    const cJSON *qk_norm = cJSON_GetObjectItemCaseSensitive(ref, "qk_norm");
+    assert_int_equal(c->qk_norm, qk_norm ? (int)qk_norm->valuedouble : 0);
     if (cJSON_GetObjectItemCaseSensitive(ref, "rope_scale_factor")) {
         assert_true(c->rope_scale_factor == (float)jnum(ref, "rope_scale_factor"));
         assert_true(c->rope_low_freq_factor == (float)jnum(ref, "rope_low_freq_factor"));
@@ -248,6 +250,11 @@ static void test_tiny_llama(void **state) {
 static void test_tiny_qwen2(void **state) {
     (void)state;
     check_model("tiny_qwen2");
+}
+
+static void test_tiny_qwen3(void **state) {
+    (void)state;
+    check_model("tiny_qwen3");
 }
 
 /* Tensor infos as listed by gguf-py: names, type names, dims innermost first. */
@@ -464,6 +471,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_kv_types),         cmocka_unit_test(test_kv_describe),
         cmocka_unit_test(test_tiny_llama),       cmocka_unit_test(test_tiny_qwen2),
+        cmocka_unit_test(test_tiny_qwen3),
         cmocka_unit_test(test_tensor_describe),  cmocka_unit_test(test_unsupported_type),
         cmocka_unit_test(test_missing_and_misshaped), cmocka_unit_test(test_smollm2),
     };

@@ -5,6 +5,7 @@
 #include "test_util.h"
 
 #include <dirent.h>
+#include <math.h>
 #include <unistd.h>
 
 #include "core/error.h"
@@ -30,8 +31,31 @@ static const fixture_cfg FIXTURES[] = {
     {"llama3_rope", {.arch = "llama", .dim = 64, .hidden_dim = 128, .n_layers = 3, .n_heads = 4, .n_kv_heads = 2,
                      .head_dim = 32, .vocab_size = 256, .max_seq_len = 256, .rope_theta = 500000.0f, .norm_eps = 1e-5f,
                      .rope_scale_factor = 8.0f, .rope_low_freq_factor = 1.0f, .rope_high_freq_factor = 4.0f,
-                     .rope_orig_max_pos = 32, .bos_id = 1, .eos_id = 2}},
+                     .rope_type = QLM_ROPE_LLAMA3, .rope_orig_max_pos = 32, .bos_id = 1, .eos_id = 2}},
+    {"qwen3_window", {.arch = "qwen3", .dim = 64, .hidden_dim = 160, .n_layers = 3, .n_heads = 6, .n_kv_heads = 2,
+                      .head_dim = 24, .vocab_size = 352, .max_seq_len = 256, .rope_theta = 1000000.0f,
+                      .norm_eps = 1e-6f, .tie_embeddings = 1, .qk_norm = 1, .sliding_window = 8,
+                      .window_first_layer = 1, .bos_id = 1, .eos_id = 2}},
+    {"mistral_window", {.arch = "mistral", .dim = 64, .hidden_dim = 144, .n_layers = 2, .n_heads = 8,
+                        .n_kv_heads = 2, .head_dim = 8, .vocab_size = 288, .max_seq_len = 256, .rope_theta = 10000.0f,
+                        .norm_eps = 1e-5f, .sliding_window = 10, .bos_id = 1, .eos_id = 2}},
+    {"gelu_linear_rope", {.arch = "llama", .dim = 64, .hidden_dim = 128, .n_layers = 2, .n_heads = 4, .n_kv_heads = 4,
+                          .head_dim = 16, .vocab_size = 320, .max_seq_len = 256, .rope_theta = 10000.0f,
+                          .norm_eps = 1e-5f, .act = QLM_ACT_GELU, .rope_type = QLM_ROPE_LINEAR,
+                          .rope_scale_factor = 4.0f, .rope_orig_max_pos = 256, .bos_id = 1, .eos_id = 2}},
+    /* attention factor 0.1 ln 8 + 1 */
+    {"yarn_gelu_tanh_bias", {.arch = "llama", .dim = 64, .hidden_dim = 128, .n_layers = 2, .n_heads = 4,
+                             .n_kv_heads = 2, .head_dim = 32, .vocab_size = 256, .max_seq_len = 128,
+                             .rope_theta = 10000.0f, .norm_eps = 1e-6f, .attn_bias = 1, .attn_out_bias = 1,
+                             .mlp_bias = 1, .act = QLM_ACT_GELU_TANH, .rope_type = QLM_ROPE_YARN,
+                             .rope_scale_factor = 8.0f, .rope_beta_fast = 8.0f, .rope_beta_slow = 1.0f,
+                             .rope_attn_factor = 1.2079441541679836f, .rope_orig_max_pos = 16, .bos_id = 1,
+                             .eos_id = 2}},
 };
+/* The HF class each fixture's config is written back as. */
+static const char *const SAVED_CLASS[] = {"LlamaForCausalLM", "LlamaForCausalLM", "Qwen2ForCausalLM",
+                                          "LlamaForCausalLM", "Qwen3ForCausalLM", "MistralForCausalLM",
+                                          "LlamaForCausalLM", "LlamaForCausalLM"};
 #define N_FIXTURES (sizeof FIXTURES / sizeof FIXTURES[0])
 
 static void assert_cfg_equal(const qlm_llama_config *a, const qlm_llama_config *b) {
@@ -54,6 +78,13 @@ static void assert_cfg_equal(const qlm_llama_config *a, const qlm_llama_config *
     assert_true(a->rope_low_freq_factor == b->rope_low_freq_factor);
     assert_true(a->rope_high_freq_factor == b->rope_high_freq_factor);
     assert_int_equal(a->rope_orig_max_pos, b->rope_orig_max_pos);
+    assert_int_equal(a->rope_type, b->rope_type);
+    assert_true(a->rope_beta_fast == b->rope_beta_fast && a->rope_beta_slow == b->rope_beta_slow);
+    assert_true(fabsf(a->rope_attn_factor - b->rope_attn_factor) <= 1e-6f);
+    assert_int_equal(a->act, b->act);
+    assert_int_equal(a->qk_norm, b->qk_norm);
+    assert_int_equal(a->sliding_window, b->sliding_window);
+    assert_int_equal(a->window_first_layer, b->window_first_layer);
     assert_int_equal(a->bos_id, b->bos_id);
     assert_int_equal(a->eos_id, b->eos_id);
 }
@@ -164,23 +195,49 @@ static void test_defaults_and_variants(void **state) {
             &cfg);
     assert_true(cfg.rope_theta == 1234.5f && cfg.rope_scale_factor == 0);
 
-    /* Mistral: sliding window caps the context; null window does not. No biases. */
+    /* Mistral: every layer over the window (4096 when absent); null means none. No biases. */
     load_ok(write_config("{\"model_type\": \"mistral\", " BASE_FIELDS ", \"sliding_window\": 64, \"attention_bias\": true}"),
             &cfg);
     assert_string_equal(cfg.arch, "mistral");
-    assert_int_equal(cfg.max_seq_len, 64);
+    assert_int_equal(cfg.max_seq_len, 256);
+    assert_int_equal(cfg.sliding_window, 64);
+    assert_int_equal(cfg.window_first_layer, 0);
     assert_int_equal(cfg.attn_bias, 0);
     load_ok(write_config("{\"model_type\": \"mistral\", " BASE_FIELDS ", \"sliding_window\": null}"), &cfg);
-    assert_int_equal(cfg.max_seq_len, 256);
+    assert_int_equal(cfg.sliding_window, 0);
+    load_ok(write_config("{\"model_type\": \"mistral\", " BASE_FIELDS "}"), &cfg);
+    assert_int_equal(cfg.sliding_window, 4096);
 
-    /* Qwen2: q/k/v bias regardless of attention_bias; the window only counts when enabled. */
+    /* Qwen2: q/k/v bias regardless of attention_bias; the window only counts when enabled, from
+     * max_window_layers (28 when absent: none of these two layers) on. */
     load_ok(write_config("{\"model_type\": \"qwen2\", " BASE_FIELDS ", \"sliding_window\": 32, \"use_sliding_window\": false}"),
             &cfg);
     assert_true(cfg.attn_bias && !cfg.attn_out_bias && !cfg.mlp_bias);
-    assert_int_equal(cfg.max_seq_len, 256);
+    assert_int_equal(cfg.sliding_window, 0);
     load_ok(write_config("{\"model_type\": \"qwen2\", " BASE_FIELDS ", \"sliding_window\": 32, \"use_sliding_window\": true}"),
             &cfg);
-    assert_int_equal(cfg.max_seq_len, 32);
+    assert_int_equal(cfg.sliding_window, 0);
+    load_ok(write_config("{\"model_type\": \"qwen2\", " BASE_FIELDS ", \"sliding_window\": 32, \"use_sliding_window\": true,"
+                         " \"max_window_layers\": 1}"),
+            &cfg);
+    assert_true(cfg.sliding_window == 32 && cfg.window_first_layer == 1 && qlm_layer_window(&cfg, 0) == 0 &&
+                qlm_layer_window(&cfg, 1) == 32);
+    /* An explicit layer_types list wins over max_window_layers. */
+    load_ok(write_config("{\"model_type\": \"qwen3\", " BASE_FIELDS ", \"sliding_window\": 16, \"use_sliding_window\": true,"
+                         " \"max_window_layers\": 2, \"layer_types\": [\"sliding_attention\", \"sliding_attention\"]}"),
+            &cfg);
+    assert_true(cfg.qk_norm && !cfg.attn_bias && cfg.sliding_window == 16 && cfg.window_first_layer == 0);
+
+    /* hidden_act names; RoPE types. */
+    load_ok(write_config("{\"model_type\": \"llama\", " BASE_FIELDS ", \"hidden_act\": \"gelu_new\","
+                         " \"rope_scaling\": {\"type\": \"linear\", \"factor\": 2}}"),
+            &cfg);
+    assert_true(cfg.act == QLM_ACT_GELU_TANH && cfg.rope_type == QLM_ROPE_LINEAR && cfg.rope_scale_factor == 2.0f);
+    /* YaRN's attention factor from mscale / mscale_all_dim (DeepSeek's form): equal ones give 1. */
+    load_ok(write_config("{\"model_type\": \"llama\", " BASE_FIELDS ", \"rope_scaling\": {\"rope_type\": \"yarn\","
+                         " \"factor\": 4, \"mscale\": 0.707, \"mscale_all_dim\": 0.707}}"),
+            &cfg);
+    assert_true(cfg.rope_type == QLM_ROPE_YARN && cfg.rope_attn_factor == 1.0f && cfg.rope_beta_fast == 32.0f);
 }
 
 static void expect_error(const char *text, const char *needle) {
@@ -211,10 +268,10 @@ static void test_errors(void **state) {
         {"{\"model_type\": \"llama\", " BASE_FIELDS ", \"num_key_value_heads\": 1e12}", "num_key_value_heads"},
         {"{\"model_type\": \"llama\", " BASE_FIELDS ", \"rope_theta\": \"big\"}", "rope_theta"},
         {"{\"model_type\": \"llama\", " BASE_FIELDS ", \"rope_theta\": -5}", "rope_theta"},
-        {"{\"model_type\": \"llama\", " BASE_FIELDS ", \"rope_scaling\": {\"rope_type\": \"yarn\", \"factor\": 4}}",
-         "not supported"},
-        {"{\"model_type\": \"llama\", " BASE_FIELDS ", \"rope_scaling\": {\"type\": \"linear\", \"factor\": 2}}",
-         "linear"},
+        {"{\"model_type\": \"llama\", " BASE_FIELDS ", \"rope_scaling\": {\"rope_type\": \"longrope\", \"factor\": 4}}",
+         "\"longrope\" is not supported"},
+        {"{\"model_type\": \"llama\", " BASE_FIELDS ", \"rope_scaling\": {\"type\": \"linear\", \"factor\": -2}}",
+         "factor"},
         {"{\"model_type\": \"llama\", " BASE_FIELDS ", \"rope_scaling\": {\"rope_type\": \"llama3\", \"low_freq_factor\": 1,"
          " \"high_freq_factor\": 4}}",
          "rope_scaling.factor"},
@@ -226,7 +283,6 @@ static void test_errors(void **state) {
         {"{\"model_type\": \"llama\", " BASE_FIELDS ", \"partial_rotary_factor\": 0.5}", "partial_rotary_factor"},
         {"{\"model_type\": \"llama\", " BASE_FIELDS ", \"rope_parameters\": {\"partial_rotary_factor\": 0.5}}",
          "partial_rotary_factor"},
-        {"{\"model_type\": \"llama\", " BASE_FIELDS ", \"hidden_act\": \"gelu\"}", "hidden_act"},
         {"{\"model_type\": \"t5\", " BASE_FIELDS "}", "unsupported model"},
         {"{" BASE_FIELDS "}", "unsupported model"},
         {"{\"model_type\": 5, " BASE_FIELDS "}", "model_type"},
@@ -234,6 +290,15 @@ static void test_errors(void **state) {
         {"{\"model_type\": \"llama\", " BASE_FIELDS ", \"bos_token_id\": -3}", "bos_token_id"},
         {"{\"model_type\": \"llama\", " BASE_FIELDS ", \"attention_bias\": \"false\"}", "attention_bias"},
         {"{\"model_type\": \"mistral\", " BASE_FIELDS ", \"sliding_window\": \"4096\"}", "sliding_window"},
+        {"{\"model_type\": \"llama\", " BASE_FIELDS ", \"hidden_act\": \"tanh\"}", "hidden_act \"tanh\""},
+        {"{\"model_type\": \"llama\", " BASE_FIELDS ", \"rope_scaling\": {\"rope_type\": \"dynamic\", \"factor\": 2}}",
+         "\"dynamic\" is not supported"},
+        {"{\"model_type\": \"llama\", " BASE_FIELDS ", \"rope_scaling\": {\"rope_type\": \"linear\"}}", "factor"},
+        {"{\"model_type\": \"qwen3\", " BASE_FIELDS ", \"use_sliding_window\": true, \"max_window_layers\": 0,"
+         " \"layer_types\": [\"sliding_attention\", \"full_attention\"]}",
+         "full attention after a sliding layer"},
+        {"{\"model_type\": \"qwen3\", " BASE_FIELDS ", \"use_sliding_window\": true, \"layer_types\": [\"full_attention\"]}",
+         "one type per layer"},
         {"{\"model_type\": \"llama\", \"hidden_size\": 0, \"intermediate_size\": 128, \"num_hidden_layers\": 2,"
          " \"num_attention_heads\": 4, \"vocab_size\": 100, \"max_position_embeddings\": 256, \"rms_norm_eps\": 1e-05}",
          "hidden_size"},
@@ -275,7 +340,9 @@ static void test_save_roundtrip(void **state) {
         char *text = test_read_file(path, NULL);
         assert_non_null(text);
         assert_non_null(strstr(text, "\"torch_dtype\":\t\"float32\""));
-        assert_non_null(strstr(text, i == 2 ? "\"Qwen2ForCausalLM\"" : "\"LlamaForCausalLM\""));
+        char want_class[64];
+        snprintf(want_class, sizeof want_class, "\"%s\"", SAVED_CLASS[i]);
+        assert_non_null(strstr(text, want_class));
         free(text);
 
         qlm_tensor_store *s = qlm_store_new();

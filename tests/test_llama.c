@@ -91,11 +91,26 @@ static int greedy_match(const qlm_model *m, const reference *r) {
     return k;
 }
 
+/* Leading greedy steps whose reference top-1 lead over the runner-up exceeds `err`: a run whose
+ * logits are within err/2 of the reference's cannot choose differently there. */
+static int safe_greedy_prefix(const reference *r, int vocab, double err) {
+    int k = 0;
+    for (; k < r->n_greedy; k++) {
+        const float *row = r->logits + (size_t)(r->n_prompt - 1 + k) * vocab;
+        float top = -INFINITY, second = -INFINITY;
+        for (int v = 0; v < vocab; v++) {
+            if (row[v] > top) second = top, top = row[v];
+            else if (row[v] > second) second = row[v];
+        }
+        if (top - second <= err) break;
+    }
+    return k;
+}
+
 typedef struct {
     qlm_dtype dtype;
     int per_channel;
     double tol_rel; /* max |diff| allowed, relative to the largest |logit| */
-    int min_greedy; /* leading greedy tokens that must match */
 } precision_case;
 
 static void check_fixture(const char *name) {
@@ -108,9 +123,9 @@ static void check_fixture(const char *name) {
     /* BF16: transformers' own BF16 run of these fixtures lands 2.0-3.6% from its F32 logits
      * (tools/check_bf16_reference.py); qlm's, with BF16 caches as there, 1.1-2.6%. */
     const precision_case cases[] = {
-        {QLM_F32, 0, 0, 64},          /* absolute 1e-4, checked below */
-        {QLM_BF16, 0, 0.03, 16},      {QLM_F16, 0, 0.004, 32},
-        {QLM_I8, 0, 0.12, 0},         {QLM_I8, 1, 0.10, 0},
+        {QLM_F32, 0, 0},          /* absolute 1e-4, checked below */
+        {QLM_BF16, 0, 0.03},      {QLM_F16, 0, 0.004},
+        {QLM_I8, 0, 0.12},         {QLM_I8, 1, 0.10},
     };
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
         qlm_model m;
@@ -118,15 +133,18 @@ static void check_fixture(const char *name) {
         if (qlm_model_build(&m, &src.cfg, src.store, &o) != 0) fail_msg("%s", qlm_last_error());
         double diff = logits_max_diff(&m, &r);
         int greedy = greedy_match(&m, &r);
-        print_message("%-12s %-5s%s max|diff| %.3g (%.4f of max|logit| %.2f), greedy match %d/%d\n", name,
+        /* Decoding token by token rounds differently from the batched pass that measured diff:
+         * the steps it must get right are those whose lead is well past twice that error. */
+        int safe = safe_greedy_prefix(&r, src.cfg.vocab_size, 3 * diff);
+        print_message("%-12s %-5s%s max|diff| %.3g (%.4f of max|logit| %.2f), greedy match %d/%d (%d safe)\n", name,
                       qlm_dtype_name(cases[c].dtype), cases[c].per_channel ? "-pc" : "   ", diff, diff / r.max_abs,
-                      r.max_abs, greedy, r.n_greedy);
+                      r.max_abs, greedy, r.n_greedy, safe);
         if (cases[c].dtype == QLM_F32) {
             assert_true(diff <= 1e-4);
             assert_int_equal(greedy, r.n_greedy);
         } else {
             assert_true(diff <= cases[c].tol_rel * r.max_abs);
-            assert_true(greedy >= cases[c].min_greedy);
+            assert_true(greedy >= safe);
         }
         qlm_model_free(&m);
     }
@@ -138,6 +156,10 @@ static void test_mha_untied(void **state) { (void)state; check_fixture("mha_unti
 static void test_gqa_tied(void **state) { (void)state; check_fixture("gqa_tied"); }
 static void test_qwen2_bias(void **state) { (void)state; check_fixture("qwen2_bias"); }
 static void test_llama3_rope(void **state) { (void)state; check_fixture("llama3_rope"); }
+static void test_qwen3_window(void **state) { (void)state; check_fixture("qwen3_window"); }
+static void test_mistral_window(void **state) { (void)state; check_fixture("mistral_window"); }
+static void test_gelu_linear_rope(void **state) { (void)state; check_fixture("gelu_linear_rope"); }
+static void test_yarn_gelu_tanh_bias(void **state) { (void)state; check_fixture("yarn_gelu_tanh_bias"); }
 
 /* Decoding token by token must give the same logits as one batched prefill. */
 static void test_incremental_equals_batched(void **state) {
@@ -179,6 +201,10 @@ int main(void) {
         cmocka_unit_test(test_gqa_tied),
         cmocka_unit_test(test_qwen2_bias),
         cmocka_unit_test(test_llama3_rope),
+        cmocka_unit_test(test_qwen3_window),
+        cmocka_unit_test(test_mistral_window),
+        cmocka_unit_test(test_gelu_linear_rope),
+        cmocka_unit_test(test_yarn_gelu_tanh_bias),
         cmocka_unit_test(test_incremental_equals_batched),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

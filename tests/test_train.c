@@ -115,6 +115,16 @@ static void test_full_qwen2_bias(void **state) {
     check_full("qwen2_bias", 0);
 }
 
+static void test_full_qwen3_window(void **state) {
+    (void)state;
+    check_full("qwen3_window", 0);
+}
+
+static void test_full_gelu_linear_rope(void **state) {
+    (void)state;
+    check_full("gelu_linear_rope", 0);
+}
+
 static void test_full_recompute(void **state) {
     (void)state;
     check_full("gqa_tied", 1);
@@ -166,6 +176,16 @@ static void test_lora_gqa_tied(void **state) {
 static void test_lora_qwen2_bias(void **state) {
     (void)state;
     check_lora("qwen2_bias", QLM_F32, 1e-5);
+}
+
+static void test_lora_qwen3_window(void **state) {
+    (void)state;
+    check_lora("qwen3_window", QLM_F32, 1e-5);
+}
+
+static void test_lora_gelu_linear_rope(void **state) {
+    (void)state;
+    check_lora("gelu_linear_rope", QLM_F32, 1e-5);
 }
 
 /* QLoRA-style: the frozen base in BF16 and INT8 follows the F32 curve within the precision's error. */
@@ -288,8 +308,12 @@ static void test_lr_schedules(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_full_gqa_tied),         cmocka_unit_test(test_full_qwen2_bias),
+        cmocka_unit_test(test_full_qwen3_window),
+        cmocka_unit_test(test_full_gelu_linear_rope),
         cmocka_unit_test(test_full_recompute),        cmocka_unit_test(test_lora_gqa_tied),
-        cmocka_unit_test(test_lora_qwen2_bias),       cmocka_unit_test(test_lora_low_precision_base),
+        cmocka_unit_test(test_lora_qwen2_bias),
+        cmocka_unit_test(test_lora_qwen3_window),
+        cmocka_unit_test(test_lora_gelu_linear_rope),       cmocka_unit_test(test_lora_low_precision_base),
         cmocka_unit_test(test_full_bf16_compute),     cmocka_unit_test(test_loss_scaling_overflow),
         cmocka_unit_test(test_gradient_accumulation), cmocka_unit_test(test_lr_schedules),
     };

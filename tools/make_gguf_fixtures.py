@@ -149,6 +149,7 @@ def layer_names(hf):
         "self_attn.k_proj.bias": "attn_k.bias", "self_attn.v_proj.bias": "attn_v.bias",
         "post_attention_layernorm.weight": "ffn_norm.weight", "mlp.gate_proj.weight": "ffn_gate.weight",
         "mlp.up_proj.weight": "ffn_up.weight", "mlp.down_proj.weight": "ffn_down.weight",
+        "self_attn.q_norm.weight": "attn_q_norm.weight", "self_attn.k_norm.weight": "attn_k_norm.weight",
     }[hf]
 
 
@@ -215,6 +216,9 @@ def build_model(name, spec, rng):
             put(p + "self_attn.q_proj.bias", rand(nh * hd), T.F32, nh if permute else 0)
             put(p + "self_attn.k_proj.bias", rand(nkv * hd), T.F32, nkv if permute else 0)
             put(p + "self_attn.v_proj.bias", rand(nkv * hd), T.F32)
+        if spec.get("qk_norm"):
+            put(p + "self_attn.q_norm.weight", 1 + rand(hd, scale=0.1), T.F32)
+            put(p + "self_attn.k_norm.weight", 1 + rand(hd, scale=0.1), T.F32)
         put(p + "post_attention_layernorm.weight", 1 + rand(dim, scale=0.1), types[7])
         put(p + "mlp.gate_proj.weight", rand(hid, dim), types[4])
         put(p + "mlp.up_proj.weight", rand(hid, dim), types[5])
@@ -310,6 +314,25 @@ QWEN2_SPEC = {
     "alignment": 1,
 }
 
+# Qwen3: per-head q/k norms (attn_q_norm / attn_k_norm), no biases, rotate-half layout.
+QWEN3_SPEC = {
+    "arch": "qwen3",
+    "config": {"dim": 32, "hidden_dim": 96, "n_layers": 2, "n_heads": 4, "n_kv_heads": 2, "vocab_size": 40,
+               "max_seq_len": 64, "rope_theta": 1000000.0, "norm_eps": 1e-6, "bos_id": 1, "eos_id": 39,
+               "tie_embeddings": 0, "attn_bias": 0, "qk_norm": 1},
+    "embed_type": T.F32,
+    "output_type": T.Q8_0,
+    "layer_types": [[T.Q8_0, T.F16, T.Q4_0, T.BF16, T.Q4_1, T.F32, T.Q8_0, T.F32],
+                    [T.F32, T.Q4_1, T.Q8_0, T.F16, T.Q5_0, T.Q4_0, T.BF16, T.F32]],
+    "qk_norm": True,
+    "key_length": True,
+    # transformers' GGUF reader takes Qwen3's head_dim from its config default (128), not from
+    # attention.key_length, so it cannot load a small model: gguf-py's read-back is the check.
+    "skip_transformers": True,
+}
+
+MODELS = [("tiny_llama", LLAMA_SPEC), ("tiny_qwen2", QWEN2_SPEC), ("tiny_qwen3", QWEN3_SPEC)]
+
 
 def real_reference(path):
     """Reference numbers of the real SmolLM2 GGUF: metadata and tensor infos by gguf-py, and
@@ -360,16 +383,28 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--gguf", default=os.path.expanduser("~/.cache/qlm/SmolLM2-135M-Instruct.Q4_1.gguf"))
     ap.add_argument("--skip-real", action="store_true")
+    ap.add_argument("--only", nargs="+", choices=[n for n, _ in MODELS],
+                    help="rewrite only these synthetic models (the others are built aside, so that each one's "
+                         "random values stay what a full run gives)")
     args = ap.parse_args()
+    global OUT
     os.makedirs(OUT, exist_ok=True)
     rng = np.random.default_rng(20240601)
-    build_metadata_file()
-    for name, spec in [("tiny_llama", LLAMA_SPEC), ("tiny_qwen2", QWEN2_SPEC)]:
+    if not args.only:
+        build_metadata_file()
+    final_out, aside = OUT, tempfile.mkdtemp()
+    for name, spec in MODELS:
+        keep = not args.only or name in args.only
+        OUT = final_out if keep else aside
         path, meta, tensors = build_model(name, spec, rng)
-        check_with_transformers(path, tensors)
+        if not keep:
+            continue
+        if not spec.get("skip_transformers"):
+            check_with_transformers(path, tensors)
         with open(os.path.join(OUT, name + ".json"), "w") as f:
             json.dump(meta, f, indent=1, ensure_ascii=False)
-    if not args.skip_real:
+    OUT = final_out
+    if not args.skip_real and not args.only:
         with open(os.path.join(OUT, "smollm2_q4_1.json"), "w") as f:
             json.dump(real_reference(args.gguf), f, indent=1, ensure_ascii=False)
 

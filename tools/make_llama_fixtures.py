@@ -3,7 +3,7 @@
 and the safetensors format fixture in tests/fixtures/safetensors/. qlm never runs Python;
 this script only produces the committed reference files (see tests/fixtures/README.md).
 
-Usage (from the repository root):  python3 tools/make_llama_fixtures.py [--out tests/fixtures]
+Usage (from the repository root):  python3 tools/make_llama_fixtures.py [--out tests/fixtures] [--only NAME ...]
 Needs torch, transformers, safetensors, numpy. Runs on the CPU in float32 with fixed seeds.
 """
 import argparse
@@ -15,7 +15,8 @@ import sys
 import numpy as np
 import torch
 import transformers
-from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+from transformers import (GenerationConfig, LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM,
+                          Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM)
 
 N_NEW = 64
 PROMPT_LEN = 12
@@ -51,6 +52,39 @@ FIXTURES = {
                  rope_scaling=dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
                                    original_max_position_embeddings=32, rope_theta=500000.0),
                  rope_theta=500000.0)),
+    # Qwen3: per-head q/k RMSNorm, head_dim 24 != hidden/heads, GQA 6/2 (ratio 3), tied; layers from
+    # max_window_layers (1) on attend over a window of 8, shorter than the 12-token prompt.
+    "qwen3_window": dict(
+        cls=(Qwen3Config, Qwen3ForCausalLM), seed=5005,
+        cfg=dict(hidden_size=64, intermediate_size=160, num_hidden_layers=3, num_attention_heads=6,
+                 num_key_value_heads=2, head_dim=24, vocab_size=352, max_position_embeddings=256,
+                 rms_norm_eps=1e-6, tie_word_embeddings=True, bos_token_id=1, eos_token_id=2,
+                 use_sliding_window=True, sliding_window=8, max_window_layers=1,
+                 rope_parameters=dict(rope_type="default", rope_theta=1000000.0))),
+    # Mistral: every layer over a window of 10, GQA 8/2, untied.
+    "mistral_window": dict(
+        cls=(MistralConfig, MistralForCausalLM), seed=6006,
+        cfg=dict(hidden_size=64, intermediate_size=144, num_hidden_layers=2, num_attention_heads=8,
+                 num_key_value_heads=2, vocab_size=288, max_position_embeddings=256, rms_norm_eps=1e-5,
+                 tie_word_embeddings=False, bos_token_id=1, eos_token_id=2, sliding_window=10,
+                 rope_parameters=dict(rope_type="default", rope_theta=10000.0))),
+    # Exact GELU MLP with linear RoPE scaling (position interpolation, factor 4).
+    "gelu_linear_rope": dict(
+        cls=(LlamaConfig, LlamaForCausalLM), seed=7007,
+        cfg=dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                 num_key_value_heads=4, vocab_size=320, max_position_embeddings=256, rms_norm_eps=1e-5,
+                 tie_word_embeddings=False, bos_token_id=1, eos_token_id=2, hidden_act="gelu",
+                 rope_parameters=dict(rope_type="linear", factor=4.0, rope_theta=10000.0))),
+    # YaRN RoPE (factor 8 over an original context of 16: every ramp region in use, attention factor
+    # from the factor), tanh GELU, attention and MLP biases.
+    "yarn_gelu_tanh_bias": dict(
+        cls=(LlamaConfig, LlamaForCausalLM), seed=8008,
+        cfg=dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                 num_key_value_heads=2, head_dim=32, vocab_size=256, max_position_embeddings=128, rms_norm_eps=1e-6,
+                 tie_word_embeddings=False, bos_token_id=1, eos_token_id=2, hidden_act="gelu_pytorch_tanh",
+                 attention_bias=True, mlp_bias=True,
+                 rope_parameters=dict(rope_type="yarn", factor=8.0, original_max_position_embeddings=16,
+                                      beta_fast=8.0, beta_slow=1.0, rope_theta=10000.0))),
 }
 
 
@@ -110,10 +144,13 @@ def build(spec, seed):
 
 def make_fixture(name, spec, root):
     # The first seed from spec["seed"] on whose greedy path no step is a near-tie (margin
-    # >= MIN_MARGIN) and that does not collapse into repeating a few tokens.
+    # >= MIN_MARGIN), that does not collapse into repeating a few tokens, and that never
+    # produces an end-of-sequence id.
     for seed in range(spec["seed"], spec["seed"] + 100):
         model, config, prompt, ref_greedy, margins = build(spec, seed)
-        if min(margins) >= MIN_MARGIN and len(set(ref_greedy)) >= MIN_DISTINCT:
+        eos = config.eos_token_id if isinstance(config.eos_token_id, list) else [config.eos_token_id]
+        # generate() stops at an end-of-sequence id, the full-forward continuation does not.
+        if min(margins) >= MIN_MARGIN and len(set(ref_greedy)) >= MIN_DISTINCT and not set(eos) & set(ref_greedy):
             break
     else:
         sys.exit(f"{name}: no seed without near-ties")
@@ -198,11 +235,14 @@ def versions():
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="tests/fixtures")
+    ap.add_argument("--only", nargs="+", choices=sorted(FIXTURES), help="make only these fixtures")
     args = ap.parse_args()
     torch.set_num_threads(1)
     for name, spec in FIXTURES.items():
-        make_fixture(name, spec, args.out)
-    make_mixed_safetensors(args.out)
+        if not args.only or name in args.only:
+            make_fixture(name, spec, args.out)
+    if not args.only:
+        make_mixed_safetensors(args.out)
     print(json.dumps(versions()))
 
 

@@ -2,7 +2,7 @@
 """Dev-time generator of the training reference fixtures in tests/fixtures/train/ (see the README
 there). qlm never runs Python; this script only produces committed reference files.
 
-For each base model (tests/fixtures/llama/gqa_tied, tests/fixtures/llama/qwen2_bias) it writes
+For each base model (tests/fixtures/llama/ gqa_tied, qwen2_bias, qwen3_window, gelu_linear_rope) it writes
 tests/fixtures/train/<name>/:
   batch.json               3 sequences of different lengths and their labels (-100 = not a target)
   reference.json           loss, n_targets, 10 AdamW steps (losses, pre-clip grad norms), the same
@@ -20,7 +20,7 @@ same loss through transformers' own `labels=` path.
 
 Usage (from the repository root):
   python3 -m venv --system-site-packages /tmp/trainref && /tmp/trainref/bin/pip install peft safetensors
-  /tmp/trainref/bin/python tools/make_train_fixtures.py [--out tests/fixtures/train]
+  /tmp/trainref/bin/python tools/make_train_fixtures.py [--out tests/fixtures/train] [--only NAME ...]
 Needs torch, transformers 5.x, peft, safetensors. Runs on the CPU in float32 with fixed seeds, one
 thread and deterministic algorithms (a second run gives the same bytes).
 """
@@ -38,6 +38,10 @@ BASES = {
     # name: (base fixture folder, data seed)
     "gqa_tied": ("tests/fixtures/llama/gqa_tied", 5101),
     "qwen2_bias": ("tests/fixtures/llama/qwen2_bias", 5202),
+    # q/k norms and sliding-window attention (window 8 < the 23- and 17-token sequences)
+    "qwen3_window": ("tests/fixtures/llama/qwen3_window", 5303),
+    # exact GELU and linear RoPE scaling
+    "gelu_linear_rope": ("tests/fixtures/llama/gelu_linear_rope", 5404),
 }
 LENGTHS = (23, 17, 11)
 FIRST_ID = 3  # token ids are drawn uniformly from [FIRST_ID, vocab)

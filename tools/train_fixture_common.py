@@ -186,6 +186,7 @@ def main(doc, default_out, bases, make_one, check=None):
     """Parses --out, fixes hashing and determinism, then make_one(name, *bases[name], out) for each."""
     ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default=default_out)
+    ap.add_argument("--only", nargs="+", choices=sorted(bases), help="make only these fixtures")
     args = ap.parse_args()
     # peft stores target_modules as a set: fix str hashing so adapter_config.json lists them in the same order.
     if os.environ.get("PYTHONHASHSEED") != "0":
@@ -197,4 +198,5 @@ def main(doc, default_out, bases, make_one, check=None):
     torch.set_num_threads(1)
     os.makedirs(args.out, exist_ok=True)
     for name, spec in bases.items():
-        make_one(name, *spec, args.out)
+        if not args.only or name in args.only:
+            make_one(name, *spec, args.out)
