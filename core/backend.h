@@ -23,6 +23,9 @@ typedef struct {
     /* Causal only: > 0 limits row i to the last `window` keys, pos[i] - window + 1 .. pos[i]
      * (sliding-window attention); 0: the whole prefix. */
     int window;
+    /* > 0: scores (after the scale) become softcap * tanh(score / softcap) (Gemma 2; never with
+     * pos_bias). */
+    float softcap;
     /* NULL, or an additive score bias by relative position (T5): for query position p and key
      * row t, pos_bias[h * pos_bias_span + t - p + pos_bias_offset]. */
     const float *pos_bias;
@@ -168,8 +171,10 @@ typedef struct qlm_backend {
     void (*embedding_backward)(float *dtable, const float *dout, const int *ids, int n, int dim);
     /* Cross-entropy of n rows of logits against targets (-1: not a target): row_loss[i] is row i's
      * loss in nats (0 where no target), and the logits are replaced by their gradient times
-     * grad_scale: grad_scale * (softmax - onehot), zero rows where the target is -1. */
-    void (*cross_entropy)(float *row_loss, float *logits, const int *targets, int n, int vocab, float grad_scale);
+     * grad_scale: grad_scale * (softmax - onehot), zero rows where the target is -1. softcap > 0:
+     * the loss is of softcap * tanh(logit / softcap), and the gradient goes through the cap. */
+    void (*cross_entropy)(float *row_loss, float *logits, const int *targets, int n, int vocab, float grad_scale,
+                          float softcap);
     /* Sum of squares in double (gradient norms; inf/NaN propagate). */
     double (*sum_squares)(const float *x, long n);
     /* x *= s over n values. */

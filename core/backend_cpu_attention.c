@@ -156,6 +156,11 @@ static void attend(float *out, const float *q, const void *kc, const void *vc, c
         }
         for (int j = 0; j < g; j++) {
             float cmx = scale_bias_max(scores[j], m, sh->scale, bias_row(sh, h0 + j, p, t0));
+            if (sh->softcap > 0) {
+                /* tanh keeps the order: the capped maximum is the cap of the maximum */
+                qlm_cpu_softcap(scores[j], m, sh->softcap);
+                cmx = sh->softcap * tanhf(cmx / sh->softcap);
+            }
             if (cmx > mx[j]) {
                 /* A new maximum: what was summed so far shrinks by exp(old - new). */
                 float shrink = expf(mx[j] - cmx);
@@ -247,6 +252,7 @@ static void attention_sgemm(float *out, const float *q, const void *k_cache, con
             for (int i = 0; i < rows; i++) {
                 float *row = s + (size_t)i * span;
                 int from = first_key(sh, pos, b + i) - k0, keys = keys_of(sh, pos, b + i) - k0;
+                if (sh->softcap > 0) qlm_cpu_softcap(row + from, keys - from, sh->softcap);
                 softmax_row(row + from, keys - from, bias_row(sh, h, pos[b + i], k0 + from));
                 /* the causal mask and the window */
                 memset(row, 0, (size_t)from * sizeof *row);

@@ -132,9 +132,10 @@ static int attention_head_backward(float *dq, float *dk_h, float *dv_h, float *d
                                    const qlm_attn_shape *sh, int h) {
     int D = sh->head_dim, kvh = h / (sh->n_heads / sh->n_kv_heads);
     int q_stride = sh->n_heads * D, kv_stride = sh->n_kv_heads * D;
-    float *P = qlm_cpu_scratch_get(&t_attn_rows, (size_t)2 * n * nk);
+    /* P, dP and, with a soft cap, each capped score's derivative 1 - tanh^2 */
+    float *P = qlm_cpu_scratch_get(&t_attn_rows, (size_t)(sh->softcap > 0 ? 3 : 2) * n * nk);
     if (!P) return -1;
-    float *dP = P + (size_t)n * nk;
+    float *dP = P + (size_t)n * nk, *dcap = dP + (size_t)n * nk;
     const float *qh = q + (size_t)h * D, *kh = k + (size_t)kvh * D, *vh = v + (size_t)kvh * D,
                 *gh = dout + (size_t)h * D;
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, nk, D, sh->scale, qh, q_stride, kh, kv_stride, 0.0f, P, nk);
@@ -145,6 +146,12 @@ static int attention_head_backward(float *dq, float *dk_h, float *dv_h, float *d
         int seen = sh->n_keys > 0 ? sh->n_keys : pos[i] + 1;
         int first = sh->n_keys <= 0 && sh->window > 0 && pos[i] >= sh->window ? pos[i] - sh->window + 1 : 0;
         if (seen > nk) seen = nk;
+        if (sh->softcap > 0)
+            for (int t = first; t < seen; t++) {
+                float th = tanhf(pi[t] / sh->softcap);
+                pi[t] = sh->softcap * th;
+                dcap[(size_t)i * nk + t] = 1.0f - th * th;
+            }
         if (sh->pos_bias) {
             const float *bias = sh->pos_bias + (size_t)h * sh->pos_bias_span - pos[i] + sh->pos_bias_offset;
             for (int t = first; t < seen; t++) pi[t] += bias[t];
@@ -164,6 +171,7 @@ static int attention_head_backward(float *dq, float *dk_h, float *dv_h, float *d
         for (int t = first; t < seen; t++) {
             float ds = pi[t] * (dpi[t] - dot);
             if (dbias_h) dbias_h[t - pos[i] + sh->pos_bias_offset] += ds;
+            if (sh->softcap > 0) ds *= dcap[(size_t)i * nk + t];
             dpi[t] = ds * sh->scale;
         }
         for (int t = 0; t < first; t++) pi[t] = dpi[t] = 0;
@@ -266,7 +274,8 @@ void qlm_cpu_embedding_backward(float *dtable, const float *dout, const int *ids
     }
 }
 
-void qlm_cpu_cross_entropy(float *row_loss, float *logits, const int *targets, int n, int vocab, float grad_scale) {
+void qlm_cpu_cross_entropy(float *row_loss, float *logits, const int *targets, int n, int vocab, float grad_scale,
+                           float softcap) {
 #pragma omp parallel for schedule(static)
     for (int i = 0; i < n; i++) {
         float *l = logits + (size_t)i * vocab;
@@ -275,6 +284,8 @@ void qlm_cpu_cross_entropy(float *row_loss, float *logits, const int *targets, i
             memset(l, 0, (size_t)vocab * sizeof *l);
             continue;
         }
+        if (softcap > 0)
+            for (int j = 0; j < vocab; j++) l[j] = softcap * tanhf(l[j] / softcap);
         float mx = -INFINITY;
         for (int j = 0; j < vocab; j++)
             if (l[j] > mx) mx = l[j];
@@ -282,8 +293,15 @@ void qlm_cpu_cross_entropy(float *row_loss, float *logits, const int *targets, i
         for (int j = 0; j < vocab; j++) sum += exp((double)(l[j] - mx));
         row_loss[i] = (float)(log(sum) - (double)(l[targets[i]] - mx));
         float inv = (float)(1.0 / sum);
-        for (int j = 0; j < vocab; j++) l[j] = grad_scale * expf(l[j] - mx) * inv;
-        l[targets[i]] -= grad_scale;
+        for (int j = 0; j < vocab; j++) {
+            float g = grad_scale * expf(l[j] - mx) * inv;
+            if (j == targets[i]) g -= grad_scale;
+            if (softcap > 0) {
+                float t = l[j] / softcap; /* tanh of the raw logit over the cap */
+                g *= 1.0f - t * t;
+            }
+            l[j] = g;
+        }
     }
 }
 

@@ -20,7 +20,15 @@ typedef struct {
     int attn_out_bias;  /* o_proj has a bias */
     int mlp_bias;       /* gate/up/down have a bias */
     int act;            /* qlm_act of the gated MLP (hidden_act) */
-    int qk_norm;        /* per-head RMSNorm of queries and keys before RoPE (Qwen3) */
+    int qk_norm;        /* per-head RMSNorm of queries and keys before RoPE (Qwen3, Gemma 3) */
+    /* Gemma: RMSNorms multiply by (norm_offset + w); norms after the attention and the MLP output
+     * as well as before (post_norms); the embedding scaled by embed_scale (0: 1); attention scores
+     * scaled by query_scale (0: 1/sqrt(head_dim)); scores and final logits soft-capped
+     * (cap * tanh(x / cap); 0: none). */
+    float norm_offset;
+    int post_norms;
+    float embed_scale, query_scale;
+    float attn_softcap, final_softcap;
     /* "rope_scaling": the type and its parameters (factor 0 with QLM_ROPE_DEFAULT). */
     int rope_type;      /* qlm_rope_type */
     float rope_scale_factor;
@@ -30,9 +38,13 @@ typedef struct {
     float rope_attn_factor;      /* yarn: cos and sin are scaled by it (0: none) */
     int rope_orig_max_pos;
     /* Sliding-window attention: a query at position p sees keys p - sliding_window + 1 .. p, in
-     * layers window_first_layer and up (Qwen2's max_window_layers; 0 for Mistral). 0: none. */
+     * layers window_first_layer and up (Qwen2's max_window_layers; 0 for Mistral), except, with
+     * window_period p > 0, every p-th layer (l % p == p - 1: Gemma's global layers). 0: none. */
     int sliding_window;
     int window_first_layer;
+    int window_period;
+    /* > 0: the windowed layers' RoPE base (Gemma 3's rope_local_base_freq), unscaled. */
+    float rope_local_theta;
     int bos_id;         /* -1 when unknown */
     int eos_id;         /* -1 when unknown */
 } qlm_llama_config;
@@ -41,7 +53,8 @@ typedef enum { QLM_ROPE_DEFAULT, QLM_ROPE_LINEAR, QLM_ROPE_LLAMA3, QLM_ROPE_YARN
 
 /* The window of layer l's attention (0: the whole causal prefix). */
 static inline int qlm_layer_window(const qlm_llama_config *c, int l) {
-    return c->sliding_window > 0 && l >= c->window_first_layer ? c->sliding_window : 0;
+    if (c->sliding_window <= 0 || l < c->window_first_layer) return 0;
+    return c->window_period > 0 && l % c->window_period == c->window_period - 1 ? 0 : c->sliding_window;
 }
 
 /* Checks that the numbers are positive and consistent (heads divide, GQA groups, ...).

@@ -10,50 +10,63 @@
 
 /* ---- building: from store entries to converted weights ---- */
 
-enum { N_LAYER_PARAMS = 18, N_FIRST_OPTIONAL = 9, N_SHARED_PARAMS = 3 };
+enum { MAX_LAYER_PARAMS = 20, N_SHARED_PARAMS = 3 };
 
-/* The parameters of layer l under their Hugging Face names, with shapes and destinations. */
-static void layer_params(qlm_model *m, int l, qlm_param p[N_LAYER_PARAMS]) {
+/* The parameters of layer l under their Hugging Face names, with shapes and destinations: the
+ * required ones, the biases (optional: loaded when the checkpoint has them), then the norms only
+ * some families have. Returns the count. */
+static int layer_params(qlm_model *m, int l, qlm_param p[MAX_LAYER_PARAMS]) {
     const qlm_llama_config *c = &m->cfg;
     qlm_layer *L = &m->layers[l];
     int64_t q = (int64_t)c->n_heads * c->head_dim, kv = (int64_t)c->n_kv_heads * c->head_dim;
+    /* Gemma's names: post_attention_layernorm is the attention output's norm, the MLP's input
+     * norm is pre_feedforward_layernorm. */
+    const char *ffn_norm = c->post_norms ? "pre_feedforward_layernorm.weight" : "post_attention_layernorm.weight";
     const struct {
         const char *suffix;
         int64_t rows, cols;
         qlm_weight *matrix;
         float **vector;
-    } k[N_LAYER_PARAMS] = {
-        {"input_layernorm.weight", c->dim, 0, NULL, &L->attn_norm},
-        {"self_attn.q_proj.weight", q, c->dim, &L->wq, NULL},
-        {"self_attn.k_proj.weight", kv, c->dim, &L->wk, NULL},
-        {"self_attn.v_proj.weight", kv, c->dim, &L->wv, NULL},
-        {"self_attn.o_proj.weight", c->dim, q, &L->wo, NULL},
-        {"post_attention_layernorm.weight", c->dim, 0, NULL, &L->ffn_norm},
-        {"mlp.gate_proj.weight", c->hidden_dim, c->dim, &L->w_gate, NULL},
-        {"mlp.up_proj.weight", c->hidden_dim, c->dim, &L->w_up, NULL},
-        {"mlp.down_proj.weight", c->dim, c->hidden_dim, &L->w_down, NULL},
-        {"self_attn.q_proj.bias", q, 0, NULL, &L->bq},
-        {"self_attn.k_proj.bias", kv, 0, NULL, &L->bk},
-        {"self_attn.v_proj.bias", kv, 0, NULL, &L->bv},
-        {"self_attn.o_proj.bias", c->dim, 0, NULL, &L->bo},
-        {"mlp.gate_proj.bias", c->hidden_dim, 0, NULL, &L->b_gate},
-        {"mlp.up_proj.bias", c->hidden_dim, 0, NULL, &L->b_up},
-        {"mlp.down_proj.bias", c->dim, 0, NULL, &L->b_down},
-        {"self_attn.q_norm.weight", c->head_dim, 0, NULL, &L->q_norm},
-        {"self_attn.k_norm.weight", c->head_dim, 0, NULL, &L->k_norm},
+        int optional, listed;
+    } k[MAX_LAYER_PARAMS] = {
+        {"input_layernorm.weight", c->dim, 0, NULL, &L->attn_norm, 0, 1},
+        {"self_attn.q_proj.weight", q, c->dim, &L->wq, NULL, 0, 1},
+        {"self_attn.k_proj.weight", kv, c->dim, &L->wk, NULL, 0, 1},
+        {"self_attn.v_proj.weight", kv, c->dim, &L->wv, NULL, 0, 1},
+        {"self_attn.o_proj.weight", c->dim, q, &L->wo, NULL, 0, 1},
+        {ffn_norm, c->dim, 0, NULL, &L->ffn_norm, 0, 1},
+        {"mlp.gate_proj.weight", c->hidden_dim, c->dim, &L->w_gate, NULL, 0, 1},
+        {"mlp.up_proj.weight", c->hidden_dim, c->dim, &L->w_up, NULL, 0, 1},
+        {"mlp.down_proj.weight", c->dim, c->hidden_dim, &L->w_down, NULL, 0, 1},
+        {"self_attn.q_proj.bias", q, 0, NULL, &L->bq, 1, 1},
+        {"self_attn.k_proj.bias", kv, 0, NULL, &L->bk, 1, 1},
+        {"self_attn.v_proj.bias", kv, 0, NULL, &L->bv, 1, 1},
+        {"self_attn.o_proj.bias", c->dim, 0, NULL, &L->bo, 1, 1},
+        {"mlp.gate_proj.bias", c->hidden_dim, 0, NULL, &L->b_gate, 1, 1},
+        {"mlp.up_proj.bias", c->hidden_dim, 0, NULL, &L->b_up, 1, 1},
+        {"mlp.down_proj.bias", c->dim, 0, NULL, &L->b_down, 1, 1},
+        {"self_attn.q_norm.weight", c->head_dim, 0, NULL, &L->q_norm, 0, c->qk_norm},
+        {"self_attn.k_norm.weight", c->head_dim, 0, NULL, &L->k_norm, 0, c->qk_norm},
+        {"post_attention_layernorm.weight", c->dim, 0, NULL, &L->attn_post_norm, 0, c->post_norms},
+        {"post_feedforward_layernorm.weight", c->dim, 0, NULL, &L->ffn_post_norm, 0, c->post_norms},
     };
-    for (int i = 0; i < N_LAYER_PARAMS; i++) {
-        p[i] = (qlm_param){.rows = k[i].rows, .cols = k[i].cols, .optional = i >= N_FIRST_OPTIONAL, .matrix = k[i].matrix,
-                           .vector = k[i].vector};
-        snprintf(p[i].name, sizeof p[i].name, "model.layers.%d.%s", l, k[i].suffix);
+    int n = 0;
+    for (int i = 0; i < MAX_LAYER_PARAMS; i++) {
+        if (!k[i].listed) continue;
+        int is_norm = k[i].vector && strstr(k[i].suffix, "norm") != NULL;
+        p[n] = (qlm_param){.rows = k[i].rows, .cols = k[i].cols, .optional = k[i].optional, .matrix = k[i].matrix,
+                           .vector = k[i].vector, .offset = is_norm ? c->norm_offset : 0};
+        snprintf(p[n].name, sizeof p[n].name, "model.layers.%d.%s", l, k[i].suffix);
+        n++;
     }
+    return n;
 }
 
 /* Embeddings, final norm and (untied) head; embed_name is where the embedding is read from. */
 static int shared_params(qlm_model *m, const char *embed_name, qlm_param p[N_SHARED_PARAMS]) {
     const qlm_llama_config *c = &m->cfg;
     p[0] = (qlm_param){.rows = c->vocab_size, .cols = c->dim, .matrix = &m->tok_embed};
-    p[1] = (qlm_param){.rows = c->dim, .vector = &m->final_norm};
+    p[1] = (qlm_param){.rows = c->dim, .vector = &m->final_norm, .offset = c->norm_offset};
     p[2] = (qlm_param){.rows = c->vocab_size, .cols = c->dim, .matrix = &m->lm_head};
     snprintf(p[0].name, sizeof p[0].name, "%s", embed_name);
     snprintf(p[1].name, sizeof p[1].name, "model.norm.weight");
@@ -62,10 +75,10 @@ static int shared_params(qlm_model *m, const char *embed_name, qlm_param p[N_SHA
 }
 
 static int build_layer(qlm_model *m, const qlm_tensor_store *store, int l) {
-    qlm_param p[N_LAYER_PARAMS];
-    layer_params(m, l, p);
+    qlm_param p[MAX_LAYER_PARAMS];
+    int n = layer_params(m, l, p);
     qlm_layer *L = &m->layers[l];
-    return qlm_params_pack(p, N_LAYER_PARAMS, store, m->dtype, m->per_channel, m->be, &L->buffer, &L->buffer_bytes);
+    return qlm_params_pack(p, n, store, m->dtype, m->per_channel, m->be, &L->buffer, &L->buffer_bytes);
 }
 
 static int build_shared(qlm_model *m, const qlm_tensor_store *store) {
@@ -117,18 +130,21 @@ static float scaled_freq(const qlm_llama_config *c, int j, float f) {
     return f;
 }
 
-static int build_inv_freq(qlm_model *m) {
+/* The frequency table of base theta (scaled as configured, or not), into *table (device memory). */
+static int build_inv_freq(qlm_model *m, float theta, int scaled, float **table) {
     const qlm_llama_config *c = &m->cfg;
     int half = c->head_dim / 2;
     float *f_host = malloc((size_t)half * sizeof(float));
-    m->inv_freq = m->be->alloc((size_t)half * sizeof(float));
-    if (!f_host || !m->inv_freq) {
+    *table = m->be->alloc((size_t)half * sizeof(float));
+    if (!f_host || !*table) {
         free(f_host);
         return qlm_errorf("out of memory");
     }
-    for (int j = 0; j < half; j++)
-        f_host[j] = scaled_freq(c, j, 1.0f / powf(c->rope_theta, (float)(2 * j) / (float)c->head_dim));
-    m->be->to_device(m->inv_freq, f_host, (size_t)half * sizeof(float));
+    for (int j = 0; j < half; j++) {
+        float f = 1.0f / powf(theta, (float)(2 * j) / (float)c->head_dim);
+        f_host[j] = scaled ? scaled_freq(c, j, f) : f;
+    }
+    m->be->to_device(*table, f_host, (size_t)half * sizeof(float));
     free(f_host);
     return 0;
 }
@@ -138,20 +154,17 @@ int qlm_model_random_store(const qlm_llama_config *cfg, uint64_t seed, qlm_tenso
     qlm_model m = {.cfg = *cfg};
     m.layers = calloc((size_t)cfg->n_layers, sizeof *m.layers);
     if (!m.layers) return qlm_errorf("out of memory");
-    qlm_param p[N_LAYER_PARAMS];
+    qlm_param p[MAX_LAYER_PARAMS];
     int n = shared_params(&m, "model.embed_tokens.weight", p), rc = qlm_params_add_random(p, n, seed, store);
     for (int l = 0; l < cfg->n_layers && rc == 0; l++) {
-        layer_params(&m, l, p);
+        int count = layer_params(&m, l, p), keep = 0;
         /* Biases only where the config has them. */
-        int keep = 0;
-        for (int i = 0; i < N_LAYER_PARAMS; i++) {
+        for (int i = 0; i < count; i++) {
             const char *name = p[i].name;
-            int is_bias = strstr(name, ".bias") != NULL;
-            int wanted = strstr(name, "_norm.weight") && i >= N_FIRST_OPTIONAL ? cfg->qk_norm
-                         : !is_bias                    ? 1
-                         : strstr(name, "o_proj")      ? cfg->attn_out_bias
-                         : strstr(name, "mlp.")        ? cfg->mlp_bias
-                                                       : cfg->attn_bias;
+            int wanted = !strstr(name, ".bias")      ? 1
+                         : strstr(name, "o_proj")    ? cfg->attn_out_bias
+                         : strstr(name, "mlp.")      ? cfg->mlp_bias
+                                                     : cfg->attn_bias;
             if (wanted) p[keep++] = p[i];
         }
         rc = qlm_params_add_random(p, keep, seed + 1000003u * (uint64_t)(l + 1), store);
@@ -170,7 +183,9 @@ int qlm_model_build(qlm_model *m, const qlm_llama_config *cfg, const qlm_tensor_
     m->be = opts->backend ? opts->backend : qlm_backend_cpu();
     m->layers = calloc((size_t)cfg->n_layers, sizeof *m->layers);
     if (!m->layers) return qlm_errorf("out of memory");
-    if (build_shared(m, store) != 0 || build_inv_freq(m) != 0) goto fail;
+    if (build_shared(m, store) != 0 || build_inv_freq(m, cfg->rope_theta, 1, &m->inv_freq) != 0 ||
+        (cfg->rope_local_theta > 0 && build_inv_freq(m, cfg->rope_local_theta, 0, &m->inv_freq_local) != 0))
+        goto fail;
     for (int l = 0; l < cfg->n_layers; l++)
         if (build_layer(m, store, l) != 0) goto fail;
     return 0;
@@ -185,6 +200,7 @@ void qlm_model_free(qlm_model *m) {
         for (int l = 0; m->layers && l < m->cfg.n_layers; l++) be->free(m->layers[l].buffer);
         be->free(m->shared_buffer);
         be->free(m->inv_freq);
+        be->free(m->inv_freq_local);
     }
     free(m->layers);
     memset(m, 0, sizeof *m);
@@ -202,14 +218,14 @@ size_t qlm_model_weight_bytes(const qlm_model *m) {
 
 /* Walks the shared parameters and every layer's, exporting or counting them. */
 static int64_t walk_params(qlm_model *m, qlm_tensor_store *export_to) {
-    qlm_param p[N_LAYER_PARAMS];
+    qlm_param p[MAX_LAYER_PARAMS];
     int n = shared_params(m, "model.embed_tokens.weight", p);
     int64_t count = qlm_params_count(p, n);
     if (export_to && qlm_params_export(p, n, export_to) != 0) return -1;
     for (int l = 0; l < m->cfg.n_layers; l++) {
-        layer_params(m, l, p);
-        count += qlm_params_count(p, N_LAYER_PARAMS);
-        if (export_to && qlm_params_export(p, N_LAYER_PARAMS, export_to) != 0) return -1;
+        n = layer_params(m, l, p);
+        count += qlm_params_count(p, n);
+        if (export_to && qlm_params_export(p, n, export_to) != 0) return -1;
     }
     return count;
 }
@@ -223,8 +239,8 @@ int qlm_model_export(const qlm_model *m, qlm_tensor_store *store) {
 }
 
 int qlm_model_units(qlm_model *m, qlm_param **params, int *n_params, qlm_unit **units) {
-    int cap = N_SHARED_PARAMS + m->cfg.n_layers * N_LAYER_PARAMS, n = 0, n_units = m->cfg.n_layers + 1;
-    qlm_param *list = malloc((size_t)cap * sizeof *list), p[N_LAYER_PARAMS];
+    int cap = N_SHARED_PARAMS + m->cfg.n_layers * MAX_LAYER_PARAMS, n = 0, n_units = m->cfg.n_layers + 1;
+    qlm_param *list = malloc((size_t)cap * sizeof *list), p[MAX_LAYER_PARAMS];
     qlm_unit *u = units ? malloc((size_t)n_units * sizeof *u) : NULL;
     if (!list || (units && !u)) {
         free(list);
@@ -233,7 +249,7 @@ int qlm_model_units(qlm_model *m, qlm_param **params, int *n_params, qlm_unit **
     }
     int k = shared_params(m, "model.embed_tokens.weight", p);
     for (int l = -1; l < m->cfg.n_layers; l++) {
-        if (l >= 0) k = (layer_params(m, l, p), N_LAYER_PARAMS);
+        if (l >= 0) k = layer_params(m, l, p);
         if (u)
             u[l + 1] = (qlm_unit){.buffer = l < 0 ? &m->shared_buffer : &m->layers[l].buffer,
                                   .bytes = l < 0 ? &m->shared_bytes : &m->layers[l].buffer_bytes, .first = n};
@@ -257,24 +273,26 @@ int qlm_model_f32_twin(qlm_model *twin, const qlm_model *m) {
     *twin = *m;
     twin->dtype = QLM_F32;
     twin->per_channel = 0;
-    twin->inv_freq = NULL; /* the twin owns its buffers only */
+    twin->inv_freq = twin->inv_freq_local = NULL; /* the twin owns its buffers only */
     twin->hooks = NULL;
     twin->shared_buffer = NULL;
     twin->layers = calloc((size_t)m->cfg.n_layers, sizeof *twin->layers);
     if (!twin->layers) return qlm_errorf("out of memory");
     for (int l = 0; l < m->cfg.n_layers; l++) twin->layers[l] = m->layers[l], twin->layers[l].buffer = NULL;
-    qlm_param p[N_LAYER_PARAMS];
+    qlm_param p[MAX_LAYER_PARAMS];
     int k = shared_params(twin, "model.embed_tokens.weight", p);
     if (qlm_params_twin(m->be, p, k, &twin->shared_buffer) != 0) goto fail;
     if (m->cfg.tie_embeddings) twin->lm_head = twin->tok_embed;
     for (int l = 0; l < m->cfg.n_layers; l++) {
-        layer_params(twin, l, p);
-        if (qlm_params_twin(m->be, p, N_LAYER_PARAMS, &twin->layers[l].buffer) != 0) goto fail;
+        k = layer_params(twin, l, p);
+        if (qlm_params_twin(m->be, p, k, &twin->layers[l].buffer) != 0) goto fail;
     }
     twin->inv_freq = m->inv_freq;
+    twin->inv_freq_local = m->inv_freq_local;
     return 0;
 fail:
     twin->inv_freq = m->inv_freq;
+    twin->inv_freq_local = m->inv_freq_local;
     qlm_model_twin_free(twin);
     return -1;
 }

@@ -1,4 +1,5 @@
 /* The Llama forward pass over a KV cache, written once against the backend op table. */
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -101,15 +102,15 @@ static int attention_forward(const qlm_model *m, const qlm_layer *L, qlm_kv_stat
         be->rmsnorm(s->q, s->q, L->q_norm, n * c->n_heads, c->head_dim, c->norm_eps);
         be->rmsnorm(s->k, s->k, L->k_norm, n * c->n_kv_heads, c->head_dim, c->norm_eps);
     }
-    be->rope(s->q, s->k, n, pos, c->n_heads, c->n_kv_heads, c->head_dim, m->inv_freq);
+    be->rope(s->q, s->k, n, pos, c->n_heads, c->n_kv_heads, c->head_dim, qlm_llama_inv_freq(m, l));
     be->kv_store(s->k_cache[l], s->v_cache[l], s->kv_dtype, s->k, s->v, n, slots, 0, pos, c->n_kv_heads, c->head_dim,
                  s->max_seq);
-    qlm_attn_shape shape = {.n_heads = c->n_heads, .n_kv_heads = c->n_kv_heads, .head_dim = c->head_dim,
-                            .scale = qlm_llama_attn_scale(c), .window = qlm_layer_window(c, l),
-                            .slots = slots};
+    qlm_attn_shape shape = qlm_llama_attn_shape(c, l);
+    shape.slots = slots;
     qlm_kv_shape(&shape, s->max_seq, s->kv_dtype);
     be->attention(s->att, s->q, s->k_cache[l], s->v_cache[l], n, pos, &shape);
     if (PROJ(s->xb, s->att, &L->wo, L->bo, QLM_LORA_O)) return -1;
+    if (L->attn_post_norm) be->rmsnorm(s->xb, s->xb, L->attn_post_norm, n, c->dim, c->norm_eps);
     be->add(s->x, s->xb, (long)n * c->dim);
     return 0;
 }
@@ -123,6 +124,7 @@ static int mlp_forward(const qlm_model *m, const qlm_layer *L, qlm_kv_state *s, 
     if (PROJ_GROUP(gate_up, gate_up_targets, 2, s->xb)) return -1;
     be->glu(s->hb, s->hb, s->hb2, (long)n * c->hidden_dim, (qlm_act)c->act);
     if (PROJ(s->xb, s->hb, &L->w_down, L->b_down, QLM_LORA_DOWN)) return -1;
+    if (L->ffn_post_norm) be->rmsnorm(s->xb, s->xb, L->ffn_post_norm, n, c->dim, c->norm_eps);
     be->add(s->x, s->xb, (long)n * c->dim);
     return 0;
 }
@@ -138,6 +140,7 @@ static int forward_chunk(const qlm_model *m, qlm_kv_state *s, const int *tokens,
     const qlm_unit_hooks *h = m->hooks;
     if (qlm_unit_begin(h, QLM_PASS_FORWARD) != 0 || qlm_unit_use(h, 0) != 0) return -1;
     be->embedding(s->x, &m->tok_embed, tokens, n);
+    if (c->embed_scale > 0) be->scale(s->x, (long)n * c->dim, c->embed_scale);
     qlm_unit_done(h, 0);
     for (int l = 0; l < c->n_layers; l++) {
         if (qlm_unit_use(h, 1 + l) != 0 || attention_forward(m, &m->layers[l], s, l, pos, slots, n) != 0 ||
@@ -152,6 +155,10 @@ static int forward_chunk(const qlm_model *m, qlm_kv_state *s, const int *tokens,
     if (n_rows) {
         be->rmsnorm(s->logits_rows, s->logits_rows, m->final_norm, n_rows, c->dim, c->norm_eps);
         qlm_logits_out(be, logits, s->logits_dev, s->logits_rows, n_rows, &m->lm_head);
+        /* the logits are host memory by now */
+        if (c->final_softcap > 0)
+            for (size_t i = 0; i < (size_t)n_rows * c->vocab_size; i++)
+                logits[i] = c->final_softcap * tanhf(logits[i] / c->final_softcap);
     }
     qlm_unit_done(h, 0);
     return 0;

@@ -10,7 +10,7 @@
 #include "train_layers.h"
 
 static void trace_free(const qlm_backend *be, qlm_llama_trace *t) {
-    float *bufs[] = {t->xn1, t->q, t->k, t->v, t->att, t->x_mid, t->xn2, t->gate, t->up, t->h, t->q_pre, t->k_pre};
+    float *bufs[] = {t->xn1, t->q, t->k, t->v, t->att, t->x_mid, t->xn2, t->gate, t->up, t->h, t->q_pre, t->k_pre, t->attn_out, t->mlp_out};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) be->free(bufs[i]);
     for (int i = 0; i < 7; i++) be->free(t->lora_u[i]);
 }
@@ -24,7 +24,8 @@ static int trace_init(const qlm_backend *be, const qlm_llama_config *c, int rows
     } b[] = {{&t->xn1, c->dim}, {&t->q, q},         {&t->k, kv},       {&t->v, kv},
              {&t->att, q},      {&t->x_mid, c->dim}, {&t->xn2, c->dim}, {&t->gate, c->hidden_dim},
              {&t->up, c->hidden_dim}, {&t->h, c->hidden_dim}, {&t->q_pre, c->qk_norm ? q : 0},
-             {&t->k_pre, c->qk_norm ? kv : 0}};
+             {&t->k_pre, c->qk_norm ? kv : 0}, {&t->attn_out, c->post_norms ? (size_t)c->dim : 0},
+             {&t->mlp_out, c->post_norms ? (size_t)c->dim : 0}};
     for (size_t i = 0; i < sizeof b / sizeof b[0]; i++) {
         if (!b[i].n) continue;
         *b[i].p = be->alloc(R * b[i].n * sizeof(float));
@@ -136,11 +137,6 @@ static int linear_backward(const pass *p, qlm_llama_trace *t, float *dx, int acc
                                      t->lora_u[target], seed_of(p, l, target), p->b->row0);
 }
 
-static qlm_attn_shape attn_shape(const qlm_llama_config *c, int l) {
-    return (qlm_attn_shape){.n_heads = c->n_heads, .n_kv_heads = c->n_kv_heads, .head_dim = c->head_dim,
-                            .scale = qlm_llama_attn_scale(c), .window = qlm_layer_window(c, l)};
-}
-
 /* x_out = layer l applied to x_in, leaving the trace. */
 static void layer_forward(const pass *p, int l, const float *x_in, float *x_out, qlm_llama_trace *t) {
     const qlm_model *m = p->m;
@@ -159,14 +155,19 @@ static void layer_forward(const pass *p, int l, const float *x_in, float *x_out,
         be->rmsnorm(t->q, t->q_pre, L->q_norm, n * c->n_heads, c->head_dim, c->norm_eps);
         be->rmsnorm(t->k, t->k_pre, L->k_norm, n * c->n_kv_heads, c->head_dim, c->norm_eps);
     }
-    be->rope(t->q, t->k, n, b->pos, c->n_heads, c->n_kv_heads, c->head_dim, m->inv_freq);
-    qlm_attn_shape shape = attn_shape(c, l);
+    be->rope(t->q, t->k, n, b->pos, c->n_heads, c->n_kv_heads, c->head_dim, qlm_llama_inv_freq(m, l));
+    qlm_attn_shape shape = qlm_llama_attn_shape(c, l);
     for (int i = 0; i < b->n_seq; i++) {
         size_t r = (size_t)b->start[i];
         be->attention(t->att + r * q_dim, t->q + r * q_dim, t->k + r * kv_dim, t->v + r * kv_dim, b->len[i],
                       b->pos + r, &shape);
     }
-    linear_forward(p, t, p->s->dxn, t->att, &L->wo, L->bo, l, QLM_LORA_O);
+    if (L->attn_post_norm) {
+        linear_forward(p, t, t->attn_out, t->att, &L->wo, L->bo, l, QLM_LORA_O);
+        be->rmsnorm(p->s->dxn, t->attn_out, L->attn_post_norm, n, c->dim, c->norm_eps);
+    } else {
+        linear_forward(p, t, p->s->dxn, t->att, &L->wo, L->bo, l, QLM_LORA_O);
+    }
     be->copy(t->x_mid, x_in, (long)n * c->dim);
     be->add(t->x_mid, p->s->dxn, (long)n * c->dim);
     /* mlp_forward */
@@ -174,9 +175,25 @@ static void layer_forward(const pass *p, int l, const float *x_in, float *x_out,
     linear_forward(p, t, t->gate, t->xn2, &L->w_gate, L->b_gate, l, QLM_LORA_GATE);
     linear_forward(p, t, t->up, t->xn2, &L->w_up, L->b_up, l, QLM_LORA_UP);
     be->glu(t->h, t->gate, t->up, (long)n * c->hidden_dim, (qlm_act)c->act);
-    linear_forward(p, t, p->s->dxn, t->h, &L->w_down, L->b_down, l, QLM_LORA_DOWN);
+    if (L->ffn_post_norm) {
+        linear_forward(p, t, t->mlp_out, t->h, &L->w_down, L->b_down, l, QLM_LORA_DOWN);
+        be->rmsnorm(p->s->dxn, t->mlp_out, L->ffn_post_norm, n, c->dim, c->norm_eps);
+    } else {
+        linear_forward(p, t, p->s->dxn, t->h, &L->w_down, L->b_down, l, QLM_LORA_DOWN);
+    }
     be->copy(x_out, t->x_mid, (long)n * c->dim);
     be->add(x_out, p->s->dxn, (long)n * c->dim);
+}
+
+/* The gradient of a block's output before its post norm (in s->dxn), given dout after it; without
+ * a post norm, dout itself. */
+static const float *post_norm_backward(const pass *p, const float *dout, const float *pre, const float *norm,
+                                       float *g_norm) {
+    if (!norm) return dout;
+    const qlm_llama_config *c = &p->m->cfg;
+    p->m->be->zero(p->s->dxn, (long)p->n * c->dim);
+    p->m->be->rmsnorm_backward(p->s->dxn, g_norm, dout, pre, norm, p->n, c->dim, c->norm_eps);
+    return p->s->dxn;
 }
 
 /* s->dx holds the gradient of layer l's output; on return, of its input. */
@@ -194,7 +211,8 @@ static int layer_backward(const pass *p, int l, const float *x_in, qlm_llama_tra
 #define GW(w) (G ? &G->w : NULL)
 #define GB(bias) (G ? G->bias : NULL)
     /* mlp_backward: dx is the gradient of the block output and of x_mid through the residual. */
-    if (linear_backward(p, t, s->tmp, 0, s->dx, t->h, &L->w_down, GW(w_down), GB(b_down), l, QLM_LORA_DOWN) != 0)
+    const float *dy = post_norm_backward(p, s->dx, t->mlp_out, L->ffn_post_norm, G ? G->ffn_post_norm : NULL);
+    if (linear_backward(p, t, s->tmp, 0, dy, t->h, &L->w_down, GW(w_down), GB(b_down), l, QLM_LORA_DOWN) != 0)
         return -1;
     be->glu_backward(s->dgate, s->dup, s->tmp, t->gate, t->up, nh, (qlm_act)c->act);
     if (linear_backward(p, t, s->dxn, 0, s->dgate, t->xn2, &L->w_gate, GW(w_gate), GB(b_gate), l, QLM_LORA_GATE) ||
@@ -202,10 +220,11 @@ static int layer_backward(const pass *p, int l, const float *x_in, qlm_llama_tra
         return -1;
     be->rmsnorm_backward(s->dx, G ? G->ffn_norm : NULL, s->dxn, t->x_mid, L->ffn_norm, n, c->dim, c->norm_eps);
     /* attention_backward */
-    if (linear_backward(p, t, s->datt, 0, s->dx, t->att, &L->wo, GW(wo), GB(bo), l, QLM_LORA_O) != 0) return -1;
+    dy = post_norm_backward(p, s->dx, t->attn_out, L->attn_post_norm, G ? G->attn_post_norm : NULL);
+    if (linear_backward(p, t, s->datt, 0, dy, t->att, &L->wo, GW(wo), GB(bo), l, QLM_LORA_O) != 0) return -1;
     be->zero(s->dk, (long)n * kv_dim);
     be->zero(s->dv, (long)n * kv_dim);
-    qlm_attn_shape shape = attn_shape(c, l);
+    qlm_attn_shape shape = qlm_llama_attn_shape(c, l);
     for (int i = 0; i < b->n_seq; i++) {
         size_t r = (size_t)b->start[i];
         if (be->attention_backward(s->dq + r * q_dim, s->dk + r * kv_dim, s->dv + r * kv_dim, NULL,
@@ -213,7 +232,7 @@ static int layer_backward(const pass *p, int l, const float *x_in, qlm_llama_tra
                                    b->len[i], b->pos + r, &shape) != 0)
             return -1;
     }
-    be->rope_backward(s->dq, s->dk, n, b->pos, c->n_heads, c->n_kv_heads, c->head_dim, m->inv_freq);
+    be->rope_backward(s->dq, s->dk, n, b->pos, c->n_heads, c->n_kv_heads, c->head_dim, qlm_llama_inv_freq(m, l));
     float *dq = s->dq, *dk = s->dk;
     if (L->q_norm) {
         dq = s->dq_pre, dk = s->dk_pre;
@@ -240,7 +259,8 @@ static int head_pass(const pass *p, float grad_scale, int backward, double *loss
     qlm_llama_train_state *s = p->s;
     qlm_train_head h = {.be = m->be, .dim = m->cfg.dim, .vocab = m->cfg.vocab_size, .eps = m->cfg.norm_eps,
                         .norm = m->final_norm, .lm_head = &m->lm_head, .g_norm = p->g ? p->g->final_norm : NULL,
-                        .g_head = p->g ? &p->g->lm_head : NULL, .head_x = s->head_x, .head_xn = s->head_xn,
+                        .g_head = p->g ? &p->g->lm_head : NULL, .softcap = m->cfg.final_softcap,
+                        .head_x = s->head_x, .head_xn = s->head_xn,
                         .logits = s->logits, .row_loss = s->row_loss, .dxn = s->dxn, .dnorm = s->tmp,
                         .rows = s->head_rows, .targets = s->head_targets};
     if (backward) m->be->zero(s->dx, (long)p->n * m->cfg.dim);
@@ -266,6 +286,7 @@ int qlm_llama_train_pass(const qlm_model *m, const qlm_llama_grads *grads, const
     const qlm_unit_hooks *h = m->hooks;
     if (qlm_unit_begin(h, backward ? QLM_PASS_TRAIN : QLM_PASS_EVAL) != 0 || qlm_unit_use(h, 0) != 0) return -1;
     be->embedding(s->x_in[0], &m->tok_embed, b->ids, p.n);
+    if (c->embed_scale > 0) be->scale(s->x_in[0], (long)p.n * c->dim, c->embed_scale);
     qlm_unit_done(h, 0);
     for (int l = 0; l < c->n_layers; l++) {
         if (qlm_unit_use(h, 1 + l) != 0) return -1;
@@ -288,6 +309,7 @@ int qlm_llama_train_pass(const qlm_model *m, const qlm_llama_grads *grads, const
      * its whole gradient buffer is not held through the layers' backward). */
     if (grads) {
         if (qlm_unit_grads_use(h, 0) != 0) return -1;
+        if (c->embed_scale > 0) be->scale(s->dx, (long)p.n * c->dim, c->embed_scale);
         be->embedding_backward((float *)grads->tok_embed.data, s->dx, b->ids, p.n, c->dim);
         if (qlm_unit_grads_done(h, 0) != 0) return -1;
     }

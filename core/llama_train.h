@@ -12,6 +12,7 @@
 typedef struct {
     float *xn1, *q, *k, *v, *att, *x_mid, *xn2, *gate, *up, *h;
     float *q_pre, *k_pre; /* with qk_norm: the projections before their norm, else NULL */
+    float *attn_out, *mlp_out; /* with post_norms: each block's output before its norm, else NULL */
     float *lora_u[7]; /* per target: scale * A(dropout(x)), [rows][r] */
 } qlm_llama_trace;
 

@@ -17,6 +17,7 @@
 
 typedef struct {
     float *attn_norm, *ffn_norm;
+    float *attn_post_norm, *ffn_post_norm;            /* Gemma's norms of each block's output, else NULL */
     qlm_weight wq, wk, wv, wo, w_gate, w_up, w_down;
     float *bq, *bk, *bv, *bo, *b_gate, *b_up, *b_down; /* NULL when absent */
     float *q_norm, *k_norm;                           /* [head_dim] with qk_norm, else NULL */
@@ -32,7 +33,8 @@ typedef struct {
     qlm_weight tok_embed;
     qlm_weight lm_head; /* same data as tok_embed when tied */
     float *final_norm;
-    float *inv_freq;    /* head_dim/2 RoPE frequencies (with llama3 scaling applied) */
+    float *inv_freq;    /* head_dim/2 RoPE frequencies (with the configured scaling applied) */
+    float *inv_freq_local; /* the windowed layers' own (rope_local_theta), else NULL */
     qlm_layer *layers;
     void *shared_buffer; /* embeddings, lm_head, final norm */
     size_t shared_bytes;
@@ -46,11 +48,24 @@ typedef struct {
     const qlm_backend *backend;
 } qlm_model_options;
 
-/* The softmax scale of attention: 1/sqrt(head_dim), times the square of YaRN's attention factor
- * (transformers scales cos and sin by it, so every score carries it twice). */
+/* The softmax scale of attention: 1/sqrt(head_dim) (or the configured query scale), times the
+ * square of YaRN's attention factor (transformers scales cos and sin by it, so every score carries
+ * it twice). */
 static inline float qlm_llama_attn_scale(const qlm_llama_config *c) {
     float f = c->rope_attn_factor > 0 ? c->rope_attn_factor : 1.0f;
-    return f * f / sqrtf((float)c->head_dim);
+    return f * f * (c->query_scale > 0 ? c->query_scale : 1.0f / sqrtf((float)c->head_dim));
+}
+
+/* Layer l's attention: its window, scale and soft cap. */
+static inline qlm_attn_shape qlm_llama_attn_shape(const qlm_llama_config *c, int l) {
+    return (qlm_attn_shape){.n_heads = c->n_heads, .n_kv_heads = c->n_kv_heads, .head_dim = c->head_dim,
+                            .scale = qlm_llama_attn_scale(c), .window = qlm_layer_window(c, l),
+                            .softcap = c->attn_softcap};
+}
+
+/* Layer l's RoPE frequencies. */
+static inline const float *qlm_llama_inv_freq(const qlm_model *m, int l) {
+    return m->inv_freq_local && qlm_layer_window(&m->cfg, l) ? m->inv_freq_local : m->inv_freq;
 }
 
 /* Builds the model from store (HF names). Converts each tensor to opts->dtype. */

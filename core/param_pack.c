@@ -137,6 +137,8 @@ int qlm_params_pack(const qlm_param *p, int n, const qlm_tensor_store *store, ql
             *p[i].vector = (float *)cur;
             cur += align64((size_t)qlm_entry_numel(ent[i]) * sizeof(float));
             entry_to_f32(ent[i], *p[i].vector);
+            if (p[i].offset != 0)
+                for (int64_t k = 0; k < qlm_entry_numel(ent[i]); k++) (*p[i].vector)[k] += p[i].offset;
         }
     }
     free(ent);
@@ -178,7 +180,9 @@ static int export_vector(qlm_tensor_store *s, const qlm_param *p) {
     int64_t shape[2] = {p->rows, p->cols};
     void *data;
     if (!qlm_store_add_owned(s, p->name, QLM_F32, p->cols ? 2 : 1, shape, &data)) return -1;
-    memcpy(data, *p->vector, (size_t)(p->rows * (p->cols ? p->cols : 1)) * sizeof(float));
+    size_t count = (size_t)(p->rows * (p->cols ? p->cols : 1));
+    memcpy(data, *p->vector, count * sizeof(float));
+    for (size_t k = 0; p->offset != 0 && k < count; k++) ((float *)data)[k] -= p->offset;
     return 0;
 }
 
@@ -219,7 +223,7 @@ int qlm_params_add_random(const qlm_param *p, int n, uint64_t seed, qlm_tensor_s
         uint64_t base = splitmix64(seed + (uint64_t)k) << 32;
         for (int64_t i = 0; i < count; i++) {
             float u = (float)((double)(splitmix64(base + (uint64_t)i) >> 40) / 16777216.0 * 2.0 - 1.0);
-            w[i] = p[k].cols ? u * gain : 1.0f;
+            w[i] = p[k].cols ? u * gain : 1.0f - p[k].offset;
         }
     }
     return 0;

@@ -69,7 +69,7 @@ int qlm_train_head_pass(const qlm_train_head *h, const float *x, int n, const in
         if (k == 0) break;
         be->rmsnorm(h->head_xn, h->head_x, h->norm, k, dim, h->eps);
         be->matmul(h->logits, h->head_xn, k, h->lm_head, NULL);
-        be->cross_entropy(h->row_loss, h->logits, h->targets, k, h->vocab, grad_scale);
+        be->cross_entropy(h->row_loss, h->logits, h->targets, k, h->vocab, grad_scale, h->softcap);
         float losses[QLM_HEAD_CHUNK];
         be->to_host(losses, h->row_loss, (size_t)k * sizeof *losses);
         for (int i = 0; i < k; i++) *loss_sum += losses[i];

@@ -42,6 +42,7 @@ typedef struct {
     const qlm_weight *lm_head;
     float *g_norm;            /* gradients (NULL: frozen) */
     const qlm_weight *g_head;
+    float softcap;            /* of the logits (0: none) */
     /* Scratch: head_x/head_xn [CHUNK][dim], logits [CHUNK][vocab], row_loss [CHUNK], dxn and
      * dnorm [CHUNK][dim], rows/targets [CHUNK] (host). */
     float *head_x, *head_xn, *logits, *row_loss, *dxn, *dnorm;

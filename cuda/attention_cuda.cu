@@ -21,7 +21,7 @@ struct attn_args {
     int n, n_heads, group, head_dim, n_keys, bf16;
     int window; // causal: a query at p sees keys from p - window + 1 (0: all)
     int vec; // every key row starts 16-byte aligned and head_dim fills whole 16-byte loads
-    float scale;
+    float scale, softcap;
     float *part; // splits > 1: [n][n_heads][splits][head_dim + 2] (max, sum, weighted values)
     int splits, keys_per_split;
     const float *bias;
@@ -97,7 +97,8 @@ __global__ void __launch_bounds__(ATTN_WARPS * 32) attention_kernel(attn_args a)
             } else {
                 for (int d = 0; d < hd; d++) dot += sq[d] * kv_elem(a.k, row + d, a.bf16);
             }
-            s = dot * a.scale + (bias ? bias[t] : 0.0f);
+            s = a.softcap > 0 ? a.softcap * tanhf(dot * a.scale / a.softcap) + (bias ? bias[t] : 0.0f)
+                              : dot * a.scale + (bias ? bias[t] : 0.0f);
         }
         const float m_new = fmaxf(m, warp_max(s));
         const float corr = m == -INFINITY ? 0.0f : expf(m - m_new);
@@ -233,6 +234,7 @@ void qlm_cuda_attention(float *out, const float *q, const void *k, const void *v
     a.window = sh->window;
     a.bf16 = sh->kv_bf16;
     a.scale = sh->scale;
+    a.softcap = sh->softcap;
     a.bias = sh->pos_bias;
     a.span = sh->pos_bias_span;
     a.offset = sh->pos_bias_offset;

@@ -1,6 +1,7 @@
-/* config.json of LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM and MistralForCausalLM
- * checkpoints. Defaults follow transformers' own config classes (tie_word_embeddings is false for
- * all four; rope_theta 10000; Mistral's sliding_window 4096 when absent). Both the old RoPE keys ("rope_theta", "rope_scaling") and the
+/* config.json of LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, MistralForCausalLM,
+ * Gemma2ForCausalLM, Gemma3ForCausalLM (text) and Phi3ForCausalLM checkpoints. Defaults follow transformers' own config
+ * classes (tie_word_embeddings false except for Gemma; rope_theta 10000, Gemma 3's 1e6 and 1e4 for
+ * its local layers; Mistral's and Gemma's sliding_window 4096 when absent, Phi-3's none). Both the old RoPE keys ("rope_theta", "rope_scaling") and the
  * transformers 5 form ("rope_parameters": {"rope_type", "rope_theta", ...}) are read. */
 #include "hf_config.h"
 
@@ -21,7 +22,7 @@
 
 #define HF_CONFIG_MAX_BYTES (16u * 1024u * 1024u)
 
-typedef enum { ARCH_LLAMA, ARCH_QWEN2, ARCH_QWEN3, ARCH_MISTRAL } hf_arch;
+typedef enum { ARCH_LLAMA, ARCH_QWEN2, ARCH_QWEN3, ARCH_MISTRAL, ARCH_GEMMA2, ARCH_GEMMA3, ARCH_PHI3 } hf_arch;
 
 /* Indexed by hf_arch. */
 static const struct { const char *model_type, *architecture; } ARCHES[] = {
@@ -29,6 +30,9 @@ static const struct { const char *model_type, *architecture; } ARCHES[] = {
     [ARCH_QWEN2] = {"qwen2", "Qwen2ForCausalLM"},
     [ARCH_QWEN3] = {"qwen3", "Qwen3ForCausalLM"},
     [ARCH_MISTRAL] = {"mistral", "MistralForCausalLM"},
+    [ARCH_GEMMA2] = {"gemma2", "Gemma2ForCausalLM"},
+    [ARCH_GEMMA3] = {"gemma3_text", "Gemma3ForCausalLM"},
+    [ARCH_PHI3] = {"phi3", "Phi3ForCausalLM"},
 };
 #define N_ARCHES (sizeof ARCHES / sizeof ARCHES[0])
 
@@ -119,7 +123,7 @@ static int find_arch(const hf_ctx *c, hf_arch *arch) {
             *arch = (hf_arch)i;
             return 0;
         }
-    return qlm_errorf("%s: unsupported model (model_type %s, architecture %s; supported: llama, qwen2, qwen3, mistral)",
+    return qlm_errorf("%s: unsupported model (model_type %s, architecture %s; supported: llama, qwen2, qwen3, mistral, gemma2, gemma3_text, phi3)",
                       c->path, mt ? mt : "absent", an ? an : "absent");
 }
 
@@ -150,27 +154,18 @@ static int read_yarn(const hf_ctx *rc, const cJSON *rope, qlm_llama_config *cfg)
     return 0;
 }
 
-/* rope_scaling (old) wins over rope_parameters (transformers 5), as in transformers. */
-static int read_rope(const hf_ctx *c, qlm_llama_config *cfg) {
-    const cJSON *rope = field(c->root, "rope_scaling");
-    const char *key = "rope_scaling";
-    if (!rope) {
-        rope = field(c->root, "rope_parameters");
-        key = "rope_parameters";
-    }
-    float partial;
-    if (get_float(c, c->root, "rope_theta", 0, 10000.0f, &cfg->rope_theta) != 0 ||
-        get_float(c, c->root, "partial_rotary_factor", 0, 1.0f, &partial) != 0)
-        return -1;
+/* One RoPE parameter object (rope_scaling, rope_parameters or one of Gemma 3's per-layer-type
+ * ones): its base, and its scaling type and parameters. key names it in messages. */
+static int read_rope_params(const hf_ctx *c, const cJSON *rope, const char *key, float *partial,
+                            qlm_llama_config *cfg) {
     if (rope && !cJSON_IsObject(rope)) return qlm_errorf("%s: field %s must be an object", c->path, key);
-    char prefix[32];
+    if (!rope) return 0;
+    char prefix[64];
     snprintf(prefix, sizeof prefix, "%s.", key);
     hf_ctx rc = {c->path, c->root, prefix};
-    if (rope && (get_float(&rc, rope, "rope_theta", 0, cfg->rope_theta, &cfg->rope_theta) != 0 ||
-                 get_float(&rc, rope, "partial_rotary_factor", 0, partial, &partial) != 0))
+    if (get_float(&rc, rope, "rope_theta", 0, cfg->rope_theta, &cfg->rope_theta) != 0 ||
+        get_float(&rc, rope, "partial_rotary_factor", 0, *partial, partial) != 0)
         return -1;
-    if (partial != 1.0f) return qlm_errorf("%s: partial_rotary_factor %g is not supported", c->path, partial);
-    if (!rope) return 0;
     const char *type, *legacy_type;
     if (get_str(&rc, rope, "rope_type", &type) != 0 || get_str(&rc, rope, "type", &legacy_type) != 0) return -1;
     if (!type) type = legacy_type ? legacy_type : "default";
@@ -198,50 +193,169 @@ static int read_rope(const hf_ctx *c, qlm_llama_config *cfg) {
     return cfg->rope_type == QLM_ROPE_YARN ? read_yarn(&rc, rope, cfg) : 0;
 }
 
-/* Which layers attend over a sliding window, as transformers decides: Mistral's every layer when
- * sliding_window is set (4096 when absent); Qwen2/Qwen3 only with use_sliding_window, layers from
- * max_window_layers on; or the layer_types list a config spells out, which must have that shape. */
-static int read_sliding_window(const hf_ctx *c, hf_arch arch, qlm_llama_config *cfg) {
-    if (arch == ARCH_LLAMA) return 0;
-    int use = 1, window, first = 0;
-    if (arch != ARCH_MISTRAL && (get_bool(c, "use_sliding_window", 0, &use) != 0 ||
-                                 get_int(c, c->root, "max_window_layers", 0, 28, &first) != 0))
+/* Gemma 3: the global layers' RoPE (rope_theta, 1e6, with any scaling) and the local ones' base
+ * (rope_local_base_freq, 1e4), either as top-level keys or nested per layer type in
+ * rope_parameters. */
+static int read_gemma3_rope(const hf_ctx *c, qlm_llama_config *cfg, float *partial) {
+    const cJSON *params = field(c->root, "rope_parameters"), *scaling = field(c->root, "rope_scaling");
+    const cJSON *full = params ? field(params, "full_attention") : NULL;
+    const cJSON *local = params ? field(params, "sliding_attention") : NULL;
+    if (params && !full && !local) full = params; /* one object: the global layers' */
+    if (get_float(c, c->root, "rope_theta", 0, 1000000.0f, &cfg->rope_theta) != 0 ||
+        get_float(c, c->root, "rope_local_base_freq", 0, 10000.0f, &cfg->rope_local_theta) != 0 ||
+        read_rope_params(c, scaling ? scaling : full, scaling ? "rope_scaling" : "rope_parameters.full_attention",
+                         partial, cfg) != 0)
         return -1;
-    if (get_int(c, c->root, "sliding_window", 0, 4096, &window) != 0) return -1;
-    if (field(c->root, "sliding_window") == NULL && cJSON_GetObjectItemCaseSensitive(c->root, "sliding_window"))
-        window = 0; /* null: no window */
-    if (!use || window == 0) return 0;
-    if (window < 0) return qlm_errorf("%s: sliding_window must be positive", c->path);
-    const cJSON *types = field(c->root, "layer_types");
-    if (!types) {
-        if (first < cfg->n_layers) cfg->sliding_window = window, cfg->window_first_layer = first < 0 ? 0 : first;
-        return 0;
+    if (local) {
+        qlm_llama_config lc = {.rope_theta = cfg->rope_local_theta, .max_seq_len = cfg->max_seq_len};
+        if (read_rope_params(c, local, "rope_parameters.sliding_attention", partial, &lc) != 0) return -1;
+        if (lc.rope_type != QLM_ROPE_DEFAULT)
+            return qlm_errorf("%s: scaled RoPE on the sliding layers is not supported", c->path);
+        cfg->rope_local_theta = lc.rope_theta;
     }
-    if (!cJSON_IsArray(types) || cJSON_GetArraySize(types) != cfg->n_layers)
-        return qlm_errorf("%s: layer_types must list one type per layer (%d)", c->path, cfg->n_layers);
-    /* The first sliding layer; every layer after it must slide too. */
-    int l = 0, first_sliding = -1;
-    for (const cJSON *t = types->child; t; t = t->next, l++) {
-        int sliding = cJSON_IsString(t) && strcmp(t->valuestring, "sliding_attention") == 0;
-        if (!sliding && !(cJSON_IsString(t) && strcmp(t->valuestring, "full_attention") == 0))
-            return qlm_errorf("%s: layer_types[%d] must be \"full_attention\" or \"sliding_attention\"", c->path, l);
-        if (sliding && first_sliding < 0) first_sliding = l;
-        if (!sliding && first_sliding >= 0)
-            return qlm_errorf("%s: layer_types: full attention after a sliding layer (layer %d) is not supported",
-                              c->path, l);
-    }
-    cfg->sliding_window = first_sliding < 0 ? 0 : window;
-    cfg->window_first_layer = first_sliding < 0 ? 0 : first_sliding;
+    if (cfg->rope_type == QLM_ROPE_YARN)
+        return qlm_errorf("%s: yarn RoPE is not supported for Gemma 3 (its attention factor would reach the local "
+                          "layers)", c->path);
     return 0;
 }
 
-/* hidden_act: transformers' names for the activations qlm has. */
-static int read_act(const hf_ctx *c, qlm_llama_config *cfg) {
+/* rope_scaling (old) wins over rope_parameters (transformers 5), as in transformers. */
+static int read_rope(const hf_ctx *c, hf_arch arch, qlm_llama_config *cfg) {
+    float partial;
+    if (get_float(c, c->root, "partial_rotary_factor", 0, 1.0f, &partial) != 0) return -1;
+    int rc;
+    if (arch == ARCH_GEMMA3) {
+        rc = read_gemma3_rope(c, cfg, &partial);
+    } else {
+        const cJSON *rope = field(c->root, "rope_scaling");
+        const char *key = rope ? "rope_scaling" : "rope_parameters";
+        if (!rope) rope = field(c->root, "rope_parameters");
+        const cJSON *type = rope ? field(rope, "rope_type") : NULL;
+        if (!type && rope) type = field(rope, "type");
+        /* Phi-3 calls its longrope "su" or "yarn" */
+        if (arch == ARCH_PHI3 && cJSON_IsString(type) && strcmp(type->valuestring, "default") != 0)
+            return qlm_errorf("%s: %s type \"%s\" (Phi-3's longrope) is not supported", c->path, key,
+                              type->valuestring);
+        rc = get_float(c, c->root, "rope_theta", 0, 10000.0f, &cfg->rope_theta) != 0 ||
+                     read_rope_params(c, rope, key, &partial, cfg) != 0
+                 ? -1
+                 : 0;
+    }
+    if (rc == 0 && partial != 1.0f) return qlm_errorf("%s: partial_rotary_factor %g is not supported", c->path, partial);
+    return rc;
+}
+
+/* The (window_first_layer, window_period) that gives exactly the sliding layers of sliding[0..n):
+ * all from one layer on, or all but every p-th. Returns -1 when the list has neither shape. */
+static int fit_window_pattern(const unsigned char *sliding, int n, qlm_llama_config *cfg) {
+    int first = 0;
+    while (first < n && !sliding[first]) first++;
+    int ok = 1;
+    for (int l = first; l < n; l++) ok &= sliding[l];
+    if (ok) {
+        cfg->window_first_layer = first;
+        cfg->window_period = 0;
+        return 0;
+    }
+    for (int p = 2; p <= n; p++) {
+        ok = 1;
+        for (int l = 0; l < n && ok; l++) ok = sliding[l] == (l % p != p - 1);
+        if (ok) {
+            cfg->window_first_layer = 0;
+            cfg->window_period = p;
+            return 0;
+        }
+    }
+    return -1;
+}
+
+/* Which layers attend over a sliding window, as transformers decides: an explicit layer_types list;
+ * else Mistral's every layer when sliding_window is set (4096 when absent; Phi-3's likewise, none
+ * when absent), Qwen2/Qwen3's layers
+ * from max_window_layers on with use_sliding_window, Gemma 2's every other layer from the first,
+ * Gemma 3's all but every sliding_window_pattern-th (6). */
+static int read_sliding_window(const hf_ctx *c, hf_arch arch, qlm_llama_config *cfg) {
+    if (arch == ARCH_LLAMA) return 0;
+    int use = 1, window, first = 0, period = arch == ARCH_GEMMA2 ? 2 : 0, dflt_window = arch == ARCH_PHI3 ? 0 : 4096;
+    int qwen = arch == ARCH_QWEN2 || arch == ARCH_QWEN3;
+    if (qwen && (get_bool(c, "use_sliding_window", 0, &use) != 0 ||
+                 get_int(c, c->root, "max_window_layers", 0, 28, &first) != 0))
+        return -1;
+    if (arch == ARCH_GEMMA3 && get_int(c, c->root, "sliding_window_pattern", 0, 6, &period) != 0) return -1;
+    if (get_int(c, c->root, "sliding_window", 0, dflt_window, &window) != 0) return -1;
+    if (field(c->root, "sliding_window") == NULL && cJSON_GetObjectItemCaseSensitive(c->root, "sliding_window"))
+        window = 0; /* null: no window */
+    if (!use || window == 0) return 0;
+    if (window < 0 || period < 0) return qlm_errorf("%s: sliding_window and its pattern must be positive", c->path);
+    int n = cfg->n_layers;
+    unsigned char *sliding = malloc((size_t)n);
+    if (!sliding) return qlm_errorf("out of memory");
+    const cJSON *types = field(c->root, "layer_types");
+    if (types && (!cJSON_IsArray(types) || cJSON_GetArraySize(types) != n)) {
+        free(sliding);
+        return qlm_errorf("%s: layer_types must list one type per layer (%d)", c->path, n);
+    }
+    const cJSON *t = types ? types->child : NULL;
+    for (int l = 0; l < n; l++, t = t ? t->next : NULL) {
+        if (!types) {
+            sliding[l] = period > 0 ? l % period != period - 1 : l >= first;
+            continue;
+        }
+        int is_sliding = cJSON_IsString(t) && strcmp(t->valuestring, "sliding_attention") == 0;
+        if (!is_sliding && !(cJSON_IsString(t) && strcmp(t->valuestring, "full_attention") == 0)) {
+            free(sliding);
+            return qlm_errorf("%s: layer_types[%d] must be \"full_attention\" or \"sliding_attention\"", c->path, l);
+        }
+        sliding[l] = (unsigned char)is_sliding;
+    }
+    int any = 0;
+    for (int l = 0; l < n; l++) any |= sliding[l];
+    int rc = any ? fit_window_pattern(sliding, n, cfg) : 0;
+    free(sliding);
+    if (rc != 0)
+        return qlm_errorf("%s: layer_types: this mix of full and sliding layers is not supported (sliding from one "
+                          "layer on, or all but every n-th)", c->path);
+    cfg->sliding_window = any ? window : 0;
+    return 0;
+}
+
+/* Gemma 2 and 3: (1 + w) norms before and after each block, the embedding scaled by
+ * sqrt(hidden_size), queries by query_pre_attn_scalar^-0.5, soft caps (Gemma 2: 50 on the scores,
+ * 30 on the logits, by default), q/k norms in Gemma 3. */
+static int read_gemma(const hf_ctx *c, hf_arch arch, qlm_llama_config *cfg) {
+    float qpas, dflt_attn_cap = arch == ARCH_GEMMA2 ? 50.0f : 0, dflt_final_cap = arch == ARCH_GEMMA2 ? 30.0f : 0;
+    int bidirectional;
+    if (get_float(c, c->root, "query_pre_attn_scalar", 0, 256, &qpas) != 0 ||
+        get_float(c, c->root, "attn_logit_softcapping", 0, dflt_attn_cap, &cfg->attn_softcap) != 0 ||
+        get_float(c, c->root, "final_logit_softcapping", 0, dflt_final_cap, &cfg->final_softcap) != 0 ||
+        get_bool(c, "use_bidirectional_attention", 0, &bidirectional) != 0)
+        return -1;
+    /* null caps mean none */
+    if (!field(c->root, "attn_logit_softcapping") && cJSON_GetObjectItemCaseSensitive(c->root, "attn_logit_softcapping"))
+        cfg->attn_softcap = 0;
+    if (!field(c->root, "final_logit_softcapping") && cJSON_GetObjectItemCaseSensitive(c->root, "final_logit_softcapping"))
+        cfg->final_softcap = 0;
+    if (bidirectional) return qlm_errorf("%s: use_bidirectional_attention is not supported", c->path);
+    if (!(qpas > 0) || cfg->attn_softcap < 0 || cfg->final_softcap < 0)
+        return qlm_errorf("%s: query_pre_attn_scalar and the soft caps must be positive", c->path);
+    cfg->post_norms = 1;
+    cfg->norm_offset = 1.0f;
+    cfg->qk_norm = arch == ARCH_GEMMA3;
+    /* transformers computes both in double and multiplies in float32 */
+    cfg->embed_scale = (float)sqrt((double)cfg->dim);
+    cfg->query_scale = (float)pow((double)qpas, -0.5);
+    return 0;
+}
+
+/* hidden_act (Gemma: hidden_activation first): transformers' names for the activations qlm has. */
+static int read_act(const hf_ctx *c, int gemma, qlm_llama_config *cfg) {
     static const struct { const char *name; qlm_act act; } ACTS[] = {
         {"silu", QLM_ACT_SILU}, {"swish", QLM_ACT_SILU}, {"gelu", QLM_ACT_GELU},
         {"gelu_new", QLM_ACT_GELU_TANH}, {"gelu_pytorch_tanh", QLM_ACT_GELU_TANH}, {"relu", QLM_ACT_RELU}};
-    const char *act;
-    if (get_str(c, c->root, "hidden_act", &act) != 0) return -1;
+    const char *act, *gemma_act;
+    if (get_str(c, c->root, "hidden_act", &act) != 0 || get_str(c, c->root, "hidden_activation", &gemma_act) != 0)
+        return -1;
+    if (gemma) act = gemma_act ? gemma_act : act ? act : "gelu_pytorch_tanh";
     cfg->act = QLM_ACT_SILU;
     if (!act) return 0;
     for (size_t i = 0; i < sizeof ACTS / sizeof ACTS[0]; i++)
@@ -259,9 +373,12 @@ static int read_biases(const hf_ctx *c, hf_arch arch, qlm_llama_config *cfg) {
         cfg->attn_bias = 1;
         return 0;
     case ARCH_MISTRAL:
+    case ARCH_PHI3:
         return 0;
+    case ARCH_GEMMA2:
+    case ARCH_GEMMA3:
     case ARCH_QWEN3:
-        cfg->qk_norm = 1;
+        cfg->qk_norm = arch != ARCH_GEMMA2;
         if (get_bool(c, "attention_bias", 0, &cfg->attn_bias) != 0) return -1;
         cfg->attn_out_bias = cfg->attn_bias;
         return 0;
@@ -279,7 +396,8 @@ static int read_config(const hf_ctx *c, qlm_llama_config *cfg) {
     if (find_arch(c, &arch) != 0) return -1;
     memset(cfg, 0, sizeof *cfg);
     snprintf(cfg->arch, sizeof cfg->arch, "%s", ARCHES[arch].model_type);
-    if (read_act(c, cfg) != 0) return -1;
+    int gemma = arch == ARCH_GEMMA2 || arch == ARCH_GEMMA3;
+    if (read_act(c, gemma, cfg) != 0) return -1;
     if (get_int(c, c->root, "hidden_size", 1, 0, &cfg->dim) != 0 ||
         get_int(c, c->root, "intermediate_size", 1, 0, &cfg->hidden_dim) != 0 ||
         get_int(c, c->root, "num_hidden_layers", 1, 0, &cfg->n_layers) != 0 ||
@@ -287,13 +405,14 @@ static int read_config(const hf_ctx *c, qlm_llama_config *cfg) {
         get_int(c, c->root, "num_key_value_heads", 0, cfg->n_heads, &cfg->n_kv_heads) != 0 ||
         get_int(c, c->root, "vocab_size", 1, 0, &cfg->vocab_size) != 0 ||
         get_int(c, c->root, "max_position_embeddings", 1, 0, &cfg->max_seq_len) != 0 ||
-        get_float(c, c->root, "rms_norm_eps", 1, 0, &cfg->norm_eps) != 0)
+        get_float(c, c->root, "rms_norm_eps", !gemma, 1e-6f, &cfg->norm_eps) != 0)
         return -1;
     if (cfg->n_heads <= 0) return qlm_errorf("%s: num_attention_heads must be positive", c->path);
-    if (get_int(c, c->root, "head_dim", 0, cfg->dim / cfg->n_heads, &cfg->head_dim) != 0 ||
-        get_bool(c, "tie_word_embeddings", 0, &cfg->tie_embeddings) != 0 || read_biases(c, arch, cfg) != 0 ||
-        read_rope(c, cfg) != 0 || read_sliding_window(c, arch, cfg) != 0 ||
-        get_token_id(c, "bos_token_id", &cfg->bos_id) != 0 || get_token_id(c, "eos_token_id", &cfg->eos_id) != 0)
+    if (get_int(c, c->root, "head_dim", 0, gemma ? 256 : cfg->dim / cfg->n_heads, &cfg->head_dim) != 0 ||
+        get_bool(c, "tie_word_embeddings", gemma, &cfg->tie_embeddings) != 0 || read_biases(c, arch, cfg) != 0 ||
+        read_rope(c, arch, cfg) != 0 || read_sliding_window(c, arch, cfg) != 0 ||
+        (gemma && read_gemma(c, arch, cfg) != 0) || get_token_id(c, "bos_token_id", &cfg->bos_id) != 0 ||
+        get_token_id(c, "eos_token_id", &cfg->eos_id) != 0)
         return -1;
     return qlm_config_validate(cfg, c->path);
 }
@@ -396,6 +515,12 @@ static cJSON *add_token(cJSON *obj, const char *key, int id) {
  * biases without an o_proj bias, Mistral for a window over every layer, else Llama (whose
  * attention_bias covers all four projections). */
 static int pick_arch(const qlm_llama_config *cfg, const char *path, hf_arch *arch) {
+    if (cfg->post_norms || cfg->norm_offset != 0) {
+        if (!cfg->post_norms || cfg->norm_offset != 1.0f || cfg->mlp_bias || cfg->attn_bias != cfg->attn_out_bias)
+            return qlm_errorf("%s: this mix of Gemma's norms and biases has no HF model", path);
+        *arch = cfg->qk_norm ? ARCH_GEMMA3 : ARCH_GEMMA2;
+        return 0;
+    }
     if (cfg->qk_norm) {
         if (cfg->mlp_bias || cfg->attn_bias != cfg->attn_out_bias)
             return qlm_errorf("%s: q/k norms with MLP biases or partial attention biases have no HF model", path);
@@ -411,6 +536,8 @@ static int pick_arch(const qlm_llama_config *cfg, const char *path, hf_arch *arc
     } else {
         *arch = ARCH_LLAMA;
     }
+    if (cfg->sliding_window && cfg->window_period)
+        return qlm_errorf("%s: windowed layers interleaved with global ones have an HF model only in Gemma", path);
     if (cfg->sliding_window && *arch == ARCH_LLAMA)
         return qlm_errorf("%s: sliding-window attention with biases has no HF model", path);
     if (cfg->sliding_window && *arch == ARCH_MISTRAL && cfg->window_first_layer)
@@ -435,17 +562,21 @@ static int add_rope_scaling(cJSON *root, const qlm_llama_config *cfg) {
     cJSON *rope = cJSON_AddObjectToObject(root, "rope_scaling");
     int ok = rope && cJSON_AddStringToObject(rope, "rope_type", NAMES[cfg->rope_type]) &&
              add_float(rope, "factor", cfg->rope_scale_factor) &&
-             cJSON_AddNumberToObject(rope, "original_max_position_embeddings", cfg->rope_orig_max_pos);
+             (cfg->rope_type == QLM_ROPE_LINEAR ||
+              cJSON_AddNumberToObject(rope, "original_max_position_embeddings", cfg->rope_orig_max_pos));
     if (ok && cfg->rope_type == QLM_ROPE_LLAMA3)
         ok = add_float(rope, "low_freq_factor", cfg->rope_low_freq_factor) &&
              add_float(rope, "high_freq_factor", cfg->rope_high_freq_factor);
     if (ok && cfg->rope_type == QLM_ROPE_YARN)
         ok = add_float(rope, "beta_fast", cfg->rope_beta_fast) && add_float(rope, "beta_slow", cfg->rope_beta_slow) &&
-             add_float(rope, "attention_factor", cfg->rope_attn_factor);
+             /* only when the factor alone would not give it back */
+             (cfg->rope_attn_factor == yarn_mscale(cfg->rope_scale_factor, 1) ||
+              add_float(rope, "attention_factor", cfg->rope_attn_factor));
     return ok;
 }
 
 static int add_sliding_window(cJSON *root, const qlm_llama_config *cfg, hf_arch arch) {
+    if (arch == ARCH_GEMMA2 || arch == ARCH_GEMMA3) return 1; /* add_gemma lists every layer */
     if (arch == ARCH_MISTRAL)
         return cfg->sliding_window ? cJSON_AddNumberToObject(root, "sliding_window", cfg->sliding_window) != NULL
                                    : cJSON_AddNullToObject(root, "sliding_window") != NULL;
@@ -455,6 +586,34 @@ static int add_sliding_window(cJSON *root, const qlm_llama_config *cfg, hf_arch 
                                 : cJSON_AddNullToObject(root, "sliding_window") != NULL) &&
            cJSON_AddNumberToObject(root, "max_window_layers",
                                    cfg->sliding_window ? cfg->window_first_layer : cfg->n_layers);
+}
+
+/* A soft cap, null for none. */
+static int add_cap(cJSON *root, const char *key, float cap) {
+    return cap > 0 ? add_float(root, key, cap) != NULL : cJSON_AddNullToObject(root, key) != NULL;
+}
+
+/* Gemma's fields: its activation key, query scalar, caps, the window with every layer's type, and
+ * Gemma 3's local RoPE base. */
+static int add_gemma(cJSON *root, const qlm_llama_config *cfg, hf_arch arch) {
+    double qpas = 1.0 / ((double)cfg->query_scale * cfg->query_scale);
+    int ok = cJSON_AddStringToObject(root, "hidden_activation", act_name(cfg->act)) &&
+             cJSON_AddNumberToObject(root, "query_pre_attn_scalar", round(qpas)) &&
+             add_cap(root, "attn_logit_softcapping", cfg->attn_softcap) &&
+             add_cap(root, "final_logit_softcapping", cfg->final_softcap) &&
+             (cfg->sliding_window ? cJSON_AddNumberToObject(root, "sliding_window", cfg->sliding_window) != NULL
+                                  : cJSON_AddNullToObject(root, "sliding_window") != NULL);
+    cJSON *types = ok ? cJSON_AddArrayToObject(root, "layer_types") : NULL;
+    for (int l = 0; types && l < cfg->n_layers; l++) {
+        cJSON *t = cJSON_CreateString(qlm_layer_window(cfg, l) ? "sliding_attention" : "full_attention");
+        if (!t || !cJSON_AddItemToArray(types, t)) {
+            cJSON_Delete(t);
+            types = NULL;
+        }
+    }
+    ok = ok && types;
+    if (ok && arch == ARCH_GEMMA3) ok = add_float(root, "rope_local_base_freq", cfg->rope_local_theta) != NULL;
+    return ok;
 }
 
 static int fill_json(cJSON *root, const qlm_llama_config *cfg, hf_arch arch) {
@@ -478,7 +637,8 @@ static int fill_json(cJSON *root, const qlm_llama_config *cfg, hf_arch arch) {
              cJSON_AddBoolToObject(root, "tie_word_embeddings", cfg->tie_embeddings) &&
              add_token(root, "bos_token_id", cfg->bos_id) && add_token(root, "eos_token_id", cfg->eos_id) &&
              add_rope_scaling(root, cfg) && add_sliding_window(root, cfg, arch);
-    if (ok && (arch == ARCH_LLAMA || arch == ARCH_QWEN3))
+    if (ok && (arch == ARCH_GEMMA2 || arch == ARCH_GEMMA3)) ok = add_gemma(root, cfg, arch);
+    if (ok && arch != ARCH_QWEN2 && arch != ARCH_MISTRAL)
         ok = cJSON_AddBoolToObject(root, "attention_bias", cfg->attn_bias) != NULL;
     if (ok && arch == ARCH_LLAMA) ok = cJSON_AddBoolToObject(root, "mlp_bias", cfg->mlp_bias) != NULL;
     return ok ? 0 : -1;

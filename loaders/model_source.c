@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include "../core/error.h"
+#include "fused_weights.h"
 #include "gguf.h"
 #include "hf_config.h"
 #include "llama2c.h"
@@ -101,7 +102,7 @@ static int open_safetensors(qlm_source *src, const char *dir, const char *file) 
     src->is_t5 = t5;
     if ((t5 ? qlm_hf_t5_config_load(cfg_path, &src->t5) : qlm_hf_config_load(cfg_path, &src->cfg)) != 0) return -1;
     int rc = file ? qlm_safetensors_load(file, src->store) : qlm_safetensors_load_dir(dir, src->store);
-    if (rc != 0) return -1;
+    if (rc != 0 || (!t5 && qlm_store_unfuse(src->store, &src->cfg, file ? file : dir) != 0)) return -1;
     char tok_json[4200], spiece[4200];
     snprintf(tok_json, sizeof tok_json, "%s/tokenizer.json", dir);
     snprintf(spiece, sizeof spiece, "%s/spiece.model", dir);

@@ -200,6 +200,9 @@ static int classify(const qlm_tensor_store *store, lora_base *b, const char *fil
                 return qlm_errorf("%s: tensor %s adapts a %s model, but %s", file, e->name, t5_path ? "T5" : "Llama-family",
                                   b->known ? (b->is_t5 ? "the base model is a T5" : "the base model is Llama-family")
                                            : "the adapter's earlier tensors adapt the other architecture");
+            if (strstr(path, ".qkv_proj") || strstr(path, ".gate_up_proj"))
+                return qlm_errorf("%s: tensor %s: adapters on fused projections (Phi-3's qkv_proj, gate_up_proj) are "
+                                  "not supported", file, e->name);
             return qlm_errorf("%s: tensor %s: %s is not a projection qlm adapts in %s model", file, e->name, path,
                               b->is_t5 == 1 ? "this T5" : b->is_t5 == 0 ? "this Llama-family" : "a Llama-family or T5");
         }

@@ -51,11 +51,24 @@ static const fixture_cfg FIXTURES[] = {
                              .rope_scale_factor = 8.0f, .rope_beta_fast = 8.0f, .rope_beta_slow = 1.0f,
                              .rope_attn_factor = 1.2079441541679836f, .rope_orig_max_pos = 16, .bos_id = 1,
                              .eos_id = 2}},
+    {"gemma2_softcap", {.arch = "gemma2", .dim = 64, .hidden_dim = 128, .n_layers = 3, .n_heads = 4, .n_kv_heads = 2,
+                        .head_dim = 16, .vocab_size = 320, .max_seq_len = 256, .rope_theta = 10000.0f,
+                        .norm_eps = 1e-6f, .act = QLM_ACT_GELU_TANH, .post_norms = 1, .norm_offset = 1,
+                        .embed_scale = 8, .query_scale = 0.20412414523193151f, .attn_softcap = 5, .final_softcap = 8,
+                        .sliding_window = 8, .window_period = 2, .bos_id = 1, .eos_id = 2}},
+    {"gemma3_local_rope", {.arch = "gemma3_text", .dim = 64, .hidden_dim = 160, .n_layers = 4, .n_heads = 4,
+                           .n_kv_heads = 1, .head_dim = 32, .vocab_size = 288, .max_seq_len = 256,
+                           .rope_theta = 1000000.0f, .rope_local_theta = 10000.0f, .rope_type = QLM_ROPE_LINEAR,
+                           .rope_scale_factor = 4, .rope_orig_max_pos = 256, .norm_eps = 1e-6f,
+                           .act = QLM_ACT_GELU_TANH, .qk_norm = 1, .post_norms = 1, .norm_offset = 1,
+                           .embed_scale = 8, .query_scale = 0.17677669529663687f, .sliding_window = 6,
+                           .window_period = 3, .bos_id = 1, .eos_id = 2}},
 };
 /* The HF class each fixture's config is written back as. */
 static const char *const SAVED_CLASS[] = {"LlamaForCausalLM", "LlamaForCausalLM", "Qwen2ForCausalLM",
                                           "LlamaForCausalLM", "Qwen3ForCausalLM", "MistralForCausalLM",
-                                          "LlamaForCausalLM", "LlamaForCausalLM"};
+                                          "LlamaForCausalLM", "LlamaForCausalLM", "Gemma2ForCausalLM",
+                                          "Gemma3ForCausalLM"};
 #define N_FIXTURES (sizeof FIXTURES / sizeof FIXTURES[0])
 
 static void assert_cfg_equal(const qlm_llama_config *a, const qlm_llama_config *b) {
@@ -85,6 +98,12 @@ static void assert_cfg_equal(const qlm_llama_config *a, const qlm_llama_config *
     assert_int_equal(a->qk_norm, b->qk_norm);
     assert_int_equal(a->sliding_window, b->sliding_window);
     assert_int_equal(a->window_first_layer, b->window_first_layer);
+    assert_int_equal(a->window_period, b->window_period);
+    assert_true(a->rope_local_theta == b->rope_local_theta);
+    assert_int_equal(a->post_norms, b->post_norms);
+    assert_true(a->norm_offset == b->norm_offset && a->embed_scale == b->embed_scale);
+    assert_true(a->query_scale == b->query_scale);
+    assert_true(a->attn_softcap == b->attn_softcap && a->final_softcap == b->final_softcap);
     assert_int_equal(a->bos_id, b->bos_id);
     assert_int_equal(a->eos_id, b->eos_id);
 }
@@ -161,8 +180,18 @@ static const char *write_config(const char *text) {
     "\"hidden_size\": 64, \"intermediate_size\": 128, \"num_hidden_layers\": 2, \"num_attention_heads\": 4, " \
     "\"vocab_size\": 100, \"max_position_embeddings\": 256, \"rms_norm_eps\": 1e-05"
 
+static void expect_error(const char *text, const char *needle) {
+    qlm_llama_config cfg;
+    const char *path = write_config(text);
+    qlm_clear_error();
+    if (qlm_hf_config_load(path, &cfg) == 0) fail_msg("accepted: %s", text);
+    if (!strstr(qlm_last_error(), needle)) fail_msg("error \"%s\" does not mention \"%s\"", qlm_last_error(), needle);
+    if (!strstr(qlm_last_error(), "config.json")) fail_msg("error \"%s\" does not name the file", qlm_last_error());
+}
+
 static void test_defaults_and_variants(void **state) {
     (void)state;
+    char path_buf[400];
     qlm_llama_config cfg;
     load_ok(write_config("{\"model_type\": \"llama\", " BASE_FIELDS "}"), &cfg);
     qlm_llama_config want = {.arch = "llama", .dim = 64, .hidden_dim = 128, .n_layers = 2, .n_heads = 4,
@@ -228,6 +257,20 @@ static void test_defaults_and_variants(void **state) {
             &cfg);
     assert_true(cfg.qk_norm && !cfg.attn_bias && cfg.sliding_window == 16 && cfg.window_first_layer == 0);
 
+    /* Phi-3: no window unless configured; its longrope ("su", "yarn") is refused by name; written back
+     * as the Mistral it equals once qkv_proj and gate_up_proj are split (loaders/fused_weights.c). */
+    load_ok("tests/fixtures/llama/phi3_fused/config.json", &cfg);
+    assert_true(strcmp(cfg.arch, "phi3") == 0 && cfg.sliding_window == 9 && cfg.window_first_layer == 0);
+    snprintf(path_buf, sizeof path_buf, "%s/phi3_config.json", g_dir);
+    assert_int_equal(qlm_hf_config_save(path_buf, &cfg, NULL), 0);
+    char *saved = test_read_file(path_buf, NULL);
+    assert_non_null(strstr(saved, "\"MistralForCausalLM\""));
+    free(saved);
+    load_ok(write_config("{\"model_type\": \"phi3\", " BASE_FIELDS "}"), &cfg);
+    assert_int_equal(cfg.sliding_window, 0);
+    expect_error("{\"model_type\": \"phi3\", " BASE_FIELDS ", \"rope_scaling\": {\"type\": \"su\", \"short_factor\": [1]}}",
+                 "longrope");
+
     /* hidden_act names; RoPE types. */
     load_ok(write_config("{\"model_type\": \"llama\", " BASE_FIELDS ", \"hidden_act\": \"gelu_new\","
                          " \"rope_scaling\": {\"type\": \"linear\", \"factor\": 2}}"),
@@ -240,14 +283,6 @@ static void test_defaults_and_variants(void **state) {
     assert_true(cfg.rope_type == QLM_ROPE_YARN && cfg.rope_attn_factor == 1.0f && cfg.rope_beta_fast == 32.0f);
 }
 
-static void expect_error(const char *text, const char *needle) {
-    qlm_llama_config cfg;
-    const char *path = write_config(text);
-    qlm_clear_error();
-    if (qlm_hf_config_load(path, &cfg) == 0) fail_msg("accepted: %s", text);
-    if (!strstr(qlm_last_error(), needle)) fail_msg("error \"%s\" does not mention \"%s\"", qlm_last_error(), needle);
-    if (!strstr(qlm_last_error(), "config.json")) fail_msg("error \"%s\" does not name the file", qlm_last_error());
-}
 
 static void test_errors(void **state) {
     (void)state;
@@ -295,8 +330,13 @@ static void test_errors(void **state) {
          "\"dynamic\" is not supported"},
         {"{\"model_type\": \"llama\", " BASE_FIELDS ", \"rope_scaling\": {\"rope_type\": \"linear\"}}", "factor"},
         {"{\"model_type\": \"qwen3\", " BASE_FIELDS ", \"use_sliding_window\": true, \"max_window_layers\": 0,"
-         " \"layer_types\": [\"sliding_attention\", \"full_attention\"]}",
-         "full attention after a sliding layer"},
+         " \"layer_types\": [\"sliding_attention\", \"chunked_attention\"]}",
+         "layer_types[1]"},
+        {"{\"model_type\": \"gemma3_text\", \"hidden_size\": 64, \"intermediate_size\": 128, \"num_hidden_layers\": 5,"
+         " \"num_attention_heads\": 4, \"vocab_size\": 100, \"max_position_embeddings\": 256, \"layer_types\":"
+         " [\"full_attention\", \"sliding_attention\", \"full_attention\", \"sliding_attention\", \"sliding_attention\"]}",
+         "mix of full and sliding layers"},
+        {"{\"model_type\": \"gemma2\", " BASE_FIELDS ", \"use_bidirectional_attention\": true}", "bidirectional"},
         {"{\"model_type\": \"qwen3\", " BASE_FIELDS ", \"use_sliding_window\": true, \"layer_types\": [\"full_attention\"]}",
          "one type per layer"},
         {"{\"model_type\": \"llama\", \"hidden_size\": 0, \"intermediate_size\": 128, \"num_hidden_layers\": 2,"

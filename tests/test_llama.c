@@ -8,6 +8,7 @@
 #include "../core/error.h"
 #include "../core/generate.h"
 #include "../core/model.h"
+#include "../loaders/fused_weights.h"
 #include "../loaders/model_source.h"
 #include "test_util.h"
 
@@ -160,6 +161,84 @@ static void test_qwen3_window(void **state) { (void)state; check_fixture("qwen3_
 static void test_mistral_window(void **state) { (void)state; check_fixture("mistral_window"); }
 static void test_gelu_linear_rope(void **state) { (void)state; check_fixture("gelu_linear_rope"); }
 static void test_yarn_gelu_tanh_bias(void **state) { (void)state; check_fixture("yarn_gelu_tanh_bias"); }
+static void test_gemma2_softcap(void **state) { (void)state; check_fixture("gemma2_softcap"); }
+static void test_gemma3_local_rope(void **state) { (void)state; check_fixture("gemma3_local_rope"); }
+static void test_phi3_fused(void **state) { (void)state; check_fixture("phi3_fused"); }
+
+/* An F32 model exports every tensor it read, bit for bit, except Gemma's norms: the model keeps
+ * 1 + w (as transformers computes it in float32) and exports (1 + w) - 1, which can differ from w in
+ * its last bits but gives back the same 1 + w, so every consumer computes the same model. */
+static void test_f32_export_gives_back_the_model(void **state) {
+    (void)state;
+    static const char *const names[] = {"gemma3_local_rope", "gemma2_softcap", "qwen3_window"};
+    for (size_t k = 0; k < sizeof names / sizeof names[0]; k++) {
+        char dir[256];
+        snprintf(dir, sizeof dir, "tests/fixtures/llama/%s", names[k]);
+        qlm_source src;
+        if (qlm_source_open(&src, dir, NULL) != 0) fail_msg("%s", qlm_last_error());
+        qlm_model m;
+        qlm_model_options o = {.dtype = QLM_F32, .backend = qlm_backend_cpu()};
+        assert_int_equal(qlm_model_build(&m, &src.cfg, src.store, &o), 0);
+        qlm_tensor_store *out = qlm_store_new();
+        assert_int_equal(qlm_model_export(&m, out), 0);
+        assert_int_equal(qlm_store_count(out), qlm_store_count(src.store));
+        for (int i = 0; i < qlm_store_count(src.store); i++) {
+            const qlm_tensor_entry *want = qlm_store_at(src.store, i), *got = qlm_store_find(out, want->name);
+            if (!got) fail_msg("%s: %s not exported", names[k], want->name);
+            assert_int_equal(got->nbytes, want->nbytes);
+            if (m.cfg.norm_offset != 0 && strstr(want->name, "norm")) {
+                const float *a = got->data, *b = want->data;
+                for (size_t j = 0; j < want->nbytes / sizeof(float); j++)
+                    if (1.0f + a[j] != 1.0f + b[j] || fabsf(a[j] - b[j]) > 1.2e-7f)
+                        fail_msg("%s: %s[%zu] %.9g, was %.9g", names[k], want->name, j, a[j], b[j]);
+            } else if (memcmp(got->data, want->data, want->nbytes) != 0) {
+                fail_msg("%s: %s differs", names[k], want->name);
+            }
+        }
+        qlm_store_free(out);
+        qlm_model_free(&m);
+        qlm_source_close(&src);
+    }
+}
+
+/* Fused q/k/v and gate/up split into views of their rows (with INT8 row scales), and a fused matrix
+ * of the wrong shape named in the error. */
+static void test_unfuse(void **state) {
+    (void)state;
+    qlm_llama_config c = {.dim = 4, .hidden_dim = 3, .n_layers = 1, .n_heads = 2, .n_kv_heads = 1, .head_dim = 2};
+    qlm_tensor_store *s = qlm_store_new();
+    int8_t qkv[8][4], gate_up[6][4];
+    float qkv_scales[8], gate_up_scales[6];
+    for (int r = 0; r < 8; r++) qkv_scales[r] = (float)r, memset(qkv[r], r, 4);
+    for (int r = 0; r < 6; r++) gate_up_scales[r] = 10.0f + r, memset(gate_up[r], 10 + r, 4);
+    int64_t qkv_shape[2] = {8, 4}, gate_up_shape[2] = {6, 4};
+    qlm_tensor_entry *e = qlm_store_add(s, "model.layers.0.self_attn.qkv_proj.weight", QLM_I8, 2, qkv_shape, qkv, sizeof qkv);
+    e->row_scales = qkv_scales;
+    e = qlm_store_add(s, "model.layers.0.mlp.gate_up_proj.weight", QLM_I8, 2, gate_up_shape, gate_up, sizeof gate_up);
+    e->row_scales = gate_up_scales;
+    assert_int_equal(qlm_store_unfuse(s, &c, "test"), 0);
+    /* first: the fused row each part starts at, which its values and scales name (gate_up's from 10) */
+    static const struct { const char *name; int rows, first; } want[] = {
+        {"model.layers.0.self_attn.q_proj.weight", 4, 0}, {"model.layers.0.self_attn.k_proj.weight", 2, 4},
+        {"model.layers.0.self_attn.v_proj.weight", 2, 6}, {"model.layers.0.mlp.gate_proj.weight", 3, 10},
+        {"model.layers.0.mlp.up_proj.weight", 3, 13}};
+    assert_int_equal(qlm_store_count(s), 5);
+    for (int i = 0; i < 5; i++) {
+        const qlm_tensor_entry *p = qlm_store_find(s, want[i].name);
+        assert_non_null(p);
+        assert_true(p->shape[0] == want[i].rows && p->shape[1] == 4 && p->nbytes == (size_t)want[i].rows * 4);
+        assert_int_equal(((const int8_t *)p->data)[0], want[i].first);
+        assert_true(p->row_scales[0] == (float)want[i].first);
+    }
+    qlm_store_free(s);
+    s = qlm_store_new();
+    int64_t bad[2] = {7, 4};
+    qlm_store_add(s, "model.layers.0.self_attn.qkv_proj.weight", QLM_I8, 2, bad, qkv, 28);
+    assert_int_equal(qlm_store_unfuse(s, &c, "bad.safetensors"), -1);
+    assert_non_null(strstr(qlm_last_error(), "bad.safetensors: tensor model.layers.0.self_attn.qkv_proj.weight"));
+    assert_non_null(strstr(qlm_last_error(), "expected [8, 4]"));
+    qlm_store_free(s);
+}
 
 /* Decoding token by token must give the same logits as one batched prefill. */
 static void test_incremental_equals_batched(void **state) {
@@ -205,6 +284,11 @@ int main(void) {
         cmocka_unit_test(test_mistral_window),
         cmocka_unit_test(test_gelu_linear_rope),
         cmocka_unit_test(test_yarn_gelu_tanh_bias),
+        cmocka_unit_test(test_gemma2_softcap),
+        cmocka_unit_test(test_gemma3_local_rope),
+        cmocka_unit_test(test_phi3_fused),
+        cmocka_unit_test(test_f32_export_gives_back_the_model),
+        cmocka_unit_test(test_unfuse),
         cmocka_unit_test(test_incremental_equals_batched),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

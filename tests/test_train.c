@@ -125,6 +125,16 @@ static void test_full_gelu_linear_rope(void **state) {
     check_full("gelu_linear_rope", 0);
 }
 
+static void test_full_gemma2_softcap(void **state) {
+    (void)state;
+    check_full("gemma2_softcap", 0);
+}
+
+static void test_full_gemma3_local_rope(void **state) {
+    (void)state;
+    check_full("gemma3_local_rope", 0);
+}
+
 static void test_full_recompute(void **state) {
     (void)state;
     check_full("gqa_tied", 1);
@@ -163,7 +173,11 @@ static void check_lora(const char *name, qlm_dtype base_dtype, double loss_tol) 
         if (fabs(st.loss - want) > loss_tol)
             fail_msg("%s LoRA step %d: loss %.8f, torch %.8f", name, step + 1, st.loss, want);
     }
-    if (base_dtype == QLM_F32) compare_tensors(&t, f.dir, "lora_adamw_final.safetensors", 'p', 1, 1e-4);
+    /* AdamW amplifies the rounding of near-zero gradients: where torch's own float32 run lies further
+     * than 1e-4 from its float64 one, twice that spread is what float32 can promise. */
+    const cJSON *spread = cJSON_GetObjectItemCaseSensitive(f.ref, "lora_adamw_final_f32_vs_f64");
+    double final_tol = spread ? fmax(1e-4, 2 * spread->valuedouble) : 1e-4;
+    if (base_dtype == QLM_F32) compare_tensors(&t, f.dir, "lora_adamw_final.safetensors", 'p', 1, final_tol);
     close_case(&t, &m, &src, &f);
     qlm_lora_free(&a);
 }
@@ -186,6 +200,16 @@ static void test_lora_qwen3_window(void **state) {
 static void test_lora_gelu_linear_rope(void **state) {
     (void)state;
     check_lora("gelu_linear_rope", QLM_F32, 1e-5);
+}
+
+static void test_lora_gemma2_softcap(void **state) {
+    (void)state;
+    check_lora("gemma2_softcap", QLM_F32, 1e-5);
+}
+
+static void test_lora_gemma3_local_rope(void **state) {
+    (void)state;
+    check_lora("gemma3_local_rope", QLM_F32, 1e-5);
 }
 
 /* QLoRA-style: the frozen base in BF16 and INT8 follows the F32 curve within the precision's error. */
@@ -310,10 +334,14 @@ int main(void) {
         cmocka_unit_test(test_full_gqa_tied),         cmocka_unit_test(test_full_qwen2_bias),
         cmocka_unit_test(test_full_qwen3_window),
         cmocka_unit_test(test_full_gelu_linear_rope),
+        cmocka_unit_test(test_full_gemma2_softcap),
+        cmocka_unit_test(test_full_gemma3_local_rope),
         cmocka_unit_test(test_full_recompute),        cmocka_unit_test(test_lora_gqa_tied),
         cmocka_unit_test(test_lora_qwen2_bias),
         cmocka_unit_test(test_lora_qwen3_window),
-        cmocka_unit_test(test_lora_gelu_linear_rope),       cmocka_unit_test(test_lora_low_precision_base),
+        cmocka_unit_test(test_lora_gelu_linear_rope),
+        cmocka_unit_test(test_lora_gemma2_softcap),
+        cmocka_unit_test(test_lora_gemma3_local_rope),       cmocka_unit_test(test_lora_low_precision_base),
         cmocka_unit_test(test_full_bf16_compute),     cmocka_unit_test(test_loss_scaling_overflow),
         cmocka_unit_test(test_gradient_accumulation), cmocka_unit_test(test_lr_schedules),
     };

@@ -15,8 +15,9 @@ import sys
 import numpy as np
 import torch
 import transformers
-from transformers import (GenerationConfig, LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM,
-                          Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM)
+from transformers import (Gemma2Config, Gemma2ForCausalLM, Gemma3ForCausalLM, Gemma3TextConfig, GenerationConfig,
+                          LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM, Phi3Config,
+                          Phi3ForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM)
 
 N_NEW = 64
 PROMPT_LEN = 12
@@ -85,18 +86,51 @@ FIXTURES = {
                  attention_bias=True, mlp_bias=True,
                  rope_parameters=dict(rope_type="yarn", factor=8.0, original_max_position_embeddings=16,
                                       beta_fast=8.0, beta_slow=1.0, rope_theta=10000.0))),
+    # Gemma 2: (1 + w) norms before and after each block, embedding x sqrt(64), query scale
+    # 24^-0.5, attention scores capped at 5 and logits at 8 (small enough to bind), windowed layers
+    # 0 and 2 (window 8). Untied: tied, the scaled input embedding outvotes everything else at
+    # these sizes and the continuation repeats one token.
+    "gemma2_softcap": dict(
+        cls=(Gemma2Config, Gemma2ForCausalLM), seed=9009, norm_offset=True, embed_std=0.3 / 8,
+        cfg=dict(hidden_size=64, intermediate_size=128, num_hidden_layers=3, num_attention_heads=4,
+                 num_key_value_heads=2, head_dim=16, vocab_size=320, max_position_embeddings=256, rms_norm_eps=1e-6,
+                 bos_token_id=1, eos_token_id=2, pad_token_id=0, query_pre_attn_scalar=24, sliding_window=8,
+                 tie_word_embeddings=False,
+                 attn_logit_softcapping=5.0, final_logit_softcapping=8.0,
+                 rope_parameters=dict(rope_type="default", rope_theta=10000.0))),
+    # Gemma 3 (text): q/k norms with (1 + w), global layer every 3rd (layer 2) with linear RoPE
+    # scaling on theta 1e6, local layers on theta 1e4 over a window of 6, no caps, untied.
+    "gemma3_local_rope": dict(
+        cls=(Gemma3TextConfig, Gemma3ForCausalLM), seed=10010, norm_offset=True, embed_std=0.3 / 8,
+        cfg=dict(hidden_size=64, intermediate_size=160, num_hidden_layers=4, num_attention_heads=4,
+                 num_key_value_heads=1, head_dim=32, vocab_size=288, max_position_embeddings=256, rms_norm_eps=1e-6,
+                 bos_token_id=1, eos_token_id=2, pad_token_id=0, query_pre_attn_scalar=32, sliding_window=6,
+                 sliding_window_pattern=3, tie_word_embeddings=False,
+                 rope_parameters={"full_attention": dict(rope_type="linear", factor=4.0, rope_theta=1000000.0),
+                                  "sliding_attention": dict(rope_type="default", rope_theta=10000.0)})),
+    # Phi-3: q/k/v in one qkv_proj and gate/up in one gate_up_proj, every layer over a window of 9.
+    "phi3_fused": dict(
+        cls=(Phi3Config, Phi3ForCausalLM), seed=11011,
+        cfg=dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                 num_key_value_heads=2, vocab_size=320, max_position_embeddings=256, original_max_position_embeddings=256,
+                 rms_norm_eps=1e-5, tie_word_embeddings=False, bos_token_id=1, eos_token_id=2, pad_token_id=0,
+                 sliding_window=9, rope_parameters=dict(rope_type="default", rope_theta=10000.0))),
 }
 
 
-def init_weights(model, seed):
-    """Non-trivial random init so that logits are spread out and greedy choices are clear."""
+def init_weights(model, seed, norm_offset=False, embed_std=None):
+    """Non-trivial random init so that logits are spread out and greedy choices are clear. Norms
+    scale by 0.7..1.3 (Gemma's (1 + w): w in -0.3..0.3); embed_std: the embedding's own spread
+    (Gemma multiplies it by sqrt(hidden_size))."""
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, p in model.named_parameters():
             if "norm" in name:
-                p.copy_(0.7 + 0.6 * torch.rand(p.shape, generator=g))
+                p.copy_((-0.3 if norm_offset else 0.7) + 0.6 * torch.rand(p.shape, generator=g))
             elif name.endswith(".bias"):
                 p.copy_(0.2 * torch.randn(p.shape, generator=g))
+            elif "embed_tokens" in name and embed_std is not None:
+                p.copy_(embed_std * torch.randn(p.shape, generator=g))
             elif "embed_tokens" in name or name == "lm_head.weight":
                 # Small enough that a tied model's logits are not dominated by the input token.
                 p.copy_(0.3 * torch.randn(p.shape, generator=g))
@@ -133,7 +167,7 @@ def build(spec, seed):
     torch.manual_seed(seed)
     config = cfg_cls(**spec["cfg"])
     model = model_cls(config).float().eval()
-    init_weights(model, seed)
+    init_weights(model, seed, spec.get("norm_offset", False), spec.get("embed_std"))
     if config.tie_word_embeddings:
         assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
     rng = np.random.default_rng(seed)

@@ -2,7 +2,8 @@
 """Dev-time generator of the training reference fixtures in tests/fixtures/train/ (see the README
 there). qlm never runs Python; this script only produces committed reference files.
 
-For each base model (tests/fixtures/llama/ gqa_tied, qwen2_bias, qwen3_window, gelu_linear_rope) it writes
+For each base model (tests/fixtures/llama/ gqa_tied, qwen2_bias, qwen3_window, gelu_linear_rope,
+gemma2_softcap, gemma3_local_rope) it writes
 tests/fixtures/train/<name>/:
   batch.json               3 sequences of different lengths and their labels (-100 = not a target)
   reference.json           loss, n_targets, 10 AdamW steps (losses, pre-clip grad norms), the same
@@ -42,8 +43,15 @@ BASES = {
     "qwen3_window": ("tests/fixtures/llama/qwen3_window", 5303),
     # exact GELU and linear RoPE scaling
     "gelu_linear_rope": ("tests/fixtures/llama/gelu_linear_rope", 5404),
+    # Gemma 2: soft caps on scores and logits, norms after each block, the scaled embedding
+    "gemma2_softcap": ("tests/fixtures/llama/gemma2_softcap", 5505),
+    # Gemma 3: (1 + w) q/k norms, local and global RoPE tables
+    "gemma3_local_rope": ("tests/fixtures/llama/gemma3_local_rope", 5606),
 }
 LENGTHS = (23, 17, 11)
+# Bases whose reference also records the float32-vs-float64 spread of the LoRA run's final adapter
+# (those made since it was added; the test takes 1e-4 where it is absent).
+F64_SPREAD = ("gemma2_softcap", "gemma3_local_rope")
 FIRST_ID = 3  # token ids are drawn uniformly from [FIRST_ID, vocab)
 
 LORA_CFG = dict(r=4, lora_alpha=8, lora_dropout=0.0,
@@ -143,7 +151,8 @@ def make_one(name, base, seed, out_root):
 
     # ---- LoRA (randomized B): loss, gradients, 10 AdamW steps ---------------------------------
     del model
-    ref.update(C.lora_reference(load_base(base), LORA_CFG, out, loss_fn, tensor_class, save_final=True))
+    ref.update(C.lora_reference(load_base(base), LORA_CFG, out, loss_fn, tensor_class, save_final=True,
+                                f64_twin=load_base(base) if name in F64_SPREAD else None))
 
     # ---- full fine-tuning: 10 AdamW steps --------------------------------------------------------
     # one model's final weights keep the fixtures small

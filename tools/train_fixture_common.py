@@ -97,9 +97,29 @@ def check_padded(loss_f, n_targets, seq_sums, grad_norm, padded, tol):
             "hf_padded_batch_loss": padded}
 
 
-def lora_reference(model, lora_cfg, out, loss_fn, tensor_class, save_final):
+def lora_adapter_after_steps(model, lora_cfg, loss_fn, dtype):
+    """The adapter (saved names) after N_STEPS AdamW steps from the same start, in dtype."""
+    model = model.to(dtype)
+    torch.manual_seed(LORA_INIT_SEED)
+    pmodel = get_peft_model(model, LoraConfig(**lora_cfg))
+    pmodel.train()
+    g = torch.Generator().manual_seed(LORA_B_SEED)
+    with torch.no_grad():
+        for k, p in pmodel.named_parameters():
+            if "lora_B" in k:
+                p.copy_((LORA_B_STD * torch.randn(p.shape, generator=g)).to(dtype))
+    named = [(k, p) for k, p in pmodel.named_parameters() if p.requires_grad]
+    lp = [p for _, p in named]
+    train_steps(pmodel, [{"params": lp, "weight_decay": LORA_OPT["weight_decay"]}], lp, LORA_OPT, loss_fn)
+    return {k.replace(".default.", "."): p.detach().double() for k, p in named}
+
+
+def lora_reference(model, lora_cfg, out, loss_fn, tensor_class, save_final, f64_twin=None):
     """Adapter with randomized B (saved to out/lora_adapter), its loss and gradients, then N_STEPS
-    AdamW steps with the base frozen. Returns the reference.json entries, in file order."""
+    AdamW steps with the base frozen. Returns the reference.json entries, in file order. f64_twin:
+    a second copy of the base, trained the same way in float64, so that the reference records how
+    far its own float32 result lies from the float64 one (AdamW amplifies the rounding of
+    near-zero gradients: that spread bounds any float32 implementation's agreement)."""
     torch.manual_seed(LORA_INIT_SEED)
     pmodel = get_peft_model(model, LoraConfig(**lora_cfg))
     pmodel.train()
@@ -144,6 +164,11 @@ def lora_reference(model, lora_cfg, out, loss_fn, tensor_class, save_final):
     if save_final:
         save_st(contig({to_saved(k): p for k, p in lora_params.items()}),
                 os.path.join(out, "lora_adamw_final.safetensors"))
+    if save_final and f64_twin is not None:
+        f64 = lora_adapter_after_steps(f64_twin, lora_cfg, loss_fn, torch.float64)
+        ref["lora_adamw_final_f32_vs_f64"] = max(
+            float((p.detach().double() - f64[to_saved(k)]).abs().max()) for k, p in lora_params.items())
+        print(f"  lora final adapter, torch float32 vs float64: {ref['lora_adamw_final_f32_vs_f64']:.3g}")
     print("  lora_adamw_losses " + " ".join(f"{x:.5f}" for x in ref["lora_adamw_losses"]))
     print("  lora_adamw_norms  " + " ".join(f"{x:.4f}" for x in ref["lora_adamw_grad_norms"]))
     return ref
