@@ -23,6 +23,10 @@ typedef struct {
     /* Causal only: > 0 limits row i to the last `window` keys, pos[i] - window + 1 .. pos[i]
      * (sliding-window attention); 0: the whole prefix. */
     int window;
+    /* > 0: the caches roll: key t lies in row t % ring (a window's cache that holds only the rows a
+     * step can see, core/kv_cache.h); every key a call's rows see must still be there (the window
+     * plus the call's own rows of a sequence fit in ring). 0: key t in row t. */
+    int ring;
     /* > 0: scores (after the scale) become softcap * tanh(score / softcap) (Gemma 2; never with
      * pos_bias). */
     float softcap;

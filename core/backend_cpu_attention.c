@@ -145,13 +145,16 @@ static void attend(float *out, const float *q, const void *kc, const void *vc, c
     float *o = out + (size_t)h0 * hd;
     for (int j = 0; j < g; j++) mx[j] = -INFINITY, sum[j] = 0;
     memset(o, 0, (size_t)g * hd * sizeof *o);
-    for (int t0 = first; t0 < len; t0 += KEY_CHUNK) {
-        int m = len - t0 < KEY_CHUNK ? len - t0 : KEY_CHUNK;
+    for (int t0 = first, m; t0 < len; t0 += m) {
+        m = len - t0 < KEY_CHUNK ? len - t0 : KEY_CHUNK;
+        /* A rolling cache: the chunk ends where the rows wrap around. */
+        size_t row = sh->ring ? (size_t)(t0 % sh->ring) : (size_t)t0;
+        if (sh->ring && (int)row + m > sh->ring) m = sh->ring - (int)row;
         for (int j0 = 0; j0 < g; j0 += gb) {
             int nj = g - j0 < gb ? g - j0 : gb;
             const float *qj = q + (size_t)(h0 + j0) * hd;
             if (round_per_chunk) qlm_convert_from_f32(qb, QLM_BF16, qj, (long)nj * hd);
-            qlm_dot_rows(scores[j0], KEY_CHUNK, sh->kv_bf16 ? (const void *)qb : qj, nj, kv_at(kc, (size_t)t0 * rs, sh),
+            qlm_dot_rows(scores[j0], KEY_CHUNK, sh->kv_bf16 ? (const void *)qb : qj, nj, kv_at(kc, row * rs, sh),
                          rs, m, hd, dt);
         }
         for (int j = 0; j < g; j++) {
@@ -170,7 +173,7 @@ static void attend(float *out, const float *q, const void *kc, const void *vc, c
             }
             sum[j] += exp_sum(scores[j], m, mx[j]);
         }
-        qlm_weighted_sum(o, scores[0], g, KEY_CHUNK, kv_at(vc, (size_t)t0 * rs, sh), rs, m, hd, dt);
+        qlm_weighted_sum(o, scores[0], g, KEY_CHUNK, kv_at(vc, row * rs, sh), rs, m, hd, dt);
     }
     for (int j = 0; j < g; j++) {
         float inv = 1.0f / sum[j];
@@ -231,7 +234,8 @@ static void attention_sgemm(float *out, const float *q, const void *k_cache, con
                 failed = 1;
                 continue;
             }
-            for (int t = 0; t < max_len; t++) {
+            int stored = sh->ring && sh->ring < max_len ? sh->ring : max_len; /* rows the caches hold */
+            for (int t = 0; t < stored; t++) {
                 qlm_convert_to_f32(kf + (size_t)t * hd, kv_at(kc, (size_t)t * rs, sh), QLM_BF16, hd);
                 qlm_convert_to_f32(kf + (size_t)(max_len + t) * hd, kv_at(vc, (size_t)t * rs, sh), QLM_BF16, hd);
             }
@@ -246,9 +250,16 @@ static void attention_sgemm(float *out, const float *q, const void *k_cache, con
                 if (keys_of(sh, pos, i) > len) len = keys_of(sh, pos, i);
                 if (first_key(sh, pos, i) < k0) k0 = first_key(sh, pos, i);
             }
-            int span = len - k0;
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, span, hd, sh->scale,
-                        q + (size_t)b * q_dim + h * hd, q_dim, kh + (size_t)k0 * ld, ld, 0.0f, s, span);
+            /* In a rolling cache the span starts at row r0 and may wrap once: its first `head` keys, then
+             * the rest from row 0 (a block's rows are one step's, so the span fits in the ring). */
+            int span = len - k0, r0 = sh->ring ? k0 % sh->ring : k0;
+            int head = sh->ring && r0 + span > sh->ring ? sh->ring - r0 : span;
+            const float *qb = q + (size_t)b * q_dim + h * hd;
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, head, hd, sh->scale, qb, q_dim,
+                        kh + (size_t)r0 * ld, ld, 0.0f, s, span);
+            if (head < span)
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, span - head, hd, sh->scale, qb, q_dim, kh,
+                            ld, 0.0f, s + head, span);
             for (int i = 0; i < rows; i++) {
                 float *row = s + (size_t)i * span;
                 int from = first_key(sh, pos, b + i) - k0, keys = keys_of(sh, pos, b + i) - k0;
@@ -258,8 +269,12 @@ static void attention_sgemm(float *out, const float *q, const void *k_cache, con
                 memset(row, 0, (size_t)from * sizeof *row);
                 memset(row + keys, 0, (size_t)(span - keys) * sizeof *row);
             }
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, hd, span, 1.0f, s, span, vh + (size_t)k0 * ld,
-                        ld, 0.0f, out + (size_t)b * q_dim + h * hd, q_dim);
+            float *ob = out + (size_t)b * q_dim + h * hd;
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, hd, head, 1.0f, s, span, vh + (size_t)r0 * ld,
+                        ld, 0.0f, ob, q_dim);
+            if (head < span)
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, hd, span - head, 1.0f, s + head, span, vh,
+                            ld, 1.0f, ob, q_dim);
         }
     }
     if (blas_threads != 1) openblas_set_num_threads(blas_threads);

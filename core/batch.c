@@ -99,6 +99,7 @@ static int cached_prefix(const batch *b, const slot *s, int *from) {
         const slot *o = &b->slots[j];
         if (o->cache_adapter != s->req.adapter) continue;
         int k = common_prefix(s->tokens, s->n_tokens - 1, o->tokens, o->n_cached);
+        k = qlm_state_resumable(b->cfg.model, &b->kv, o->n_cached, k);
         if (k > best) best = k, *from = j;
     }
     return best >= PREFIX_MIN ? best : 0;
@@ -150,7 +151,10 @@ static int admit(batch *b, int i, const qlm_batch_request *req, qlm_batch_stats 
         s->n_tokens = 1;
     } else {
         /* What the caches keep of the slot's last request, for the new prompt. */
-        s->n_cached = s->cache_adapter == req->adapter ? common_prefix(req->ids, req->n_ids, s->tokens, s->n_cached) : 0;
+        s->n_cached = s->cache_adapter == req->adapter
+                          ? qlm_state_resumable(c->model, &b->kv, s->n_cached,
+                                                common_prefix(req->ids, req->n_ids, s->tokens, s->n_cached))
+                          : 0;
         s->cache_adapter = req->adapter;
         memcpy(s->tokens, req->ids, (size_t)req->n_ids * sizeof *req->ids);
         s->n_tokens = req->n_ids;

@@ -1,5 +1,6 @@
 #include "config.h"
 
+#include <math.h>
 #include <stddef.h>
 
 #include "error.h"
@@ -21,6 +22,15 @@ int qlm_config_validate(const qlm_llama_config *c, const char *source) {
     if (!(c->rope_theta > 0)) return qlm_errorf("%s: rope_theta must be positive", source);
     if (!(c->norm_eps > 0) || c->norm_eps > 1) return qlm_errorf("%s: rms_norm_eps must be in (0, 1]", source);
     if (c->rope_scale_factor < 0) return qlm_errorf("%s: rope_scaling.factor must be positive", source);
+    if (c->rope_type == QLM_ROPE_LONGROPE) {
+        if (c->head_dim / 2 > QLM_MAX_ROPE_FACTORS || c->rope_orig_max_pos <= 0)
+            return qlm_errorf("%s: longrope needs head_dim <= %d and a positive original_max_position_embeddings",
+                              source, 2 * QLM_MAX_ROPE_FACTORS);
+        for (int j = 0; j < c->head_dim / 2; j++)
+            if (!(c->rope_short_factor[j] > 0) || !(c->rope_long_factor[j] > 0) || !isfinite(c->rope_short_factor[j]) ||
+                !isfinite(c->rope_long_factor[j]))
+                return qlm_errorf("%s: longrope factor %d must be a positive number", source, j);
+    }
     return 0;
 }
 

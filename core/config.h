@@ -3,6 +3,8 @@
 #ifndef QLM_CONFIG_H
 #define QLM_CONFIG_H
 
+#define QLM_MAX_ROPE_FACTORS 256 /* longrope factors: head_dim up to 512 */
+
 typedef struct {
     char arch[32];      /* "llama", "qwen2", ... (informational) */
     int dim;            /* hidden_size */
@@ -31,6 +33,9 @@ typedef struct {
     float attn_softcap, final_softcap;
     /* "rope_scaling": the type and its parameters (factor 0 with QLM_ROPE_DEFAULT). */
     int rope_type;      /* qlm_rope_type */
+    /* longrope: per-frequency divisors (head_dim / 2 of each), the short ones while a call's
+     * positions stay within rope_orig_max_pos, the long ones past it. */
+    float rope_short_factor[QLM_MAX_ROPE_FACTORS], rope_long_factor[QLM_MAX_ROPE_FACTORS];
     float rope_scale_factor;
     float rope_low_freq_factor;  /* llama3 */
     float rope_high_freq_factor; /* llama3 */
@@ -49,7 +54,7 @@ typedef struct {
     int eos_id;         /* -1 when unknown */
 } qlm_llama_config;
 
-typedef enum { QLM_ROPE_DEFAULT, QLM_ROPE_LINEAR, QLM_ROPE_LLAMA3, QLM_ROPE_YARN } qlm_rope_type;
+typedef enum { QLM_ROPE_DEFAULT, QLM_ROPE_LINEAR, QLM_ROPE_LLAMA3, QLM_ROPE_YARN, QLM_ROPE_LONGROPE } qlm_rope_type;
 
 /* The window of layer l's attention (0: the whole causal prefix). */
 static inline int qlm_layer_window(const qlm_llama_config *c, int l) {

@@ -115,6 +115,7 @@ int qlm_session_sync(qlm_session *s, const int *ids, int n, qlm_gen_stats *stats
     while (common < n && common < s->n_tokens && s->tokens[common] == ids[common]) common++;
     /* The logits after the prefix must be recomputed, so re-evaluate at least one token. */
     if (common == n && n > 0 && (common < s->n_tokens || !s->have_logits)) common = n - 1;
+    common = qlm_state_resumable(s->model, &s->state, s->n_tokens, common);
     s->n_tokens = common;
     s->have_logits = 0;
     double t0 = qlm_now_s();

@@ -23,7 +23,9 @@ static inline size_t qlm_kv_elem_size(qlm_dtype kv) {
     return kv == QLM_BF16 ? 2 : 4;
 }
 
-/* Gives sh the strides of this layout for caches of max_pos positions per slot, of dtype kv. */
+/* Gives sh the strides of this layout for caches of max_pos positions per slot, of dtype kv. A
+ * rolling cache (sliding-window layers) holds max_pos rows and keeps position p in row p % max_pos:
+ * its callers set sh->ring = max_pos and store positions modulo it. */
 static inline void qlm_kv_shape(qlm_attn_shape *sh, int max_pos, qlm_dtype kv) {
     sh->slot_stride = (size_t)sh->n_kv_heads * max_pos * sh->head_dim;
     sh->row_stride = (size_t)sh->head_dim;

@@ -101,6 +101,7 @@ static float scaled_freq(const qlm_llama_config *c, int j, float f) {
     float factor = c->rope_scale_factor, old = (float)c->rope_orig_max_pos;
     switch ((qlm_rope_type)c->rope_type) {
     case QLM_ROPE_DEFAULT:
+    case QLM_ROPE_LONGROPE: /* its factors divide the frequencies in build_inv_freq */
         return f;
     case QLM_ROPE_LINEAR:
         return f / factor;
@@ -130,8 +131,9 @@ static float scaled_freq(const qlm_llama_config *c, int j, float f) {
     return f;
 }
 
-/* The frequency table of base theta (scaled as configured, or not), into *table (device memory). */
-static int build_inv_freq(qlm_model *m, float theta, int scaled, float **table) {
+/* The frequency table of base theta (scaled as configured, or not), into *table (device memory);
+ * ext: longrope's divisors, 1 / (ext[j] * theta^(2j/head_dim)) as transformers computes them. */
+static int build_inv_freq(qlm_model *m, float theta, int scaled, const float *ext, float **table) {
     const qlm_llama_config *c = &m->cfg;
     int half = c->head_dim / 2;
     float *f_host = malloc((size_t)half * sizeof(float));
@@ -141,8 +143,8 @@ static int build_inv_freq(qlm_model *m, float theta, int scaled, float **table) 
         return qlm_errorf("out of memory");
     }
     for (int j = 0; j < half; j++) {
-        float f = 1.0f / powf(theta, (float)(2 * j) / (float)c->head_dim);
-        f_host[j] = scaled ? scaled_freq(c, j, f) : f;
+        float base_pow = powf(theta, (float)(2 * j) / (float)c->head_dim), f = 1.0f / base_pow;
+        f_host[j] = ext ? 1.0f / (ext[j] * base_pow) : scaled ? scaled_freq(c, j, f) : f;
     }
     m->be->to_device(*table, f_host, (size_t)half * sizeof(float));
     free(f_host);
@@ -183,8 +185,11 @@ int qlm_model_build(qlm_model *m, const qlm_llama_config *cfg, const qlm_tensor_
     m->be = opts->backend ? opts->backend : qlm_backend_cpu();
     m->layers = calloc((size_t)cfg->n_layers, sizeof *m->layers);
     if (!m->layers) return qlm_errorf("out of memory");
-    if (build_shared(m, store) != 0 || build_inv_freq(m, cfg->rope_theta, 1, &m->inv_freq) != 0 ||
-        (cfg->rope_local_theta > 0 && build_inv_freq(m, cfg->rope_local_theta, 0, &m->inv_freq_local) != 0))
+    int longrope = cfg->rope_type == QLM_ROPE_LONGROPE;
+    if (build_shared(m, store) != 0 ||
+        build_inv_freq(m, cfg->rope_theta, 1, longrope ? cfg->rope_short_factor : NULL, &m->inv_freq) != 0 ||
+        (longrope && build_inv_freq(m, cfg->rope_theta, 1, cfg->rope_long_factor, &m->inv_freq_long) != 0) ||
+        (cfg->rope_local_theta > 0 && build_inv_freq(m, cfg->rope_local_theta, 0, NULL, &m->inv_freq_local) != 0))
         goto fail;
     for (int l = 0; l < cfg->n_layers; l++)
         if (build_layer(m, store, l) != 0) goto fail;
@@ -201,6 +206,7 @@ void qlm_model_free(qlm_model *m) {
         be->free(m->shared_buffer);
         be->free(m->inv_freq);
         be->free(m->inv_freq_local);
+        be->free(m->inv_freq_long);
     }
     free(m->layers);
     memset(m, 0, sizeof *m);
@@ -273,7 +279,7 @@ int qlm_model_f32_twin(qlm_model *twin, const qlm_model *m) {
     *twin = *m;
     twin->dtype = QLM_F32;
     twin->per_channel = 0;
-    twin->inv_freq = twin->inv_freq_local = NULL; /* the twin owns its buffers only */
+    twin->inv_freq = twin->inv_freq_local = twin->inv_freq_long = NULL; /* the twin owns its buffers only */
     twin->hooks = NULL;
     twin->shared_buffer = NULL;
     twin->layers = calloc((size_t)m->cfg.n_layers, sizeof *twin->layers);
@@ -289,10 +295,12 @@ int qlm_model_f32_twin(qlm_model *twin, const qlm_model *m) {
     }
     twin->inv_freq = m->inv_freq;
     twin->inv_freq_local = m->inv_freq_local;
+    twin->inv_freq_long = m->inv_freq_long;
     return 0;
 fail:
     twin->inv_freq = m->inv_freq;
     twin->inv_freq_local = m->inv_freq_local;
+    twin->inv_freq_long = m->inv_freq_long;
     qlm_model_twin_free(twin);
     return -1;
 }

@@ -24,13 +24,18 @@ int qlm_state_init_slots(qlm_kv_state *s, const qlm_model *m, int max_seq, int n
     size_t kv_dim = (size_t)c->n_kv_heads * c->head_dim, q_dim = (size_t)c->n_heads * c->head_dim;
     size_t B = (size_t)max_batch;
     s->kv_dtype = qlm_kv_dtype(m->dtype);
-    size_t kv_bytes = (size_t)n_slots * max_seq * kv_dim * qlm_kv_elem_size(s->kv_dtype);
+    size_t row_bytes = (size_t)n_slots * kv_dim * qlm_kv_elem_size(s->kv_dtype), kv_bytes = 0;
     s->k_cache = calloc((size_t)c->n_layers, sizeof *s->k_cache);
     s->v_cache = calloc((size_t)c->n_layers, sizeof *s->v_cache);
-    if (!s->k_cache || !s->v_cache) goto oom;
+    s->cache_rows = calloc((size_t)c->n_layers, sizeof *s->cache_rows);
+    s->ring_pos = calloc(B, sizeof *s->ring_pos);
+    if (!s->k_cache || !s->v_cache || !s->cache_rows || !s->ring_pos) goto oom;
     for (int l = 0; l < c->n_layers; l++) {
-        s->k_cache[l] = be->alloc(kv_bytes);
-        s->v_cache[l] = be->alloc(kv_bytes);
+        long window = qlm_layer_window(c, l), rolling = window + max_batch - 1;
+        s->cache_rows[l] = window && rolling < max_seq ? (int)rolling : max_seq;
+        kv_bytes += 2 * row_bytes * (size_t)s->cache_rows[l];
+        s->k_cache[l] = be->alloc(row_bytes * (size_t)s->cache_rows[l]);
+        s->v_cache[l] = be->alloc(row_bytes * (size_t)s->cache_rows[l]);
         if (!s->k_cache[l] || !s->v_cache[l]) goto oom;
     }
     size_t xb_dim = (size_t)c->dim > q_dim ? (size_t)c->dim : q_dim;
@@ -50,7 +55,7 @@ int qlm_state_init_slots(qlm_kv_state *s, const qlm_model *m, int max_seq, int n
 oom:
     qlm_state_free(s, m);
     return qlm_errorf("out of memory for a KV cache of %d x %d positions (%.1f MiB)", n_slots, max_seq,
-                      2.0 * c->n_layers * kv_bytes / 1048576.0);
+                      (double)(kv_bytes ? kv_bytes : 2 * row_bytes * (size_t)max_seq * c->n_layers) / 1048576.0);
 }
 
 void qlm_state_free(qlm_kv_state *s, const qlm_model *m) {
@@ -61,10 +66,31 @@ void qlm_state_free(qlm_kv_state *s, const qlm_model *m) {
         for (int l = 0; l < m->cfg.n_layers; l++) be->free(s->v_cache[l]);
     free(s->k_cache);
     free(s->v_cache);
+    free(s->cache_rows);
+    free(s->ring_pos);
     float *bufs[] = {s->x, s->xb, s->q, s->k, s->v, s->att, s->hb, s->hb2, s->logits_rows, s->logits_dev};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) be->free(bufs[i]);
     qlm_lora_slots_free(&s->lora);
     memset(s, 0, sizeof *s);
+}
+
+/* The window of the first rolling cache (all of a model's windows are equal), or 0 when none rolls. */
+static int rolling_window(const qlm_model *m, const qlm_kv_state *s) {
+    for (int l = 0; l < m->cfg.n_layers; l++)
+        if (s->cache_rows[l] < s->max_seq) return qlm_layer_window(&m->cfg, l);
+    return 0;
+}
+
+int qlm_state_resumable(const qlm_model *m, const qlm_kv_state *s, int filled, int k) {
+    int w = rolling_window(m, s);
+    if (!w || k <= 0) return k;
+    /* Position k's window starts at k - w + 1; a rolling cache of R rows still holds positions
+     * filled - R and up. */
+    for (int l = 0; l < m->cfg.n_layers; l++) {
+        int first = k - w + 1 > 0 ? k - w + 1 : 0;
+        if (s->cache_rows[l] < s->max_seq && first < filled - s->cache_rows[l]) return 0;
+    }
+    return k;
 }
 
 int qlm_state_copy_prefix(const qlm_model *m, qlm_kv_state *s, int dst, int src, int n) {
@@ -73,15 +99,25 @@ int qlm_state_copy_prefix(const qlm_model *m, qlm_kv_state *s, int dst, int src,
         return qlm_errorf("cache copy of %d positions from slot %d to slot %d is outside %d slots of %d", n, src, dst,
                           s->n_slots, s->max_seq);
     if (dst == src || n == 0) return 0;
-    /* A head's run of positions is contiguous (core/kv_cache.h), and whole floats long: head_dim is even. */
-    size_t esize = qlm_kv_elem_size(s->kv_dtype), run = (size_t)s->max_seq * c->head_dim * esize;
-    long floats = (long)((size_t)n * c->head_dim * esize / sizeof(float));
-    for (int l = 0; l < c->n_layers; l++)
-        for (int h = 0; h < c->n_kv_heads; h++) {
-            size_t to = ((size_t)dst * c->n_kv_heads + h) * run, from = ((size_t)src * c->n_kv_heads + h) * run;
-            m->be->copy((float *)((char *)s->k_cache[l] + to), (const float *)((char *)s->k_cache[l] + from), floats);
-            m->be->copy((float *)((char *)s->v_cache[l] + to), (const float *)((char *)s->v_cache[l] + from), floats);
+    size_t esize = qlm_kv_elem_size(s->kv_dtype);
+    for (int l = 0; l < c->n_layers; l++) {
+        int rows = s->cache_rows[l], rolling = rows < s->max_seq;
+        /* A rolling cache needs only the window before position n, which may wrap around its end. */
+        int from = rolling && n > qlm_layer_window(c, l) ? n - qlm_layer_window(c, l) : 0;
+        /* A head's run of positions is contiguous (core/kv_cache.h), and whole floats long: head_dim is even. */
+        size_t run = (size_t)rows * c->head_dim * esize;
+        for (int p = from; p < n;) {
+            int row = rolling ? p % rows : p, len = n - p < rows - row ? n - p : rows - row;
+            long floats = (long)((size_t)len * c->head_dim * esize / sizeof(float));
+            size_t at = (size_t)row * c->head_dim * esize;
+            for (int h = 0; h < c->n_kv_heads; h++) {
+                size_t to = ((size_t)dst * c->n_kv_heads + h) * run + at, fr = ((size_t)src * c->n_kv_heads + h) * run + at;
+                m->be->copy((float *)((char *)s->k_cache[l] + to), (const float *)((char *)s->k_cache[l] + fr), floats);
+                m->be->copy((float *)((char *)s->v_cache[l] + to), (const float *)((char *)s->v_cache[l] + fr), floats);
+            }
+            p += len;
         }
+    }
     return 0;
 }
 
@@ -91,7 +127,7 @@ int qlm_state_copy_prefix(const qlm_model *m, qlm_kv_state *s, int dst, int src,
 
 /* Each row attends over its own slot's cache. */
 static int attention_forward(const qlm_model *m, const qlm_layer *L, qlm_kv_state *s, int l, const int *pos,
-                             const int *slots, int n) {
+                             const int *slots, int n, int max_pos) {
     const qlm_llama_config *c = &m->cfg;
     const qlm_backend *be = m->be;
     be->rmsnorm(s->xb, s->x, L->attn_norm, n, c->dim, c->norm_eps);
@@ -102,12 +138,19 @@ static int attention_forward(const qlm_model *m, const qlm_layer *L, qlm_kv_stat
         be->rmsnorm(s->q, s->q, L->q_norm, n * c->n_heads, c->head_dim, c->norm_eps);
         be->rmsnorm(s->k, s->k, L->k_norm, n * c->n_kv_heads, c->head_dim, c->norm_eps);
     }
-    be->rope(s->q, s->k, n, pos, c->n_heads, c->n_kv_heads, c->head_dim, qlm_llama_inv_freq(m, l));
-    be->kv_store(s->k_cache[l], s->v_cache[l], s->kv_dtype, s->k, s->v, n, slots, 0, pos, c->n_kv_heads, c->head_dim,
-                 s->max_seq);
+    be->rope(s->q, s->k, n, pos, c->n_heads, c->n_kv_heads, c->head_dim, qlm_llama_inv_freq(m, l, max_pos));
+    int rows = s->cache_rows[l];
+    const int *store_pos = pos;
+    if (rows < s->max_seq) {
+        for (int i = 0; i < n; i++) s->ring_pos[i] = pos[i] % rows;
+        store_pos = s->ring_pos;
+    }
+    be->kv_store(s->k_cache[l], s->v_cache[l], s->kv_dtype, s->k, s->v, n, slots, 0, store_pos, c->n_kv_heads,
+                 c->head_dim, rows);
     qlm_attn_shape shape = qlm_llama_attn_shape(c, l);
     shape.slots = slots;
-    qlm_kv_shape(&shape, s->max_seq, s->kv_dtype);
+    qlm_kv_shape(&shape, rows, s->kv_dtype);
+    if (rows < s->max_seq) shape.ring = rows;
     be->attention(s->att, s->q, s->k_cache[l], s->v_cache[l], n, pos, &shape);
     if (PROJ(s->xb, s->att, &L->wo, L->bo, QLM_LORA_O)) return -1;
     if (L->attn_post_norm) be->rmsnorm(s->xb, s->xb, L->attn_post_norm, n, c->dim, c->norm_eps);
@@ -134,7 +177,7 @@ static int mlp_forward(const qlm_model *m, const qlm_layer *L, qlm_kv_state *s, 
 
 /* One chunk of at most max_batch tokens; logits for chunk rows rows[0..n_rows). */
 static int forward_chunk(const qlm_model *m, qlm_kv_state *s, const int *tokens, const int *pos, const int *slots,
-                         int n, const int *rows, int n_rows, float *logits) {
+                         int n, const int *rows, int n_rows, float *logits, int max_pos) {
     const qlm_llama_config *c = &m->cfg;
     const qlm_backend *be = m->be;
     const qlm_unit_hooks *h = m->hooks;
@@ -143,7 +186,7 @@ static int forward_chunk(const qlm_model *m, qlm_kv_state *s, const int *tokens,
     if (c->embed_scale > 0) be->scale(s->x, (long)n * c->dim, c->embed_scale);
     qlm_unit_done(h, 0);
     for (int l = 0; l < c->n_layers; l++) {
-        if (qlm_unit_use(h, 1 + l) != 0 || attention_forward(m, &m->layers[l], s, l, pos, slots, n) != 0 ||
+        if (qlm_unit_use(h, 1 + l) != 0 || attention_forward(m, &m->layers[l], s, l, pos, slots, n, max_pos) != 0 ||
             mlp_forward(m, &m->layers[l], s, l, slots, n) != 0)
             return -1;
         qlm_unit_done(h, 1 + l);
@@ -172,7 +215,9 @@ int qlm_forward(const qlm_model *m, qlm_kv_state *s, const int *tokens, const in
 int qlm_forward_slots(const qlm_model *m, qlm_kv_state *s, const int *tokens, const int *pos, const int *slots,
                       int n, const int *logit_rows, int n_logit_rows, float *logits) {
     const qlm_llama_config *c = &m->cfg;
+    int max_pos = 0; /* of the whole call, which picks longrope's table */
     for (int i = 0; i < n; i++) {
+        if (pos[i] > max_pos) max_pos = pos[i];
         if (tokens[i] < 0 || tokens[i] >= c->vocab_size)
             return qlm_errorf("token id %d is outside the vocabulary (0..%d)", tokens[i], c->vocab_size - 1);
         if (pos[i] < 0 || pos[i] >= s->max_seq)
@@ -192,7 +237,7 @@ int qlm_forward_slots(const qlm_model *m, qlm_kv_state *s, const int *tokens, co
         for (int r = 0; r < n_logit_rows; r++)
             if (logit_rows[r] >= start && logit_rows[r] < start + len) chunk_rows[k++] = logit_rows[r] - start;
         if (forward_chunk(m, s, tokens + start, pos + start, slots ? slots + start : NULL, len, chunk_rows, k,
-                          logits + (size_t)done_rows * c->vocab_size) != 0) {
+                          logits + (size_t)done_rows * c->vocab_size, max_pos) != 0) {
             free(chunk_rows);
             return -1;
         }

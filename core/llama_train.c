@@ -114,6 +114,7 @@ typedef struct {
     qlm_llama_train_state *s;
     const qlm_train_batch *b;
     int n; /* rows */
+    int max_pos; /* the batch's highest position (longrope's table, as for a padded batch in transformers) */
     qlm_train_linear lin;
 } pass;
 
@@ -155,7 +156,7 @@ static void layer_forward(const pass *p, int l, const float *x_in, float *x_out,
         be->rmsnorm(t->q, t->q_pre, L->q_norm, n * c->n_heads, c->head_dim, c->norm_eps);
         be->rmsnorm(t->k, t->k_pre, L->k_norm, n * c->n_kv_heads, c->head_dim, c->norm_eps);
     }
-    be->rope(t->q, t->k, n, b->pos, c->n_heads, c->n_kv_heads, c->head_dim, qlm_llama_inv_freq(m, l));
+    be->rope(t->q, t->k, n, b->pos, c->n_heads, c->n_kv_heads, c->head_dim, qlm_llama_inv_freq(m, l, p->max_pos));
     qlm_attn_shape shape = qlm_llama_attn_shape(c, l);
     for (int i = 0; i < b->n_seq; i++) {
         size_t r = (size_t)b->start[i];
@@ -232,7 +233,8 @@ static int layer_backward(const pass *p, int l, const float *x_in, qlm_llama_tra
                                    b->len[i], b->pos + r, &shape) != 0)
             return -1;
     }
-    be->rope_backward(s->dq, s->dk, n, b->pos, c->n_heads, c->n_kv_heads, c->head_dim, qlm_llama_inv_freq(m, l));
+    be->rope_backward(s->dq, s->dk, n, b->pos, c->n_heads, c->n_kv_heads, c->head_dim,
+                      qlm_llama_inv_freq(m, l, p->max_pos));
     float *dq = s->dq, *dk = s->dk;
     if (L->q_norm) {
         dq = s->dq_pre, dk = s->dk_pre;
@@ -280,7 +282,10 @@ int qlm_llama_train_pass(const qlm_model *m, const qlm_llama_grads *grads, const
             return qlm_errorf("token id %d is outside the vocabulary (0..%d)", b->ids[i], c->vocab_size - 1);
     if (lora && lora->adapter->n_params && s->lora_rank <= 0)
         return qlm_errorf("the training state was made without room for an adapter");
-    pass p = {.m = m, .g = grads, .lora = lora, .s = s, .b = b, .n = b->n_rows,
+    int max_pos = 0;
+    for (int i = 0; i < b->n_rows; i++)
+        if (b->pos[i] > max_pos) max_pos = b->pos[i];
+    pass p = {.m = m, .g = grads, .lora = lora, .s = s, .b = b, .n = b->n_rows, .max_pos = max_pos,
               .lin = {.be = be, .lora = lora, .tmp = s->tmp, .tmp_in = s->tmp_in, .du = s->lora_du}};
     /* Unit 0 holds the embedding, the final norm and the head; unit 1 + l layer l. */
     const qlm_unit_hooks *h = m->hooks;

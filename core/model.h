@@ -35,6 +35,7 @@ typedef struct {
     float *final_norm;
     float *inv_freq;    /* head_dim/2 RoPE frequencies (with the configured scaling applied) */
     float *inv_freq_local; /* the windowed layers' own (rope_local_theta), else NULL */
+    float *inv_freq_long;  /* longrope's for calls that reach past rope_orig_max_pos, else NULL */
     qlm_layer *layers;
     void *shared_buffer; /* embeddings, lm_head, final norm */
     size_t shared_bytes;
@@ -63,8 +64,11 @@ static inline qlm_attn_shape qlm_llama_attn_shape(const qlm_llama_config *c, int
                             .softcap = c->attn_softcap};
 }
 
-/* Layer l's RoPE frequencies. */
-static inline const float *qlm_llama_inv_freq(const qlm_model *m, int l) {
+/* Layer l's RoPE frequencies for a call whose highest position is max_pos: longrope takes its long
+ * table for the whole call once a position reaches rope_orig_max_pos, as transformers does per
+ * forward call. */
+static inline const float *qlm_llama_inv_freq(const qlm_model *m, int l, int max_pos) {
+    if (m->inv_freq_long && max_pos + 1 > m->cfg.rope_orig_max_pos) return m->inv_freq_long;
     return m->inv_freq_local && qlm_layer_window(&m->cfg, l) ? m->inv_freq_local : m->inv_freq;
 }
 
@@ -103,6 +107,11 @@ typedef struct {
     int max_seq;   /* positions one slot holds */
     int n_slots;
     int max_batch; /* rows one forward call may process */
+    /* Rows per slot of layer l's caches: max_seq, or for a sliding-window layer whose window leaves
+     * room, window + max_batch - 1 (a step's rows plus the window before the first of them; the
+     * cache rolls, position p in row p % rows). */
+    int *cache_rows;
+    int *ring_pos; /* [max_batch] positions modulo a rolling cache's rows, for kv_store */
     qlm_dtype kv_dtype;         /* of the caches: qlm_kv_dtype of the weights */
     void **k_cache, **v_cache;  /* per layer: [n_slots][n_kv_heads][max_seq][head_dim] (core/kv_cache.h) */
     float *x, *xb, *q, *k, *v, *att, *hb, *hb2, *logits_rows;
@@ -116,8 +125,13 @@ int qlm_state_init_slots(qlm_kv_state *s, const qlm_model *m, int max_seq, int n
 void qlm_state_free(qlm_kv_state *s, const qlm_model *m);
 /* Copies the keys and values of positions [0, n) of slot src into slot dst (a prompt prefix that
  * another request already evaluated: every row's keys and values depend only on the tokens up to
- * it). */
+ * it); a rolling cache gets the positions the window of position n needs. n must be what
+ * qlm_state_resumable allows for src. */
 int qlm_state_copy_prefix(const qlm_model *m, qlm_kv_state *s, int dst, int src, int n);
+/* How much of a prefix of k positions a slot whose caches were written up to position filled can
+ * resume from: k, or 0 when a rolling cache has already overwritten keys the window of position k
+ * needs. */
+int qlm_state_resumable(const qlm_model *m, const qlm_kv_state *s, int filled, int k);
 
 /* Runs n tokens at positions pos[0..n) (all positions of earlier tokens must already be in the
  * cache). Writes logits for the rows listed in logit_rows (n_logit_rows of them, ascending, each

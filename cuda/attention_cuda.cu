@@ -20,6 +20,7 @@ struct attn_args {
     qlm_cuda_ints pos, slots, slot_keys;
     int n, n_heads, group, head_dim, n_keys, bf16;
     int window; // causal: a query at p sees keys from p - window + 1 (0: all)
+    int ring;   // > 0: key t in row t % ring (a rolling cache)
     int vec; // every key row starts 16-byte aligned and head_dim fills whole 16-byte loads
     float scale, softcap;
     float *part; // splits > 1: [n][n_heads][splits][head_dim + 2] (max, sum, weighted values)
@@ -72,7 +73,7 @@ __global__ void __launch_bounds__(ATTN_WARPS * 32) attention_kernel(attn_args a)
         const int t = t0 + lane;
         float s = -INFINITY;
         if (t < nk) {
-            size_t row = base + (size_t)t * a.row_stride;
+            size_t row = base + (size_t)(a.ring ? t % a.ring : t) * a.row_stride;
             float dot = 0;
             if (a.vec) {
                 // 16 bytes at a time: 8 BF16 or 4 F32 keys elements per load.
@@ -113,7 +114,8 @@ __global__ void __launch_bounds__(ATTN_WARPS * 32) attention_kernel(attn_args a)
             float vv[VU][ND];
 #pragma unroll
             for (int u = 0; u < VU; u++) {
-                const size_t row = base + (size_t)(t0 + j0 + u) * a.row_stride;
+                const int key = t0 + j0 + u;
+                const size_t row = base + (size_t)(a.ring ? key % a.ring : key) * a.row_stride;
 #pragma unroll
                 for (int k = 0; k < ND; k++) {
                     int d = lane + 32 * k;
@@ -232,6 +234,7 @@ void qlm_cuda_attention(float *out, const float *q, const void *k, const void *v
     a.head_dim = hd;
     a.n_keys = sh->n_keys;
     a.window = sh->window;
+    a.ring = sh->ring;
     a.bf16 = sh->kv_bf16;
     a.scale = sh->scale;
     a.softcap = sh->softcap;

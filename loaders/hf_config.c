@@ -156,7 +156,42 @@ static int read_yarn(const hf_ctx *rc, const cJSON *rope, qlm_llama_config *cfg)
 
 /* One RoPE parameter object (rope_scaling, rope_parameters or one of Gemma 3's per-layer-type
  * ones): its base, and its scaling type and parameters. key names it in messages. */
-static int read_rope_params(const hf_ctx *c, const cJSON *rope, const char *key, float *partial,
+/* longrope's factor lists (head_dim / 2 numbers each), original context and attention factor
+ * (sqrt(1 + ln(factor) / ln(original)), factor max_position_embeddings / original when not given). */
+static int read_longrope(const hf_ctx *rc, const cJSON *rope, qlm_llama_config *cfg) {
+    int half = cfg->head_dim / 2;
+    if (half > QLM_MAX_ROPE_FACTORS) return qlm_errorf("%s: longrope with head_dim %d is not supported", rc->path, cfg->head_dim);
+    const char *names[2] = {"short_factor", "long_factor"};
+    float *dst[2] = {cfg->rope_short_factor, cfg->rope_long_factor};
+    for (int k = 0; k < 2; k++) {
+        const cJSON *list = field(rope, names[k]);
+        if (!cJSON_IsArray(list) || cJSON_GetArraySize(list) != half)
+            return qlm_errorf("%s: %s%s must be a list of %d numbers", rc->path, rc->prefix, names[k], half);
+        int j = 0;
+        for (const cJSON *v = list->child; v; v = v->next, j++) {
+            if (!cJSON_IsNumber(v) || !(v->valuedouble > 0) || !isfinite(v->valuedouble))
+                return qlm_errorf("%s: %s%s[%d] must be a positive number", rc->path, rc->prefix, names[k], j);
+            dst[k][j] = (float)v->valuedouble;
+        }
+    }
+    /* Phi-3 keeps the original context at the top level, and transformers prefers it there. */
+    hf_ctx top = {rc->path, rc->root, ""};
+    if (get_int(rc, rope, "original_max_position_embeddings", 0, cfg->max_seq_len, &cfg->rope_orig_max_pos) != 0 ||
+        get_int(&top, rc->root, "original_max_position_embeddings", 0, cfg->rope_orig_max_pos, &cfg->rope_orig_max_pos) != 0)
+        return -1;
+    if (cfg->rope_orig_max_pos <= 0) return qlm_errorf("%s: original_max_position_embeddings must be positive", rc->path);
+    double factor = (double)cfg->max_seq_len / cfg->rope_orig_max_pos;
+    float f;
+    if (get_float(rc, rope, "factor", 0, (float)factor, &f) != 0 ||
+        get_float(rc, rope, "attention_factor", 0, 0, &cfg->rope_attn_factor) != 0)
+        return -1;
+    cfg->rope_scale_factor = f;
+    if (cfg->rope_attn_factor == 0)
+        cfg->rope_attn_factor = f <= 1 ? 1.0f : (float)sqrt(1 + log((double)f) / log((double)cfg->rope_orig_max_pos));
+    return 0;
+}
+
+static int read_rope_params(const hf_ctx *c, const cJSON *rope, const char *key, int phi3, float *partial,
                             qlm_llama_config *cfg) {
     if (rope && !cJSON_IsObject(rope)) return qlm_errorf("%s: field %s must be an object", c->path, key);
     if (!rope) return 0;
@@ -169,14 +204,19 @@ static int read_rope_params(const hf_ctx *c, const cJSON *rope, const char *key,
     const char *type, *legacy_type;
     if (get_str(&rc, rope, "rope_type", &type) != 0 || get_str(&rc, rope, "type", &legacy_type) != 0) return -1;
     if (!type) type = legacy_type ? legacy_type : "default";
+    /* transformers' Phi-3 config renames "su" and "yarn" to longrope */
+    if (phi3 && (strcmp(type, "su") == 0 || strcmp(type, "yarn") == 0)) type = "longrope";
     static const struct { const char *name; qlm_rope_type type; } TYPES[] = {
-        {"default", QLM_ROPE_DEFAULT}, {"linear", QLM_ROPE_LINEAR}, {"llama3", QLM_ROPE_LLAMA3}, {"yarn", QLM_ROPE_YARN}};
+        {"default", QLM_ROPE_DEFAULT}, {"linear", QLM_ROPE_LINEAR}, {"llama3", QLM_ROPE_LLAMA3},
+        {"yarn", QLM_ROPE_YARN},       {"longrope", QLM_ROPE_LONGROPE}};
     size_t t = 0;
     while (t < sizeof TYPES / sizeof TYPES[0] && strcmp(TYPES[t].name, type) != 0) t++;
     if (t == sizeof TYPES / sizeof TYPES[0])
-        return qlm_errorf("%s: %s type \"%s\" is not supported (default, linear, llama3, yarn)", c->path, key, type);
+        return qlm_errorf("%s: %s type \"%s\" is not supported (default, linear, llama3, yarn, longrope)", c->path,
+                          key, type);
     cfg->rope_type = TYPES[t].type;
     if (cfg->rope_type == QLM_ROPE_DEFAULT) return 0;
+    if (cfg->rope_type == QLM_ROPE_LONGROPE) return read_longrope(&rc, rope, cfg);
     if (get_float(&rc, rope, "factor", 1, 0, &cfg->rope_scale_factor) != 0 ||
         get_int(&rc, rope, "original_max_position_embeddings", 0, cfg->max_seq_len, &cfg->rope_orig_max_pos) != 0)
         return -1;
@@ -203,19 +243,19 @@ static int read_gemma3_rope(const hf_ctx *c, qlm_llama_config *cfg, float *parti
     if (params && !full && !local) full = params; /* one object: the global layers' */
     if (get_float(c, c->root, "rope_theta", 0, 1000000.0f, &cfg->rope_theta) != 0 ||
         get_float(c, c->root, "rope_local_base_freq", 0, 10000.0f, &cfg->rope_local_theta) != 0 ||
-        read_rope_params(c, scaling ? scaling : full, scaling ? "rope_scaling" : "rope_parameters.full_attention",
+        read_rope_params(c, scaling ? scaling : full, scaling ? "rope_scaling" : "rope_parameters.full_attention", 0,
                          partial, cfg) != 0)
         return -1;
     if (local) {
         qlm_llama_config lc = {.rope_theta = cfg->rope_local_theta, .max_seq_len = cfg->max_seq_len};
-        if (read_rope_params(c, local, "rope_parameters.sliding_attention", partial, &lc) != 0) return -1;
+        if (read_rope_params(c, local, "rope_parameters.sliding_attention", 0, partial, &lc) != 0) return -1;
         if (lc.rope_type != QLM_ROPE_DEFAULT)
             return qlm_errorf("%s: scaled RoPE on the sliding layers is not supported", c->path);
         cfg->rope_local_theta = lc.rope_theta;
     }
-    if (cfg->rope_type == QLM_ROPE_YARN)
-        return qlm_errorf("%s: yarn RoPE is not supported for Gemma 3 (its attention factor would reach the local "
-                          "layers)", c->path);
+    if (cfg->rope_type == QLM_ROPE_YARN || cfg->rope_type == QLM_ROPE_LONGROPE)
+        return qlm_errorf("%s: %s RoPE is not supported for Gemma 3 (its attention factor would reach the local "
+                          "layers)", c->path, cfg->rope_type == QLM_ROPE_YARN ? "yarn" : "longrope");
     return 0;
 }
 
@@ -230,14 +270,8 @@ static int read_rope(const hf_ctx *c, hf_arch arch, qlm_llama_config *cfg) {
         const cJSON *rope = field(c->root, "rope_scaling");
         const char *key = rope ? "rope_scaling" : "rope_parameters";
         if (!rope) rope = field(c->root, "rope_parameters");
-        const cJSON *type = rope ? field(rope, "rope_type") : NULL;
-        if (!type && rope) type = field(rope, "type");
-        /* Phi-3 calls its longrope "su" or "yarn" */
-        if (arch == ARCH_PHI3 && cJSON_IsString(type) && strcmp(type->valuestring, "default") != 0)
-            return qlm_errorf("%s: %s type \"%s\" (Phi-3's longrope) is not supported", c->path, key,
-                              type->valuestring);
         rc = get_float(c, c->root, "rope_theta", 0, 10000.0f, &cfg->rope_theta) != 0 ||
-                     read_rope_params(c, rope, key, &partial, cfg) != 0
+                     read_rope_params(c, rope, key, arch == ARCH_PHI3, &partial, cfg) != 0
                  ? -1
                  : 0;
     }
@@ -558,7 +592,7 @@ static const char *act_name(int act) {
 static int add_rope_scaling(cJSON *root, const qlm_llama_config *cfg) {
     if (cfg->rope_type == QLM_ROPE_DEFAULT) return cJSON_AddNullToObject(root, "rope_scaling") != NULL;
     static const char *const NAMES[] = {[QLM_ROPE_LINEAR] = "linear", [QLM_ROPE_LLAMA3] = "llama3",
-                                        [QLM_ROPE_YARN] = "yarn"};
+                                        [QLM_ROPE_YARN] = "yarn", [QLM_ROPE_LONGROPE] = "longrope"};
     cJSON *rope = cJSON_AddObjectToObject(root, "rope_scaling");
     int ok = rope && cJSON_AddStringToObject(rope, "rope_type", NAMES[cfg->rope_type]) &&
              add_float(rope, "factor", cfg->rope_scale_factor) &&
@@ -567,6 +601,22 @@ static int add_rope_scaling(cJSON *root, const qlm_llama_config *cfg) {
     if (ok && cfg->rope_type == QLM_ROPE_LLAMA3)
         ok = add_float(rope, "low_freq_factor", cfg->rope_low_freq_factor) &&
              add_float(rope, "high_freq_factor", cfg->rope_high_freq_factor);
+    if (ok && cfg->rope_type == QLM_ROPE_LONGROPE) {
+        cJSON *lists[2] = {cJSON_AddArrayToObject(rope, "short_factor"), cJSON_AddArrayToObject(rope, "long_factor")};
+        const float *src[2] = {cfg->rope_short_factor, cfg->rope_long_factor};
+        for (int k = 0; k < 2 && ok; k++) {
+            ok = lists[k] != NULL;
+            for (int j = 0; ok && j < cfg->head_dim / 2; j++) {
+                cJSON *v = cJSON_CreateNumber(src[k][j]);
+                ok = v && cJSON_AddItemToArray(lists[k], v);
+                if (!ok) cJSON_Delete(v);
+            }
+        }
+        /* only when the factor alone would not give it back */
+        float dflt = cfg->rope_scale_factor <= 1 ? 1.0f
+                     : (float)sqrt(1 + log((double)cfg->rope_scale_factor) / log((double)cfg->rope_orig_max_pos));
+        ok = ok && (cfg->rope_attn_factor == dflt || add_float(rope, "attention_factor", cfg->rope_attn_factor));
+    }
     if (ok && cfg->rope_type == QLM_ROPE_YARN)
         ok = add_float(rope, "beta_fast", cfg->rope_beta_fast) && add_float(rope, "beta_slow", cfg->rope_beta_slow) &&
              /* only when the factor alone would not give it back */

@@ -257,8 +257,8 @@ static void test_defaults_and_variants(void **state) {
             &cfg);
     assert_true(cfg.qk_norm && !cfg.attn_bias && cfg.sliding_window == 16 && cfg.window_first_layer == 0);
 
-    /* Phi-3: no window unless configured; its longrope ("su", "yarn") is refused by name; written back
-     * as the Mistral it equals once qkv_proj and gate_up_proj are split (loaders/fused_weights.c). */
+    /* Phi-3: no window unless configured; "su" and "yarn" are its names for longrope; written back as
+     * the Mistral it equals once qkv_proj and gate_up_proj are split (loaders/fused_weights.c). */
     load_ok("tests/fixtures/llama/phi3_fused/config.json", &cfg);
     assert_true(strcmp(cfg.arch, "phi3") == 0 && cfg.sliding_window == 9 && cfg.window_first_layer == 0);
     snprintf(path_buf, sizeof path_buf, "%s/phi3_config.json", g_dir);
@@ -268,8 +268,21 @@ static void test_defaults_and_variants(void **state) {
     free(saved);
     load_ok(write_config("{\"model_type\": \"phi3\", " BASE_FIELDS "}"), &cfg);
     assert_int_equal(cfg.sliding_window, 0);
+    /* longrope: both factor lists, the top-level original context, the attention factor from the
+     * given factor (2: sqrt(1 + ln 2 / ln 8)); written back and read again unchanged. */
+    load_ok("tests/fixtures/llama/phi3_longrope_long/config.json", &cfg);
+    assert_true(cfg.rope_type == QLM_ROPE_LONGROPE && cfg.rope_orig_max_pos == 8 && cfg.rope_scale_factor == 2.0f);
+    assert_true(cfg.rope_short_factor[7] == 5.5f && cfg.rope_long_factor[7] == 8.0f);
+    assert_true(fabsf(cfg.rope_attn_factor - 1.1547005f) < 1e-6f);
+    assert_int_equal(qlm_hf_config_save(path_buf, &cfg, NULL), 0);
+    qlm_llama_config back;
+    load_ok(path_buf, &back);
+    assert_true(back.rope_type == QLM_ROPE_LONGROPE && back.rope_orig_max_pos == 8 &&
+                back.rope_attn_factor == cfg.rope_attn_factor && back.rope_scale_factor == 2.0f);
+    assert_memory_equal(back.rope_short_factor, cfg.rope_short_factor, 8 * sizeof(float));
+    assert_memory_equal(back.rope_long_factor, cfg.rope_long_factor, 8 * sizeof(float));
     expect_error("{\"model_type\": \"phi3\", " BASE_FIELDS ", \"rope_scaling\": {\"type\": \"su\", \"short_factor\": [1]}}",
-                 "longrope");
+                 "short_factor must be a list of 8 numbers");
 
     /* hidden_act names; RoPE types. */
     load_ok(write_config("{\"model_type\": \"llama\", " BASE_FIELDS ", \"hidden_act\": \"gelu_new\","
@@ -304,7 +317,10 @@ static void test_errors(void **state) {
         {"{\"model_type\": \"llama\", " BASE_FIELDS ", \"rope_theta\": \"big\"}", "rope_theta"},
         {"{\"model_type\": \"llama\", " BASE_FIELDS ", \"rope_theta\": -5}", "rope_theta"},
         {"{\"model_type\": \"llama\", " BASE_FIELDS ", \"rope_scaling\": {\"rope_type\": \"longrope\", \"factor\": 4}}",
-         "\"longrope\" is not supported"},
+         "short_factor must be a list of 8 numbers"},
+        {"{\"model_type\": \"phi3\", " BASE_FIELDS ", \"rope_scaling\": {\"type\": \"su\", \"short_factor\": [1, 1, 1, 1,"
+         " 1, 1, 1, 1], \"long_factor\": [1, 1, 1, 0, 1, 1, 1, 1]}}",
+         "long_factor[3] must be a positive number"},
         {"{\"model_type\": \"llama\", " BASE_FIELDS ", \"rope_scaling\": {\"type\": \"linear\", \"factor\": -2}}",
          "factor"},
         {"{\"model_type\": \"llama\", " BASE_FIELDS ", \"rope_scaling\": {\"rope_type\": \"llama3\", \"low_freq_factor\": 1,"

@@ -164,6 +164,8 @@ static void test_yarn_gelu_tanh_bias(void **state) { (void)state; check_fixture(
 static void test_gemma2_softcap(void **state) { (void)state; check_fixture("gemma2_softcap"); }
 static void test_gemma3_local_rope(void **state) { (void)state; check_fixture("gemma3_local_rope"); }
 static void test_phi3_fused(void **state) { (void)state; check_fixture("phi3_fused"); }
+static void test_phi3_longrope_short(void **state) { (void)state; check_fixture("phi3_longrope_short"); }
+static void test_phi3_longrope_long(void **state) { (void)state; check_fixture("phi3_longrope_long"); }
 
 /* An F32 model exports every tensor it read, bit for bit, except Gemma's norms: the model keeps
  * 1 + w (as transformers computes it in float32) and exports (1 + w) - 1, which can differ from w in
@@ -240,6 +242,105 @@ static void test_unfuse(void **state) {
     qlm_store_free(s);
 }
 
+/* A 4,096-token prompt through a 512-token window (tools/make_llama_fixtures.py, LONG): the
+ * caches roll, holding the window and one step's rows rather than the context, and the logits after
+ * the prompt and after each of 15 greedy tokens are transformers' within 1e-4, the greedy tokens the
+ * same. Without the window the logits move by far more, so the fixture does exercise it. */
+static void test_long_prompt_rolling_cache(void **state) {
+    (void)state;
+    const char *dir = "tests/fixtures/llama/mistral_long_window";
+    qlm_source src;
+    if (qlm_source_open(&src, dir, NULL) != 0) fail_msg("%s", qlm_last_error());
+    char path[256];
+    snprintf(path, sizeof path, "%s/reference.json", dir);
+    char *text = test_read_file(path, NULL);
+    cJSON *j = cJSON_Parse(text);
+    assert_non_null(j);
+    int n_prompt, n_greedy, vocab = src.cfg.vocab_size;
+    int *prompt = json_ints(cJSON_GetObjectItem(j, "prompt_ids"), &n_prompt);
+    int *greedy = json_ints(cJSON_GetObjectItem(j, "greedy_ids"), &n_greedy);
+    snprintf(path, sizeof path, "%s/logits.f32", dir);
+    size_t len;
+    float *ref = (float *)test_read_file(path, &len);
+    assert_int_equal(len, (size_t)n_greedy * vocab * sizeof(float));
+    assert_int_equal(src.cfg.sliding_window, 512);
+    for (int windowed = 1; windowed >= 0; windowed--) {
+        qlm_llama_config cfg = src.cfg;
+        if (!windowed) cfg.sliding_window = 0;
+        qlm_model m;
+        qlm_model_options o = {.dtype = QLM_F32, .backend = test_backend()};
+        assert_int_equal(qlm_model_build(&m, &cfg, src.store, &o), 0);
+        qlm_kv_state st;
+        const int max_batch = 64, ctx = n_prompt + n_greedy;
+        assert_int_equal(qlm_state_init(&st, &m, ctx, max_batch), 0);
+        for (int l = 0; l < cfg.n_layers; l++) assert_int_equal(st.cache_rows[l], windowed ? 512 + max_batch - 1 : ctx);
+        int *pos = malloc((size_t)n_prompt * sizeof *pos), last = n_prompt - 1;
+        for (int i = 0; i < n_prompt; i++) pos[i] = i;
+        float *logits = malloc((size_t)vocab * sizeof *logits);
+        assert_int_equal(qlm_forward(&m, &st, prompt, pos, n_prompt, &last, 1, logits), 0);
+        double worst = 0;
+        for (int k = 0; k < n_greedy; k++) {
+            int best = 0;
+            for (int v = 0; v < vocab; v++) {
+                worst = fmax(worst, fabs((double)logits[v] - ref[(size_t)k * vocab + v]));
+                if (logits[v] > logits[best]) best = v;
+            }
+            if (windowed) assert_int_equal(best, greedy[k]);
+            if (k + 1 == n_greedy) break;
+            int p = n_prompt + k, row = 0;
+            assert_int_equal(qlm_forward(&m, &st, &greedy[k], &p, 1, &row, 1, logits), 0);
+        }
+        print_message("mistral_long_window %s: max|diff| %.3g over %d positions, cache rows %d of %d\n",
+                      windowed ? "window 512" : "no window", worst, n_greedy, st.cache_rows[0], ctx);
+        if (windowed) assert_true(worst <= 1e-4);
+        else assert_true(worst > 0.1);
+        free(pos);
+        free(logits);
+        qlm_state_free(&st, &m);
+        qlm_model_free(&m);
+    }
+    free(ref);
+    free(prompt);
+    free(greedy);
+    cJSON_Delete(j);
+    free(text);
+    qlm_source_close(&src);
+}
+
+/* Prefix reuse with rolling caches: a prefix can resume only while its window is still held, a
+ * copied prefix continues exactly as the slot it came from. */
+static void test_rolling_cache_reuse(void **state) {
+    (void)state;
+    qlm_source src;
+    if (qlm_source_open(&src, "tests/fixtures/llama/mistral_window", NULL) != 0) fail_msg("%s", qlm_last_error());
+    qlm_model m;
+    qlm_model_options o = {.dtype = QLM_F32, .backend = test_backend()};
+    assert_int_equal(qlm_model_build(&m, &src.cfg, src.store, &o), 0);
+    qlm_kv_state st;
+    assert_int_equal(qlm_state_init_slots(&st, &m, 64, 2, 4), 0);
+    assert_int_equal(st.cache_rows[0], 10 + 4 - 1); /* window 10 */
+    assert_int_equal(qlm_state_resumable(&m, &st, 40, 40), 40);
+    /* 13 rows written up to 40 hold positions 27..39: position 36's window starts at 27, 35's at 26 */
+    assert_int_equal(qlm_state_resumable(&m, &st, 40, 36), 36);
+    assert_int_equal(qlm_state_resumable(&m, &st, 40, 35), 0);
+    assert_int_equal(qlm_state_resumable(&m, &st, 12, 5), 5);
+    int ids[41], pos[41], slot0[41], vocab = m.cfg.vocab_size;
+    for (int i = 0; i < 41; i++) ids[i] = (i * 29 + 3) % vocab, pos[i] = i, slot0[i] = 0;
+    float *a = malloc((size_t)vocab * sizeof *a), *b = malloc((size_t)vocab * sizeof *b);
+    int last = 39;
+    assert_int_equal(qlm_forward_slots(&m, &st, ids, pos, slot0, 40, &last, 1, a), 0);
+    assert_int_equal(qlm_state_copy_prefix(&m, &st, 1, 0, 40), 0);
+    int one = 1, zero = 0, row = 0;
+    assert_int_equal(qlm_forward_slots(&m, &st, &ids[40], &pos[40], &zero, 1, &row, 1, a), 0);
+    assert_int_equal(qlm_forward_slots(&m, &st, &ids[40], &pos[40], &one, 1, &row, 1, b), 0);
+    assert_memory_equal(a, b, (size_t)vocab * sizeof *a);
+    free(a);
+    free(b);
+    qlm_state_free(&st, &m);
+    qlm_model_free(&m);
+    qlm_source_close(&src);
+}
+
 /* Decoding token by token must give the same logits as one batched prefill. */
 static void test_incremental_equals_batched(void **state) {
     (void)state;
@@ -287,8 +388,12 @@ int main(void) {
         cmocka_unit_test(test_gemma2_softcap),
         cmocka_unit_test(test_gemma3_local_rope),
         cmocka_unit_test(test_phi3_fused),
+        cmocka_unit_test(test_phi3_longrope_short),
+        cmocka_unit_test(test_phi3_longrope_long),
         cmocka_unit_test(test_f32_export_gives_back_the_model),
         cmocka_unit_test(test_unfuse),
+        cmocka_unit_test(test_long_prompt_rolling_cache),
+        cmocka_unit_test(test_rolling_cache_reuse),
         cmocka_unit_test(test_incremental_equals_batched),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

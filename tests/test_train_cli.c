@@ -32,6 +32,19 @@ static int teardown(void **state) {
 
 #define TRAIN_ARGS "train -m %s -t %s --data %s --lora --rank 4 --steps 32 --batch 4 --seq-len 96 --save-every 2 --threads 2 --lr 3e-3"
 
+/* The step of the run's last checkpoint, or 0 before the first. */
+static int checkpoint_step(const char *dir) {
+    char path[600];
+    snprintf(path, sizeof path, "%s/checkpoint.json", dir);
+    char *text = test_path_exists(path) ? test_read_file(path, NULL) : NULL;
+    cJSON *j = text ? cJSON_Parse(text) : NULL;
+    const cJSON *step = j ? cJSON_GetObjectItem(j, "step") : NULL;
+    int n = cJSON_IsNumber(step) ? step->valueint : 0;
+    cJSON_Delete(j);
+    free(text);
+    return n;
+}
+
 static void test_sigkill_resume_is_bit_identical(void **state) {
     (void)state;
     REQUIRE_ASSET(g_model);
@@ -46,7 +59,10 @@ static void test_sigkill_resume_is_bit_identical(void **state) {
     snprintf(args, sizeof args, TRAIN_ARGS " --out %s --resume", g_model, g_tok, g_data, run);
     snprintf(cmd, sizeof cmd, "exec %s %s 2>/dev/null", bin && *bin ? bin : "build/qlm", args);
     srand(12345);
-    int kills = 0;
+    /* Each kill lands a random fraction of a step after a new checkpoint appears: tied to the run's
+     * progress rather than to the clock, so a loaded machine still gets its five kills mid-run. */
+    double step_time = duration / 32;
+    int kills = 0, seen = checkpoint_step(run);
     for (int attempt = 0; attempt < 40 && kills < 5; attempt++) {
         pid_t pid = fork();
         assert_true(pid >= 0);
@@ -54,18 +70,20 @@ static void test_sigkill_resume_is_bit_identical(void **state) {
             execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
             _exit(127);
         }
-        /* Early enough that five kills fit in one run's length, counting each restart's load time. */
-        useconds_t delay = (useconds_t)(duration * 1e6 * (0.05 + 0.25 * rand() / (double)RAND_MAX));
-        usleep(delay);
-        int status;
-        if (waitpid(pid, &status, WNOHANG) == 0) {
-            kill(pid, SIGKILL);
-            waitpid(pid, &status, 0);
-            kills++;
-        } else {
+        int status, exited = 0;
+        while (!(exited = waitpid(pid, &status, WNOHANG) != 0) && checkpoint_step(run) <= seen) usleep(2000);
+        if (!exited) {
+            usleep((useconds_t)(step_time * 1e6 * rand() / (double)RAND_MAX));
+            exited = waitpid(pid, &status, WNOHANG) != 0;
+        }
+        if (exited) {
             assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
             break; /* finished before the kill */
         }
+        kill(pid, SIGKILL);
+        waitpid(pid, &status, 0);
+        kills++;
+        seen = checkpoint_step(run);
         test_check_checkpoint_intact(run);
     }
     print_message("killed %d times (a full run takes %.2f s)\n", kills, duration);

@@ -115,6 +115,28 @@ FIXTURES = {
                  num_key_value_heads=2, vocab_size=320, max_position_embeddings=256, original_max_position_embeddings=256,
                  rms_norm_eps=1e-5, tie_word_embeddings=False, bos_token_id=1, eos_token_id=2, pad_token_id=0,
                  sliding_window=9, rope_parameters=dict(rope_type="default", rope_theta=10000.0))),
+    # Phi-3 longrope: the short factors while every position of a call stays within
+    # original_max_position_embeddings (128 here: always), the long ones past it (8: always, the
+    # 12-token prompt already reaches past it); attention factor sqrt(1 + ln(factor) / ln(orig)),
+    # factor max/orig (4) or as given (2).
+    "phi3_longrope_short": dict(
+        cls=(Phi3Config, Phi3ForCausalLM), seed=13013,
+        cfg=dict(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+                 num_key_value_heads=4, vocab_size=256, max_position_embeddings=512,
+                 original_max_position_embeddings=128, rms_norm_eps=1e-5, tie_word_embeddings=False, bos_token_id=1,
+                 eos_token_id=2, pad_token_id=0,
+                 rope_parameters=dict(rope_type="longrope", rope_theta=10000.0,
+                                      short_factor=[1.0, 1.1, 1.3, 1.7, 2.2, 3.0, 4.1, 5.5],
+                                      long_factor=[1.2, 1.9, 2.7, 4.4, 6.0, 9.5, 14.0, 21.0]))),
+    "phi3_longrope_long": dict(
+        cls=(Phi3Config, Phi3ForCausalLM), seed=14014,
+        cfg=dict(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+                 num_key_value_heads=4, vocab_size=256, max_position_embeddings=80,
+                 original_max_position_embeddings=8, rms_norm_eps=1e-5, tie_word_embeddings=False, bos_token_id=1,
+                 eos_token_id=2, pad_token_id=0,
+                 rope_parameters=dict(rope_type="longrope", rope_theta=10000.0,
+                                      short_factor=[1.0, 1.1, 1.3, 1.7, 2.2, 3.0, 4.1, 5.5],
+                                      long_factor=[1.0, 1.2, 1.5, 2.1, 2.9, 4.0, 5.6, 8.0], factor=2.0))),
 }
 
 
@@ -237,6 +259,64 @@ def make_fixture(name, spec, root):
           f"{len(set(greedy))} distinct greedy ids, seed {seed}")
 
 
+# A long prompt through a short window: Mistral, 4,096 prompt tokens, window 512. Only the last
+# prompt position's logits and those of each greedy step are kept (the whole [4112, vocab] matrix
+# would be 4 MB).
+LONG = dict(name="mistral_long_window", seed=12012, prompt_len=4096, n_new=16,
+            cfg=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                     num_key_value_heads=2, vocab_size=256, max_position_embeddings=8192, rms_norm_eps=1e-5,
+                     tie_word_embeddings=False, bos_token_id=1, eos_token_id=2, sliding_window=512,
+                     rope_parameters=dict(rope_type="default", rope_theta=10000.0)))
+
+
+def make_long_fixture(root):
+    spec = LONG
+    for seed in range(spec["seed"], spec["seed"] + 100):
+        torch.manual_seed(seed)
+        config = MistralConfig(**spec["cfg"])
+        model = MistralForCausalLM(config).float().eval()
+        init_weights(model, seed)
+        rng = np.random.default_rng(seed)
+        prompt = [1] + [int(x) for x in rng.integers(3, config.vocab_size, spec["prompt_len"] - 1)]
+        ids, rows, margins = list(prompt), [], []
+        with torch.no_grad():
+            for _ in range(spec["n_new"] + 1):
+                logits = model(torch.tensor([ids])).logits[0, -1]
+                top = torch.topk(logits, 2)
+                margins.append(float(top.values[0] - top.values[1]))
+                rows.append(logits.numpy().copy())
+                ids.append(int(top.indices[0]))
+        greedy = ids[len(prompt):len(prompt) + spec["n_new"]]
+        if min(margins) >= MIN_MARGIN and 2 not in greedy:
+            break
+    else:
+        sys.exit("mistral_long_window: no seed without near-ties")
+    gen_cfg = GenerationConfig(do_sample=False, max_new_tokens=spec["n_new"], eos_token_id=None, pad_token_id=0,
+                               bos_token_id=1)
+    with torch.no_grad():
+        out = model.generate(torch.tensor([prompt]), generation_config=gen_cfg)
+    if [int(x) for x in out[0, len(prompt):]] != greedy:
+        sys.exit("mistral_long_window: generate() (sliding-window cache) and full-forward greedy disagree")
+    d = os.path.join(root, "llama", spec["name"])
+    shutil.rmtree(d, ignore_errors=True)
+    model.save_pretrained(d, safe_serialization=True)
+    gen_path = os.path.join(d, "generation_config.json")
+    if os.path.exists(gen_path):
+        os.remove(gen_path)
+    logits = np.stack(rows[: spec["n_new"]])  # the last prompt position, then each greedy token's but the last
+    logits.astype("<f4").tofile(os.path.join(d, "logits.f32"))
+    ref = {"model_class": "MistralForCausalLM", "seed": seed, "prompt_ids": prompt, "greedy_ids": greedy,
+           "logits_file": "logits.f32", "logits_shape": list(logits.shape),
+           "logits_rows": "position prompt_len - 1 + i: after the prompt and the first i greedy tokens",
+           "logits_max_abs": float(np.abs(logits).max()), "min_greedy_margin": float(min(margins)),
+           "versions": versions()}
+    with open(os.path.join(d, "reference.json"), "w") as f:
+        json.dump(ref, f)
+        f.write("\n")
+    print(f"{spec['name']}: prompt {len(prompt)}, window {config.sliding_window}, min greedy margin "
+          f"{min(margins):.4f}, seed {seed}")
+
+
 def make_mixed_safetensors(root):
     """One file with every dtype qlm reads, INT8 with per-tensor and per-row "_scale" companions,
     written by the Python library itself (qlm must load it and re-save it byte for byte)."""
@@ -269,12 +349,14 @@ def versions():
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="tests/fixtures")
-    ap.add_argument("--only", nargs="+", choices=sorted(FIXTURES), help="make only these fixtures")
+    ap.add_argument("--only", nargs="+", choices=sorted(FIXTURES) + [LONG["name"]], help="make only these fixtures")
     args = ap.parse_args()
     torch.set_num_threads(1)
     for name, spec in FIXTURES.items():
         if not args.only or name in args.only:
             make_fixture(name, spec, args.out)
+    if not args.only or LONG["name"] in args.only:
+        make_long_fixture(args.out)
     if not args.only:
         make_mixed_safetensors(args.out)
     print(json.dumps(versions()))
