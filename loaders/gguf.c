@@ -23,7 +23,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "../core/backend.h"
 #include "../core/error.h"
+#include "fused_weights.h"
 #include "gguf_dequant.h"
 
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
@@ -720,11 +722,11 @@ int qlm_gguf_tensor_describe(const qlm_gguf *g, int i, const char **name, const 
 /* ---------- Llama-family config ---------- */
 
 /* Llama-shaped architectures. llama.cpp's converter interleaves the Q/K rows of "llama" models
- * (pairwise RoPE); "qwen2" and "qwen3" keep Hugging Face's rotate-half layout. */
+ * (pairwise RoPE); the others keep Hugging Face's rotate-half layout. */
 static const struct {
     const char *arch;
     int permuted;
-} ARCHS[] = {{"llama", 1}, {"qwen2", 0}, {"qwen3", 0}};
+} ARCHS[] = {{"llama", 1}, {"qwen2", 0}, {"qwen3", 0}, {"gemma2", 0}, {"gemma3", 0}, {"phi3", 0}};
 
 static int arch_index(const char *arch) {
     for (int i = 0; i < (int)(sizeof ARCHS / sizeof ARCHS[0]); i++)
@@ -901,14 +903,70 @@ static int read_rope_scaling(const qlm_gguf *g, const char *a, qlm_llama_config 
     return 0;
 }
 
+/* A 1-D F32 tensor of exactly n values into out (longrope's factor lists). */
+static int read_vector(const qlm_gguf *g, const gguf_tensor *t, int n, float *out) {
+    if (t->ndim != 1 || t->ne[0] != n) return qlm_errorf("%s: %s must have %d elements", g->path, t->name, n);
+    if (check_convertible(g, t) != 0) return -1;
+    convert_blocks(g, t, out, 0, n_blocks(t));
+    return 0;
+}
+
+/* Gemma 2/3 as llama.cpp writes them: norms stored as 1 + w (qlm_gguf_load_tensors takes the 1 off
+ * again), soft caps under <arch>.*_logit_softcapping (Gemma 2's defaults when absent), the window
+ * over every other layer (Gemma 2) or all but every sliding_window_pattern-th (Gemma 3: 6), Gemma 3's
+ * local RoPE base rope.freq_base_swa (1e4). The query scale is attention.scale when present, else
+ * llama.cpp's rule: 1/sqrt(hidden/heads) for the 27B models (46 and 62 layers), 1/sqrt(head_dim)
+ * for the others, which is query_pre_attn_scalar^-0.5 for every published size. */
+static int read_gemma(const qlm_gguf *g, const char *a, int gemma3, qlm_llama_config *c) {
+    int big = c->n_layers == (gemma3 ? 62 : 46), period = gemma3 ? 6 : 2;
+    float scale = 1.0f / sqrtf((float)(big ? c->dim / c->n_heads : c->head_dim)), dflt_attn = gemma3 ? 0 : 50.0f;
+    if (arch_float(g, a, "attention.scale", 0, scale, &c->query_scale) != 0 ||
+        arch_float(g, a, "attn_logit_softcapping", 0, dflt_attn, &c->attn_softcap) != 0 ||
+        arch_float(g, a, "final_logit_softcapping", 0, gemma3 ? 0 : 30.0f, &c->final_softcap) != 0 ||
+        arch_int(g, a, "attention.sliding_window", 0, 4096, &c->sliding_window) != 0 ||
+        arch_int(g, a, "attention.sliding_window_pattern", 0, period, &c->window_period) != 0 ||
+        (gemma3 && arch_float(g, a, "rope.freq_base_swa", 0, 10000.0f, &c->rope_local_theta) != 0))
+        return -1;
+    c->post_norms = 1;
+    c->norm_offset = 1.0f;
+    c->embed_scale = (float)sqrt((double)c->dim);
+    c->act = QLM_ACT_GELU_TANH;
+    return 0;
+}
+
+/* Phi-3: the window, and longrope from rope_factors_short/long.weight with the original context
+ * and the attention factor from rope.scaling.*. */
+static int read_phi3(const qlm_gguf *g, const char *a, qlm_llama_config *c) {
+    if (arch_int(g, a, "attention.sliding_window", 0, 0, &c->sliding_window) != 0) return -1;
+    const gguf_tensor *sf = find_tensor(g, "rope_factors_short.weight"), *lf = find_tensor(g, "rope_factors_long.weight");
+    if (!sf && !lf) return 0;
+    int half = c->head_dim / 2;
+    if (!sf || !lf || half > QLM_MAX_ROPE_FACTORS)
+        return qlm_errorf("%s: longrope needs rope_factors_short.weight and rope_factors_long.weight (head_dim <= %d)",
+                          g->path, 2 * QLM_MAX_ROPE_FACTORS);
+    c->rope_type = QLM_ROPE_LONGROPE;
+    if (read_vector(g, sf, half, c->rope_short_factor) != 0 || read_vector(g, lf, half, c->rope_long_factor) != 0 ||
+        arch_int(g, a, "rope.scaling.original_context_length", 1, 0, &c->rope_orig_max_pos) != 0)
+        return -1;
+    float factor = (float)c->max_seq_len / (float)c->rope_orig_max_pos;
+    float dflt = factor <= 1 ? 1.0f : sqrtf(1 + logf(factor) / logf((float)c->rope_orig_max_pos));
+    c->rope_scale_factor = factor;
+    return arch_float(g, a, "rope.scaling.attn_factor", 0, dflt, &c->rope_attn_factor);
+}
+
 int qlm_gguf_llama_config(const qlm_gguf *g, qlm_llama_config *cfg) {
     memset(cfg, 0, sizeof *cfg);
     const char *arch;
     if (qlm_gguf_get_str(g, "general.architecture", &arch) != 0) return -1;
     if (arch_index(arch) < 0)
-        return qlm_errorf("%s: architecture \"%s\" is not supported (llama, qwen2, qwen3)", g->path, arch);
+        return qlm_errorf("%s: architecture \"%s\" is not supported (llama, qwen2, qwen3, gemma2, gemma3, phi3)",
+                          g->path, arch);
     snprintf(cfg->arch, sizeof cfg->arch, "%s", arch);
     if (read_dims(g, arch, cfg) != 0 || read_vocab(g, arch, cfg) != 0) return -1;
+    int gemma = strncmp(arch, "gemma", 5) == 0;
+    if ((gemma && read_gemma(g, arch, strcmp(arch, "gemma3") == 0, cfg) != 0) ||
+        (strcmp(arch, "phi3") == 0 && read_phi3(g, arch, cfg) != 0))
+        return -1;
     cfg->tie_embeddings = find_tensor(g, "output.weight") == NULL;
     cfg->attn_bias = find_tensor(g, "blk.0.attn_q.bias") != NULL;
     cfg->attn_out_bias = find_tensor(g, "blk.0.attn_output.bias") != NULL;
@@ -932,24 +990,31 @@ typedef struct {
     int wanted;
 } want;
 
-#define LAYER_WANTS 18
+#define LAYER_WANTS 23
 
-static int layer_wants(const qlm_llama_config *c, int permuted, want w[LAYER_WANTS]) {
+/* fused: Phi-3's attn_qkv and ffn_up holding gate and up, which loaders/fused_weights.c splits. */
+static int layer_wants(const qlm_llama_config *c, int permuted, int fused, want w[LAYER_WANTS]) {
     int64_t q = (int64_t)c->n_heads * c->head_dim, kv = (int64_t)c->n_kv_heads * c->head_dim;
-    int qh = permuted ? c->n_heads : 0, kh = permuted ? c->n_kv_heads : 0;
+    int qh = permuted ? c->n_heads : 0, kh = permuted ? c->n_kv_heads : 0, post = c->post_norms;
     const want list[] = {
         {"attn_norm.weight", "input_layernorm.weight", c->dim, 0, 0, 1},
-        {"attn_q.weight", "self_attn.q_proj.weight", q, c->dim, qh, 1},
-        {"attn_k.weight", "self_attn.k_proj.weight", kv, c->dim, kh, 1},
-        {"attn_v.weight", "self_attn.v_proj.weight", kv, c->dim, 0, 1},
+        {"attn_qkv.weight", "self_attn.qkv_proj.weight", q + 2 * kv, c->dim, 0, fused},
+        {"attn_q.weight", "self_attn.q_proj.weight", q, c->dim, qh, !fused},
+        {"attn_k.weight", "self_attn.k_proj.weight", kv, c->dim, kh, !fused},
+        {"attn_v.weight", "self_attn.v_proj.weight", kv, c->dim, 0, !fused},
         {"attn_output.weight", "self_attn.o_proj.weight", c->dim, q, 0, 1},
         {"attn_q.bias", "self_attn.q_proj.bias", q, 0, qh, c->attn_bias},
         {"attn_k.bias", "self_attn.k_proj.bias", kv, 0, kh, c->attn_bias},
         {"attn_v.bias", "self_attn.v_proj.bias", kv, 0, 0, c->attn_bias},
         {"attn_output.bias", "self_attn.o_proj.bias", c->dim, 0, 0, c->attn_out_bias},
-        {"ffn_norm.weight", "post_attention_layernorm.weight", c->dim, 0, 0, 1},
-        {"ffn_gate.weight", "mlp.gate_proj.weight", c->hidden_dim, c->dim, 0, 1},
-        {"ffn_up.weight", "mlp.up_proj.weight", c->hidden_dim, c->dim, 0, 1},
+        {"ffn_norm.weight", "post_attention_layernorm.weight", c->dim, 0, 0, !post},
+        /* Gemma: a norm after each block; its MLP's input norm has the other name */
+        {"ffn_norm.weight", "pre_feedforward_layernorm.weight", c->dim, 0, 0, post},
+        {"post_attention_norm.weight", "post_attention_layernorm.weight", c->dim, 0, 0, post},
+        {"post_ffw_norm.weight", "post_feedforward_layernorm.weight", c->dim, 0, 0, post},
+        {"ffn_gate.weight", "mlp.gate_proj.weight", c->hidden_dim, c->dim, 0, !fused},
+        {"ffn_up.weight", "mlp.up_proj.weight", c->hidden_dim, c->dim, 0, !fused},
+        {"ffn_up.weight", "mlp.gate_up_proj.weight", 2 * (int64_t)c->hidden_dim, c->dim, 0, fused},
         {"ffn_down.weight", "mlp.down_proj.weight", c->dim, c->hidden_dim, 0, 1},
         {"ffn_gate.bias", "mlp.gate_proj.bias", c->hidden_dim, 0, 0, c->mlp_bias},
         {"ffn_up.bias", "mlp.up_proj.bias", c->hidden_dim, 0, 0, c->mlp_bias},
@@ -1053,7 +1118,7 @@ static int plan_all(const qlm_gguf *g, const qlm_llama_config *cfg, int permuted
         if (global[i].wanted && plan_one(g, &global[i], global[i].gguf, global[i].hf, store, &jobs[n++]) != 0)
             return -1;
     want w[LAYER_WANTS];
-    int nw = layer_wants(cfg, permuted, w);
+    int nw = layer_wants(cfg, permuted, find_tensor(g, "blk.0.attn_qkv.weight") != NULL, w);
     for (int l = 0; l < cfg->n_layers; l++)
         for (int i = 0; i < nw; i++) {
             if (!w[i].wanted) continue;
@@ -1071,12 +1136,16 @@ int qlm_gguf_load_tensors(const qlm_gguf *g, const qlm_llama_config *cfg, qlm_te
     const char *arch;
     if (qlm_gguf_get_str(g, "general.architecture", &arch) != 0) return -1;
     int a = arch_index(arch);
-    if (a < 0) return qlm_errorf("%s: architecture \"%s\" is not supported (llama, qwen2)", g->path, arch);
+    if (a < 0) return qlm_errorf("%s: architecture \"%s\" is not supported", g->path, arch);
     job *jobs = malloc((size_t)(3 + cfg->n_layers * LAYER_WANTS) * sizeof *jobs);
     if (!jobs) return qlm_errorf("out of memory");
     int n = 0;
     int rc = plan_all(g, cfg, ARCHS[a].permuted, store, jobs, &n);
     if (rc == 0) rc = convert_all(g, jobs, n);
+    /* llama.cpp stores Gemma's norms as 1 + w; the store holds Hugging Face's w */
+    for (int i = 0; rc == 0 && cfg->norm_offset != 0 && i < n; i++)
+        if (jobs[i].cols == 1 && strstr(jobs[i].t->name, "norm.weight"))
+            for (int64_t k = 0; k < jobs[i].rows; k++) jobs[i].dst[k] -= cfg->norm_offset;
     free(jobs);
-    return rc;
+    return rc == 0 ? qlm_store_unfuse(store, cfg, g->path) : -1;
 }

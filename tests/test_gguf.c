@@ -9,7 +9,9 @@
 #include <unistd.h>
 
 #include "../core/error.h"
+#include "../core/model.h"
 #include "../loaders/gguf.h"
+#include "../loaders/hf_config.h"
 
 #define FIX "tests/fixtures/gguf/"
 
@@ -257,6 +259,62 @@ static void test_tiny_qwen3(void **state) {
     check_model("tiny_qwen3");
 }
 
+/* Hugging Face fixtures written as llama.cpp writes their architectures (tools/make_gguf_fixtures.py,
+ * HF_AS_GGUF): the same config as from config.json, and the fixture's transformers logits within
+ * 1e-4 in F32 (Gemma's 1 + w norms, Phi-3's fused matrices and longrope tensors read back). */
+static void test_hf_fixtures_as_gguf(void **state) {
+    (void)state;
+    static const char *const names[] = {"gemma2_softcap", "gemma3_local_rope", "phi3_longrope_long"};
+    for (size_t k = 0; k < sizeof names / sizeof names[0]; k++) {
+        char path[300];
+        snprintf(path, sizeof path, FIX "%s.gguf", names[k]);
+        qlm_gguf *g = open_ok(path);
+        qlm_llama_config cfg, want;
+        if (qlm_gguf_llama_config(g, &cfg) != 0) fail_msg("%s", qlm_last_error());
+        snprintf(path, sizeof path, "tests/fixtures/llama/%s/config.json", names[k]);
+        if (qlm_hf_config_load(path, &want) != 0) fail_msg("%s", qlm_last_error());
+        assert_true(cfg.post_norms == want.post_norms && cfg.qk_norm == want.qk_norm &&
+                    cfg.norm_offset == want.norm_offset && cfg.sliding_window == want.sliding_window &&
+                    cfg.window_period == want.window_period && cfg.rope_type == want.rope_type &&
+                    cfg.attn_softcap == want.attn_softcap && cfg.final_softcap == want.final_softcap &&
+                    cfg.act == want.act && cfg.rope_local_theta == want.rope_local_theta);
+        assert_true(fabsf(cfg.query_scale - want.query_scale) <= 1e-7f * want.query_scale + 1e-9f);
+        assert_true(fabsf(cfg.rope_attn_factor - want.rope_attn_factor) <= 1e-6f);
+        qlm_tensor_store *s = qlm_store_new();
+        if (qlm_gguf_load_tensors(g, &cfg, s) != 0) fail_msg("%s", qlm_last_error());
+        qlm_model m;
+        qlm_model_options o = {.dtype = QLM_F32, .backend = qlm_backend_cpu()};
+        if (qlm_model_build(&m, &cfg, s, &o) != 0) fail_msg("%s", qlm_last_error());
+        snprintf(path, sizeof path, "tests/fixtures/llama/%s/reference.json", names[k]);
+        cJSON *ref = load_json(path);
+        const cJSON *toks = cJSON_GetObjectItemCaseSensitive(ref, "tokens");
+        int n = cJSON_GetArraySize(toks), vocab = cfg.vocab_size;
+        int *ids = malloc((size_t)n * sizeof *ids), *pos = malloc((size_t)n * sizeof *pos);
+        for (int i = 0; i < n; i++) ids[i] = cJSON_GetArrayItem(toks, i)->valueint, pos[i] = i;
+        snprintf(path, sizeof path, "tests/fixtures/llama/%s/logits.f32", names[k]);
+        size_t len;
+        float *want_logits = (float *)test_read_file(path, &len), *logits = malloc((size_t)vocab * sizeof *logits);
+        assert_int_equal(len, (size_t)n * vocab * sizeof(float));
+        qlm_kv_state st;
+        assert_int_equal(qlm_state_init(&st, &m, n, n), 0);
+        int last = n - 1;
+        assert_int_equal(qlm_forward(&m, &st, ids, pos, n, &last, 1, logits), 0);
+        double worst = 0;
+        for (int v = 0; v < vocab; v++) worst = fmax(worst, fabs((double)logits[v] - want_logits[(size_t)last * vocab + v]));
+        print_message("%s.gguf: max|diff| %.3g at the last position\n", names[k], worst);
+        assert_true(worst <= 1e-4);
+        qlm_state_free(&st, &m);
+        free(ids);
+        free(pos);
+        free(logits);
+        free(want_logits);
+        cJSON_Delete(ref);
+        qlm_model_free(&m);
+        qlm_store_free(s);
+        qlm_gguf_close(g);
+    }
+}
+
 /* Tensor infos as listed by gguf-py: names, type names, dims innermost first. */
 static void test_tensor_describe(void **state) {
     (void)state;
@@ -471,7 +529,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_kv_types),         cmocka_unit_test(test_kv_describe),
         cmocka_unit_test(test_tiny_llama),       cmocka_unit_test(test_tiny_qwen2),
-        cmocka_unit_test(test_tiny_qwen3),
+        cmocka_unit_test(test_tiny_qwen3),       cmocka_unit_test(test_hf_fixtures_as_gguf),
         cmocka_unit_test(test_tensor_describe),  cmocka_unit_test(test_unsupported_type),
         cmocka_unit_test(test_missing_and_misshaped), cmocka_unit_test(test_smollm2),
     };

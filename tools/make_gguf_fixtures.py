@@ -333,6 +333,93 @@ QWEN3_SPEC = {
 
 MODELS = [("tiny_llama", LLAMA_SPEC), ("tiny_qwen2", QWEN2_SPEC), ("tiny_qwen3", QWEN3_SPEC)]
 
+# Hugging Face fixtures (tests/fixtures/llama) written as llama.cpp's converter writes their
+# architectures, F32: qlm must load each and reproduce the fixture's transformers logits.
+HF_AS_GGUF = ["gemma2_softcap", "gemma3_local_rope", "phi3_longrope_long"]
+
+
+def hf_fixture_as_gguf(name):
+    """Writes tests/fixtures/gguf/<name>.gguf from tests/fixtures/llama/<name>: Gemma's norms stored
+    as 1 + w (transformers' GGUF reader takes the 1 off again), Phi-3's q/k/v as attn_qkv and its
+    gate and up as ffn_up, longrope's factors as rope_factors_short/long.weight."""
+    from safetensors.numpy import load_file
+    d = os.path.join("tests/fixtures/llama", name)
+    cfg = json.load(open(os.path.join(d, "config.json")))
+    t = load_file(os.path.join(d, "model.safetensors"))
+    mt = cfg["model_type"]
+    arch = {"gemma2": "gemma2", "gemma3_text": "gemma3", "phi3": "phi3"}[mt]
+    gemma = arch.startswith("gemma")
+    nh, nkv, hid, n_layers = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["hidden_size"], cfg["num_hidden_layers"]
+    hd = cfg.get("head_dim") or hid // nh
+    rope = cfg.get("rope_parameters") or {}
+    path = os.path.join(OUT, name + ".gguf")
+    w = gguf.GGUFWriter(path, arch)
+    w.add_block_count(n_layers)
+    w.add_context_length(cfg["max_position_embeddings"])
+    w.add_embedding_length(hid)
+    w.add_feed_forward_length(cfg["intermediate_size"])
+    w.add_head_count(nh)
+    w.add_head_count_kv(nkv)
+    w.add_key_length(hd)
+    w.add_value_length(hd)
+    w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
+    w.add_tokenizer_model("gpt2")
+    w.add_token_list([f"tok{i}" for i in range(cfg["vocab_size"])])
+    w.add_bos_token_id(cfg["bos_token_id"])
+    w.add_eos_token_id(cfg["eos_token_id"])
+    if gemma:
+        full = rope.get("full_attention", rope)
+        w.add_rope_freq_base(full["rope_theta"])
+        w.add_attention_scale(cfg["query_pre_attn_scalar"] ** -0.5)
+        w.add_sliding_window(cfg["sliding_window"])
+        types = cfg["layer_types"]
+        period = next(i + 1 for i, x in enumerate(types) if x == "full_attention")
+        w.add_sliding_window_pattern(period)
+        if cfg.get("attn_logit_softcapping"):
+            w.add_attn_logit_softcapping(cfg["attn_logit_softcapping"])
+        if cfg.get("final_logit_softcapping"):
+            w.add_final_logit_softcapping(cfg["final_logit_softcapping"])
+        if arch == "gemma3":
+            w.add_rope_freq_base_swa(rope["sliding_attention"]["rope_theta"])
+            if full.get("rope_type") == "linear":
+                w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+                w.add_rope_scaling_factor(full["factor"])
+    else:
+        w.add_rope_freq_base(rope["rope_theta"])
+        if cfg.get("sliding_window"):
+            w.add_sliding_window(cfg["sliding_window"])
+        if rope.get("rope_type") == "longrope":
+            orig = cfg["original_max_position_embeddings"]
+            factor = rope.get("factor") or cfg["max_position_embeddings"] / orig
+            w.add_rope_scaling_orig_ctx_len(orig)
+            w.add_rope_scaling_attn_factors(math.sqrt(1 + math.log(factor) / math.log(orig)))
+            w.add_tensor("rope_factors_short.weight", np.array(rope["short_factor"], dtype=np.float32))
+            w.add_tensor("rope_factors_long.weight", np.array(rope["long_factor"], dtype=np.float32))
+    layer = {"input_layernorm": "attn_norm", "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k",
+             "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output", "self_attn.qkv_proj": "attn_qkv",
+             "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm", "mlp.gate_proj": "ffn_gate",
+             "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down", "mlp.gate_up_proj": "ffn_up",
+             "post_attention_layernorm": "post_attention_norm" if gemma else "ffn_norm",
+             "pre_feedforward_layernorm": "ffn_norm", "post_feedforward_layernorm": "post_ffw_norm"}
+    for hf_name, a in sorted(t.items()):
+        if hf_name == "model.embed_tokens.weight":
+            g_name = "token_embd.weight"
+        elif hf_name == "model.norm.weight":
+            g_name = "output_norm.weight"
+        elif hf_name == "lm_head.weight":
+            g_name = "output.weight"
+        else:
+            parts = hf_name.split(".")
+            g_name = f"blk.{parts[2]}.{layer['.'.join(parts[3:-1])]}.weight"
+        if gemma and hf_name.endswith("norm.weight"):
+            a = a + np.float32(1)
+        w.add_tensor(g_name, a.astype(np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    print(f"{name}.gguf: {os.path.getsize(path)} bytes, arch {arch}")
+
 
 def real_reference(path):
     """Reference numbers of the real SmolLM2 GGUF: metadata and tensor infos by gguf-py, and
@@ -383,12 +470,17 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--gguf", default=os.path.expanduser("~/.cache/qlm/SmolLM2-135M-Instruct.Q4_1.gguf"))
     ap.add_argument("--skip-real", action="store_true")
+    ap.add_argument("--hf-only", action="store_true", help="write only the Hugging Face fixtures as GGUF")
     ap.add_argument("--only", nargs="+", choices=[n for n, _ in MODELS],
                     help="rewrite only these synthetic models (the others are built aside, so that each one's "
                          "random values stay what a full run gives)")
     args = ap.parse_args()
     global OUT
     os.makedirs(OUT, exist_ok=True)
+    for name in HF_AS_GGUF:
+        hf_fixture_as_gguf(name)
+    if args.hf_only:
+        return
     rng = np.random.default_rng(20240601)
     if not args.only:
         build_metadata_file()
