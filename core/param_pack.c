@@ -131,6 +131,7 @@ int qlm_params_pack(const qlm_param *p, int n, const qlm_tensor_store *store, ql
             *p[i].matrix = (qlm_weight){0};
             if (!ent[i]) continue;
             rc = fill_matrix(p[i].matrix, ent[i], dtype, per_channel, &cur);
+            qlm_store_release(store, ent[i]);
         } else {
             *p[i].vector = NULL;
             if (!ent[i]) continue;

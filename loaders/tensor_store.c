@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <unistd.h>
 
 #include "../core/error.h"
 
@@ -51,6 +52,17 @@ static int hold(qlm_tensor_store *s, void *addr, size_t len) {
 }
 
 int qlm_store_keep_mapping(qlm_tensor_store *s, void *addr, size_t len) { return hold(s, addr, len ? len : 1); }
+
+void qlm_store_release(const qlm_tensor_store *s, const qlm_tensor_entry *e) {
+    uintptr_t lo = (uintptr_t)e->data, hi = lo + e->nbytes, page = (uintptr_t)sysconf(_SC_PAGESIZE);
+    for (int i = 0; i < s->n_held; i++) {
+        uintptr_t a = (uintptr_t)s->held[i].addr;
+        if (!s->held[i].len || lo < a || hi > a + s->held[i].len) continue;
+        uintptr_t first = (lo + page - 1) & ~(page - 1), last = hi & ~(page - 1);
+        if (last > first) madvise((void *)first, last - first, MADV_DONTNEED);
+        return;
+    }
+}
 
 int qlm_store_keep_buffer(qlm_tensor_store *s, void *buf) { return hold(s, buf, 0); }
 
@@ -197,7 +209,10 @@ static int check_entry(const qlm_tensor_entry *e) {
 }
 
 int qlm_store_check_values(const qlm_tensor_store *s) {
-    for (int i = 0; i < qlm_store_count(s); i++)
+    for (int i = 0; i < qlm_store_count(s); i++) {
         if (check_entry(qlm_store_at(s, i)) != 0) return -1;
+        /* read once here, then again while the model is built: not held in between */
+        qlm_store_release(s, qlm_store_at(s, i));
+    }
     return 0;
 }

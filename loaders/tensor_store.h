@@ -46,6 +46,11 @@ int qlm_store_keep_buffer(qlm_tensor_store *s, void *buf);
 const qlm_tensor_entry *qlm_store_find(const qlm_tensor_store *s, const char *name);
 int qlm_store_count(const qlm_tensor_store *s);
 const qlm_tensor_entry *qlm_store_at(const qlm_tensor_store *s, int i);
+/* Gives back the memory of e's bytes where they lie in a file mapping the store keeps, once the
+ * caller has converted them (madvise MADV_DONTNEED on the whole pages inside them): a model built
+ * from a mapped file then peaks near its own weights rather than the file plus its weights. The
+ * data stays readable: a later read faults it in from the file again. Owned buffers are left alone. */
+void qlm_store_release(const qlm_tensor_store *s, const qlm_tensor_entry *e);
 /* Removes an entry by name (data not freed until the store is). Returns 0 if found. */
 int qlm_store_remove(qlm_tensor_store *s, const char *name);
 

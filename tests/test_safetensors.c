@@ -416,6 +416,34 @@ static void write_shards(const char *dir, const qlm_tensor_store *all) {
     "\"a.f16\": \"" SHARD1 "\", \"b.bf16_4d\": \"" SHARD1 "\", \"m.bf16\": \"" SHARD2 "\", \"z.f32\": \"" \
     SHARD2 "\", \"w.i8_rows\": \"" SHARD2 "\", \"w.i8_rows_scale\": \"" SHARD2 "\", \"w.i8_tensor\": \"" SHARD2 "\""
 
+/* Released mapped pages read back as they were (faulted in from the file again), and an owned
+ * buffer is left alone. */
+static void test_release_keeps_data(void **state) {
+    (void)state;
+    qlm_tensor_store *s = load_dir_ok("tests/fixtures/llama/mha_untied");
+    int n = qlm_store_count(s);
+    void **copies = calloc((size_t)n, sizeof *copies);
+    for (int i = 0; i < n; i++) {
+        const qlm_tensor_entry *e = qlm_store_at(s, i);
+        copies[i] = malloc(e->nbytes);
+        memcpy(copies[i], e->data, e->nbytes);
+        qlm_store_release(s, e);
+    }
+    for (int i = 0; i < n; i++) {
+        const qlm_tensor_entry *e = qlm_store_at(s, i);
+        assert_memory_equal(e->data, copies[i], e->nbytes);
+        free(copies[i]);
+    }
+    free(copies);
+    int64_t shape[1] = {4096};
+    void *owned;
+    qlm_tensor_entry *e = qlm_store_add_owned(s, "owned", QLM_F32, 1, shape, &owned);
+    for (int i = 0; i < 4096; i++) ((float *)owned)[i] = (float)i;
+    qlm_store_release(s, e);
+    for (int i = 0; i < 4096; i++) assert_true(((float *)owned)[i] == (float)i);
+    qlm_store_free(s);
+}
+
 static void test_sharded(void **state) {
     (void)state;
     char tmp[256];
@@ -490,6 +518,7 @@ int main(void) {
         cmocka_unit_test(test_tinystories),
         cmocka_unit_test(test_roundtrip),
         cmocka_unit_test(test_save_rejects_bad_store),
+        cmocka_unit_test(test_release_keeps_data),
         cmocka_unit_test(test_sharded),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
