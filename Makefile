@@ -15,7 +15,7 @@ CFLAGS  += -std=c11 $(OPT) -g -Wall -Wextra -D_GNU_SOURCE -fopenmp -I. $(shell p
 LDLIBS  += -lcjson -lpcre2-8 -lopenblas -lcurl -lmicrohttpd -lcrypto -ledit $(shell pkg-config --libs ompi-c 2>/dev/null || echo -lmpi) -lm -lpthread -fopenmp
 TEST_LDLIBS = -lcmocka
 
-LIB_SRCS  := $(wildcard core/*.c quant/*.c loaders/*.c lora/*.c eval/*.c server/*.c hub/*.c train/*.c dist/*.c)
+LIB_SRCS  := $(wildcard core/*.c quant/*.c tokenizer/*.c cpu/*.c models/*.c runtime/*.c loaders/*.c lora/*.c eval/*.c server/*.c hub/*.c train/*.c dist/*.c)
 CLI_SRCS  := $(wildcard cli/*.c)
 TEST_SRCS := $(wildcard tests/test_*.c)
 BENCH_SRCS := $(wildcard bench/*.c)
@@ -77,6 +77,9 @@ setup-test:
 	@scripts/setup.sh --test
 
 check-tests: $(BUILD)/qlm $(TEST_BINS)
+	@scripts/check_layers.sh
+	@if scripts/check_layers.sh -q --extra core/error.c:../models/model.h >/dev/null; then \
+		echo "check_layers: a reversed arrow (core -> models) was not refused"; exit 1; fi
 	@QLM_BIN=$(abspath $(BUILD)/qlm) scripts/run_tests.sh $(TEST_BINS)
 	@scripts/run_isa_tests.sh $(BUILD)
 

@@ -16,11 +16,11 @@
 #include <time.h>
 
 #include "core/backend.h"
-#include "core/backend_cpu_attention.h"
+#include "cpu/backend_cpu_attention.h"
 #include "core/clock.h"
 #include "core/dtype.h"
 #include "core/error.h"
-#include "core/membw.h"
+#include "cpu/membw.h"
 #include "quant/half.h"
 #include "quant/matmul.h"
 #include "quant/quantize.h"

@@ -10,7 +10,7 @@
 
 #include "../core/clock.h"
 #include "../core/error.h"
-#include "../core/model.h"
+#include "../models/model.h"
 #include "../loaders/model_source.h"
 #include "../lora/lora.h"
 

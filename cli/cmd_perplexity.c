@@ -5,7 +5,7 @@
 #include <string.h>
 
 #include "../core/error.h"
-#include "../core/perplexity.h"
+#include "../runtime/perplexity.h"
 #include "commands.h"
 #include "common.h"
 #include "progress.h"

@@ -6,7 +6,7 @@
 #include <string.h>
 
 #include "../core/error.h"
-#include "../core/param_pack.h"
+#include "../models/param_pack.h"
 #include "../loaders/safetensors.h"
 #include "../quant/fake_quant.h"
 

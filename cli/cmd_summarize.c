@@ -14,9 +14,9 @@
 #include <unistd.h>
 
 #include "../core/clock.h"
-#include "../core/batch.h"
+#include "../runtime/batch.h"
 #include "../core/error.h"
-#include "../core/summary_prompt.h"
+#include "../runtime/summary_prompt.h"
 #include "../eval/rouge.h"
 #include "batch_parts.h"
 #include "commands.h"

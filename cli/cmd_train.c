@@ -14,7 +14,7 @@
 
 #include "../core/clock.h"
 #include "../core/error.h"
-#include "../loaders/atomic_file.h"
+#include "../core/atomic_file.h"
 #include "../loaders/safetensors.h"
 #include "../train/data.h"
 #include "../train/metrics.h"

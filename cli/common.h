@@ -4,9 +4,9 @@
 
 #include <getopt.h>
 
-#include "../core/generate.h"
-#include "../core/model.h"
-#include "../core/t5.h"
+#include "../runtime/generate.h"
+#include "../models/model.h"
+#include "../models/t5.h"
 #include "../lora/lora.h"
 #include "../loaders/model_source.h"
 #include "dist.h"

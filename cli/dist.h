@@ -3,7 +3,7 @@
 #ifndef QLM_CLI_DIST_H
 #define QLM_CLI_DIST_H
 
-#include "../core/model.h"
+#include "../models/model.h"
 #include "../dist/launch.h"
 #include "../dist/shard.h"
 

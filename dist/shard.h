@@ -17,7 +17,7 @@
 
 #include <stdint.h>
 
-#include "../core/units.h"
+#include "../models/units.h"
 #include "comm.h"
 
 /* A cut point: before row `row` of the unit's parameter `param` (param == count: the end; a

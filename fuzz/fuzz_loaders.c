@@ -11,7 +11,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "../core/config.h"
+#include "../models/config.h"
 #include "../core/tokenizer.h"
 #include "../loaders/gguf.h"
 #include "../loaders/hf_config.h"
@@ -19,7 +19,7 @@
 #include "../loaders/llama2c.h"
 #include "../loaders/model_source.h"
 #include "../loaders/safetensors.h"
-#include "../loaders/tensor_store.h"
+#include "../core/tensor_store.h"
 #include "../lora/lora_internal.h"
 #include "../train/data.h"
 

@@ -9,7 +9,7 @@
 #include <unistd.h>
 
 #include "../core/error.h"
-#include "../loaders/atomic_file.h"
+#include "../core/atomic_file.h"
 #include "hf_download.h"
 
 static int repo_char(char c) {

@@ -5,8 +5,8 @@
 #ifndef QLM_FUSED_WEIGHTS_H
 #define QLM_FUSED_WEIGHTS_H
 
-#include "../core/config.h"
-#include "tensor_store.h"
+#include "../models/config.h"
+#include "../core/tensor_store.h"
 
 /* Replaces every layer's self_attn.qkv_proj.weight by q_proj/k_proj/v_proj and mlp.gate_up_proj.weight
  * by gate_proj/up_proj (rows in that order, as transformers' Phi-3 splits them), after checking

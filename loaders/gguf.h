@@ -4,9 +4,9 @@
 #ifndef QLM_GGUF_H
 #define QLM_GGUF_H
 
-#include "../core/config.h"
+#include "../models/config.h"
 #include "../core/tokenizer.h"
-#include "tensor_store.h"
+#include "../core/tensor_store.h"
 
 typedef struct qlm_gguf qlm_gguf;
 

@@ -17,8 +17,8 @@
 
 #include "../core/backend.h"
 #include "../core/error.h"
-#include "atomic_file.h"
-#include "read_file.h"
+#include "../core/atomic_file.h"
+#include "../core/read_file.h"
 
 #define HF_CONFIG_MAX_BYTES (16u * 1024u * 1024u)
 

@@ -2,7 +2,7 @@
 #ifndef QLM_HF_CONFIG_H
 #define QLM_HF_CONFIG_H
 
-#include "../core/config.h"
+#include "../models/config.h"
 #include "../core/dtype.h"
 
 /* How the weights beside a config.json are stored. */

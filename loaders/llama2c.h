@@ -2,8 +2,8 @@
 #ifndef QLM_LLAMA2C_H
 #define QLM_LLAMA2C_H
 
-#include "../core/config.h"
-#include "tensor_store.h"
+#include "../models/config.h"
+#include "../core/tensor_store.h"
 
 /* Reads header and weights (mmap'd) into store under HF names, Q/K rows permuted to HF's
  * rotate-half layout. Validates the file size against the header exactly. */

@@ -11,8 +11,8 @@
 #include "gguf.h"
 #include "hf_config.h"
 #include "llama2c.h"
-#include "../core/model.h"
-#include "../core/t5.h"
+#include "../models/model.h"
+#include "../models/t5.h"
 #include "../hub/hf_cache.h"
 #include "safetensors.h"
 

@@ -6,10 +6,10 @@
 
 #include <stdint.h>
 
-#include "../core/config.h"
+#include "../models/config.h"
 #include "../core/dtype.h"
 #include "../core/tokenizer.h"
-#include "tensor_store.h"
+#include "../core/tensor_store.h"
 
 typedef enum { QLM_FMT_SAFETENSORS, QLM_FMT_GGUF, QLM_FMT_LLAMA2C } qlm_format;
 

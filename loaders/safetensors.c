@@ -26,8 +26,8 @@
 #include <cjson/cJSON.h>
 
 #include "../core/error.h"
-#include "atomic_file.h"
-#include "read_file.h"
+#include "../core/atomic_file.h"
+#include "../core/read_file.h"
 
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
 #error "safetensors data is little-endian; big-endian hosts are not supported"

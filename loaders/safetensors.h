@@ -7,7 +7,7 @@
 #ifndef QLM_SAFETENSORS_H
 #define QLM_SAFETENSORS_H
 
-#include "tensor_store.h"
+#include "../core/tensor_store.h"
 
 /* Reads one .safetensors file into store (entries point into a mapping the store keeps).
  * "<name>_scale" companions are attached to their I8 tensor and not listed separately. */

@@ -20,7 +20,7 @@
 
 #include "../core/error.h"
 #include "../core/tokenizer.h"
-#include "read_file.h"
+#include "../core/read_file.h"
 
 #define MAX_MODEL (1u << 30)
 

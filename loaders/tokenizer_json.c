@@ -14,7 +14,7 @@
 
 #include "../core/error.h"
 #include "../core/tokenizer.h"
-#include "read_file.h"
+#include "../core/read_file.h"
 
 #define MAX_JSON (1u << 30)
 #define SPM_SPACE "\xE2\x96\x81"

@@ -17,7 +17,7 @@
 
 #include "../core/error.h"
 #include "../core/tokenizer_internal.h"
-#include "atomic_file.h"
+#include "../core/atomic_file.h"
 
 #define SPM_SPACE "\xE2\x96\x81"
 

@@ -8,7 +8,7 @@
 #include <string.h>
 
 #include "../core/error.h"
-#include "read_file.h"
+#include "../core/read_file.h"
 #include "../core/tokenizer.h"
 
 #define MAX_FILE (256u << 20)

@@ -9,8 +9,8 @@
 #include <sys/stat.h>
 
 #include "../core/error.h"
-#include "../loaders/atomic_file.h"
-#include "../loaders/read_file.h"
+#include "../core/atomic_file.h"
+#include "../core/read_file.h"
 #include "../loaders/safetensors.h"
 #include "../quant/matmul.h"
 #include "../quant/quantize.h"
@@ -547,13 +547,6 @@ void qlm_lora_free(qlm_lora_adapter *a) {
     else
         free(a->buffer);
     memset(a, 0, sizeof *a);
-}
-
-const qlm_lora_module *qlm_lora_find(const qlm_lora_adapter *a, int stack, int layer, qlm_lora_target t) {
-    if (stack < 0 || stack >= QLM_LORA_MAX_STACKS || layer < 0 || layer >= a->n_layers[stack] || t < 0 ||
-        t >= QLM_LORA_N_TARGETS)
-        return NULL;
-    return a->index[((stack ? a->n_layers[0] : 0) + layer) * QLM_LORA_N_TARGETS + (int)t];
 }
 
 /* ---- saving ---- */

@@ -4,7 +4,7 @@
 #ifndef QLM_SERVER_H
 #define QLM_SERVER_H
 
-#include "../core/batch.h"
+#include "../runtime/batch.h"
 #include "../lora/lora.h"
 
 typedef struct {

@@ -2,7 +2,7 @@
  * ids and stop reasons for a mix of prompts, lengths, stop strings and seeded sampling, with
  * fewer slots than requests so that slots are reused; for a decoder (stories260K, with its
  * tokenizer) and for T5 (the gated_untied fixture, ids only). */
-#include "../core/batch.h"
+#include "../runtime/batch.h"
 #include "../core/error.h"
 #include "../loaders/model_source.h"
 #include "test_util.h"

@@ -9,7 +9,7 @@
 #include <unistd.h>
 
 #include "../core/error.h"
-#include "../core/model.h"
+#include "../models/model.h"
 #include "../loaders/gguf.h"
 #include "../loaders/hf_config.h"
 

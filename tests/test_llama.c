@@ -6,8 +6,8 @@
 #include <math.h>
 
 #include "../core/error.h"
-#include "../core/generate.h"
-#include "../core/model.h"
+#include "../runtime/generate.h"
+#include "../models/model.h"
 #include "../loaders/fused_weights.h"
 #include "../loaders/model_source.h"
 #include "test_util.h"

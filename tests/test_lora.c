@@ -11,10 +11,10 @@
 #include <math.h>
 #include <unistd.h>
 
-#include "../core/batch.h"
+#include "../runtime/batch.h"
 #include "../core/error.h"
-#include "../core/model.h"
-#include "../core/t5.h"
+#include "../models/model.h"
+#include "../models/t5.h"
 #include "../loaders/model_source.h"
 #include "../loaders/safetensors.h"
 #include "../lora/lora.h"

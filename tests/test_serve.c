@@ -11,7 +11,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include "../core/generate.h"
+#include "../runtime/generate.h"
 #include "../loaders/model_source.h"
 #include "serve_test_util.h"
 

@@ -10,7 +10,7 @@
 #include <unistd.h>
 
 #include "../core/error.h"
-#include "../core/t5.h"
+#include "../models/t5.h"
 #include "../loaders/hf_config.h"
 #include "../loaders/model_source.h"
 #include "../loaders/safetensors.h"

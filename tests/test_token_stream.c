@@ -1,7 +1,7 @@
 /* The token stream's text is valid UTF-8 whatever the model samples: a character split over byte
  * tokens is held until complete, and a byte token that starts no valid sequence becomes U+FFFD
  * (as in `generate --json` and the server's JSON, which must be valid UTF-8). */
-#include "../core/token_stream.h"
+#include "../runtime/token_stream.h"
 #include "../core/tokenizer.h"
 #include "test_util.h"
 

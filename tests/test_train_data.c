@@ -7,7 +7,7 @@
 
 #include "core/chat.h"
 #include "core/error.h"
-#include "core/summary_prompt.h"
+#include "runtime/summary_prompt.h"
 #include "core/tokenizer.h"
 #include "loaders/model_source.h"
 #include "train/data.h"

@@ -7,7 +7,7 @@
 #include <math.h>
 
 #include "../core/error.h"
-#include "../loaders/read_file.h"
+#include "../core/read_file.h"
 #include "../loaders/safetensors.h"
 #include "../train/trainer.h"
 #include "test_util.h"

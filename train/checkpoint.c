@@ -16,8 +16,8 @@
 #include <unistd.h>
 
 #include "../core/error.h"
-#include "../loaders/atomic_file.h"
-#include "../loaders/read_file.h"
+#include "../core/atomic_file.h"
+#include "../core/read_file.h"
 #include "../loaders/safetensors.h"
 #include "trainer_internal.h"
 

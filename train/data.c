@@ -11,7 +11,7 @@
 #include "../core/chat.h"
 #include "../core/error.h"
 #include "../core/tokenizer.h"
-#include "../core/summary_prompt.h"
+#include "../runtime/summary_prompt.h"
 #include "../loaders/json_strict.h"
 
 /* ---- PRNG: splitmix64 (pure 64-bit integer arithmetic, the same on every platform) ---- */

@@ -13,7 +13,7 @@
 #include <unistd.h>
 
 #include "../core/error.h"
-#include "../loaders/atomic_file.h"
+#include "../core/atomic_file.h"
 
 #define PATH_CAP 4096
 

@@ -2,8 +2,8 @@
 #include "train_arch.h"
 
 #include "../core/error.h"
-#include "../core/llama_train.h"
-#include "../core/t5_train.h"
+#include "../models/llama_train.h"
+#include "../models/t5_train.h"
 
 /* ---- Llama family ---- */
 

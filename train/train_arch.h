@@ -7,9 +7,9 @@
 #include <stddef.h>
 
 #include "../core/backend.h"
-#include "../core/param_pack.h"
-#include "../core/units.h"
-#include "../core/train_batch.h"
+#include "../models/param_pack.h"
+#include "../models/units.h"
+#include "../models/train_batch.h"
 
 /* The largest batch a training state must hold. */
 typedef struct {

@@ -8,7 +8,7 @@
 #include <string.h>
 
 #include "../core/error.h"
-#include "../core/param_pack.h"
+#include "../models/param_pack.h"
 #include "../quant/fake_quant.h"
 #include "trainer_internal.h"
 

@@ -20,8 +20,8 @@
 
 #include <stdint.h>
 
-#include "../core/model.h"
-#include "../core/t5.h"
+#include "../models/model.h"
+#include "../models/t5.h"
 #include "../dist/comm.h"
 #include "../dist/shard.h"
 #include "../lora/lora.h"

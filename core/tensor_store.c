@@ -1,0 +1,218 @@
+#include "tensor_store.h"
+
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "error.h"
+
+typedef struct {
+    void *addr;
+    size_t len; /* 0 for a malloc'd buffer */
+} held_region;
+
+struct qlm_tensor_store {
+    qlm_tensor_entry *entries;
+    int n, cap;
+    held_region *held;
+    int n_held, cap_held;
+};
+
+qlm_tensor_store *qlm_store_new(void) {
+    qlm_tensor_store *s = calloc(1, sizeof *s);
+    if (!s) qlm_errorf("out of memory");
+    return s;
+}
+
+void qlm_store_free(qlm_tensor_store *s) {
+    if (!s) return;
+    for (int i = 0; i < s->n; i++) free(s->entries[i].name);
+    for (int i = 0; i < s->n_held; i++) {
+        if (s->held[i].len) munmap(s->held[i].addr, s->held[i].len);
+        else free(s->held[i].addr);
+    }
+    free(s->entries);
+    free(s->held);
+    free(s);
+}
+
+static int hold(qlm_tensor_store *s, void *addr, size_t len) {
+    if (s->n_held == s->cap_held) {
+        int cap = s->cap_held ? 2 * s->cap_held : 16;
+        held_region *h = realloc(s->held, (size_t)cap * sizeof *h);
+        if (!h) return qlm_errorf("out of memory");
+        s->held = h;
+        s->cap_held = cap;
+    }
+    s->held[s->n_held++] = (held_region){addr, len};
+    return 0;
+}
+
+int qlm_store_keep_mapping(qlm_tensor_store *s, void *addr, size_t len) { return hold(s, addr, len ? len : 1); }
+
+void qlm_store_release(const qlm_tensor_store *s, const qlm_tensor_entry *e) {
+    uintptr_t lo = (uintptr_t)e->data, hi = lo + e->nbytes, page = (uintptr_t)sysconf(_SC_PAGESIZE);
+    for (int i = 0; i < s->n_held; i++) {
+        uintptr_t a = (uintptr_t)s->held[i].addr;
+        if (!s->held[i].len || lo < a || hi > a + s->held[i].len) continue;
+        uintptr_t first = (lo + page - 1) & ~(page - 1), last = hi & ~(page - 1);
+        if (last > first) madvise((void *)first, last - first, MADV_DONTNEED);
+        return;
+    }
+}
+
+int qlm_store_keep_buffer(qlm_tensor_store *s, void *buf) { return hold(s, buf, 0); }
+
+qlm_tensor_entry *qlm_store_add(qlm_tensor_store *s, const char *name, qlm_dtype dtype, int ndim,
+                                const int64_t *shape, const void *data, size_t nbytes) {
+    if (ndim < 0 || ndim > QLM_MAX_DIMS) {
+        qlm_errorf("tensor %s: %d dimensions (at most %d supported)", name, ndim, QLM_MAX_DIMS);
+        return NULL;
+    }
+    if (qlm_store_find(s, name)) {
+        qlm_errorf("tensor %s appears twice", name);
+        return NULL;
+    }
+    if (s->n == s->cap) {
+        int cap = s->cap ? 2 * s->cap : 64;
+        qlm_tensor_entry *e = realloc(s->entries, (size_t)cap * sizeof *e);
+        if (!e) {
+            qlm_errorf("out of memory");
+            return NULL;
+        }
+        s->entries = e;
+        s->cap = cap;
+    }
+    qlm_tensor_entry *e = &s->entries[s->n];
+    memset(e, 0, sizeof *e);
+    e->name = strdup(name);
+    if (!e->name) {
+        qlm_errorf("out of memory");
+        return NULL;
+    }
+    e->dtype = dtype;
+    e->ndim = ndim;
+    for (int i = 0; i < ndim; i++) e->shape[i] = shape[i];
+    e->data = data;
+    e->nbytes = nbytes;
+    e->scale = 1.0f;
+    s->n++;
+    return e;
+}
+
+qlm_tensor_entry *qlm_store_add_owned(qlm_tensor_store *s, const char *name, qlm_dtype dtype,
+                                      int ndim, const int64_t *shape, void **data_out) {
+    int64_t numel = 1;
+    for (int i = 0; i < ndim; i++) {
+        if (shape[i] < 0 || (shape[i] > 0 && numel > INT64_MAX / 8 / shape[i])) {
+            qlm_errorf("tensor %s: invalid shape", name);
+            return NULL;
+        }
+        numel *= shape[i];
+    }
+    size_t nbytes = (size_t)numel * qlm_dtype_size(dtype);
+    void *buf = NULL;
+    if (posix_memalign(&buf, 64, nbytes ? nbytes : 64) != 0) {
+        qlm_errorf("tensor %s: out of memory allocating %zu bytes", name, nbytes);
+        return NULL;
+    }
+    if (hold(s, buf, 0) != 0) {
+        free(buf);
+        return NULL;
+    }
+    qlm_tensor_entry *e = qlm_store_add(s, name, dtype, ndim, shape, buf, nbytes);
+    if (e && data_out) *data_out = buf;
+    return e;
+}
+
+const qlm_tensor_entry *qlm_store_find(const qlm_tensor_store *s, const char *name) {
+    for (int i = 0; i < s->n; i++)
+        if (strcmp(s->entries[i].name, name) == 0) return &s->entries[i];
+    return NULL;
+}
+
+int qlm_store_count(const qlm_tensor_store *s) { return s->n; }
+
+const qlm_tensor_entry *qlm_store_at(const qlm_tensor_store *s, int i) {
+    return i >= 0 && i < s->n ? &s->entries[i] : NULL;
+}
+
+int qlm_store_remove(qlm_tensor_store *s, const char *name) {
+    for (int i = 0; i < s->n; i++)
+        if (strcmp(s->entries[i].name, name) == 0) {
+            free(s->entries[i].name);
+            memmove(&s->entries[i], &s->entries[i + 1], (size_t)(s->n - i - 1) * sizeof s->entries[0]);
+            s->n--;
+            return 0;
+        }
+    return -1;
+}
+
+int64_t qlm_entry_numel(const qlm_tensor_entry *e) {
+    int64_t n = 1;
+    for (int i = 0; i < e->ndim; i++) n *= e->shape[i];
+    return n;
+}
+
+/* Whether the exponent bits of any of v[0, n) are all ones (NaN or Inf); a branch-free loop the
+ * compiler vectorizes. */
+static int any_exp_ones_32(const uint32_t *v, int64_t n) {
+    uint32_t hit = 0;
+    for (int64_t i = 0; i < n; i++) hit |= (v[i] & 0x7F800000u) == 0x7F800000u;
+    return hit != 0;
+}
+
+static int any_exp_ones_16(const uint16_t *v, int64_t n, uint16_t exp) {
+    uint16_t hit = 0;
+    for (int64_t i = 0; i < n; i++) hit |= (uint16_t)((v[i] & exp) == exp);
+    return hit != 0;
+}
+
+/* The first element of e[from, to) that is a NaN or an Inf, or -1. */
+static int64_t first_non_finite(const qlm_tensor_entry *e, int64_t from, int64_t to) {
+    int wide = e->dtype == QLM_F32;
+    uint16_t exp = e->dtype == QLM_F16 ? 0x7C00u : 0x7F80u;
+    if (e->dtype != QLM_F32 && e->dtype != QLM_F16 && e->dtype != QLM_BF16) return -1;
+    const uint32_t *v32 = e->data;
+    const uint16_t *v16 = e->data;
+    if (wide ? !any_exp_ones_32(v32 + from, to - from) : !any_exp_ones_16(v16 + from, to - from, exp)) return -1;
+    for (int64_t i = from; i < to; i++)
+        if (wide ? any_exp_ones_32(v32 + i, 1) : any_exp_ones_16(v16 + i, 1, exp)) return i;
+    return -1;
+}
+
+static int scale_ok(float s) { return isfinite(s) && s > 0 && s <= 1e30f; }
+
+static int check_entry(const qlm_tensor_entry *e) {
+    if (e->dtype == QLM_I8) {
+        int64_t rows = e->ndim >= 1 ? e->shape[0] : 1;
+        if (!e->row_scales && !scale_ok(e->scale))
+            return qlm_errorf("tensor %s: INT8 scale %g is not in (0, 1e30]", e->name, (double)e->scale);
+        for (int64_t r = 0; e->row_scales && r < rows; r++)
+            if (!scale_ok(e->row_scales[r]))
+                return qlm_errorf("tensor %s: INT8 scale %g of row %lld is not in (0, 1e30]", e->name,
+                                  (double)e->row_scales[r], (long long)r);
+        return 0;
+    }
+    enum { CHUNK = 1 << 16 };
+    int64_t n = qlm_entry_numel(e), bad = INT64_MAX;
+#pragma omp parallel for schedule(dynamic) reduction(min : bad) if (n > CHUNK)
+    for (int64_t c = 0; c < (n + CHUNK - 1) / CHUNK; c++) {
+        int64_t at = first_non_finite(e, c * CHUNK, c * CHUNK + CHUNK < n ? c * CHUNK + CHUNK : n);
+        if (at >= 0 && at < bad) bad = at;
+    }
+    if (bad == INT64_MAX) return 0;
+    return qlm_errorf("tensor %s holds NaN or Inf (element %lld of %lld)", e->name, (long long)bad, (long long)n);
+}
+
+int qlm_store_check_values(const qlm_tensor_store *s) {
+    for (int i = 0; i < qlm_store_count(s); i++) {
+        if (check_entry(qlm_store_at(s, i)) != 0) return -1;
+        /* read once here, then again while the model is built: not held in between */
+        qlm_store_release(s, qlm_store_at(s, i));
+    }
+    return 0;
+}

@@ -1,0 +1,65 @@
+/* A set of named tensors read from a model file, before they become model weights.
+ * Every loader (safetensors, GGUF, llama2.c) fills one of these with Hugging Face
+ * tensor names ("model.layers.0.self_attn.q_proj.weight") and HF layouts, so the
+ * model builder and the writers see one convention. Data either points into a
+ * read-only mapping the store owns, or into a buffer the store owns. */
+#ifndef QLM_TENSOR_STORE_H
+#define QLM_TENSOR_STORE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "dtype.h"
+
+#define QLM_MAX_DIMS 4
+
+typedef struct {
+    char *name;
+    qlm_dtype dtype;
+    int ndim;
+    int64_t shape[QLM_MAX_DIMS];
+    const void *data;
+    size_t nbytes;
+    /* INT8 only: per-tensor scale, or per-row scales (shape[0] floats) when row_scales != NULL. */
+    float scale;
+    const float *row_scales;
+} qlm_tensor_entry;
+
+typedef struct qlm_tensor_store qlm_tensor_store;
+
+qlm_tensor_store *qlm_store_new(void);
+void qlm_store_free(qlm_tensor_store *s);
+
+/* Adds an entry whose data stays owned by whoever owns `data` (a mapping the store keeps, see
+ * qlm_store_keep_mapping, or a buffer given with qlm_store_keep_buffer). Copies the name.
+ * Fails on a duplicate name. Returns the entry or NULL. */
+qlm_tensor_entry *qlm_store_add(qlm_tensor_store *s, const char *name, qlm_dtype dtype, int ndim,
+                                const int64_t *shape, const void *data, size_t nbytes);
+/* Allocates an owned, 64-byte aligned buffer of nbytes and adds an entry pointing to it. */
+qlm_tensor_entry *qlm_store_add_owned(qlm_tensor_store *s, const char *name, qlm_dtype dtype,
+                                      int ndim, const int64_t *shape, void **data_out);
+/* The store unmaps (munmap) this region when freed. */
+int qlm_store_keep_mapping(qlm_tensor_store *s, void *addr, size_t len);
+/* The store frees this malloc'd buffer when freed. */
+int qlm_store_keep_buffer(qlm_tensor_store *s, void *buf);
+
+const qlm_tensor_entry *qlm_store_find(const qlm_tensor_store *s, const char *name);
+int qlm_store_count(const qlm_tensor_store *s);
+const qlm_tensor_entry *qlm_store_at(const qlm_tensor_store *s, int i);
+/* Gives back the memory of e's bytes where they lie in a file mapping the store keeps, once the
+ * caller has converted them (madvise MADV_DONTNEED on the whole pages inside them): a model built
+ * from a mapped file then peaks near its own weights rather than the file plus its weights. The
+ * data stays readable: a later read faults it in from the file again. Owned buffers are left alone. */
+void qlm_store_release(const qlm_tensor_store *s, const qlm_tensor_entry *e);
+/* Removes an entry by name (data not freed until the store is). Returns 0 if found. */
+int qlm_store_remove(qlm_tensor_store *s, const char *name);
+
+/* Element count of an entry (product of shape). */
+int64_t qlm_entry_numel(const qlm_tensor_entry *e);
+
+/* Checks that every value is usable: F32/F16/BF16 hold no NaN or Inf, INT8 scales are in
+ * (0, 1e30]. A file with such values loads and then generates empty or garbage text, so the error
+ * names the tensor and the first bad element. One pass over the data (a fraction of reading it). */
+int qlm_store_check_values(const qlm_tensor_store *s);
+
+#endif

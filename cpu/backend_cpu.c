@@ -1,0 +1,242 @@
+/* CPU implementation of the op table: OpenMP across rows/heads, SIMD matmuls from quant/. */
+#include <math.h>
+#include <omp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "../quant/matmul.h"
+#include "../quant/quantize.h"
+#include "../core/backend.h"
+#include "backend_cpu_attention.h"
+#include "backend_cpu_train.h"
+#include "../core/cpu_scratch.h"
+#include "../core/error.h"
+#include "../core/kv_cache.h"
+#include "membw.h"
+
+static void *cpu_alloc(size_t bytes) {
+    void *p = NULL;
+    if (posix_memalign(&p, 64, bytes ? bytes : 64) != 0) return NULL;
+    return p;
+}
+
+static void cpu_free(void *p) { free(p); }
+
+static void *cpu_upload(void *host, size_t bytes) {
+    (void)bytes;
+    return host;
+}
+
+static void cpu_describe(char *out, size_t len) {
+    long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
+    snprintf(out, len, "cpu: %d threads, %.1f GiB of memory", omp_get_max_threads(),
+             pages > 0 && page > 0 ? (double)pages * page / 1073741824.0 : 0.0);
+}
+
+static void cpu_kv_store(void *k_cache, void *v_cache, qlm_dtype kv, const float *k, const float *v, int n,
+                         const int *slots, int slot, const int *pos, int heads, int hd, int max_pos) {
+    size_t run = (size_t)max_pos * hd, esize = qlm_kv_elem_size(kv);
+    for (int i = 0; i < n; i++) {
+        size_t base = (size_t)(slots ? slots[i] : slot) * heads * run + (size_t)pos[i] * hd;
+        for (int h = 0; h < heads; h++) {
+            size_t at = (base + h * run) * esize, from = ((size_t)i * heads + h) * hd;
+            qlm_convert_from_f32((char *)k_cache + at, kv, k + from, hd);
+            qlm_convert_from_f32((char *)v_cache + at, kv, v + from, hd);
+        }
+    }
+}
+
+/* Lanes of sum_squares: a double sum in order does not vectorize; 8 running sums do, and each is
+ * in order, so every clone (one per instruction set, picked at load time) gives the same bits. */
+#define SS_LANES 8
+
+__attribute__((target_clones("avx512f", "avx2", "default"))) static double sum_squares(const float *x, int n) {
+    double acc[SS_LANES] = {0};
+    int j = 0;
+    for (; j + SS_LANES <= n; j += SS_LANES)
+        for (int l = 0; l < SS_LANES; l++) acc[l] += (double)x[j + l] * x[j + l];
+    for (; j < n; j++) acc[0] += (double)x[j] * x[j];
+    double ss = 0;
+    for (int l = 0; l < SS_LANES; l++) ss += acc[l];
+    return ss;
+}
+
+static void cpu_rmsnorm(float *out, const float *x, const float *weight, int n, int dim, float eps) {
+#pragma omp parallel for if (n > 1)
+    for (int i = 0; i < n; i++) {
+        const float *xi = x + (size_t)i * dim;
+        float *oi = out + (size_t)i * dim;
+        float inv = 1.0f / sqrtf((float)(sum_squares(xi, dim) / dim) + eps);
+        for (int j = 0; j < dim; j++) oi[j] = xi[j] * inv * weight[j];
+    }
+}
+
+/* Each (row, frequency) angle is computed once for the query heads and the key heads. */
+void qlm_cpu_rope_rotate(float *q, float *k, int n, const int *pos, int n_heads, int n_kv_heads, int head_dim,
+                         const float *inv_freq, float direction) {
+    int half = head_dim / 2;
+#pragma omp parallel for if (n > 1)
+    for (int i = 0; i < n; i++) {
+        for (int j = 0; j < half; j++) {
+            float angle = (float)pos[i] * inv_freq[j];
+            float c = cosf(angle), s = direction * sinf(angle);
+            for (int h = 0; h < n_heads + n_kv_heads; h++) {
+                float *v = h < n_heads ? q + ((size_t)i * n_heads + h) * head_dim
+                                       : k + ((size_t)i * n_kv_heads + h - n_heads) * head_dim;
+                float a = v[j], b = v[j + half];
+                v[j] = a * c - b * s;
+                v[j + half] = b * c + a * s;
+            }
+        }
+    }
+}
+
+static void cpu_rope(float *q, float *k, int n, const int *pos, int n_heads, int n_kv_heads, int head_dim,
+                     const float *inv_freq) {
+    qlm_cpu_rope_rotate(q, k, n, pos, n_heads, n_kv_heads, head_dim, inv_freq, 1.0f);
+}
+
+static _Thread_local qlm_cpu_scratch t_lora_x, t_lora_t, t_lora_u;
+static _Thread_local int *t_lora_rows;
+static _Thread_local size_t t_lora_rows_cap;
+
+/* Rows that share a pair are gathered and multiplied together: two thin matmuls per distinct
+ * adapter, whatever the batch size. */
+static int cpu_lora(float *y, const float *x, int n, const qlm_lora_ref *const *per_row) {
+    if ((size_t)n > t_lora_rows_cap) {
+        int *r = realloc(t_lora_rows, (size_t)n * sizeof *r);
+        if (!r) return qlm_errorf("out of memory for LoRA scratch");
+        t_lora_rows = r;
+        t_lora_rows_cap = (size_t)n;
+    }
+    for (int i = 0; i < n; i++) {
+        int m = qlm_lora_group(per_row, n, i, t_lora_rows);
+        if (m == 0) continue;
+        const qlm_lora_ref *ref = per_row[i];
+        int in = ref->a->cols, r = ref->a->rows, out = ref->b->rows;
+        float *xs = qlm_cpu_scratch_get(&t_lora_x, (size_t)m * in), *ts = qlm_cpu_scratch_get(&t_lora_t, (size_t)m * r),
+              *us = qlm_cpu_scratch_get(&t_lora_u, (size_t)m * out);
+        if (!xs || !ts || !us) return qlm_errorf("out of memory for LoRA scratch");
+        for (int k = 0; k < m; k++) memcpy(xs + (size_t)k * in, x + (size_t)t_lora_rows[k] * in, (size_t)in * sizeof *xs);
+        qlm_matmul(ts, xs, m, ref->a, NULL);
+        qlm_matmul(us, ts, m, ref->b, NULL);
+        for (int k = 0; k < m; k++) {
+            float *yr = y + (size_t)t_lora_rows[k] * out;
+            const float *ur = us + (size_t)k * out;
+            for (int j = 0; j < out; j++) yr[j] += ref->scale * ur[j];
+        }
+    }
+    return 0;
+}
+
+/* Values per block of an activation: a block's exponentials go through the vectorized qlm_exp_f32. */
+#define ACT_BLOCK 256
+
+/* out[i] = act(x[i]) * up[i] (or without up when NULL) for i < n <= ACT_BLOCK; out may be x, never
+ * up. Inlined with n = ACT_BLOCK for whole blocks, where the loops' fixed length lets the compiler
+ * vectorize them. */
+static inline __attribute__((always_inline)) void act_rows(float *out, const float *x, const float *restrict up,
+                                                          long n, qlm_act a) {
+    float e[ACT_BLOCK], r[ACT_BLOCK];
+    switch (a) {
+    case QLM_ACT_RELU:
+        for (long i = 0; i < n; i++) r[i] = x[i] > 0 ? x[i] : 0;
+        break;
+    case QLM_ACT_GELU_TANH:
+        /* 0.5 x (1 + tanh u) = x - x / (e^2u + 1), which holds for e^2u = inf too. */
+        for (long i = 0; i < n; i++) e[i] = 1.5957691216057308f * (x[i] + 0.044715f * x[i] * x[i] * x[i]);
+        qlm_exp_f32(e, n);
+        for (long i = 0; i < n; i++) r[i] = x[i] - x[i] / (e[i] + 1.0f);
+        break;
+    case QLM_ACT_GELU:
+        for (long i = 0; i < n; i++) r[i] = 0.5f * x[i] * (1.0f + erff(x[i] * 0.7071067811865476f));
+        break;
+    default:
+        /* SiLU: x / (1 + e^-x) */
+        for (long i = 0; i < n; i++) e[i] = -x[i];
+        qlm_exp_f32(e, n);
+        for (long i = 0; i < n; i++) r[i] = x[i] / (1.0f + e[i]);
+    }
+    if (up)
+        for (long i = 0; i < n; i++) out[i] = r[i] * up[i];
+    else
+        for (long i = 0; i < n; i++) out[i] = r[i];
+}
+
+/* One block of act_rows, cloned per instruction set (picked at load time) so that the vector loops
+ * are 16 wide where the CPU allows; elementwise and uncontracted (ISO C), so every clone gives the
+ * same bits. */
+__attribute__((target_clones("avx512f", "avx2", "default"))) static void act_block(float *out, const float *x,
+                                                                                 const float *up, long n, qlm_act a) {
+    if (n == ACT_BLOCK)
+        act_rows(out, x, up, ACT_BLOCK, a);
+    else
+        act_rows(out, x, up, n, a);
+}
+
+static void cpu_glu(float *out, const float *gate, const float *up, long n, qlm_act a) {
+#pragma omp parallel for if (n > 4096)
+    for (long b = 0; b < n; b += ACT_BLOCK)
+        act_block(out + b, gate + b, up + b, n - b < ACT_BLOCK ? n - b : ACT_BLOCK, a);
+}
+
+static void cpu_activate(float *x, long n, qlm_act a) {
+#pragma omp parallel for if (n > 4096)
+    for (long b = 0; b < n; b += ACT_BLOCK) act_block(x + b, x + b, NULL, n - b < ACT_BLOCK ? n - b : ACT_BLOCK, a);
+}
+
+static void cpu_add(float *y, const float *x, long n) {
+#pragma omp parallel for if (n > 16384)
+    for (long i = 0; i < n; i++) y[i] += x[i];
+}
+
+static void cpu_embedding(float *out, const qlm_weight *table, const int *ids, int n) {
+    for (int i = 0; i < n; i++) qlm_weight_row_f32(table, ids[i], out + (size_t)i * table->cols);
+}
+
+static void cpu_copy(float *dst, const float *src, long n) { memmove(dst, src, (size_t)n * sizeof *dst); }
+
+static void cpu_memcpy(void *dst, const void *src, size_t bytes) { memcpy(dst, src, bytes); }
+
+static const qlm_backend cpu_backend = {
+    .name = "cpu",
+    .host_memory = 1,
+    .alloc = cpu_alloc,
+    .free = cpu_free,
+    .upload = cpu_upload,
+    .bandwidth_gbs = qlm_measure_bandwidth_gbs,
+    .describe = cpu_describe,
+    .matmul = qlm_matmul,
+    .matmul_group = qlm_matmul_group,
+    .kv_store = cpu_kv_store,
+    .lora = cpu_lora,
+    .rmsnorm = cpu_rmsnorm,
+    .rope = cpu_rope,
+    .attention = qlm_cpu_attention,
+    .glu = cpu_glu,
+    .activate = cpu_activate,
+    .add = cpu_add,
+    .embedding = cpu_embedding,
+    .copy = cpu_copy,
+    .to_device = cpu_memcpy,
+    .to_host = cpu_memcpy,
+    .matmul_backward_x = qlm_cpu_matmul_backward_x,
+    .matmul_backward_w = qlm_cpu_matmul_backward_w,
+    .rmsnorm_backward = qlm_cpu_rmsnorm_backward,
+    .rope_backward = qlm_cpu_rope_backward,
+    .attention_backward = qlm_cpu_attention_backward,
+    .glu_backward = qlm_cpu_glu_backward,
+    .activate_backward = qlm_cpu_activate_backward,
+    .embedding_backward = qlm_cpu_embedding_backward,
+    .cross_entropy = qlm_cpu_cross_entropy,
+    .sum_squares = qlm_cpu_sum_squares,
+    .scale = qlm_cpu_scale,
+    .zero = qlm_cpu_zero,
+    .dropout = qlm_cpu_dropout,
+    .adamw = qlm_cpu_adamw,
+    .store_weight = qlm_cpu_store_weight,
+};
+
+const qlm_backend *qlm_backend_cpu(void) { return &cpu_backend; }

@@ -1,0 +1,369 @@
+/* CPU training ops: the backward of each forward op, cross-entropy and AdamW. Large products go
+ * to single-threaded OpenBLAS sgemm on slices that OpenMP threads own, as the forward matmul
+ * does, so results do not depend on scheduling and a run repeats bit for bit. */
+#include <cblas.h>
+#include <math.h>
+#include <omp.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../quant/half.h"
+#include "../quant/quantize.h"
+#include "backend_cpu_train.h"
+#include "../core/cpu_scratch.h"
+#include "../core/error.h"
+
+/* Rows of a non-F32 weight converted to F32 at a time in matmul_backward_x. */
+enum { DEQUANT_BLOCK_ROWS = 512 };
+
+static _Thread_local qlm_cpu_scratch t_wf, t_attn_rows, t_attn_work;
+
+/* All parallelism comes from OpenMP: OpenBLAS is held at one thread while our threads call it
+ * (its own pool would fight them for the cores), as quant/matmul.c does. */
+static int blas_hold(void) {
+    int t = omp_in_parallel() ? 1 : openblas_get_num_threads();
+    if (t != 1) openblas_set_num_threads(1);
+    return t;
+}
+
+static void blas_release(int t) {
+    if (t != 1) openblas_set_num_threads(t);
+}
+
+/* dx (+)= dy[:, r0:r1] Wf[r0:r1, :], each thread a run of dx's columns; block holds Wf's rows
+ * r0..r1-1 (F32, ld cols). */
+static void gemm_dx_block(float *dx, const float *dy, int n, int rows, int cols, const float *block, int r0, int r1,
+                          float beta) {
+    int nt = omp_get_max_threads(), held = blas_hold();
+#pragma omp parallel for num_threads(nt) if (n * (r1 - r0) > 32768)
+    for (int t = 0; t < nt; t++) {
+        int c0 = (int)((long)cols * t / nt), c1 = (int)((long)cols * (t + 1) / nt);
+        if (c1 > c0)
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, c1 - c0, r1 - r0, 1.0f, dy + r0, rows,
+                        block + c0, cols, beta, dx + c0, cols);
+    }
+    blas_release(held);
+}
+
+int qlm_cpu_matmul_backward_x(float *dx, const float *dy, int n, const qlm_weight *w, int accumulate) {
+    int rows = w->rows, cols = w->cols;
+    if (w->dtype == QLM_F32) {
+        gemm_dx_block(dx, dy, n, rows, cols, w->data, 0, rows, accumulate ? 1.0f : 0.0f);
+        return 0;
+    }
+    float *wf = qlm_cpu_scratch_get(&t_wf, (size_t)DEQUANT_BLOCK_ROWS * cols);
+    if (!wf) return qlm_errorf("out of memory for a %d x %d weight block", DEQUANT_BLOCK_ROWS, cols);
+    for (int r0 = 0; r0 < rows; r0 += DEQUANT_BLOCK_ROWS) {
+        int r1 = r0 + DEQUANT_BLOCK_ROWS < rows ? r0 + DEQUANT_BLOCK_ROWS : rows;
+#pragma omp parallel for if ((r1 - r0) * cols > 65536)
+        for (int r = r0; r < r1; r++) qlm_weight_row_f32(w, r, wf + (size_t)(r - r0) * cols);
+        gemm_dx_block(dx, dy, n, rows, cols, wf, r0, r1, (accumulate || r0 > 0) ? 1.0f : 0.0f);
+    }
+    return 0;
+}
+
+void qlm_cpu_matmul_backward_w(float *dw, float *db, const float *dy, const float *x, int n, int rows, int cols) {
+    int nt = omp_get_max_threads(), held = blas_hold();
+#pragma omp parallel for num_threads(nt) if ((long)rows * cols > 32768)
+    for (int t = 0; t < nt; t++) {
+        int r0 = (int)((long)rows * t / nt), r1 = (int)((long)rows * (t + 1) / nt);
+        if (r1 <= r0) continue;
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, r1 - r0, cols, n, 1.0f, dy + r0, rows, x, cols, 1.0f,
+                    dw + (size_t)r0 * cols, cols);
+        if (db)
+            for (int i = 0; i < n; i++)
+                for (int r = r0; r < r1; r++) db[r] += dy[(size_t)i * rows + r];
+    }
+    blas_release(held);
+}
+
+void qlm_cpu_rmsnorm_backward(float *dx, float *dweight, const float *dout, const float *x, const float *weight, int n,
+                              int dim, float eps) {
+    int nt = omp_get_max_threads();
+    float *partial = dweight ? calloc((size_t)nt * dim, sizeof *partial) : NULL;
+#pragma omp parallel num_threads(nt)
+    {
+        float *dw = partial ? partial + (size_t)omp_get_thread_num() * dim : NULL;
+#pragma omp for schedule(static)
+        for (int i = 0; i < n; i++) {
+            const float *xi = x + (size_t)i * dim, *gi = dout + (size_t)i * dim;
+            float *dxi = dx + (size_t)i * dim;
+            double ss = 0, dot = 0;
+            for (int j = 0; j < dim; j++) {
+                ss += (double)xi[j] * xi[j];
+                dot += (double)xi[j] * weight[j] * gi[j];
+            }
+            float inv = 1.0f / sqrtf((float)(ss / dim) + eps);
+            float k = (float)(dot / dim) * inv * inv * inv;
+            for (int j = 0; j < dim; j++) {
+                dxi[j] += inv * weight[j] * gi[j] - k * xi[j];
+                if (dw) dw[j] += xi[j] * inv * gi[j];
+            }
+        }
+    }
+    /* Per-thread partial sums added in thread order: the same result on every run. */
+    if (!dweight) return;
+    if (partial)
+        for (int t = 0; t < nt; t++)
+            for (int j = 0; j < dim; j++) dweight[j] += partial[(size_t)t * dim + j];
+    else
+        for (int i = 0; i < n; i++) { /* out of memory for partials: the serial sum */
+            const float *xi = x + (size_t)i * dim, *gi = dout + (size_t)i * dim;
+            double ss = 0;
+            for (int j = 0; j < dim; j++) ss += (double)xi[j] * xi[j];
+            float inv = 1.0f / sqrtf((float)(ss / dim) + eps);
+            for (int j = 0; j < dim; j++) dweight[j] += xi[j] * inv * gi[j];
+        }
+    free(partial);
+}
+
+void qlm_cpu_rope_backward(float *dq, float *dk, int n, const int *pos, int n_heads, int n_kv_heads, int head_dim,
+                           const float *inv_freq) {
+    /* a rotation's inverse */
+    qlm_cpu_rope_rotate(dq, dk, n, pos, n_heads, n_kv_heads, head_dim, inv_freq, -1.0f);
+}
+
+
+/* Query head h: the softmax rows P (recomputed) and dP = dO V^T as two n x nk matrices, then
+ * dS = P (dP - rowsum(P dP)) and the three products dQ = dS K, dK = dS^T Q, dV = P^T dO, each a
+ * single-threaded sgemm. dq rows are overwritten; dk_h / dv_h are this head's own partials. */
+static int attention_head_backward(float *dq, float *dk_h, float *dv_h, float *dbias_h, const float *dout,
+                                   const float *q, const float *k, const float *v, int n, int nk, const int *pos,
+                                   const qlm_attn_shape *sh, int h) {
+    int D = sh->head_dim, kvh = h / (sh->n_heads / sh->n_kv_heads);
+    int q_stride = sh->n_heads * D, kv_stride = sh->n_kv_heads * D;
+    /* P, dP and, with a soft cap, each capped score's derivative 1 - tanh^2 */
+    float *P = qlm_cpu_scratch_get(&t_attn_rows, (size_t)(sh->softcap > 0 ? 3 : 2) * n * nk);
+    if (!P) return -1;
+    float *dP = P + (size_t)n * nk, *dcap = dP + (size_t)n * nk;
+    const float *qh = q + (size_t)h * D, *kh = k + (size_t)kvh * D, *vh = v + (size_t)kvh * D,
+                *gh = dout + (size_t)h * D;
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, nk, D, sh->scale, qh, q_stride, kh, kv_stride, 0.0f, P, nk);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, nk, D, 1.0f, gh, q_stride, vh, kv_stride, 0.0f, dP, nk);
+    for (int i = 0; i < n; i++) {
+        float *pi = P + (size_t)i * nk, *dpi = dP + (size_t)i * nk;
+        /* Keys [first, seen): the causal prefix, or the fixed count, less what a window leaves out. */
+        int seen = sh->n_keys > 0 ? sh->n_keys : pos[i] + 1;
+        int first = sh->n_keys <= 0 && sh->window > 0 && pos[i] >= sh->window ? pos[i] - sh->window + 1 : 0;
+        if (seen > nk) seen = nk;
+        if (sh->softcap > 0)
+            for (int t = first; t < seen; t++) {
+                float th = tanhf(pi[t] / sh->softcap);
+                pi[t] = sh->softcap * th;
+                dcap[(size_t)i * nk + t] = 1.0f - th * th;
+            }
+        if (sh->pos_bias) {
+            const float *bias = sh->pos_bias + (size_t)h * sh->pos_bias_span - pos[i] + sh->pos_bias_offset;
+            for (int t = first; t < seen; t++) pi[t] += bias[t];
+        }
+        float mx = -INFINITY;
+        for (int t = first; t < seen; t++) mx = pi[t] > mx ? pi[t] : mx;
+        double sum = 0;
+        for (int t = first; t < seen; t++) {
+            pi[t] = expf(pi[t] - mx);
+            sum += pi[t];
+        }
+        float inv = (float)(1.0 / sum), dot = 0;
+        for (int t = first; t < seen; t++) {
+            pi[t] *= inv;
+            dot += pi[t] * dpi[t];
+        }
+        for (int t = first; t < seen; t++) {
+            float ds = pi[t] * (dpi[t] - dot);
+            if (dbias_h) dbias_h[t - pos[i] + sh->pos_bias_offset] += ds;
+            if (sh->softcap > 0) ds *= dcap[(size_t)i * nk + t];
+            dpi[t] = ds * sh->scale;
+        }
+        for (int t = 0; t < first; t++) pi[t] = dpi[t] = 0;
+        for (int t = seen; t < nk; t++) pi[t] = dpi[t] = 0;
+    }
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, D, nk, 1.0f, dP, nk, kh, kv_stride, 0.0f,
+                dq + (size_t)h * D, q_stride);
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, nk, D, n, 1.0f, dP, nk, qh, q_stride, 0.0f, dk_h, D);
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, nk, D, n, 1.0f, P, nk, gh, q_stride, 0.0f, dv_h, D);
+    return 0;
+}
+
+int qlm_cpu_attention_backward(float *dq, float *dk, float *dv, float *dpos_bias, const float *dout, const float *q,
+                               const float *k, const float *v, int n, const int *pos, const qlm_attn_shape *sh) {
+    int H = sh->n_heads, D = sh->head_dim, group = sh->n_heads / sh->n_kv_heads;
+    int n_keys = sh->n_keys > 0 ? sh->n_keys : 0;
+    for (int i = 0; i < n && sh->n_keys <= 0; i++)
+        if (pos[i] + 1 > n_keys) n_keys = pos[i] + 1;
+    size_t kv_stride = (size_t)sh->n_kv_heads * D, per_head = (size_t)n_keys * D;
+    size_t bias_span = dpos_bias ? (size_t)sh->pos_bias_span : 0, stride = 2 * per_head + bias_span;
+    /* Per query head: its dK and dV partials and its bias gradient. */
+    float *work = qlm_cpu_scratch_get(&t_attn_work, (size_t)H * stride);
+    if (!work) return qlm_errorf("out of memory for attention gradients over %d keys", n_keys);
+    if (bias_span)
+        for (int h = 0; h < H; h++) memset(work + (size_t)h * stride + 2 * per_head, 0, bias_span * sizeof *work);
+    int failed = 0, held = blas_hold();
+#pragma omp parallel for schedule(dynamic, 1) reduction(| : failed)
+    for (int h = 0; h < H; h++) {
+        float *w = work + (size_t)h * stride;
+        failed |= attention_head_backward(dq, w, w + per_head, bias_span ? w + 2 * per_head : NULL, dout, q, k, v, n,
+                                          n_keys, pos, sh, h) != 0;
+    }
+    blas_release(held);
+    if (failed) return qlm_errorf("out of memory for attention scores of %d x %d", n, n_keys);
+    /* The group's heads summed in head order, so the sums repeat exactly. */
+#pragma omp parallel for
+    for (int kvh = 0; kvh < sh->n_kv_heads; kvh++)
+        for (int h = kvh * group; h < (kvh + 1) * group; h++) {
+            const float *w = work + (size_t)h * stride;
+            for (int t = 0; t < n_keys; t++)
+                for (int d = 0; d < D; d++) {
+                    dk[t * kv_stride + (size_t)kvh * D + d] += w[(size_t)t * D + d];
+                    dv[t * kv_stride + (size_t)kvh * D + d] += w[per_head + (size_t)t * D + d];
+                }
+        }
+    for (int h = 0; h < H && bias_span; h++)
+        for (size_t j = 0; j < bias_span; j++)
+            dpos_bias[(size_t)h * sh->pos_bias_span + j] += work[(size_t)h * stride + 2 * per_head + j];
+    return 0;
+}
+
+/* act(x) and act'(x). */
+static inline float act_grad(float x, qlm_act a, float *value) {
+    switch (a) {
+    case QLM_ACT_GELU_TANH: {
+        const float c = 0.7978845608028654f;
+        float u = c * (x + 0.044715f * x * x * x), t = tanhf(u);
+        *value = 0.5f * x * (1.0f + t);
+        return 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * c * (1.0f + 3.0f * 0.044715f * x * x);
+    }
+    case QLM_ACT_RELU:
+        *value = x > 0 ? x : 0;
+        return x > 0 ? 1.0f : 0.0f;
+    case QLM_ACT_GELU: {
+        float cdf = 0.5f * (1.0f + erff(x * 0.7071067811865476f));
+        *value = x * cdf;
+        return cdf + x * 0.3989422804014327f * expf(-0.5f * x * x);
+    }
+    default: {
+        float s = 1.0f / (1.0f + expf(-x));
+        *value = x * s;
+        return s * (1.0f + x * (1.0f - s));
+    }
+    }
+}
+
+void qlm_cpu_glu_backward(float *dgate, float *dup, const float *dout, const float *gate, const float *up, long n,
+                          qlm_act a) {
+#pragma omp parallel for if (n > 4096)
+    for (long i = 0; i < n; i++) {
+        float value, d = act_grad(gate[i], a, &value), g = dout[i];
+        dgate[i] = g * up[i] * d;
+        dup[i] = g * value;
+    }
+}
+
+void qlm_cpu_activate_backward(float *dx, const float *dout, const float *x, long n, qlm_act a) {
+#pragma omp parallel for if (n > 4096)
+    for (long i = 0; i < n; i++) {
+        float value;
+        dx[i] = dout[i] * act_grad(x[i], a, &value);
+    }
+}
+
+void qlm_cpu_embedding_backward(float *dtable, const float *dout, const int *ids, int n, int dim) {
+    for (int i = 0; i < n; i++) {
+        float *row = dtable + (size_t)ids[i] * dim;
+        const float *g = dout + (size_t)i * dim;
+        for (int j = 0; j < dim; j++) row[j] += g[j];
+    }
+}
+
+void qlm_cpu_cross_entropy(float *row_loss, float *logits, const int *targets, int n, int vocab, float grad_scale,
+                           float softcap) {
+#pragma omp parallel for schedule(static)
+    for (int i = 0; i < n; i++) {
+        float *l = logits + (size_t)i * vocab;
+        row_loss[i] = 0;
+        if (targets[i] < 0) {
+            memset(l, 0, (size_t)vocab * sizeof *l);
+            continue;
+        }
+        if (softcap > 0)
+            for (int j = 0; j < vocab; j++) l[j] = softcap * tanhf(l[j] / softcap);
+        float mx = -INFINITY;
+        for (int j = 0; j < vocab; j++)
+            if (l[j] > mx) mx = l[j];
+        double sum = 0;
+        for (int j = 0; j < vocab; j++) sum += exp((double)(l[j] - mx));
+        row_loss[i] = (float)(log(sum) - (double)(l[targets[i]] - mx));
+        float inv = (float)(1.0 / sum);
+        for (int j = 0; j < vocab; j++) {
+            float g = grad_scale * expf(l[j] - mx) * inv;
+            if (j == targets[i]) g -= grad_scale;
+            if (softcap > 0) {
+                float t = l[j] / softcap; /* tanh of the raw logit over the cap */
+                g *= 1.0f - t * t;
+            }
+            l[j] = g;
+        }
+    }
+}
+
+enum { REDUCE_CHUNK = 1 << 16 };
+
+double qlm_cpu_sum_squares(const float *x, long n) {
+    long n_chunks = (n + REDUCE_CHUNK - 1) / REDUCE_CHUNK;
+    double total = 0;
+    /* Fixed chunks summed in order: independent of the thread count. */
+#pragma omp parallel for ordered schedule(static) if (n_chunks > 1)
+    for (long c = 0; c < n_chunks; c++) {
+        long end = (c + 1) * REDUCE_CHUNK < n ? (c + 1) * REDUCE_CHUNK : n;
+        double s = 0;
+        for (long i = c * REDUCE_CHUNK; i < end; i++) s += (double)x[i] * x[i];
+#pragma omp ordered
+        total += s;
+    }
+    return total;
+}
+
+void qlm_cpu_scale(float *x, long n, float s) {
+#pragma omp parallel for if (n > 65536)
+    for (long i = 0; i < n; i++) x[i] *= s;
+}
+
+void qlm_cpu_zero(float *x, long n) { memset(x, 0, (size_t)n * sizeof *x); }
+
+/* splitmix64's finalizer: a counter-based generator, so element i's draw needs no state. */
+static inline uint64_t mix64(uint64_t z) {
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    return z ^ (z >> 31);
+}
+
+void qlm_cpu_dropout(float *out, const float *x, long n, float p, uint64_t seed, long first) {
+    uint64_t threshold = (uint64_t)((double)p * 18446744073709551616.0);
+    float keep_scale = 1.0f / (1.0f - p);
+    uint64_t base = mix64(seed);
+#pragma omp parallel for if (n > 65536)
+    for (long i = 0; i < n; i++)
+        out[i] = mix64(base + (uint64_t)(first + i) * 0x9e3779b97f4a7c15ULL) < threshold ? 0.0f : x[i] * keep_scale;
+}
+
+void qlm_cpu_adamw(float *p, const float *g, float *m, float *v, long n, const qlm_adamw_step *h) {
+    double bc1 = 1.0 - pow(h->beta1, (double)h->step), bc2 = 1.0 - pow(h->beta2, (double)h->step);
+    float decay = 1.0f - h->lr * h->weight_decay, step_size = (float)(h->lr / bc1), bc2_sqrt = (float)sqrt(bc2);
+    float b1 = h->beta1, b2 = h->beta2;
+#pragma omp parallel for if (n > 65536)
+    for (long i = 0; i < n; i++) {
+        p[i] *= decay;
+        m[i] += (1.0f - b1) * (g[i] - m[i]);
+        v[i] = v[i] * b2 + (1.0f - b2) * g[i] * g[i];
+        p[i] -= step_size * m[i] / (sqrtf(v[i]) / bc2_sqrt + h->eps);
+    }
+}
+
+void qlm_cpu_store_weight(qlm_weight *w, const float *src) {
+    long n = (long)w->rows * w->cols;
+    void *dst = (void *)w->data;
+    switch (w->dtype) {
+    case QLM_BF16: qlm_f32_to_bf16_n(dst, src, n); break;
+    case QLM_F16: qlm_f32_to_f16_n(dst, src, n); break;
+    default: memcpy(dst, src, (size_t)n * sizeof *src); break;
+    }
+}

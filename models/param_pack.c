@@ -1,0 +1,255 @@
+#include "param_pack.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../quant/quantize.h"
+#include "../core/error.h"
+
+int qlm_param_check_shape(const qlm_tensor_entry *e, int64_t rows, int64_t cols) {
+    int ok = cols ? (e->ndim == 2 && e->shape[0] == rows && e->shape[1] == cols)
+                  : (e->ndim == 1 && e->shape[0] == rows);
+    if (ok) return 0;
+    char got[96] = "";
+    for (int i = 0; i < e->ndim; i++)
+        snprintf(got + strlen(got), sizeof got - strlen(got), "%s%lld", i ? "," : "", (long long)e->shape[i]);
+    if (cols)
+        return qlm_errorf("tensor %s has shape [%s], expected [%lld,%lld]", e->name, got, (long long)rows,
+                          (long long)cols);
+    return qlm_errorf("tensor %s has shape [%s], expected [%lld]", e->name, got, (long long)rows);
+}
+
+/* Any stored dtype (I8 with its scales) to F32. */
+static void entry_to_f32(const qlm_tensor_entry *e, float *out) {
+    int64_t n = qlm_entry_numel(e);
+    if (e->dtype != QLM_I8) {
+        qlm_convert_to_f32(out, e->data, e->dtype, n);
+        return;
+    }
+    int64_t rows = e->ndim >= 1 ? e->shape[0] : 1, cols = rows ? n / rows : 0;
+    const int8_t *q = e->data;
+    for (int64_t r = 0; r < rows; r++) {
+        float s = e->row_scales ? e->row_scales[r] : e->scale;
+        for (int64_t j = 0; j < cols; j++) out[r * cols + j] = q[r * cols + j] * s;
+    }
+}
+
+static size_t align64(size_t n) { return (n + 63) & ~(size_t)63; }
+
+/* Bytes a matrix takes in the storage dtype, scales included, each part aligned. */
+static size_t matrix_bytes(qlm_dtype dt, int per_channel, int64_t rows, int64_t cols) {
+    size_t b = align64((size_t)(rows * cols) * qlm_dtype_size(dt));
+    if (dt == QLM_I8 && per_channel) b += align64((size_t)rows * sizeof(float));
+    return b;
+}
+
+/* Converts entry e into the matrix w placed at *cursor (advanced past it). */
+static int fill_matrix(qlm_weight *w, const qlm_tensor_entry *e, qlm_dtype dt, int per_channel, char **cursor) {
+    int64_t rows = e->shape[0], cols = e->shape[1], n = rows * cols;
+    char *dst = *cursor;
+    *cursor += align64((size_t)n * qlm_dtype_size(dt));
+    *w = (qlm_weight){.dtype = dt, .rows = (int)rows, .cols = (int)cols, .data = dst, .scale = 1.0f};
+    float *row_scales = NULL;
+    if (dt == QLM_I8 && per_channel) {
+        row_scales = (float *)*cursor;
+        w->row_scales = row_scales;
+        *cursor += align64((size_t)rows * sizeof(float));
+    }
+    if (e->dtype == dt && dt != QLM_I8) {
+        memcpy(dst, e->data, (size_t)n * qlm_dtype_size(dt));
+        return 0;
+    }
+    /* INT8 stays as stored when the scale granularity allows it: no second rounding. */
+    if (e->dtype == QLM_I8 && dt == QLM_I8 && (per_channel || !e->row_scales)) {
+        memcpy(dst, e->data, (size_t)n);
+        if (per_channel)
+            for (int64_t r = 0; r < rows; r++) row_scales[r] = e->row_scales ? e->row_scales[r] : e->scale;
+        else
+            w->scale = e->scale;
+        return 0;
+    }
+    float *tmp = malloc((size_t)n * sizeof *tmp);
+    if (!tmp) return qlm_errorf("out of memory converting %s", e->name);
+    entry_to_f32(e, tmp);
+    if (dt == QLM_I8) {
+        if (per_channel)
+            qlm_quantize_i8_rows((int8_t *)dst, row_scales, tmp, rows, cols);
+        else
+            w->scale = qlm_quantize_i8((int8_t *)dst, tmp, rows, cols);
+    } else {
+        qlm_convert_from_f32(dst, dt, tmp, n);
+    }
+    free(tmp);
+    return 0;
+}
+
+/* Points the views of parameters laid out in from at the same offsets in to (after an upload). */
+static void rebase(const qlm_param *p, int n, const char *from, char *to) {
+    for (int i = 0; i < n; i++) {
+        qlm_weight *w = p[i].matrix;
+        if (w && w->data) {
+            w->data = to + ((const char *)w->data - from);
+            if (w->row_scales) w->row_scales = (const float *)(to + ((const char *)w->row_scales - from));
+        } else if (!w && *p[i].vector) {
+            *p[i].vector = (float *)(to + ((const char *)*p[i].vector - from));
+        }
+    }
+}
+
+int qlm_params_pack(const qlm_param *p, int n, const qlm_tensor_store *store, qlm_dtype dtype, int per_channel,
+                    const qlm_backend *be, void **buffer, size_t *bytes) {
+    *buffer = NULL;
+    *bytes = 0;
+    const qlm_tensor_entry **ent = calloc((size_t)(n ? n : 1), sizeof *ent);
+    if (!ent) return qlm_errorf("out of memory");
+    size_t total = 0;
+    for (int i = 0; i < n; i++) {
+        ent[i] = qlm_store_find(store, p[i].name);
+        if (!ent[i]) {
+            if (p[i].optional) continue;
+            free(ent);
+            return qlm_errorf("tensor %s is missing", p[i].name);
+        }
+        if (qlm_param_check_shape(ent[i], p[i].rows, p[i].cols) != 0) {
+            free(ent);
+            return -1;
+        }
+        total += p[i].matrix ? matrix_bytes(dtype, per_channel, p[i].rows, p[i].cols)
+                             : align64((size_t)qlm_entry_numel(ent[i]) * sizeof(float));
+    }
+    char *buf = aligned_alloc(64, total ? total : 64);
+    if (!buf) {
+        free(ent);
+        return qlm_errorf("out of memory for %zu bytes of weights", total);
+    }
+    char *cur = buf;
+    int rc = 0;
+    for (int i = 0; i < n && rc == 0; i++) {
+        if (p[i].matrix) {
+            *p[i].matrix = (qlm_weight){0};
+            if (!ent[i]) continue;
+            rc = fill_matrix(p[i].matrix, ent[i], dtype, per_channel, &cur);
+            qlm_store_release(store, ent[i]);
+        } else {
+            *p[i].vector = NULL;
+            if (!ent[i]) continue;
+            *p[i].vector = (float *)cur;
+            cur += align64((size_t)qlm_entry_numel(ent[i]) * sizeof(float));
+            entry_to_f32(ent[i], *p[i].vector);
+            if (p[i].offset != 0)
+                for (int64_t k = 0; k < qlm_entry_numel(ent[i]); k++) (*p[i].vector)[k] += p[i].offset;
+        }
+    }
+    free(ent);
+    char *dev = rc == 0 ? be->upload(buf, total ? total : 64) : NULL;
+    if (dev && dev != buf) rebase(p, n, buf, dev);
+    if (dev != buf) free(buf);
+    if (!dev) return -1;
+    *buffer = dev;
+    *bytes = total;
+    return 0;
+}
+
+size_t qlm_weight_bytes(const qlm_weight *w) {
+    size_t b = (size_t)w->rows * w->cols * qlm_dtype_size(w->dtype);
+    if (w->row_scales) b += (size_t)w->rows * sizeof(float);
+    return b;
+}
+
+static int export_matrix(qlm_tensor_store *s, const char *name, const qlm_weight *w) {
+    int64_t shape[2] = {w->rows, w->cols};
+    void *data;
+    qlm_tensor_entry *e = qlm_store_add_owned(s, name, w->dtype, 2, shape, &data);
+    if (!e) return -1;
+    memcpy(data, w->data, (size_t)w->rows * w->cols * qlm_dtype_size(w->dtype));
+    e->scale = w->scale;
+    if (w->row_scales) {
+        float *rs = malloc((size_t)w->rows * sizeof *rs);
+        if (!rs || qlm_store_keep_buffer(s, rs) != 0) {
+            free(rs);
+            return qlm_errorf("out of memory");
+        }
+        memcpy(rs, w->row_scales, (size_t)w->rows * sizeof *rs);
+        e->row_scales = rs;
+    }
+    return 0;
+}
+
+static int export_vector(qlm_tensor_store *s, const qlm_param *p) {
+    int64_t shape[2] = {p->rows, p->cols};
+    void *data;
+    if (!qlm_store_add_owned(s, p->name, QLM_F32, p->cols ? 2 : 1, shape, &data)) return -1;
+    size_t count = (size_t)(p->rows * (p->cols ? p->cols : 1));
+    memcpy(data, *p->vector, count * sizeof(float));
+    for (size_t k = 0; p->offset != 0 && k < count; k++) ((float *)data)[k] -= p->offset;
+    return 0;
+}
+
+int qlm_params_export(const qlm_param *p, int n, qlm_tensor_store *store) {
+    for (int i = 0; i < n; i++) {
+        int rc = 0;
+        if (p[i].matrix && p[i].matrix->data)
+            rc = export_matrix(store, p[i].name, p[i].matrix);
+        else if (!p[i].matrix && *p[i].vector)
+            rc = export_vector(store, &p[i]);
+        if (rc != 0) return -1;
+    }
+    return 0;
+}
+
+int64_t qlm_params_count(const qlm_param *p, int n) {
+    int64_t total = 0;
+    for (int i = 0; i < n; i++) {
+        int present = qlm_param_present(&p[i]);
+        if (present) total += p[i].rows * (p[i].cols ? p[i].cols : 1);
+    }
+    return total;
+}
+
+static uint64_t splitmix64(uint64_t x) {
+    x += 0x9E3779B97F4A7C15ull;
+    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+    x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+    return x ^ (x >> 31);
+}
+
+int qlm_params_add_random(const qlm_param *p, int n, uint64_t seed, qlm_tensor_store *store) {
+    for (int k = 0; k < n; k++) {
+        int64_t shape[2] = {p[k].rows, p[k].cols}, count = p[k].rows * (p[k].cols ? p[k].cols : 1);
+        void *data;
+        if (!qlm_store_add_owned(store, p[k].name, QLM_F32, p[k].cols ? 2 : 1, shape, &data)) return -1;
+        float *w = data, gain = p[k].matrix ? 1.0f / sqrtf((float)p[k].cols) : 1.0f;
+        uint64_t base = splitmix64(seed + (uint64_t)k) << 32;
+        for (int64_t i = 0; i < count; i++) {
+            float u = (float)((double)(splitmix64(base + (uint64_t)i) >> 40) / 16777216.0 * 2.0 - 1.0);
+            w[i] = p[k].cols ? u * gain : 1.0f - p[k].offset;
+        }
+    }
+    return 0;
+}
+
+int qlm_param_present(const qlm_param *p) { return p->matrix ? p->matrix->data != NULL : *p->vector != NULL; }
+
+int qlm_params_twin(const qlm_backend *be, qlm_param *p, int k, void **buffer) {
+    size_t floats = 0;
+    for (int i = 0; i < k; i++)
+        if (qlm_param_present(&p[i]))
+            floats += ((size_t)p[i].rows * (p[i].cols ? (size_t)p[i].cols : 1) + 15) & ~(size_t)15;
+    float *buf = be->alloc((floats ? floats : 1) * sizeof *buf);
+    if (!buf) return qlm_errorf("out of memory for %.1f MiB of F32 parameters", floats * 4.0 / 1048576.0);
+    be->zero(buf, (long)(floats ? floats : 1));
+    *buffer = buf;
+    for (int i = 0; i < k; i++) {
+        if (!qlm_param_present(&p[i])) continue;
+        size_t n = (size_t)p[i].rows * (p[i].cols ? (size_t)p[i].cols : 1);
+        if (p[i].matrix)
+            *p[i].matrix = (qlm_weight){.dtype = QLM_F32, .rows = (int)p[i].rows, .cols = (int)p[i].cols,
+                                        .data = buf, .scale = 1.0f};
+        else
+            *p[i].vector = buf;
+        buf += (n + 15) & ~(size_t)15;
+    }
+    return 0;
+}

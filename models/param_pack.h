@@ -1,0 +1,58 @@
+/* Packing a model's parameters from a tensor store into one flat, 64-byte-aligned buffer per
+ * unit (a layer, or the embeddings), converted once to the storage dtype. Architectures
+ * describe each unit as a list of qlm_param; sizing, filling, exporting and counting walk the
+ * same list, so no model writes that code again. */
+#ifndef QLM_PARAM_PACK_H
+#define QLM_PARAM_PACK_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "../core/tensor_store.h"
+#include "../core/backend.h"
+#include "../core/weight.h"
+
+typedef struct qlm_param_s {
+    char name[160];     /* tensor name in the store (Hugging Face naming) */
+    int64_t rows, cols; /* expected shape; cols 0: a 1-D tensor of rows values */
+    int optional;       /* absent tensors leave the destination empty (NULL vector, 0x0 matrix) */
+    qlm_weight *matrix; /* a linear weight, converted to the storage dtype, or */
+    float **vector;     /* values kept F32 (norms, biases, small tables), row-major */
+    /* Added to a vector's values when packed and taken off when exported: Gemma stores norm
+     * weights as w and multiplies by 1 + w, which the rmsnorm op then reads as it is. The packed
+     * float is the 1 + w transformers computes in float32, and the exported (1 + w) - 1 gives that
+     * float back (it may differ from w in its last bits). */
+    float offset;
+} qlm_param;
+
+/* Finds, checks, sizes, allocates and fills every parameter of the list into *buffer, then moves
+ * the buffer into the backend's memory (be->upload; free it with be->free). Errors name the tensor. On failure *buffer is freed and NULL. */
+int qlm_params_pack(const qlm_param *p, int n, const qlm_tensor_store *store, qlm_dtype dtype, int per_channel,
+                    const qlm_backend *be, void **buffer, size_t *bytes);
+
+/* Adds copies of the present parameters to store under their names (storage dtype, I8 scales). */
+int qlm_params_export(const qlm_param *p, int n, qlm_tensor_store *store);
+
+/* Number of values in the present parameters. */
+int64_t qlm_params_count(const qlm_param *p, int n);
+
+/* Adds every parameter of the list to store as F32, deterministic in seed: 1-D tensors (norms) 1,
+ * other tables uniform in [-1, 1), linear weights uniform with variance 1/(3 cols). For measuring
+ * a model's shape without its weights. */
+int qlm_params_add_random(const qlm_param *p, int n, uint64_t seed, qlm_tensor_store *store);
+
+/* The parameter has a destination filled (optional ones may be absent). */
+int qlm_param_present(const qlm_param *p);
+
+/* Points every present parameter of p[0..k) at F32 room in one fresh zeroed buffer (*buffer, from
+ * be->alloc): the same unit's gradients, optimizer moments or master weights. Matrices become F32
+ * qlm_weights; the destinations p points to are overwritten. */
+int qlm_params_twin(const qlm_backend *be, qlm_param *p, int k, void **buffer);
+
+/* Bytes one matrix occupies in its storage dtype, per-row scales included. */
+size_t qlm_weight_bytes(const qlm_weight *w);
+
+/* "[a,b]" shape check of a store entry; the error names the tensor. cols 0: a vector. */
+int qlm_param_check_shape(const qlm_tensor_entry *e, int64_t rows, int64_t cols);
+
+#endif

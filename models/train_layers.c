@@ -1,0 +1,85 @@
+/* The shared layers of training passes: linear layer with its adapter, and the loss head. */
+#include "train_layers.h"
+
+#include "adapter.h"
+#include "../core/error.h"
+
+float *qlm_lora_train_grad(const qlm_lora_train *t, const void *weight_data) {
+    return t->grad + ((const char *)weight_data - (const char *)t->adapter->buffer) / (long)sizeof(float);
+}
+
+uint64_t qlm_train_dropout_seed(const qlm_lora_train *t, int stack, int layer, int target) {
+    return t->dropout_seed ^ (0x9e3779b97f4a7c15ULL * (uint64_t)((stack * 4096 + layer) * 32 + target + 1));
+}
+
+/* The module's input as A sees it: x itself, or a dropped-out copy in tmp_in. */
+static const float *adapter_input(const qlm_train_linear *c, const float *x, long n, uint64_t seed, long first) {
+    if (c->lora->dropout <= 0) return x;
+    c->be->dropout(c->tmp_in, x, n, c->lora->dropout, seed, first);
+    return c->tmp_in;
+}
+
+void qlm_train_linear_forward(const qlm_train_linear *c, float *y, const float *x, int n, const qlm_weight *w,
+                              const float *bias, const qlm_lora_module *mod, float *u, uint64_t seed, long row0) {
+    const qlm_backend *be = c->be;
+    be->matmul(y, x, n, w, bias);
+    if (!mod) return;
+    be->matmul(u, adapter_input(c, x, (long)n * w->cols, seed, row0 * w->cols), n, &mod->a, NULL);
+    be->scale(u, (long)n * mod->r, mod->scale);
+    be->matmul(c->tmp, u, n, &mod->b, NULL);
+    be->add(y, c->tmp, (long)n * w->rows);
+}
+
+int qlm_train_linear_backward(const qlm_train_linear *c, float *dx, int accumulate, const float *dy, const float *x,
+                              int n, const qlm_weight *w, const qlm_weight *gw, float *gbias, const qlm_lora_module *mod,
+                              const float *u, uint64_t seed, long row0) {
+    const qlm_backend *be = c->be;
+    if (be->matmul_backward_x(dx, dy, n, w, accumulate) != 0) return -1;
+    if (gw) be->matmul_backward_w((float *)gw->data, gbias, dy, x, n, w->rows, w->cols);
+    if (!mod) return 0;
+    float *dA = qlm_lora_train_grad(c->lora, mod->a.data), *dB = qlm_lora_train_grad(c->lora, mod->b.data);
+    long n_in = (long)n * w->cols;
+    be->matmul_backward_w(dB, NULL, dy, u, n, mod->b.rows, mod->b.cols);
+    if (be->matmul_backward_x(c->du, dy, n, &mod->b, 0) != 0) return -1;
+    be->scale(c->du, (long)n * mod->r, mod->scale);
+    long first = row0 * w->cols;
+    be->matmul_backward_w(dA, NULL, c->du, adapter_input(c, x, n_in, seed, first), n, mod->a.rows, mod->a.cols);
+    if (c->lora->dropout <= 0) return be->matmul_backward_x(dx, c->du, n, &mod->a, 1);
+    if (be->matmul_backward_x(c->tmp_in, c->du, n, &mod->a, 0) != 0) return -1;
+    be->dropout(c->tmp_in, c->tmp_in, n_in, c->lora->dropout, seed, first);
+    be->add(dx, c->tmp_in, n_in);
+    return 0;
+}
+
+int qlm_train_head_pass(const qlm_train_head *h, const float *x, int n, const int *targets, float grad_scale,
+                        int backward, double *loss_sum, float *dx) {
+    const qlm_backend *be = h->be;
+    int row = 0, dim = h->dim;
+    while (row < n) {
+        int k = 0;
+        for (; row < n && k < QLM_HEAD_CHUNK; row++) {
+            if (targets[row] < 0) continue;
+            if (targets[row] >= h->vocab)
+                return qlm_errorf("target token %d is outside the vocabulary (0..%d)", targets[row], h->vocab - 1);
+            h->rows[k] = row;
+            h->targets[k] = targets[row];
+            be->copy(h->head_x + (size_t)k * dim, x + (size_t)row * dim, dim);
+            k++;
+        }
+        if (k == 0) break;
+        be->rmsnorm(h->head_xn, h->head_x, h->norm, k, dim, h->eps);
+        be->matmul(h->logits, h->head_xn, k, h->lm_head, NULL);
+        be->cross_entropy(h->row_loss, h->logits, h->targets, k, h->vocab, grad_scale, h->softcap);
+        float losses[QLM_HEAD_CHUNK];
+        be->to_host(losses, h->row_loss, (size_t)k * sizeof *losses);
+        for (int i = 0; i < k; i++) *loss_sum += losses[i];
+        if (!backward) continue;
+        /* d(normed rows) into dnorm, then through the final norm into compact rows dxn. */
+        if (be->matmul_backward_x(h->dnorm, h->logits, k, h->lm_head, 0) != 0) return -1;
+        if (h->g_head) be->matmul_backward_w((float *)h->g_head->data, NULL, h->logits, h->head_xn, k, h->vocab, dim);
+        be->zero(h->dxn, (long)k * dim);
+        be->rmsnorm_backward(h->dxn, h->g_norm, h->dnorm, h->head_x, h->norm, k, dim, h->eps);
+        for (int i = 0; i < k; i++) be->add(dx + (size_t)h->rows[i] * dim, h->dxn + (size_t)i * dim, dim);
+    }
+    return 0;
+}
