@@ -19,7 +19,7 @@ static const char *k_usage =
     "Ctrl-C stops an answer and returns to the prompt; Ctrl-C at the prompt or Ctrl-D quits. Commands:\n"
     "/help, /reset (forget the conversation), /adapter NAME|none (switch LoRA adapter; /adapter lists\n"
     "them), /exit; start a message with // to send one that begins with /. With -p the messages are\n"
-    "sent one after another and qlm exits.\n\n" CLI_MODEL_HELP CLI_SAMPLING_HELP CLI_LORA_HELP
+    "sent one after another and qlm exits.\n\n" CLI_MODEL_HELP CLI_SAMPLING_HELP CLI_LORA_HELP CLI_CHAT_TEMPLATE_HELP
     "  -p, --prompt TEXT      send TEXT as a user message (repeatable); no interactive input\n"
     "      --system TEXT      system prompt\n"
     "      --quiet            no load line or timing on stderr\n";
@@ -220,6 +220,7 @@ int cmd_chat(int argc, char **argv) {
     const char *system = NULL, *prompts[64];
     int n_prompts = 0, quiet = 0;
     static const struct option opts[] = {CLI_MODEL_OPTIONS, CLI_SAMPLING_OPTIONS, CLI_LORA_OPTIONS,
+                                         CLI_CHAT_TEMPLATE_OPTION,
                                          {"prompt", required_argument, 0, OPT_PROMPT},
                                          {"system", required_argument, 0, OPT_SYSTEM},
                                          {"quiet", no_argument, 0, OPT_QUIET},
@@ -251,7 +252,7 @@ int cmd_chat(int argc, char **argv) {
     if (cli_default_model(&mo, "chat", quiet) != 0) return 2;
     cli_model cm;
     if (cli_load_model(&mo, &cm, 1, quiet) != 0) return cli_fail("chat");
-    if (cli_require_decoder_only(&cm, "chat") != 0) {
+    if (cli_require_decoder_only(&cm, "chat") != 0 || cli_chat_template_ready(&mo, &cm, quiet) != 0) {
         cli_free_model(&cm);
         return cli_fail("chat");
     }
@@ -260,7 +261,6 @@ int cmd_chat(int argc, char **argv) {
         cli_free_model(&cm);
         return cli_fail("chat");
     }
-    if (!quiet) fprintf(stderr, "qlm: chat template: %s\n", qlm_chat_family_name(qlm_chat_detect(qlm_tokenizer_chat_template(cm.src.tok))));
     history h = {0};
     int rc = 0, first_turn = 0;
     if (system && history_add(&h, "system", system) != 0) rc = 1;

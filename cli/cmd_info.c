@@ -129,9 +129,10 @@ int cmd_info(int argc, char **argv) {
     if (src.format == QLM_FMT_GGUF) print_gguf_metadata(path);
     if (src.tok) {
         int bos = qlm_tokenizer_bos(src.tok), eos = qlm_tokenizer_eos(src.tok);
+        char tmpl[640];
         printf("tokenizer: %d tokens, bos %d %s, eos %d %s, chat template: %s\n", qlm_tokenizer_vocab_size(src.tok), bos,
                bos >= 0 ? qlm_tokenizer_token(src.tok, bos) : "-", eos, eos >= 0 ? qlm_tokenizer_token(src.tok, eos) : "-",
-               qlm_chat_family_name(qlm_chat_detect(qlm_tokenizer_chat_template(src.tok))));
+               qlm_chat_template_describe(qlm_tokenizer_chat_template(src.tok), tmpl, sizeof tmpl));
     } else {
         printf("tokenizer: none found\n");
     }

@@ -23,6 +23,7 @@ static const char *k_usage =
     "POST /v1/chat/completions (stream: true for Server-Sent Events), POST /tokenize, POST /detokenize,\n"
     "GET /metrics. Requests are decoded together (continuous batching); \"model\" may name an adapter.\n\n" CLI_MODEL_HELP
     "      --lora NAME=PATH   load the PEFT LoRA adapter folder PATH as NAME (repeatable)\n"
+    CLI_CHAT_TEMPLATE_HELP
     "      --host ADDR        address or name to bind, IPv4 or IPv6: 0.0.0.0, ::, localhost, ::1\n"
     "                         (default 127.0.0.1)\n"
     "      --port N           TCP port (default 8080; 0: any free port)\n"
@@ -119,7 +120,7 @@ int cmd_serve(int argc, char **argv) {
     const char *host = "127.0.0.1", *api_key = NULL, *name = NULL, *adapter_dir = NULL, *cors = NULL;
     int port = 8080, max_seqs = 8, max_queue = 64, max_output = 0, quiet = 0, timeout = 30;
     int max_conn = 2048, max_conn_ip = 1024, metrics_public = 0;
-    static const struct option opts[] = {CLI_MODEL_OPTIONS, CLI_LORA_OPTIONS, CLI_DIST_OPTIONS,
+    static const struct option opts[] = {CLI_MODEL_OPTIONS, CLI_LORA_OPTIONS, CLI_DIST_OPTIONS, CLI_CHAT_TEMPLATE_OPTION,
                                          {"host", required_argument, 0, OPT_HOST},
                                          {"port", required_argument, 0, OPT_PORT},
                                          {"api-key", required_argument, 0, OPT_API_KEY},
@@ -202,6 +203,7 @@ int cmd_serve(int argc, char **argv) {
         cli_free_model(&cm);
         return rc;
     }
+    if (cli_chat_template_ready(&mo, &cm, quiet) != 0) return cli_model_fail(&cm, "serve");
     /* A decoder's context holds prompt and output; T5 has separate input and output windows. */
     int ctx = cm.src.is_t5 ? (mo.ctx > 0 ? mo.ctx : 2048) : cli_context_size(&mo, &cm);
     int limit = cm.src.is_t5 ? 1024 : ctx / 2 < 1024 ? ctx / 2 : 1024;

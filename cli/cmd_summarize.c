@@ -31,6 +31,7 @@ static const char *k_usage =
     "The prompt is the DialogSum lab's: \"Summarize the following conversation.\\n\\n{dialogue}\\n\\nSummary: \",\n"
     "after --shots worked examples; instruction-tuned decoders get it as chat turns in their template.\n"
     "Greedy (--temp 0) unless sampling flags say otherwise.\n\n" CLI_MODEL_HELP CLI_SAMPLING_HELP CLI_LORA_HELP
+    CLI_CHAT_TEMPLATE_HELP
     "      --shots N          worked examples before the dialogue (default 0), from --examples\n"
     "      --examples FILE    JSONL with \"dialogue\" and \"summary\" fields; its first N lines are the shots\n"
     "      --prompt-template FILE  a template with {dialogue} instead of the lab's\n"
@@ -91,6 +92,7 @@ static int parse(int argc, char **argv, options *o) {
     o->out_field = "summary";
     o->batch_size = 16;
     static const struct option opts[] = {CLI_MODEL_OPTIONS, CLI_SAMPLING_OPTIONS, CLI_LORA_OPTIONS, CLI_DIST_OPTIONS,
+                                         CLI_CHAT_TEMPLATE_OPTION,
                                          {"shots", required_argument, 0, OPT_SHOTS},
                                          {"examples", required_argument, 0, OPT_EXAMPLES},
                                          {"prompt-template", required_argument, 0, OPT_TEMPLATE},
@@ -181,6 +183,7 @@ static int prompter_init(prompter *p, const options *o, const cli_model *cm) {
     if (chat && !tmpl) return qlm_errorf("%s: --format chat, but the tokenizer has no chat template", o->mo.model);
     if (chat) {
         int bos = qlm_tokenizer_bos(p->tok), eos = qlm_tokenizer_eos(p->tok);
+        if (cli_chat_template_ready(&o->mo, cm, o->quiet) != 0) return -1;
         p->chat_template = tmpl;
         p->bos = bos >= 0 ? qlm_tokenizer_token(p->tok, bos) : "";
         p->eos = eos >= 0 ? qlm_tokenizer_token(p->tok, eos) : "";

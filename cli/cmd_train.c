@@ -68,6 +68,7 @@ static const char k_usage[] =
     "      --target-field F     template mode: F is the completion, the prompt is --template\n"
     "      --template TEXT      prompt with {field} placeholders (default: the DialogSum lab prompt)\n"
     "      --chat               template mode through the model's chat template (user -> assistant)\n"
+    "      --chat-template FILE the Jinja chat template in FILE instead of the model's\n"
     "  runs:\n"
     "      --save-every N       checkpoint every N steps and at the end (default 50)\n"
     "      --resume             continue from the checkpoint in DIR, exactly where it stopped\n"
@@ -94,11 +95,12 @@ enum {
     OPT_EPOCHS, OPT_TBATCH, OPT_ACCUM, OPT_SEQ_LEN, OPT_PACK, OPT_LR, OPT_SCHEDULE, OPT_WARMUP, OPT_MIN_LR,
     OPT_WD, OPT_CLIP, OPT_TDTYPE, OPT_BASE_DTYPE, OPT_RECOMPUTE, OPT_TARGET_FIELD, OPT_TEMPLATE, OPT_CHAT,
     OPT_SAVE_EVERY, OPT_RESUME, OPT_OVERWRITE, OPT_TSEED, OPT_TTHREADS, OPT_TDEVICE, OPT_RANDOM, OPT_TNO_CHECK, OPT_SHARD, OPT_FACTOR,
-    OPT_PREFETCH, OPT_OFFLOAD, OPT_DIST_TIMEOUT, OPT_RESHARD,
+    OPT_PREFETCH, OPT_OFFLOAD, OPT_DIST_TIMEOUT, OPT_RESHARD, OPT_TCHAT_TEMPLATE,
 };
 
 typedef struct {
     const char *model, *tokenizer, *data, *out, *eval, *targets, *target_field, *template_text, *base_dtype, *device;
+    const char *chat_template;
     double eval_fraction;
     int eval_every, eval_max, rank, rslora, per_channel, steps, epochs, batch, accum, seq_len, pack, warmup;
     int recompute, chat, save_every, resume, seed, threads, random_weights, no_check;
@@ -136,6 +138,7 @@ static int parse_args(int argc, char **argv, train_args *a) {
         {"dtype", required_argument, 0, OPT_TDTYPE}, {"base-dtype", required_argument, 0, OPT_BASE_DTYPE},
         {"recompute", no_argument, 0, OPT_RECOMPUTE}, {"target-field", required_argument, 0, OPT_TARGET_FIELD},
         {"template", required_argument, 0, OPT_TEMPLATE}, {"chat", no_argument, 0, OPT_CHAT},
+        {"chat-template", required_argument, 0, OPT_TCHAT_TEMPLATE},
         {"save-every", required_argument, 0, OPT_SAVE_EVERY}, {"resume", no_argument, 0, OPT_RESUME},
         {"overwrite", no_argument, 0, OPT_OVERWRITE},
         {"seed", required_argument, 0, OPT_TSEED}, {"threads", required_argument, 0, OPT_TTHREADS},
@@ -203,6 +206,7 @@ static int parse_args(int argc, char **argv, train_args *a) {
         case OPT_TARGET_FIELD: a->target_field = optarg; break;
         case OPT_TEMPLATE: a->template_text = optarg; break;
         case OPT_CHAT: a->chat = 1; break;
+        case OPT_TCHAT_TEMPLATE: a->chat_template = optarg; break;
         case OPT_SAVE_EVERY: bad = cli_int("--save-every", optarg, 1, 1 << 30, &a->save_every); break;
         case OPT_RESUME: a->resume = 1; break;
         case OPT_OVERWRITE: a->overwrite = 1; break;
@@ -659,6 +663,7 @@ int cmd_train(int argc, char **argv) {
     cli_model_opts_init(&mo);
     mo.model = a.model;
     mo.tokenizer = a.tokenizer;
+    mo.chat_template = a.chat_template;
     mo.random_weights = a.random_weights;
     mo.no_check = a.no_check;
     mo.device = a.device;

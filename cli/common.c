@@ -12,6 +12,7 @@
 #include <sys/stat.h>
 #include <time.h>
 
+#include "../core/chat.h"
 #include "../core/error.h"
 #include "threads.h"
 
@@ -80,6 +81,7 @@ int cli_model_flag(cli_model_opts *o, int opt, const char *arg) {
     case OPT_BATCH: return cli_int("--chunk", arg, 1, 1 << 16, &o->batch) ? -1 : 1;
     case OPT_RANDOM_WEIGHTS: o->random_weights = 1; return 1;
     case OPT_NO_CHECK: o->no_check = 1; return 1;
+    case OPT_CHAT_TEMPLATE: o->chat_template = arg; return 1;
     case OPT_INFER_SHARD:
         if (strcmp(arg, "fsdp") != 0) {
             fprintf(stderr, "qlm: --shard takes fsdp (the weights split over the ranks), got '%s'\n", arg);
@@ -227,10 +229,43 @@ static int start_ranks(const cli_model_opts *o, cli_model *cm, int *threads, int
     return 0;
 }
 
-int cli_load_model(const cli_model_opts *o, cli_model *cm, int need_tokenizer, int quiet) {
-    memset(cm, 0, sizeof *cm);
-    cm->dist.size = 1;
-    if (!o->model) return qlm_errorf("no model given (use -m PATH)");
+/* The --chat-template file's text, checked to be UTF-8 that parses (before the model loads: that
+ * can take minutes). NULL with the error. */
+static char *read_chat_template(const char *path) {
+    size_t len;
+    char *text = cli_read_text(path, &len);
+    if (!text) return NULL;
+    if (strlen(text) != len || !qlm_utf8_valid((const unsigned char *)text, len)) {
+        qlm_errorf("--chat-template %s: not UTF-8 text", path);
+    } else if (qlm_chat_template_check(text) != 0) {
+        qlm_error_context("--chat-template %s", path);
+    } else {
+        return text;
+    }
+    free(text);
+    return NULL;
+}
+
+static int set_chat_template(const cli_model_opts *o, cli_model *cm, const char *text) {
+    if (!cm->src.tok) return qlm_errorf("--chat-template %s: the model has no tokenizer to use it with", o->chat_template);
+    return qlm_tokenizer_set_chat_template(cm->src.tok, text);
+}
+
+int cli_chat_template_ready(const cli_model_opts *o, const cli_model *cm, int quiet) {
+    const char *tmpl = qlm_tokenizer_chat_template(cm->src.tok);
+    if (qlm_chat_template_check(tmpl) != 0)
+        return qlm_error_context("%s: the model's chat template cannot be used (give one with --chat-template FILE)",
+                                 o->model);
+    char what[640];
+    if (!quiet)
+        fprintf(stderr, "qlm: chat template: %s%s%s\n", qlm_chat_template_describe(tmpl, what, sizeof what),
+                o->chat_template ? " from " : tmpl ? " from the model's tokenizer" : "",
+                o->chat_template ? o->chat_template : "");
+    return 0;
+}
+
+static int load_model(const cli_model_opts *o, cli_model *cm, int need_tokenizer, int quiet,
+                      const char *chat_template) {
     int threads = o->threads;
     if (o->distributed && start_ranks(o, cm, &threads, quiet) != 0) return -1;
     quiet |= cm->dist.rank != 0;
@@ -250,6 +285,10 @@ int cli_load_model(const cli_model_opts *o, cli_model *cm, int need_tokenizer, i
     if (need_tokenizer && !cm->src.tok) {
         qlm_source_close(&cm->src);
         return qlm_errorf("%s: no tokenizer found beside the model; give one with -t", o->model);
+    }
+    if (chat_template && set_chat_template(o, cm, chat_template) != 0) {
+        qlm_source_close(&cm->src);
+        return -1;
     }
     qlm_model_options mo = {.dtype = cm->src.stored_dtype, .per_channel = o->per_channel || cm->src.stored_per_channel,
                             .backend = be};
@@ -285,6 +324,17 @@ int cli_load_model(const cli_model_opts *o, cli_model *cm, int need_tokenizer, i
                 whole / 1048576.0);
     }
     return 0;
+}
+
+int cli_load_model(const cli_model_opts *o, cli_model *cm, int need_tokenizer, int quiet) {
+    memset(cm, 0, sizeof *cm);
+    cm->dist.size = 1;
+    if (!o->model) return qlm_errorf("no model given (use -m PATH)");
+    char *chat_template = NULL;
+    if (o->chat_template && !(chat_template = read_chat_template(o->chat_template))) return -1;
+    int rc = load_model(o, cm, need_tokenizer, quiet, chat_template);
+    free(chat_template);
+    return rc;
 }
 
 void cli_free_model(cli_model *cm) {

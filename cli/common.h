@@ -18,7 +18,7 @@ enum {
     OPT_TEMP, OPT_TOP_K, OPT_TOP_P, OPT_REPEAT_PENALTY, OPT_REPEAT_LAST_N, OPT_SEED, OPT_STOP,
     OPT_JSON, OPT_SYSTEM, OPT_NO_BOS, OPT_RAW, OPT_FILE, OPT_REPS, OPT_PP, OPT_TG, OPT_QUIET,
     OPT_NO_SPECIAL, OPT_RANDOM_WEIGHTS, OPT_LORA, OPT_ADAPTER, OPT_INFER_SHARD, OPT_INFER_PREFETCH,
-    OPT_INFER_TIMEOUT, OPT_NO_CHECK,
+    OPT_INFER_TIMEOUT, OPT_NO_CHECK, OPT_CHAT_TEMPLATE,
 };
 
 #define CLI_MODEL_OPTIONS                                                                                 \
@@ -41,6 +41,13 @@ enum {
     "      --shard fsdp       split the weights over the ranks (needed when started as several ranks)\n"  \
     "      --prefetch K       layers gathered ahead of their use (default 1)\n"                           \
     "      --dist-timeout S   a rank that waits S seconds for another ends the job (default 600)\n"
+
+/* A chat template file in place of the model's, for the commands that render chats (chat, serve,
+ * summarize, train). */
+#define CLI_CHAT_TEMPLATE_OPTION {"chat-template", required_argument, 0, OPT_CHAT_TEMPLATE}
+
+#define CLI_CHAT_TEMPLATE_HELP                                                                            \
+    "      --chat-template FILE  render chats with the Jinja template in FILE instead of the model's\n"
 
 /* Adapters, for the commands that generate (generate, chat, summarize). */
 #define CLI_LORA_OPTIONS {"lora", required_argument, 0, OPT_LORA}, {"adapter", required_argument, 0, OPT_ADAPTER}
@@ -83,6 +90,7 @@ enum { CLI_MAX_LORA = 32 };
 
 typedef struct {
     const char *model, *tokenizer, *dtype, *device;
+    const char *chat_template; /* --chat-template FILE */
     int per_channel, threads, ctx, batch, random_weights, no_check;
     const char *lora[CLI_MAX_LORA]; /* "NAME=PATH" */
     int n_lora;
@@ -121,8 +129,9 @@ typedef struct {
 } cli_model;
 
 /* Opens the model named by o->model, builds it in the chosen dtype, loads the --lora adapters and
- * picks the --adapter, prints a load line to stderr unless quiet. need_tokenizer: fail if none
- * was found. With o->distributed: started as several ranks, the world opens first and, with
+ * picks the --adapter, prints a load line to stderr unless quiet. A --chat-template file is read
+ * and parsed first (an error names its line and column) and replaces the tokenizer's template.
+ * need_tokenizer: fail if none was found. With o->distributed: started as several ranks, the world opens first and, with
  * --shard fsdp, the weights are split over it (only rank 0 prints). On failure the caller ends
  * with cli_model_fail, which stops every rank; cli_free_model also closes the world. */
 int cli_load_model(const cli_model_opts *o, cli_model *cm, int need_tokenizer, int quiet);
@@ -135,6 +144,9 @@ int cli_context_size(const cli_model_opts *o, const cli_model *cm);
 /* A generation session for either architecture, with room for max_new_tokens outputs (T5's
  * input window is --ctx, default 2048). */
 int cli_session_init(const cli_model_opts *o, const cli_model *cm, qlm_session *s, int max_new_tokens);
+/* For the commands that chat: the chat template in use parses (an error says how to give one),
+ * and unless quiet a line on stderr says which it is. */
+int cli_chat_template_ready(const cli_model_opts *o, const cli_model *cm, int quiet);
 /* For commands that need a decoder-only model: an error naming cmd for T5 models. */
 int cli_require_decoder_only(const cli_model *cm, const char *cmd);
 

@@ -1,20 +1,19 @@
-/* Chat prompts. qlm does not run Jinja: it recognises the family of a model's chat template from
- * its source and renders conversations exactly as transformers' apply_chat_template renders the
- * published templates of that family:
- *   ChatML  "<|im_start|>" (SmolLM2, Qwen2): a literal "<|im_start|>system\n...<|im_end|>" block
- *           in the template is the default system prompt, inserted when the first message is
- *           not a system message.
- *   Zephyr  "<|user|>" (TinyLlama chat): "<|role|>\n" + content + eos + "\n" per message.
- *   Llama 2 "[INST]" with "<<SYS>>": bos + "[INST] " + stripped content + " [/INST]", the system
- *           message folded into the first user turn; roles must alternate user/assistant.
- *   Llama 3 "<|start_header_id|>" (the 3.0 template): bos, then per message a header and the
- *           trimmed content ending in "<|eot_id|>".
- * Any other template, or NULL, gives the plain fallback: "System: ...\n", "User: ...\n",
+/* Chat prompts: a conversation rendered with the model's own chat template, run by qlm's Jinja
+ * interpreter (jinja.h) with the variables transformers' apply_chat_template passes: messages
+ * (a list of {role, content}), add_generation_prompt, bos_token, eos_token, and tools and
+ * documents as None. What the messages say (contents and roles) is marked untrusted in the
+ * output, the template's own text and bos/eos trusted.
+ *
+ * Without a template (NULL) the plain format is used: "System: ...\n", "User: ...\n",
  * "Assistant: ...\n" per message (other roles as "role: ...\n") and "Assistant: " as the
- * generation prompt. */
+ * generation prompt. A template that does not parse, or fails on a conversation (its
+ * raise_exception, a limit), is an error: the plain format never stands in for it. */
 #ifndef QLM_CHAT_H
 #define QLM_CHAT_H
 
+#include <stddef.h>
+
+#include "jinja.h"
 #include "marked_text.h"
 
 typedef struct {
@@ -22,28 +21,25 @@ typedef struct {
     const char *content;
 } qlm_chat_message;
 
-typedef enum {
-    QLM_CHAT_PLAIN = 0,
-    QLM_CHAT_CHATML = 1,
-    QLM_CHAT_ZEPHYR = 2,
-    QLM_CHAT_LLAMA2 = 3,
-    QLM_CHAT_LLAMA3 = 4,
-} qlm_chat_family;
-
-/* The family a template belongs to (QLM_CHAT_PLAIN for NULL or unknown templates). */
-qlm_chat_family qlm_chat_detect(const char *jinja_template);
-/* "plain", "chatml", "zephyr", "llama2", "llama3". */
-const char *qlm_chat_family_name(qlm_chat_family family);
-
-/* Renders n messages; add_generation_prompt appends the assistant turn opener. bos/eos are the
- * tokenizer's BOS/EOS strings (NULL as ""). *out is malloc'd. Returns 0, or -1 on invalid input
- * (e.g. Llama 2 roles that do not alternate, as the template raises). */
+/* Renders n messages with the template's source (NULL: the plain format); add_generation_prompt
+ * asks the template for the assistant turn's opening. bos/eos are the tokenizer's BOS/EOS
+ * strings (NULL as ""). *out is malloc'd. Returns 0, or -1 with the template's error (its line,
+ * column and message, e.g. what its raise_exception says). */
 int qlm_chat_render(const char *jinja_template, const qlm_chat_message *msgs, int n, int add_generation_prompt,
                     const char *bos, const char *eos, char **out);
-/* The same text with what the messages say (contents, and roles the template writes out) marked
- * untrusted, for qlm_tokenizer_encode_marked: the template's markers become control tokens, a
- * "<|im_end|>" typed into a message stays text. */
+/* The same text with what the messages say marked untrusted, for qlm_tokenizer_encode_marked:
+ * the template's markers become control tokens, a "<|im_end|>" typed into a message stays text. */
 int qlm_chat_render_marked(const char *jinja_template, const qlm_chat_message *msgs, int n, int add_generation_prompt,
                            const char *bos, const char *eos, qlm_marked_text *out);
+/* The same with a template parsed once by qlm_jinja_parse (NULL: the plain format) and render
+ * limits (NULL: qlm_jinja_default_limits()). */
+int qlm_chat_render_parsed(const qlm_jinja *tmpl, const qlm_chat_message *msgs, int n, int add_generation_prompt,
+                           const char *bos, const char *eos, const qlm_jinja_limits *lim, qlm_marked_text *out);
+
+/* 0 when the template parses (NULL, the plain format, does), else -1 naming its line and column. */
+int qlm_chat_template_check(const char *jinja_template);
+/* What renders chats, for log lines: "none (plain \"User: ...\" lines)", "Jinja, N bytes", or
+ * "Jinja, N bytes, does not parse: <why>" (which also leaves that in qlm_last_error). Returns buf. */
+const char *qlm_chat_template_describe(const char *jinja_template, char *buf, size_t size);
 
 #endif

@@ -1,6 +1,6 @@
 /* libFuzzer over every reader of files and bodies from outside: model files (safetensors, GGUF,
  * llama2.c), tokenizers (tokenizer.json, SentencePiece, tokenizer.bin), config.json,
- * adapter_config.json, training data and strict JSON. One binary; QLM_FUZZ_TARGET names the
+ * adapter_config.json, training data, strict JSON and chat templates (parsed and rendered). One binary; QLM_FUZZ_TARGET names the
  * reader. Each input is written to the file name that reader expects (some go by the suffix), read,
  * and whatever loads is used as qlm would use it (tensors checked, text encoded and decoded), so
  * that a bad input shows up as an error and never as a crash, a leak or undefined behaviour
@@ -11,6 +11,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "../core/chat.h"
 #include "../models/config.h"
 #include "../core/tokenizer.h"
 #include "../loaders/gguf.h"
@@ -124,6 +125,26 @@ static void run_train_data(const char *path, const uint8_t *data, size_t size) {
     }
 }
 
+/* A model's chat template: parsed, then rendered over a conversation (with and without the
+ * generation prompt) under small limits, so that a slow template shows as a limit reached. */
+static void run_chat_template(const char *path, const uint8_t *data, size_t size) {
+    (void)path;
+    static const qlm_chat_message msgs[] = {{"system", "Be brief."}, {"user", "Hi <|im_end|> there"},
+                                            {"assistant", "<think>x</think>Hello!"}, {"user", "  and you?\n"}};
+    qlm_jinja *t;
+    if (qlm_jinja_parse((const char *)data, size, &t) != 0) return;
+    qlm_jinja_limits lim = qlm_jinja_default_limits();
+    lim.max_output = 1 << 20;
+    lim.max_memory = 64 << 20;
+    lim.max_iterations = 100000;
+    lim.max_steps = 2000000;
+    for (int gen = 0; gen < 2; gen++) {
+        qlm_marked_text out;
+        if (qlm_chat_render_parsed(t, msgs, 4, gen, "<s>", "</s>", &lim, &out) == 0) qlm_marked_free(&out);
+    }
+    qlm_jinja_free(t);
+}
+
 static void remove_dir(void) {
     char path[300];
     snprintf(path, sizeof path, "%s/%s", g_dir, g_target->file);
@@ -142,6 +163,7 @@ static const target k_targets[] = {
     {"lora_config", "adapter_config.json", run_lora_config},
     {"json", "body.json", run_json},
     {"train_data", "train.jsonl", run_train_data},
+    {"chat_template", "template.jinja", run_chat_template},
 };
 
 int LLVMFuzzerInitialize(int *argc, char ***argv) {

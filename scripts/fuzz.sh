@@ -11,7 +11,7 @@ secs=${FUZZ_SECONDS:-60}
 assets=${QLM_ASSETS:-../shared/assets}
 out=$(dirname "$(dirname "$bin")")  # build/fuzz
 targets=("$@")
-[ ${#targets[@]} -gt 0 ] || targets=(safetensors gguf llama2c tokenizer_json spiece tokenizer_bin hf_config lora_config json train_data)
+[ ${#targets[@]} -gt 0 ] || targets=(safetensors gguf llama2c tokenizer_json spiece tokenizer_bin hf_config lora_config json train_data chat_template)
 
 seeds() {
     case "$1" in
@@ -25,6 +25,7 @@ seeds() {
         lora_config) ls tests/fixtures/lora/*/adapter_config.json ;;
         json) ls tests/fixtures/chat/*.json tests/fixtures/lora/*/adapter_config.json ;;
         train_data) ls tests/fixtures/train_data/*.jsonl ;;
+        chat_template) ls "$assets"/tinyllama-1.1b-chat-v1.0-tokenizer/tokenizer_config.json tests/fixtures/jinja/cases.json ;;
     esac
 }
 

@@ -214,7 +214,7 @@ static int render_chat(const qlm_server_config *cfg, const cJSON *root, qlm_mark
     rc = qlm_chat_render_marked(qlm_tokenizer_chat_template(cfg->tok), m, n, 1,
                                 bos >= 0 ? qlm_tokenizer_token(cfg->tok, bos) : "",
                                 eos >= 0 ? qlm_tokenizer_token(cfg->tok, eos) : "", text);
-    if (rc != 0) fail(e, 400, "'messages' do not fit the model's chat template (e.g. roles must alternate)");
+    if (rc != 0) fail(e, 400, "'messages' do not fit the model's chat template: %s", qlm_last_error());
 done:
     for (int k = 0; owned && k < n; k++) free(owned[k]);
     free(owned);

@@ -700,6 +700,52 @@ static void test_completion_and_install(void **state) {
     test_remove_tree(dir);
 }
 
+/* --chat-template FILE: a template that does not parse stops chat, serve and summarize before the
+ * model loads, naming the file, line and column; one that parses replaces the model's (the log
+ * line says which renders), and its raise_exception reaches the user. */
+static void test_chat_template_file(void **state) {
+    (void)state;
+    char model[512], *out = NULL;
+    REQUIRE_ASSET(test_default_gguf(model, sizeof model));
+    char dir[] = "/tmp/qlm-chat-template-XXXXXX";
+    assert_non_null(mkdtemp(dir));
+    char bad[600], good[600], raising[600];
+    snprintf(bad, sizeof bad, "%s/bad.jinja", dir);
+    snprintf(good, sizeof good, "%s/good.jinja", dir);
+    snprintf(raising, sizeof raising, "%s/raising.jinja", dir);
+    FILE *f = fopen(bad, "w");
+    assert_non_null(f);
+    fputs("{% for m in messages %}\n  {{ m.content | nosuch }}\n{% endfor %}\n", f);
+    fclose(f);
+    assert_non_null(f = fopen(good, "w"));
+    fputs("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+          "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}", f);
+    fclose(f);
+    assert_non_null(f = fopen(raising, "w"));
+    fputs("{{ raise_exception('this template takes no ' ~ messages[0].role ~ ' turns') }}", f);
+    fclose(f);
+    const char *cmds[] = {"chat -p hi", "serve --port 0", "summarize -"};
+    for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++) {
+        assert_int_equal(test_run_qlm(&out, "%s -m %s --chat-template %s </dev/null 2>&1", cmds[i], model, bad), 1);
+        if (!strstr(out, bad) || !strstr(out, "line 2, column 18: unknown filter \"nosuch\"") || strstr(out, "loaded"))
+            fail_msg("%s: %s", cmds[i], out);
+        free(out);
+    }
+    assert_int_equal(test_run_qlm(&out, "chat -m %s --chat-template %s/none.jinja -p hi 2>&1", model, dir), 1);
+    assert_non_null(strstr(out, "none.jinja"));
+    free(out);
+    assert_int_equal(test_run_qlm(&out, "chat -m %s --chat-template %s -p 'Name a colour.' -n 4 --temp 0 2>&1", model, good), 0);
+    if (!strstr(out, "chat template: Jinja, 149 bytes from ") || !strstr(out, good)) fail_msg("%s", out);
+    free(out);
+    assert_int_equal(test_run_qlm(&out, "chat -m %s --chat-template %s -p hi -n 4 2>&1", model, raising), 1);
+    if (!strstr(out, "raise_exception: this template takes no user turns")) fail_msg("%s", out);
+    free(out);
+    unlink(bad);
+    unlink(good);
+    unlink(raising);
+    rmdir(dir);
+}
+
 static void test_command_line_errors(void **state) {
     (void)state;
     assert_int_equal(test_run_qlm(NULL, "2>/dev/null"), 2);
@@ -783,6 +829,7 @@ int main(void) {
         cmocka_unit_test(test_stop_string_and_max_tokens),
         cmocka_unit_test(test_summarize),
         cmocka_unit_test(test_command_line_errors),
+        cmocka_unit_test(test_chat_template_file),
         cmocka_unit_test(test_threads_under_load),
         cmocka_unit_test(test_chat_terminal),
         cmocka_unit_test(test_default_model),

@@ -27,7 +27,7 @@ static qlm_tokenizer *load_tinyllama(void) {
     REQUIRE_ASSET(test_asset(path, sizeof path, "tinyllama-1.1b-chat-v1.0-tokenizer/tokenizer.json"));
     qlm_tokenizer *t = qlm_tokenizer_load_json(path, NULL);
     assert_non_null(t);
-    assert_int_equal(qlm_chat_detect(qlm_tokenizer_chat_template(t)), QLM_CHAT_ZEPHYR);
+    assert_non_null(strstr(qlm_tokenizer_chat_template(t), "<|user|>"));
     return t;
 }
 
@@ -36,7 +36,7 @@ static qlm_tokenizer *load_smollm2(void) {
     REQUIRE_ASSET(test_default_gguf(path, sizeof path));
     qlm_tokenizer *t = qlm_tokenizer_open(path, 0);
     assert_non_null(t);
-    assert_int_equal(qlm_chat_detect(qlm_tokenizer_chat_template(t)), QLM_CHAT_CHATML);
+    assert_non_null(strstr(qlm_tokenizer_chat_template(t), "<|im_start|>"));
     return t;
 }
 
@@ -277,19 +277,18 @@ static void test_messages_other_families(void **state) {
     assert_non_null(json);
     cJSON *root = cJSON_Parse(json);
     free(json);
-    const char *tmpl[3] = {NULL, NULL, NULL}; /* llama2, llama3, plain */
+    const char *tmpl[3] = {NULL, NULL, NULL}; /* llama2, llama3, none: the plain format */
     const cJSON *c;
     cJSON_ArrayForEach(c, cJSON_GetObjectItem(root, "cases")) {
         const char *fam = cJSON_GetObjectItem(c, "family")->valuestring;
         if (strcmp(fam, "llama2") == 0) tmpl[0] = cJSON_GetObjectItem(c, "template")->valuestring;
         if (strcmp(fam, "llama3") == 0) tmpl[1] = cJSON_GetObjectItem(c, "template")->valuestring;
     }
-    tmpl[2] = "{{ not a known template }}";
     static const char *const content[3][2] = {{"Hello! How can I help you today?", NULL},
                                               {"4.", "6, of course."},
                                               {"Waves fold into foam\nsalt wind carries gull voices\nthe tide keeps its time", NULL}};
     for (int f = 0; f < 3; f++) {
-        assert_non_null(tmpl[f]);
+        if (f < 2) assert_non_null(tmpl[f]);
         assert_int_equal(qlm_tokenizer_set_chat_template(t, tmpl[f]), 0);
         qlm_train_data_options o = opts(1024);
         qlm_train_set s;

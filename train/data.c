@@ -54,7 +54,7 @@ typedef struct {
     const qlm_tokenizer *tok;
     const qlm_train_data_options *o;
     const char *tmpl;          /* template mode: the prompt template */
-    const char *chat_template; /* the tokenizer's Jinja source (NULL: plain fallback) */
+    const qlm_jinja *chat_template; /* the tokenizer's template, parsed once (NULL: plain fallback) */
     const char *bos_s, *eos_s; /* BOS/EOS strings for the chat renderer */
     int bos, eos, add_bos;
     int space_prefix; /* SPM-style: encoding prepends "▁" to the text */
@@ -113,12 +113,12 @@ static int common_prefix(const int *a, int na, const int *b, int nb) {
 static int render_prefix(const ctx *c, const qlm_chat_message *m, int n, int gen, const char *full, int **ids,
                          int *n_ids) {
     qlm_marked_text text;
-    if (qlm_chat_render_marked(c->chat_template, m, n, gen, c->bos_s, c->eos_s, &text) != 0) return -1;
+    if (qlm_chat_render_parsed(c->chat_template, m, n, gen, c->bos_s, c->eos_s, NULL, &text) != 0) return -1;
     int rc = 0;
     if (strncmp(text.text, full, text.len) != 0)
-        rc = qlm_errorf("the chat template (%s) does not render the conversation up to message %d as a prefix of "
+        rc = qlm_errorf("the chat template does not render the conversation up to message %d as a prefix of "
                         "the whole conversation, so the assistant span cannot be found",
-                        qlm_chat_family_name(qlm_chat_detect(c->chat_template)), n);
+                        n);
     else rc = qlm_tokenizer_encode_marked(c->tok, &text, 0, ids, n_ids);
     qlm_marked_free(&text);
     return rc;
@@ -129,7 +129,7 @@ static int render_prefix(const ctx *c, const qlm_chat_message *m, int n, int gen
 static int chat_example(const ctx *c, const qlm_chat_message *m, int n, buf *b) {
     qlm_marked_text full;
     int *f = NULL, nf = 0;
-    if (qlm_chat_render_marked(c->chat_template, m, n, 0, c->bos_s, c->eos_s, &full) != 0) return -1;
+    if (qlm_chat_render_parsed(c->chat_template, m, n, 0, c->bos_s, c->eos_s, NULL, &full) != 0) return -1;
     int rc = qlm_tokenizer_encode_marked(c->tok, &full, 0, &f, &nf);
     if (rc == 0) rc = buf_push(b, f, nf, 0);
     for (int i = 0; i < n && rc == 0; i++) {
@@ -406,7 +406,6 @@ int qlm_train_data_load(qlm_train_set *train, qlm_train_set *eval, const char *p
     if (!(o->eval_fraction >= 0 && o->eval_fraction <= 0.5))
         return qlm_errorf("train data: eval fraction %g is outside 0..0.5", o->eval_fraction);
     ctx c = {.tok = tok, .o = o, .tmpl = o->prompt_template ? o->prompt_template : QLM_SUMMARY_TEMPLATE};
-    c.chat_template = qlm_tokenizer_chat_template(tok);
     c.bos = qlm_tokenizer_bos(tok);
     c.eos = qlm_tokenizer_eos(tok);
     c.bos_s = c.bos >= 0 ? qlm_tokenizer_token(tok, c.bos) : "";
@@ -421,6 +420,10 @@ int qlm_train_data_load(qlm_train_set *train, qlm_train_set *eval, const char *p
     const char *first = n_probe > 0 ? qlm_tokenizer_token(tok, probe[0]) : NULL;
     c.space_prefix = first && strncmp(first, "\xe2\x96\x81", 3) == 0;
     free(probe);
+    const char *tmpl = qlm_tokenizer_chat_template(tok);
+    qlm_jinja *parsed = NULL;
+    if (tmpl && qlm_jinja_parse(tmpl, strlen(tmpl), &parsed) != 0) return -1;
+    c.chat_template = parsed;
 
     int rc = load_file(train, path, &c);
     if (rc == 0 && eval && eval_path) {
@@ -444,6 +447,7 @@ int qlm_train_data_load(qlm_train_set *train, qlm_train_set *eval, const char *p
             free(is_eval);
         }
     }
+    qlm_jinja_free(parsed);
     if (rc != 0) {
         qlm_train_set_free(train);
         if (eval) qlm_train_set_free(eval);
