@@ -8,7 +8,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "../core/chat.h"
+#include "../tokenizer/chat.h"
 #include "../core/error.h"
 #include "commands.h"
 #include "common.h"

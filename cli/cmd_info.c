@@ -4,7 +4,7 @@
 #include <string.h>
 
 #include "../core/backend.h"
-#include "../core/chat.h"
+#include "../tokenizer/chat.h"
 #include "../core/error.h"
 #include "../loaders/gguf.h"
 #include "../quant/matmul.h"

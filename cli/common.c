@@ -12,7 +12,7 @@
 #include <sys/stat.h>
 #include <time.h>
 
-#include "../core/chat.h"
+#include "../tokenizer/chat.h"
 #include "../core/error.h"
 #include "threads.h"
 

@@ -5,7 +5,7 @@
 #include <string.h>
 
 #include "../core/error.h"
-#include "../core/tokenizer.h"
+#include "../tokenizer/tokenizer.h"
 #include "../loaders/json_strict.h"
 #include "common.h"
 

@@ -11,9 +11,9 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "../core/chat.h"
+#include "../tokenizer/chat.h"
 #include "../models/config.h"
-#include "../core/tokenizer.h"
+#include "../tokenizer/tokenizer.h"
 #include "../loaders/gguf.h"
 #include "../loaders/hf_config.h"
 #include "../loaders/json_strict.h"

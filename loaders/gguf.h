@@ -5,7 +5,7 @@
 #define QLM_GGUF_H
 
 #include "../models/config.h"
-#include "../core/tokenizer.h"
+#include "../tokenizer/tokenizer.h"
 #include "../core/tensor_store.h"
 
 typedef struct qlm_gguf qlm_gguf;

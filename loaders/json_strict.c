@@ -4,7 +4,7 @@
 #include <string.h>
 
 #include "../core/error.h"
-#include "../core/tokenizer.h"
+#include "../tokenizer/tokenizer.h"
 
 const char *qlm_json_find_nul_escape(const char *s, size_t n) {
     for (size_t i = 0; i + 1 < n; i++)

@@ -8,7 +8,7 @@
 
 #include "../models/config.h"
 #include "../core/dtype.h"
-#include "../core/tokenizer.h"
+#include "../tokenizer/tokenizer.h"
 #include "../core/tensor_store.h"
 
 typedef enum { QLM_FMT_SAFETENSORS, QLM_FMT_GGUF, QLM_FMT_LLAMA2C } qlm_format;

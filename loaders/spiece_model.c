@@ -19,7 +19,7 @@
 #include <string.h>
 
 #include "../core/error.h"
-#include "../core/tokenizer.h"
+#include "../tokenizer/tokenizer.h"
 #include "../core/read_file.h"
 
 #define MAX_MODEL (1u << 30)

@@ -13,7 +13,7 @@
 #include <sys/stat.h>
 
 #include "../core/error.h"
-#include "../core/tokenizer.h"
+#include "../tokenizer/tokenizer.h"
 #include "../core/read_file.h"
 
 #define MAX_JSON (1u << 30)

@@ -16,7 +16,7 @@
 #include <string.h>
 
 #include "../core/error.h"
-#include "../core/tokenizer_internal.h"
+#include "../tokenizer/tokenizer_internal.h"
 #include "../core/atomic_file.h"
 
 #define SPM_SPACE "\xE2\x96\x81"

@@ -9,7 +9,7 @@
 
 #include "../core/error.h"
 #include "../core/read_file.h"
-#include "../core/tokenizer.h"
+#include "../tokenizer/tokenizer.h"
 
 #define MAX_FILE (256u << 20)
 

@@ -11,7 +11,7 @@
 #include "../models/model.h"
 #include "../models/t5.h"
 #include "sampler.h"
-#include "../core/tokenizer.h"
+#include "../tokenizer/tokenizer.h"
 
 enum { QLM_MAX_TOP_LOGPROBS = 20 };
 

@@ -3,7 +3,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../core/chat.h"
+#include "../tokenizer/chat.h"
 #include "../core/error.h"
 
 #define PLACEHOLDER "{dialogue}"

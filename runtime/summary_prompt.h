@@ -4,7 +4,7 @@
 #ifndef QLM_SUMMARY_PROMPT_H
 #define QLM_SUMMARY_PROMPT_H
 
-#include "../core/marked_text.h"
+#include "../tokenizer/marked_text.h"
 
 /* The zero-shot prompt of the DialogSum lab. */
 #define QLM_SUMMARY_TEMPLATE "Summarize the following conversation.\n\n{dialogue}\n\nSummary: "

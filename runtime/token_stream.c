@@ -5,7 +5,7 @@
 #include <string.h>
 
 #include "../core/error.h"
-#include "../core/tokenizer_internal.h"
+#include "../tokenizer/tokenizer_internal.h"
 
 static int hold(qlm_token_stream *ts, const char *s, size_t n) {
     if (ts->len + n + 1 > ts->cap) {

@@ -6,7 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../core/chat.h"
+#include "../tokenizer/chat.h"
 #include "../core/error.h"
 #include "../loaders/json_strict.h"
 #include "internal.h"

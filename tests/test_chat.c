@@ -6,9 +6,9 @@
 
 #include <cjson/cJSON.h>
 
-#include "core/chat.h"
+#include "tokenizer/chat.h"
 #include "core/error.h"
-#include "core/tokenizer.h"
+#include "tokenizer/tokenizer.h"
 #include "loaders/model_source.h"
 
 static cJSON *load_cases(void) {

@@ -6,7 +6,7 @@
 #include <unistd.h>
 
 #include "core/error.h"
-#include "core/tokenizer.h"
+#include "tokenizer/tokenizer.h"
 #include "loaders/gguf.h"
 
 enum { T_U32 = 4, T_I32 = 5, T_F32 = 6, T_BOOL = 7, T_STR = 8, T_ARR = 9 };

@@ -8,9 +8,9 @@
 
 #include <cjson/cJSON.h>
 
-#include "core/chat.h"
+#include "tokenizer/chat.h"
 #include "core/error.h"
-#include "core/jinja.h"
+#include "tokenizer/jinja.h"
 
 static cJSON *load_cases(void) {
     char *json = test_read_file("tests/fixtures/jinja/cases.json", NULL);

@@ -2,7 +2,7 @@
  * tokens is held until complete, and a byte token that starts no valid sequence becomes U+FFFD
  * (as in `generate --json` and the server's JSON, which must be valid UTF-8). */
 #include "../runtime/token_stream.h"
-#include "../core/tokenizer.h"
+#include "../tokenizer/tokenizer.h"
 #include "test_util.h"
 
 typedef struct {

@@ -8,7 +8,7 @@
 #include <unistd.h>
 
 #include "core/error.h"
-#include "core/tokenizer.h"
+#include "tokenizer/tokenizer.h"
 #include "loaders/gguf.h"
 
 #define FIXTURES "tests/fixtures/tokenizer/"

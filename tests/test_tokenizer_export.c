@@ -12,8 +12,8 @@
 #include <unistd.h>
 
 #include "core/error.h"
-#include "core/tokenizer.h"
-#include "core/tokenizer_internal.h"
+#include "tokenizer/tokenizer.h"
+#include "tokenizer/tokenizer_internal.h"
 #include "loaders/gguf.h"
 
 #define CORPUS "tests/fixtures/tokenizer/corpus.txt"

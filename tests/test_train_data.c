@@ -5,10 +5,10 @@
 
 #include <cjson/cJSON.h>
 
-#include "core/chat.h"
+#include "tokenizer/chat.h"
 #include "core/error.h"
 #include "runtime/summary_prompt.h"
-#include "core/tokenizer.h"
+#include "tokenizer/tokenizer.h"
 #include "loaders/model_source.h"
 #include "train/data.h"
 

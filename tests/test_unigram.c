@@ -9,8 +9,8 @@
 #include <unistd.h>
 
 #include "core/error.h"
-#include "core/tokenizer.h"
-#include "core/tokenizer_internal.h"
+#include "tokenizer/tokenizer.h"
+#include "tokenizer/tokenizer_internal.h"
 #include "loaders/model_source.h"
 
 #define FIXTURES "tests/fixtures/unigram/"

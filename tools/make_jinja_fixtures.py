@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Writes tests/fixtures/jinja/cases.json, the reference renders tests/test_jinja.c checks qlm's
-chat-template interpreter (core/jinja*.c) against (dev-time only; qlm itself never runs Python).
+chat-template interpreter (tokenizer/jinja*.c) against (dev-time only; qlm itself never runs Python).
 
     python3 -m venv /tmp/jenv && /tmp/jenv/bin/pip install jinja2 transformers
     /tmp/jenv/bin/python tools/make_jinja_fixtures.py [--assets ../shared/assets] [--smollm2 PATH]

@@ -8,9 +8,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../core/chat.h"
+#include "../tokenizer/chat.h"
 #include "../core/error.h"
-#include "../core/tokenizer.h"
+#include "../tokenizer/tokenizer.h"
 #include "../runtime/summary_prompt.h"
 #include "../loaders/json_strict.h"
 

@@ -47,7 +47,7 @@
 
 #include <stdint.h>
 
-#include "../core/tokenizer.h"
+#include "../tokenizer/tokenizer.h"
 
 typedef struct {
     int *ids;              /* len token ids */

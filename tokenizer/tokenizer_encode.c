@@ -7,7 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "error.h"
+#include "../core/error.h"
 #include "tokenizer_internal.h"
 
 int tok_ids_push(tok_ids *a, int id) {

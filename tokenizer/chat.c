@@ -5,7 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "error.h"
+#include "../core/error.h"
 
 /* Template text: its special tokens are meant. */
 static void put(qlm_marked_text *b, const char *s) { qlm_marked_puts(b, s, 0); }

@@ -4,7 +4,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "error.h"
+#include "../core/error.h"
 #include "jinja_parser.h"
 
 void *jp_fail(parser *p, int pos, const char *fmt, ...) {

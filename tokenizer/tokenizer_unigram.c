@@ -7,7 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "error.h"
+#include "../core/error.h"
 #include "tokenizer_internal.h"
 
 #define SPM_SPACE "\xE2\x96\x81"

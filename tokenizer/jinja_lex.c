@@ -6,7 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "error.h"
+#include "../core/error.h"
 #include "jinja_internal.h"
 
 enum { MAX_BRACKETS = 256 };

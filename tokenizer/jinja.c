@@ -5,7 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "error.h"
+#include "../core/error.h"
 #include "jinja_internal.h"
 
 struct qlm_jinja {

@@ -5,7 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "error.h"
+#include "../core/error.h"
 #include "tokenizer_internal.h"
 
 static int valid_id(const qlm_tokenizer_spec *spec, int id) { return id >= -1 && id < spec->n_vocab; }

@@ -4,7 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "error.h"
+#include "../core/error.h"
 #include "tokenizer_internal.h"
 
 static uint64_t hash_bytes(const char *s, size_t n) {
