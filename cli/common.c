@@ -137,6 +137,9 @@ int cli_sampling_flag(cli_sampling_opts *s, int opt, const char *arg) {
     case OPT_TOP_P: return cli_float("--top-p", arg, 1e-6, 1, &p->top_p) ? -1 : 1;
     case OPT_REPEAT_PENALTY: return cli_float("--repeat-penalty", arg, 1e-3, 100, &p->repeat_penalty) ? -1 : 1;
     case OPT_REPEAT_LAST_N: return cli_int("--repeat-last-n", arg, 0, 1 << 24, &p->repeat_last_n) ? -1 : 1;
+    case OPT_MIN_P: return cli_float("--min-p", arg, 0, 1, &p->min_p) ? -1 : 1;
+    case OPT_PRESENCE_PENALTY: return cli_float("--presence-penalty", arg, -2, 2, &p->presence_penalty) ? -1 : 1;
+    case OPT_FREQUENCY_PENALTY: return cli_float("--frequency-penalty", arg, -2, 2, &p->frequency_penalty) ? -1 : 1;
     case OPT_SEED: {
         char *end;
         errno = 0;

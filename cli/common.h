@@ -15,7 +15,8 @@
 enum {
     OPT_MODEL = 'm', OPT_TOKENIZER = 't', OPT_PROMPT = 'p', OPT_NTOK = 'n', OPT_HELP = 'h',
     OPT_DTYPE = 256, OPT_PER_CHANNEL, OPT_THREADS, OPT_CTX, OPT_DEVICE, OPT_BATCH,
-    OPT_TEMP, OPT_TOP_K, OPT_TOP_P, OPT_REPEAT_PENALTY, OPT_REPEAT_LAST_N, OPT_SEED, OPT_STOP,
+    OPT_TEMP, OPT_TOP_K, OPT_TOP_P, OPT_MIN_P, OPT_REPEAT_PENALTY, OPT_REPEAT_LAST_N, OPT_PRESENCE_PENALTY,
+    OPT_FREQUENCY_PENALTY, OPT_SEED, OPT_STOP,
     OPT_JSON, OPT_SYSTEM, OPT_NO_BOS, OPT_RAW, OPT_FILE, OPT_REPS, OPT_PP, OPT_TG, OPT_QUIET,
     OPT_NO_SPECIAL, OPT_RANDOM_WEIGHTS, OPT_LORA, OPT_ADAPTER, OPT_INFER_SHARD, OPT_INFER_PREFETCH,
     OPT_INFER_TIMEOUT, OPT_NO_CHECK, OPT_CHAT_TEMPLATE,
@@ -61,6 +62,8 @@ enum {
         {"top-k", required_argument, 0, OPT_TOP_K},                 \
         {"top-p", required_argument, 0, OPT_TOP_P}, {"repeat-penalty", required_argument, 0, OPT_REPEAT_PENALTY}, \
         {"repeat-last-n", required_argument, 0, OPT_REPEAT_LAST_N}, {"seed", required_argument, 0, OPT_SEED}, \
+        {"min-p", required_argument, 0, OPT_MIN_P}, {"presence-penalty", required_argument, 0, OPT_PRESENCE_PENALTY}, \
+        {"frequency-penalty", required_argument, 0, OPT_FREQUENCY_PENALTY},                                   \
         {"max-tokens", required_argument, 0, OPT_NTOK}, {"stop", required_argument, 0, OPT_STOP}
 
 #define CLI_MODEL_HELP                                                                                    \
@@ -83,6 +86,9 @@ enum {
     "      --top-p P          nucleus sampling threshold (default 0.9)\n"                                 \
     "      --repeat-penalty R penalty for recent tokens; 1 = off (default 1)\n"                           \
     "      --repeat-last-n N  how many recent tokens the penalty sees (default 64)\n"                     \
+    "      --presence-penalty P, --frequency-penalty F  OpenAI's: logit -= F * count + P, for each token\n" \
+    "                         generated so far (-2..2; default 0)\n"                                    \
+    "      --min-p P          drop tokens below P times the likeliest one's probability (default 0)\n"   \
     "      --seed S           random seed (default: from the clock)\n"                                    \
     "      --stop STR         stop when STR is generated (repeatable)\n"
 

@@ -92,12 +92,11 @@ int qlm_argmax(const float *x, int n) {
     return best;
 }
 
-/* OpenAI's presence and frequency penalties over the recent window, counted in s->count (which is
- * left zero again). */
-static void apply_presence_frequency(qlm_sampler *s, float *logits, const int *hist, int n) {
+/* OpenAI's presence and frequency penalties over the generated tokens hist[start..n), counted in
+ * s->count (which is left zero again). */
+static void apply_presence_frequency(qlm_sampler *s, float *logits, const int *hist, int n, int start) {
     const qlm_sampling *p = &s->p;
-    if ((p->presence_penalty == 0 && p->frequency_penalty == 0) || p->repeat_last_n == 0) return;
-    int start = n > p->repeat_last_n ? n - p->repeat_last_n : 0;
+    if (p->presence_penalty == 0 && p->frequency_penalty == 0) return;
     for (int i = start; i < n; i++)
         if (hist[i] >= 0 && hist[i] < s->vocab) s->count[hist[i]]++;
     for (int i = start; i < n; i++) {
@@ -169,11 +168,12 @@ static int select_top_k(const float *logits, int vocab, int k, int *idx, float *
     return n;
 }
 
-int qlm_sampler_sample(qlm_sampler *s, float *logits, const int *history, int n_history) {
+int qlm_sampler_sample(qlm_sampler *s, float *logits, const int *history, int n_history, int n_generated) {
     const qlm_sampling *p = &s->p;
     for (int i = 0; i < p->n_logit_bias; i++) logits[p->logit_bias[i].token] += p->logit_bias[i].bias;
     apply_repeat_penalty(logits, s->vocab, history, n_history, p);
-    apply_presence_frequency(s, logits, history, n_history);
+    apply_presence_frequency(s, logits, history, n_history,
+                             n_generated < n_history ? n_history - (n_generated > 0 ? n_generated : 0) : 0);
     if (p->temperature == 0.0f) return qlm_argmax(logits, s->vocab);
     int n;
     if (p->top_k > 0 && p->top_k < s->vocab) {

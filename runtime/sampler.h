@@ -19,7 +19,7 @@ typedef struct {
     float repeat_penalty; /* 1: none; >1 divides positive / multiplies negative logits of recent tokens */
     int repeat_last_n;    /* how many recent tokens the penalties look at */
     /* OpenAI's: logit -= frequency_penalty * count + presence_penalty * (count > 0), counts over the
-     * same recent tokens; 0: none. */
+     * tokens generated so far (the prompt's are not counted); 0: none. */
     float presence_penalty, frequency_penalty;
     float min_p;          /* 0: none; else tokens below min_p times the likeliest one's probability go */
     const qlm_logit_bias *logit_bias; /* n_logit_bias entries (the sampler keeps its own copy) */
@@ -45,8 +45,9 @@ typedef struct {
 /* Fails (message naming the token) on a logit_bias token outside the vocabulary. */
 int qlm_sampler_init(qlm_sampler *s, const qlm_sampling *p, int vocab);
 void qlm_sampler_free(qlm_sampler *s);
-/* Picks a token from logits[vocab] (modified in place). history: tokens so far. */
-int qlm_sampler_sample(qlm_sampler *s, float *logits, const int *history, int n_history);
+/* Picks a token from logits[vocab] (modified in place). history: tokens so far, of which the last
+ * n_generated are the model's own (what presence and frequency penalties count). */
+int qlm_sampler_sample(qlm_sampler *s, float *logits, const int *history, int n_history, int n_generated);
 /* Index of the largest logit (first on ties). */
 int qlm_argmax(const float *x, int n);
 

@@ -129,7 +129,7 @@ int qlm_token_stream_next(qlm_token_stream *ts, float *logits, const int *histor
     qlm_gen_stats *st = ts->stats;
     if (st->n_generated >= ts->p->max_new_tokens) return 1;
     if (ts->raw) memcpy(ts->raw, logits, (size_t)ts->vocab * sizeof *ts->raw);
-    *id = qlm_sampler_sample(&ts->sampler, logits, history, n_history);
+    *id = qlm_sampler_sample(&ts->sampler, logits, history, n_history, st->n_generated);
     if (ts->tok && qlm_tokenizer_is_eog(ts->tok, *id)) {
         st->reason = QLM_STOP_EOS;
         return 1;

@@ -37,6 +37,7 @@ typedef struct job {
     int n_ids;
     qlm_gen_params params;
     char *stop[JOB_MAX_STOP];
+    qlm_logit_bias *logit_bias; /* params.sampling.logit_bias points here */
     char adapter_name[128];  /* the adapter the request names ("" for the base), resolved by http.c */
     int adapter_via_model;   /* named through "model" rather than "adapter" (for the 404's wording) */
     const qlm_lora_adapter *adapter; /* set only by queue_acquire_adapter, which counts it as a user */

@@ -1,5 +1,6 @@
 /* OpenAI's JSON: requests are parsed and validated here (every field checked, errors naming it),
  * responses and stream chunks built here. No HTTP and no threads. */
+#include <errno.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -276,13 +277,14 @@ static int listed(const char *name, const char *const *names) {
 static int check_fields(const cJSON *root, int chat, api_error *e) {
     static const char *const both[] = {"model", "adapter", "max_tokens", "temperature", "top_p", "top_k", "seed",
                                        "n", "stop", "stream", "stream_options", "user", "repetition_penalty",
-                                       "logprobs", NULL};
+                                       "logprobs", "presence_penalty", "frequency_penalty", "min_p", "logit_bias",
+                                       NULL};
     static const char *const chat_only[] = {"messages", "max_completion_tokens", "top_logprobs", NULL};
     static const char *const completion_only[] = {"prompt", NULL};
     static const char *const not_implemented[] = {
-        "echo", "presence_penalty", "frequency_penalty", "logit_bias", "best_of",
+        "echo", "best_of",
         "suffix", "response_format", "tools", "tool_choice", "parallel_tool_calls", "functions", "function_call",
-        "min_p", "store", "metadata", "service_tier", "modalities", "audio", "prediction", "reasoning_effort", NULL};
+        "store", "metadata", "service_tier", "modalities", "audio", "prediction", "reasoning_effort", NULL};
     const cJSON *f;
     cJSON_ArrayForEach(f, root) {
         if (listed(f->string, both) || listed(f->string, chat ? chat_only : completion_only)) continue;
@@ -304,6 +306,30 @@ static int check_fields(const cJSON *root, int chat, api_error *e) {
     return 0;
 }
 
+/* OpenAI's logit_bias: {"token id": bias in [-100, 100], ...} for ids of the vocabulary. */
+static int parse_logit_bias(const qlm_server_config *cfg, const cJSON *root, job *j, api_error *e) {
+    const cJSON *lb = cJSON_GetObjectItemCaseSensitive(root, "logit_bias"), *f;
+    if (!lb || cJSON_IsNull(lb)) return 0;
+    if (!cJSON_IsObject(lb)) return fail(e, 400, "'logit_bias' must be an object of token ids to biases");
+    int n = cJSON_GetArraySize(lb), k = 0, vocab = cfg->t5 ? cfg->t5->cfg.vocab_size : cfg->model->cfg.vocab_size;
+    if (n > vocab) return fail(e, 400, "'logit_bias' has more entries than the vocabulary has tokens");
+    j->logit_bias = malloc((size_t)(n ? n : 1) * sizeof *j->logit_bias);
+    if (!j->logit_bias) return fail(e, 500, "out of memory");
+    cJSON_ArrayForEach(f, lb) {
+        char *end;
+        errno = 0;
+        long id = strtol(f->string, &end, 10);
+        if (errno || end == f->string || *end || id < 0 || id >= vocab)
+            return fail(e, 400, "'logit_bias' key '%.32s' is not a token id of this model (0..%d)", f->string, vocab - 1);
+        if (!cJSON_IsNumber(f) || !(fabs(f->valuedouble) <= 100))
+            return fail(e, 400, "'logit_bias' value of token %ld must be a number in [-100, 100]", id);
+        j->logit_bias[k++] = (qlm_logit_bias){.token = (int)id, .bias = (float)f->valuedouble};
+    }
+    j->params.sampling.logit_bias = j->logit_bias;
+    j->params.sampling.n_logit_bias = k;
+    return 0;
+}
+
 int openai_parse_generation(const qlm_server_config *cfg, const char *body, size_t len, int chat, job *j,
                             char *model_id, size_t model_cap, api_error *e) {
     cJSON *root = parse_object(body, len, e);
@@ -311,7 +337,7 @@ int openai_parse_generation(const qlm_server_config *cfg, const char *body, size
     int rc = -1;
     qlm_marked_text text = {0};
     double max_tokens = chat ? cfg->max_output : 16, temperature = 1, top_p = 1, top_k = 0, n = 1, seed = -1;
-    double repetition = 1;
+    double repetition = 1, presence = 0, frequency = 0, min_p = 0;
     if (check_fields(root, chat, e) != 0 || pick_adapter(cfg, root, j, model_id, model_cap, e) != 0) goto out;
     if (number_field(root, "max_tokens", 1, cfg->max_output, 1, &max_tokens, e) != 0 ||
         (chat && number_field(root, "max_completion_tokens", 1, cfg->max_output, 1, &max_tokens, e) != 0) ||
@@ -319,7 +345,9 @@ int openai_parse_generation(const qlm_server_config *cfg, const char *body, size
         number_field(root, "top_p", 1e-6, 1, 0, &top_p, e) != 0 || number_field(root, "top_k", 0, 1e9, 1, &top_k, e) != 0 ||
         number_field(root, "seed", 0, 9007199254740991.0, 1, &seed, e) != 0 ||
         number_field(root, "n", 1, 1, 1, &n, e) != 0 || number_field(root, "repetition_penalty", 1e-3, 100, 0, &repetition, e) != 0 ||
-        parse_stop(root, j, e) != 0)
+        number_field(root, "presence_penalty", -2, 2, 0, &presence, e) != 0 ||
+        number_field(root, "frequency_penalty", -2, 2, 0, &frequency, e) != 0 ||
+        number_field(root, "min_p", 0, 1, 0, &min_p, e) != 0 || parse_stop(root, j, e) != 0)
         goto out;
     if (parse_logprobs(root, chat, j, e) != 0) goto out;
     const cJSON *stream = cJSON_GetObjectItemCaseSensitive(root, "stream");
@@ -358,6 +386,10 @@ int openai_parse_generation(const qlm_server_config *cfg, const char *body, size
         goto out;
     }
     j->params.sampling = qlm_sampling_defaults();
+    if (parse_logit_bias(cfg, root, j, e) != 0) goto out;
+    j->params.sampling.presence_penalty = (float)presence;
+    j->params.sampling.frequency_penalty = (float)frequency;
+    j->params.sampling.min_p = (float)min_p;
     j->params.sampling.temperature = (float)temperature;
     j->params.sampling.top_p = (float)top_p;
     j->params.sampling.top_k = (int)top_k;

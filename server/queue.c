@@ -24,6 +24,7 @@ static void job_free(job *j) {
     free(j->pending);
     free(j->text);
     free(j->lp);
+    free(j->logit_bias);
     free(j);
 }
 

@@ -20,7 +20,7 @@ static void frequencies(const qlm_sampling *p, const float *logits, int n, doubl
     int hits[4] = {0};
     for (int i = 0; i < n; i++) {
         float l[4] = {logits[0], logits[1], logits[2], logits[3]};
-        hits[qlm_sampler_sample(&s, l, NULL, 0)]++;
+        hits[qlm_sampler_sample(&s, l, NULL, 0, 0)]++;
     }
     for (int k = 0; k < 4; k++) freq[k] = (double)hits[k] / n;
     qlm_sampler_free(&s);
@@ -61,18 +61,18 @@ static void test_bias_and_penalties(void **state) {
     p.temperature = 0;
     qlm_logit_bias bias[] = {{2, 5.0f}, {0, -100.0f}};
     p.logit_bias = bias, p.n_logit_bias = 2;
-    p.presence_penalty = 0.5f, p.frequency_penalty = 0.25f, p.repeat_last_n = 3;
+    p.presence_penalty = 0.5f, p.frequency_penalty = 0.25f;
     qlm_sampler s;
     assert_int_equal(qlm_sampler_init(&s, &p, 4), 0);
     float l[4] = {1, 1, 1, 1};
-    const int hist[] = {1, 3, 3, 1, 1}; /* the window is the last 3: 3, 1, 1 */
-    assert_int_equal(qlm_sampler_sample(&s, l, hist, 5), 2);
+    const int hist[] = {1, 3, 3, 1, 1}; /* a prompt of 2 tokens, then 3, 1, 1 generated */
+    assert_int_equal(qlm_sampler_sample(&s, l, hist, 5, 3), 2);
     assert_true(l[0] == 1 - 100.0f && l[2] == 6.0f);
-    assert_true(l[1] == 1 - (0.25f * 2 + 0.5f)); /* twice in the window */
+    assert_true(l[1] == 1 - (0.25f * 2 + 0.5f)); /* twice among the generated (the prompt's does not count) */
     assert_true(l[3] == 1 - (0.25f * 1 + 0.5f));
     /* the counts are left zero: a second call penalizes the same way */
     float l2[4] = {1, 1, 1, 1};
-    qlm_sampler_sample(&s, l2, hist, 5);
+    qlm_sampler_sample(&s, l2, hist, 5, 3);
     assert_memory_equal(l, l2, sizeof l);
     qlm_sampler_free(&s);
     /* a biased token outside the vocabulary, and values out of range, are refused by name */

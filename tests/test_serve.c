@@ -325,10 +325,13 @@ static void test_serve_fields(void **state) {
     server s;
     server_start(&s, model, "--quiet --name tiny");
     const char *refused[][2] = {
-        {"{\"prompt\":\"a\",\"min_p\":0.1}", "'min_p'"},
-        {"{\"prompt\":\"a\",\"presence_penalty\":0.5}", "'presence_penalty'"},
-        {"{\"prompt\":\"a\",\"frequency_penalty\":1}", "'frequency_penalty'"},
-        {"{\"prompt\":\"a\",\"logit_bias\":{\"50\":-100}}", "'logit_bias'"},
+        {"{\"prompt\":\"a\",\"min_p\":1.5}", "'min_p'"},
+        {"{\"prompt\":\"a\",\"presence_penalty\":2.5}", "'presence_penalty'"},
+        {"{\"prompt\":\"a\",\"frequency_penalty\":-3}", "'frequency_penalty'"},
+        {"{\"prompt\":\"a\",\"logit_bias\":{\"x\":-100}}", "'logit_bias' key 'x'"},
+        {"{\"prompt\":\"a\",\"logit_bias\":{\"100000\":1}}", "not a token id of this model"},
+        {"{\"prompt\":\"a\",\"logit_bias\":{\"5\":101}}", "value of token 5"},
+        {"{\"prompt\":\"a\",\"logit_bias\":[1]}", "'logit_bias' must be an object"},
         {"{\"prompt\":\"a\",\"echo\":true}", "'echo'"},
         {"{\"prompt\":\"a\",\"response_format\":{\"type\":\"json_object\"}}", "'response_format'"},
         {"{\"prompt\":\"a\",\"temprature\":0}", "'temprature'"},
@@ -359,6 +362,31 @@ static void test_serve_fields(void **state) {
     assert_string_not_equal(penalized, plain);
     if (!strstr(cli, penalized)) fail_msg("qlm generate --repeat-penalty 1.5 wrote '%s', the server '%s'", cli, penalized);
     free(cli);
+    /* OpenAI's presence and frequency penalties, min-p and logit bias give what the same flags of
+     * qlm generate give, and move greedy output where they bind. */
+    char *openai_pen = generated(&s, "/v1/completions",
+                                 "{\"prompt\":\"Once upon a time\",\"max_tokens\":24,\"temperature\":0,"
+                                 "\"presence_penalty\":1.5,\"frequency_penalty\":1.0,\"min_p\":0.05}", "length");
+    assert_int_equal(test_run_qlm(&cli, "generate -m %s -p 'Once upon a time' -n 24 --temperature 0 --presence-penalty 1.5 "
+                                        "--frequency-penalty 1 --min-p 0.05 2>/dev/null", model), 0);
+    print_message("presence 1.5, frequency 1: %s\n", openai_pen);
+    assert_string_not_equal(openai_pen, plain);
+    if (!strstr(cli, openai_pen)) fail_msg("qlm generate with the same penalties wrote '%s', the server '%s'", cli, openai_pen);
+    free(cli);
+    free(openai_pen);
+    /* A +100 bias on one token makes greedy decoding repeat it (test_sampler checks the arithmetic). */
+    char *biased = generated(&s, "/v1/completions",
+                             "{\"prompt\":\"Once upon a time\",\"max_tokens\":4,\"temperature\":0,"
+                             "\"logit_bias\":{\"300\":100}}", "length");
+    char *biased_plain = generated(&s, "/v1/completions",
+                                   "{\"prompt\":\"Once upon a time\",\"max_tokens\":1,\"temperature\":0,"
+                                   "\"logit_bias\":{\"300\":100}}", "length");
+    char four[256];
+    snprintf(four, sizeof four, "%s%s%s%s", biased_plain, biased_plain, biased_plain, biased_plain);
+    assert_string_equal(biased, four);
+    assert_string_not_equal(biased_plain, "");
+    free(biased);
+    free(biased_plain);
     free(off);
     free(plain);
     free(penalized);
