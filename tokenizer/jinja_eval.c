@@ -43,14 +43,9 @@ static int lookup(jrender *r, const jscope *s, jstr name, jval *out) {
     }
     int id = jinja_global_id(name);
     if (id >= 0) {
-        jfunc *f = jr_alloc(r, sizeof *f);
+        jfunc *f = jr_func(r, F_GLOBAL, name, out);
         if (!f) return -1;
-        memset(f, 0, sizeof *f);
-        f->kind = F_GLOBAL;
         f->id = id;
-        f->name = name;
-        out->t = V_FUNC;
-        out->u.fn = f;
         return 0;
     }
     char msg[128];
@@ -672,15 +667,10 @@ static int exec_stmt(jrender *r, jscope *sc, const jnode *s, jbuf *out) {
     case S_CONTINUE: return FLOW_CONTINUE;
     case S_MACRO:
     case S_CALLBLOCK: {
-        jfunc *f = jr_alloc(r, sizeof *f);
+        jfunc *f = jr_func(r, s->kind == S_MACRO ? F_MACRO : F_CALLER, s->s, &v);
         if (!f) return -1;
-        memset(f, 0, sizeof *f);
-        f->kind = s->kind == S_MACRO ? F_MACRO : F_CALLER;
         f->node = s;
         f->closure = sc;
-        f->name = s->s;
-        v.t = V_FUNC;
-        v.u.fn = f;
         if (s->kind == S_MACRO) return scope_set(r, sc, s->s, v);
         jval callee, res;
         jargs a;

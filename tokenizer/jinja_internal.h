@@ -233,6 +233,9 @@ static inline long cost_rewrite(size_t n) { return (long)(n / 2); }
 /* Records an error at r->pos (the first one wins); returns -1. */
 int jr_fail(jrender *r, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 void *jr_alloc(jrender *r, size_t n);
+/* A function value of that kind and name in *out: its jfunc zeroed otherwise, for the caller to
+ * fill; NULL when out of memory. */
+jfunc *jr_func(jrender *r, int kind, jstr name, jval *out);
 /* A step of work; fails past the limit. */
 int jr_charge(jrender *r, long units);
 

@@ -72,29 +72,19 @@ static int loop_attr(jrender *r, const jloop *l, jstr name, jval *out) {
     else if (js_eqc(name, "previtem") || js_eqc(name, "nextitem"))
         return undef_msg(r, out, "there is no %s", js_eqc(name, "previtem") ? "previous item" : "next item");
     else if (js_eqc(name, "cycle") || js_eqc(name, "changed")) {
-        jfunc *f = jr_alloc(r, sizeof *f);
+        jfunc *f = jr_func(r, name.p[1] == 'y' ? F_LOOP_CYCLE : F_LOOP_CHANGED, name, out);
         if (!f) return -1;
-        memset(f, 0, sizeof *f);
-        f->kind = name.p[1] == 'y' ? F_LOOP_CYCLE : F_LOOP_CHANGED;
-        f->name = name;
         f->loop = (jloop *)l;
-        out->t = V_FUNC;
-        out->u.fn = f;
     } else
         return undef_msg(r, out, "'LoopContext object' has no attribute '%.*s'", (int)name.n, name.p);
     return 0;
 }
 
 static int method_value(jrender *r, jval self, jstr name, int id, jval *out) {
-    jfunc *f = jr_alloc(r, sizeof *f);
+    jfunc *f = jr_func(r, F_METHOD, name, out);
     if (!f) return -1;
-    memset(f, 0, sizeof *f);
-    f->kind = F_METHOD;
     f->id = id;
-    f->name = name;
     f->self = self;
-    out->t = V_FUNC;
-    out->u.fn = f;
     return 0;
 }
 

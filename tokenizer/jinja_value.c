@@ -89,31 +89,23 @@ int ju_isspace(uint32_t c) {
            (c >= 0x2000 && c <= 0x200A) || c == 0x2028 || c == 0x2029 || c == 0x202F || c == 0x205F || c == 0x3000;
 }
 
+/* The byte offset of the character after the one at byte i. */
+static size_t next_char(jstr s, size_t i) {
+    if ((unsigned char)s.p[i] < 0x80) return i + 1;
+    int len;
+    ju_decode(s.p, s.n, i, &len);
+    return i + (size_t)len;
+}
+
 long js_chars(jstr s) {
     long k = 0;
-    for (size_t i = 0; i < s.n; k++) {
-        if ((unsigned char)s.p[i] < 0x80) {
-            i++;
-            continue;
-        }
-        int len;
-        ju_decode(s.p, s.n, i, &len);
-        i += (size_t)len;
-    }
+    for (size_t i = 0; i < s.n; k++) i = next_char(s, i);
     return k;
 }
 
 size_t js_char_offset(jstr s, long k) {
     size_t i = 0;
-    for (; k > 0 && i < s.n; k--) {
-        if ((unsigned char)s.p[i] < 0x80) {
-            i++;
-            continue;
-        }
-        int len;
-        ju_decode(s.p, s.n, i, &len);
-        i += (size_t)len;
-    }
+    for (; k > 0 && i < s.n; k--) i = next_char(s, i);
     return i;
 }
 
@@ -141,6 +133,17 @@ void *jr_alloc(jrender *r, size_t n) {
             jr_fail(r, "out of memory");
     }
     return p;
+}
+
+jfunc *jr_func(jrender *r, int kind, jstr name, jval *out) {
+    jfunc *f = jr_alloc(r, sizeof *f);
+    if (!f) return NULL;
+    memset(f, 0, sizeof *f);
+    f->kind = kind;
+    f->name = name;
+    out->t = V_FUNC;
+    out->u.fn = f;
+    return f;
 }
 
 int jr_charge(jrender *r, long units) {

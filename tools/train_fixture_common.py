@@ -97,9 +97,9 @@ def check_padded(loss_f, n_targets, seq_sums, grad_norm, padded, tol):
             "hf_padded_batch_loss": padded}
 
 
-def lora_adapter_after_steps(model, lora_cfg, loss_fn, dtype):
-    """The adapter (saved names) after N_STEPS AdamW steps from the same start, in dtype."""
-    model = model.to(dtype)
+def peft_with_random_b(model, lora_cfg, dtype=torch.float32):
+    """The adapter's start every reference shares: peft's init from LORA_INIT_SEED, then B drawn
+    from LORA_B_SEED (peft would leave it zero, and every A gradient with it)."""
     torch.manual_seed(LORA_INIT_SEED)
     pmodel = get_peft_model(model, LoraConfig(**lora_cfg))
     pmodel.train()
@@ -108,6 +108,12 @@ def lora_adapter_after_steps(model, lora_cfg, loss_fn, dtype):
         for k, p in pmodel.named_parameters():
             if "lora_B" in k:
                 p.copy_((LORA_B_STD * torch.randn(p.shape, generator=g)).to(dtype))
+    return pmodel
+
+
+def lora_adapter_after_steps(model, lora_cfg, loss_fn, dtype):
+    """The adapter (saved names) after N_STEPS AdamW steps from the same start, in dtype."""
+    pmodel = peft_with_random_b(model.to(dtype), lora_cfg, dtype)
     named = [(k, p) for k, p in pmodel.named_parameters() if p.requires_grad]
     lp = [p for _, p in named]
     train_steps(pmodel, [{"params": lp, "weight_decay": LORA_OPT["weight_decay"]}], lp, LORA_OPT, loss_fn)
@@ -120,14 +126,7 @@ def lora_reference(model, lora_cfg, out, loss_fn, tensor_class, save_final, f64_
     a second copy of the base, trained the same way in float64, so that the reference records how
     far its own float32 result lies from the float64 one (AdamW amplifies the rounding of
     near-zero gradients: that spread bounds any float32 implementation's agreement)."""
-    torch.manual_seed(LORA_INIT_SEED)
-    pmodel = get_peft_model(model, LoraConfig(**lora_cfg))
-    pmodel.train()
-    g = torch.Generator().manual_seed(LORA_B_SEED)
-    with torch.no_grad():
-        for k, p in pmodel.named_parameters():
-            if "lora_B" in k:
-                p.copy_(LORA_B_STD * torch.randn(p.shape, generator=g))
+    pmodel = peft_with_random_b(model, lora_cfg)
     adir = os.path.join(out, "lora_adapter")
     pmodel.save_pretrained(adir)
     os.remove(os.path.join(adir, "README.md"))  # peft's model card template
