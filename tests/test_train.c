@@ -135,6 +135,11 @@ static void test_full_gemma3_local_rope(void **state) {
     check_full("gemma3_local_rope", 0);
 }
 
+static void test_full_mistral_window(void **state) {
+    (void)state;
+    check_full("mistral_window", 0);
+}
+
 static void test_full_recompute(void **state) {
     (void)state;
     check_full("gqa_tied", 1);
@@ -210,6 +215,11 @@ static void test_lora_gemma2_softcap(void **state) {
 static void test_lora_gemma3_local_rope(void **state) {
     (void)state;
     check_lora("gemma3_local_rope", QLM_F32, 1e-5);
+}
+
+static void test_lora_mistral_window(void **state) {
+    (void)state;
+    check_lora("mistral_window", QLM_F32, 1e-5);
 }
 
 /* QLoRA-style: the frozen base in BF16 and INT8 follows the F32 curve within the precision's error. */
@@ -336,12 +346,14 @@ int main(void) {
         cmocka_unit_test(test_full_gelu_linear_rope),
         cmocka_unit_test(test_full_gemma2_softcap),
         cmocka_unit_test(test_full_gemma3_local_rope),
+        cmocka_unit_test(test_full_mistral_window),
         cmocka_unit_test(test_full_recompute),        cmocka_unit_test(test_lora_gqa_tied),
         cmocka_unit_test(test_lora_qwen2_bias),
         cmocka_unit_test(test_lora_qwen3_window),
         cmocka_unit_test(test_lora_gelu_linear_rope),
         cmocka_unit_test(test_lora_gemma2_softcap),
-        cmocka_unit_test(test_lora_gemma3_local_rope),       cmocka_unit_test(test_lora_low_precision_base),
+        cmocka_unit_test(test_lora_gemma3_local_rope),
+        cmocka_unit_test(test_lora_mistral_window),       cmocka_unit_test(test_lora_low_precision_base),
         cmocka_unit_test(test_full_bf16_compute),     cmocka_unit_test(test_loss_scaling_overflow),
         cmocka_unit_test(test_gradient_accumulation), cmocka_unit_test(test_lr_schedules),
     };

@@ -3,7 +3,7 @@
 there). qlm never runs Python; this script only produces committed reference files.
 
 For each base model (tests/fixtures/llama/ gqa_tied, qwen2_bias, qwen3_window, gelu_linear_rope,
-gemma2_softcap, gemma3_local_rope) it writes
+gemma2_softcap, gemma3_local_rope, mistral_window) it writes
 tests/fixtures/train/<name>/:
   batch.json               3 sequences of different lengths and their labels (-100 = not a target)
   reference.json           loss, n_targets, 10 AdamW steps (losses, pre-clip grad norms), the same
@@ -47,11 +47,13 @@ BASES = {
     "gemma2_softcap": ("tests/fixtures/llama/gemma2_softcap", 5505),
     # Gemma 3: (1 + w) q/k norms, local and global RoPE tables
     "gemma3_local_rope": ("tests/fixtures/llama/gemma3_local_rope", 5606),
+    # Mistral: every layer over a window of 10, shorter than the 23- and 17-token sequences
+    "mistral_window": ("tests/fixtures/llama/mistral_window", 5707),
 }
 LENGTHS = (23, 17, 11)
 # Bases whose reference also records the float32-vs-float64 spread of the LoRA run's final adapter
 # (those made since it was added; the test takes 1e-4 where it is absent).
-F64_SPREAD = ("gemma2_softcap", "gemma3_local_rope")
+F64_SPREAD = ("gemma2_softcap", "gemma3_local_rope", "mistral_window")
 FIRST_ID = 3  # token ids are drawn uniformly from [FIRST_ID, vocab)
 
 LORA_CFG = dict(r=4, lora_alpha=8, lora_dropout=0.0,
