@@ -158,6 +158,7 @@ static void test_gqa_tied(void **state) { (void)state; check_fixture("gqa_tied")
 static void test_qwen2_bias(void **state) { (void)state; check_fixture("qwen2_bias"); }
 static void test_llama3_rope(void **state) { (void)state; check_fixture("llama3_rope"); }
 static void test_qwen3_window(void **state) { (void)state; check_fixture("qwen3_window"); }
+static void test_qwen3_bias_untied(void **state) { (void)state; check_fixture("qwen3_bias_untied"); }
 static void test_mistral_window(void **state) { (void)state; check_fixture("mistral_window"); }
 static void test_gelu_linear_rope(void **state) { (void)state; check_fixture("gelu_linear_rope"); }
 static void test_yarn_gelu_tanh_bias(void **state) { (void)state; check_fixture("yarn_gelu_tanh_bias"); }
@@ -382,6 +383,7 @@ int main(void) {
         cmocka_unit_test(test_qwen2_bias),
         cmocka_unit_test(test_llama3_rope),
         cmocka_unit_test(test_qwen3_window),
+        cmocka_unit_test(test_qwen3_bias_untied),
         cmocka_unit_test(test_mistral_window),
         cmocka_unit_test(test_gelu_linear_rope),
         cmocka_unit_test(test_yarn_gelu_tanh_bias),

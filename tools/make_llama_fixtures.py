@@ -62,6 +62,13 @@ FIXTURES = {
                  rms_norm_eps=1e-6, tie_word_embeddings=True, bos_token_id=1, eos_token_id=2,
                  use_sliding_window=True, sliding_window=8, max_window_layers=1,
                  rope_parameters=dict(rope_type="default", rope_theta=1000000.0))),
+    # Qwen3, second shape: attention biases (q/k/v/o), GQA 8/2, untied, no window, theta 1e4.
+    "qwen3_bias_untied": dict(
+        cls=(Qwen3Config, Qwen3ForCausalLM), seed=15015,
+        cfg=dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=8,
+                 num_key_value_heads=2, head_dim=16, vocab_size=300, max_position_embeddings=256,
+                 rms_norm_eps=1e-6, tie_word_embeddings=False, bos_token_id=1, eos_token_id=2, attention_bias=True,
+                 rope_parameters=dict(rope_type="default", rope_theta=10000.0))),
     # Mistral: every layer over a window of 10, GQA 8/2, untied.
     "mistral_window": dict(
         cls=(MistralConfig, MistralForCausalLM), seed=6006,
