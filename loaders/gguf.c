@@ -899,7 +899,7 @@ static int read_rope_scaling(const qlm_gguf *g, const char *a, qlm_llama_config 
         return -1;
     /* transformers' attention factor from the scaling factor (llama.cpp's own attn_factor key
      * multiplies its internal one and is not read). */
-    c->rope_attn_factor = c->rope_scale_factor > 1 ? 0.1f * logf(c->rope_scale_factor) + 1.0f : 1.0f;
+    c->rope_attn_factor = qlm_rope_default_attn_factor(c);
     return 0;
 }
 
@@ -948,10 +948,8 @@ static int read_phi3(const qlm_gguf *g, const char *a, qlm_llama_config *c) {
     if (read_vector(g, sf, half, c->rope_short_factor) != 0 || read_vector(g, lf, half, c->rope_long_factor) != 0 ||
         arch_int(g, a, "rope.scaling.original_context_length", 1, 0, &c->rope_orig_max_pos) != 0)
         return -1;
-    float factor = (float)c->max_seq_len / (float)c->rope_orig_max_pos;
-    float dflt = factor <= 1 ? 1.0f : sqrtf(1 + logf(factor) / logf((float)c->rope_orig_max_pos));
-    c->rope_scale_factor = factor;
-    return arch_float(g, a, "rope.scaling.attn_factor", 0, dflt, &c->rope_attn_factor);
+    c->rope_scale_factor = (float)c->max_seq_len / (float)c->rope_orig_max_pos;
+    return arch_float(g, a, "rope.scaling.attn_factor", 0, qlm_rope_default_attn_factor(c), &c->rope_attn_factor);
 }
 
 int qlm_gguf_llama_config(const qlm_gguf *g, qlm_llama_config *cfg) {

@@ -47,6 +47,11 @@ static const cJSON *field(const cJSON *obj, const char *key) {
     return cJSON_IsNull(v) ? NULL : v;
 }
 
+/* The key is there and null (which some keys read as "none" rather than as absent). */
+static int is_null(const cJSON *obj, const char *key) {
+    return cJSON_IsNull(cJSON_GetObjectItemCaseSensitive(obj, key));
+}
+
 /* Integer field of obj: *out = dflt when absent or null (an error when required). */
 static int get_int(const hf_ctx *c, const cJSON *obj, const char *key, int required, int dflt, int *out) {
     const cJSON *v = field(obj, key);
@@ -150,7 +155,7 @@ static int read_yarn(const hf_ctx *rc, const cJSON *rope, qlm_llama_config *cfg)
         cfg->rope_attn_factor = mscale != 0 && mscale_all_dim != 0
                                     ? yarn_mscale(cfg->rope_scale_factor, mscale) /
                                           yarn_mscale(cfg->rope_scale_factor, mscale_all_dim)
-                                    : yarn_mscale(cfg->rope_scale_factor, 1);
+                                    : qlm_rope_default_attn_factor(cfg);
     return 0;
 }
 
@@ -187,7 +192,7 @@ static int read_longrope(const hf_ctx *rc, const cJSON *rope, qlm_llama_config *
         return -1;
     cfg->rope_scale_factor = f;
     if (cfg->rope_attn_factor == 0)
-        cfg->rope_attn_factor = f <= 1 ? 1.0f : (float)sqrt(1 + log((double)f) / log((double)cfg->rope_orig_max_pos));
+        cfg->rope_attn_factor = qlm_rope_default_attn_factor(cfg);
     return 0;
 }
 
@@ -317,8 +322,7 @@ static int read_sliding_window(const hf_ctx *c, hf_arch arch, qlm_llama_config *
         return -1;
     if (arch == ARCH_GEMMA3 && get_int(c, c->root, "sliding_window_pattern", 0, 6, &period) != 0) return -1;
     if (get_int(c, c->root, "sliding_window", 0, dflt_window, &window) != 0) return -1;
-    if (field(c->root, "sliding_window") == NULL && cJSON_GetObjectItemCaseSensitive(c->root, "sliding_window"))
-        window = 0; /* null: no window */
+    if (is_null(c->root, "sliding_window")) window = 0;
     if (!use || window == 0) return 0;
     if (window < 0 || period < 0) return qlm_errorf("%s: sliding_window and its pattern must be positive", c->path);
     int n = cfg->n_layers;
@@ -365,10 +369,8 @@ static int read_gemma(const hf_ctx *c, hf_arch arch, qlm_llama_config *cfg) {
         get_bool(c, "use_bidirectional_attention", 0, &bidirectional) != 0)
         return -1;
     /* null caps mean none */
-    if (!field(c->root, "attn_logit_softcapping") && cJSON_GetObjectItemCaseSensitive(c->root, "attn_logit_softcapping"))
-        cfg->attn_softcap = 0;
-    if (!field(c->root, "final_logit_softcapping") && cJSON_GetObjectItemCaseSensitive(c->root, "final_logit_softcapping"))
-        cfg->final_softcap = 0;
+    if (is_null(c->root, "attn_logit_softcapping")) cfg->attn_softcap = 0;
+    if (is_null(c->root, "final_logit_softcapping")) cfg->final_softcap = 0;
     if (bidirectional) return qlm_errorf("%s: use_bidirectional_attention is not supported", c->path);
     if (!(qpas > 0) || cfg->attn_softcap < 0 || cfg->final_softcap < 0)
         return qlm_errorf("%s: query_pre_attn_scalar and the soft caps must be positive", c->path);
@@ -612,16 +614,13 @@ static int add_rope_scaling(cJSON *root, const qlm_llama_config *cfg) {
                 if (!ok) cJSON_Delete(v);
             }
         }
-        /* only when the factor alone would not give it back */
-        float dflt = cfg->rope_scale_factor <= 1 ? 1.0f
-                     : (float)sqrt(1 + log((double)cfg->rope_scale_factor) / log((double)cfg->rope_orig_max_pos));
-        ok = ok && (cfg->rope_attn_factor == dflt || add_float(rope, "attention_factor", cfg->rope_attn_factor));
     }
     if (ok && cfg->rope_type == QLM_ROPE_YARN)
-        ok = add_float(rope, "beta_fast", cfg->rope_beta_fast) && add_float(rope, "beta_slow", cfg->rope_beta_slow) &&
-             /* only when the factor alone would not give it back */
-             (cfg->rope_attn_factor == yarn_mscale(cfg->rope_scale_factor, 1) ||
-              add_float(rope, "attention_factor", cfg->rope_attn_factor));
+        ok = add_float(rope, "beta_fast", cfg->rope_beta_fast) && add_float(rope, "beta_slow", cfg->rope_beta_slow);
+    /* only when the factor alone would not give it back */
+    if (ok && (cfg->rope_type == QLM_ROPE_YARN || cfg->rope_type == QLM_ROPE_LONGROPE) &&
+        cfg->rope_attn_factor != qlm_rope_default_attn_factor(cfg))
+        ok = add_float(rope, "attention_factor", cfg->rope_attn_factor) != NULL;
     return ok;
 }
 

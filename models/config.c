@@ -5,6 +5,14 @@
 
 #include "../core/error.h"
 
+float qlm_rope_default_attn_factor(const qlm_llama_config *c) {
+    double f = c->rope_scale_factor;
+    if (f <= 1) return 1.0f;
+    if (c->rope_type == QLM_ROPE_YARN) return (float)(0.1 * log(f) + 1.0);
+    if (c->rope_type == QLM_ROPE_LONGROPE) return (float)sqrt(1 + log(f) / log((double)c->rope_orig_max_pos));
+    return 1.0f;
+}
+
 int qlm_config_validate(const qlm_llama_config *c, const char *source) {
     struct { const char *name; long v; long max; } pos[] = {
         {"hidden_size", c->dim, 1L << 20},      {"intermediate_size", c->hidden_dim, 1L << 22},

@@ -62,6 +62,10 @@ static inline int qlm_layer_window(const qlm_llama_config *c, int l) {
     return c->window_period > 0 && l % c->window_period == c->window_period - 1 ? 0 : c->sliding_window;
 }
 
+/* The attention factor transformers derives when a config gives none: YaRN's 0.1 ln(factor) + 1,
+ * longrope's sqrt(1 + ln(factor) / ln(original context)), 1 for a factor <= 1 or other types. */
+float qlm_rope_default_attn_factor(const qlm_llama_config *c);
+
 /* Checks that the numbers are positive and consistent (heads divide, GQA groups, ...).
  * `source` names the file for the message. */
 int qlm_config_validate(const qlm_llama_config *c, const char *source);

@@ -192,7 +192,7 @@ static int build_dict(jrender *r, const char *what, const jargs *a, jval *out) {
     jval d = jv_dict(r, total);
     if (!d.u.d) return -1;
     for (int i = 0; i < total; i++) {
-        jval k, v, old;
+        jval k, v;
         if (a->n && a->args[0].t == V_DICT && i < a->args[0].u.d->n) {
             k = a->args[0].u.d->k[i];
             v = a->args[0].u.d->v[i];
@@ -209,15 +209,7 @@ static int build_dict(jrender *r, const char *what, const jargs *a, jval *out) {
             k = jv_str(a->names[kw]);
             v = a->kwargs[kw];
         }
-        int rc = jv_dict_get(r, d.u.d, k, &old);
-        if (rc < 0) return -1;
-        if (rc == 0) {
-            for (int j = 0; j < d.u.d->n; j++)
-                if (jv_equal(r, d.u.d->k[j], k) == 1) d.u.d->v[j] = v;
-            continue;
-        }
-        d.u.d->k[d.u.d->n] = k;
-        d.u.d->v[d.u.d->n++] = v;
+        if (jv_dict_put(r, d.u.d, k, v) != 0) return -1;
     }
     *out = d;
     return 0;

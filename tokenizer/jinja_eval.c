@@ -448,18 +448,10 @@ static int eval_dict(jrender *r, jscope *sc, const jnode *e, jval *out) {
     jval d = jv_dict(r, e->n);
     if (!d.u.d) return -1;
     for (int i = 0; i < e->n; i++) {
-        jval k, v, old;
+        jval k, v;
         if (eval(r, sc, e->kids[i], &k) != 0 || eval(r, sc, e->more[i], &v) != 0) return -1;
         r->pos = e->kids[i]->pos;
-        int rc = jv_dict_get(r, d.u.d, k, &old);
-        if (rc < 0) return -1;
-        if (rc == 0) { /* a repeated key keeps its place and takes the new value */
-            for (int j = 0; j < d.u.d->n; j++)
-                if (jv_equal(r, d.u.d->k[j], k) == 1) d.u.d->v[j] = v;
-            continue;
-        }
-        d.u.d->k[d.u.d->n] = k;
-        d.u.d->v[d.u.d->n++] = v;
+        if (jv_dict_put(r, d.u.d, k, v) != 0) return -1;
     }
     *out = d;
     return 0;

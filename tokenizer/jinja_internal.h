@@ -283,6 +283,8 @@ int jv_getitem(jrender *r, jval obj, jval key, jval *out);
 int jv_slice(jrender *r, jval obj, const jval *bounds, jval *out);
 /* dict lookup by Python equality; 0 found, 1 missing */
 int jv_dict_get(jrender *r, const jdict *d, jval key, jval *out);
+/* d[key] = v: a present key keeps its place, a new one goes last (d has room for it); 0 or -1. */
+int jv_dict_put(jrender *r, jdict *d, jval key, jval v);
 
 /* ---- builtins ---- */
 

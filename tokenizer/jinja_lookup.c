@@ -17,19 +17,33 @@ static int hashable(jval k) {
     return k.t != V_DICT && !(k.t == V_LIST && k.u.l->kind != L_RANGE);
 }
 
-int jv_dict_get(jrender *r, const jdict *d, jval key, jval *out) {
+/* The index of key in d by Python equality, d->n when missing, -1 on error. */
+static int dict_index(jrender *r, const jdict *d, jval key) {
     if (!hashable(key)) return jr_fail(r, "unhashable type: '%s'", jv_type_name(key));
     if (jr_charge(r, (long)(d->n / 8) * (key.t == V_STR ? cost_compare(key.u.s.n) + 1 : 1)) != 0) return -1;
     for (int i = 0; i < d->n; i++) {
         if (key.t == V_STR && d->k[i].t != V_STR) continue;
         int e = key.t == V_STR ? js_eq(key.u.s, d->k[i].u.s) : jv_equal(r, key, d->k[i]);
         if (e < 0) return -1;
-        if (e) {
-            *out = d->v[i];
-            return 0;
-        }
+        if (e) return i;
     }
-    return 1;
+    return d->n;
+}
+
+int jv_dict_get(jrender *r, const jdict *d, jval key, jval *out) {
+    int i = dict_index(r, d, key);
+    if (i < 0) return -1;
+    if (i == d->n) return 1;
+    *out = d->v[i];
+    return 0;
+}
+
+int jv_dict_put(jrender *r, jdict *d, jval key, jval v) {
+    int i = dict_index(r, d, key);
+    if (i < 0) return -1;
+    if (i == d->n) d->k[d->n++] = key;
+    d->v[i] = v;
+    return 0;
 }
 
 static int undef_msg(jrender *r, jval *out, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
