@@ -21,6 +21,7 @@
 #include "core/dtype.h"
 #include "core/error.h"
 #include "cpu/membw.h"
+#include "quant/block_quant.h"
 #include "quant/half.h"
 #include "quant/matmul.h"
 #include "quant/quantize.h"
@@ -49,10 +50,13 @@ typedef struct {
     qlm_dtype dtype;
     int per_row; /* I8 only */
     const char *label;
+    int group; /* block types */
 } variant;
 
 static const variant k_variants[] = {
-    {QLM_F32, 0, "f32"}, {QLM_F16, 0, "f16"}, {QLM_BF16, 0, "bf16"}, {QLM_I8, 0, "int8"}, {QLM_I8, 1, "int8/row"},
+    {QLM_F32, 0, "f32", 0},       {QLM_F16, 0, "f16", 0},       {QLM_BF16, 0, "bf16", 0},
+    {QLM_I8, 0, "int8", 0},       {QLM_I8, 1, "int8/row", 0},   {QLM_Q8_0, 0, "q8_0", 32},
+    {QLM_Q4_0, 0, "q4_0", 32},    {QLM_Q4_1, 0, "q4_1", 32},    {QLM_Q4_0, 0, "q4_0/128", 128},
 };
 #define NVARIANTS (int)(sizeof k_variants / sizeof k_variants[0])
 
@@ -85,7 +89,7 @@ static void weights_free(weights *wt) {
 static int weights_make(weights *wt, const shape *s, const variant *v, long copies) {
     long n = (long)s->rows * s->cols;
     float *f = malloc((size_t)n * sizeof(float));
-    wt->bytes = (size_t)n * qlm_dtype_size(v->dtype);
+    wt->bytes = (size_t)s->rows * qlm_dtype_row_bytes(v->dtype, s->cols, v->group);
     wt->copies = copies;
     wt->data = malloc(wt->bytes * (size_t)copies);
     wt->row_scales = v->per_row ? malloc((size_t)s->rows * sizeof(float)) : NULL;
@@ -100,6 +104,10 @@ static int weights_make(weights *wt, const shape *s, const variant *v, long copi
         qlm_quantize_i8_rows(wt->data, wt->row_scales, f, s->rows, s->cols);
     else if (v->dtype == QLM_I8)
         wt->scale = qlm_quantize_i8(wt->data, f, s->rows, s->cols);
+    else if (qlm_dtype_is_block(v->dtype))
+        for (int r = 0; r < s->rows; r++)
+            qlm_block_quantize_row((char *)wt->data + (size_t)r * (wt->bytes / s->rows), v->dtype, v->group,
+                                   f + (long)r * s->cols, s->cols);
     else
         qlm_convert_from_f32(wt->data, v->dtype, f, n);
     for (long c = 1; c < copies; c++) memcpy((char *)wt->data + (size_t)c * wt->bytes, wt->data, wt->bytes);
@@ -108,7 +116,8 @@ static int weights_make(weights *wt, const shape *s, const variant *v, long copi
 }
 
 static qlm_weight weights_copy(const weights *wt, const shape *s, const variant *v, long c) {
-    qlm_weight w = {v->dtype, s->rows, s->cols, (const char *)wt->data + (size_t)c * wt->bytes, wt->scale, wt->row_scales};
+    qlm_weight w = {v->dtype, s->rows, s->cols, (const char *)wt->data + (size_t)c * wt->bytes, wt->scale, wt->row_scales,
+                    v->group};
     return w;
 }
 
@@ -215,7 +224,7 @@ static int bench_gemv(const options *o, double bw, double gemv_s[NSHAPES][NVARIA
         if (!ok) qlm_errorf("bench: out of memory");
         for (int vi = 0; ok && vi < NVARIANTS; vi++) {
             const variant *v = &k_variants[vi];
-            size_t bytes = (size_t)s->rows * s->cols * qlm_dtype_size(v->dtype);
+            size_t bytes = (size_t)s->rows * qlm_dtype_row_bytes(v->dtype, s->cols, v->group);
             long copies = o->hot ? 1 : (long)((COLD_BYTES + bytes - 1) / bytes);
             if (copies < 2 && !o->hot) copies = 2;
             ok = weights_make(&wt[vi], s, v, copies) == 0;

@@ -121,7 +121,8 @@ int cmd_info(int argc, char **argv) {
         if (tensors) {
             printf("  %-52s %-5s [", e->name, qlm_dtype_name(e->dtype));
             for (int d = 0; d < e->ndim; d++) printf("%s%lld", d ? ", " : "", (long long)e->shape[d]);
-            printf("]%s\n", e->dtype == QLM_I8 ? (e->row_scales ? " per-channel scales" : " per-tensor scale") : "");
+            if (qlm_dtype_is_block(e->dtype)) printf("] blocks of %d\n", e->group);
+            else printf("]%s\n", e->dtype == QLM_I8 ? (e->row_scales ? " per-channel scales" : " per-tensor scale") : "");
         }
     }
     printf("tensors: %d, parameters: %.2fM, %.1f MiB as loaded (%s%s)\n", qlm_store_count(src.store), params / 1e6,

@@ -142,6 +142,14 @@ static int run(int argc, char **argv, const char *cmd, const char *usage, int re
         return cli_usage_error(cmd, usage);
     }
     if (!mo.dtype) mo.dtype = "f32";
+    qlm_dtype want;
+    if (qlm_dtype_parse(mo.dtype, &want) == 0 && qlm_dtype_is_block(want)) {
+        fprintf(stderr,
+                "qlm %s: %s is a load-time format: run a model in it with --dtype %s (or from a GGUF holding it); "
+                "qlm does not write it to safetensors\n",
+                cmd, mo.dtype, mo.dtype);
+        return 2;
+    }
     if (mo.per_channel && strcmp(mo.dtype, "int8") && strcmp(mo.dtype, "i8") && strcmp(mo.dtype, "q8")) {
         fprintf(stderr, "qlm %s: --per-channel only applies to --dtype int8\n", cmd);
         return 2;

@@ -68,13 +68,20 @@ int cli_model_flag(cli_model_opts *o, int opt, const char *arg) {
     case OPT_DTYPE: {
         qlm_dtype d;
         if (qlm_dtype_parse(arg, &d) != 0) {
-            fprintf(stderr, "qlm: --dtype must be f32, bf16, f16 or int8, got '%s'\n", arg);
+            fprintf(stderr, "qlm: --dtype must be f32, bf16, f16, int8, q8_0, q4_0 (int4) or q4_1, got '%s'\n", arg);
             return -1;
         }
         o->dtype = arg;
         return 1;
     }
     case OPT_PER_CHANNEL: o->per_channel = 1; return 1;
+    case OPT_GROUP:
+        if (cli_int("--group", arg, 32, 128, &o->group)) return -1;
+        if (!qlm_group_valid(o->group)) {
+            fprintf(stderr, "qlm: --group must be 32, 64 or 128, got '%s'\n", arg);
+            return -1;
+        }
+        return 1;
     case OPT_THREADS: return cli_int("--threads", arg, 1, 1024, &o->threads) ? -1 : 1;
     case 'c': /* llama.cpp's -c */
     case OPT_CTX: return cli_int("--ctx", arg, 1, 1 << 24, &o->ctx) ? -1 : 1;
@@ -270,6 +277,9 @@ int cli_chat_template_ready(const cli_model_opts *o, const cli_model *cm, int qu
 static int load_model(const cli_model_opts *o, cli_model *cm, int need_tokenizer, int quiet,
                       const char *chat_template) {
     int threads = o->threads;
+    qlm_dtype want;
+    if (o->group && !(o->dtype && qlm_dtype_parse(o->dtype, &want) == 0 && qlm_dtype_is_block(want)))
+        return qlm_errorf("--group applies to the block dtypes (--dtype q8_0, q4_0 or q4_1)");
     if (o->distributed && start_ranks(o, cm, &threads, quiet) != 0) return -1;
     quiet |= cm->dist.rank != 0;
     if (!o->distributed) cli_threads_apply(threads, 1, quiet);
@@ -294,7 +304,7 @@ static int load_model(const cli_model_opts *o, cli_model *cm, int need_tokenizer
         return -1;
     }
     qlm_model_options mo = {.dtype = cm->src.stored_dtype, .per_channel = o->per_channel || cm->src.stored_per_channel,
-                            .backend = be};
+                            .group = o->group, .as_stored = !o->dtype, .backend = be};
     if (o->dtype) qlm_dtype_parse(o->dtype, &mo.dtype);
     if (o->dtype && mo.dtype == QLM_I8) mo.per_channel = o->per_channel;
     rc = cm->src.is_t5 ? qlm_t5_build(&cm->t5, &cm->src.t5, cm->src.store, &mo)

@@ -93,6 +93,8 @@ typedef struct qlm_backend {
     /* 1 when device memory is host memory (the CPU): model code then reads and writes its
      * buffers directly instead of staging them through to_host. */
     int host_memory;
+    /* 1 when the matrix ops take weights in the block types (Q8_0, Q4_0, Q4_1). */
+    int block_weights;
     /* Device memory for activations and caches; NULL (message set) when out of memory. */
     void *(*alloc)(size_t bytes);
     void (*free)(void *p);

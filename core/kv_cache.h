@@ -13,7 +13,9 @@
  * every decode step reads from the caches (BF16 has F32's range, so T5's large activations cannot
  * overflow it); transformers' own BF16 models keep BF16 caches as well. F32 for F32 weights (the
  * exact reference) and F16 ones (BF16 caches moved F16 models from 0.23% to 0.74% of the largest
- * logit on the parity fixtures, past their 0.4% tolerance). */
+ * logit on the parity fixtures, past their 0.4% tolerance) and block types (a GGUF run as stored
+ * holds the file's exact weights: the default model's Q4_1 comes within 0.043 of transformers'
+ * logits with F32 caches and 0.54 with BF16 ones). */
 static inline qlm_dtype qlm_kv_dtype(qlm_dtype weights) {
     return weights == QLM_I8 || weights == QLM_BF16 ? QLM_BF16 : QLM_F32;
 }

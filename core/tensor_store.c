@@ -103,17 +103,9 @@ qlm_tensor_entry *qlm_store_add(qlm_tensor_store *s, const char *name, qlm_dtype
     return e;
 }
 
-qlm_tensor_entry *qlm_store_add_owned(qlm_tensor_store *s, const char *name, qlm_dtype dtype,
-                                      int ndim, const int64_t *shape, void **data_out) {
-    int64_t numel = 1;
-    for (int i = 0; i < ndim; i++) {
-        if (shape[i] < 0 || (shape[i] > 0 && numel > INT64_MAX / 8 / shape[i])) {
-            qlm_errorf("tensor %s: invalid shape", name);
-            return NULL;
-        }
-        numel *= shape[i];
-    }
-    size_t nbytes = (size_t)numel * qlm_dtype_size(dtype);
+/* Allocates nbytes (64-byte aligned) that the store frees, and an entry for them. */
+static qlm_tensor_entry *add_owned_bytes(qlm_tensor_store *s, const char *name, qlm_dtype dtype, int ndim,
+                                         const int64_t *shape, size_t nbytes, void **data_out) {
     void *buf = NULL;
     if (posix_memalign(&buf, 64, nbytes ? nbytes : 64) != 0) {
         qlm_errorf("tensor %s: out of memory allocating %zu bytes", name, nbytes);
@@ -125,6 +117,34 @@ qlm_tensor_entry *qlm_store_add_owned(qlm_tensor_store *s, const char *name, qlm
     }
     qlm_tensor_entry *e = qlm_store_add(s, name, dtype, ndim, shape, buf, nbytes);
     if (e && data_out) *data_out = buf;
+    return e;
+}
+
+qlm_tensor_entry *qlm_store_add_owned(qlm_tensor_store *s, const char *name, qlm_dtype dtype,
+                                      int ndim, const int64_t *shape, void **data_out) {
+    int64_t numel = 1;
+    for (int i = 0; i < ndim; i++) {
+        if (shape[i] < 0 || (shape[i] > 0 && numel > INT64_MAX / 8 / shape[i])) {
+            qlm_errorf("tensor %s: invalid shape", name);
+            return NULL;
+        }
+        numel *= shape[i];
+    }
+    return add_owned_bytes(s, name, dtype, ndim, shape, (size_t)numel * qlm_dtype_size(dtype), data_out);
+}
+
+qlm_tensor_entry *qlm_store_add_owned_blocks(qlm_tensor_store *s, const char *name, qlm_dtype dtype, int group,
+                                             int64_t rows, int64_t cols, void **data_out) {
+    if (!qlm_dtype_is_block(dtype) || !qlm_group_valid(group) || rows < 0 || cols < 0 || cols % group ||
+        rows > INT32_MAX || cols > INT32_MAX) {
+        qlm_errorf("tensor %s: invalid %s shape [%lld, %lld] for groups of %d", name, qlm_dtype_name(dtype),
+                   (long long)rows, (long long)cols, group);
+        return NULL;
+    }
+    int64_t shape[2] = {rows, cols};
+    qlm_tensor_entry *e =
+        add_owned_bytes(s, name, dtype, 2, shape, (size_t)rows * qlm_dtype_row_bytes(dtype, (long)cols, group), data_out);
+    if (e) e->group = group;
     return e;
 }
 
@@ -186,7 +206,22 @@ static int64_t first_non_finite(const qlm_tensor_entry *e, int64_t from, int64_t
 
 static int scale_ok(float s) { return isfinite(s) && s > 0 && s <= 1e30f; }
 
+/* The F16 scale (and Q4_1's offset) at the head of every block. */
+static int check_blocks(const qlm_tensor_entry *e) {
+    const size_t bb = qlm_dtype_block_bytes(e->dtype, e->group);
+    const int heads = e->dtype == QLM_Q4_1 ? 2 : 1;
+    const uint8_t *p = e->data;
+    for (size_t b = 0; bb && b < e->nbytes / bb; b++)
+        for (int h = 0; h < heads; h++) {
+            uint16_t v = (uint16_t)(p[b * bb + 2 * h] | p[b * bb + 2 * h + 1] << 8);
+            if ((v & 0x7C00u) == 0x7C00u)
+                return qlm_errorf("tensor %s: the %s of block %zu is NaN or Inf", e->name, h ? "offset" : "scale", b);
+        }
+    return 0;
+}
+
 static int check_entry(const qlm_tensor_entry *e) {
+    if (qlm_dtype_is_block(e->dtype)) return check_blocks(e);
     if (e->dtype == QLM_I8) {
         int64_t rows = e->ndim >= 1 ? e->shape[0] : 1;
         if (!e->row_scales && !scale_ok(e->scale))

@@ -23,6 +23,8 @@ typedef struct {
     /* INT8 only: per-tensor scale, or per-row scales (shape[0] floats) when row_scales != NULL. */
     float scale;
     const float *row_scales;
+    /* Block types (2-D, shape [rows, cols]): weights per block; nbytes = rows * the row's blocks. */
+    int group;
 } qlm_tensor_entry;
 
 typedef struct qlm_tensor_store qlm_tensor_store;
@@ -38,6 +40,9 @@ qlm_tensor_entry *qlm_store_add(qlm_tensor_store *s, const char *name, qlm_dtype
 /* Allocates an owned, 64-byte aligned buffer of nbytes and adds an entry pointing to it. */
 qlm_tensor_entry *qlm_store_add_owned(qlm_tensor_store *s, const char *name, qlm_dtype dtype,
                                       int ndim, const int64_t *shape, void **data_out);
+/* The same for a 2-D tensor [rows, cols] of block type dtype with blocks of group weights. */
+qlm_tensor_entry *qlm_store_add_owned_blocks(qlm_tensor_store *s, const char *name, qlm_dtype dtype, int group,
+                                             int64_t rows, int64_t cols, void **data_out);
 /* The store unmaps (munmap) this region when freed. */
 int qlm_store_keep_mapping(qlm_tensor_store *s, void *addr, size_t len);
 /* The store frees this malloc'd buffer when freed. */
@@ -58,7 +63,7 @@ int qlm_store_remove(qlm_tensor_store *s, const char *name);
 int64_t qlm_entry_numel(const qlm_tensor_entry *e);
 
 /* Checks that every value is usable: F32/F16/BF16 hold no NaN or Inf, INT8 scales are in
- * (0, 1e30]. A file with such values loads and then generates empty or garbage text, so the error
+ * (0, 1e30], the F16 scales and offsets of block types are finite. A file with such values loads and then generates empty or garbage text, so the error
  * names the tensor and the first bad element. One pass over the data (a fraction of reading it). */
 int qlm_store_check_values(const qlm_tensor_store *s);
 

@@ -11,6 +11,7 @@ typedef struct {
     const void *data;
     float scale;             /* I8: per-tensor scale (w = q * scale) */
     const float *row_scales; /* I8: per-row scales, or NULL for per-tensor */
+    int group;               /* block types: weights per block */
 } qlm_weight;
 
 /* One of several products of the same x (qlm_matmul_group, the backend's matmul_group):

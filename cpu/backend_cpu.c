@@ -203,6 +203,7 @@ static void cpu_memcpy(void *dst, const void *src, size_t bytes) { memcpy(dst, s
 static const qlm_backend cpu_backend = {
     .name = "cpu",
     .host_memory = 1,
+    .block_weights = 1,
     .alloc = cpu_alloc,
     .free = cpu_free,
     .upload = cpu_upload,

@@ -49,6 +49,11 @@ static size_t row_bytes(const qlm_param *p) {
 int qlm_layout_init(qlm_layout *L, qlm_param *params, int n_params, qlm_unit *units, int n_units,
                     const qlm_cut *cuts, int size, int rank) {
     memset(L, 0, sizeof *L);
+    /* Parts are cut at element offsets, which block types do not have. */
+    for (int i = 0; i < n_params; i++)
+        if (params[i].matrix && qlm_dtype_is_block(params[i].matrix->dtype))
+            return qlm_errorf("%s: sharding %s weights is not supported: load the model with --dtype bf16 or int8",
+                              params[i].name, qlm_dtype_name(params[i].matrix->dtype));
     L->params = params, L->n_params = n_params, L->units = units, L->n_units = n_units;
     L->size = size, L->rank = rank;
     L->cut = malloc((size_t)n_units * (size + 1) * sizeof *L->cut);

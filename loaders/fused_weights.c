@@ -35,6 +35,7 @@ static int split_rows(qlm_tensor_store *s, int l, const char *fused, const part 
             qlm_store_add(s, part_name, e->dtype, 2, shape, data + (size_t)first * row_bytes, (size_t)parts[i].rows * row_bytes);
         if (!p) return qlm_errorf("%s: %s: %s", path, name, qlm_last_error());
         p->scale = e->scale;
+        p->group = e->group;
         p->row_scales = e->row_scales ? e->row_scales + first : NULL;
         first += parts[i].rows;
     }

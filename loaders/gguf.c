@@ -460,24 +460,46 @@ static int check_data(qlm_gguf *g, uint64_t header_end) {
     return 0;
 }
 
-static int map_file(qlm_gguf *g) {
-    int fd = open(g->path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return qlm_errorf("%s: cannot open: %s", g->path, strerror(errno));
+/* Maps the file read-only into *map, checking it is a regular file of at least min bytes. */
+static int map_path(const char *path, size_t min, const uint8_t **map, size_t *size) {
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return qlm_errorf("%s: cannot open: %s", path, strerror(errno));
     struct stat st;
     if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
         close(fd);
-        return qlm_errorf("%s: not a regular file", g->path);
+        return qlm_errorf("%s: not a regular file", path);
     }
-    if (st.st_size < 24) {
+    if ((size_t)st.st_size < min) {
         close(fd);
-        return qlm_errorf("%s: file too short (%lld bytes) for a GGUF header", g->path, (long long)st.st_size);
+        return qlm_errorf("%s: file too short (%lld bytes) for a GGUF header", path, (long long)st.st_size);
     }
-    void *map = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
+    void *m = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
     close(fd);
-    if (map == MAP_FAILED) return qlm_errorf("%s: mmap failed: %s", g->path, strerror(errno));
-    g->map = map;
-    g->size = (size_t)st.st_size;
+    if (m == MAP_FAILED) return qlm_errorf("%s: mmap failed: %s", path, strerror(errno));
+    *map = m;
+    *size = (size_t)st.st_size;
     return 0;
+}
+
+static int map_file(qlm_gguf *g) { return map_path(g->path, 24, &g->map, &g->size); }
+
+/* A mapping of the file that the store keeps (and unmaps when freed), for the tensors it holds in
+ * place: its own, so that the store and g may be freed in either order. The page cache backs both
+ * mappings once. */
+static const uint8_t *map_for_store(const qlm_gguf *g, qlm_tensor_store *store) {
+    const uint8_t *m;
+    size_t size;
+    if (map_path(g->path, 24, &m, &size) != 0) return NULL;
+    if (size != g->size) {
+        munmap((void *)m, size);
+        qlm_errorf("%s: the file changed while it was being read", g->path);
+        return NULL;
+    }
+    if (qlm_store_keep_mapping(store, (void *)m, size) != 0) {
+        munmap((void *)m, size);
+        return NULL;
+    }
+    return m;
 }
 
 qlm_gguf *qlm_gguf_open(const char *path) {
@@ -1046,18 +1068,50 @@ typedef struct {
     int perm_heads;
 } job;
 
-/* Finds and checks the tensor for w and adds its (not yet filled) F32 buffer to the store. */
-static int plan_one(const qlm_gguf *g, const want *w, const char *gname, const char *hname,
+/* The qlm block type a GGUF tensor type is, or -1. */
+static int block_dtype(const gguf_tensor *t) {
+    const char *n = t->type->name;
+    return !strcmp(n, "Q8_0") ? QLM_Q8_0 : !strcmp(n, "Q4_0") ? QLM_Q4_0 : !strcmp(n, "Q4_1") ? QLM_Q4_1 : -1;
+}
+
+/* A matrix in one of qlm's block types: entered as it lies in the mapping, or (Q/K) as a copy
+ * with its rows reordered. */
+static int add_blocks(const qlm_gguf *g, const uint8_t *store_map, const gguf_tensor *t, const want *w,
+                      const char *hname, qlm_dtype dt, qlm_tensor_store *store) {
+    const uint8_t *src = store_map + g->data_start + t->offset;
+    const size_t row_bytes = qlm_dtype_row_bytes(dt, (long)w->cols, 32);
+    qlm_tensor_entry *e;
+    if (!w->perm_heads) {
+        int64_t shape[2] = {w->rows, w->cols};
+        e = qlm_store_add(store, hname, dt, 2, shape, src, (size_t)w->rows * row_bytes);
+        if (e) e->group = 32;
+    } else {
+        void *buf;
+        e = qlm_store_add_owned_blocks(store, hname, dt, 32, w->rows, w->cols, &buf);
+        if (e) qlm_rope_rows_to_half(buf, src, w->rows, row_bytes, w->perm_heads);
+    }
+    return e ? 0 : qlm_error_context("%s: tensor %s", g->path, t->name);
+}
+
+/* Finds and checks the tensor for w. Matrices in qlm's block types go into the store as they are
+ * (returns 0); others get a (not yet filled) F32 buffer in the store and a conversion job in
+ * *out (returns 1). -1 on error. */
+static int plan_one(const qlm_gguf *g, const uint8_t **store_map, const want *w, const char *gname, const char *hname,
                     qlm_tensor_store *store, job *out) {
     const gguf_tensor *t = find_tensor(g, gname);
     if (!t) return qlm_errorf("%s: tensor %s (%s) is missing", g->path, gname, hname);
     if (check_shape(g, t, w, hname) != 0 || check_convertible(g, t) != 0) return -1;
+    int bt = block_dtype(t);
+    if (bt >= 0 && w->cols) {
+        if (!*store_map && !(*store_map = map_for_store(g, store))) return -1;
+        return add_blocks(g, *store_map, t, w, hname, (qlm_dtype)bt, store);
+    }
     int64_t shape[2] = {w->rows, w->cols};
     void *buf;
     if (!qlm_store_add_owned(store, hname, QLM_F32, w->cols ? 2 : 1, shape, &buf))
         return qlm_error_context("%s: tensor %s", g->path, gname);
     *out = (job){t, buf, w->rows, w->cols ? w->cols : 1, w->perm_heads};
-    return 0;
+    return 1;
 }
 
 #define CHUNK_ELEMS 65536
@@ -1097,7 +1151,7 @@ static int convert_all(const qlm_gguf *g, const job *jobs, int n) {
     for (int i = 0; i < n; i++) {
         if (!jobs[i].perm_heads) continue;
         memcpy(tmp, jobs[i].dst, (size_t)(jobs[i].rows * jobs[i].cols) * sizeof *tmp);
-        qlm_rope_rows_to_half(jobs[i].dst, tmp, jobs[i].rows, jobs[i].cols, jobs[i].perm_heads);
+        qlm_rope_rows_to_half(jobs[i].dst, tmp, jobs[i].rows, (size_t)jobs[i].cols * sizeof *tmp, jobs[i].perm_heads);
     }
     free(tmp);
     free(first);
@@ -1111,10 +1165,13 @@ static int plan_all(const qlm_gguf *g, const qlm_llama_config *cfg, int permuted
         {"output_norm.weight", "model.norm.weight", cfg->dim, 0, 0, 1},
         {"output.weight", "lm_head.weight", cfg->vocab_size, cfg->dim, 0, !cfg->tie_embeddings},
     };
-    int n = 0;
-    for (size_t i = 0; i < sizeof global / sizeof global[0]; i++)
-        if (global[i].wanted && plan_one(g, &global[i], global[i].gguf, global[i].hf, store, &jobs[n++]) != 0)
-            return -1;
+    int n = 0, rc;
+    const uint8_t *store_map = NULL;
+    for (size_t i = 0; i < sizeof global / sizeof global[0]; i++) {
+        if (!global[i].wanted) continue;
+        if ((rc = plan_one(g, &store_map, &global[i], global[i].gguf, global[i].hf, store, &jobs[n])) < 0) return -1;
+        n += rc;
+    }
     want w[LAYER_WANTS];
     int nw = layer_wants(cfg, permuted, find_tensor(g, "blk.0.attn_qkv.weight") != NULL, w);
     for (int l = 0; l < cfg->n_layers; l++)
@@ -1123,7 +1180,8 @@ static int plan_all(const qlm_gguf *g, const qlm_llama_config *cfg, int permuted
             char gname[96], hname[128];
             snprintf(gname, sizeof gname, "blk.%d.%s", l, w[i].gguf);
             snprintf(hname, sizeof hname, "model.layers.%d.%s", l, w[i].hf);
-            if (plan_one(g, &w[i], gname, hname, store, &jobs[n++]) != 0) return -1;
+            if ((rc = plan_one(g, &store_map, &w[i], gname, hname, store, &jobs[n])) < 0) return -1;
+            n += rc;
         }
     *n_jobs = n;
     return 0;

@@ -19,6 +19,7 @@
 #include <stddef.h>
 #include <string.h>
 
+#include "../quant/block_quant.h"
 #include "../quant/half.h"
 
 static float f16_at(const uint8_t *p) { return qlm_f16_to_f32((uint16_t)(p[0] | p[1] << 8)); }
@@ -42,34 +43,10 @@ static void deq_bf16(const uint8_t *src, float *dst, int64_t n) {
         for (int64_t i = 0; i < n; i++) dst[i] = qlm_bf16_to_f32((uint16_t)(src[2 * i] | src[2 * i + 1] << 8));
 }
 
-static void deq_q8_0(const uint8_t *src, float *dst, int64_t nb) {
-    for (int64_t b = 0; b < nb; b++, src += 34, dst += 32) {
-        float d = f16_at(src);
-        for (int j = 0; j < 32; j++) dst[j] = (float)(int8_t)src[2 + j] * d;
-    }
-}
-
-static void deq_q4_0(const uint8_t *src, float *dst, int64_t nb) {
-    for (int64_t b = 0; b < nb; b++, src += 18, dst += 32) {
-        float d = f16_at(src);
-        const uint8_t *qs = src + 2;
-        for (int j = 0; j < 16; j++) {
-            dst[j] = (float)((qs[j] & 0x0f) - 8) * d;
-            dst[j + 16] = (float)((qs[j] >> 4) - 8) * d;
-        }
-    }
-}
-
-static void deq_q4_1(const uint8_t *src, float *dst, int64_t nb) {
-    for (int64_t b = 0; b < nb; b++, src += 20, dst += 32) {
-        float d = f16_at(src), m = f16_at(src + 2);
-        const uint8_t *qs = src + 4;
-        for (int j = 0; j < 16; j++) {
-            dst[j] = (float)(qs[j] & 0x0f) * d + m;
-            dst[j + 16] = (float)(qs[j] >> 4) * d + m;
-        }
-    }
-}
+/* GGUF's Q8_0, Q4_0 and Q4_1 are qlm's block types at group 32. */
+static void deq_q8_0(const uint8_t *src, float *dst, int64_t nb) { qlm_block_dequantize_row(dst, QLM_Q8_0, 32, src, (long)(nb * 32)); }
+static void deq_q4_0(const uint8_t *src, float *dst, int64_t nb) { qlm_block_dequantize_row(dst, QLM_Q4_0, 32, src, (long)(nb * 32)); }
+static void deq_q4_1(const uint8_t *src, float *dst, int64_t nb) { qlm_block_dequantize_row(dst, QLM_Q4_1, 32, src, (long)(nb * 32)); }
 
 /* The 5-bit values of a Q5_0/Q5_1 block, unsigned 0..31. */
 static void q5_values(const uint8_t *qh_bytes, const uint8_t *qs, int q[32]) {
@@ -176,10 +153,10 @@ const qlm_ggml_type *qlm_ggml_type_info(uint32_t id) {
     return NULL;
 }
 
-void qlm_rope_rows_to_half(float *dst, const float *src, int64_t rows, int64_t cols, int heads) {
+void qlm_rope_rows_to_half(void *dst, const void *src, int64_t rows, size_t row_bytes, int heads) {
     int64_t hd = rows / heads, half = hd / 2;
     for (int64_t r = 0; r < rows; r++) {
         int64_t h = r / hd, j = r % hd, s = j / half, i = j % half;
-        memcpy(dst + r * cols, src + (h * hd + 2 * i + s) * cols, (size_t)cols * sizeof(float));
+        memcpy((char *)dst + r * row_bytes, (const char *)src + (h * hd + 2 * i + s) * row_bytes, row_bytes);
     }
 }

@@ -120,7 +120,7 @@ static int add(reader *r, int layer, const char *name, int64_t rows, int64_t col
     }
     void *buf;
     if (!qlm_store_add_owned(r->store, full, QLM_F32, ndim, shape, &buf)) return qlm_error_context("%s", r->path);
-    qlm_rope_rows_to_half(buf, src, rows, cols, heads);
+    qlm_rope_rows_to_half(buf, src, rows, (size_t)(cols ? cols : 1) * sizeof(float), heads);
     return 0;
 }
 

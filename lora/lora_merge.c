@@ -76,15 +76,12 @@ static void merge_module(qlm_weight *w, const qlm_lora_module *m, int sign, floa
     }
 }
 
-static int merge(const merge_target *mt, const qlm_backend *be, qlm_dtype dt, const qlm_lora_adapter *a, int sign) {
+static int merge(const merge_target *mt, const qlm_backend *be, const qlm_lora_adapter *a, int sign) {
     if (sign != 1 && sign != -1) return qlm_errorf("merge sign must be +1 (merge) or -1 (unmerge)");
     if (a->is_t5 != (mt->t5 != NULL))
         return qlm_errorf("adapter %s is for a %s model, not %s", a->name, qlm_lora_arch_name(a),
                           mt->t5 ? "T5" : "a Llama-family one");
     if (be != qlm_backend_cpu()) return qlm_errorf("merging needs the model's weights in host memory (the cpu backend)");
-    if (dt == QLM_I8)
-        return qlm_errorf("merging into INT8 weights is not supported: load the model as f32, bf16 or f16 (and "
-                          "quantize the merged model afterwards)");
     /* Every module is checked before any weight changes. */
     size_t at_max = 1, b_max = 1;
     for (int i = 0; i < a->n_modules; i++) {
@@ -92,6 +89,9 @@ static int merge(const merge_target *mt, const qlm_backend *be, qlm_dtype dt, co
         const qlm_weight *w = target_weight(mt, m->stack, m->layer, m->target);
         if (!w || !w->data)
             return qlm_errorf("adapter %s: the model has no %s", a->name, m->path);
+        if (w->dtype == QLM_I8 || qlm_dtype_is_block(w->dtype))
+            return qlm_errorf("merging into %s weights is not supported: load the model as f32, bf16 or f16 (and "
+                              "quantize the merged model afterwards)", w->dtype == QLM_I8 ? "INT8" : qlm_dtype_name(w->dtype));
         if (w->rows != m->b.rows || w->cols != m->a.cols)
             return qlm_errorf("adapter %s: %s is [%d,%d] in the adapter (out, in) but [%d,%d] in the model", a->name,
                               m->path, m->b.rows, m->a.cols, w->rows, w->cols);
@@ -118,10 +118,10 @@ static int merge(const merge_target *mt, const qlm_backend *be, qlm_dtype dt, co
 
 int qlm_lora_merge(qlm_model *m, const qlm_lora_adapter *a, int sign) {
     merge_target mt = {.llama = m};
-    return merge(&mt, m->be, m->dtype, a, sign);
+    return merge(&mt, m->be, a, sign);
 }
 
 int qlm_lora_merge_t5(qlm_t5_model *m, const qlm_lora_adapter *a, int sign) {
     merge_target mt = {.t5 = m};
-    return merge(&mt, m->be, m->dtype, a, sign);
+    return merge(&mt, m->be, a, sign);
 }

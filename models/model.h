@@ -27,8 +27,10 @@ typedef struct {
 
 typedef struct {
     qlm_llama_config cfg;
-    qlm_dtype dtype;  /* storage dtype of the linear weights */
+    qlm_dtype dtype;  /* storage dtype of the linear weights (as_stored: the attention's) */
     int per_channel;  /* INT8 with per-row scales */
+    int group;        /* block types: weights per block */
+    int as_stored;    /* each matrix kept in its stored dtype (qlm_weight_format) */
     const qlm_backend *be;
     qlm_weight tok_embed;
     qlm_weight lm_head; /* same data as tok_embed when tied */
@@ -46,8 +48,15 @@ typedef struct {
 typedef struct {
     qlm_dtype dtype;     /* storage dtype for linear weights and embeddings */
     int per_channel;     /* INT8: per-output-channel scales */
+    int group;           /* block types: weights per block (0: 32) */
+    int as_stored;       /* each matrix keeps its stored dtype; dtype then only names the model's */
     const qlm_backend *backend;
 } qlm_model_options;
+
+/* The group a block dtype of the options takes (0 for the others). */
+static inline int qlm_options_group(const qlm_model_options *o) {
+    return qlm_dtype_is_block(o->dtype) ? (o->group ? o->group : 32) : 0;
+}
 
 /* The softmax scale of attention: 1/sqrt(head_dim) (or the configured query scale), times the
  * square of YaRN's attention factor (transformers scales cos and sin by it, so every score carries

@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../quant/block_quant.h"
 #include "../quant/quantize.h"
 #include "../core/error.h"
 
@@ -21,36 +22,76 @@ int qlm_param_check_shape(const qlm_tensor_entry *e, int64_t rows, int64_t cols)
     return qlm_errorf("tensor %s has shape [%s], expected [%lld]", e->name, got, (long long)rows);
 }
 
-/* Any stored dtype (I8 with its scales) to F32. */
+/* Row r of an entry (any stored dtype, I8 with its scales, block types) as F32. */
+static void entry_row_f32(const qlm_tensor_entry *e, int64_t rows, int64_t cols, int64_t r, float *out) {
+    const qlm_weight w = {.dtype = e->dtype, .rows = (int)rows, .cols = (int)cols, .data = e->data,
+                          .scale = e->scale, .row_scales = e->row_scales, .group = e->group};
+    qlm_weight_row_f32(&w, (int)r, out);
+}
+
+/* A whole entry as F32 (vectors, and matrices for F32/F16/BF16/I8 targets). */
 static void entry_to_f32(const qlm_tensor_entry *e, float *out) {
-    int64_t n = qlm_entry_numel(e);
-    if (e->dtype != QLM_I8) {
+    int64_t n = qlm_entry_numel(e), rows = e->ndim >= 2 ? e->shape[0] : 1, cols = rows ? n / rows : 0;
+    if (e->dtype != QLM_I8 && !qlm_dtype_is_block(e->dtype)) {
         qlm_convert_to_f32(out, e->data, e->dtype, n);
         return;
     }
-    int64_t rows = e->ndim >= 1 ? e->shape[0] : 1, cols = rows ? n / rows : 0;
-    const int8_t *q = e->data;
-    for (int64_t r = 0; r < rows; r++) {
-        float s = e->row_scales ? e->row_scales[r] : e->scale;
-        for (int64_t j = 0; j < cols; j++) out[r * cols + j] = q[r * cols + j] * s;
-    }
+    for (int64_t r = 0; r < rows; r++) entry_row_f32(e, rows, cols, r, out + r * cols);
 }
 
 static size_t align64(size_t n) { return (n + 63) & ~(size_t)63; }
 
-/* Bytes a matrix takes in the storage dtype, scales included, each part aligned. */
-static size_t matrix_bytes(qlm_dtype dt, int per_channel, int64_t rows, int64_t cols) {
-    size_t b = align64((size_t)(rows * cols) * qlm_dtype_size(dt));
-    if (dt == QLM_I8 && per_channel) b += align64((size_t)rows * sizeof(float));
+/* The format matrix entry e takes under fmt on backend be: as stored, block types become BF16
+ * where be does not run them. */
+static qlm_weight_format format_for(const qlm_weight_format *fmt, const qlm_tensor_entry *e, const qlm_backend *be) {
+    if (!fmt->as_stored) return *fmt;
+    if (qlm_dtype_is_block(e->dtype) && !be->block_weights) return (qlm_weight_format){QLM_BF16, 0, 0, 1};
+    return (qlm_weight_format){e->dtype, e->row_scales != NULL, e->group, 1};
+}
+
+/* Bytes a matrix takes in format f, scales included, each part aligned. */
+static size_t matrix_bytes(const qlm_weight_format *f, int64_t rows, int64_t cols) {
+    size_t b = align64((size_t)rows * qlm_dtype_row_bytes(f->dtype, (long)cols, f->group));
+    if (f->dtype == QLM_I8 && f->per_channel) b += align64((size_t)rows * sizeof(float));
     return b;
 }
 
-/* Converts entry e into the matrix w placed at *cursor (advanced past it). */
-static int fill_matrix(qlm_weight *w, const qlm_tensor_entry *e, qlm_dtype dt, int per_channel, char **cursor) {
+/* A block-type target: rows already in its blocks are copied, others converted row by row. */
+static int fill_blocks(qlm_weight *w, const qlm_tensor_entry *e, char *dst) {
+    const size_t row_bytes = qlm_dtype_row_bytes(w->dtype, w->cols, w->group);
+    if (e->dtype == w->dtype && e->group == w->group) {
+        memcpy(dst, e->data, (size_t)w->rows * row_bytes);
+        return 0;
+    }
+    int failed = 0;
+#pragma omp parallel
+    {
+        float *row = malloc((size_t)w->cols * sizeof *row);
+        if (!row) failed = 1;
+#pragma omp for schedule(static)
+        for (int r = 0; r < w->rows; r++) {
+            if (!row) continue;
+            entry_row_f32(e, w->rows, w->cols, r, row);
+            qlm_block_quantize_row(dst + (size_t)r * row_bytes, w->dtype, w->group, row, w->cols);
+        }
+        free(row);
+    }
+    return failed ? qlm_errorf("out of memory converting %s", e->name) : 0;
+}
+
+/* Converts entry e into the matrix w placed at *cursor (advanced past it), in format f. */
+static int fill_matrix(qlm_weight *w, const qlm_tensor_entry *e, const qlm_weight_format *f, char **cursor) {
     int64_t rows = e->shape[0], cols = e->shape[1], n = rows * cols;
+    const qlm_dtype dt = f->dtype;
+    const int per_channel = f->per_channel;
+    if (qlm_dtype_is_block(dt) && (!qlm_group_valid(f->group) || cols % f->group != 0))
+        return qlm_errorf("tensor %s: %lld columns do not split into %s blocks of %d", e->name, (long long)cols,
+                          qlm_dtype_name(dt), f->group);
     char *dst = *cursor;
-    *cursor += align64((size_t)n * qlm_dtype_size(dt));
-    *w = (qlm_weight){.dtype = dt, .rows = (int)rows, .cols = (int)cols, .data = dst, .scale = 1.0f};
+    *cursor += align64((size_t)rows * qlm_dtype_row_bytes(dt, (long)cols, f->group));
+    *w = (qlm_weight){.dtype = dt, .rows = (int)rows, .cols = (int)cols, .data = dst, .scale = 1.0f,
+                      .group = qlm_dtype_is_block(dt) ? f->group : 0};
+    if (qlm_dtype_is_block(dt)) return fill_blocks(w, e, dst);
     float *row_scales = NULL;
     if (dt == QLM_I8 && per_channel) {
         row_scales = (float *)*cursor;
@@ -98,10 +139,13 @@ static void rebase(const qlm_param *p, int n, const char *from, char *to) {
     }
 }
 
-int qlm_params_pack(const qlm_param *p, int n, const qlm_tensor_store *store, qlm_dtype dtype, int per_channel,
+int qlm_params_pack(const qlm_param *p, int n, const qlm_tensor_store *store, qlm_weight_format fmt,
                     const qlm_backend *be, void **buffer, size_t *bytes) {
     *buffer = NULL;
     *bytes = 0;
+    if (qlm_dtype_is_block(fmt.dtype) && !fmt.as_stored && !be->block_weights)
+        return qlm_errorf("the %s backend does not run %s weights: load them as bf16 or int8 there", be->name,
+                          qlm_dtype_name(fmt.dtype));
     const qlm_tensor_entry **ent = calloc((size_t)(n ? n : 1), sizeof *ent);
     if (!ent) return qlm_errorf("out of memory");
     size_t total = 0;
@@ -116,7 +160,8 @@ int qlm_params_pack(const qlm_param *p, int n, const qlm_tensor_store *store, ql
             free(ent);
             return -1;
         }
-        total += p[i].matrix ? matrix_bytes(dtype, per_channel, p[i].rows, p[i].cols)
+        qlm_weight_format f = format_for(&fmt, ent[i], be);
+        total += p[i].matrix ? matrix_bytes(&f, p[i].rows, p[i].cols)
                              : align64((size_t)qlm_entry_numel(ent[i]) * sizeof(float));
     }
     char *buf = aligned_alloc(64, total ? total : 64);
@@ -130,7 +175,8 @@ int qlm_params_pack(const qlm_param *p, int n, const qlm_tensor_store *store, ql
         if (p[i].matrix) {
             *p[i].matrix = (qlm_weight){0};
             if (!ent[i]) continue;
-            rc = fill_matrix(p[i].matrix, ent[i], dtype, per_channel, &cur);
+            qlm_weight_format f = format_for(&fmt, ent[i], be);
+            rc = fill_matrix(p[i].matrix, ent[i], &f, &cur);
             qlm_store_release(store, ent[i]);
         } else {
             *p[i].vector = NULL;
@@ -153,7 +199,7 @@ int qlm_params_pack(const qlm_param *p, int n, const qlm_tensor_store *store, ql
 }
 
 size_t qlm_weight_bytes(const qlm_weight *w) {
-    size_t b = (size_t)w->rows * w->cols * qlm_dtype_size(w->dtype);
+    size_t b = (size_t)w->rows * qlm_dtype_row_bytes(w->dtype, w->cols, w->group);
     if (w->row_scales) b += (size_t)w->rows * sizeof(float);
     return b;
 }
@@ -161,9 +207,11 @@ size_t qlm_weight_bytes(const qlm_weight *w) {
 static int export_matrix(qlm_tensor_store *s, const char *name, const qlm_weight *w) {
     int64_t shape[2] = {w->rows, w->cols};
     void *data;
-    qlm_tensor_entry *e = qlm_store_add_owned(s, name, w->dtype, 2, shape, &data);
+    qlm_tensor_entry *e = qlm_dtype_is_block(w->dtype)
+                              ? qlm_store_add_owned_blocks(s, name, w->dtype, w->group, w->rows, w->cols, &data)
+                              : qlm_store_add_owned(s, name, w->dtype, 2, shape, &data);
     if (!e) return -1;
-    memcpy(data, w->data, (size_t)w->rows * w->cols * qlm_dtype_size(w->dtype));
+    memcpy(data, w->data, (size_t)w->rows * qlm_dtype_row_bytes(w->dtype, w->cols, w->group));
     e->scale = w->scale;
     if (w->row_scales) {
         float *rs = malloc((size_t)w->rows * sizeof *rs);

@@ -25,9 +25,21 @@ typedef struct qlm_param_s {
     float offset;
 } qlm_param;
 
+/* How a unit's matrices are stored. */
+typedef struct {
+    qlm_dtype dtype; /* storage dtype */
+    int per_channel; /* I8: per-row scales */
+    int group;       /* block types: weights per block */
+    /* Each matrix keeps the dtype it is stored in (with its I8 scale granularity or its block
+     * group) instead: a GGUF's mix of Q4_1, Q8_0 and F16 tensors runs as the file has it. */
+    int as_stored;
+} qlm_weight_format;
+
 /* Finds, checks, sizes, allocates and fills every parameter of the list into *buffer, then moves
- * the buffer into the backend's memory (be->upload; free it with be->free). Errors name the tensor. On failure *buffer is freed and NULL. */
-int qlm_params_pack(const qlm_param *p, int n, const qlm_tensor_store *store, qlm_dtype dtype, int per_channel,
+ * the buffer into the backend's memory (be->upload; free it with be->free). Matrices are
+ * converted to fmt (a block type needs widths that are whole blocks). Errors name the tensor. On
+ * failure *buffer is freed and NULL. */
+int qlm_params_pack(const qlm_param *p, int n, const qlm_tensor_store *store, qlm_weight_format fmt,
                     const qlm_backend *be, void **buffer, size_t *bytes);
 
 /* Adds copies of the present parameters to store under their names (storage dtype, I8 scales). */

@@ -30,6 +30,8 @@ typedef struct {
     qlm_t5_config cfg;
     qlm_dtype dtype;
     int per_channel;
+    int group;     /* block types: weights per block */
+    int as_stored; /* each matrix kept in its stored dtype (qlm_weight_format) */
     const qlm_backend *be;
     qlm_weight shared;    /* token embedding of both stacks */
     qlm_weight lm_head;   /* the shared embedding when tied */

@@ -4,9 +4,10 @@
  * of TILE_X rows of x
  * by the file's gemm_tile_x while it stays in cache (one x row is the GEMV of decode), then the
  * I8 scales and the bias. A row's result depends on neither n nor the thread split, so a
- * sequence decodes the same alone and in a batch. Included once by each of matmul_avx2.c and
- * kernels_avx512.h after they define KERNEL_FN and KERNEL_INLINE (their target attributes),
- * TILE_X, GROUP_ROWS, gemm_tile_x and weighted_sum_dt, so one text serves each instruction set. */
+ * sequence decodes the same alone and in a batch. Block weights go the same way through the
+ * file's block_tile_x. Included once by each of matmul_avx2.c and kernels_avx512.h after they
+ * define KERNEL_FN and KERNEL_INLINE (their target attributes), TILE_X, GROUP_ROWS, gemm_tile_x,
+ * BLOCK_TILE_X, block_tile_g and weighted_sum_dt, so one text serves each instruction set. */
 #ifndef KERNEL_FN
 #error "define KERNEL_FN, KERNEL_INLINE, TILE_X, GROUP_ROWS, gemm_tile_x and weighted_sum_dt before including kernel_rows.h"
 #endif
@@ -69,6 +70,42 @@ KERNEL_INLINE void gemm_dt(float *y, const void *x, long ldx, const float *x_sca
     }
 }
 
+/* The file's block tile with group 32 (one run of values per block) as a constant. */
+KERNEL_INLINE void block_tile_x(float *y, long ldy, const int16_t *x, long ldx, int nx, const char *w, size_t stride,
+                                long cols, const int nr, qlm_dtype dt, int group, const char *pf) {
+    if (group == 32)
+        block_tile_g(y, ldy, x, ldx, nx, w, stride, cols, nr, dt, 32, pf);
+    else
+        block_tile_g(y, ldy, x, ldx, nx, w, stride, cols, nr, dt, group, pf);
+}
+
+/* Block weights: tiles of TILE_W rows in groups of 4, each against BLOCK_TILE_X rows of x at a
+ * time, then x's row scales and the bias. */
+KERNEL_INLINE void gemm_blocks_dt(float *y, const int16_t *x, long ldx, const float *x_scale, int n,
+                                  const qlm_weight *w, int r0, int r1, const float *bias, qlm_dtype dt) {
+    const size_t stride = qlm_dtype_row_bytes(dt, w->cols, w->group);
+    const char *base = w->data;
+    for (int t = r0; t < r1; t += TILE_W) {
+        int te = r1 - t < TILE_W ? r1 : t + TILE_W;
+        for (int i = 0; i < n; i += BLOCK_TILE_X) {
+            int nx = n - i < BLOCK_TILE_X ? n - i : BLOCK_TILE_X, o = t;
+            float *yi = y + (size_t)i * w->rows;
+            const int16_t *xi = x + (size_t)i * ldx;
+            for (; o + 4 <= te; o += 4) {
+                const char *pf = o + 8 <= r1 ? base + (size_t)(o + 4) * stride : NULL;
+                block_tile_x(yi + o, w->rows, xi, ldx, nx, base + (size_t)o * stride, stride, w->cols, 4, dt, w->group, pf);
+            }
+            for (; o < te; o++)
+                block_tile_x(yi + o, w->rows, xi, ldx, nx, base + (size_t)o * stride, stride, w->cols, 1, dt, w->group, NULL);
+        }
+        for (int i = 0; i < n; i++)
+            for (int o = t; o < te; o++) {
+                float *yo = y + (size_t)i * w->rows + o;
+                *yo = qlm_gemv_finish(*yo, w, o, x_scale[i], bias);
+            }
+    }
+}
+
 /* Rows of dt F32 or BF16 (x then in BF16 too); the branch makes dt a constant in each tile_rows. */
 KERNEL_FN void dot_rows(float *y, long ldy, const void *x, int n, const void *w, size_t w_stride, int rows, long cols,
                         qlm_dtype dt) {
@@ -98,6 +135,9 @@ KERNEL_FN void gemm(float *y, const void *x, long ldx, const float *x_scale, int
     case QLM_F16: gemm_dt(y, x, ldx, NULL, n, w, r0, r1, bias, QLM_F16); break;
     case QLM_BF16: gemm_dt(y, x, ldx, NULL, n, w, r0, r1, bias, QLM_BF16); break;
     case QLM_I8: gemm_dt(y, x, ldx, x_scale, n, w, r0, r1, bias, QLM_I8); break;
+    case QLM_Q8_0: gemm_blocks_dt(y, x, ldx, x_scale, n, w, r0, r1, bias, QLM_Q8_0); break;
+    case QLM_Q4_0: gemm_blocks_dt(y, x, ldx, x_scale, n, w, r0, r1, bias, QLM_Q4_0); break;
+    case QLM_Q4_1: gemm_blocks_dt(y, x, ldx, x_scale, n, w, r0, r1, bias, QLM_Q4_1); break;
     default: gemm_dt(y, x, ldx, NULL, n, w, r0, r1, bias, QLM_F32); break;
     }
 }

@@ -80,13 +80,48 @@ static void scalar_gemv_i8(float *y, const int16_t *q, const float *x, float xs,
     }
 }
 
+/* Value j of a block's values as the integer its scale multiplies (Q4_0: less 8). */
+static int block_value(const uint8_t *vals, int j, qlm_dtype dt) {
+    if (dt == QLM_Q8_0) return ((const int8_t *)vals)[j];
+    const uint8_t b = vals[(j / 32) * 16 + j % 16];
+    int q = j % 32 < 16 ? b & 15 : b >> 4;
+    return dt == QLM_Q4_0 ? q - 8 : q;
+}
+
+/* The same for block weights: each block's integer sum times its scale, (Q4_1) plus its offset
+ * times the block's integer sum of x, added up in F32 block by block. */
+static void scalar_gemv_block(float *y, const int16_t *q, const float *x, float xs, float inv, const qlm_weight *w,
+                              int r0, int r1, const float *bias) {
+    const qlm_dtype dt = w->dtype;
+    const int g = w->group, head = qlm_block_head(dt);
+    const size_t bb = qlm_dtype_block_bytes(dt, g), stride = qlm_dtype_row_bytes(dt, w->cols, g);
+    for (int o = r0; o < r1; o++) {
+        const uint8_t *row = (const uint8_t *)w->data + (size_t)o * stride;
+        float s = 0;
+        for (long k = 0; k < w->cols; k += g) {
+            const uint8_t *blk = row + (size_t)(k / g) * bb;
+            int32_t dot = 0, xsum = 0;
+            for (int j = 0; j < g; j++) {
+                int32_t xv = q ? q[k + j] : x_i16_at(x, k + j, inv);
+                dot += block_value(blk + head, j, dt) * xv;
+                xsum += xv;
+            }
+            s += qlm_f16_to_f32((uint16_t)(blk[0] | blk[1] << 8)) * (float)dot;
+            if (dt == QLM_Q4_1) s += qlm_f16_to_f32((uint16_t)(blk[2] | blk[3] << 8)) * (float)xsum;
+        }
+        y[o] = qlm_gemv_finish(s, w, o, xs, bias);
+    }
+}
+
 static void scalar_gemm(float *y, const void *x, long ldx, const float *x_scale, int n, const qlm_weight *w, int r0,
                         int r1, const float *bias) {
     size_t x_row = (size_t)ldx * qlm_x_elem_size(w->dtype);
     for (int i = 0; i < n; i++) {
         const void *xi = (const char *)x + (size_t)i * x_row;
         float *yi = y + (size_t)i * w->rows;
-        if (w->dtype == QLM_I8)
+        if (qlm_dtype_is_block(w->dtype))
+            scalar_gemv_block(yi, xi, NULL, x_scale[i], 0, w, r0, r1, bias);
+        else if (w->dtype == QLM_I8)
             scalar_gemv_i8(yi, xi, NULL, x_scale[i], 0, w, r0, r1, bias);
         else
             scalar_gemv(yi, xi, qlm_x_dtype(w->dtype), w, r0, r1, bias);
@@ -219,9 +254,12 @@ void qlm_matmul_scalar(float *y, const float *x, int n, const qlm_weight *w, con
     for (int i = 0; i < n; i++) {
         const float *xi = x + (size_t)i * w->cols;
         float *yi = y + (size_t)i * w->rows;
-        if (w->dtype == QLM_I8) {
+        if (qlm_x_is_i16(w->dtype)) {
             float inv, xs = x_i16_scale(xi, w->cols, &inv);
-            scalar_gemv_i8(yi, NULL, xi, xs, inv, w, 0, w->rows, bias);
+            if (w->dtype == QLM_I8)
+                scalar_gemv_i8(yi, NULL, xi, xs, inv, w, 0, w->rows, bias);
+            else
+                scalar_gemv_block(yi, NULL, xi, xs, inv, w, 0, w->rows, bias);
         } else {
             scalar_gemv(yi, xi, QLM_F32, w, 0, w->rows, bias);
         }
@@ -266,7 +304,7 @@ static void form_rows(const x_form *f, int i0, int i1, const qlm_weight *w, cons
         uint16_t *xi = (uint16_t *)f->xf + i * ld;
         if (w->dtype == QLM_BF16)
             kt->f32_to_bf16(xi, f->x + i * cols, (long)cols);
-        else if (w->dtype == QLM_I8)
+        else if (qlm_x_is_i16(w->dtype))
             f->xs[i] = kt->quantize_i16((int16_t *)xi, f->x + i * cols, (long)cols);
     }
 }
@@ -339,7 +377,7 @@ void qlm_matmul_group(const qlm_matmul_out *outs, int count, const float *x, int
         if (outs[p].w->rows < 0) return;
     const qlm_kernel_table *kt = qlm_kernels();
     x_form f = {x, NULL, NULL, w->cols};
-    if (w->dtype == QLM_BF16 || w->dtype == QLM_I8) {
+    if (w->dtype == QLM_BF16 || qlm_x_is_i16(w->dtype)) {
         /* x is put in its form once per call rather than in every thread's kernel; I16 row
          * scales follow the rows, 4-byte aligned. */
         f.ldx = qlm_x_row_stride(w->cols, w->dtype);
@@ -351,7 +389,7 @@ void qlm_matmul_group(const qlm_matmul_out *outs, int count, const float *x, int
             return;
         }
         f.xf = buf;
-        if (w->dtype == QLM_I8) f.xs = (float *)(buf + rows_bytes);
+        if (qlm_x_is_i16(w->dtype)) f.xs = (float *)(buf + rows_bytes);
     }
     rows_parallel(outs, count, &f, n, kt);
 }

@@ -68,7 +68,7 @@ const qlm_kernel_table *qlm_kernels(void);
                 r, SET1(QLM_EXP_P5)),                                                                           \
         MUL(r, r), ADD(r, SET1(1.0f)))
 
-/* Element size of the weight dtypes the kernels take. */
+/* Element size of the weight dtypes the kernels take element by element (not the block types). */
 static inline size_t qlm_weight_elem_size(qlm_dtype dt) {
     return dt == QLM_F32 ? 4 : dt == QLM_I8 ? 1 : 2;
 }
@@ -82,15 +82,24 @@ static inline size_t qlm_weight_elem_size(qlm_dtype dt) {
  *   instruction (AVX-512 VNNI's VPDPWSSD, or VPMADDWD), and memory rather than converting W to
  *   F32 bounds decode. The rounding error of x (at most max|x| / 65534 per element) is far
  *   below that of the INT8 weights (max|w| / 254).
+ * - block types (Q8_0, Q4_0, Q4_1) take the I16 form too: a block's products sum exactly in
+ *   integers and each block adds its sum times its scale in F32 (Q4_1: plus its offset times the
+ *   block's sum of x, also an integer).
  * - every other dtype takes F32 x.
- * qlm_x_dtype names the F32 or BF16 form (QLM_F32 for I8 weights, whose form is not a dtype). */
+ * qlm_x_dtype names the F32 or BF16 form (QLM_F32 for I8 and block weights, whose form is not a
+ * dtype). */
 static inline qlm_dtype qlm_x_dtype(qlm_dtype w) {
     return w == QLM_BF16 ? QLM_BF16 : QLM_F32;
 }
 
+/* Whether weights of dtype w take x in the I16 form. */
+static inline int qlm_x_is_i16(qlm_dtype w) {
+    return w == QLM_I8 || qlm_dtype_is_block(w);
+}
+
 /* Bytes of one element of x in the activation form of weights of dtype w. */
 static inline size_t qlm_x_elem_size(qlm_dtype w) {
-    return w == QLM_BF16 || w == QLM_I8 ? 2 : 4;
+    return w == QLM_BF16 || qlm_x_is_i16(w) ? 2 : 4;
 }
 
 /* Elements from one row of x's activation form to the next, for rows of cols elements: rows
@@ -127,6 +136,15 @@ static inline float qlm_x_i16_scale(float absmax, int has_nan, float *inv) {
     return absmax / QLM_I16_MAX;
 }
 
+/* The bytes before a block's values (its F16 scale, and Q4_1's F16 offset) and those of each run
+ * of 32 values. */
+static inline int qlm_block_head(qlm_dtype dt) {
+    return dt == QLM_Q4_1 ? 4 : 2;
+}
+static inline int qlm_block_run_bytes(qlm_dtype dt) {
+    return dt == QLM_Q8_0 ? 32 : 16;
+}
+
 /* Element k of a row in storage dtype dt as F32, without the I8 scale (for scalar loops and tails). */
 static inline float qlm_weight_at(const void *row, long k, qlm_dtype dt) {
     switch (dt) {
@@ -137,10 +155,11 @@ static inline float qlm_weight_at(const void *row, long k, qlm_dtype dt) {
     }
 }
 
-/* Applies the scales of an I8 product (xs: that of the row of x, in the I16 form; w's for output
- * o) and the bias to a raw dot product. */
+/* Applies the scales of a product over the I16 form (xs: that of the row of x; for I8, w's for
+ * output o) and the bias to a raw dot product. */
 static inline float qlm_gemv_finish(float s, const qlm_weight *w, int o, float xs, const float *bias) {
     if (w->dtype == QLM_I8) s = s * xs * (w->row_scales ? w->row_scales[o] : w->scale);
+    else if (qlm_dtype_is_block(w->dtype)) s *= xs;
     return bias ? s + bias[o] : s;
 }
 

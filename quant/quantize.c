@@ -10,6 +10,7 @@
 #include <math.h>
 #include <string.h>
 
+#include "block_quant.h"
 #include "half.h"
 #include "matmul_internal.h"
 
@@ -76,6 +77,11 @@ void qlm_convert_to_f32(float *dst, const void *src, qlm_dtype st, long n) {
 
 void qlm_weight_row_f32(const qlm_weight *w, int r, float *out) {
     size_t cols = (size_t)w->cols;
+    if (qlm_dtype_is_block(w->dtype)) {
+        qlm_block_dequantize_row(out, w->dtype, w->group,
+                                 (const char *)w->data + (size_t)r * qlm_dtype_row_bytes(w->dtype, w->cols, w->group), w->cols);
+        return;
+    }
     if (w->dtype != QLM_I8) {
         qlm_convert_to_f32(out, (const char *)w->data + (size_t)r * cols * qlm_weight_elem_size(w->dtype), w->dtype,
                            (long)cols);

@@ -94,6 +94,48 @@ static void test_stories260k_perplexity(void **state) {
     free(log);
 }
 
+/* Block weights at load time: perplexity of tinystories-656K in Q8_0 near F32, 4-bit within a
+ * bound, every group size; and the flags' errors. */
+static void test_block_dtypes(void **state) {
+    (void)state;
+    char model[512], text[512], small[512];
+    test_asset(model, sizeof model, "tinystories-656K-hf");
+    test_asset(text, sizeof text, "tinystories-text/tinystories_sample.txt");
+    test_asset(small, sizeof small, "stories260K/stories260K.bin");
+    REQUIRE_ASSET(model);
+    REQUIRE_ASSET(text);
+    REQUIRE_ASSET(small);
+    const char *flags[] = {"", "--dtype q8_0", "--dtype q4_1", "--dtype int4", "--dtype q4_0 --group 128",
+                           "--dtype q4_1 --group 64"};
+    const double bound[] = {0, 0.01, 0.1, 0.15, 0.25, 0.15};
+    double nll[6];
+    for (int i = 0; i < 6; i++) {
+        char *out = NULL;
+        assert_int_equal(test_run_qlm(&out, "perplexity -m %s -f %s --json --quiet %s", model, text, flags[i]), 0);
+        cJSON *j = cJSON_Parse(out);
+        assert_non_null(j);
+        nll[i] = cJSON_GetObjectItem(j, "nll")->valuedouble;
+        print_message("tinystories-656K %-24s NLL %.4f nats/token\n", flags[i][0] ? flags[i] : "f32", nll[i]);
+        if (i) assert_true(fabs(nll[i] - nll[0]) <= bound[i]);
+        cJSON_Delete(j);
+        free(out);
+    }
+    char *err = NULL;
+    assert_int_equal(test_run_qlm(&err, "generate -m %s --group 48 -p x 2>&1", model), 2);
+    assert_non_null(strstr(err, "--group must be 32, 64 or 128"));
+    free(err);
+    assert_int_equal(test_run_qlm(&err, "generate -m %s --dtype int8 --group 64 -p x 2>&1", model), 1);
+    assert_non_null(strstr(err, "--group applies to the block dtypes"));
+    free(err);
+    /* stories260K's MLP is 172 wide: not whole blocks of 32. */
+    assert_int_equal(test_run_qlm(&err, "generate -m %s --dtype q4_0 -p x 2>&1", small), 1);
+    assert_non_null(strstr(err, "172 columns do not split into q4_0 blocks of 32"));
+    free(err);
+    assert_int_equal(test_run_qlm(&err, "quantize %s /tmp/qlm-never-written --dtype q4_1 2>&1", model), 2);
+    assert_non_null(strstr(err, "load-time format"));
+    free(err);
+}
+
 static void test_quantize_roundtrip(void **state) {
     (void)state;
     char dir[512], tmp[256], out_dir[600];
@@ -823,6 +865,7 @@ int main(void) {
         cmocka_unit_test(test_stories260k_greedy_matches_llama2c),
         cmocka_unit_test(test_tinystories656k_greedy_ids),
         cmocka_unit_test(test_stories260k_perplexity),
+        cmocka_unit_test(test_block_dtypes),
         cmocka_unit_test(test_quantize_roundtrip),
         cmocka_unit_test(test_convert_llama2c_roundtrip),
         cmocka_unit_test(test_sampling_is_seeded),

@@ -12,6 +12,7 @@
 #include "../models/model.h"
 #include "../loaders/gguf.h"
 #include "../loaders/hf_config.h"
+#include "../quant/quantize.h"
 
 #define FIX "tests/fixtures/gguf/"
 
@@ -200,6 +201,30 @@ static void check_config(const qlm_llama_config *c, const cJSON *ref) {
     }
 }
 
+/* An entry's values as F32 (block types expanded row by row), malloc'd. */
+static float *entry_values(const qlm_tensor_entry *e) {
+    int64_t n = qlm_entry_numel(e);
+    float *out = malloc((size_t)(n ? n : 1) * sizeof *out);
+    assert_non_null(out);
+    if (!qlm_dtype_is_block(e->dtype)) {
+        assert_int_equal(e->dtype, QLM_F32);
+        memcpy(out, e->data, (size_t)n * sizeof *out);
+        return out;
+    }
+    const qlm_weight w = {.dtype = e->dtype, .rows = (int)e->shape[0], .cols = (int)e->shape[1], .data = e->data,
+                          .group = e->group};
+    for (int r = 0; r < w.rows; r++) qlm_weight_row_f32(&w, r, out + (size_t)r * w.cols);
+    return out;
+}
+
+/* The dtype the loader gives a tensor of GGML type `type`: matrices in Q8_0/Q4_0/Q4_1 keep it. */
+static qlm_dtype expected_dtype(const char *type, int ndim) {
+    if (ndim == 2 && !strcmp(type, "Q8_0")) return QLM_Q8_0;
+    if (ndim == 2 && !strcmp(type, "Q4_0")) return QLM_Q4_0;
+    if (ndim == 2 && !strcmp(type, "Q4_1")) return QLM_Q4_1;
+    return QLM_F32;
+}
+
 /* Every tensor of the reference, element by element, and no other tensor in the store. */
 static void check_tensors(const qlm_tensor_store *s, const cJSON *tensors, const float *ref, size_t ref_floats) {
     assert_int_equal(qlm_store_count(s), cJSON_GetArraySize(tensors));
@@ -208,17 +233,19 @@ static void check_tensors(const qlm_tensor_store *s, const cJSON *tensors, const
         const cJSON *shape = cJSON_GetObjectItemCaseSensitive(t, "shape");
         const qlm_tensor_entry *e = qlm_store_find(s, hf);
         if (!e) fail_msg("tensor %s missing from the store", hf);
-        assert_int_equal(e->dtype, QLM_F32);
+        const char *type = cJSON_GetObjectItemCaseSensitive(t, "type")->valuestring;
         assert_int_equal(e->ndim, cJSON_GetArraySize(shape));
+        assert_int_equal(e->dtype, expected_dtype(type, e->ndim));
         for (int d = 0; d < e->ndim; d++) assert_int_equal(e->shape[d], cJSON_GetArrayItem(shape, d)->valueint);
         size_t off = (size_t)jnum(t, "offset"), n = (size_t)qlm_entry_numel(e);
         assert_true(off + n <= ref_floats);
-        assert_int_equal(e->nbytes, n * sizeof(float));
-        const float *got = e->data;
+        if (e->dtype == QLM_F32) assert_int_equal(e->nbytes, n * sizeof(float));
+        else assert_int_equal(e->nbytes, (size_t)e->shape[0] * qlm_dtype_row_bytes(e->dtype, (long)e->shape[1], 32));
+        float *got = entry_values(e);
         for (size_t i = 0; i < n; i++)
             if (!near(got[i], ref[off + i], 1e-6))
-                fail_msg("%s (%s) element %zu: %.9g, gguf-py %.9g", hf,
-                         cJSON_GetObjectItemCaseSensitive(t, "type")->valuestring, i, got[i], ref[off + i]);
+                fail_msg("%s (%s) element %zu: %.9g, gguf-py %.9g", hf, type, i, got[i], ref[off + i]);
+        free(got);
     }
 }
 
@@ -451,7 +478,7 @@ static void check_real_tensor(const qlm_tensor_entry *e, const cJSON *ref) {
     const cJSON *shape = cJSON_GetObjectItemCaseSensitive(ref, "shape");
     assert_int_equal(e->ndim, cJSON_GetArraySize(shape));
     for (int d = 0; d < e->ndim; d++) assert_int_equal(e->shape[d], cJSON_GetArrayItem(shape, d)->valueint);
-    const float *x = e->data;
+    float *x = entry_values(e);
     int64_t n = qlm_entry_numel(e);
     double sum = 0, sum_abs = 0, sum_sq = 0;
     for (int64_t i = 0; i < n; i++) {
@@ -465,12 +492,13 @@ static void check_real_tensor(const qlm_tensor_entry *e, const cJSON *ref) {
                  jnum(ref, "sum"), jnum(ref, "sum_abs"), jnum(ref, "sum_sq"));
     for (const cJSON *s = cJSON_GetObjectItemCaseSensitive(ref, "samples")->child; s; s = s->next)
         assert_true(x[atoll(s->string)] == (float)s->valuedouble);
+    free(x);
 }
 
 /* Q/K row sums pin down the row order: a wrong (or missing) un-permutation moves them. */
 static void check_row_sums(const qlm_tensor_entry *e, const cJSON *rows) {
     assert_int_equal(e->shape[0], cJSON_GetArraySize(rows));
-    const float *x = e->data;
+    float *x = entry_values(e);
     int r = 0;
     for (const cJSON *v = rows->child; v; v = v->next, r++) {
         double s = 0, a = 0;
@@ -480,6 +508,7 @@ static void check_row_sums(const qlm_tensor_entry *e, const cJSON *rows) {
         }
         if (fabs(s - v->valuedouble) > 1e-9 * a + 1e-12) fail_msg("%s row %d: %.10g vs %.10g", e->name, r, s, v->valuedouble);
     }
+    free(x);
 }
 
 static void test_smollm2(void **state) {

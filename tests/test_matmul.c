@@ -17,6 +17,7 @@
 #include "test_util.h"
 
 #include "core/backend.h"
+#include "quant/block_quant.h"
 #include "quant/half.h"
 #include "quant/matmul.h"
 #include "quant/quantize.h"
@@ -32,10 +33,14 @@ typedef struct {
     qlm_dtype dtype;
     int per_row;
     const char *name;
+    int group; /* block types */
 } kind;
 
 static const kind k_kinds[] = {
-    {QLM_F32, 0, "f32"}, {QLM_F16, 0, "f16"}, {QLM_BF16, 0, "bf16"}, {QLM_I8, 0, "int8"}, {QLM_I8, 1, "int8/row"},
+    {QLM_F32, 0, "f32", 0},      {QLM_F16, 0, "f16", 0},      {QLM_BF16, 0, "bf16", 0},
+    {QLM_I8, 0, "int8", 0},      {QLM_I8, 1, "int8/row", 0},  {QLM_Q8_0, 0, "q8_0/32", 32},
+    {QLM_Q4_0, 0, "q4_0/32", 32}, {QLM_Q4_1, 0, "q4_1/32", 32}, {QLM_Q8_0, 0, "q8_0/64", 64},
+    {QLM_Q4_0, 0, "q4_0/128", 128}, {QLM_Q4_1, 0, "q4_1/64", 64},
 };
 #define NKINDS (int)(sizeof k_kinds / sizeof k_kinds[0])
 
@@ -56,14 +61,33 @@ typedef struct {
     double *deq;
 } test_weight;
 
+/* Whether weights of kind k can have cols columns (block types: whole blocks). */
+static int kind_fits(const kind *k, int cols) {
+    return !k->group || cols % k->group == 0;
+}
+
 static void make_weight(test_weight *t, const kind *k, const float *src, int rows, int cols) {
     long n = (long)rows * cols;
     t->data = malloc(n * 4 + 1);
     t->row_scales = malloc(rows * sizeof(float));
     t->deq = malloc(n * sizeof(double));
     assert_true(t->data && t->row_scales && t->deq);
-    t->w = (qlm_weight){k->dtype, rows, cols, t->data, 1.0f, NULL};
+    t->w = (qlm_weight){k->dtype, rows, cols, t->data, 1.0f, NULL, k->group};
     switch (k->dtype) {
+    case QLM_Q8_0:
+    case QLM_Q4_0:
+    case QLM_Q4_1: {
+        size_t stride = qlm_dtype_row_bytes(k->dtype, cols, k->group);
+        float *row = malloc((size_t)cols * sizeof *row);
+        assert_non_null(row);
+        for (int r = 0; r < rows; r++) {
+            qlm_block_quantize_row((char *)t->data + r * stride, k->dtype, k->group, src + (long)r * cols, cols);
+            qlm_block_dequantize_row(row, k->dtype, k->group, (char *)t->data + r * stride, cols);
+            for (int c = 0; c < cols; c++) t->deq[(long)r * cols + c] = row[c];
+        }
+        free(row);
+        break;
+    }
     case QLM_I8:
         if (k->per_row) {
             qlm_quantize_i8_rows(t->data, t->row_scales, src, rows, cols);
@@ -106,7 +130,9 @@ static void x_for(double *out, const float *x, long cols, qlm_dtype dt) {
     float absmax = 0;
     for (long k = 0; k < cols; k++) absmax = fabsf(x[k]) > absmax ? fabsf(x[k]) : absmax;
     for (long k = 0; k < cols; k++)
-        out[k] = dt == QLM_BF16 ? qlm_bf16_to_f32(qlm_f32_to_bf16(x[k])) : dt == QLM_I8 ? i16_value(x[k], absmax) : x[k];
+        out[k] = dt == QLM_BF16                        ? qlm_bf16_to_f32(qlm_f32_to_bf16(x[k]))
+                 : dt == QLM_I8 || qlm_dtype_is_block(dt) ? i16_value(x[k], absmax)
+                                                         : x[k];
 }
 
 /* ref = x deq^T + bias in double; mag = the error scale sum |x w| + |bias|. */
@@ -149,6 +175,7 @@ static void check_shape(int n, int rows, int cols) {
     for (int o = 0; o < rows; o++) bias[o] = frand();
     const char *orig = qlm_matmul_isa();
     for (int ki = 0; ki < NKINDS; ki++) {
+        if (!kind_fits(&k_kinds[ki], cols)) continue;
         test_weight t;
         make_weight(&t, &k_kinds[ki], src, rows, cols);
         for (int b = 0; b < 2; b++) {
@@ -201,13 +228,26 @@ static void test_threaded_shapes(void **state) {
     check_shape(3, 37, 5000); /* I8 rows in several integer blocks */
 }
 
+/* Block weights: widths of whole blocks of every group, rows not multiples of 4, every remainder
+ * of the x-row tiles, and the default model's shapes. */
+static void test_block_shapes(void **state) {
+    (void)state;
+    static const int ns[] = {1, 2, 3, 4, 5, 7, 17};
+    static const int rows[] = {1, 5, 37};
+    static const int cols[] = {32, 64, 96, 128, 384};
+    for (size_t a = 0; a < sizeof ns / sizeof ns[0]; a++)
+        for (size_t b = 0; b < sizeof rows / sizeof rows[0]; b++)
+            for (size_t c = 0; c < sizeof cols / sizeof cols[0]; c++) check_shape(ns[a], rows[b], cols[c]);
+    check_shape(1, 1536, 576);
+    check_shape(PREFILL_N, 576, 1536);
+}
+
 /* qlm_matmul_group gives each product exactly what qlm_matmul gives it (the shared region splits
  * rows differently, and results must not depend on the split), for q/k/v-like shapes in every
  * kind, and falls back to one call each when widths or dtypes differ. */
-static void test_matmul_group(void **state) {
-    (void)state;
+static void matmul_group_width(int cols) {
     static const int rows[] = {576, 192, 190};
-    const int cols = 97, n_max = 7;
+    const int n_max = 7;
     float *src = malloc((size_t)576 * cols * sizeof *src), *x = malloc((size_t)n_max * cols * sizeof *x);
     float *bias = malloc(576 * sizeof *bias), *y[3], *ref = malloc((size_t)n_max * 576 * sizeof *ref);
     assert_true(src && x && bias && ref);
@@ -216,6 +256,7 @@ static void test_matmul_group(void **state) {
     for (int i = 0; i < 576; i++) bias[i] = frand();
     for (int p = 0; p < 3; p++) assert_non_null(y[p] = malloc((size_t)n_max * rows[p] * sizeof *y[p]));
     for (int ki = 0; ki < NKINDS; ki++) {
+        if (!kind_fits(&k_kinds[ki], cols)) continue;
         test_weight t[3];
         qlm_matmul_out outs[3];
         for (int p = 0; p < 3; p++) {
@@ -237,6 +278,12 @@ static void test_matmul_group(void **state) {
     free(x);
     free(bias);
     free(ref);
+}
+
+static void test_matmul_group(void **state) {
+    (void)state;
+    matmul_group_width(97);
+    matmul_group_width(128);
 }
 
 /* The largest products the I16 form makes (|q| = 32767 against |w| = 127, all of one sign) over
@@ -274,9 +321,8 @@ static void test_i8_extreme_sums(void **state) {
 }
 
 /* GEMV rows are split among threads in whole kernel groups, so results do not depend on it. */
-static void test_thread_count_invariance(void **state) {
-    (void)state;
-    const int rows = 333, cols = 129;
+static void thread_count_width(const int cols) {
+    const int rows = 333;
     float *src = malloc(rows * cols * sizeof(float)), *x = malloc(3 * cols * sizeof(float));
     float *y1 = malloc(3 * rows * sizeof(float)), *y2 = malloc(3 * rows * sizeof(float));
     assert_true(src && x && y1 && y2);
@@ -284,6 +330,7 @@ static void test_thread_count_invariance(void **state) {
     for (int i = 0; i < 3 * cols; i++) x[i] = frand();
     int saved = omp_get_max_threads();
     for (int ki = 0; ki < NKINDS; ki++) {
+        if (!kind_fits(&k_kinds[ki], cols)) continue;
         test_weight t;
         make_weight(&t, &k_kinds[ki], src, rows, cols);
         omp_set_num_threads(1);
@@ -298,6 +345,12 @@ static void test_thread_count_invariance(void **state) {
     free(x);
     free(y1);
     free(y2);
+}
+
+static void test_thread_count_invariance(void **state) {
+    (void)state;
+    thread_count_width(129);
+    thread_count_width(128);
 }
 
 /* The attention kernels on every ISA: scores of n query rows against strided key rows, and the
@@ -490,16 +543,16 @@ static void test_vs_torch(void **state) {
 /* The backward through a weight, dx = dy W, for every storage dtype and a weight taller than one
  * block of rows converted to F32 (512): each block must meet its own rows of W. Against the
  * product in double of the dequantized weight; accumulate adds to what dx held. */
-static void test_backward_x_blocks(void **state) {
-    (void)state;
+static void backward_x_width(const int COLS) {
     const qlm_backend *be = qlm_backend_cpu();
-    enum { ROWS = 1100, COLS = 40, N = 5 };
+    enum { ROWS = 1100, N = 5 };
     float *src = malloc(sizeof(float) * ROWS * COLS), *dy = malloc(sizeof(float) * N * ROWS);
     float *dx = malloc(sizeof(float) * N * COLS);
     assert_true(src && dy && dx);
     for (int i = 0; i < ROWS * COLS; i++) src[i] = frand();
     for (int i = 0; i < N * ROWS; i++) dy[i] = frand();
     for (int k = 0; k < NKINDS; k++) {
+        if (!kind_fits(&k_kinds[k], COLS)) continue;
         test_weight t;
         make_weight(&t, &k_kinds[k], src, ROWS, COLS);
         for (int acc = 0; acc < 2; acc++) {
@@ -523,6 +576,12 @@ static void test_backward_x_blocks(void **state) {
     free(src), free(dy), free(dx);
 }
 
+static void test_backward_x_blocks(void **state) {
+    (void)state;
+    backward_x_width(40);
+    backward_x_width(128);
+}
+
 static void test_isa_selection(void **state) {
     (void)state;
     const char *orig = qlm_matmul_isa();
@@ -542,7 +601,7 @@ static void test_isa_selection(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_isa_selection), cmocka_unit_test(test_i8_extreme_sums), cmocka_unit_test(test_matmul_group),   cmocka_unit_test(test_odd_shapes),
-        cmocka_unit_test(test_threaded_shapes), cmocka_unit_test(test_thread_count_invariance),
+        cmocka_unit_test(test_threaded_shapes), cmocka_unit_test(test_block_shapes), cmocka_unit_test(test_thread_count_invariance),
         cmocka_unit_test(test_vs_torch),
         cmocka_unit_test(test_attention_kernels),
         cmocka_unit_test(test_exp),

@@ -214,7 +214,7 @@ static void test_rows_ops(void **state) {
 static void test_embedding_and_kv_store(void **state) {
     (void)state;
     const int ids[4] = {3, 0, 99, 3}, vocab = 100, dim = 48;
-    for (int dt = QLM_F32; dt < QLM_DTYPE_COUNT; dt++) {
+    for (int dt = QLM_F32; dt <= QLM_I8; dt++) { /* the CUDA backend runs no block types */
         test_weight t;
         make_weight(&t, (qlm_dtype)dt, dt == QLM_I8, vocab, dim, 11u);
         float *want = malloc(4 * dim * sizeof *want), *dout = gpu->alloc(4 * dim * sizeof(float));

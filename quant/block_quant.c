@@ -1,0 +1,94 @@
+#include "block_quant.h"
+
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "half.h"
+
+static uint16_t load_u16(const uint8_t *p) { return (uint16_t)(p[0] | p[1] << 8); }
+
+static void store_u16(uint8_t *p, uint16_t v) {
+    p[0] = (uint8_t)v;
+    p[1] = (uint8_t)(v >> 8);
+}
+
+/* A scale as stored: F16, saturated at F16's largest finite value. */
+static float f16_round(float v, uint8_t *out) {
+    if (v > 65504.0f) v = 65504.0f;
+    if (v < -65504.0f) v = -65504.0f;
+    uint16_t h = qlm_f32_to_f16(v);
+    store_u16(out, h);
+    return qlm_f16_to_f32(h);
+}
+
+static float finite_or_zero(float v) { return isfinite(v) ? v : 0.0f; }
+
+/* round(v) clamped to [lo, hi]; NaN (0/0 from a zero scale) gives 0 before the clamp. */
+static int round_clamp(float v, int lo, int hi) {
+    if (!(v == v)) v = 0;
+    float r = roundf(v);
+    return r < (float)lo ? lo : r > (float)hi ? hi : (int)r;
+}
+
+/* Value j of a Q4 block's runs of 16 bytes (see core/dtype.h). */
+static int nibble_at(const uint8_t *qs, int j) {
+    const uint8_t b = qs[(j / 32) * 16 + j % 16];
+    return j % 32 < 16 ? b & 15 : b >> 4;
+}
+
+static void quantize_block(uint8_t *b, qlm_dtype dt, int group, const float *w) {
+    if (dt == QLM_Q8_0) {
+        float amax = 0;
+        for (int j = 0; j < group; j++) amax = fmaxf(amax, fabsf(finite_or_zero(w[j])));
+        float d = f16_round(amax / 127.0f, b), inv = d != 0 ? 1.0f / d : 0.0f;
+        for (int j = 0; j < group; j++) ((int8_t *)(b + 2))[j] = (int8_t)round_clamp(finite_or_zero(w[j]) * inv, -127, 127);
+        return;
+    }
+    uint8_t *qs = b + (dt == QLM_Q4_1 ? 4 : 2);
+    memset(qs, 0, (size_t)group / 2);
+    float d, m = 0;
+    if (dt == QLM_Q4_0) {
+        float ext = 0;
+        for (int j = 0; j < group; j++)
+            if (fabsf(finite_or_zero(w[j])) > fabsf(ext)) ext = finite_or_zero(w[j]);
+        d = f16_round(ext / -8.0f, b);
+    } else {
+        float lo = INFINITY, hi = -INFINITY;
+        for (int j = 0; j < group; j++) {
+            lo = fminf(lo, finite_or_zero(w[j]));
+            hi = fmaxf(hi, finite_or_zero(w[j]));
+        }
+        d = f16_round((hi - lo) / 15.0f, b);
+        m = f16_round(lo, b + 2);
+    }
+    float inv = d != 0 ? 1.0f / d : 0.0f;
+    for (int j = 0; j < group; j++) {
+        float v = finite_or_zero(w[j]);
+        int q = dt == QLM_Q4_0 ? round_clamp(v * inv + 8.0f, 0, 15) : round_clamp((v - m) * inv, 0, 15);
+        qs[(j / 32) * 16 + j % 16] |= (uint8_t)(j % 32 < 16 ? q : q << 4);
+    }
+}
+
+static void dequantize_block(float *w, qlm_dtype dt, int group, const uint8_t *b) {
+    const float d = qlm_f16_to_f32(load_u16(b));
+    if (dt == QLM_Q8_0) {
+        for (int j = 0; j < group; j++) w[j] = (float)((const int8_t *)(b + 2))[j] * d;
+    } else if (dt == QLM_Q4_0) {
+        for (int j = 0; j < group; j++) w[j] = (float)(nibble_at(b + 2, j) - 8) * d;
+    } else {
+        const float m = qlm_f16_to_f32(load_u16(b + 2));
+        for (int j = 0; j < group; j++) w[j] = (float)nibble_at(b + 4, j) * d + m;
+    }
+}
+
+void qlm_block_quantize_row(void *dst, qlm_dtype dt, int group, const float *src, long cols) {
+    const size_t bb = qlm_dtype_block_bytes(dt, group);
+    for (long k = 0; k + group <= cols; k += group) quantize_block((uint8_t *)dst + (size_t)(k / group) * bb, dt, group, src + k);
+}
+
+void qlm_block_dequantize_row(float *dst, qlm_dtype dt, int group, const void *src, long cols) {
+    const size_t bb = qlm_dtype_block_bytes(dt, group);
+    for (long k = 0; k + group <= cols; k += group)
+        dequantize_block(dst + k, dt, group, (const uint8_t *)src + (size_t)(k / group) * bb);
+}

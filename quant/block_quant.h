@@ -1,0 +1,19 @@
+/* Rows of the block types (core/dtype.h: Q8_0, Q4_0, Q4_1 with groups of 32, 64 or 128) from and
+ * to F32. The scales follow GGUF's reference rules, so a qlm-made Q4_0 or Q8_0 block at group 32
+ * holds the values llama.cpp's quantizer would choose up to the rounding of ties:
+ *   Q8_0: d = max|w| / 127, q = round(w / d)
+ *   Q4_0: d = w* / -8 where w* is the value of largest magnitude, q = round(w / d) + 8 in 0..15
+ *   Q4_1: d = (max - min) / 15, m = min, q = round((w - m) / d) in 0..15
+ * d and m are stored as F16 and the values are rounded against the stored d (and m). Non-finite
+ * weights quantize as 0; a block of zeros gets d = 0. */
+#ifndef QLM_BLOCK_QUANT_H
+#define QLM_BLOCK_QUANT_H
+
+#include "../core/dtype.h"
+
+/* Quantizes cols values (a multiple of group) of src into the blocks at dst. */
+void qlm_block_quantize_row(void *dst, qlm_dtype dt, int group, const float *src, long cols);
+/* Expands the blocks of cols values at src into dst. */
+void qlm_block_dequantize_row(float *dst, qlm_dtype dt, int group, const void *src, long cols);
+
+#endif
