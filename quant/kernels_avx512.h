@@ -179,84 +179,12 @@ AVX512_INLINE void gemm_tile_x(float *y, long ldy, const char *x, long ldx, int 
     }
 }
 
-/* The 32 values of run s of a block (from its first value byte) as 16-bit integers, Q4_0's less
- * 8: Q4 runs are 16 bytes whose low nibbles are values 0..15 and high nibbles 16..31. */
-AVX512_INLINE __m512i block_run(const char *vals, int s, qlm_dtype dt) {
-    if (dt == QLM_Q8_0) return _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(vals + 32 * s)));
-    const __m128i b = _mm_loadu_si128((const __m128i *)(vals + 16 * s)), nib = _mm_set1_epi8(15);
-    const __m256i both = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(b, 4), nib), _mm_and_si128(b, nib));
-    const __m512i v = _mm512_cvtepu8_epi16(both);
-    return dt == QLM_Q4_0 ? _mm512_sub_epi16(v, _mm512_set1_epi16(8)) : v;
-}
-
-/* An F16 at p, in every lane. */
-AVX512_INLINE __m512 f16_broadcast(const char *p) {
-    short h;
-    memcpy(&h, p, sizeof h);
-    return _mm512_cvtph_ps(_mm256_set1_epi16(h));
-}
-
-/* Rows of x a block tile takes: 4 weight rows x 3 x rows = 12 accumulators and 12 integer sums
- * of the block under way, with the x runs and Q4_1's sums of x, within the 32 registers. */
+#define KERNEL_FN AVX512_FN
+#define KERNEL_INLINE AVX512_INLINE
+/* Rows of x a block tile takes: 4 weight rows x 3 x rows = 12 accumulators, with the x runs and
+ * their sums, within the 32 vector registers. */
 #define BLOCK_TILE_X 3
-
-/* nr (1 or 4) rows of block weights (stride bytes apart) against nx (1..BLOCK_TILE_X) rows of x
- * in the I16 form: per block, exact integer sums over its runs, then scale times sum (and Q4_1's
- * offset times the sum of x) added in F32. pf: the next rows, prefetched along. */
-AVX512_INLINE void block_tile(float *y, long ldy, const int16_t *x, long ldx, const char *w, size_t stride, long cols,
-                              const int nr, const int nx, qlm_dtype dt, const int group, const char *pf) {
-    const size_t bb = qlm_dtype_block_bytes(dt, group);
-    const int head = qlm_block_head(dt), runs = group / 32;
-    __m512 acc[4][BLOCK_TILE_X];
-#pragma GCC unroll 4
-    for (int r = 0; r < nr; r++)
-#pragma GCC unroll 3
-        for (int i = 0; i < nx; i++) acc[r][i] = _mm512_setzero_ps();
-    for (long k = 0, b = 0; k < cols; k += group, b++) {
-        const char *blk = w + (size_t)b * bb;
-        if (pf)
-            for (size_t j = 0; j < (nr * bb + 63) / 64; j++) _mm_prefetch(pf + (size_t)b * nr * bb + 64 * j, _MM_HINT_T0);
-        __m512i isum[4][BLOCK_TILE_X], xsum[BLOCK_TILE_X];
-#pragma GCC unroll 3
-        for (int i = 0; i < nx; i++) {
-            xsum[i] = _mm512_setzero_si512();
-#pragma GCC unroll 4
-            for (int r = 0; r < nr; r++) isum[r][i] = _mm512_setzero_si512();
-        }
-        for (int s = 0; s < runs; s++) {
-            __m512i xv[BLOCK_TILE_X];
-#pragma GCC unroll 3
-            for (int i = 0; i < nx; i++) {
-                xv[i] = _mm512_loadu_si512(x + i * ldx + k + 32 * s);
-                if (dt == QLM_Q4_1) xsum[i] = dot_i16(xsum[i], xv[i], _mm512_set1_epi16(1));
-            }
-#pragma GCC unroll 4
-            for (int r = 0; r < nr; r++) {
-                __m512i wv = block_run(blk + r * stride + head, s, dt);
-#pragma GCC unroll 3
-                for (int i = 0; i < nx; i++) isum[r][i] = dot_i16(isum[r][i], wv, xv[i]);
-            }
-        }
-#pragma GCC unroll 4
-        for (int r = 0; r < nr; r++) {
-            __m512 d = f16_broadcast(blk + r * stride);
-#pragma GCC unroll 3
-            for (int i = 0; i < nx; i++) acc[r][i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[r][i]), d, acc[r][i]);
-            if (dt == QLM_Q4_1) {
-                __m512 m = f16_broadcast(blk + r * stride + 2);
-#pragma GCC unroll 3
-                for (int i = 0; i < nx; i++) acc[r][i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(xsum[i]), m, acc[r][i]);
-            }
-        }
-    }
-#pragma GCC unroll 3
-    for (int i = 0; i < nx; i++) {
-        if (nr == 1)
-            y[i * ldy] = _mm512_reduce_add_ps(acc[0][i]);
-        else
-            _mm_storeu_ps(y + i * ldy, hsum4(acc[0][i], acc[1][i], acc[2][i], acc[3][i]));
-    }
-}
+#include "kernel_blocks.h"
 
 /* The same tile with nx as a constant (and group where the caller makes it one). */
 AVX512_INLINE void block_tile_g(float *y, long ldy, const int16_t *x, long ldx, int nx, const char *w, size_t stride,
@@ -400,8 +328,6 @@ AVX512_INLINE void weighted_sum_dt(float *o, const float *p, int g, long ldp, co
         }
 }
 
-#define KERNEL_FN AVX512_FN
-#define KERNEL_INLINE AVX512_INLINE
 #include "kernel_rows.h"
 
 const qlm_kernel_table AVX512_TABLE = {

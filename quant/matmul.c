@@ -12,6 +12,7 @@
 #include <cpuid.h>
 #endif
 #include <omp.h>
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -227,15 +228,24 @@ const char *qlm_matmul_isas(void) {
     return list;
 }
 
+float qlm_f16_lut[65536];
+
+static void fill_f16_lut(void) {
+    for (uint32_t h = 0; h < 65536; h++) qlm_f16_lut[h] = qlm_f16_to_f32((uint16_t)h);
+}
+
+static pthread_once_t g_lut_once = PTHREAD_ONCE_INIT;
+
 const qlm_kernel_table *qlm_kernels(void) {
-    const qlm_kernel_table *t = atomic_load_explicit(&g_table, memory_order_relaxed);
+    const qlm_kernel_table *t = atomic_load_explicit(&g_table, memory_order_acquire);
     if (t) return t;
+    pthread_once(&g_lut_once, fill_f16_lut);
     const char *forced = getenv("QLM_ISA");
     if (forced && *forced && !(t = table_named(forced)))
         fprintf(stderr, "qlm: QLM_ISA=%s is not a kernel set this CPU runs (%s); using the best one\n", forced,
                 qlm_matmul_isas());
     for (size_t i = sizeof k_isas / sizeof k_isas[0]; !t && i-- > 0;) t = table_named(k_isas[i]);
-    atomic_store_explicit(&g_table, t, memory_order_relaxed);
+    atomic_store_explicit(&g_table, t, memory_order_release);
     return t;
 }
 
@@ -246,7 +256,8 @@ const char *qlm_matmul_isa(void) {
 int qlm_matmul_force_isa(const char *name) {
     const qlm_kernel_table *t = name ? table_named(name) : NULL;
     if (!t) return qlm_errorf("matmul: instruction set '%s' is unknown or not supported by this CPU", name ? name : "(null)");
-    atomic_store_explicit(&g_table, t, memory_order_relaxed);
+    pthread_once(&g_lut_once, fill_f16_lut);
+    atomic_store_explicit(&g_table, t, memory_order_release);
     return 0;
 }
 

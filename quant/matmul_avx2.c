@@ -29,18 +29,12 @@ AVX2_INLINE __m256 load8(const void *row, long k, qlm_dtype dt) {
     }
 }
 
-/* {sum(a), sum(b), sum(c), sum(d)} */
-AVX2_INLINE __m128 hsum4(__m256 a, __m256 b, __m256 c, __m256 d) {
-    __m256 t = _mm256_hadd_ps(_mm256_hadd_ps(a, b), _mm256_hadd_ps(c, d));
-    return _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1));
-}
-
-AVX2_INLINE float hsum(__m256 a) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
+#define KERNEL_FN AVX2_FN
+#define KERNEL_INLINE AVX2_INLINE
+/* Rows of x a block tile takes: 4 weight rows x 2 x rows = 8 accumulators, with the x runs and
+ * the weight run under way, within the 16 registers. */
+#define BLOCK_TILE_X 2
+#include "kernel_blocks.h"
 
 /* Rows of x one register tile takes: 4 weight rows x 2 x rows = 8 accumulators, plus the four
  * weight vectors and one x vector, within the 16 vector registers. */
@@ -122,9 +116,9 @@ AVX2_INLINE void gemm_tile(float *y, long ldy, const char *x, long ldx, const ch
     for (int i = 0; i < nx; i++) {
         float s[4];
         if (nr == 4)
-            _mm_storeu_ps(s, hsum4(acc[0][i], acc[1][i], acc[2][i], acc[3][i]));
+            _mm_storeu_ps(s, hsum4_ps256(acc[0][i], acc[1][i], acc[2][i], acc[3][i]));
         else
-            s[0] = hsum(acc[0][i]);
+            s[0] = hsum_ps256(acc[0][i]);
         for (int r = 0; r < nr; r++) {
             s[r] += tail_dot(w + r * stride, x + i * x_row, k, cols, dt);
             y[i * ldy + r] = (add ? y[i * ldy + r] : 0.0f) + s[r];
@@ -139,91 +133,6 @@ AVX2_INLINE void gemm_tile_x(float *y, long ldy, const char *x, long ldx, int nx
         gemm_tile(y, ldy, x, ldx, w, stride, cols, nr, 1, dt, pf, add);
     else
         gemm_tile(y, ldy, x, ldx, w, stride, cols, nr, TILE_X, dt, pf, add);
-}
-
-/* The 32 values of run s of a block (from its first value byte) as two vectors of 16-bit
- * integers (values 0..15 and 16..31), Q4_0's less 8. */
-AVX2_INLINE void block_run(__m256i v[2], const char *vals, int s, qlm_dtype dt) {
-    if (dt == QLM_Q8_0) {
-        v[0] = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(vals + 32 * s)));
-        v[1] = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(vals + 32 * s + 16)));
-        return;
-    }
-    const __m128i b = _mm_loadu_si128((const __m128i *)(vals + 16 * s)), nib = _mm_set1_epi8(15);
-    v[0] = _mm256_cvtepu8_epi16(_mm_and_si128(b, nib));
-    v[1] = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(b, 4), nib));
-    if (dt == QLM_Q4_0)
-        for (int h = 0; h < 2; h++) v[h] = _mm256_sub_epi16(v[h], _mm256_set1_epi16(8));
-}
-
-/* An F16 at p, in every lane. */
-AVX2_INLINE __m256 f16_broadcast(const char *p) {
-    uint16_t h;
-    memcpy(&h, p, sizeof h);
-    return _mm256_broadcastss_ps(_mm_cvtph_ps(_mm_cvtsi32_si128(h)));
-}
-
-/* Rows of x a block tile takes: 4 weight rows x 2 x rows = 8 accumulators, with the x runs and
- * the weight run under way, within the 16 registers. */
-#define BLOCK_TILE_X 2
-
-/* As in the AVX-512 file: nr (1 or 4) rows of block weights against nx (1 or 2) rows of x in the
- * I16 form, each block's integer sums scaled and added in F32. */
-AVX2_INLINE void block_tile(float *y, long ldy, const int16_t *x, long ldx, const char *w, size_t stride, long cols,
-                            const int nr, const int nx, qlm_dtype dt, const int group, const char *pf) {
-    const size_t bb = qlm_dtype_block_bytes(dt, group);
-    const int head = qlm_block_head(dt), runs = group / 32;
-    const __m256i ones = _mm256_set1_epi16(1);
-    __m256 acc[4][BLOCK_TILE_X];
-#pragma GCC unroll 4
-    for (int r = 0; r < nr; r++)
-#pragma GCC unroll 2
-        for (int i = 0; i < nx; i++) acc[r][i] = _mm256_setzero_ps();
-    for (long k = 0, b = 0; k < cols; k += group, b++) {
-        const char *blk = w + (size_t)b * bb;
-        if (pf)
-            for (size_t j = 0; j < (nr * bb + 63) / 64; j++) _mm_prefetch(pf + (size_t)b * nr * bb + 64 * j, _MM_HINT_T0);
-#pragma GCC unroll 4
-        for (int r = 0; r < nr; r++) {
-            __m256i isum[BLOCK_TILE_X];
-#pragma GCC unroll 2
-            for (int i = 0; i < nx; i++) isum[i] = _mm256_setzero_si256();
-            for (int s = 0; s < runs; s++) {
-                __m256i wv[2];
-                block_run(wv, blk + r * stride + head, s, dt);
-#pragma GCC unroll 2
-                for (int i = 0; i < nx; i++) {
-                    const int16_t *xi = x + i * ldx + k + 32 * s;
-                    __m256i p = _mm256_add_epi32(_mm256_madd_epi16(wv[0], _mm256_loadu_si256((const __m256i *)xi)),
-                                                 _mm256_madd_epi16(wv[1], _mm256_loadu_si256((const __m256i *)(xi + 16))));
-                    isum[i] = _mm256_add_epi32(isum[i], p);
-                }
-            }
-            __m256 d = f16_broadcast(blk + r * stride);
-#pragma GCC unroll 2
-            for (int i = 0; i < nx; i++) acc[r][i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[i]), d, acc[r][i]);
-        }
-        if (dt == QLM_Q4_1)
-#pragma GCC unroll 2
-            for (int i = 0; i < nx; i++) {
-                __m256i xsum = _mm256_setzero_si256();
-                for (int s = 0; s < runs; s++) {
-                    const int16_t *xi = x + i * ldx + k + 32 * s;
-                    xsum = _mm256_add_epi32(xsum, _mm256_add_epi32(_mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)xi), ones),
-                                                                   _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)(xi + 16)), ones)));
-                }
-                __m256 xf = _mm256_cvtepi32_ps(xsum);
-#pragma GCC unroll 4
-                for (int r = 0; r < nr; r++) acc[r][i] = _mm256_fmadd_ps(xf, f16_broadcast(blk + r * stride + 2), acc[r][i]);
-            }
-    }
-#pragma GCC unroll 2
-    for (int i = 0; i < nx; i++) {
-        if (nr == 1)
-            y[i * ldy] = hsum(acc[0][i]);
-        else
-            _mm_storeu_ps(y + i * ldy, hsum4(acc[0][i], acc[1][i], acc[2][i], acc[3][i]));
-    }
 }
 
 /* The same tile with nx as a constant (and group where the caller makes it one). */
@@ -362,8 +271,6 @@ AVX2_FN void exp_f32(float *x, long n) {
     }
 }
 
-#define KERNEL_FN AVX2_FN
-#define KERNEL_INLINE AVX2_INLINE
 #include "kernel_rows.h"
 
 const qlm_kernel_table qlm_kernels_avx2 = {

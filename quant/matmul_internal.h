@@ -46,6 +46,12 @@ extern const qlm_kernel_table qlm_kernels_avx512bf16;
 /* The table in use: the best the CPU supports, or the one forced by qlm_matmul_force_isa. */
 const qlm_kernel_table *qlm_kernels(void);
 
+/* Every F16 bit pattern as F32, filled before qlm_kernels first returns: the block kernels read
+ * a block's scale with one broadcast load from it rather than converting it in vector registers
+ * (three instructions on the two ports the 512-bit arithmetic shares, per weight row and block).
+ * The scales of one model use a few hundred entries, which stay in cache. */
+extern float qlm_f16_lut[65536];
+
 
 /* e^x = 2^k e^r with k = round(x log2 e) and r = x - k ln 2 (ln 2 in a high part exact in a few
  * bits and a low part, so r is exact), e^r by its degree-6 minimax polynomial on |r| <= ln2/2
