@@ -27,6 +27,7 @@
 #include "../core/error.h"
 #include "fused_weights.h"
 #include "gguf_dequant.h"
+#include "../quant/block_quant.h"
 
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
 #error "GGUF data is read as little-endian; big-endian hosts are not supported"
@@ -1060,12 +1061,13 @@ static int check_shape(const qlm_gguf *g, const gguf_tensor *t, const want *w, c
     return qlm_errorf("%s: tensor %s (%s): shape [%s], expected [%s]", g->path, t->name, hf, got, exp);
 }
 
-/* A tensor to convert: its source, its buffer in the store, and the Q/K row fix. */
+/* A tensor to convert: its source, its buffer in the store (F32, or Q8_0 rows), and the Q/K row fix. */
 typedef struct {
     const gguf_tensor *t;
-    float *dst;
+    void *dst;
     int64_t rows, cols;
     int perm_heads;
+    qlm_dtype out;
 } job;
 
 /* The qlm block type a GGUF tensor type is, or -1. */
@@ -1074,88 +1076,134 @@ static int block_dtype(const gguf_tensor *t) {
     return !strcmp(n, "Q8_0") ? QLM_Q8_0 : !strcmp(n, "Q4_0") ? QLM_Q4_0 : !strcmp(n, "Q4_1") ? QLM_Q4_1 : -1;
 }
 
-/* A matrix in one of qlm's block types: entered as it lies in the mapping, or (Q/K) as a copy
- * with its rows reordered. */
-static int add_blocks(const qlm_gguf *g, const uint8_t *store_map, const gguf_tensor *t, const want *w,
-                      const char *hname, qlm_dtype dt, qlm_tensor_store *store) {
+/* The dtype a GGUF matrix is kept in as it lies in the file (Q8_0/Q4_0/Q4_1 as qlm's block types,
+ * F16/BF16 where the data is 2-byte aligned), or -1 when it must be converted. */
+static int kept_dtype(const gguf_tensor *t, const uint8_t *data) {
+    int bt = block_dtype(t);
+    if (bt >= 0) return bt;
+    if ((uintptr_t)data % 2) return -1;
+    return !strcmp(t->type->name, "F16") ? QLM_F16 : !strcmp(t->type->name, "BF16") ? QLM_BF16 : -1;
+}
+
+/* A matrix kept as it lies in the file: entered from the store's mapping, or (Q/K) as a copy with
+ * its rows reordered. */
+static int add_kept(const qlm_gguf *g, const uint8_t *store_map, const gguf_tensor *t, const want *w,
+                    const char *hname, qlm_dtype dt, qlm_tensor_store *store) {
     const uint8_t *src = store_map + g->data_start + t->offset;
-    const size_t row_bytes = qlm_dtype_row_bytes(dt, (long)w->cols, 32);
+    const int group = qlm_dtype_is_block(dt) ? 32 : 0;
+    const size_t row_bytes = qlm_dtype_row_bytes(dt, (long)w->cols, group);
+    int64_t shape[2] = {w->rows, w->cols};
     qlm_tensor_entry *e;
     if (!w->perm_heads) {
-        int64_t shape[2] = {w->rows, w->cols};
         e = qlm_store_add(store, hname, dt, 2, shape, src, (size_t)w->rows * row_bytes);
-        if (e) e->group = 32;
     } else {
         void *buf;
-        e = qlm_store_add_owned_blocks(store, hname, dt, 32, w->rows, w->cols, &buf);
+        e = group ? qlm_store_add_owned_blocks(store, hname, dt, group, w->rows, w->cols, &buf)
+                  : qlm_store_add_owned(store, hname, dt, 2, shape, &buf);
         if (e) qlm_rope_rows_to_half(buf, src, w->rows, row_bytes, w->perm_heads);
     }
+    if (e) e->group = group;
     return e ? 0 : qlm_error_context("%s: tensor %s", g->path, t->name);
 }
 
-/* Finds and checks the tensor for w. Matrices in qlm's block types go into the store as they are
- * (returns 0); others get a (not yet filled) F32 buffer in the store and a conversion job in
- * *out (returns 1). -1 on error. */
+/* Finds and checks the tensor for w. Matrices qlm runs as stored go into the store as they are
+ * (returns 0); others get a (not yet filled) buffer in the store and a conversion job in *out
+ * (returns 1): F32 for vectors and F32 matrices, Q8_0 for matrices in the other GGML types (K-quants,
+ * Q5), never expanded to F32. -1 on error. */
 static int plan_one(const qlm_gguf *g, const uint8_t **store_map, const want *w, const char *gname, const char *hname,
                     qlm_tensor_store *store, job *out) {
     const gguf_tensor *t = find_tensor(g, gname);
     if (!t) return qlm_errorf("%s: tensor %s (%s) is missing", g->path, gname, hname);
     if (check_shape(g, t, w, hname) != 0 || check_convertible(g, t) != 0) return -1;
-    int bt = block_dtype(t);
-    if (bt >= 0 && w->cols) {
+    int kept = kept_dtype(t, g->map + g->data_start + t->offset);
+    if (kept >= 0 && w->cols) {
         if (!*store_map && !(*store_map = map_for_store(g, store))) return -1;
-        return add_blocks(g, *store_map, t, w, hname, (qlm_dtype)bt, store);
+        return add_kept(g, *store_map, t, w, hname, (qlm_dtype)kept, store);
     }
     int64_t shape[2] = {w->rows, w->cols};
     void *buf;
-    if (!qlm_store_add_owned(store, hname, QLM_F32, w->cols ? 2 : 1, shape, &buf))
-        return qlm_error_context("%s: tensor %s", g->path, gname);
-    *out = (job){t, buf, w->rows, w->cols ? w->cols : 1, w->perm_heads};
+    qlm_dtype dt = w->cols && t->type->block > 1 && w->cols % 32 == 0 ? QLM_Q8_0 : QLM_F32;
+    qlm_tensor_entry *e = dt == QLM_Q8_0 ? qlm_store_add_owned_blocks(store, hname, dt, 32, w->rows, w->cols, &buf)
+                                         : qlm_store_add_owned(store, hname, dt, w->cols ? 2 : 1, shape, &buf);
+    if (!e) return qlm_error_context("%s: tensor %s", g->path, gname);
+    *out = (job){t, buf, w->rows, w->cols ? w->cols : 1, w->perm_heads, dt};
     return 1;
 }
 
 #define CHUNK_ELEMS 65536
 
+/* Rows of a Q8_0 job per chunk. */
+static int64_t chunk_rows(const job *j) { return j->cols >= CHUNK_ELEMS ? 1 : CHUNK_ELEMS / j->cols; }
+
 static int64_t job_chunks(const job *j) {
+    if (j->out == QLM_Q8_0) return (j->rows + chunk_rows(j) - 1) / chunk_rows(j);
     int64_t per = CHUNK_ELEMS / j->t->type->block;
     return (n_blocks(j->t) + per - 1) / per;
+}
+
+static size_t job_row_bytes(const job *j) { return qlm_dtype_row_bytes(j->out, (long)j->cols, 32); }
+
+/* Chunk c of job j: F32 blocks converted in place, or Q8_0 rows made through row, an F32 buffer of
+ * cols floats. */
+static void convert_chunk(const qlm_gguf *g, const job *j, int64_t c, float *row) {
+    if (j->out == QLM_F32) {
+        int64_t per = CHUNK_ELEMS / j->t->type->block, b0 = c * per, nb = n_blocks(j->t);
+        convert_blocks(g, j->t, j->dst, b0, nb - b0 < per ? nb - b0 : per);
+        return;
+    }
+    const uint8_t *src = g->map + g->data_start + j->t->offset;
+    const int64_t per_row = j->cols / j->t->type->block, r1 = (c + 1) * chunk_rows(j);
+    for (int64_t r = c * chunk_rows(j); r < r1 && r < j->rows; r++) {
+        j->t->type->fn(src + r * per_row * j->t->type->bytes, row, per_row);
+        qlm_block_quantize_row((char *)j->dst + r * job_row_bytes(j), QLM_Q8_0, 32, row, (long)j->cols);
+    }
 }
 
 /* One parallel loop over fixed-size chunks of all tensors, so that a thread that falls behind
  * holds up one barrier rather than one per tensor; then the Q/K rows are reordered. */
 static int convert_all(const qlm_gguf *g, const job *jobs, int n) {
-    int64_t *first = malloc((size_t)(n + 1) * sizeof *first), max_perm = 0;
+    int64_t *first = malloc((size_t)(n + 1) * sizeof *first), max_cols = 1;
+    size_t max_perm = 1;
     if (!first) return qlm_errorf("out of memory");
     first[0] = 0;
     for (int i = 0; i < n; i++) {
         first[i + 1] = first[i] + job_chunks(&jobs[i]);
-        if (jobs[i].perm_heads && jobs[i].rows * jobs[i].cols > max_perm) max_perm = jobs[i].rows * jobs[i].cols;
+        if (jobs[i].cols > max_cols) max_cols = jobs[i].cols;
+        size_t bytes = (size_t)jobs[i].rows * job_row_bytes(&jobs[i]);
+        if (jobs[i].perm_heads && bytes > max_perm) max_perm = bytes;
     }
-    float *tmp = malloc((size_t)(max_perm ? max_perm : 1) * sizeof *tmp);
+    void *tmp = malloc(max_perm);
     if (!tmp) {
         free(first);
         return qlm_errorf("out of memory");
     }
-#pragma omp parallel for schedule(dynamic, 4)
-    for (int64_t ch = 0; ch < first[n]; ch++) {
-        int lo = 0, hi = n - 1;
-        while (lo < hi) {
-            int mid = (lo + hi + 1) / 2;
-            if (first[mid] <= ch) lo = mid;
-            else hi = mid - 1;
+    int failed = 0;
+#pragma omp parallel
+    {
+        float *row = malloc((size_t)max_cols * sizeof *row);
+        if (!row) failed = 1;
+#pragma omp for schedule(dynamic, 4)
+        for (int64_t ch = 0; ch < first[n]; ch++) {
+            if (!row) continue;
+            int lo = 0, hi = n - 1;
+            while (lo < hi) {
+                int mid = (lo + hi + 1) / 2;
+                if (first[mid] <= ch) lo = mid;
+                else hi = mid - 1;
+            }
+            convert_chunk(g, &jobs[lo], ch - first[lo], row);
         }
-        const job *j = &jobs[lo];
-        int64_t per = CHUNK_ELEMS / j->t->type->block, b0 = (ch - first[lo]) * per, nb = n_blocks(j->t);
-        convert_blocks(g, j->t, j->dst, b0, nb - b0 < per ? nb - b0 : per);
+        free(row);
     }
-    for (int i = 0; i < n; i++) {
+    for (int i = 0; !failed && i < n; i++) {
         if (!jobs[i].perm_heads) continue;
-        memcpy(tmp, jobs[i].dst, (size_t)(jobs[i].rows * jobs[i].cols) * sizeof *tmp);
-        qlm_rope_rows_to_half(jobs[i].dst, tmp, jobs[i].rows, (size_t)jobs[i].cols * sizeof *tmp, jobs[i].perm_heads);
+        size_t row_bytes = job_row_bytes(&jobs[i]);
+        memcpy(tmp, jobs[i].dst, (size_t)jobs[i].rows * row_bytes);
+        qlm_rope_rows_to_half(jobs[i].dst, tmp, jobs[i].rows, row_bytes, jobs[i].perm_heads);
     }
     free(tmp);
     free(first);
-    return 0;
+    return failed ? qlm_errorf("out of memory") : 0;
 }
 
 static int plan_all(const qlm_gguf *g, const qlm_llama_config *cfg, int permuted, qlm_tensor_store *store,
@@ -1201,7 +1249,7 @@ int qlm_gguf_load_tensors(const qlm_gguf *g, const qlm_llama_config *cfg, qlm_te
     /* llama.cpp stores Gemma's norms as 1 + w; the store holds Hugging Face's w */
     for (int i = 0; rc == 0 && cfg->norm_offset != 0 && i < n; i++)
         if (jobs[i].cols == 1 && strstr(jobs[i].t->name, "norm.weight"))
-            for (int64_t k = 0; k < jobs[i].rows; k++) jobs[i].dst[k] -= cfg->norm_offset;
+            for (int64_t k = 0; k < jobs[i].rows; k++) ((float *)jobs[i].dst)[k] -= cfg->norm_offset;
     free(jobs);
     return rc == 0 ? qlm_store_unfuse(store, cfg, g->path) : -1;
 }

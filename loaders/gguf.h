@@ -36,9 +36,9 @@ int qlm_gguf_tensor_describe(const qlm_gguf *g, int i, const char **name, const 
 /* Llama-family config from general.architecture + "<arch>.*" keys (llama, qwen2, ...). */
 int qlm_gguf_llama_config(const qlm_gguf *g, qlm_llama_config *cfg);
 /* All tensors under HF names, Q/K rows un-permuted to HF's rotate-half layout where the
- * architecture needs it: matrices in Q8_0, Q4_0 or Q4_1 as qlm's block types of the same names
- * (group 32), read in place from a mapping of the file the store keeps (Q/K: copied); all others
- * converted to F32. */
+ * architecture needs it: matrices in Q8_0, Q4_0 or Q4_1 (as qlm's block types of the same names,
+ * group 32), F16 or BF16 read in place from a mapping of the file the store keeps (Q/K: copied);
+ * matrices in the other quantized types converted to Q8_0, the rest to F32. */
 int qlm_gguf_load_tensors(const qlm_gguf *g, const qlm_llama_config *cfg, qlm_tensor_store *store);
 /* The embedded tokenizer (tokenizer.ggml.*). */
 qlm_tokenizer *qlm_gguf_tokenizer(const qlm_gguf *g);
