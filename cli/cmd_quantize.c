@@ -15,17 +15,19 @@
 #include "model_folder.h"
 
 static const char *k_quantize_usage =
-    "usage: qlm quantize IN OUT --dtype f32|bf16|f16|int8 [--per-channel]\n"
+    "usage: qlm quantize IN OUT --dtype f32|bf16|f16|int8|q8_0|q4_0|int4|q4_1 [--per-channel] [--group N]\n"
     "       qlm quantize --from-qat IN OUT\n"
     "Writes the model IN (folder, .safetensors, .gguf or llama2.c .bin) to the folder OUT as safetensors with\n"
     "weights in the given dtype. INT8 is symmetric: q = round(w / s), s = max|w| / 127 per tensor, or per\n"
     "output channel with --per-channel; each INT8 tensor NAME is followed by an F32 tensor NAME_scale of shape\n"
-    "[1] (per tensor) or [rows] (per channel). Norms and biases stay F32.\n"
+    "[1] (per tensor) or [rows] (per channel). The block types q8_0, q4_0 (int4) and q4_1 keep one F16 scale\n"
+    "(q4_1: and offset) per --group of 32 (default), 64 or 128 weights along each row, stored as U8\n"
+    "[rows, bytes] tensors that __metadata__ qlm.blocks.NAME describes. Norms and biases stay F32.\n"
     "--from-qat: IN is the model/ folder of `qlm train --qat`; its INT8 weights use the learned scales of\n"
     "IN/qat_scales.safetensors (per tensor or per channel, as trained) instead of max|w| / 127.\n";
 
 static const char *k_convert_usage =
-    "usage: qlm convert IN OUT [--dtype f32|bf16|f16|int8] [--per-channel]\n"
+    "usage: qlm convert IN OUT [--dtype f32|bf16|f16|int8|q8_0|q4_0|int4|q4_1] [--per-channel] [--group N]\n"
     "Turns a GGUF file or llama2.c checkpoint IN into a Hugging Face style folder OUT (model.safetensors,\n"
     "config.json, tokenizer.json, tokenizer_config.json) that qlm and transformers both load. Quantized GGUF\n"
     "tensors are dequantized; the default output dtype is f32.\n";
@@ -107,6 +109,7 @@ static int run(int argc, char **argv, const char *cmd, const char *usage, int re
     mo.device = "cpu";
     static const struct option opts[] = {{"dtype", required_argument, 0, OPT_DTYPE},
                                          {"per-channel", no_argument, 0, OPT_PER_CHANNEL},
+                                         {"group", required_argument, 0, OPT_GROUP},
                                          {"tokenizer", required_argument, 0, OPT_TOKENIZER},
                                          {"threads", required_argument, 0, OPT_THREADS},
                                          {"from-qat", no_argument, 0, OPT_FROM_QAT},
@@ -142,14 +145,6 @@ static int run(int argc, char **argv, const char *cmd, const char *usage, int re
         return cli_usage_error(cmd, usage);
     }
     if (!mo.dtype) mo.dtype = "f32";
-    qlm_dtype want;
-    if (qlm_dtype_parse(mo.dtype, &want) == 0 && qlm_dtype_is_block(want)) {
-        fprintf(stderr,
-                "qlm %s: %s is a load-time format: run a model in it with --dtype %s (or from a GGUF holding it); "
-                "qlm does not write it to safetensors\n",
-                cmd, mo.dtype, mo.dtype);
-        return 2;
-    }
     if (mo.per_channel && strcmp(mo.dtype, "int8") && strcmp(mo.dtype, "i8") && strcmp(mo.dtype, "q8")) {
         fprintf(stderr, "qlm %s: --per-channel only applies to --dtype int8\n", cmd);
         return 2;
@@ -163,8 +158,11 @@ static int run(int argc, char **argv, const char *cmd, const char *usage, int re
         return cli_fail(cmd);
     }
     qlm_dtype dt = cm.src.is_t5 ? cm.t5.dtype : cm.model.dtype;
-    int pc = cm.src.is_t5 ? cm.t5.per_channel : cm.model.per_channel;
-    fprintf(stderr, "qlm %s: writing %s (%s%s weights)\n", cmd, out, qlm_dtype_name(dt), pc ? ", per-channel scales" : "");
+    int pc = cm.src.is_t5 ? cm.t5.per_channel : cm.model.per_channel, group = cm.src.is_t5 ? cm.t5.group : cm.model.group;
+    char what[48] = "";
+    if (qlm_dtype_is_block(dt)) snprintf(what, sizeof what, ", groups of %d", group);
+    else if (pc) snprintf(what, sizeof what, ", per-channel scales");
+    fprintf(stderr, "qlm %s: writing %s (%s%s weights)\n", cmd, out, qlm_dtype_name(dt), what);
     int rc = cli_write_model_folder(&cm, out);
     cli_free_model(&cm);
     if (rc != 0) return cli_fail(cmd);

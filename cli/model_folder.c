@@ -44,14 +44,18 @@ int cli_write_model_folder(cli_model *cm, const char *out_dir) {
     int t5 = cm->src.is_t5;
     qlm_dtype dt = t5 ? cm->t5.dtype : cm->model.dtype;
     int per_channel = t5 ? cm->t5.per_channel : cm->model.per_channel;
-    snprintf(quant, sizeof quant, "%s%s", qlm_dtype_name(dt), dt == QLM_I8 ? (per_channel ? "-per-channel" : "-per-tensor") : "");
+    int group = t5 ? cm->t5.group : cm->model.group;
+    if (qlm_dtype_is_block(dt))
+        snprintf(quant, sizeof quant, "%s-group-%d", qlm_dtype_name(dt), group);
+    else
+        snprintf(quant, sizeof quant, "%s%s", qlm_dtype_name(dt), dt == QLM_I8 ? (per_channel ? "-per-channel" : "-per-tensor") : "");
     const char *meta[] = {"format", "pt", "qlm.dtype", quant, NULL};
     int rc = t5 ? qlm_t5_export(&cm->t5, store) : qlm_model_export(&cm->model, store);
     snprintf(path, sizeof path, "%s/model.safetensors", out_dir);
     if (rc == 0) rc = qlm_safetensors_save(path, store, meta);
     qlm_store_free(store);
     snprintf(path, sizeof path, "%s/config.json", out_dir);
-    qlm_hf_storage st = {.dtype = dt, .per_channel = per_channel};
+    qlm_hf_storage st = {.dtype = dt, .per_channel = per_channel, .group = group};
     if (rc == 0) rc = t5 ? qlm_hf_t5_config_save(path, &cm->t5.cfg, &st) : qlm_hf_config_save(path, &cm->model.cfg, &st);
     if (rc != 0 || !cm->src.tok) return rc;
     if (cm->src.format == QLM_FMT_SAFETENSORS) {

@@ -694,11 +694,21 @@ static int fill_json(cJSON *root, const qlm_llama_config *cfg, hf_arch arch) {
 }
 
 /* Writes root as pretty JSON to path atomically, then frees it. */
-/* torch_dtype, and for INT8 the quantization_config. */
+/* torch_dtype, and for INT8 and the block types the quantization_config. */
 static int add_storage(cJSON *root, const qlm_hf_storage *st) {
     qlm_dtype d = st ? st->dtype : QLM_F32;
     const char *torch = d == QLM_BF16 ? "bfloat16" : d == QLM_F16 ? "float16" : "float32";
     if (!cJSON_AddStringToObject(root, "torch_dtype", torch)) return 0;
+    if (qlm_dtype_is_block(d)) {
+        cJSON *q = cJSON_AddObjectToObject(root, "quantization_config");
+        return q && cJSON_AddStringToObject(q, "quant_method", "qlm_blocks") &&
+               cJSON_AddStringToObject(q, "format", qlm_dtype_name(d)) &&
+               cJSON_AddNumberToObject(q, "bits", d == QLM_Q8_0 ? 8 : 4) &&
+               cJSON_AddNumberToObject(q, "group_size", st->group) &&
+               cJSON_AddStringToObject(q, "layout", "uint8 [rows, blocks * block bytes] per weight, each block an "
+                                                    "F16 scale (q4_1: and F16 offset) then its values (GGUF's layout at "
+                                                    "group 32); __metadata__ qlm.blocks.<name> names the format");
+    }
     if (d != QLM_I8) return 1;
     cJSON *q = cJSON_AddObjectToObject(root, "quantization_config");
     return q && cJSON_AddStringToObject(q, "quant_method", "qlm_int8") && cJSON_AddNumberToObject(q, "bits", 8) &&

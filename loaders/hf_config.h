@@ -9,6 +9,7 @@
 typedef struct {
     qlm_dtype dtype;
     int per_channel; /* INT8: one scale per output row */
+    int group;       /* block types: weights per block */
 } qlm_hf_storage;
 
 int qlm_hf_config_load(const char *path, qlm_llama_config *cfg);
@@ -19,8 +20,8 @@ int qlm_hf_t5_config_load(const char *path, qlm_t5_config *cfg);
 /* Writes cfg as a T5ForConditionalGeneration config.json (atomically); see qlm_hf_config_save. */
 int qlm_hf_t5_config_save(const char *path, const qlm_t5_config *cfg, const qlm_hf_storage *st);
 /* Writes cfg as a config.json that transformers loads (atomically), its torch_dtype the stored one
- * (st NULL: float32). INT8 folders get a quantization_config naming qlm's scheme, which
- * transformers refuses by name instead of reading INT8 bytes and scales as weights. */
+ * (st NULL: float32). INT8 and block-type folders get a quantization_config naming qlm's scheme,
+ * which transformers refuses by name instead of reading the bytes and scales as weights. */
 int qlm_hf_config_save(const char *path, const qlm_llama_config *cfg, const qlm_hf_storage *st);
 
 #endif

@@ -45,9 +45,15 @@ typedef struct {
     const char *name; /* points into the cJSON tree */
     qlm_dtype dtype;
     int ndim;
-    int64_t shape[QLM_MAX_DIMS];
+    int64_t shape[QLM_MAX_DIMS]; /* block types: [rows, cols] in weights */
     uint64_t begin, end;
+    int group; /* block types */
 } st_info;
+
+/* Block-type tensors (core/dtype.h) are stored as U8 [rows, bytes per row], and the metadata key
+ * "qlm.blocks.<name>" says how to read them: "<dtype>/<group>" ("q4_0/64"). Other readers see
+ * plain bytes and the config.json's quantization_config names the scheme. */
+static const char BLOCKS_KEY[] = "qlm.blocks.";
 
 static const struct { const char *name; qlm_dtype dtype; } DTYPES[] = {
     {"F32", QLM_F32}, {"F16", QLM_F16}, {"BF16", QLM_BF16}, {"I8", QLM_I8},
@@ -97,7 +103,27 @@ static int parse_metadata(const char *path, const cJSON *meta) {
     return 0;
 }
 
-static int parse_info(const char *path, const cJSON *item, st_info *info) {
+/* A U8 tensor that the metadata declares a block type: its dtype and group in info. */
+static int parse_block_format(const char *path, const char *name, const cJSON *meta, st_info *info) {
+    char key[512];
+    snprintf(key, sizeof key, "%s%s", BLOCKS_KEY, name);
+    const cJSON *f = meta ? cJSON_GetObjectItemCaseSensitive(meta, key) : NULL;
+    if (!cJSON_IsString(f))
+        return qlm_errorf("%s: tensor %s: unsupported dtype U8 (no %s%s entry in __metadata__ says how to read it)",
+                          path, name, BLOCKS_KEY, name);
+    char dt_name[16];
+    int group = 0, used = 0;
+    qlm_dtype dt;
+    if (sscanf(f->valuestring, "%15[a-z0-9_]/%d%n", dt_name, &group, &used) != 2 || f->valuestring[used] != 0 ||
+        qlm_dtype_parse(dt_name, &dt) != 0 || !qlm_dtype_is_block(dt) || !qlm_group_valid(group))
+        return qlm_errorf("%s: __metadata__ %s%s is \"%s\", expected \"q8_0|q4_0|q4_1/32|64|128\"", path, BLOCKS_KEY, name,
+                          f->valuestring);
+    info->dtype = dt;
+    info->group = group;
+    return 0;
+}
+
+static int parse_info(const char *path, const cJSON *item, const cJSON *meta, st_info *info) {
     const char *name = item->string;
     if (!cJSON_IsObject(item)) return qlm_errorf("%s: tensor %s: header entry is not an object", path, name);
     const cJSON *dt = cJSON_GetObjectItemCaseSensitive(item, "dtype");
@@ -111,10 +137,13 @@ static int parse_info(const char *path, const cJSON *item, st_info *info) {
     info->name = name;
     size_t k = 0;
     while (k < sizeof DTYPES / sizeof DTYPES[0] && strcmp(dt->valuestring, DTYPES[k].name) != 0) k++;
-    if (k == sizeof DTYPES / sizeof DTYPES[0])
-        return qlm_errorf("%s: tensor %s: unsupported dtype %s (supported: F32, F16, BF16, I8)", path, name,
-                          dt->valuestring);
-    info->dtype = DTYPES[k].dtype;
+    if (k < sizeof DTYPES / sizeof DTYPES[0])
+        info->dtype = DTYPES[k].dtype;
+    else if (strcmp(dt->valuestring, "U8") == 0 && parse_block_format(path, name, meta, info) != 0)
+        return -1;
+    else if (strcmp(dt->valuestring, "U8") != 0)
+        return qlm_errorf("%s: tensor %s: unsupported dtype %s (supported: F32, F16, BF16, I8, and U8 blocks)", path,
+                          name, dt->valuestring);
 
     int ndim = cJSON_GetArraySize(shape);
     if (ndim > QLM_MAX_DIMS)
@@ -133,8 +162,17 @@ static int parse_info(const char *path, const cJSON *item, st_info *info) {
     if (json_uint(offs->child, &info->begin) != 0 || json_uint(offs->child->next, &info->end) != 0)
         return qlm_errorf("%s: tensor %s: data_offsets are not non-negative integers", path, name);
     uint64_t nbytes;
-    if (__builtin_mul_overflow(numel, (uint64_t)qlm_dtype_size(info->dtype), &nbytes))
+    if (qlm_dtype_is_block(info->dtype)) {
+        size_t bb = qlm_dtype_block_bytes(info->dtype, info->group);
+        if (ndim != 2 || info->shape[1] % (int64_t)bb || info->shape[0] > INT32_MAX ||
+            info->shape[1] / (int64_t)bb * info->group > INT32_MAX)
+            return qlm_errorf("%s: tensor %s: %s blocks need a shape [rows, whole %zu-byte blocks]", path, name,
+                              qlm_dtype_name(info->dtype), bb);
+        nbytes = numel;
+        info->shape[1] = info->shape[1] / (int64_t)bb * info->group;
+    } else if (__builtin_mul_overflow(numel, (uint64_t)qlm_dtype_size(info->dtype), &nbytes)) {
         return qlm_errorf("%s: tensor %s: byte size overflows", path, name);
+    }
     if (info->end < info->begin || info->end - info->begin != nbytes)
         return qlm_errorf("%s: tensor %s: data_offsets [%llu, %llu] do not match shape and dtype (%llu bytes)", path,
                           name, (unsigned long long)info->begin, (unsigned long long)info->end,
@@ -234,10 +272,12 @@ static int add_tensors(const char *path, qlm_tensor_store *store, st_info *infos
         const st_info *in = &infos[i];
         if (scale_owner(infos, n, in->name)) continue;
         size_t nbytes = (size_t)(in->end - in->begin);
-        const void *p = aligned_data(store, data + in->begin, nbytes, qlm_dtype_size(in->dtype));
+        const void *p = aligned_data(store, data + in->begin, nbytes,
+                                     qlm_dtype_is_block(in->dtype) ? 1 : qlm_dtype_size(in->dtype));
         if (!p) return qlm_error_context("%s: tensor %s", path, in->name);
         qlm_tensor_entry *e = qlm_store_add(store, in->name, in->dtype, in->ndim, in->shape, p, nbytes);
         if (!e) return qlm_error_context("%s", path);
+        e->group = in->group;
         if (in->dtype != QLM_I8) continue;
         char *sname = scale_name(in->name);
         if (!sname) return -1;
@@ -283,10 +323,11 @@ static int parse_header(const char *path, const uint8_t *map, size_t size, qlm_t
         qlm_errorf("out of memory");
         goto done;
     }
+    const cJSON *meta = cJSON_GetObjectItemCaseSensitive(root, "__metadata__");
     for (const cJSON *item = root->child; item; item = item->next) {
         if (strcmp(item->string, "__metadata__") == 0) {
             if (parse_metadata(path, item) != 0) goto done;
-        } else if (parse_info(path, item, &infos[n++]) != 0) {
+        } else if (parse_info(path, item, meta, &infos[n++]) != 0) {
             goto done;
         }
     }
@@ -490,9 +531,10 @@ typedef struct {
     char *name; /* owned */
     qlm_dtype dtype;
     int ndim;
-    int64_t shape[QLM_MAX_DIMS];
+    int64_t shape[QLM_MAX_DIMS]; /* as written: block types [rows, bytes per row] */
     const void *data;
     size_t nbytes;
+    int group; /* block types */
 } st_out;
 
 typedef struct {
@@ -574,6 +616,13 @@ static int cmp_out(const void *a, const void *b) {
 }
 
 static int check_entry(const char *path, const qlm_tensor_entry *e) {
+    if (qlm_dtype_is_block(e->dtype)) {
+        if (e->ndim != 2 || !qlm_group_valid(e->group) || e->shape[0] < 0 || e->shape[1] < 0 ||
+            e->shape[1] % e->group || e->nbytes != (size_t)e->shape[0] * qlm_dtype_row_bytes(e->dtype, (long)e->shape[1], e->group))
+            return qlm_errorf("%s: tensor %s: not a matrix of whole %s blocks", path, e->name, qlm_dtype_name(e->dtype));
+        if (e->nbytes && !e->data) return qlm_errorf("%s: tensor %s: no data", path, e->name);
+        return 0;
+    }
     if (!dtype_tag(e->dtype)) return qlm_errorf("%s: tensor %s: unsupported dtype", path, e->name);
     if (strcmp(e->name, "__metadata__") == 0) return qlm_errorf("%s: a tensor cannot be named __metadata__", path);
     if (e->ndim < 0 || e->ndim > QLM_MAX_DIMS) return qlm_errorf("%s: tensor %s: bad rank %d", path, e->name, e->ndim);
@@ -594,9 +643,11 @@ static int collect_out(const char *path, const qlm_tensor_store *store, st_out *
     for (int i = 0; i < qlm_store_count(store); i++) {
         const qlm_tensor_entry *e = qlm_store_at(store, i);
         if (check_entry(path, e) != 0) return -1;
-        out[n] = (st_out){.name = strdup(e->name), .dtype = e->dtype, .ndim = e->ndim, .data = e->data, .nbytes = e->nbytes};
+        out[n] = (st_out){.name = strdup(e->name), .dtype = e->dtype, .ndim = e->ndim, .data = e->data, .nbytes = e->nbytes,
+                          .group = e->group};
         if (!out[n].name) return qlm_errorf("out of memory");
         memcpy(out[n].shape, e->shape, sizeof e->shape);
+        if (qlm_dtype_is_block(e->dtype)) out[n].shape[1] = (int64_t)qlm_dtype_row_bytes(e->dtype, (long)e->shape[1], e->group);
         n++;
         *n_out = n;
         if (e->dtype != QLM_I8) continue;
@@ -620,28 +671,37 @@ static int collect_out(const char *path, const qlm_tensor_store *store, st_out *
     return 0;
 }
 
+/* One key and value of __metadata__, after a comma unless it is the first. */
+static void sb_meta(strbuf *b, int *count, const char *key, const char *value) {
+    sb_str(b, (*count)++ ? "," : "\"__metadata__\":{");
+    sb_json_str(b, key);
+    sb_str(b, ":");
+    sb_json_str(b, value);
+}
+
 static int build_header(strbuf *b, st_out *out, int n, const char *const *metadata) {
     sb_str(b, "{");
-    int first = 1;
-    if (metadata && metadata[0]) {
-        sb_str(b, "\"__metadata__\":{");
-        for (int i = 0; metadata[i]; i += 2) {
-            if (!metadata[i + 1]) return qlm_errorf("metadata key %s has no value", metadata[i]);
-            if (i) sb_str(b, ",");
-            sb_json_str(b, metadata[i]);
-            sb_str(b, ":");
-            sb_json_str(b, metadata[i + 1]);
-        }
-        sb_str(b, "}");
-        first = 0;
+    int count = 0;
+    for (int i = 0; metadata && metadata[i]; i += 2) {
+        if (!metadata[i + 1]) return qlm_errorf("metadata key %s has no value", metadata[i]);
+        sb_meta(b, &count, metadata[i], metadata[i + 1]);
     }
+    for (int i = 0; i < n; i++) {
+        if (!qlm_dtype_is_block(out[i].dtype)) continue;
+        char key[512], value[32];
+        snprintf(key, sizeof key, "%s%s", BLOCKS_KEY, out[i].name);
+        snprintf(value, sizeof value, "%s/%d", qlm_dtype_name(out[i].dtype), out[i].group);
+        sb_meta(b, &count, key, value);
+    }
+    if (count) sb_str(b, "}");
+    int first = count == 0;
     uint64_t pos = 0;
     for (int i = 0; i < n; i++) {
         if (!first) sb_str(b, ",");
         first = 0;
         sb_json_str(b, out[i].name);
         sb_str(b, ":{\"dtype\":\"");
-        sb_str(b, dtype_tag(out[i].dtype));
+        sb_str(b, qlm_dtype_is_block(out[i].dtype) ? "U8" : dtype_tag(out[i].dtype));
         sb_str(b, "\",\"shape\":[");
         for (int d = 0; d < out[i].ndim; d++) sb_fmt(b, d ? ",%lld" : "%lld", (long long)out[i].shape[d]);
         sb_fmt(b, "],\"data_offsets\":[%lld", (long long)pos);

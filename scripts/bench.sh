@@ -3,7 +3,10 @@
 # on this machine, in one run, and writes docs/benchmarks.md. Ratios matter more than absolute
 # numbers: the decode rate is compared with the memory-bandwidth bound measured in the same run.
 # If the Python package llama_cpp (llama-cpp-python) is importable, llama.cpp is measured on the
-# same model converted to Q8_0 for comparison (dev-time only; never part of qlm).
+# same model converted to Q8_0 for comparison; if QLM_LLAMA_BENCH names a llama-bench binary (built
+# outside the repository from the llama-cpp-python sdist's vendored sources, with llama-quantize
+# beside it), both engines run the same GGUF files: the default Q4_1 and its Q8_0 and Q4_0
+# requantizations (dev-time only; never part of qlm).
 set -euo pipefail
 qlm=${1:-build/qlm}
 cd "$(dirname "$0")/.."
@@ -22,13 +25,44 @@ trap 'rm -rf "$tmp"' EXIT
 calc() { awk "BEGIN { printf \"%.6f\", ($1) }"; }
 json_field() { sed -n "s/.*\"$2\":[[:space:]]*\"\{0,1\}\([^,\"}]*\).*/\1/p" "$1"; }
 
+# "stored": the GGUF's own blocks (Q4_1 layers, Q8_0 embedding), no --dtype.
 rows=()
-for spec in "f32:" "bf16:" "f16:" "int8:" "int8:--per-channel"; do
+for spec in "f32:" "bf16:" "f16:" "int8:" "int8:--per-channel" "q8_0:" "q4_0:" "q4_1:" "stored:"; do
     dt=${spec%%:*}; extra=${spec#*:}
     echo "bench: $dt $extra ..." >&2
-    "$qlm" bench -m "$gguf" --dtype "$dt" $extra --pp 512 --tg 128 --reps "$reps" --json > "$tmp/$dt$extra.json"
+    dtype_flag=(--dtype "$dt")
+    [ "$dt" = stored ] && dtype_flag=()
+    "$qlm" bench -m "$gguf" "${dtype_flag[@]}" $extra --pp 512 --tg 128 --reps "$reps" --json > "$tmp/$dt$extra.json"
     rows+=("$tmp/$dt$extra.json")
 done
+
+# llama.cpp's own llama-bench and qlm on the same GGUF files, one pair per type.
+llama_pairs=()
+llama_bench=${QLM_LLAMA_BENCH:-}
+if [ -n "$llama_bench" ] && [ -x "$llama_bench" ]; then
+    llama_quantize=$(dirname "$llama_bench")/llama-quantize
+    for t in Q4_1 Q8_0 Q4_0; do
+        f="$gguf"
+        if [ "$t" != Q4_1 ]; then
+            f="$tmp/smollm2-$t.gguf"
+            "$llama_quantize" --allow-requantize "$gguf" "$f" "$t" > "$tmp/quantize.log" 2>&1 ||
+                { cat "$tmp/quantize.log" >&2; exit 1; }
+        fi
+        echo "bench: llama-bench $t ..." >&2
+        /usr/bin/time -f %M -o "$tmp/llama-$t.rss" "$llama_bench" -m "$f" -t "$threads" -p 512 -n 128 -r "$reps" \
+            -o json > "$tmp/llama-$t.json" 2> "$tmp/llama-$t.err" || { cat "$tmp/llama-$t.err" >&2; exit 1; }
+        echo "bench: qlm on the same $t file ..." >&2
+        "$qlm" bench -m "$f" --pp 512 --tg 128 --reps "$reps" --json > "$tmp/qlm-$t.json"
+        llama_pairs+=("$t")
+    done
+fi
+# avg_ts of llama-bench's test with n_prompt p and n_gen g, from its JSON.
+llama_ts() {
+    python3 -c 'import json, sys
+for r in json.load(open(sys.argv[1])):
+    if r["n_prompt"] == int(sys.argv[2]) and r["n_gen"] == int(sys.argv[3]):
+        print("%.1f" % r["avg_ts"])' "$1" "$2" "$3"
+}
 
 # Batch summarization: the first DialogSum test dialogues through `qlm summarize --batch` at
 # several batch sizes, for SmolLM2 and for a model of flan-t5-base's exact shape (random weights:
@@ -132,7 +166,9 @@ fi
     echo "| weights | weight MiB/token | pp512 tok/s | tg128 tok/s | bandwidth bound tok/s | tg / bound | peak RSS MiB |"
     echo "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"
     for f in "${rows[@]}"; do
-        printf "| %s | %.1f | %.1f ± %.1f | %.1f ± %.1f | %.1f | %.0f%% | %.0f |\n" "$(json_field "$f" dtype)" \
+        label=$(json_field "$f" dtype)
+        [ "$f" = "$tmp/stored.json" ] && label="as stored ($label + q8_0 embedding)"
+        printf "| %s | %.1f | %.1f ± %.1f | %.1f ± %.1f | %.1f | %.0f%% | %.0f |\n" "$label" \
             "$(calc "$(json_field "$f" weight_bytes) / 1048576")" "$(json_field "$f" pp_tps)" "$(json_field "$f" pp_sd)" \
             "$(json_field "$f" tg_tps)" "$(json_field "$f" tg_sd)" "$(json_field "$f" tg_bound_tps)" \
             "$(calc "100 * $(json_field "$f" tg_fraction_of_bound)")" "$(json_field "$f" peak_rss_mib)"
@@ -153,6 +189,26 @@ fi
         echo "- llama.cpp (llama-cpp-python, same model requantized to Q8_0, $threads threads, same run): $llama_cpp"
     else
         echo "- llama.cpp: not measured (the Python package llama_cpp is not installed on this machine)."
+    fi
+    printf -- "- Rows q8_0, q4_0, q4_1 are requantized from the Q4_1 file at load; \"as stored\" runs the file's own blocks.\n"
+    if [ "${#llama_pairs[@]}" -gt 0 ]; then
+        echo
+        echo "## qlm and llama.cpp on the same GGUF files"
+        echo
+        echo "llama.cpp's \`llama-bench\` ($(basename "$llama_bench"), built outside the repository from the vendored sources"
+        echo "of the llama-cpp-python sdist) and \`qlm bench\` (each tensor as stored) on the default model's Q4_1 file and"
+        echo "its Q8_0 and Q4_0 requantizations by llama-quantize, $threads threads, $reps repetitions, same run. Peak RSS:"
+        echo "\`/usr/bin/time\` of the whole llama-bench run; qlm's own measurement."
+        echo
+        echo "| GGUF type | llama.cpp pp512 | qlm pp512 | llama.cpp tg128 | qlm tg128 | qlm / llama.cpp tg | llama.cpp RSS MiB | qlm RSS MiB |"
+        echo "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
+        for t in "${llama_pairs[@]}"; do
+            lpp=$(llama_ts "$tmp/llama-$t.json" 512 0); ltg=$(llama_ts "$tmp/llama-$t.json" 0 128)
+            q="$tmp/qlm-$t.json"
+            printf "| %s | %.1f | %.1f | %.1f | %.1f | %.2fx | %.0f | %.0f |\n" "$t" "$lpp" "$(json_field "$q" pp_tps)" \
+                "$ltg" "$(json_field "$q" tg_tps)" "$(calc "$(json_field "$q" tg_tps) / $ltg")" \
+                "$(calc "$(cat "$tmp/llama-$t.rss") / 1024")" "$(json_field "$q" peak_rss_mib)"
+        done
     fi
     echo
     echo "## Batch summarization"

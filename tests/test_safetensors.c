@@ -350,6 +350,77 @@ static void test_roundtrip(void **state) {
     remove_tree(tmp);
 }
 
+/* A safetensors file made of header text and n zero data bytes. */
+static void write_raw(const char *path, const char *header, size_t n) {
+    FILE *f = fopen(path, "wb");
+    assert_non_null(f);
+    uint64_t len = strlen(header);
+    uint8_t le[8];
+    for (int i = 0; i < 8; i++) le[i] = (uint8_t)(len >> (8 * i));
+    assert_int_equal(fwrite(le, 1, 8, f), 8);
+    assert_int_equal(fwrite(header, 1, len, f), len);
+    for (size_t i = 0; i < n; i++) fputc(0, f);
+    assert_int_equal(fclose(f), 0);
+}
+
+/* Block-type tensors go out as U8 [rows, bytes] with a qlm.blocks.<name> metadata key and come back
+ * as the same entries; a U8 tensor without that key, with a bad one, or whose rows are not whole
+ * blocks is refused by name. */
+static void test_block_roundtrip(void **state) {
+    (void)state;
+    char tmp[256], path[300];
+    assert_non_null(test_tmpdir(tmp, sizeof tmp));
+    snprintf(path, sizeof path, "%s/blocks.safetensors", tmp);
+    qlm_tensor_store *a = qlm_store_new();
+    struct { const char *name; qlm_dtype dt; int group; int64_t rows, cols; } spec[] = {
+        {"w.q4_1", QLM_Q4_1, 64, 3, 128}, {"w.q8_0", QLM_Q8_0, 32, 2, 64}, {"w.q4_0", QLM_Q4_0, 128, 1, 256}};
+    for (size_t i = 0; i < sizeof spec / sizeof spec[0]; i++) {
+        void *data;
+        qlm_tensor_entry *e = qlm_store_add_owned_blocks(a, spec[i].name, spec[i].dt, spec[i].group, spec[i].rows,
+                                                         spec[i].cols, &data);
+        assert_non_null(e);
+        for (size_t k = 0; k < e->nbytes; k++) ((uint8_t *)data)[k] = (uint8_t)next_rand();
+    }
+    int64_t shape[1] = {3};
+    float *v;
+    assert_non_null(qlm_store_add_owned(a, "norm", QLM_F32, 1, shape, (void **)&v));
+    v[0] = v[1] = v[2] = 1;
+    if (qlm_safetensors_save(path, a, NULL) != 0) fail_msg("%s", qlm_last_error());
+    qlm_tensor_store *b = load_file_ok(path);
+    assert_int_equal(qlm_store_count(b), qlm_store_count(a));
+    for (size_t i = 0; i < sizeof spec / sizeof spec[0]; i++) {
+        const qlm_tensor_entry *ea = qlm_store_find(a, spec[i].name), *eb = find_ok(b, spec[i].name);
+        assert_int_equal(eb->dtype, spec[i].dt);
+        assert_int_equal(eb->group, spec[i].group);
+        assert_int_equal(eb->ndim, 2);
+        assert_int_equal(eb->shape[0], spec[i].rows);
+        assert_int_equal(eb->shape[1], spec[i].cols);
+        assert_int_equal(eb->nbytes, ea->nbytes);
+        assert_memory_equal(eb->data, ea->data, ea->nbytes);
+    }
+    qlm_store_free(a);
+    qlm_store_free(b);
+    qlm_tensor_store *s = qlm_store_new();
+    write_raw(path, "{\"x\":{\"dtype\":\"U8\",\"shape\":[2,18],\"data_offsets\":[0,36]}}", 36);
+    assert_int_equal(qlm_safetensors_load(path, s), -1);
+    assert_non_null(strstr(qlm_last_error(), "no qlm.blocks.x entry"));
+    write_raw(path, "{\"__metadata__\":{\"qlm.blocks.x\":\"q4_2/32\"},"
+                    "\"x\":{\"dtype\":\"U8\",\"shape\":[2,18],\"data_offsets\":[0,36]}}", 36);
+    assert_int_equal(qlm_safetensors_load(path, s), -1);
+    assert_non_null(strstr(qlm_last_error(), "q4_2/32"));
+    write_raw(path, "{\"__metadata__\":{\"qlm.blocks.x\":\"q4_0/32\"},"
+                    "\"x\":{\"dtype\":\"U8\",\"shape\":[2,20],\"data_offsets\":[0,40]}}", 40);
+    assert_int_equal(qlm_safetensors_load(path, s), -1);
+    assert_non_null(strstr(qlm_last_error(), "whole 18-byte blocks"));
+    write_raw(path, "{\"__metadata__\":{\"qlm.blocks.x\":\"q4_0/32\"},"
+                    "\"x\":{\"dtype\":\"U8\",\"shape\":[2,36],\"data_offsets\":[0,72]}}", 72);
+    assert_int_equal(qlm_safetensors_load(path, s), 0);
+    const qlm_tensor_entry *x = find_ok(s, "x");
+    assert_true(x->dtype == QLM_Q4_0 && x->group == 32 && x->shape[0] == 2 && x->shape[1] == 64);
+    qlm_store_free(s);
+    remove_tree(tmp);
+}
+
 static void test_save_rejects_bad_store(void **state) {
     (void)state;
     char tmp[256], path[300];
@@ -517,7 +588,7 @@ int main(void) {
         cmocka_unit_test(test_mixed_dtypes),
         cmocka_unit_test(test_tinystories),
         cmocka_unit_test(test_roundtrip),
-        cmocka_unit_test(test_save_rejects_bad_store),
+        cmocka_unit_test(test_save_rejects_bad_store), cmocka_unit_test(test_block_roundtrip),
         cmocka_unit_test(test_release_keeps_data),
         cmocka_unit_test(test_sharded),
     };
