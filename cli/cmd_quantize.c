@@ -13,6 +13,7 @@
 #include "commands.h"
 #include "common.h"
 #include "model_folder.h"
+#include "../quant/block_quant.h"
 
 static const char *k_quantize_usage =
     "usage: qlm quantize IN OUT --dtype f32|bf16|f16|int8|q8_0|q4_0|int4|q4_1 [--per-channel] [--group N]\n"
@@ -34,22 +35,46 @@ static const char *k_convert_usage =
 
 enum { OPT_FROM_QAT = 1300 };
 
-/* One weight quantized with its learned scale(s) into store. */
+/* How a QAT run's scales are laid out (qat_scales.safetensors' metadata): bits 8 or 4, and for
+ * INT4 the group. */
+typedef struct {
+    int bits, group;
+} qat_format;
+
+/* One weight quantized with its learned scale(s) into store: INT8 per tensor or row, or Q4_0
+ * blocks with one scale per group. */
 static int add_qat_weight(qlm_tensor_store *store, const qlm_tensor_store *scales, const char *dir, const qlm_param *p,
-                          int *per_row) {
+                          const qat_format *fmt, int *per_row) {
     char name[200];
     snprintf(name, sizeof name, "%s.qat_scale", p->name);
     const qlm_tensor_entry *s = qlm_store_find(scales, name);
     if (!s) return qlm_errorf("%s/qat_scales.safetensors: no scale for %s", dir, p->name);
-    int64_t n = qlm_entry_numel(s);
-    if (s->dtype != QLM_F32 || (n != 1 && n != p->rows))
-        return qlm_errorf("%s/qat_scales.safetensors: %s must be F32 with 1 or %lld values", dir, name, (long long)p->rows);
+    int64_t n = qlm_entry_numel(s), groups = fmt->group ? p->rows * (p->cols / fmt->group) : 0;
+    if (fmt->group ? s->dtype != QLM_F32 || p->cols % fmt->group || n != groups
+                   : s->dtype != QLM_F32 || (n != 1 && n != p->rows))
+        return qlm_errorf("%s/qat_scales.safetensors: %s must be F32 with %lld values", dir, name,
+                          (long long)(fmt->group ? groups : p->rows));
     const float *sv = s->data;
     for (int64_t i = 0; i < n; i++)
         if (!(sv[i] > 0) || !isfinite(sv[i])) return qlm_errorf("%s/qat_scales.safetensors: %s is not positive", dir, name);
     *per_row = n != 1;
     int64_t shape[2] = {p->rows, p->cols};
     void *q;
+    if (fmt->bits == 4) {
+        int8_t *v = malloc((size_t)(p->rows * p->cols));
+        qlm_tensor_entry *e = v ? qlm_store_add_owned_blocks(store, p->name, QLM_Q4_0, fmt->group, p->rows, p->cols, &q)
+                                : NULL;
+        if (e) {
+            /* The forward's values: q = clamp(round(w / s)) per group, as QAT trained them. */
+            qlm_fake_quant_to_int8(v, p->matrix->data, (int)groups, fmt->group, sv, 1, -8, 7);
+            size_t row_bytes = qlm_dtype_row_bytes(QLM_Q4_0, (long)p->cols, fmt->group);
+            for (int64_t r = 0; r < p->rows; r++)
+                qlm_block_pack_q4_0((char *)q + r * row_bytes, v + r * p->cols, sv + r * (p->cols / fmt->group),
+                                    fmt->group, (long)p->cols);
+        }
+        free(v);
+        return e ? 0 : v ? -1 : qlm_errorf("out of memory");
+    }
     qlm_tensor_entry *e = qlm_store_add_owned(store, p->name, QLM_I8, 2, shape, &q);
     if (!e) return -1;
     qlm_fake_quant_to_int8(q, p->matrix->data, (int)p->rows, (int)p->cols, sv, *per_row, -127, 127);
@@ -67,7 +92,22 @@ static int add_qat_weight(qlm_tensor_store *store, const qlm_tensor_store *scale
     return 0;
 }
 
-/* Replaces the F32 latent weights of a QAT model by INT8 with the learned scales. */
+/* The scales' layout from the file's metadata (files without it are INT8, as before INT4 QAT). */
+static int read_qat_format(const char *path, qat_format *fmt) {
+    char v[32];
+    *fmt = (qat_format){8, 0};
+    int rc = qlm_safetensors_metadata(path, "qlm.qat.bits", v, sizeof v);
+    if (rc < 0) return -1;
+    if (rc == 0) return 0;
+    fmt->bits = atoi(v);
+    if (qlm_safetensors_metadata(path, "qlm.qat.group", v, sizeof v) == 1) fmt->group = atoi(v);
+    if (fmt->bits == 8 && fmt->group == 0) return 0;
+    if (fmt->bits == 4 && qlm_group_valid(fmt->group)) return 0;
+    return qlm_errorf("%s: qlm.qat.bits %d with qlm.qat.group %d is not a QAT layout qlm writes", path, fmt->bits,
+                      fmt->group);
+}
+
+/* Replaces the F32 latent weights of a QAT model by INT8 (or Q4_0) with the learned scales. */
 static int apply_qat_scales(cli_model *cm, const char *dir) {
     char path[4200];
     snprintf(path, sizeof path, "%s/qat_scales.safetensors", dir);
@@ -76,12 +116,14 @@ static int apply_qat_scales(cli_model *cm, const char *dir) {
         return qlm_errorf("%s: a QAT model folder holds F32 latent weights", dir);
     qlm_tensor_store *scales = qlm_store_new(), *store = qlm_store_new();
     qlm_param *p = NULL;
+    qat_format fmt;
     int n = -1, rc = scales && store ? qlm_safetensors_load(path, scales) : qlm_errorf("out of memory");
+    if (rc == 0) rc = read_qat_format(path, &fmt);
     if (rc == 0) n = t5 ? qlm_t5_param_list(&cm->t5, &p) : qlm_model_param_list(&cm->model, &p), rc = n < 0 ? -1 : 0;
     int per_row = 0, any_per_row = 0;
     for (int i = 0; i < n && rc == 0; i++) {
         if (p[i].matrix) {
-            rc = add_qat_weight(store, scales, dir, &p[i], &per_row);
+            rc = add_qat_weight(store, scales, dir, &p[i], &fmt, &per_row);
             any_per_row |= per_row;
         } else {
             int64_t shape[2] = {p[i].rows, p[i].cols}, count = p[i].rows * (p[i].cols ? p[i].cols : 1);
@@ -89,7 +131,8 @@ static int apply_qat_scales(cli_model *cm, const char *dir) {
                                (size_t)count * sizeof(float)) ? 0 : -1;
         }
     }
-    qlm_model_options mo = {.dtype = QLM_I8, .per_channel = any_per_row, .backend = qlm_backend_cpu()};
+    qlm_model_options mo = {.dtype = rc == 0 && fmt.bits == 4 ? QLM_Q4_0 : QLM_I8, .per_channel = any_per_row,
+                            .group = rc == 0 ? fmt.group : 0, .backend = qlm_backend_cpu()};
     if (rc == 0 && t5) {
         qlm_t5_model q;
         if ((rc = qlm_t5_build(&q, &cm->t5.cfg, store, &mo)) == 0) qlm_t5_free(&cm->t5), cm->t5 = q;

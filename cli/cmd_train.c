@@ -46,8 +46,10 @@ static const char k_usage[] =
     "      --targets LIST       modules, e.g. q_proj,v_proj, or all-linear (default all-linear)\n"
     "      --rslora             scale alpha / sqrt(r)\n"
     "      --full               every weight (F32 master weights)\n"
-    "      --qat                every weight, fake-quantized to INT8 with learned scales (LSQ)\n"
+    "      --qat                every weight, fake-quantized to INT8 (INT4: --qat-bits 4) with learned scales (LSQ)\n"
     "      --per-channel        QAT: one scale per output channel\n"
+    "      --qat-bits N         QAT: 8 (INT8, default) or 4 (INT4 as q4_0's values -8..7)\n"
+    "      --group N            QAT: one scale per N weights along each row: 32 (INT4's default), 64 or 128\n"
     "  how long and how fast:\n"
     "      --steps N            optimizer steps (default: one epoch)\n"
     "      --epochs E           passes over the data (when --steps is not given)\n"
@@ -91,7 +93,8 @@ static const char k_usage[] =
 
 enum {
     OPT_DATA = 1200, OPT_OUT_DIR, OPT_EVAL, OPT_EVAL_FRACTION, OPT_EVAL_EVERY, OPT_EVAL_MAX, OPT_MODE_LORA, OPT_RANK,
-    OPT_ALPHA, OPT_LORA_DROPOUT, OPT_TARGETS, OPT_RSLORA, OPT_MODE_FULL, OPT_MODE_QAT, OPT_PER_CH, OPT_STEPS,
+    OPT_ALPHA, OPT_LORA_DROPOUT, OPT_TARGETS, OPT_RSLORA, OPT_MODE_FULL, OPT_MODE_QAT, OPT_PER_CH, OPT_QAT_BITS,
+    OPT_QAT_GROUP, OPT_STEPS,
     OPT_EPOCHS, OPT_TBATCH, OPT_ACCUM, OPT_SEQ_LEN, OPT_PACK, OPT_LR, OPT_SCHEDULE, OPT_WARMUP, OPT_MIN_LR,
     OPT_WD, OPT_CLIP, OPT_TDTYPE, OPT_BASE_DTYPE, OPT_RECOMPUTE, OPT_TARGET_FIELD, OPT_TEMPLATE, OPT_CHAT,
     OPT_SAVE_EVERY, OPT_RESUME, OPT_OVERWRITE, OPT_TSEED, OPT_TTHREADS, OPT_TDEVICE, OPT_RANDOM, OPT_TNO_CHECK, OPT_SHARD, OPT_FACTOR,
@@ -102,7 +105,8 @@ typedef struct {
     const char *model, *tokenizer, *data, *out, *eval, *targets, *target_field, *template_text, *base_dtype, *device;
     const char *chat_template;
     double eval_fraction;
-    int eval_every, eval_max, rank, rslora, per_channel, steps, epochs, batch, accum, seq_len, pack, warmup;
+    int eval_every, eval_max, rank, rslora, per_channel, qat_bits, qat_group, steps, epochs, batch, accum, seq_len, pack,
+        warmup;
     int recompute, chat, save_every, resume, seed, threads, random_weights, no_check;
     int factor, prefetch, reshard, shard_given, offload, overwrite;
     float alpha, lora_dropout, lr, min_lr_ratio, weight_decay, clip, dist_timeout;
@@ -129,6 +133,7 @@ static int parse_args(int argc, char **argv, train_args *a) {
         {"lora-dropout", required_argument, 0, OPT_LORA_DROPOUT}, {"targets", required_argument, 0, OPT_TARGETS},
         {"rslora", no_argument, 0, OPT_RSLORA}, {"full", no_argument, 0, OPT_MODE_FULL},
         {"qat", no_argument, 0, OPT_MODE_QAT}, {"per-channel", no_argument, 0, OPT_PER_CH},
+        {"qat-bits", required_argument, 0, OPT_QAT_BITS}, {"group", required_argument, 0, OPT_QAT_GROUP},
         {"steps", required_argument, 0, OPT_STEPS}, {"epochs", required_argument, 0, OPT_EPOCHS},
         {"batch", required_argument, 0, OPT_TBATCH}, {"accum", required_argument, 0, OPT_ACCUM},
         {"seq-len", required_argument, 0, OPT_SEQ_LEN}, {"pack", no_argument, 0, OPT_PACK},
@@ -151,7 +156,7 @@ static int parse_args(int argc, char **argv, train_args *a) {
     *a = (train_args){.eval_every = 50, .eval_max = 200, .rank = 8, .lora_dropout = 0.05f, .targets = "all-linear",
                       .batch = 4, .accum = 1, .seq_len = 512, .lr = -1, .min_lr_ratio = 0.1f, .weight_decay = 0.01f,
                       .clip = 1.0f, .save_every = 50, .seed = 1, .mode = QLM_TRAIN_LORA,
-                      .schedule = QLM_SCHEDULE_COSINE, .dtype = QLM_F32, .device = "cpu", .prefetch = 1,
+                      .schedule = QLM_SCHEDULE_COSINE, .dtype = QLM_F32, .device = "cpu", .prefetch = 1, .qat_bits = 8,
                       .shard = QLM_SHARD_DDP};
     int c;
     optind = 1;
@@ -180,6 +185,14 @@ static int parse_args(int argc, char **argv, train_args *a) {
         case OPT_MODE_FULL: a->mode = QLM_TRAIN_FULL; break;
         case OPT_MODE_QAT: a->mode = QLM_TRAIN_QAT; break;
         case OPT_PER_CH: a->per_channel = 1; break;
+        case OPT_QAT_BITS:
+            if (cli_int("--qat-bits", optarg, 4, 8, &a->qat_bits) || (a->qat_bits != 4 && a->qat_bits != 8))
+                bad = fprintf(stderr, "qlm train: --qat-bits must be 8 or 4\n") > 0;
+            break;
+        case OPT_QAT_GROUP:
+            if (cli_int("--group", optarg, 32, 128, &a->qat_group) || !qlm_group_valid(a->qat_group))
+                bad = fprintf(stderr, "qlm train: --group must be 32, 64 or 128\n") > 0;
+            break;
         case OPT_STEPS: bad = cli_int("--steps", optarg, 1, 1 << 30, &a->steps); break;
         case OPT_EPOCHS: bad = cli_int("--epochs", optarg, 1, 100000, &a->epochs); break;
         case OPT_TBATCH: bad = cli_int("--batch", optarg, 1, 4096, &a->batch); break;
@@ -198,7 +211,7 @@ static int parse_args(int argc, char **argv, train_args *a) {
         case OPT_WD: bad = cli_float("--weight-decay", optarg, 0, 10, &a->weight_decay); break;
         case OPT_CLIP: bad = cli_float("--clip", optarg, 0, 1e6, &a->clip); break;
         case OPT_TDTYPE:
-            if (qlm_dtype_parse(optarg, &a->dtype) != 0 || a->dtype == QLM_I8)
+            if (qlm_dtype_parse(optarg, &a->dtype) != 0 || a->dtype == QLM_I8 || qlm_dtype_is_block(a->dtype))
                 bad = fprintf(stderr, "qlm train: --dtype must be f32, bf16 or f16\n") > 0;
             break;
         case OPT_BASE_DTYPE: a->base_dtype = optarg; break;
@@ -247,6 +260,16 @@ static int parse_args(int argc, char **argv, train_args *a) {
         fprintf(stderr, "qlm train: --qat computes in f32 (the fake-quantized weights)\n");
         return 2;
     }
+    if ((a->qat_bits != 8 || a->qat_group) && a->mode != QLM_TRAIN_QAT) {
+        fprintf(stderr, "qlm train: --qat-bits and --group set up --qat\n");
+        return 2;
+    }
+    if (a->qat_group && a->per_channel) {
+        fprintf(stderr, "qlm train: --group and --per-channel are two scale granularities: choose one\n");
+        return 2;
+    }
+    /* INT4 has too few levels for one scale per row or tensor: groups of 32 unless told. */
+    if (a->qat_bits == 4 && !a->qat_group && !a->per_channel) a->qat_group = 32;
     return 0;
 }
 
@@ -256,9 +279,11 @@ static char *fingerprint(const train_args *a, int ranks) {
     char buf[8192], data[4096];
     if (!realpath(a->data, data)) snprintf(data, sizeof data, "%s", a->data);
     snprintf(buf, sizeof buf, "mode=%d data=%s rank=%d alpha=%g targets=%s rslora=%d batch=%d accum=%d seq=%d pack=%d "
-             "lr=%g schedule=%d warmup=%d steps=%d epochs=%d dtype=%d seed=%d per_channel=%d dropout=%g",
+             "lr=%g schedule=%d warmup=%d steps=%d epochs=%d dtype=%d seed=%d per_channel=%d dropout=%g qat_bits=%d "
+             "qat_group=%d",
              a->mode, data, a->rank, a->alpha, a->targets, a->rslora, a->batch * ranks, a->accum, a->seq_len, a->pack,
-             a->lr, a->schedule, a->warmup, a->steps, a->epochs, a->dtype, a->seed, a->per_channel, a->lora_dropout);
+             a->lr, a->schedule, a->warmup, a->steps, a->epochs, a->dtype, a->seed, a->per_channel, a->lora_dropout,
+             a->qat_bits, a->qat_group);
     return strdup(buf);
 }
 
@@ -268,7 +293,8 @@ static const char *const k_setting_keys[][2] = {
     {"targets", "--targets"}, {"rslora", "--rslora"}, {"batch", "--batch x ranks"}, {"accum", "--accum"},
     {"seq", "--seq-len"}, {"pack", "--pack"}, {"lr", "--lr"}, {"schedule", "--schedule"}, {"warmup", "--warmup"},
     {"steps", "--steps"}, {"epochs", "--epochs"}, {"dtype", "--dtype"}, {"seed", "--seed"},
-    {"per_channel", "--per-channel"}, {"dropout", "--lora-dropout"}};
+    {"per_channel", "--per-channel"}, {"dropout", "--lora-dropout"}, {"qat_bits", "--qat-bits"},
+    {"qat_group", "--group"}};
 enum { N_SETTING_KEYS = sizeof k_setting_keys / sizeof k_setting_keys[0] };
 
 /* The value of key i in a fingerprint (values may hold spaces: a value runs to the next key). */
@@ -550,12 +576,16 @@ static int write_outputs(const train_args *a, qlm_trainer *t, cli_model *cm) {
         }
         char scales[4200];
         snprintf(scales, sizeof scales, "%s/qat_scales.safetensors", path);
-        const char *meta[] = {"qlm.qat", a->per_channel ? "per-channel" : "per-tensor", NULL};
+        char bits[8], group[8];
+        snprintf(bits, sizeof bits, "%d", a->qat_bits);
+        snprintf(group, sizeof group, "%d", a->qat_group);
+        const char *meta[] = {"qlm.qat", a->qat_group ? "per-group" : a->per_channel ? "per-channel" : "per-tensor",
+                              "qlm.qat.bits", bits, "qlm.qat.group", group, NULL};
         if (rc == 0) rc = qlm_safetensors_save(scales, store, meta);
         qlm_store_free(store);
         if (rc != 0) return -1;
-        fprintf(stderr, "qlm train: QAT model written to %s; make the INT8 model with qlm quantize --from-qat %s OUT\n",
-                path, path);
+        fprintf(stderr, "qlm train: QAT model written to %s; make the %s model with qlm quantize --from-qat %s OUT\n",
+                path, a->qat_bits == 4 ? "INT4 (q4_0)" : "INT8", path);
         return 0;
     }
     fprintf(stderr, "qlm train: model written to %s\n", path);
@@ -731,6 +761,8 @@ int cmd_train(int argc, char **argv) {
     o.mode = a.mode;
     o.compute = a.mode == QLM_TRAIN_LORA ? QLM_F32 : a.dtype;
     o.qat_per_channel = a.per_channel;
+    o.qat_bits = a.qat_bits;
+    o.qat_group = a.qat_group;
     o.lr = a.lr, o.min_lr_ratio = a.min_lr_ratio, o.warmup_steps = a.warmup, o.total_steps = total;
     o.schedule = a.schedule, o.weight_decay = a.weight_decay, o.clip = a.clip;
     o.dynamic_loss_scale = a.dtype == QLM_F16;

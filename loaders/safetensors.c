@@ -363,6 +363,26 @@ int qlm_safetensors_load(const char *path, qlm_tensor_store *store) {
     return parse_header(path, map, size, store);
 }
 
+int qlm_safetensors_metadata(const char *path, const char *key, char *out, size_t cap) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return qlm_errorf("%s: cannot open: %s", path, strerror(errno));
+    uint8_t le[8];
+    uint64_t hlen = 0;
+    int ok = fread(le, 1, 8, f) == 8;
+    for (int i = 7; ok && i >= 0; i--) hlen = (hlen << 8) | le[i];
+    char *text = ok && hlen >= 2 && hlen <= ST_MAX_HEADER ? malloc((size_t)hlen) : NULL;
+    ok = text && fread(text, 1, (size_t)hlen, f) == hlen;
+    fclose(f);
+    cJSON *root = ok ? cJSON_ParseWithLength(text, (size_t)hlen) : NULL;
+    free(text);
+    if (!root) return qlm_errorf("%s: not a safetensors file (unreadable header)", path);
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(root, "__metadata__"), key);
+    int found = cJSON_IsString(v);
+    if (found) snprintf(out, cap, "%s", v->valuestring);
+    cJSON_Delete(root);
+    return found;
+}
+
 /* ---------- folders and sharded checkpoints ---------- */
 
 static int join_path(char *buf, size_t cap, const char *dir, const char *name) {

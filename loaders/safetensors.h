@@ -12,6 +12,9 @@
 /* Reads one .safetensors file into store (entries point into a mapping the store keeps).
  * "<name>_scale" companions are attached to their I8 tensor and not listed separately. */
 int qlm_safetensors_load(const char *path, qlm_tensor_store *store);
+/* The __metadata__ value of key in the file at path, into out: 1 if found, 0 if absent, -1 (with
+ * a message) if the file's header is unreadable. */
+int qlm_safetensors_metadata(const char *path, const char *key, char *out, size_t cap);
 /* Reads a model folder: model.safetensors, or the shards named by model.safetensors.index.json. */
 int qlm_safetensors_load_dir(const char *dir, qlm_tensor_store *store);
 

@@ -70,6 +70,19 @@ static void quantize_block(uint8_t *b, qlm_dtype dt, int group, const float *w) 
     }
 }
 
+void qlm_block_pack_q4_0(void *dst, const int8_t *q, const float *scales, int group, long cols) {
+    const size_t bb = qlm_dtype_block_bytes(QLM_Q4_0, group);
+    for (long k = 0; k + group <= cols; k += group) {
+        uint8_t *b = (uint8_t *)dst + (size_t)(k / group) * bb, *qs = b + 2;
+        f16_round(scales[k / group], b);
+        memset(qs, 0, (size_t)group / 2);
+        for (int j = 0; j < group; j++) {
+            int v = q[k + j] < -8 ? 0 : q[k + j] > 7 ? 15 : q[k + j] + 8;
+            qs[(j / 32) * 16 + j % 16] |= (uint8_t)(j % 32 < 16 ? v : v << 4);
+        }
+    }
+}
+
 static void dequantize_block(float *w, qlm_dtype dt, int group, const uint8_t *b) {
     const float d = qlm_f16_to_f32(load_u16(b));
     if (dt == QLM_Q8_0) {

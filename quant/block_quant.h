@@ -9,10 +9,15 @@
 #ifndef QLM_BLOCK_QUANT_H
 #define QLM_BLOCK_QUANT_H
 
+#include <stdint.h>
+
 #include "../core/dtype.h"
 
 /* Quantizes cols values (a multiple of group) of src into the blocks at dst. */
 void qlm_block_quantize_row(void *dst, qlm_dtype dt, int group, const float *src, long cols);
+/* Q4_0 blocks from given values: q[cols] in -8..7 and one scale per group (scales[cols / group]),
+ * each scale stored as F16 (QAT's learned scales, see qlm_fake_quant_to_int8). */
+void qlm_block_pack_q4_0(void *dst, const int8_t *q, const float *scales, int group, long cols);
 /* Expands the blocks of cols values at src into dst. */
 void qlm_block_dequantize_row(float *dst, qlm_dtype dt, int group, const void *src, long cols);
 

@@ -106,6 +106,9 @@ static float init_scale(float absmax, int qmax) {
     return s >= QLM_FAKE_QUANT_MIN_SCALE ? s : QLM_FAKE_QUANT_MIN_SCALE;
 }
 
+/* Candidate scales the MSE initialisation tries, from max|w| / qmax down to half of it. */
+#define FQ_MSE_STEPS 32
+
 float qlm_fake_quant_init_scale(const float *w, long n, int qmax) {
     float m = 0;
 #pragma omp parallel for reduction(max : m) schedule(static) if (n >= FQ_PARALLEL_MIN)
@@ -120,6 +123,35 @@ float qlm_fake_quant_init_scale(const float *w, long n, int qmax) {
 void qlm_fake_quant_init_scales_rows(float *scales, const float *w, int rows, int cols, int qmax) {
 #pragma omp parallel for schedule(static) if ((long)rows * cols >= FQ_PARALLEL_MIN)
     for (int r = 0; r < rows; r++) scales[r] = init_scale(qlm_absmax_finite(w + (long)r * cols, cols), qmax);
+}
+
+/* Squared error of fake-quantizing the n values of w with scale s. */
+static double fake_quant_sq_error(const float *w, long n, float s, int qmin, int qmax) {
+    double e = 0;
+    const float inv = 1.0f / s;
+    for (long k = 0; k < n; k++) {
+        float q = nearbyintf(w[k] * inv);
+        q = q < (float)qmin ? (float)qmin : q > (float)qmax ? (float)qmax : q;
+        double d = (double)(q * s) - (double)w[k];
+        e += isfinite(w[k]) ? d * d : 0;
+    }
+    return e;
+}
+
+void qlm_fake_quant_init_scales_mse_rows(float *scales, const float *w, int rows, int cols, int qmin, int qmax) {
+#pragma omp parallel for schedule(static) if ((long)rows * cols >= FQ_PARALLEL_MIN)
+    for (int r = 0; r < rows; r++) {
+        const float *row = w + (long)r * cols, top = init_scale(qlm_absmax_finite(row, cols), qmax);
+        float best = top;
+        double best_err = fake_quant_sq_error(row, cols, top, qmin, qmax);
+        for (int f = 1; f < FQ_MSE_STEPS; f++) {
+            float s = top * (1.0f - 0.5f * (float)f / FQ_MSE_STEPS);
+            if (!(s >= QLM_FAKE_QUANT_MIN_SCALE)) break;
+            double err = fake_quant_sq_error(row, cols, s, qmin, qmax);
+            if (err < best_err) best = s, best_err = err;
+        }
+        scales[r] = best;
+    }
 }
 
 void qlm_fake_quant_clamp_scales(float *scales, long n) {

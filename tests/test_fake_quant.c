@@ -147,6 +147,45 @@ static void test_init_scale(void **state) {
     assert_true(sc[0] == 0.1f && sc[1] == FLT_EPSILON && sc[2] == FLT_EPSILON && sc[3] == FLT_EPSILON);
 }
 
+/* Squared error of fake-quantizing w with scale sc into [qmin, qmax]. */
+static double sq_error(const float *w, int n, float sc, int qmin, int qmax) {
+    float *out = malloc((size_t)n * sizeof *out);
+    assert_non_null(out);
+    qlm_fake_quant_forward(out, w, n, sc, qmin, qmax);
+    double e = 0;
+    for (int k = 0; k < n; k++) e += ((double)out[k] - w[k]) * ((double)out[k] - w[k]);
+    free(out);
+    return e;
+}
+
+/* The 4-bit groups' starting scales: within [max/(2 qmax), max/qmax], never worse than max/qmax,
+ * and on Gaussian-like groups strictly better (16 levels leave room); a zero group gets the floor. */
+static void test_init_scale_mse(void **state) {
+    (void)state;
+    enum { ROWS = 64, COLS = 32 };
+    float *w = malloc(sizeof(float) * ROWS * COLS), s[ROWS + 1];
+    assert_non_null(w);
+    uint32_t x = 12345;
+    for (int i = 0; i < ROWS * COLS; i++) {
+        float sum = 0;
+        for (int k = 0; k < 4; k++) sum += (float)((x = x * 1664525u + 1013904223u) >> 8) / 16777216.0f - 0.5f;
+        w[i] = sum * 0.05f;
+    }
+    memset(w + (ROWS - 1) * COLS, 0, COLS * sizeof(float));
+    int better = 0;
+    qlm_fake_quant_init_scales_mse_rows(s, w, ROWS, COLS, -8, 7);
+    for (int r = 0; r < ROWS - 1; r++) {
+        float top = qlm_fake_quant_init_scale(w + r * COLS, COLS, 7);
+        assert_true(s[r] <= top && s[r] >= top * 0.5f);
+        double e = sq_error(w + r * COLS, COLS, s[r], -8, 7), e_top = sq_error(w + r * COLS, COLS, top, -8, 7);
+        assert_true(e <= e_top);
+        better += e < e_top * 0.95;
+    }
+    assert_true(better > ROWS / 2);
+    assert_true(same_bits(s[ROWS - 1], QLM_FAKE_QUANT_MIN_SCALE));
+    free(w);
+}
+
 /* Values already on the grid come back unchanged and give the scale no gradient. */
 static void test_grid_identity(void **state) {
     (void)state;
@@ -296,6 +335,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_matches_torch),
         cmocka_unit_test(test_init_scale),
+        cmocka_unit_test(test_init_scale_mse),
         cmocka_unit_test(test_grid_identity),
         cmocka_unit_test(test_ties_and_bounds),
         cmocka_unit_test(test_zero_tensor),

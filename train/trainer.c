@@ -13,13 +13,22 @@
 #include "trainer_internal.h"
 
 /* INT8 range of QAT: symmetric, as qlm's INT8 weights are (q in [-127, 127], w = q * scale). */
-enum { QAT_QMIN = -127, QAT_QMAX = 127 };
+/* QAT's integer range: INT8 symmetric, INT4 as Q4_0 stores it (q - 8 for q in 0..15). */
+static int qat_qmin(const qlm_train_options *o) { return o->qat_bits == 4 ? -8 : -127; }
+static int qat_qmax(const qlm_train_options *o) { return o->qat_bits == 4 ? 7 : 127; }
+
+/* Weights of a row of cols that share one QAT scale: a group, the whole row (per channel), or 0
+ * (one scale for the tensor). Per-group and per-channel scales are then per-row scales of the
+ * matrix seen as [rows * cols / span][span]. */
+static long qat_span(const qlm_train_options *o, long cols) {
+    return o->qat_group ? o->qat_group : o->qat_per_channel ? cols : 0;
+}
 
 void qlm_train_options_init(qlm_train_options *o) {
     *o = (qlm_train_options){.mode = QLM_TRAIN_LORA, .compute = QLM_F32, .lr = 2e-4f, .min_lr_ratio = 0.1f,
                              .schedule = QLM_SCHEDULE_COSINE, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f,
                              .weight_decay = 0.01f, .clip = 1.0f, .loss_scale = 65536.0f,
-                             .loss_scale_window = 2000, .inject_overflow_step = -1,
+                             .loss_scale_window = 2000, .inject_overflow_step = -1, .qat_bits = 8,
                              .dist = {.strategy = QLM_SHARD_NONE, .prefetch = 1}};
 }
 
@@ -106,8 +115,14 @@ static int init_qat_scales(qlm_trainer *t) {
     int n_scales = 0;
     for (int i = 0; i < n; i++)
         if (mp[i].matrix) {
+            long span = qat_span(&t->o, (long)mp[i].cols);
+            if (span && mp[i].cols % span) {
+                qlm_errorf("QAT: %s has %lld columns, not whole groups of %ld", mp[i].name, (long long)mp[i].cols, span);
+                free(mp);
+                return -1;
+            }
             n_scales++;
-            scale_values += t->o.qat_per_channel ? (long)mp[i].rows : 1;
+            scale_values += span ? (long)(mp[i].rows * mp[i].cols) / span : 1;
             long sz = (long)(mp[i].rows * mp[i].cols);
             if (sz > largest) largest = sz;
         }
@@ -122,7 +137,7 @@ static int init_qat_scales(qlm_trainer *t) {
     float *s = t->qat_buf;
     for (int i = 0; i < n; i++) {
         if (!mp[i].matrix) continue;
-        long k = t->o.qat_per_channel ? (long)mp[i].rows : 1;
+        long span = qat_span(&t->o, (long)mp[i].cols), k = span ? (long)(mp[i].rows * mp[i].cols) / span : 1;
         qlm_train_tensor *e = &t->t[t->n_t++];
         memset(e, 0, sizeof *e);
         snprintf(e->name, sizeof e->name, "%s.qat_scale", mp[i].name);
@@ -133,10 +148,12 @@ static int init_qat_scales(qlm_trainer *t) {
         e->qat_scale_of = i;
         e->replicated = 1;
         const float *w = mp[i].matrix->data;
-        if (t->o.qat_per_channel)
-            qlm_fake_quant_init_scales_rows(s, w, (int)mp[i].rows, (int)mp[i].cols, QAT_QMAX);
+        if (span && t->o.qat_bits == 4)
+            qlm_fake_quant_init_scales_mse_rows(s, w, (int)k, (int)span, qat_qmin(&t->o), qat_qmax(&t->o));
+        else if (span)
+            qlm_fake_quant_init_scales_rows(s, w, (int)k, (int)span, qat_qmax(&t->o));
         else
-            s[0] = qlm_fake_quant_init_scale(w, (long)(mp[i].rows * mp[i].cols), QAT_QMAX);
+            s[0] = qlm_fake_quant_init_scale(w, (long)(mp[i].rows * mp[i].cols), qat_qmax(&t->o));
         s += k;
     }
     free(mp);
@@ -226,10 +243,12 @@ int qlm_trainer_refresh(qlm_trainer *t) {
         qlm_dtype dt;
         void *dst = qlm_train_copy_at(t, e, &dt);
         const qlm_train_tensor *s = t->o.mode == QLM_TRAIN_QAT && e->matrix ? qat_scale(t, e->param) : NULL;
-        if (s && t->o.qat_per_channel)
-            qlm_fake_quant_forward_rows(dst, e->p, (int)e->rows, (int)e->cols, s->p + e->row0, QAT_QMIN, QAT_QMAX);
+        const long span = s ? qat_span(&t->o, (long)e->cols) : 0;
+        if (s && span)
+            qlm_fake_quant_forward_rows(dst, e->p, (int)(e->rows * e->cols / span), (int)span,
+                                        s->p + e->row0 * (e->cols / span), qat_qmin(&t->o), qat_qmax(&t->o));
         else if (s)
-            qlm_fake_quant_forward(dst, e->p, e->n, s->p[0], QAT_QMIN, QAT_QMAX);
+            qlm_fake_quant_forward(dst, e->p, e->n, s->p[0], qat_qmin(&t->o), qat_qmax(&t->o));
         else if (e->matrix) {
             qlm_weight w = {.dtype = dt, .rows = (int)e->rows, .cols = (int)e->cols, .data = dst, .scale = 1.0f};
             be->store_weight(&w, e->p);
@@ -251,13 +270,17 @@ static int qat_backward(qlm_trainer *t) {
         if (e->replicated) scale_values += e->n;
         const qlm_train_tensor *s = e->param >= 0 && e->matrix ? qat_scale(t, e->param) : NULL;
         if (!s) continue;
-        float gf = qlm_lsq_grad_factor(e->full_n, QAT_QMAX);
+        const int qmin = qat_qmin(&t->o), qmax = qat_qmax(&t->o);
+        const long span = qat_span(&t->o, (long)e->cols), first = span ? e->row0 * (e->cols / span) : 0;
+        /* LSQ's N is the weights one scale quantizes; torch's per-channel form counts the whole tensor,
+         * which the INT8 modes keep (they match torch bit for bit), groups their own. */
+        float gf = qlm_lsq_grad_factor(t->o.qat_group ? t->o.qat_group : e->full_n, qmax);
         be->zero(t->qat_tmp, e->n);
-        if (t->o.qat_per_channel)
-            qlm_fake_quant_backward_rows(t->qat_tmp, s->g + e->row0, e->g, e->p, (int)e->rows, (int)e->cols,
-                                         s->p + e->row0, QAT_QMIN, QAT_QMAX, gf);
+        if (span)
+            qlm_fake_quant_backward_rows(t->qat_tmp, s->g + first, e->g, e->p, (int)(e->rows * e->cols / span), (int)span,
+                                         s->p + first, qmin, qmax, gf);
         else
-            qlm_fake_quant_backward(t->qat_tmp, s->g, e->g, e->p, e->n, s->p[0], QAT_QMIN, QAT_QMAX, gf);
+            qlm_fake_quant_backward(t->qat_tmp, s->g, e->g, e->p, e->n, s->p[0], qmin, qmax, gf);
         be->copy(e->g, t->qat_tmp, e->n);
     }
     return qlm_train_reduce_qat(t, t->qat_buf + scale_values, scale_values);

@@ -47,6 +47,8 @@ typedef struct {
     qlm_train_mode mode;
     qlm_dtype compute;   /* full: dtype of the compute copy (F32, BF16, F16); QAT: F32 */
     int qat_per_channel; /* QAT: one learned scale per output row */
+    int qat_group;       /* QAT: one learned scale per this many weights along each row (0: see qat_per_channel) */
+    int qat_bits;        /* QAT: 8 (symmetric, -127..127) or 4 (-8..7, Q4_0's values) */
     float lr, min_lr_ratio; /* the schedule decays to lr * min_lr_ratio */
     long warmup_steps, total_steps;
     qlm_lr_schedule schedule;
