@@ -32,7 +32,8 @@ for spec in "f32:" "bf16:" "f16:" "int8:" "int8:--per-channel" "q8_0:" "q4_0:" "
     echo "bench: $dt $extra ..." >&2
     dtype_flag=(--dtype "$dt")
     [ "$dt" = stored ] && dtype_flag=()
-    "$qlm" bench -m "$gguf" "${dtype_flag[@]}" $extra --pp 512 --tg 128 --reps "$reps" --json > "$tmp/$dt$extra.json"
+    "$qlm" bench -m "$gguf" "${dtype_flag[@]}" $extra --threads "$threads" --pp 512 --tg 128 --reps "$reps" --json \
+        > "$tmp/$dt$extra.json"
     rows+=("$tmp/$dt$extra.json")
 done
 
@@ -52,7 +53,7 @@ if [ -n "$llama_bench" ] && [ -x "$llama_bench" ]; then
         /usr/bin/time -f %M -o "$tmp/llama-$t.rss" "$llama_bench" -m "$f" -t "$threads" -p 512 -n 128 -r "$reps" \
             -o json > "$tmp/llama-$t.json" 2> "$tmp/llama-$t.err" || { cat "$tmp/llama-$t.err" >&2; exit 1; }
         echo "bench: qlm on the same $t file ..." >&2
-        "$qlm" bench -m "$f" --pp 512 --tg 128 --reps "$reps" --json > "$tmp/qlm-$t.json"
+        "$qlm" bench -m "$f" --threads "$threads" --pp 512 --tg 128 --reps "$reps" --json > "$tmp/qlm-$t.json"
         llama_pairs+=("$t")
     done
 fi
