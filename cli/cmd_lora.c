@@ -267,6 +267,8 @@ static int lora_init(int argc, char **argv) {
         fprintf(stderr, "qlm lora init: need -m MODEL, -o OUT and --rank R (and nothing else)\n");
         return cli_usage_error("lora", k_usage);
     }
+    /* The folder (and its parents) first: a bad -o fails before the model is read. */
+    if (cli_make_dir(out) != 0) return cli_fail("lora init");
     cli_model cm;
     if (cli_load_model(&mo, &cm, 0, 1) != 0) return cli_fail("lora init");
     int t5 = cm.src.is_t5;

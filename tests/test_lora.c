@@ -557,16 +557,18 @@ static void test_init(void **state) {
 
     char dir[256], *out = NULL;
     assert_non_null(test_tmpdir(dir, sizeof dir));
-    assert_int_equal(test_run_qlm(&out, "lora init -m %s -o %s/new --rank 8 --targets all-linear 2>&1", f.base_dir, dir), 0);
+    /* -o may name missing parent folders, as --out does for train. */
+    assert_int_equal(test_run_qlm(&out, "lora init -m %s -o %s/a/b/new --rank 8 --targets all-linear 2>&1", f.base_dir, dir),
+                     0);
     free(out);
     char path[512];
-    snprintf(path, sizeof path, "%s/new", dir);
+    snprintf(path, sizeof path, "%s/a/b/new", dir);
     qlm_lora_adapter back;
     if (qlm_lora_load(&back, path, NULL, &f.src.cfg, NULL, QLM_F32) != 0) fail_msg("%s", qlm_last_error());
     assert_int_equal(back.n_modules, 7 * f.src.cfg.n_layers);
     qlm_lora_free(&back);
-    const char *files[] = {"new/adapter_config.json", "new/adapter_model.safetensors", "new", ""};
-    for (int i = 0; i < 4; i++) {
+    const char *files[] = {"a/b/new/adapter_config.json", "a/b/new/adapter_model.safetensors", "a/b/new", "a/b", "a", ""};
+    for (int i = 0; i < 6; i++) {
         snprintf(path, sizeof path, "%s/%s", dir, files[i]);
         remove(path);
     }
