@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "half.h"
+#include "matmul_internal.h"
 
 static uint16_t load_u16(const uint8_t *p) { return (uint16_t)(p[0] | p[1] << 8); }
 
@@ -31,11 +32,6 @@ static int round_clamp(float v, int lo, int hi) {
     return r < (float)lo ? lo : r > (float)hi ? hi : (int)r;
 }
 
-/* Value j of a Q4 block's runs of 16 bytes (see core/dtype.h). */
-static int nibble_at(const uint8_t *qs, int j) {
-    const uint8_t b = qs[(j / 32) * 16 + j % 16];
-    return j % 32 < 16 ? b & 15 : b >> 4;
-}
 
 static void quantize_block(uint8_t *b, qlm_dtype dt, int group, const float *w) {
     if (dt == QLM_Q8_0) {
@@ -45,7 +41,7 @@ static void quantize_block(uint8_t *b, qlm_dtype dt, int group, const float *w) 
         for (int j = 0; j < group; j++) ((int8_t *)(b + 2))[j] = (int8_t)round_clamp(finite_or_zero(w[j]) * inv, -127, 127);
         return;
     }
-    uint8_t *qs = b + (dt == QLM_Q4_1 ? 4 : 2);
+    uint8_t *qs = b + qlm_block_head(dt);
     memset(qs, 0, (size_t)group / 2);
     float d, m = 0;
     if (dt == QLM_Q4_0) {
@@ -66,7 +62,7 @@ static void quantize_block(uint8_t *b, qlm_dtype dt, int group, const float *w) 
     for (int j = 0; j < group; j++) {
         float v = finite_or_zero(w[j]);
         int q = dt == QLM_Q4_0 ? round_clamp(v * inv + 8.0f, 0, 15) : round_clamp((v - m) * inv, 0, 15);
-        qs[(j / 32) * 16 + j % 16] |= (uint8_t)(j % 32 < 16 ? q : q << 4);
+        qs[qlm_q4_byte(j)] |= (uint8_t)(q << qlm_q4_shift(j));
     }
 }
 
@@ -78,20 +74,19 @@ void qlm_block_pack_q4_0(void *dst, const int8_t *q, const float *scales, int gr
         memset(qs, 0, (size_t)group / 2);
         for (int j = 0; j < group; j++) {
             int v = q[k + j] < -8 ? 0 : q[k + j] > 7 ? 15 : q[k + j] + 8;
-            qs[(j / 32) * 16 + j % 16] |= (uint8_t)(j % 32 < 16 ? v : v << 4);
+            qs[qlm_q4_byte(j)] |= (uint8_t)(v << qlm_q4_shift(j));
         }
     }
 }
 
 static void dequantize_block(float *w, qlm_dtype dt, int group, const uint8_t *b) {
     const float d = qlm_f16_to_f32(load_u16(b));
-    if (dt == QLM_Q8_0) {
-        for (int j = 0; j < group; j++) w[j] = (float)((const int8_t *)(b + 2))[j] * d;
-    } else if (dt == QLM_Q4_0) {
-        for (int j = 0; j < group; j++) w[j] = (float)(nibble_at(b + 2, j) - 8) * d;
-    } else {
+    const uint8_t *vals = b + qlm_block_head(dt);
+    if (dt == QLM_Q4_1) {
         const float m = qlm_f16_to_f32(load_u16(b + 2));
-        for (int j = 0; j < group; j++) w[j] = (float)nibble_at(b + 4, j) * d + m;
+        for (int j = 0; j < group; j++) w[j] = (float)qlm_block_value(vals, j, dt) * d + m;
+    } else {
+        for (int j = 0; j < group; j++) w[j] = (float)qlm_block_value(vals, j, dt) * d;
     }
 }
 

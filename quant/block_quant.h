@@ -13,6 +13,19 @@
 
 #include "../core/dtype.h"
 
+/* Where value j of a Q4 block's runs lies (core/dtype.h): its byte among the values, and the
+ * shift of its nibble in that byte. */
+static inline int qlm_q4_byte(int j) { return (j / 32) * 16 + j % 16; }
+static inline int qlm_q4_shift(int j) { return j % 32 < 16 ? 0 : 4; }
+
+/* Value j of a block's values (the bytes after its scale and offset) as the integer its scale
+ * multiplies: Q8_0's int8, a Q4 nibble (Q4_0: less 8). */
+static inline int qlm_block_value(const uint8_t *vals, int j, qlm_dtype dt) {
+    if (dt == QLM_Q8_0) return ((const int8_t *)vals)[j];
+    const int q = vals[qlm_q4_byte(j)] >> qlm_q4_shift(j) & 15;
+    return dt == QLM_Q4_0 ? q - 8 : q;
+}
+
 /* Quantizes cols values (a multiple of group) of src into the blocks at dst. */
 void qlm_block_quantize_row(void *dst, qlm_dtype dt, int group, const float *src, long cols);
 /* Q4_0 blocks from given values: q[cols] in -8..7 and one scale per group (scales[cols / group]),

@@ -20,6 +20,7 @@
 
 #include "../core/cpu_scratch.h"
 #include "../core/error.h"
+#include "block_quant.h"
 #include "matmul_internal.h"
 
 /* Output rows the SIMD kernels handle together. */
@@ -81,14 +82,6 @@ static void scalar_gemv_i8(float *y, const int16_t *q, const float *x, float xs,
     }
 }
 
-/* Value j of a block's values as the integer its scale multiplies (Q4_0: less 8). */
-static int block_value(const uint8_t *vals, int j, qlm_dtype dt) {
-    if (dt == QLM_Q8_0) return ((const int8_t *)vals)[j];
-    const uint8_t b = vals[(j / 32) * 16 + j % 16];
-    int q = j % 32 < 16 ? b & 15 : b >> 4;
-    return dt == QLM_Q4_0 ? q - 8 : q;
-}
-
 /* The same for block weights: each block's integer sum times its scale, (Q4_1) plus its offset
  * times the block's integer sum of x, added up in F32 block by block. */
 static void scalar_gemv_block(float *y, const int16_t *q, const float *x, float xs, float inv, const qlm_weight *w,
@@ -104,7 +97,7 @@ static void scalar_gemv_block(float *y, const int16_t *q, const float *x, float 
             int32_t dot = 0, xsum = 0;
             for (int j = 0; j < g; j++) {
                 int32_t xv = q ? q[k + j] : x_i16_at(x, k + j, inv);
-                dot += block_value(blk + head, j, dt) * xv;
+                dot += qlm_block_value(blk + head, j, dt) * xv;
                 xsum += xv;
             }
             s += qlm_f16_to_f32((uint16_t)(blk[0] | blk[1] << 8)) * (float)dot;
