@@ -1,12 +1,12 @@
 /* AVX-512 kernels (F + BW + VL): 16 floats per vector, the same structure as the AVX2 file.
  * Tails use masked loads and stores instead of scalar loops; a masked-off element is never
- * read, so rows may end at any column. Included by matmul_avx512.c and matmul_avx512bf16.c,
- * which define AVX512_TARGET (the target attribute), AVX512_TABLE and AVX512_NAME (the table
- * and its name) and AVX512_DP: 1 where the target has AVX512_BF16 and AVX512_VNNI, whose dot
- * products multiply BF16 weights with BF16 activations (VDPBF16PS) and 16-bit integers
- * (VPDPWSSD, for I8 weights) 32 columns per instruction, without converting W to F32.
- * matmul.c only selects a table when the CPU (and the OS, for the ZMM state) supports its
- * target. */
+ * read, so rows may end at any column. Included by matmul_avx512.c, matmul_avx512vnni.c and
+ * matmul_avx512bf16.c, which define AVX512_TARGET (the target attribute), AVX512_TABLE and
+ * AVX512_NAME (the table and its name), AVX512_VNNI: 1 where the target has AVX512_VNNI, whose
+ * dot product multiplies 16-bit integers (VPDPWSSD, for I8 weights) 32 columns per instruction,
+ * and AVX512_BF16DP: 1 where it also has AVX512_BF16, whose dot product multiplies BF16
+ * weights with BF16 activations (VDPBF16PS) without converting W to F32. matmul.c only selects
+ * a table when the CPU (and the OS, for the ZMM state) supports its target. */
 #include "matmul_internal.h"
 
 #if defined(__x86_64__)
@@ -18,13 +18,13 @@
 #define AVX512_INLINE static inline __attribute__((always_inline, target(AVX512_TARGET)))
 
 /* Whether weights of dtype dt take the BF16 dot product (a constant at every call site). */
-#define USES_DP(dt) (AVX512_DP && (dt) == QLM_BF16)
+#define USES_DP(dt) (AVX512_BF16DP && (dt) == QLM_BF16)
 /* Columns one step takes: 32 for the dot products (BF16 pairs, I8 through 16-bit pairs). */
 #define STEP_COLS(dt) (USES_DP(dt) || (dt) == QLM_I8 ? 32 : 16)
 
 /* acc + the sums of adjacent pairs of 16-bit products of a and b, in 32-bit lanes. */
 AVX512_INLINE __m512i dot_i16(__m512i acc, __m512i a, __m512i b) {
-#if AVX512_DP
+#if AVX512_VNNI
     /* As asm with the accumulator tied: GCC 12 copies every _mm512_dpwssd_epi32 accumulator
      * through another register and spills the copies in a tile of 24 (measured: half speed). */
     __asm__("vpdpwssd %2, %1, %0" : "+v"(acc) : "v"(a), "vm"(b));
@@ -88,7 +88,7 @@ AVX512_INLINE void gemm_step(__m512 acc[8][TILE_X], const char *x, long ldx, con
         }
         return;
     }
-#if AVX512_DP
+#if AVX512_BF16DP
     if (USES_DP(dt)) {
         __m512i wv[8];
 #pragma GCC unroll 8

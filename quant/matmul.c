@@ -201,8 +201,9 @@ static const qlm_kernel_table *table_named(const char *name) {
     int avx512 = avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                  __builtin_cpu_supports("avx512vl");
     if (strcmp(name, "avx512") == 0 && avx512) return &qlm_kernels_avx512;
-    if (strcmp(name, "avx512bf16") == 0 && avx512 && __builtin_cpu_supports("avx512bf16") &&
-        __builtin_cpu_supports("avx512vnni"))
+    int vnni = avx512 && __builtin_cpu_supports("avx512vnni");
+    if (strcmp(name, "avx512vnni") == 0 && vnni) return &qlm_kernels_avx512vnni;
+    if (strcmp(name, "avx512bf16") == 0 && vnni && __builtin_cpu_supports("avx512bf16"))
         return &qlm_kernels_avx512bf16;
 #endif
     return NULL;
@@ -210,7 +211,7 @@ static const qlm_kernel_table *table_named(const char *name) {
 
 static _Atomic(const qlm_kernel_table *) g_table;
 
-static const char *const k_isas[] = {"scalar", "avx2", "avx512", "avx512bf16"};
+static const char *const k_isas[] = {"scalar", "avx2", "avx512", "avx512vnni", "avx512bf16"};
 
 const char *qlm_matmul_isas(void) {
     static char list[64];

@@ -5,5 +5,6 @@
 #define AVX512_TARGET "avx512f,avx512bw,avx512vl,avx512bf16,avx512vnni,fma,f16c"
 #define AVX512_TABLE qlm_kernels_avx512bf16
 #define AVX512_NAME "avx512bf16"
-#define AVX512_DP 1
+#define AVX512_VNNI 1
+#define AVX512_BF16DP 1
 #include "kernels_avx512.h"
