@@ -51,12 +51,14 @@ typedef struct {
     int per_row; /* I8 only */
     const char *label;
     int group; /* block types */
+    int act8;  /* W8A8 */
 } variant;
 
 static const variant k_variants[] = {
-    {QLM_F32, 0, "f32", 0},       {QLM_F16, 0, "f16", 0},       {QLM_BF16, 0, "bf16", 0},
-    {QLM_I8, 0, "int8", 0},       {QLM_I8, 1, "int8/row", 0},   {QLM_Q8_0, 0, "q8_0", 32},
-    {QLM_Q4_0, 0, "q4_0", 32},    {QLM_Q4_1, 0, "q4_1", 32},    {QLM_Q4_0, 0, "q4_0/128", 128},
+    {QLM_F32, 0, "f32", 0, 0},          {QLM_F16, 0, "f16", 0, 0},      {QLM_BF16, 0, "bf16", 0, 0},
+    {QLM_I8, 0, "int8", 0, 0},          {QLM_I8, 1, "int8/row", 0, 0},  {QLM_Q8_0, 0, "q8_0", 32, 0},
+    {QLM_Q8_0, 0, "q8_0/a8", 32, 1},    {QLM_Q4_0, 0, "q4_0", 32, 0},   {QLM_Q4_0, 0, "q4_0/a8", 32, 1},
+    {QLM_Q4_1, 0, "q4_1", 32, 0},       {QLM_Q4_1, 0, "q4_1/a8", 32, 1}, {QLM_Q4_0, 0, "q4_0/128", 128, 0},
 };
 #define NVARIANTS (int)(sizeof k_variants / sizeof k_variants[0])
 
@@ -117,7 +119,7 @@ static int weights_make(weights *wt, const shape *s, const variant *v, long copi
 
 static qlm_weight weights_copy(const weights *wt, const shape *s, const variant *v, long c) {
     qlm_weight w = {v->dtype, s->rows, s->cols, (const char *)wt->data + (size_t)c * wt->bytes, wt->scale, wt->row_scales,
-                    v->group};
+                    v->group, v->act8};
     return w;
 }
 

@@ -12,6 +12,7 @@
 #include <sys/stat.h>
 #include <time.h>
 
+#include "../quant/matmul.h"
 #include "../tokenizer/chat.h"
 #include "../core/error.h"
 #include "threads.h"
@@ -82,6 +83,7 @@ int cli_model_flag(cli_model_opts *o, int opt, const char *arg) {
             return -1;
         }
         return 1;
+    case OPT_W8A8: o->act8 = 1; return 1;
     case OPT_THREADS: return cli_int("--threads", arg, 1, 1024, &o->threads) ? -1 : 1;
     case 'c': /* llama.cpp's -c */
     case OPT_CTX: return cli_int("--ctx", arg, 1, 1 << 24, &o->ctx) ? -1 : 1;
@@ -211,16 +213,16 @@ static int load_adapters(const cli_model_opts *o, cli_model *cm) {
 static void print_loaded(const cli_model_opts *o, const cli_model *cm, const qlm_backend *be, double secs) {
     if (cm->src.is_t5) {
         const qlm_t5_model *m = &cm->t5;
-        fprintf(stderr, "qlm: loaded %s (%s, t5) in %.2f s: %d+%d layers, d_model %d, %.1fM params, %s%s weights, %s backend, %d threads\n",
+        fprintf(stderr, "qlm: loaded %s (%s, t5) in %.2f s: %d+%d layers, d_model %d, %.1fM params, %s%s%s weights, %s backend, %d threads\n",
                 o->model, qlm_format_name(cm->src.format), secs, m->cfg.n_layers, m->cfg.n_dec_layers, m->cfg.d_model,
-                qlm_t5_param_count(m) / 1e6, qlm_dtype_name(m->dtype), m->per_channel ? " per-channel" : "", be->name,
-                omp_get_max_threads());
+                qlm_t5_param_count(m) / 1e6, qlm_dtype_name(m->dtype), m->per_channel ? " per-channel" : "",
+                m->act8 ? " w8a8" : "", be->name, omp_get_max_threads());
     } else {
         const qlm_model *m = &cm->model;
-        fprintf(stderr, "qlm: loaded %s (%s, %s) in %.2f s: %d layers, dim %d, %.1fM params, %s%s weights, %s backend, %d threads\n",
+        fprintf(stderr, "qlm: loaded %s (%s, %s) in %.2f s: %d layers, dim %d, %.1fM params, %s%s%s weights, %s backend, %d threads\n",
                 o->model, qlm_format_name(cm->src.format), m->cfg.arch[0] ? m->cfg.arch : "llama", secs,
                 m->cfg.n_layers, m->cfg.dim, qlm_model_param_count(m) / 1e6, qlm_dtype_name(m->dtype),
-                m->per_channel ? " per-channel" : "", be->name, omp_get_max_threads());
+                m->per_channel ? " per-channel" : "", m->act8 ? " w8a8" : "", be->name, omp_get_max_threads());
     }
     for (int i = 0; i < cm->lora.n; i++) {
         const qlm_lora_adapter *a = qlm_lora_registry_at(&cm->lora, i);
@@ -304,9 +306,20 @@ static int load_model(const cli_model_opts *o, cli_model *cm, int need_tokenizer
         return -1;
     }
     qlm_model_options mo = {.dtype = cm->src.stored_dtype, .per_channel = o->per_channel || cm->src.stored_per_channel,
-                            .group = o->group, .as_stored = !o->dtype, .backend = be};
+                            .group = o->group, .as_stored = !o->dtype, .act8 = o->act8, .backend = be};
     if (o->dtype) qlm_dtype_parse(o->dtype, &mo.dtype);
     if (o->dtype && mo.dtype == QLM_I8) mo.per_channel = o->per_channel;
+    if (o->act8 && !qlm_dtype_is_block(mo.dtype)) {
+        qlm_source_close(&cm->src);
+        return qlm_errorf("--w8a8 applies to block weights (--dtype q8_0, q4_0 or q4_1; q8_0 is int8 with a scale per "
+                          "32 weights); %s has %s",
+                          o->model, qlm_dtype_name(mo.dtype));
+    }
+    if (o->act8 && be->host_memory && !qlm_matmul_w8a8()) {
+        /* Without byte dot products W8A8 is slower than the 16-bit form, and no more accurate. */
+        if (!quiet) fprintf(stderr, "qlm: --w8a8: this CPU has no byte dot products (AVX512-VNNI); activations stay 16-bit\n");
+        mo.act8 = 0;
+    }
     rc = cm->src.is_t5 ? qlm_t5_build(&cm->t5, &cm->src.t5, cm->src.store, &mo)
                            : qlm_model_build(&cm->model, &cm->src.cfg, cm->src.store, &mo);
     if (rc != 0) {

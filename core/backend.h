@@ -95,6 +95,8 @@ typedef struct qlm_backend {
     int host_memory;
     /* 1 when the matrix ops take weights in the block types (Q8_0, Q4_0, Q4_1). */
     int block_weights;
+    /* 1 when they take weights with act8 set (W8A8, qlm_weight). */
+    int act8_weights;
     /* Device memory for activations and caches; NULL (message set) when out of memory. */
     void *(*alloc)(size_t bytes);
     void (*free)(void *p);

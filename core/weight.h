@@ -12,6 +12,9 @@ typedef struct {
     float scale;             /* I8: per-tensor scale (w = q * scale) */
     const float *row_scales; /* I8: per-row scales, or NULL for per-tensor */
     int group;               /* block types: weights per block */
+    /* Block types: activations are quantized to 8 bits in runs of 32 (W8A8: dot products of bytes)
+     * where the CPU multiplies bytes, rather than to 16 bits per row (see qlm_x_dtype). */
+    int act8;
 } qlm_weight;
 
 /* One of several products of the same x (qlm_matmul_group, the backend's matmul_group):

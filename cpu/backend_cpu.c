@@ -204,6 +204,7 @@ static const qlm_backend cpu_backend = {
     .name = "cpu",
     .host_memory = 1,
     .block_weights = 1,
+    .act8_weights = 1,
     .alloc = cpu_alloc,
     .free = cpu_free,
     .upload = cpu_upload,

@@ -75,7 +75,7 @@ static int shared_params(qlm_model *m, const char *embed_name, qlm_param p[N_SHA
 }
 
 static qlm_weight_format weight_format(const qlm_model *m) {
-    return (qlm_weight_format){m->dtype, m->per_channel, m->group, m->as_stored};
+    return (qlm_weight_format){m->dtype, m->per_channel, m->group, m->as_stored, m->act8};
 }
 
 static int build_layer(qlm_model *m, const qlm_tensor_store *store, int l) {
@@ -188,6 +188,7 @@ int qlm_model_build(qlm_model *m, const qlm_llama_config *cfg, const qlm_tensor_
     m->per_channel = opts->dtype == QLM_I8 && opts->per_channel;
     m->group = qlm_options_group(opts);
     m->as_stored = opts->as_stored;
+    m->act8 = opts->act8;
     m->be = opts->backend ? opts->backend : qlm_backend_cpu();
     m->layers = calloc((size_t)cfg->n_layers, sizeof *m->layers);
     if (!m->layers) return qlm_errorf("out of memory");

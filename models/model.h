@@ -31,6 +31,7 @@ typedef struct {
     int per_channel;  /* INT8 with per-row scales */
     int group;        /* block types: weights per block */
     int as_stored;    /* each matrix kept in its stored dtype (qlm_weight_format) */
+    int act8;         /* block weights take 8-bit activations (W8A8, qlm_weight) */
     const qlm_backend *be;
     qlm_weight tok_embed;
     qlm_weight lm_head; /* same data as tok_embed when tied */
@@ -50,6 +51,7 @@ typedef struct {
     int per_channel;     /* INT8: per-output-channel scales */
     int group;           /* block types: weights per block (0: 32) */
     int as_stored;       /* each matrix keeps its stored dtype; dtype then only names the model's */
+    int act8;            /* block weights take 8-bit activations (W8A8, qlm_weight) */
     const qlm_backend *backend;
 } qlm_model_options;
 

@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../quant/block_pack.h"
 #include "../quant/block_quant.h"
 #include "../quant/quantize.h"
 #include "../core/error.h"
@@ -45,8 +46,8 @@ static size_t align64(size_t n) { return (n + 63) & ~(size_t)63; }
  * where be does not run them. */
 static qlm_weight_format format_for(const qlm_weight_format *fmt, const qlm_tensor_entry *e, const qlm_backend *be) {
     if (!fmt->as_stored) return *fmt;
-    if (qlm_dtype_is_block(e->dtype) && !be->block_weights) return (qlm_weight_format){QLM_BF16, 0, 0, 1};
-    return (qlm_weight_format){e->dtype, e->row_scales != NULL, e->group, 1};
+    if (qlm_dtype_is_block(e->dtype) && !be->block_weights) return (qlm_weight_format){QLM_BF16, 0, 0, 1, 0};
+    return (qlm_weight_format){e->dtype, e->row_scales != NULL, e->group, 1, fmt->act8};
 }
 
 /* Bytes a matrix takes in format f, scales included, each part aligned. */
@@ -90,8 +91,14 @@ static int fill_matrix(qlm_weight *w, const qlm_tensor_entry *e, const qlm_weigh
     char *dst = *cursor;
     *cursor += align64((size_t)rows * qlm_dtype_row_bytes(dt, (long)cols, f->group));
     *w = (qlm_weight){.dtype = dt, .rows = (int)rows, .cols = (int)cols, .data = dst, .scale = 1.0f,
-                      .group = qlm_dtype_is_block(dt) ? f->group : 0};
-    if (qlm_dtype_is_block(dt)) return fill_blocks(w, e, dst);
+                      .group = qlm_dtype_is_block(dt) ? f->group : 0,
+                      .act8 = f->act8 && qlm_dtype_is_block(dt)};
+    if (qlm_dtype_is_block(dt)) {
+        if (fill_blocks(w, e, dst) != 0) return -1;
+        return w->act8 && qlm_block_to_panels(dst, dt, w->group, w->rows, w->cols) != 0
+                   ? qlm_error_context("tensor %s", e->name)
+                   : 0;
+    }
     float *row_scales = NULL;
     if (dt == QLM_I8 && per_channel) {
         row_scales = (float *)*cursor;
@@ -146,6 +153,7 @@ int qlm_params_pack(const qlm_param *p, int n, const qlm_tensor_store *store, ql
     if (qlm_dtype_is_block(fmt.dtype) && !fmt.as_stored && !be->block_weights)
         return qlm_errorf("the %s backend does not run %s weights: load them as bf16 or int8 there", be->name,
                           qlm_dtype_name(fmt.dtype));
+    if (fmt.act8 && !be->act8_weights) return qlm_errorf("the %s backend does not run W8A8 (8-bit activations)", be->name);
     const qlm_tensor_entry **ent = calloc((size_t)(n ? n : 1), sizeof *ent);
     if (!ent) return qlm_errorf("out of memory");
     size_t total = 0;
@@ -212,6 +220,7 @@ static int export_matrix(qlm_tensor_store *s, const char *name, const qlm_weight
                               : qlm_store_add_owned(s, name, w->dtype, 2, shape, &data);
     if (!e) return -1;
     memcpy(data, w->data, (size_t)w->rows * qlm_dtype_row_bytes(w->dtype, w->cols, w->group));
+    if (w->act8 && qlm_block_from_panels(data, w->dtype, w->group, w->rows, w->cols) != 0) return -1;
     e->scale = w->scale;
     if (w->row_scales) {
         float *rs = malloc((size_t)w->rows * sizeof *rs);

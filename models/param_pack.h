@@ -33,6 +33,9 @@ typedef struct {
     /* Each matrix keeps the dtype it is stored in (with its I8 scale granularity or its block
      * group) instead: a GGUF's mix of Q4_1, Q8_0 and F16 tensors runs as the file has it. */
     int as_stored;
+    /* Block-type matrices take 8-bit activations (W8A8, qlm_weight: rows put in panels,
+     * quant/block_pack.h; an embedding table's rows still read through qlm_weight_row_f32). */
+    int act8;
 } qlm_weight_format;
 
 /* Finds, checks, sizes, allocates and fills every parameter of the list into *buffer, then moves

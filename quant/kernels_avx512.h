@@ -3,10 +3,12 @@
  * read, so rows may end at any column. Included by matmul_avx512.c, matmul_avx512vnni.c and
  * matmul_avx512bf16.c, which define AVX512_TARGET (the target attribute), AVX512_TABLE and
  * AVX512_NAME (the table and its name), AVX512_VNNI: 1 where the target has AVX512_VNNI, whose
- * dot product multiplies 16-bit integers (VPDPWSSD, for I8 weights) 32 columns per instruction,
- * and AVX512_BF16DP: 1 where it also has AVX512_BF16, whose dot product multiplies BF16
- * weights with BF16 activations (VDPBF16PS) without converting W to F32. matmul.c only selects
- * a table when the CPU (and the OS, for the ZMM state) supports its target. */
+ * integer dot products multiply 16-bit integers (VPDPWSSD, I8 weights with x in the I16 form)
+ * 32 columns per instruction and bytes (VPDPBUSD, W8A8 for block weights) 32 per 256-bit
+ * instruction, and AVX512_BF16DP: 1 where it also has AVX512_BF16, whose dot product multiplies
+ * BF16 weights with BF16 activations (VDPBF16PS) without converting W to F32. matmul.c only
+ * selects a table when the CPU (and the OS, for the ZMM state) supports its target. */
+#include "block_pack.h"
 #include "matmul_internal.h"
 
 #if defined(__x86_64__)
@@ -196,6 +198,10 @@ AVX512_INLINE void block_tile_g(float *y, long ldy, const int16_t *x, long ldx, 
     }
 }
 
+#if AVX512_VNNI
+#include "kernel_w8a8.h"
+#endif
+
 AVX512_INLINE __mmask16 block_mask(long i, long n) {
     return n - i >= 16 ? (__mmask16)0xffff : tail_mask(n - i);
 }
@@ -252,7 +258,7 @@ AVX512_FN float quantize_i16(int16_t *q, const float *x, long n) {
         nan |= _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
         mx = _mm512_max_ps(mx, _mm512_abs_ps(v));
     }
-    float inv, s = qlm_x_i16_scale(_mm512_reduce_max_ps(mx), nan != 0, &inv);
+    float inv, s = qlm_x_int_scale(_mm512_reduce_max_ps(mx), nan != 0, QLM_I16_MAX, &inv);
     if (inv == 0) {
         memset(q, 0, (size_t)n * sizeof *q);
         return s;
@@ -330,10 +336,20 @@ AVX512_INLINE void weighted_sum_dt(float *o, const float *p, int g, long ldp, co
 
 #include "kernel_rows.h"
 
+#if AVX512_VNNI
+#define QUANTIZE_I8 quantize_i8
+#define GEMM_W8A8 gemm_w8a8
+#else
+#define QUANTIZE_I8 NULL
+#define GEMM_W8A8 NULL
+#endif
+
 const qlm_kernel_table AVX512_TABLE = {
     .name = AVX512_NAME,
     .gemm = gemm,
     .quantize_i16 = quantize_i16,
+    .quantize_i8 = QUANTIZE_I8,
+    .gemm_w8a8 = GEMM_W8A8,
     .dot_rows = dot_rows,
     .weighted_sum = weighted_sum,
     .exp = exp_f32,

@@ -20,6 +20,7 @@
 
 #include "../core/cpu_scratch.h"
 #include "../core/error.h"
+#include "block_pack.h"
 #include "block_quant.h"
 #include "matmul_internal.h"
 
@@ -36,12 +37,12 @@ static float x_at(const void *x, long k, qlm_dtype xdt, qlm_dtype wdt) {
     return wdt == QLM_BF16 && xdt == QLM_F32 ? qlm_bf16_to_f32(qlm_f32_to_bf16(v)) : v;
 }
 
-/* The I16 form of x[k] (qlm_x_i16_scale gave inv). */
+/* The I16 form of x[k] (qlm_x_int_scale gave inv). */
 static int32_t x_i16_at(const float *x, long k, float inv) {
     return inv == 0 ? 0 : (int32_t)lrintf(x[k] * inv);
 }
 
-/* The I16 scale of x[0..n) and in *inv its factor (qlm_x_i16_scale). */
+/* The I16 scale of x[0..n) and in *inv its factor (qlm_x_int_scale). */
 static float x_i16_scale(const float *x, long n, float *inv) {
     float absmax = 0;
     int has_nan = 0;
@@ -49,7 +50,7 @@ static float x_i16_scale(const float *x, long n, float *inv) {
         has_nan |= isnan(x[k]);
         absmax = fabsf(x[k]) > absmax ? fabsf(x[k]) : absmax;
     }
-    return qlm_x_i16_scale(absmax, has_nan, inv);
+    return qlm_x_int_scale(absmax, has_nan, QLM_I16_MAX, inv);
 }
 
 static float scalar_quantize_i16(int16_t *q, const float *x, long n) {
@@ -104,6 +105,62 @@ static void scalar_gemv_block(float *y, const int16_t *q, const float *x, float 
             if (dt == QLM_Q4_1) s += qlm_f16_to_f32((uint16_t)(blk[2] | blk[3] << 8)) * (float)xsum;
         }
         y[o] = qlm_gemv_finish(s, w, o, xs, bias);
+    }
+}
+
+static void scalar_quantize_i8(int8_t *q, float *scales, int32_t *sums, const float *x, long n) {
+    for (long b = 0; b < n; b += QLM_X8_BLOCK) {
+        float absmax = 0, inv;
+        int has_nan = 0;
+        for (long k = b; k < b + QLM_X8_BLOCK; k++) {
+            has_nan |= isnan(x[k]);
+            absmax = fabsf(x[k]) > absmax ? fabsf(x[k]) : absmax;
+        }
+        scales[b / QLM_X8_BLOCK] = qlm_x_int_scale(absmax, has_nan, QLM_X8_MAX, &inv);
+        int32_t sum = 0;
+        for (long k = b; k < b + QLM_X8_BLOCK; k++) sum += q[k] = (int8_t)x_i16_at(x, k, inv);
+        sums[b / QLM_X8_BLOCK] = sum;
+    }
+}
+
+/* The calling thread's room for one weight row taken out of a panel. */
+static _Thread_local qlm_cpu_scratch t_panel_row;
+
+void qlm_w8a8_rows(float *y, const int8_t *x, long ldx, const float *xs, const int32_t *xsum, int n,
+                   const qlm_weight *w, int r0, int r1, const float *bias) {
+    const qlm_dtype dt = w->dtype;
+    const int g = w->group, head = qlm_block_head(dt);
+    const long runs = w->cols / QLM_X8_BLOCK;
+    const size_t bb = qlm_dtype_block_bytes(dt, g), stride = qlm_dtype_row_bytes(dt, w->cols, g);
+    uint8_t *tmp = qlm_cpu_scratch_bytes(&t_panel_row, stride);
+    for (int o = r0; o < r1; o++) {
+        const uint8_t *row = (const uint8_t *)w->data + (size_t)o * stride;
+        if (o < qlm_panel_rows(w->rows)) {
+            /* Without room for the row, its products are NaN rather than wrong. */
+            if (!tmp) {
+                for (int i = 0; i < n; i++) y[(size_t)i * w->rows + o] = NAN;
+                continue;
+            }
+            qlm_panel_row(tmp, (const uint8_t *)w->data + (size_t)(o / QLM_PANEL_ROWS) * QLM_PANEL_ROWS * stride, dt, g,
+                          w->cols, o % QLM_PANEL_ROWS);
+            row = tmp;
+        }
+        for (int i = 0; i < n; i++) {
+            const int8_t *q = x + (size_t)i * ldx;
+            float s = 0;
+            for (long k = 0; k < w->cols; k += QLM_X8_BLOCK) {
+                const uint8_t *blk = row + (size_t)(k / g) * bb;
+                const long run = k / QLM_X8_BLOCK;
+                const int j0 = (int)(k % g);
+                int32_t dot = 0;
+                for (int j = 0; j < QLM_X8_BLOCK; j++) dot += qlm_block_value(blk + head, j0 + j, dt) * q[k + j];
+                const float dx = xs[(size_t)i * runs + run];
+                s += (float)dot * (qlm_f16_to_f32((uint16_t)(blk[0] | blk[1] << 8)) * dx);
+                if (dt == QLM_Q4_1)
+                    s += qlm_f16_to_f32((uint16_t)(blk[2] | blk[3] << 8)) * ((float)xsum[(size_t)i * runs + run] * dx);
+            }
+            y[(size_t)i * w->rows + o] = bias ? s + bias[o] : s;
+        }
     }
 }
 
@@ -243,6 +300,10 @@ const qlm_kernel_table *qlm_kernels(void) {
     return t;
 }
 
+int qlm_matmul_w8a8(void) {
+    return qlm_kernels()->gemm_w8a8 != NULL;
+}
+
 const char *qlm_matmul_isa(void) {
     return qlm_kernels()->name;
 }
@@ -255,11 +316,32 @@ int qlm_matmul_force_isa(const char *name) {
     return 0;
 }
 
+/* The calling thread's room for one row of x in the I8 form. */
+static _Thread_local qlm_cpu_scratch t_x8_row;
+
+/* One row of x against act8 weights: x put in the I8 form, then qlm_w8a8_rows (NaN without
+ * room for the form). */
+static void scalar_matmul_w8a8(float *y, const float *x, const qlm_weight *w, const float *bias) {
+    const long runs = w->cols / QLM_X8_BLOCK;
+    const size_t q_bytes = ((size_t)w->cols + 3) & ~(size_t)3;
+    char *buf = qlm_cpu_scratch_bytes(&t_x8_row, q_bytes + (size_t)runs * (sizeof(float) + sizeof(int32_t)));
+    if (!buf) {
+        for (int o = 0; o < w->rows; o++) y[o] = NAN;
+        return;
+    }
+    float *xs = (float *)(buf + q_bytes);
+    int32_t *sums = (int32_t *)(xs + runs);
+    scalar_quantize_i8((int8_t *)buf, xs, sums, x, w->cols);
+    qlm_w8a8_rows(y, (const int8_t *)buf, w->cols, xs, sums, 1, w, 0, w->rows, bias);
+}
+
 void qlm_matmul_scalar(float *y, const float *x, int n, const qlm_weight *w, const float *bias) {
     for (int i = 0; i < n; i++) {
         const float *xi = x + (size_t)i * w->cols;
         float *yi = y + (size_t)i * w->rows;
-        if (qlm_x_is_i16(w->dtype)) {
+        if (w->act8 && qlm_dtype_is_block(w->dtype)) {
+            scalar_matmul_w8a8(yi, xi, w, bias);
+        } else if (qlm_x_is_i16(w->dtype)) {
             float inv, xs = x_i16_scale(xi, w->cols, &inv);
             if (w->dtype == QLM_I8)
                 scalar_gemv_i8(yi, NULL, xi, xs, inv, w, 0, w->rows, bias);
@@ -293,35 +375,60 @@ static void thread_rows(int rows, int group, int t, int nt, int *r0, int *r1) {
  * with the other threads and a barrier. */
 #define MIN_PARALLEL_FORM 16384L
 
-/* x in the activation form of W (qlm_x_dtype): the BF16 or I16 rows xf, ldx elements apart (and
- * for I16 the row scales xs) that the GEMM reads, or x itself. */
+/* The forms of x (qlm_x_dtype): F32 as given, BF16, I16 or I8. */
+typedef enum { FORM_F32, FORM_BF16, FORM_I16, FORM_I8 } form_kind;
+
+static form_kind form_for(const qlm_weight *w) {
+    if (w->dtype == QLM_BF16) return FORM_BF16;
+    if (!qlm_x_is_i16(w->dtype)) return FORM_F32;
+    return w->act8 && qlm_dtype_is_block(w->dtype) ? FORM_I8 : FORM_I16;
+}
+
+static size_t form_elem_size(form_kind k) {
+    return k == FORM_F32 ? 4 : k == FORM_I8 ? 1 : 2;
+}
+
+/* x in the activation form of W: the BF16, I16 or I8 rows xf, ldx elements apart (and for I16
+ * the row scales xs, for I8 each row's run scales xs and sums xsum) that the GEMM reads, or x
+ * itself. */
 typedef struct {
     const float *x;
     void *xf;
     float *xs;
+    int32_t *xsum;
     long ldx;
+    form_kind kind;
 } x_form;
 
 /* Rows [i0, i1) of x into their activation form. */
 static void form_rows(const x_form *f, int i0, int i1, const qlm_weight *w, const qlm_kernel_table *kt) {
-    size_t cols = (size_t)w->cols, ld = (size_t)f->ldx;
+    const size_t cols = (size_t)w->cols, row = (size_t)f->ldx * form_elem_size(f->kind);
     for (int i = i0; i < i1; i++) {
-        uint16_t *xi = (uint16_t *)f->xf + i * ld;
-        if (w->dtype == QLM_BF16)
-            kt->f32_to_bf16(xi, f->x + i * cols, (long)cols);
-        else if (qlm_x_is_i16(w->dtype))
-            f->xs[i] = kt->quantize_i16((int16_t *)xi, f->x + i * cols, (long)cols);
+        void *xi = (char *)f->xf + i * row;
+        const float *x = f->x + i * cols;
+        switch (f->kind) {
+        case FORM_BF16: kt->f32_to_bf16(xi, x, (long)cols); break;
+        case FORM_I16: f->xs[i] = kt->quantize_i16(xi, x, (long)cols); break;
+        case FORM_I8: {
+            const size_t at = i * (cols / QLM_X8_BLOCK);
+            (kt->quantize_i8 ? kt->quantize_i8 : scalar_quantize_i8)(xi, f->xs + at, f->xsum + at, x, (long)cols);
+            break;
+        }
+        default: break;
+        }
     }
 }
 
 /* Threads take runs of output rows of all count products (in whole groups of ROW_GROUP rows of
- * one weight) and the kernel table's GEMM reads them in their storage dtype, after x is put in
- * its activation form (split among the threads by rows of x when large). */
+ * one weight, or panels for W8A8) and the kernel table's GEMM reads them in their storage
+ * dtype, after x is put in its activation form (split among the threads by rows of x when
+ * large). */
 static void rows_parallel(const qlm_matmul_out *outs, int count, const x_form *f, int n, const qlm_kernel_table *kt) {
     const qlm_weight *w0 = outs[0].w;
+    const int rg = f->kind == FORM_I8 ? QLM_PANEL_ROWS : ROW_GROUP;
     int groups = 0;
-    for (int p = 0; p < count; p++) groups += (outs[p].w->rows + ROW_GROUP - 1) / ROW_GROUP;
-    int nth = threads_for((double)n * groups * ROW_GROUP * w0->cols);
+    for (int p = 0; p < count; p++) groups += (outs[p].w->rows + rg - 1) / rg;
+    int nth = threads_for((double)n * groups * rg * w0->cols);
     int split_form = f->xf && nth > 1 && n > 1 && (long)n * w0->cols >= MIN_PARALLEL_FORM;
     if (f->xf && !split_form) form_rows(f, 0, n, w0, kt);
 #pragma omp parallel num_threads(nth) if (nth > 1)
@@ -336,11 +443,14 @@ static void rows_parallel(const qlm_matmul_out *outs, int count, const x_form *f
         thread_rows(groups, 1, t, nt, &g0, &g1);
         for (int p = 0; p < count && base < g1; p++) {
             const qlm_weight *w = outs[p].w;
-            int wg = (w->rows + ROW_GROUP - 1) / ROW_GROUP;
+            int wg = (w->rows + rg - 1) / rg;
             int a = g0 > base ? g0 - base : 0, b = g1 - base < wg ? g1 - base : wg;
-            if (a < b)
-                kt->gemm(outs[p].y, f->xf ? f->xf : f->x, f->ldx, f->xs, n, w, a * ROW_GROUP, min_int(w->rows, b * ROW_GROUP),
-                         outs[p].bias);
+            int r0 = a * rg, r1 = min_int(w->rows, b * rg);
+            if (a < b && f->kind == FORM_I8)
+                (kt->gemm_w8a8 ? kt->gemm_w8a8 : qlm_w8a8_rows)(outs[p].y, f->xf, f->ldx, f->xs, f->xsum, n, w, r0, r1,
+                                                             outs[p].bias);
+            else if (a < b)
+                kt->gemm(outs[p].y, f->xf ? f->xf : f->x, f->ldx, f->xs, n, w, r0, r1, outs[p].bias);
             base += wg;
         }
     }
@@ -366,7 +476,9 @@ void qlm_exp_f32(float *x, long n) {
 /* Whether the count products can share x's activation form and one region. */
 static int same_form(const qlm_matmul_out *outs, int count) {
     for (int p = 1; p < count; p++)
-        if (outs[p].w->dtype != outs[0].w->dtype || outs[p].w->cols != outs[0].w->cols) return 0;
+        if (outs[p].w->dtype != outs[0].w->dtype || outs[p].w->cols != outs[0].w->cols ||
+            outs[p].w->act8 != outs[0].w->act8)
+            return 0;
     return 1;
 }
 
@@ -381,20 +493,23 @@ void qlm_matmul_group(const qlm_matmul_out *outs, int count, const float *x, int
     for (int p = 0; p < count; p++)
         if (outs[p].w->rows < 0) return;
     const qlm_kernel_table *kt = qlm_kernels();
-    x_form f = {x, NULL, NULL, w->cols};
-    if (w->dtype == QLM_BF16 || qlm_x_is_i16(w->dtype)) {
-        /* x is put in its form once per call rather than in every thread's kernel; I16 row
-         * scales follow the rows, 4-byte aligned. */
-        f.ldx = qlm_x_row_stride(w->cols, w->dtype);
-        size_t rows_bytes = ((size_t)n * (size_t)f.ldx * 2 + 3) & ~(size_t)3;
-        char *buf = qlm_cpu_scratch_bytes(&t_x_form, rows_bytes + (size_t)n * sizeof(float));
+    x_form f = {x, NULL, NULL, NULL, w->cols, form_for(w)};
+    if (f.kind != FORM_F32) {
+        /* x is put in its form once per call rather than in every thread's kernel; the scales
+         * follow the rows, 4-byte aligned. */
+        const size_t esize = form_elem_size(f.kind);
+        const size_t scales = f.kind == FORM_I8 ? (size_t)w->cols / QLM_X8_BLOCK : 1;
+        f.ldx = qlm_x_row_stride(w->cols, esize);
+        size_t rows_bytes = ((size_t)n * (size_t)f.ldx * esize + 3) & ~(size_t)3;
+        char *buf = qlm_cpu_scratch_bytes(&t_x_form, rows_bytes + (size_t)n * scales * (sizeof(float) + sizeof(int32_t)));
         if (!buf) {
             /* Out of memory for the copy: still correct, only slower. */
             for (int p = 0; p < count; p++) qlm_matmul_scalar(outs[p].y, x, n, outs[p].w, outs[p].bias);
             return;
         }
         f.xf = buf;
-        if (qlm_x_is_i16(w->dtype)) f.xs = (float *)(buf + rows_bytes);
+        f.xs = (float *)(buf + rows_bytes);
+        f.xsum = (int32_t *)(f.xs + (size_t)n * scales);
     }
     rows_parallel(outs, count, &f, n, kt);
 }

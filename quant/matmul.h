@@ -1,6 +1,7 @@
 /* CPU matrix products with weights in any storage dtype (weight-only quantization: activations
  * stay F32, rounded to BF16 where the weights are BF16 and to 16-bit integers with a row scale
- * where they are INT8, see qlm_x_dtype). A portable scalar path and AVX2 / AVX-512 paths are
+ * where they are INT8 or a block type; W8A8 for block weights with act8 set: 8-bit integers
+ * with a scale per 32, see qlm_x_dtype). A portable scalar path and AVX2 / AVX-512 paths are
  * chosen at run time; work is split across OpenMP threads. */
 #ifndef QLM_MATMUL_H
 #define QLM_MATMUL_H
@@ -41,6 +42,9 @@ void qlm_matmul_scalar(float *y, const float *x, int n, const qlm_weight *w, con
  * runs, or the one the environment variable QLM_ISA names (to test every path a machine has; a
  * path the CPU cannot run is refused with a warning on stderr and the best one used). */
 const char *qlm_matmul_isa(void);
+/* Whether the path in use multiplies block weights with act8 set by 8-bit activations (W8A8):
+ * it needs byte dot products (AVX512_VNNI); elsewhere act8 changes nothing. */
+int qlm_matmul_w8a8(void);
 /* The paths this CPU runs, from the simplest, separated by spaces. */
 const char *qlm_matmul_isas(void);
 /* Forces a path ("scalar", "avx2", "avx512", "avx512bf16") if the CPU supports it; -1 otherwise. For tests/bench. */

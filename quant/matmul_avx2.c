@@ -228,7 +228,7 @@ AVX2_FN float quantize_i16(int16_t *q, const float *x, long n) {
         has_nan |= isnan(x[j]);
         absmax = fabsf(x[j]) > absmax ? fabsf(x[j]) : absmax;
     }
-    float inv, s = qlm_x_i16_scale(absmax, has_nan, &inv);
+    float inv, s = qlm_x_int_scale(absmax, has_nan, QLM_I16_MAX, &inv);
     if (inv == 0) {
         memset(q, 0, (size_t)n * sizeof *q);
         return s;

@@ -19,8 +19,18 @@ typedef struct {
      * indexed by the absolute output o. Single-threaded. */
     void (*gemm)(float *y, const void *x, long ldx, const float *x_scale, int n, const qlm_weight *w, int r0, int r1,
                  const float *bias);
-    /* q[k] = x[k] / s rounded, k < n, in the I16 form (qlm_x_i16_scale); returns s. */
+    /* q[k] = x[k] / s rounded, k < n, in the I16 form (qlm_x_int_scale); returns s. */
     float (*quantize_i16)(int16_t *q, const float *x, long n);
+    /* Where the CPU multiplies bytes (VPDPBUSD), else NULL (qlm_w8a8_rows and its quantizer
+     * serve): x[0..n) (n a multiple of QLM_X8_BLOCK) in the I8 form, each run of QLM_X8_BLOCK
+     * values q = x / s rounded with its own s in scales[run] (qlm_x_int_scale with QLM_X8_MAX)
+     * and the sum of its q in sums[run]. */
+    void (*quantize_i8)(int8_t *q, float *scales, int32_t *sums, const float *x, long n);
+    /* gemm for block weights with act8 (in panels, block_pack.h) and x in the I8 form: xs and
+     * xsum hold each row's cols / QLM_X8_BLOCK run scales and sums, row after row. r0 is a
+     * multiple of QLM_PANEL_ROWS, r1 too or w->rows. */
+    void (*gemm_w8a8)(float *y, const int8_t *x, long ldx, const float *xs, const int32_t *xsum, int n,
+                      const qlm_weight *w, int r0, int r1, const float *bias);
     /* See qlm_dot_rows. */
     void (*dot_rows)(float *y, long ldy, const void *x, int n, const void *w, size_t w_stride, int rows, long cols,
                      qlm_dtype dt);
@@ -46,6 +56,11 @@ extern const qlm_kernel_table qlm_kernels_avx512bf16;
 
 /* The table in use: the best the CPU supports, or the one forced by qlm_matmul_force_isa. */
 const qlm_kernel_table *qlm_kernels(void);
+
+/* The scalar gemm_w8a8: rows [r0, r1) of any act8 weight, a panel's rows taken out one by one.
+ * The kernel tables' own take the rows past the last panel here. */
+void qlm_w8a8_rows(float *y, const int8_t *x, long ldx, const float *xs, const int32_t *xsum, int n,
+                   const qlm_weight *w, int r0, int r1, const float *bias);
 
 /* Every F16 bit pattern as F32, filled before qlm_kernels first returns: the block kernels read
  * a block's scale with one broadcast load from it rather than converting it in vector registers
@@ -92,6 +107,13 @@ static inline size_t qlm_weight_elem_size(qlm_dtype dt) {
  * - block types (Q8_0, Q4_0, Q4_1) take the I16 form too: a block's products sum exactly in
  *   integers and each block adds its sum times its scale in F32 (Q4_1: plus its offset times the
  *   block's sum of x, also an integer).
+ * - block weights with act8 set (W8A8, stored in panels: block_pack.h) take the I8 form: bytes q
+ *   with one scale per run of 32 values (llama.cpp's Q8_0 for activations), and the run's sum of
+ *   q; VPDPBUSD (AVX512_VNNI) multiplies them four products per lane and instruction, without
+ *   widening W. Its error (at most max|x| / 254 over the run per element) is that of Q8_0
+ *   weights: one scale per row of x instead cost SmolLM2-135M 3% of perplexity (outlier
+ *   channels), runs of 32 0.13% (measured in PyTorch). Paths without VNNI take the same form in
+ *   scalar code (for tests: the command line sets act8 only where VNNI runs it).
  * - every other dtype takes F32 x.
  * qlm_x_dtype names the F32 or BF16 form (QLM_F32 for I8 and block weights, whose form is not a
  * dtype). */
@@ -104,33 +126,36 @@ static inline int qlm_x_is_i16(qlm_dtype w) {
     return w == QLM_I8 || qlm_dtype_is_block(w);
 }
 
-/* Bytes of one element of x in the activation form of weights of dtype w. */
+/* Bytes of one element of x in the activation form of weights of dtype w (the I8 form: 1). */
 static inline size_t qlm_x_elem_size(qlm_dtype w) {
     return w == QLM_BF16 || qlm_x_is_i16(w) ? 2 : 4;
 }
 
-/* Elements from one row of x's activation form to the next, for rows of cols elements: rows
+/* Elements from one row of x's activation form (esize bytes each) to the next, for rows of cols elements: rows
  * whose bytes are a multiple of 4 KiB get a cache line more. Otherwise the GEMM's six x rows and
  * four weight rows (also 4 KiB apart then) all fall into one set of the 8-way L1 cache and
  * evict each other: T5's down projection (2048 BF16 columns) ran at 60% of the other products'
  * speed. */
-static inline long qlm_x_row_stride(long cols, qlm_dtype w) {
-    size_t bytes = (size_t)cols * qlm_x_elem_size(w);
-    return bytes % 4096 == 0 ? cols + (long)(64 / qlm_x_elem_size(w)) : cols;
+static inline long qlm_x_row_stride(long cols, size_t esize) {
+    return (size_t)cols * esize % 4096 == 0 ? cols + (long)(64 / esize) : cols;
 }
 
-/* Largest |q| of the I16 form: symmetric, so -q is always representable. */
+/* Largest |q| of the I16 form and of the I8 form: symmetric, so -q is always representable. */
 #define QLM_I16_MAX 32767.0f
+#define QLM_X8_MAX 127.0f
+/* Values of the I8 form that share a scale: a run of a block type's values. */
+#define QLM_X8_BLOCK 32
 /* Columns of an I8 row whose integer products one int32 lane sums before they are added up in
  * F32: with |q| <= 32767 and |w| <= 128, a lane of 8 (AVX2) holding 2 products per 16 columns
  * stays below 2^31 over 2048 / 8 = 256 products; a multiple of every kernel's step. */
 #define QLM_I8_BLOCK 2048L
 
-/* The I16 form's scale s = max|x| / 32767 of a row whose largest magnitude is absmax (NaN if it
- * holds a NaN or infinity, so that its products are NaN as with F32 x), and in *inv the factor
- * that maps x to q = round(x * inv); *inv = 0 (all q = 0) for a row that is not finite or whose
- * largest magnitude is below 1e-30 (its products, under 1e-30 |w|, are dropped). */
-static inline float qlm_x_i16_scale(float absmax, int has_nan, float *inv) {
+/* The scale s = max|x| / qmax of an integer form (I16: qmax QLM_I16_MAX per row; I8: QLM_X8_MAX
+ * per run) of values whose largest magnitude is absmax (NaN if they hold a NaN or infinity, so
+ * that their products are NaN as with F32 x), and in *inv the factor that maps x to
+ * q = round(x * inv); *inv = 0 (all q = 0) for values that are not finite or whose largest
+ * magnitude is below 1e-30 (their products, under 1e-30 |w|, are dropped). */
+static inline float qlm_x_int_scale(float absmax, int has_nan, float qmax, float *inv) {
     if (has_nan || !(absmax <= FLT_MAX)) {
         *inv = 0;
         return NAN;
@@ -139,8 +164,8 @@ static inline float qlm_x_i16_scale(float absmax, int has_nan, float *inv) {
         *inv = 0;
         return 0;
     }
-    *inv = QLM_I16_MAX / absmax;
-    return absmax / QLM_I16_MAX;
+    *inv = qmax / absmax;
+    return absmax / qmax;
 }
 
 /* The bytes before a block's values (its F16 scale, and Q4_1's F16 offset) and those of each run

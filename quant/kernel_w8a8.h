@@ -1,0 +1,153 @@
+/* W8A8 for block weights (Q8_0, Q4_0, Q4_1) in panels (block_pack.h) on AVX512_VNNI: x in the I8
+ * form (bytes, with a scale and the sum of the values of each run of QLM_X8_BLOCK, qlm_x_dtype)
+ * and VPDPBUSD, which multiplies unsigned bytes with signed ones and adds each four products
+ * into a 32-bit lane. A 64-byte chunk of a panel holds four values of each of 16 weight rows;
+ * four bytes of x broadcast to every lane multiply them, so lane r sums row r's products and
+ * one register holds the panel's 16 outputs for one row of x. Q8_0's signed values are made
+ * unsigned by flipping their top bit (v + 128), Q4 nibbles are unsigned already (v + 8 for
+ * Q4_0): that excess times the run's sum of x starts each integer sum, so the sums are exact.
+ * Per run, the 16 sums convert and add times the block's 16 scales (one conversion from F16)
+ * and x's scale (Q4_1: plus its 16 offsets times the run's sum of x). Rows past the last panel
+ * go through the scalar code (qlm_w8a8_rows). Included by kernels_avx512.h for VNNI targets. */
+
+/* acc + the sums of four products of a's unsigned and b's signed bytes, in 32-bit lanes. */
+AVX512_INLINE __m512i dot_u8i8(__m512i acc, __m512i a, __m512i b) {
+    /* As asm with the accumulator tied, for the reason given at dot_i16. */
+    __asm__("vpdpbusd %2, %1, %0" : "+v"(acc) : "v"(a), "vm"(b));
+    return acc;
+}
+
+/* Four bytes of x from p in every 32-bit lane. */
+AVX512_INLINE __m512i x4(const int8_t *p) {
+    int32_t v;
+    memcpy(&v, p, sizeof v);
+    return _mm512_set1_epi32(v);
+}
+
+/* Rows of x a panel tile takes at most: 8 sums and 8 accumulators, the weight chunks and scales,
+ * within the 32 registers. */
+#define W8A8_TILE_X 8
+
+/* One panel (16 rows of block weights, group weights per block) against nx rows of x in the I8
+ * form (ldx bytes apart; their run scales xs and sums xsum, runs_ld apart) over cols columns:
+ * y[i * ldy + r] for r < 16, i < nx, scales and all. */
+AVX512_INLINE void w8a8_panel(float *y, long ldy, const int8_t *x, long ldx, const float *xs, const int32_t *xsum,
+                              long runs_ld, const char *panel, long cols, const int nx, qlm_dtype dt, const int group) {
+    const long nb = cols / group;
+    const int runs = group / QLM_X8_BLOCK, excess = dt == QLM_Q8_0 ? 128 : dt == QLM_Q4_0 ? 8 : 0;
+    const size_t sb = qlm_panel_scale_bytes(dt), vb = qlm_panel_run_bytes(dt);
+    const char *vals = panel + nb * sb;
+    const __m512i low4 = _mm512_set1_epi8(15), flip = _mm512_set1_epi8((char)0x80);
+    __m512 acc[W8A8_TILE_X];
+#pragma GCC unroll 8
+    for (int i = 0; i < nx; i++) acc[i] = _mm512_setzero_ps();
+    for (long b = 0; b < nb; b++) {
+        const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(panel + b * sb)));
+        const __m512 m = dt == QLM_Q4_1 ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(panel + b * sb + 32)))
+                                        : _mm512_setzero_ps();
+        for (int s = 0; s < runs; s++) {
+            const long run = b * runs + s;
+            const char *v = vals + run * vb;
+            const int8_t *xr = x + run * QLM_X8_BLOCK;
+            __m512i isum[W8A8_TILE_X];
+#pragma GCC unroll 8
+            for (int i = 0; i < nx; i++) isum[i] = _mm512_set1_epi32(-excess * xsum[i * runs_ld + run]);
+            if (dt == QLM_Q8_0) {
+#pragma GCC unroll 8
+                for (int c = 0; c < 8; c++) {
+                    const __m512i w = _mm512_xor_si512(_mm512_loadu_si512(v + 64 * c), flip);
+#pragma GCC unroll 8
+                    for (int i = 0; i < nx; i++) isum[i] = dot_u8i8(isum[i], w, x4(xr + i * ldx + 4 * c));
+                }
+            } else {
+#pragma GCC unroll 4
+                for (int c = 0; c < 4; c++) {
+                    const __m512i z = _mm512_loadu_si512(v + 64 * c);
+                    const __m512i lo = _mm512_and_si512(z, low4), hi = _mm512_and_si512(_mm512_srli_epi16(z, 4), low4);
+#pragma GCC unroll 8
+                    for (int i = 0; i < nx; i++) {
+                        isum[i] = dot_u8i8(isum[i], lo, x4(xr + i * ldx + 4 * c));
+                        isum[i] = dot_u8i8(isum[i], hi, x4(xr + i * ldx + 16 + 4 * c));
+                    }
+                }
+            }
+#pragma GCC unroll 8
+            for (int i = 0; i < nx; i++) {
+                const float dx = xs[i * runs_ld + run];
+                acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[i]), _mm512_mul_ps(d, _mm512_set1_ps(dx)), acc[i]);
+                if (dt == QLM_Q4_1)
+                    acc[i] = _mm512_fmadd_ps(m, _mm512_set1_ps((float)xsum[i * runs_ld + run] * dx), acc[i]);
+            }
+        }
+    }
+#pragma GCC unroll 8
+    for (int i = 0; i < nx; i++) _mm512_storeu_ps(y + i * ldy, acc[i]);
+}
+
+/* The panel tile for dt with group as a constant where the caller makes it one, and the tile's
+ * rows of x: 8 at a time, then 4, 2 and 1 (a row's result is the same in any of them). */
+AVX512_INLINE void w8a8_panel_rows(float *y, long ldy, const int8_t *x, long ldx, const float *xs,
+                                   const int32_t *xsum, long runs_ld, int n, const char *panel, long cols, qlm_dtype dt,
+                                   const int group) {
+    int i = 0;
+    for (; i + 8 <= n; i += 8)
+        w8a8_panel(y + i * ldy, ldy, x + i * ldx, ldx, xs + i * runs_ld, xsum + i * runs_ld, runs_ld, panel, cols, 8, dt,
+                   group);
+    if (n - i >= 4) {
+        w8a8_panel(y + i * ldy, ldy, x + i * ldx, ldx, xs + i * runs_ld, xsum + i * runs_ld, runs_ld, panel, cols, 4, dt,
+                   group);
+        i += 4;
+    }
+    if (n - i >= 2) {
+        w8a8_panel(y + i * ldy, ldy, x + i * ldx, ldx, xs + i * runs_ld, xsum + i * runs_ld, runs_ld, panel, cols, 2, dt,
+                   group);
+        i += 2;
+    }
+    if (i < n)
+        w8a8_panel(y + i * ldy, ldy, x + i * ldx, ldx, xs + i * runs_ld, xsum + i * runs_ld, runs_ld, panel, cols, 1, dt,
+                   group);
+}
+
+AVX512_INLINE void gemm_w8a8_dt(float *y, const int8_t *x, long ldx, const float *xs, const int32_t *xsum, int n,
+                                const qlm_weight *w, int r0, int r1, const float *bias, qlm_dtype dt) {
+    const long runs = w->cols / QLM_X8_BLOCK;
+    const size_t panel_bytes = QLM_PANEL_ROWS * qlm_dtype_row_bytes(dt, w->cols, w->group);
+    const int p1 = r1 < qlm_panel_rows(w->rows) ? r1 : qlm_panel_rows(w->rows);
+    for (int p = r0; p < p1; p += QLM_PANEL_ROWS) {
+        const char *panel = (const char *)w->data + (size_t)(p / QLM_PANEL_ROWS) * panel_bytes;
+        if (w->group == 32)
+            w8a8_panel_rows(y + p, w->rows, x, ldx, xs, xsum, runs, n, panel, w->cols, dt, 32);
+        else
+            w8a8_panel_rows(y + p, w->rows, x, ldx, xs, xsum, runs, n, panel, w->cols, dt, w->group);
+        if (bias)
+            for (int i = 0; i < n; i++)
+                for (int r = p; r < p + QLM_PANEL_ROWS; r++) y[(size_t)i * w->rows + r] += bias[r];
+    }
+    if (p1 < r1) qlm_w8a8_rows(y, x, ldx, xs, xsum, n, w, p1 > r0 ? p1 : r0, r1, bias);
+}
+
+/* The dtype switch makes dt a constant inside each inlined copy of gemm_w8a8_dt. */
+AVX512_FN void gemm_w8a8(float *y, const int8_t *x, long ldx, const float *xs, const int32_t *xsum, int n,
+                         const qlm_weight *w, int r0, int r1, const float *bias) {
+    switch (w->dtype) {
+    case QLM_Q8_0: gemm_w8a8_dt(y, x, ldx, xs, xsum, n, w, r0, r1, bias, QLM_Q8_0); break;
+    case QLM_Q4_0: gemm_w8a8_dt(y, x, ldx, xs, xsum, n, w, r0, r1, bias, QLM_Q4_0); break;
+    default: gemm_w8a8_dt(y, x, ldx, xs, xsum, n, w, r0, r1, bias, QLM_Q4_1); break;
+    }
+}
+
+AVX512_FN void quantize_i8(int8_t *q, float *scales, int32_t *sums, const float *x, long n) {
+    for (long b = 0; b < n; b += QLM_X8_BLOCK) {
+        const __m512 lo = _mm512_loadu_ps(x + b), hi = _mm512_loadu_ps(x + b + 16);
+        const __mmask16 nan = _mm512_cmp_ps_mask(lo, lo, _CMP_UNORD_Q) | _mm512_cmp_ps_mask(hi, hi, _CMP_UNORD_Q);
+        float inv;
+        scales[b / QLM_X8_BLOCK] = qlm_x_int_scale(_mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(lo), _mm512_abs_ps(hi))),
+                                                   nan != 0, QLM_X8_MAX, &inv);
+        /* Round to nearest even, as lrintf; inv = 0 makes every value 0. */
+        const __m512 f = _mm512_set1_ps(inv);
+        const __m512i a = _mm512_cvtps_epi32(_mm512_mul_ps(lo, f)), c = _mm512_cvtps_epi32(_mm512_mul_ps(hi, f));
+        sums[b / QLM_X8_BLOCK] = _mm512_reduce_add_epi32(_mm512_add_epi32(a, c));
+        _mm_storeu_si128((__m128i *)(q + b), _mm512_cvtsepi32_epi8(a));
+        _mm_storeu_si128((__m128i *)(q + b + 16), _mm512_cvtsepi32_epi8(c));
+    }
+}
