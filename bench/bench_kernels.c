@@ -21,6 +21,7 @@
 #include "core/dtype.h"
 #include "core/error.h"
 #include "cpu/membw.h"
+#include "quant/block_pack.h"
 #include "quant/block_quant.h"
 #include "quant/half.h"
 #include "quant/matmul.h"
@@ -106,10 +107,16 @@ static int weights_make(weights *wt, const shape *s, const variant *v, long copi
         qlm_quantize_i8_rows(wt->data, wt->row_scales, f, s->rows, s->cols);
     else if (v->dtype == QLM_I8)
         wt->scale = qlm_quantize_i8(wt->data, f, s->rows, s->cols);
-    else if (qlm_dtype_is_block(v->dtype))
+    else if (qlm_dtype_is_block(v->dtype)) {
         for (int r = 0; r < s->rows; r++)
             qlm_block_quantize_row((char *)wt->data + (size_t)r * (wt->bytes / s->rows), v->dtype, v->group,
                                    f + (long)r * s->cols, s->cols);
+        if (v->act8 && qlm_block_to_panels(wt->data, v->dtype, v->group, s->rows, s->cols) != 0) {
+            free(f);
+            weights_free(wt);
+            return -1;
+        }
+    }
     else
         qlm_convert_from_f32(wt->data, v->dtype, f, n);
     for (long c = 1; c < copies; c++) memcpy((char *)wt->data + (size_t)c * wt->bytes, wt->data, wt->bytes);
