@@ -1,4 +1,5 @@
 /* qlm info: what a model file holds, and what this machine offers. */
+#include <cblas.h>
 #include <omp.h>
 #include <stdio.h>
 #include <string.h>
@@ -19,6 +20,8 @@ static const char *k_usage =
 static void print_devices(void) {
     printf("cpu: %d threads, matmul kernels: %s (this CPU runs: %s; QLM_ISA picks one)\n", omp_get_max_threads(),
            qlm_matmul_isa(), qlm_matmul_isas());
+    printf("  W8A8 (--w8a8): %s; OpenBLAS kernels (attention's products): %s\n",
+           qlm_matmul_w8a8() ? "byte dot products" : "not on this CPU", openblas_get_corename());
     const qlm_backend *cuda = qlm_backend_cuda();
     char line[256];
     if (cuda) cuda->describe(line, sizeof line);

@@ -1,6 +1,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "blas_core.h"
 #include "commands.h"
 
 #define QLM_VERSION "0.1.0"
@@ -35,6 +36,7 @@ static void usage(FILE *f) {
 }
 
 int main(int argc, char **argv) {
+    cli_blas_core_check(argv);
     if (argc < 2) {
         usage(stderr);
         return 2;
