@@ -30,12 +30,12 @@ static void move_row(uint8_t *panel, uint8_t *row, qlm_dtype dt, int group, long
     for (long b = 0; b < cols / group; b++) move_block(panel, row + b * bb, dt, group, cols / group, r, b, to_panel);
 }
 
-void qlm_panel_row(void *dst, const void *panel, qlm_dtype dt, int group, long cols, int r) {
-    move_row((uint8_t *)panel, dst, dt, group, cols, r, 0);
+void qlm_panel_block(void *dst, const void *panel, qlm_dtype dt, int group, long cols, int r, long b) {
+    move_block((uint8_t *)panel, dst, dt, group, cols / group, r, b, 0);
 }
 
 void qlm_panel_row_f32(float *dst, const void *panel, qlm_dtype dt, int group, long cols, int r) {
-    uint8_t blk[4 + 128];
+    uint8_t blk[QLM_BLOCK_MAX_BYTES];
     for (long b = 0; b < cols / group; b++) {
         move_block((uint8_t *)panel, blk, dt, group, cols / group, r, b, 0);
         qlm_block_dequantize_row(dst + b * group, dt, group, blk, group);

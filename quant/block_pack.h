@@ -26,9 +26,12 @@ static inline size_t qlm_panel_run_bytes(qlm_dtype dt) { return dt == QLM_Q8_0 ?
 /* Rows of a matrix of rows rows that lie in whole panels. */
 static inline int qlm_panel_rows(int rows) { return rows / QLM_PANEL_ROWS * QLM_PANEL_ROWS; }
 
-/* Row r (< QLM_PANEL_ROWS) of the panel at panel, rows of cols values in blocks of group, into dst
- * in GGUF's layout. */
-void qlm_panel_row(void *dst, const void *panel, qlm_dtype dt, int group, long cols, int r);
+/* Bytes of the largest block (Q4_1's or Q8_0's head and 128 values). */
+#define QLM_BLOCK_MAX_BYTES (4 + 128)
+
+/* Block b of row r (< QLM_PANEL_ROWS) of the panel at panel, rows of cols values in blocks of
+ * group, into dst in GGUF's layout. */
+void qlm_panel_block(void *dst, const void *panel, qlm_dtype dt, int group, long cols, int r, long b);
 
 /* The same row's values as F32, as qlm_block_dequantize_row gives them. */
 void qlm_panel_row_f32(float *dst, const void *panel, qlm_dtype dt, int group, long cols, int r);

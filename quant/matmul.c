@@ -123,44 +123,40 @@ static void scalar_quantize_i8(int8_t *q, float *scales, int32_t *sums, const fl
     }
 }
 
-/* The calling thread's room for one weight row taken out of a panel. */
-static _Thread_local qlm_cpu_scratch t_panel_row;
-
 void qlm_w8a8_rows(float *y, const int8_t *x, long ldx, const float *xs, const int32_t *xsum, int n,
                    const qlm_weight *w, int r0, int r1, const float *bias) {
     const qlm_dtype dt = w->dtype;
     const int g = w->group, head = qlm_block_head(dt);
     const long runs = w->cols / QLM_X8_BLOCK;
     const size_t bb = qlm_dtype_block_bytes(dt, g), stride = qlm_dtype_row_bytes(dt, w->cols, g);
-    uint8_t *tmp = qlm_cpu_scratch_bytes(&t_panel_row, stride);
+    uint8_t taken[QLM_BLOCK_MAX_BYTES];
     for (int o = r0; o < r1; o++) {
         const uint8_t *row = (const uint8_t *)w->data + (size_t)o * stride;
-        if (o < qlm_panel_rows(w->rows)) {
-            /* Without room for the row, its products are NaN rather than wrong. */
-            if (!tmp) {
-                for (int i = 0; i < n; i++) y[(size_t)i * w->rows + o] = NAN;
-                continue;
+        const uint8_t *panel = (const uint8_t *)w->data + (size_t)(o / QLM_PANEL_ROWS) * QLM_PANEL_ROWS * stride;
+        for (int i = 0; i < n; i++) y[(size_t)i * w->rows + o] = 0;
+        for (long b = 0; b < w->cols / g; b++) {
+            const uint8_t *blk = row + b * bb;
+            if (o < qlm_panel_rows(w->rows)) {
+                qlm_panel_block(taken, panel, dt, g, w->cols, o % QLM_PANEL_ROWS, b);
+                blk = taken;
             }
-            qlm_panel_row(tmp, (const uint8_t *)w->data + (size_t)(o / QLM_PANEL_ROWS) * QLM_PANEL_ROWS * stride, dt, g,
-                          w->cols, o % QLM_PANEL_ROWS);
-            row = tmp;
-        }
-        for (int i = 0; i < n; i++) {
-            const int8_t *q = x + (size_t)i * ldx;
-            float s = 0;
-            for (long k = 0; k < w->cols; k += QLM_X8_BLOCK) {
-                const uint8_t *blk = row + (size_t)(k / g) * bb;
-                const long run = k / QLM_X8_BLOCK;
-                const int j0 = (int)(k % g);
-                int32_t dot = 0;
-                for (int j = 0; j < QLM_X8_BLOCK; j++) dot += qlm_block_value(blk + head, j0 + j, dt) * q[k + j];
-                const float dx = xs[(size_t)i * runs + run];
-                s += (float)dot * (qlm_f16_to_f32((uint16_t)(blk[0] | blk[1] << 8)) * dx);
-                if (dt == QLM_Q4_1)
-                    s += qlm_f16_to_f32((uint16_t)(blk[2] | blk[3] << 8)) * ((float)xsum[(size_t)i * runs + run] * dx);
+            for (int i = 0; i < n; i++) {
+                const int8_t *q = x + (size_t)i * ldx + b * g;
+                float s = y[(size_t)i * w->rows + o];
+                for (int j0 = 0; j0 < g; j0 += QLM_X8_BLOCK) {
+                    const long run = (b * g + j0) / QLM_X8_BLOCK;
+                    int32_t dot = 0;
+                    for (int j = 0; j < QLM_X8_BLOCK; j++) dot += qlm_block_value(blk + head, j0 + j, dt) * q[j0 + j];
+                    const float dx = xs[(size_t)i * runs + run];
+                    s += (float)dot * (qlm_f16_to_f32((uint16_t)(blk[0] | blk[1] << 8)) * dx);
+                    if (dt == QLM_Q4_1)
+                        s += qlm_f16_to_f32((uint16_t)(blk[2] | blk[3] << 8)) * ((float)xsum[(size_t)i * runs + run] * dx);
+                }
+                y[(size_t)i * w->rows + o] = s;
             }
-            y[(size_t)i * w->rows + o] = bias ? s + bias[o] : s;
         }
+        if (bias)
+            for (int i = 0; i < n; i++) y[(size_t)i * w->rows + o] += bias[o];
     }
 }
 

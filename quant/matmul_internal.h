@@ -57,7 +57,7 @@ extern const qlm_kernel_table qlm_kernels_avx512bf16;
 /* The table in use: the best the CPU supports, or the one forced by qlm_matmul_force_isa. */
 const qlm_kernel_table *qlm_kernels(void);
 
-/* The scalar gemm_w8a8: rows [r0, r1) of any act8 weight, a panel's rows taken out one by one.
+/* The scalar gemm_w8a8: rows [r0, r1) of any act8 weight, a panel's blocks taken out one by one.
  * The kernel tables' own take the rows past the last panel here. */
 void qlm_w8a8_rows(float *y, const int8_t *x, long ldx, const float *xs, const int32_t *xsum, int n,
                    const qlm_weight *w, int r0, int r1, const float *bias);

@@ -345,9 +345,11 @@ static void test_panels_round_trip(void **state) {
         memcpy(data, orig, bytes);
         assert_int_equal(qlm_block_to_panels(data, k->dtype, k->group, rows, cols), 0);
         assert_true(memcmp(data, orig, bytes) != 0);
+        const size_t bb = qlm_dtype_block_bytes(k->dtype, k->group);
         for (int r = 0; r < qlm_panel_rows(rows); r++) {
-            qlm_panel_row(row, data + (size_t)(r / QLM_PANEL_ROWS) * QLM_PANEL_ROWS * row_bytes, k->dtype, k->group, cols,
-                          r % QLM_PANEL_ROWS);
+            for (long b = 0; b < cols / k->group; b++)
+                qlm_panel_block(row + b * bb, data + (size_t)(r / QLM_PANEL_ROWS) * QLM_PANEL_ROWS * row_bytes, k->dtype,
+                                k->group, cols, r % QLM_PANEL_ROWS, b);
             assert_memory_equal(row, orig + (size_t)r * row_bytes, row_bytes);
         }
         assert_memory_equal(data + (size_t)qlm_panel_rows(rows) * row_bytes, orig + (size_t)qlm_panel_rows(rows) * row_bytes,
