@@ -189,8 +189,13 @@ static void test_bf16_qat_int8(void **state) {
     assert_int_equal(train("qat-ref", QAT, 0, NULL, NULL), 0);
     check_against("qat-ref", "qat-zero2", QAT, 4, "--shard zero2", 5e-3, 1e-3, NULL);
     check_against("qat-ref", "qat-hybrid", QAT, 4, "--shard fsdp --sharding-factor 2", 5e-3, 1e-3, NULL);
+    /* On an INT8 base, x's 16-bit rounding turns a last-bit difference in a sum into a whole step,
+     * so the adapter's small tensors carry the noise of the kernels themselves: one process with
+     * OpenBLAS's Prescott kernels and one with its SkylakeX ones ended 1.1e-2 apart on a lora_B
+     * (relative to its largest value) while their losses agreed to 1e-5. The losses are the sharp
+     * check here; the weights' bound only catches a step that went wrong. */
     assert_int_equal(train("int8-ref", LORA_INT8, 0, NULL, NULL), 0);
-    check_against("int8-ref", "int8-fsdp", LORA_INT8, 4, "--shard fsdp", 1e-3, 1e-3, NULL);
+    check_against("int8-ref", "int8-fsdp", LORA_INT8, 4, "--shard fsdp", 1e-3, 3e-2, NULL);
 }
 
 /* A small T5 v1.1 (gated GELU, untied head; FLAN-T5's tokenizer, random weights): its passes gather
