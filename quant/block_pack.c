@@ -30,16 +30,19 @@ static void move_row(uint8_t *panel, uint8_t *row, qlm_dtype dt, int group, long
     for (long b = 0; b < cols / group; b++) move_block(panel, row + b * bb, dt, group, cols / group, r, b, to_panel);
 }
 
-void qlm_panel_block(void *dst, const void *panel, qlm_dtype dt, int group, long cols, int r, long b) {
-    move_block((uint8_t *)panel, dst, dt, group, cols / group, r, b, 0);
+const void *qlm_panels_block(const void *data, qlm_dtype dt, int group, int rows, long cols, int r, long b, void *room) {
+    const size_t row_bytes = qlm_dtype_row_bytes(dt, cols, group);
+    if (r >= qlm_panel_rows(rows)) return (const uint8_t *)data + (size_t)r * row_bytes + b * qlm_dtype_block_bytes(dt, group);
+    uint8_t *panel = (uint8_t *)data + (size_t)(r / QLM_PANEL_ROWS) * QLM_PANEL_ROWS * row_bytes;
+    move_block(panel, room, dt, group, cols / group, r % QLM_PANEL_ROWS, b, 0);
+    return room;
 }
 
-void qlm_panel_row_f32(float *dst, const void *panel, qlm_dtype dt, int group, long cols, int r) {
-    uint8_t blk[QLM_BLOCK_MAX_BYTES];
-    for (long b = 0; b < cols / group; b++) {
-        move_block((uint8_t *)panel, blk, dt, group, cols / group, r, b, 0);
-        qlm_block_dequantize_row(dst + b * group, dt, group, blk, group);
-    }
+void qlm_panels_row_f32(float *dst, const void *data, qlm_dtype dt, int group, int rows, long cols, int r) {
+    uint8_t room[QLM_BLOCK_MAX_BYTES];
+    for (long b = 0; b < cols / group; b++)
+        qlm_block_dequantize_row(dst + b * group, dt, group, qlm_panels_block(data, dt, group, rows, cols, r, b, room),
+                                 group);
 }
 
 /* Each whole panel through a copy of its bytes, rows to panels or back; threads take panels. */

@@ -29,12 +29,13 @@ static inline int qlm_panel_rows(int rows) { return rows / QLM_PANEL_ROWS * QLM_
 /* Bytes of the largest block (Q4_1's or Q8_0's head and 128 values). */
 #define QLM_BLOCK_MAX_BYTES (4 + 128)
 
-/* Block b of row r (< QLM_PANEL_ROWS) of the panel at panel, rows of cols values in blocks of
- * group, into dst in GGUF's layout. */
-void qlm_panel_block(void *dst, const void *panel, qlm_dtype dt, int group, long cols, int r, long b);
+/* Block b of row r of a block matrix at data (rows x cols, blocks of group) whose whole panels
+ * are in the panel layout, in GGUF's layout: in place for a row past the panels, else copied
+ * into room (QLM_BLOCK_MAX_BYTES). */
+const void *qlm_panels_block(const void *data, qlm_dtype dt, int group, int rows, long cols, int r, long b, void *room);
 
-/* The same row's values as F32, as qlm_block_dequantize_row gives them. */
-void qlm_panel_row_f32(float *dst, const void *panel, qlm_dtype dt, int group, long cols, int r);
+/* Row r of such a matrix as F32, as qlm_block_dequantize_row gives it. */
+void qlm_panels_row_f32(float *dst, const void *data, qlm_dtype dt, int group, int rows, long cols, int r);
 
 /* Puts the whole panels of a rows x cols block matrix at data into the panel layout, in place;
  * qlm_block_from_panels takes them back. -1 (message set) when out of memory. */

@@ -4,8 +4,8 @@
  * matmul_avx512bf16.c, which define AVX512_TARGET (the target attribute), AVX512_TABLE and
  * AVX512_NAME (the table and its name), AVX512_VNNI: 1 where the target has AVX512_VNNI, whose
  * integer dot products multiply 16-bit integers (VPDPWSSD, I8 weights with x in the I16 form)
- * 32 columns per instruction and bytes (VPDPBUSD, W8A8 for block weights) 32 per 256-bit
- * instruction, and AVX512_BF16DP: 1 where it also has AVX512_BF16, whose dot product multiplies
+ * 32 columns per instruction and bytes (VPDPBUSD, W8A8 for block weights, kernel_w8a8.h) 64,
+ * and AVX512_BF16DP: 1 where it also has AVX512_BF16, whose dot product multiplies
  * BF16 weights with BF16 activations (VDPBF16PS) without converting W to F32. matmul.c only
  * selects a table when the CPU (and the OS, for the ZMM state) supports its target. */
 #include "block_pack.h"

@@ -42,19 +42,20 @@ static int32_t x_i16_at(const float *x, long k, float inv) {
     return inv == 0 ? 0 : (int32_t)lrintf(x[k] * inv);
 }
 
-/* The I16 scale of x[0..n) and in *inv its factor (qlm_x_int_scale). */
-static float x_i16_scale(const float *x, long n, float *inv) {
+/* The scale of x[0..n) in an integer form with values up to qmax, and in *inv its factor
+ * (qlm_x_int_scale). */
+static float x_int_scale(const float *x, long n, float qmax, float *inv) {
     float absmax = 0;
     int has_nan = 0;
     for (long k = 0; k < n; k++) {
         has_nan |= isnan(x[k]);
         absmax = fabsf(x[k]) > absmax ? fabsf(x[k]) : absmax;
     }
-    return qlm_x_int_scale(absmax, has_nan, QLM_I16_MAX, inv);
+    return qlm_x_int_scale(absmax, has_nan, qmax, inv);
 }
 
 static float scalar_quantize_i16(int16_t *q, const float *x, long n) {
-    float inv, s = x_i16_scale(x, n, &inv);
+    float inv, s = x_int_scale(x, n, QLM_I16_MAX, &inv);
     for (long k = 0; k < n; k++) q[k] = (int16_t)x_i16_at(x, k, inv);
     return s;
 }
@@ -110,13 +111,8 @@ static void scalar_gemv_block(float *y, const int16_t *q, const float *x, float 
 
 static void scalar_quantize_i8(int8_t *q, float *scales, int32_t *sums, const float *x, long n) {
     for (long b = 0; b < n; b += QLM_X8_BLOCK) {
-        float absmax = 0, inv;
-        int has_nan = 0;
-        for (long k = b; k < b + QLM_X8_BLOCK; k++) {
-            has_nan |= isnan(x[k]);
-            absmax = fabsf(x[k]) > absmax ? fabsf(x[k]) : absmax;
-        }
-        scales[b / QLM_X8_BLOCK] = qlm_x_int_scale(absmax, has_nan, QLM_X8_MAX, &inv);
+        float inv;
+        scales[b / QLM_X8_BLOCK] = x_int_scale(x + b, QLM_X8_BLOCK, QLM_X8_MAX, &inv);
         int32_t sum = 0;
         for (long k = b; k < b + QLM_X8_BLOCK; k++) sum += q[k] = (int8_t)x_i16_at(x, k, inv);
         sums[b / QLM_X8_BLOCK] = sum;
@@ -128,18 +124,11 @@ void qlm_w8a8_rows(float *y, const int8_t *x, long ldx, const float *xs, const i
     const qlm_dtype dt = w->dtype;
     const int g = w->group, head = qlm_block_head(dt);
     const long runs = w->cols / QLM_X8_BLOCK;
-    const size_t bb = qlm_dtype_block_bytes(dt, g), stride = qlm_dtype_row_bytes(dt, w->cols, g);
-    uint8_t taken[QLM_BLOCK_MAX_BYTES];
+    uint8_t room[QLM_BLOCK_MAX_BYTES];
     for (int o = r0; o < r1; o++) {
-        const uint8_t *row = (const uint8_t *)w->data + (size_t)o * stride;
-        const uint8_t *panel = (const uint8_t *)w->data + (size_t)(o / QLM_PANEL_ROWS) * QLM_PANEL_ROWS * stride;
         for (int i = 0; i < n; i++) y[(size_t)i * w->rows + o] = 0;
         for (long b = 0; b < w->cols / g; b++) {
-            const uint8_t *blk = row + b * bb;
-            if (o < qlm_panel_rows(w->rows)) {
-                qlm_panel_block(taken, panel, dt, g, w->cols, o % QLM_PANEL_ROWS, b);
-                blk = taken;
-            }
+            const uint8_t *blk = qlm_panels_block(w->data, dt, g, w->rows, w->cols, o, b, room);
             for (int i = 0; i < n; i++) {
                 const int8_t *q = x + (size_t)i * ldx + b * g;
                 float s = y[(size_t)i * w->rows + o];
@@ -338,7 +327,7 @@ void qlm_matmul_scalar(float *y, const float *x, int n, const qlm_weight *w, con
         if (w->act8 && qlm_dtype_is_block(w->dtype)) {
             scalar_matmul_w8a8(yi, xi, w, bias);
         } else if (qlm_x_is_i16(w->dtype)) {
-            float inv, xs = x_i16_scale(xi, w->cols, &inv);
+            float inv, xs = x_int_scale(xi, w->cols, QLM_I16_MAX, &inv);
             if (w->dtype == QLM_I8)
                 scalar_gemv_i8(yi, NULL, xi, xs, inv, w, 0, w->rows, bias);
             else

@@ -126,7 +126,8 @@ static inline int qlm_x_is_i16(qlm_dtype w) {
     return w == QLM_I8 || qlm_dtype_is_block(w);
 }
 
-/* Bytes of one element of x in the activation form of weights of dtype w (the I8 form: 1). */
+/* Bytes of one element of x in the activation form of weights of dtype w, W8A8's I8 form aside
+ * (matmul.c's form_elem_size). */
 static inline size_t qlm_x_elem_size(qlm_dtype w) {
     return w == QLM_BF16 || qlm_x_is_i16(w) ? 2 : 4;
 }

@@ -79,12 +79,12 @@ void qlm_convert_to_f32(float *dst, const void *src, qlm_dtype st, long n) {
 void qlm_weight_row_f32(const qlm_weight *w, int r, float *out) {
     size_t cols = (size_t)w->cols;
     if (qlm_dtype_is_block(w->dtype)) {
-        const size_t row_bytes = qlm_dtype_row_bytes(w->dtype, w->cols, w->group);
-        if (w->act8 && r < qlm_panel_rows(w->rows))
-            qlm_panel_row_f32(out, (const char *)w->data + (size_t)(r / QLM_PANEL_ROWS) * QLM_PANEL_ROWS * row_bytes, w->dtype,
-                              w->group, w->cols, r % QLM_PANEL_ROWS);
+        if (w->act8)
+            qlm_panels_row_f32(out, w->data, w->dtype, w->group, w->rows, w->cols, r);
         else
-            qlm_block_dequantize_row(out, w->dtype, w->group, (const char *)w->data + (size_t)r * row_bytes, w->cols);
+            qlm_block_dequantize_row(out, w->dtype, w->group,
+                                     (const char *)w->data + (size_t)r * qlm_dtype_row_bytes(w->dtype, w->cols, w->group),
+                                     w->cols);
         return;
     }
     if (w->dtype != QLM_I8) {

@@ -346,10 +346,10 @@ static void test_panels_round_trip(void **state) {
         assert_int_equal(qlm_block_to_panels(data, k->dtype, k->group, rows, cols), 0);
         assert_true(memcmp(data, orig, bytes) != 0);
         const size_t bb = qlm_dtype_block_bytes(k->dtype, k->group);
+        uint8_t room[QLM_BLOCK_MAX_BYTES];
         for (int r = 0; r < qlm_panel_rows(rows); r++) {
             for (long b = 0; b < cols / k->group; b++)
-                qlm_panel_block(row + b * bb, data + (size_t)(r / QLM_PANEL_ROWS) * QLM_PANEL_ROWS * row_bytes, k->dtype,
-                                k->group, cols, r % QLM_PANEL_ROWS, b);
+                memcpy(row + b * bb, qlm_panels_block(data, k->dtype, k->group, rows, cols, r, b, room), bb);
             assert_memory_equal(row, orig + (size_t)r * row_bytes, row_bytes);
         }
         assert_memory_equal(data + (size_t)qlm_panel_rows(rows) * row_bytes, orig + (size_t)qlm_panel_rows(rows) * row_bytes,
