@@ -109,8 +109,8 @@ int cmd_bench(int argc, char **argv) {
     }
     const qlm_model *m = &cm.model;
     int ctx = pp > tg ? pp : tg;
-    if (ctx > m->cfg.max_seq_len) {
-        qlm_errorf("--pp/--tg of %d exceed the model's context of %d", ctx, m->cfg.max_seq_len);
+    if (ctx > qlm_llama_positions(&m->cfg)) {
+        qlm_errorf("--pp/--tg of %d exceed the model's context of %d", ctx, qlm_llama_positions(&m->cfg));
         cli_free_model(&cm);
         return cli_fail("bench");
     }

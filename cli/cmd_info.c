@@ -45,6 +45,9 @@ static void print_config(const qlm_llama_config *c) {
     if (c->rope_type == QLM_ROPE_YARN)
         printf("  rope scaling yarn: factor %g, beta fast %g, slow %g, attention factor %g, original context %d\n",
                c->rope_scale_factor, c->rope_beta_fast, c->rope_beta_slow, c->rope_attn_factor, c->rope_orig_max_pos);
+    if (c->rope_type == QLM_ROPE_DYNAMIC)
+        printf("  rope scaling dynamic NTK: factor %g, the base stretched for calls past %d positions\n",
+               c->rope_scale_factor, c->rope_orig_max_pos);
     if (c->sliding_window)
         printf("  sliding window %d tokens, layers %d..%d\n", c->sliding_window, c->window_first_layer, c->n_layers - 1);
 }

@@ -562,7 +562,7 @@ static int summarize_batch(const options *o, cli_model *cm, const prompter *p) {
     if (pick_adapters(&j) != 0) goto out;
     /* A decoder's prompt and summary share its positions: a prompt with no room for --max-tokens is
      * skipped (its line says why), not the whole batch. */
-    int max_prompt = 1, positions = cm->src.is_t5 ? 0 : cm->model.cfg.max_seq_len;
+    int max_prompt = 1, positions = cm->src.is_t5 ? 0 : qlm_llama_positions(&cm->model.cfg);
     for (int i = j.first; i < j.in.n; i++) {
         if (prompt_ids(p, cli_jsonl_text(&j.in, i, o->field), &j.ids[i], &j.n_ids[i]) != 0) {
             qlm_error_context("%s:%d", o->batch_in, j.in.line[i]);

@@ -382,8 +382,8 @@ int cli_model_fail(cli_model *cm, const char *cmd) {
 }
 
 int cli_context_size(const cli_model_opts *o, const cli_model *cm) {
-    int ctx = o->ctx > 0 ? o->ctx : 4096;
-    return ctx < cm->model.cfg.max_seq_len ? ctx : cm->model.cfg.max_seq_len;
+    int ctx = o->ctx > 0 ? o->ctx : 4096, positions = qlm_llama_positions(&cm->model.cfg);
+    return ctx < positions ? ctx : positions;
 }
 
 int cli_session_init(const cli_model_opts *o, const cli_model *cm, qlm_session *s, int max_new_tokens) {

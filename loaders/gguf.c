@@ -934,20 +934,44 @@ static int read_vector(const qlm_gguf *g, const gguf_tensor *t, int n, float *ou
     return 0;
 }
 
+/* <arch>.attention.sliding_window_pattern: every n-th layer global (an integer, dflt when absent),
+ * or one bool per layer, true where the layer is windowed (llama.cpp's per-layer form). */
+static int read_window_pattern(const qlm_gguf *g, const char *a, int dflt, qlm_llama_config *c) {
+    char key[128];
+    snprintf(key, sizeof key, "%s.attention.sliding_window_pattern", a);
+    const gguf_kv *kv = find_kv(g, key);
+    if (!kv || kv->type != VT_ARR) return arch_int(g, a, "attention.sliding_window_pattern", 0, dflt, &c->window_period);
+    if (!array_kv(g, key, "bools", is_bool_type)) return -1;
+    if (kv->count != (uint64_t)c->n_layers)
+        return qlm_errorf("%s: metadata key %s has %llu values for %d layers", g->path, key,
+                          (unsigned long long)kv->count, c->n_layers);
+    int any = 0;
+    for (int l = 0; l < c->n_layers; l++) any |= kv->data[l] != 0;
+    if (!any) {
+        c->sliding_window = 0;
+        return 0;
+    }
+    if (qlm_config_fit_windows(c, (const unsigned char *)kv->data, c->n_layers) != 0)
+        return qlm_errorf("%s: %s: this mix of global and windowed layers is not supported (windowed from one layer "
+                          "on, or all but every n-th)", g->path, key);
+    return 0;
+}
+
 /* Gemma 2/3 as llama.cpp writes them: norms stored as 1 + w (qlm_gguf_load_tensors takes the 1 off
- * again), soft caps under <arch>.*_logit_softcapping (Gemma 2's defaults when absent), the window
- * over every other layer (Gemma 2) or all but every sliding_window_pattern-th (Gemma 3: 6), Gemma 3's
- * local RoPE base rope.freq_base_swa (1e4). The query scale is attention.scale when present, else
+ * again), soft caps under <arch>.*_logit_softcapping (Gemma 2's defaults when absent; Gemma 3 caps
+ * only the logits, as transformers does), the window over every other layer (Gemma 2) or all but
+ * every sliding_window_pattern-th (Gemma 3: 6, or one bool per layer), Gemma 3's local RoPE base
+ * rope.freq_base_swa (1e4). The query scale is attention.scale when present, else
  * llama.cpp's rule: 1/sqrt(hidden/heads) for the 27B models (46 and 62 layers), 1/sqrt(head_dim)
  * for the others, which is query_pre_attn_scalar^-0.5 for every published size. */
 static int read_gemma(const qlm_gguf *g, const char *a, int gemma3, qlm_llama_config *c) {
     int big = c->n_layers == (gemma3 ? 62 : 46), period = gemma3 ? 6 : 2;
-    float scale = 1.0f / sqrtf((float)(big ? c->dim / c->n_heads : c->head_dim)), dflt_attn = gemma3 ? 0 : 50.0f;
+    float scale = 1.0f / sqrtf((float)(big ? c->dim / c->n_heads : c->head_dim)), dflt_attn = 50.0f;
     if (arch_float(g, a, "attention.scale", 0, scale, &c->query_scale) != 0 ||
-        arch_float(g, a, "attn_logit_softcapping", 0, dflt_attn, &c->attn_softcap) != 0 ||
+        (!gemma3 && arch_float(g, a, "attn_logit_softcapping", 0, dflt_attn, &c->attn_softcap) != 0) ||
         arch_float(g, a, "final_logit_softcapping", 0, gemma3 ? 0 : 30.0f, &c->final_softcap) != 0 ||
         arch_int(g, a, "attention.sliding_window", 0, 4096, &c->sliding_window) != 0 ||
-        arch_int(g, a, "attention.sliding_window_pattern", 0, period, &c->window_period) != 0 ||
+        read_window_pattern(g, a, period, c) != 0 ||
         (gemma3 && arch_float(g, a, "rope.freq_base_swa", 0, 10000.0f, &c->rope_local_theta) != 0))
         return -1;
     c->post_norms = 1;

@@ -213,11 +213,11 @@ static int read_rope_params(const hf_ctx *c, const cJSON *rope, const char *key,
     if (phi3 && (strcmp(type, "su") == 0 || strcmp(type, "yarn") == 0)) type = "longrope";
     static const struct { const char *name; qlm_rope_type type; } TYPES[] = {
         {"default", QLM_ROPE_DEFAULT}, {"linear", QLM_ROPE_LINEAR}, {"llama3", QLM_ROPE_LLAMA3},
-        {"yarn", QLM_ROPE_YARN},       {"longrope", QLM_ROPE_LONGROPE}};
+        {"yarn", QLM_ROPE_YARN},       {"longrope", QLM_ROPE_LONGROPE}, {"dynamic", QLM_ROPE_DYNAMIC}};
     size_t t = 0;
     while (t < sizeof TYPES / sizeof TYPES[0] && strcmp(TYPES[t].name, type) != 0) t++;
     if (t == sizeof TYPES / sizeof TYPES[0])
-        return qlm_errorf("%s: %s type \"%s\" is not supported (default, linear, llama3, yarn, longrope)", c->path,
+        return qlm_errorf("%s: %s type \"%s\" is not supported (default, linear, llama3, yarn, longrope, dynamic)", c->path,
                           key, type);
     cfg->rope_type = TYPES[t].type;
     if (cfg->rope_type == QLM_ROPE_DEFAULT) return 0;
@@ -227,6 +227,8 @@ static int read_rope_params(const hf_ctx *c, const cJSON *rope, const char *key,
         return -1;
     if (!(cfg->rope_scale_factor > 0) || cfg->rope_orig_max_pos <= 0)
         return qlm_errorf("%s: %sfactor and original_max_position_embeddings must be positive", c->path, prefix);
+    /* transformers stretches dynamic NTK from max_position_embeddings, whatever rope_scaling says */
+    if (cfg->rope_type == QLM_ROPE_DYNAMIC) cfg->rope_orig_max_pos = cfg->max_seq_len;
     if (cfg->rope_type == QLM_ROPE_LLAMA3) {
         if (get_float(&rc, rope, "low_freq_factor", 1, 0, &cfg->rope_low_freq_factor) != 0 ||
             get_float(&rc, rope, "high_freq_factor", 1, 0, &cfg->rope_high_freq_factor) != 0)
@@ -284,30 +286,6 @@ static int read_rope(const hf_ctx *c, hf_arch arch, qlm_llama_config *cfg) {
     return rc;
 }
 
-/* The (window_first_layer, window_period) that gives exactly the sliding layers of sliding[0..n):
- * all from one layer on, or all but every p-th. Returns -1 when the list has neither shape. */
-static int fit_window_pattern(const unsigned char *sliding, int n, qlm_llama_config *cfg) {
-    int first = 0;
-    while (first < n && !sliding[first]) first++;
-    int ok = 1;
-    for (int l = first; l < n; l++) ok &= sliding[l];
-    if (ok) {
-        cfg->window_first_layer = first;
-        cfg->window_period = 0;
-        return 0;
-    }
-    for (int p = 2; p <= n; p++) {
-        ok = 1;
-        for (int l = 0; l < n && ok; l++) ok = sliding[l] == (l % p != p - 1);
-        if (ok) {
-            cfg->window_first_layer = 0;
-            cfg->window_period = p;
-            return 0;
-        }
-    }
-    return -1;
-}
-
 /* Which layers attend over a sliding window, as transformers decides: an explicit layer_types list;
  * else Mistral's every layer when sliding_window is set (4096 when absent; Phi-3's likewise, none
  * when absent), Qwen2/Qwen3's layers
@@ -348,7 +326,7 @@ static int read_sliding_window(const hf_ctx *c, hf_arch arch, qlm_llama_config *
     }
     int any = 0;
     for (int l = 0; l < n; l++) any |= sliding[l];
-    int rc = any ? fit_window_pattern(sliding, n, cfg) : 0;
+    int rc = any ? qlm_config_fit_windows(cfg, sliding, n) : 0;
     free(sliding);
     if (rc != 0)
         return qlm_errorf("%s: layer_types: this mix of full and sliding layers is not supported (sliding from one "
@@ -359,7 +337,7 @@ static int read_sliding_window(const hf_ctx *c, hf_arch arch, qlm_llama_config *
 
 /* Gemma 2 and 3: (1 + w) norms before and after each block, the embedding scaled by
  * sqrt(hidden_size), queries by query_pre_attn_scalar^-0.5, soft caps (Gemma 2: 50 on the scores,
- * 30 on the logits, by default), q/k norms in Gemma 3. */
+ * 30 on the logits, by default; Gemma 3: the logits' only), q/k norms in Gemma 3. */
 static int read_gemma(const hf_ctx *c, hf_arch arch, qlm_llama_config *cfg) {
     float qpas, dflt_attn_cap = arch == ARCH_GEMMA2 ? 50.0f : 0, dflt_final_cap = arch == ARCH_GEMMA2 ? 30.0f : 0;
     int bidirectional;
@@ -368,8 +346,8 @@ static int read_gemma(const hf_ctx *c, hf_arch arch, qlm_llama_config *cfg) {
         get_float(c, c->root, "final_logit_softcapping", 0, dflt_final_cap, &cfg->final_softcap) != 0 ||
         get_bool(c, "use_bidirectional_attention", 0, &bidirectional) != 0)
         return -1;
-    /* null caps mean none */
-    if (is_null(c->root, "attn_logit_softcapping")) cfg->attn_softcap = 0;
+    /* null caps mean none; Gemma 3's attention keeps attn_logit_softcapping but never applies it */
+    if (is_null(c->root, "attn_logit_softcapping") || arch == ARCH_GEMMA3) cfg->attn_softcap = 0;
     if (is_null(c->root, "final_logit_softcapping")) cfg->final_softcap = 0;
     if (bidirectional) return qlm_errorf("%s: use_bidirectional_attention is not supported", c->path);
     if (!(qpas > 0) || cfg->attn_softcap < 0 || cfg->final_softcap < 0)
@@ -594,11 +572,12 @@ static const char *act_name(int act) {
 static int add_rope_scaling(cJSON *root, const qlm_llama_config *cfg) {
     if (cfg->rope_type == QLM_ROPE_DEFAULT) return cJSON_AddNullToObject(root, "rope_scaling") != NULL;
     static const char *const NAMES[] = {[QLM_ROPE_LINEAR] = "linear", [QLM_ROPE_LLAMA3] = "llama3",
-                                        [QLM_ROPE_YARN] = "yarn", [QLM_ROPE_LONGROPE] = "longrope"};
+                                        [QLM_ROPE_YARN] = "yarn", [QLM_ROPE_LONGROPE] = "longrope",
+                                        [QLM_ROPE_DYNAMIC] = "dynamic"};
     cJSON *rope = cJSON_AddObjectToObject(root, "rope_scaling");
     int ok = rope && cJSON_AddStringToObject(rope, "rope_type", NAMES[cfg->rope_type]) &&
              add_float(rope, "factor", cfg->rope_scale_factor) &&
-             (cfg->rope_type == QLM_ROPE_LINEAR ||
+             (cfg->rope_type == QLM_ROPE_LINEAR || cfg->rope_type == QLM_ROPE_DYNAMIC ||
               cJSON_AddNumberToObject(rope, "original_max_position_embeddings", cfg->rope_orig_max_pos));
     if (ok && cfg->rope_type == QLM_ROPE_LLAMA3)
         ok = add_float(rope, "low_freq_factor", cfg->rope_low_freq_factor) &&

@@ -39,7 +39,36 @@ int qlm_config_validate(const qlm_llama_config *c, const char *source) {
                 !isfinite(c->rope_long_factor[j]))
                 return qlm_errorf("%s: longrope factor %d must be a positive number", source, j);
     }
+    if (c->rope_type == QLM_ROPE_DYNAMIC && (!(c->rope_scale_factor >= 1) || c->rope_scale_factor > 1024 ||
+                                             c->head_dim < 4 || c->rope_orig_max_pos <= 0))
+        return qlm_errorf("%s: dynamic RoPE needs a factor in [1, 1024] and head_dim >= 4", source);
     return 0;
+}
+
+int qlm_config_fit_windows(qlm_llama_config *cfg, const unsigned char *sliding, int n) {
+    int first = 0;
+    while (first < n && !sliding[first]) first++;
+    int ok = 1;
+    for (int l = first; l < n; l++) ok &= sliding[l];
+    if (ok) {
+        cfg->window_first_layer = first;
+        cfg->window_period = 0;
+        return 0;
+    }
+    for (int p = 2; p <= n; p++) {
+        ok = 1;
+        for (int l = 0; l < n && ok; l++) ok = sliding[l] == (l % p != p - 1);
+        if (ok) {
+            cfg->window_first_layer = 0;
+            cfg->window_period = p;
+            return 0;
+        }
+    }
+    return -1;
+}
+
+int qlm_llama_positions(const qlm_llama_config *c) {
+    return c->rope_type == QLM_ROPE_DYNAMIC ? 1 << 24 : c->max_seq_len;
 }
 
 int qlm_t5_config_validate(const qlm_t5_config *c, const char *source) {

@@ -54,7 +54,15 @@ typedef struct {
     int eos_id;         /* -1 when unknown */
 } qlm_llama_config;
 
-typedef enum { QLM_ROPE_DEFAULT, QLM_ROPE_LINEAR, QLM_ROPE_LLAMA3, QLM_ROPE_YARN, QLM_ROPE_LONGROPE } qlm_rope_type;
+/* DYNAMIC: dynamic NTK, whose base grows with the length a forward call reaches past
+ * max_position_embeddings (rope_orig_max_pos holds it). */
+typedef enum {
+    QLM_ROPE_DEFAULT, QLM_ROPE_LINEAR, QLM_ROPE_LLAMA3, QLM_ROPE_YARN, QLM_ROPE_LONGROPE, QLM_ROPE_DYNAMIC
+} qlm_rope_type;
+
+/* Sets window_first_layer and window_period to give exactly the sliding layers of sliding[0..n)
+ * (1: windowed): all from one layer on, or all but every p-th. -1 when the list has neither shape. */
+int qlm_config_fit_windows(qlm_llama_config *cfg, const unsigned char *sliding, int n);
 
 /* The window of layer l's attention (0: the whole causal prefix). */
 static inline int qlm_layer_window(const qlm_llama_config *c, int l) {
@@ -65,6 +73,10 @@ static inline int qlm_layer_window(const qlm_llama_config *c, int l) {
 /* The attention factor transformers derives when a config gives none: YaRN's 0.1 ln(factor) + 1,
  * longrope's sqrt(1 + ln(factor) / ln(original context)), 1 for a factor <= 1 or other types. */
 float qlm_rope_default_attn_factor(const qlm_llama_config *c);
+
+/* Positions one sequence may use: max_position_embeddings, or with dynamic NTK, which stretches its
+ * base to whatever length a call reaches, no limit of the model's (2^24, the largest qlm reads). */
+int qlm_llama_positions(const qlm_llama_config *c);
 
 /* Checks that the numbers are positive and consistent (heads divide, GQA groups, ...).
  * `source` names the file for the message. */

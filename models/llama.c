@@ -105,7 +105,8 @@ static float scaled_freq(const qlm_llama_config *c, int j, float f) {
     float factor = c->rope_scale_factor, old = (float)c->rope_orig_max_pos;
     switch ((qlm_rope_type)c->rope_type) {
     case QLM_ROPE_DEFAULT:
-    case QLM_ROPE_LONGROPE: /* its factors divide the frequencies in build_inv_freq */
+    case QLM_ROPE_DYNAMIC:  /* unchanged within max_position_embeddings: qlm_llama_call_freq */
+    case QLM_ROPE_LONGROPE: /* its factors divide the frequencies in freq_table */
         return f;
     case QLM_ROPE_LINEAR:
         return f / factor;
@@ -135,24 +136,58 @@ static float scaled_freq(const qlm_llama_config *c, int j, float f) {
     return f;
 }
 
-/* The frequency table of base theta (scaled as configured, or not), into *table (device memory);
- * ext: longrope's divisors, 1 / (ext[j] * theta^(2j/head_dim)) as transformers computes them. */
+/* The frequencies of base theta (scaled as configured, or not) into out[head_dim / 2]; ext:
+ * longrope's divisors, 1 / (ext[j] * theta^(2j/head_dim)) as transformers computes them. */
+static void freq_table(const qlm_llama_config *c, float theta, int scaled, const float *ext, float *out) {
+    for (int j = 0; j < c->head_dim / 2; j++) {
+        float base_pow = powf(theta, (float)(2 * j) / (float)c->head_dim), f = 1.0f / base_pow;
+        out[j] = ext ? 1.0f / (ext[j] * base_pow) : scaled ? scaled_freq(c, j, f) : f;
+    }
+}
+
+/* freq_table into a new device buffer *table. */
 static int build_inv_freq(qlm_model *m, float theta, int scaled, const float *ext, float **table) {
-    const qlm_llama_config *c = &m->cfg;
-    int half = c->head_dim / 2;
-    float *f_host = malloc((size_t)half * sizeof(float));
-    *table = m->be->alloc((size_t)half * sizeof(float));
+    size_t bytes = (size_t)(m->cfg.head_dim / 2) * sizeof(float);
+    float *f_host = malloc(bytes);
+    *table = m->be->alloc(bytes);
     if (!f_host || !*table) {
         free(f_host);
         return qlm_errorf("out of memory");
     }
-    for (int j = 0; j < half; j++) {
-        float base_pow = powf(theta, (float)(2 * j) / (float)c->head_dim), f = 1.0f / base_pow;
-        f_host[j] = ext ? 1.0f / (ext[j] * base_pow) : scaled ? scaled_freq(c, j, f) : f;
-    }
-    m->be->to_device(*table, f_host, (size_t)half * sizeof(float));
+    freq_table(&m->cfg, theta, scaled, ext, f_host);
+    m->be->to_device(*table, f_host, bytes);
     free(f_host);
     return 0;
+}
+
+int qlm_rope_dynamic_init(qlm_rope_dynamic *d, const qlm_model *m) {
+    memset(d, 0, sizeof *d);
+    if (m->cfg.rope_type != QLM_ROPE_DYNAMIC) return 0;
+    d->table = m->be->alloc((size_t)(m->cfg.head_dim / 2) * sizeof(float));
+    return d->table ? 0 : qlm_errorf("out of memory");
+}
+
+void qlm_rope_dynamic_free(qlm_rope_dynamic *d, const qlm_model *m) {
+    if (d->table) m->be->free(d->table);
+    memset(d, 0, sizeof *d);
+}
+
+const float *qlm_llama_call_freq(const qlm_model *m, qlm_rope_dynamic *d, int max_pos) {
+    const qlm_llama_config *c = &m->cfg;
+    int len = max_pos + 1;
+    if (m->inv_freq_long && len > c->rope_orig_max_pos) return m->inv_freq_long;
+    if (!d->table || len <= c->rope_orig_max_pos) return m->inv_freq;
+    if (d->len != len) {
+        /* theta ((factor len / max) - (factor - 1))^(dim / (dim - 2)), in float32 as torch computes it */
+        float factor = c->rope_scale_factor;
+        float stretch = factor * (float)len / (float)c->rope_orig_max_pos - (factor - 1.0f);
+        float theta = c->rope_theta * powf(stretch, (float)((double)c->head_dim / (c->head_dim - 2)));
+        float host[2048]; /* head_dim <= 4096 (qlm_config_validate) */
+        freq_table(c, theta, 0, NULL, host);
+        m->be->to_device(d->table, host, (size_t)(c->head_dim / 2) * sizeof(float));
+        d->len = len;
+    }
+    return d->table;
 }
 
 int qlm_model_random_store(const qlm_llama_config *cfg, uint64_t seed, qlm_tensor_store *store) {

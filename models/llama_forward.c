@@ -50,7 +50,7 @@ int qlm_state_init_slots(qlm_kv_state *s, const qlm_model *m, int max_seq, int n
     s->logits_rows = be->alloc(B * c->dim * sizeof(float));
     if (!s->x || !s->xb || !s->q || !s->k || !s->v || !s->att || !s->hb || !s->hb2 || !s->logits_rows) goto oom;
     if (!be->host_memory && !(s->logits_dev = be->alloc(B * c->vocab_size * sizeof(float)))) goto oom;
-    if (qlm_lora_slots_init(&s->lora, n_slots, max_batch) != 0) goto oom;
+    if (qlm_lora_slots_init(&s->lora, n_slots, max_batch) != 0 || qlm_rope_dynamic_init(&s->rope, m) != 0) goto oom;
     return 0;
 oom:
     qlm_state_free(s, m);
@@ -71,6 +71,7 @@ void qlm_state_free(qlm_kv_state *s, const qlm_model *m) {
     float *bufs[] = {s->x, s->xb, s->q, s->k, s->v, s->att, s->hb, s->hb2, s->logits_rows, s->logits_dev};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) be->free(bufs[i]);
     qlm_lora_slots_free(&s->lora);
+    qlm_rope_dynamic_free(&s->rope, m);
     memset(s, 0, sizeof *s);
 }
 
@@ -127,7 +128,7 @@ int qlm_state_copy_prefix(const qlm_model *m, qlm_kv_state *s, int dst, int src,
 
 /* Each row attends over its own slot's cache. */
 static int attention_forward(const qlm_model *m, const qlm_layer *L, qlm_kv_state *s, int l, const int *pos,
-                             const int *slots, int n, int max_pos) {
+                             const int *slots, int n, const float *call_freq) {
     const qlm_llama_config *c = &m->cfg;
     const qlm_backend *be = m->be;
     be->rmsnorm(s->xb, s->x, L->attn_norm, n, c->dim, c->norm_eps);
@@ -138,7 +139,7 @@ static int attention_forward(const qlm_model *m, const qlm_layer *L, qlm_kv_stat
         be->rmsnorm(s->q, s->q, L->q_norm, n * c->n_heads, c->head_dim, c->norm_eps);
         be->rmsnorm(s->k, s->k, L->k_norm, n * c->n_kv_heads, c->head_dim, c->norm_eps);
     }
-    be->rope(s->q, s->k, n, pos, c->n_heads, c->n_kv_heads, c->head_dim, qlm_llama_inv_freq(m, l, max_pos));
+    be->rope(s->q, s->k, n, pos, c->n_heads, c->n_kv_heads, c->head_dim, qlm_llama_layer_freq(m, l, call_freq));
     int rows = s->cache_rows[l];
     const int *store_pos = pos;
     if (rows < s->max_seq) {
@@ -177,7 +178,7 @@ static int mlp_forward(const qlm_model *m, const qlm_layer *L, qlm_kv_state *s, 
 
 /* One chunk of at most max_batch tokens; logits for chunk rows rows[0..n_rows). */
 static int forward_chunk(const qlm_model *m, qlm_kv_state *s, const int *tokens, const int *pos, const int *slots,
-                         int n, const int *rows, int n_rows, float *logits, int max_pos) {
+                         int n, const int *rows, int n_rows, float *logits, const float *call_freq) {
     const qlm_llama_config *c = &m->cfg;
     const qlm_backend *be = m->be;
     const qlm_unit_hooks *h = m->hooks;
@@ -186,7 +187,7 @@ static int forward_chunk(const qlm_model *m, qlm_kv_state *s, const int *tokens,
     if (c->embed_scale > 0) be->scale(s->x, (long)n * c->dim, c->embed_scale);
     qlm_unit_done(h, 0);
     for (int l = 0; l < c->n_layers; l++) {
-        if (qlm_unit_use(h, 1 + l) != 0 || attention_forward(m, &m->layers[l], s, l, pos, slots, n, max_pos) != 0 ||
+        if (qlm_unit_use(h, 1 + l) != 0 || attention_forward(m, &m->layers[l], s, l, pos, slots, n, call_freq) != 0 ||
             mlp_forward(m, &m->layers[l], s, l, slots, n) != 0)
             return -1;
         qlm_unit_done(h, 1 + l);
@@ -215,7 +216,7 @@ int qlm_forward(const qlm_model *m, qlm_kv_state *s, const int *tokens, const in
 int qlm_forward_slots(const qlm_model *m, qlm_kv_state *s, const int *tokens, const int *pos, const int *slots,
                       int n, const int *logit_rows, int n_logit_rows, float *logits) {
     const qlm_llama_config *c = &m->cfg;
-    int max_pos = 0; /* of the whole call, which picks longrope's table */
+    int max_pos = 0; /* of the whole call, which picks its RoPE table */
     for (int i = 0; i < n; i++) {
         if (pos[i] > max_pos) max_pos = pos[i];
         if (tokens[i] < 0 || tokens[i] >= c->vocab_size)
@@ -231,13 +232,14 @@ int qlm_forward_slots(const qlm_model *m, qlm_kv_state *s, const int *tokens, co
     int *chunk_rows = malloc((size_t)(n_logit_rows ? n_logit_rows : 1) * sizeof *chunk_rows);
     if (!chunk_rows) return qlm_errorf("out of memory");
     int done_rows = 0;
+    const float *call_freq = qlm_llama_call_freq(m, &s->rope, max_pos);
     for (int start = 0; start < n; start += s->max_batch) {
         int len = n - start < s->max_batch ? n - start : s->max_batch;
         int k = 0;
         for (int r = 0; r < n_logit_rows; r++)
             if (logit_rows[r] >= start && logit_rows[r] < start + len) chunk_rows[k++] = logit_rows[r] - start;
         if (forward_chunk(m, s, tokens + start, pos + start, slots ? slots + start : NULL, len, chunk_rows, k,
-                          logits + (size_t)done_rows * c->vocab_size, max_pos) != 0) {
+                          logits + (size_t)done_rows * c->vocab_size, call_freq) != 0) {
             free(chunk_rows);
             return -1;
         }

@@ -81,7 +81,7 @@ int qlm_llama_train_state_init(qlm_llama_train_state *s, const qlm_model *m, int
     }
     s->head_rows = malloc((size_t)QLM_HEAD_CHUNK * sizeof *s->head_rows);
     s->head_targets = malloc((size_t)QLM_HEAD_CHUNK * sizeof *s->head_targets);
-    if (!s->head_rows || !s->head_targets) goto oom;
+    if (!s->head_rows || !s->head_targets || qlm_rope_dynamic_init(&s->rope, m) != 0) goto oom;
     return 0;
 oom:;
     double want = s->peak_bytes;
@@ -103,6 +103,7 @@ void qlm_llama_train_state_free(qlm_llama_train_state *s, const qlm_model *m) {
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) be->free(bufs[i]);
     free(s->head_rows);
     free(s->head_targets);
+    qlm_rope_dynamic_free(&s->rope, m);
     memset(s, 0, sizeof *s);
 }
 
@@ -114,7 +115,7 @@ typedef struct {
     qlm_llama_train_state *s;
     const qlm_train_batch *b;
     int n; /* rows */
-    int max_pos; /* the batch's highest position (longrope's table, as for a padded batch in transformers) */
+    const float *call_freq; /* the RoPE table of the batch's highest position (as for a padded batch in transformers) */
     qlm_train_linear lin;
 } pass;
 
@@ -156,7 +157,7 @@ static void layer_forward(const pass *p, int l, const float *x_in, float *x_out,
         be->rmsnorm(t->q, t->q_pre, L->q_norm, n * c->n_heads, c->head_dim, c->norm_eps);
         be->rmsnorm(t->k, t->k_pre, L->k_norm, n * c->n_kv_heads, c->head_dim, c->norm_eps);
     }
-    be->rope(t->q, t->k, n, b->pos, c->n_heads, c->n_kv_heads, c->head_dim, qlm_llama_inv_freq(m, l, p->max_pos));
+    be->rope(t->q, t->k, n, b->pos, c->n_heads, c->n_kv_heads, c->head_dim, qlm_llama_layer_freq(m, l, p->call_freq));
     qlm_attn_shape shape = qlm_llama_attn_shape(c, l);
     for (int i = 0; i < b->n_seq; i++) {
         size_t r = (size_t)b->start[i];
@@ -234,7 +235,7 @@ static int layer_backward(const pass *p, int l, const float *x_in, qlm_llama_tra
             return -1;
     }
     be->rope_backward(s->dq, s->dk, n, b->pos, c->n_heads, c->n_kv_heads, c->head_dim,
-                      qlm_llama_inv_freq(m, l, p->max_pos));
+                      qlm_llama_layer_freq(m, l, p->call_freq));
     float *dq = s->dq, *dk = s->dk;
     if (L->q_norm) {
         dq = s->dq_pre, dk = s->dk_pre;
@@ -285,7 +286,8 @@ int qlm_llama_train_pass(const qlm_model *m, const qlm_llama_grads *grads, const
     int max_pos = 0;
     for (int i = 0; i < b->n_rows; i++)
         if (b->pos[i] > max_pos) max_pos = b->pos[i];
-    pass p = {.m = m, .g = grads, .lora = lora, .s = s, .b = b, .n = b->n_rows, .max_pos = max_pos,
+    pass p = {.m = m, .g = grads, .lora = lora, .s = s, .b = b, .n = b->n_rows,
+              .call_freq = qlm_llama_call_freq(m, &s->rope, max_pos),
               .lin = {.be = be, .lora = lora, .tmp = s->tmp, .tmp_in = s->tmp_in, .du = s->lora_du}};
     /* Unit 0 holds the embedding, the final norm and the head; unit 1 + l layer l. */
     const qlm_unit_hooks *h = m->hooks;

@@ -26,6 +26,7 @@ typedef struct {
     float *head_x, *head_xn, *logits, *row_loss; /* one chunk of target rows */
     int *head_rows, *head_targets;
     double peak_bytes;     /* activation memory held */
+    qlm_rope_dynamic rope;
 } qlm_llama_train_state;
 
 /* Activations for batches of up to max_rows rows. recompute: keep only each layer's input and

@@ -75,12 +75,26 @@ static inline qlm_attn_shape qlm_llama_attn_shape(const qlm_llama_config *c, int
                             .softcap = c->attn_softcap};
 }
 
-/* Layer l's RoPE frequencies for a call whose highest position is max_pos: longrope takes its long
- * table for the whole call once a position reaches rope_orig_max_pos, as transformers does per
- * forward call. */
-static inline const float *qlm_llama_inv_freq(const qlm_model *m, int l, int max_pos) {
-    if (m->inv_freq_long && max_pos + 1 > m->cfg.rope_orig_max_pos) return m->inv_freq_long;
-    return m->inv_freq_local && qlm_layer_window(&m->cfg, l) ? m->inv_freq_local : m->inv_freq;
+/* Dynamic NTK's table for the length of the latest call (device memory); a part of the state of
+ * whoever runs forward calls, since it changes with each call's highest position. */
+typedef struct {
+    float *table;
+    int len; /* the call length it was computed for, 0: none yet */
+} qlm_rope_dynamic;
+
+int qlm_rope_dynamic_init(qlm_rope_dynamic *d, const qlm_model *m);
+void qlm_rope_dynamic_free(qlm_rope_dynamic *d, const qlm_model *m);
+
+/* The RoPE table of a call whose highest position is max_pos, as transformers picks it per forward
+ * call: longrope's long table once a position reaches rope_orig_max_pos; dynamic NTK's base
+ * stretched to the call's length past max_position_embeddings (computed into d); else the
+ * configured one. */
+const float *qlm_llama_call_freq(const qlm_model *m, qlm_rope_dynamic *d, int max_pos);
+
+/* Layer l's RoPE table within a call whose table is call_freq: the windowed layers' own base where
+ * the model has one. */
+static inline const float *qlm_llama_layer_freq(const qlm_model *m, int l, const float *call_freq) {
+    return m->inv_freq_local && qlm_layer_window(&m->cfg, l) ? m->inv_freq_local : call_freq;
 }
 
 /* Builds the model from store (HF names). Converts each tensor to opts->dtype. */
@@ -128,6 +142,7 @@ typedef struct {
     float *x, *xb, *q, *k, *v, *att, *hb, *hb2, *logits_rows;
     float *logits_dev; /* [max_batch][vocab] where the backend's memory is not host memory, else NULL */
     qlm_lora_slots lora; /* each slot's adapter (qlm_lora_slots_set), applied unmerged */
+    qlm_rope_dynamic rope;
 } qlm_kv_state;
 
 /* One sequence (one slot). */

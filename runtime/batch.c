@@ -207,9 +207,9 @@ static int alloc_batch(batch *b) {
         if (qlm_t5_state_init(&b->t5, c->t5, c->max_prompt, b->capacity, n) != 0) return -1;
     } else {
         b->capacity = c->max_prompt + c->max_output;
-        if (b->capacity > c->model->cfg.max_seq_len)
+        if (b->capacity > qlm_llama_positions(&c->model->cfg))
             return qlm_errorf("prompt (%d) + output (%d) tokens exceed the model's %d positions", c->max_prompt,
-                              c->max_output, c->model->cfg.max_seq_len);
+                              c->max_output, qlm_llama_positions(&c->model->cfg));
         int rows = n > 256 ? n : 256;
         if (qlm_state_init_slots(&b->kv, c->model, b->capacity, n, rows) != 0) return -1;
     }

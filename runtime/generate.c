@@ -18,7 +18,7 @@ int qlm_session_init(qlm_session *s, const qlm_model *m, const qlm_tokenizer *to
     memset(s, 0, sizeof *s);
     s->model = m;
     s->tok = tok;
-    if (ctx > m->cfg.max_seq_len) ctx = m->cfg.max_seq_len;
+    if (ctx > qlm_llama_positions(&m->cfg)) ctx = qlm_llama_positions(&m->cfg);
     if (qlm_state_init(&s->state, m, ctx, max_batch) != 0) return -1;
     s->tokens = malloc((size_t)ctx * sizeof *s->tokens);
     s->logits = malloc((size_t)m->cfg.vocab_size * sizeof *s->logits);

@@ -393,11 +393,12 @@ static void test_tensor_describe(void **state) {
 
 /* ---------- errors that name the tensor ---------- */
 
-/* A copy of tiny_llama.gguf with `count` bytes replaced at `at` bytes from the start of the
- * tensor info name `name`, written to a fresh temporary folder. */
-static void patched_copy(const char *name, size_t at, const void *bytes, size_t count, char *out, size_t cap) {
+/* A copy of the fixture file with `count` bytes replaced at `at` bytes from the start of the
+ * string `name` (a tensor's or a metadata key's), written to a fresh temporary folder. */
+static void patched_copy(const char *file, const char *name, size_t at, const void *bytes, size_t count, char *out,
+                         size_t cap) {
     size_t len = 0;
-    char *data = test_read_file(FIX "tiny_llama.gguf", &len);
+    char *data = test_read_file(file, &len);
     assert_non_null(data);
     size_t nlen = strlen(name), pos = 8;
     uint64_t prefix = nlen; /* the name's u64 length field comes right before it */
@@ -434,7 +435,7 @@ static void test_unsupported_type(void **state) {
      * type id follows the name, n_dims (4 bytes) and two dims (16 bytes). */
     const char *name = "blk.0.ffn_gate.weight";
     const uint8_t iq4_nl[4] = {20, 0, 0, 0};
-    patched_copy(name, strlen(name) + 20, iq4_nl, 4, path, sizeof path);
+    patched_copy(FIX "tiny_llama.gguf", name, strlen(name) + 20, iq4_nl, 4, path, sizeof path);
     expect_load_error(path, "blk.0.ffn_gate.weight", "IQ4_NL");
 }
 
@@ -442,11 +443,36 @@ static void test_missing_and_misshaped(void **state) {
     (void)state;
     char path[300];
     const char *up = "blk.2.ffn_up.weight", *norm = "output_norm.weight";
-    patched_copy(up, strlen(up) - 1, "x", 1, path, sizeof path); /* renamed blk.2.ffn_up.weighx */
+    patched_copy(FIX "tiny_llama.gguf", up, strlen(up) - 1, "x", 1, path, sizeof path); /* renamed blk.2.ffn_up.weighx */
     expect_load_error(path, "blk.2.ffn_up.weight", "missing");
     const uint8_t ne0_16[8] = {16, 0, 0, 0, 0, 0, 0, 0}; /* output_norm [32] -> [16] */
-    patched_copy(norm, strlen(norm) + 4, ne0_16, 8, path, sizeof path);
+    patched_copy(FIX "tiny_llama.gguf", norm, strlen(norm) + 4, ne0_16, 8, path, sizeof path);
     expect_load_error(path, "output_norm.weight", "shape [16], expected [32]");
+}
+
+/* Gemma 3's per-layer window list (gemma3_local_rope: windowed, windowed, global, windowed): all
+ * global turns the window off; a mix that is neither "from one layer on" nor "all but every n-th" is
+ * refused by its key. The first bool follows the key, its type, element type and count. */
+static void test_window_pattern_list(void **state) {
+    (void)state;
+    const char *key = "gemma3.attention.sliding_window_pattern";
+    char path[300];
+    const uint8_t none[4] = {0, 0, 0, 0}, odd[1] = {0};
+    patched_copy(FIX "gemma3_local_rope.gguf", key, strlen(key) + 16, none, 4, path, sizeof path);
+    qlm_gguf *g = open_ok(path);
+    qlm_llama_config cfg;
+    if (qlm_gguf_llama_config(g, &cfg) != 0) fail_msg("%s", qlm_last_error());
+    assert_int_equal(cfg.sliding_window, 0);
+    qlm_gguf_close(g);
+    patched_copy(FIX "gemma3_local_rope.gguf", key, strlen(key) + 16, odd, 1, path, sizeof path);
+    g = open_ok(path);
+    assert_int_equal(qlm_gguf_llama_config(g, &cfg), -1);
+    if (!strstr(qlm_last_error(), key) || !strstr(qlm_last_error(), "mix of global and windowed layers"))
+        fail_msg("unexpected message: %s", qlm_last_error());
+    qlm_gguf_close(g);
+    remove(path);
+    *strrchr(path, '/') = 0;
+    rmdir(path);
 }
 
 /* ---------- the real default model ---------- */
@@ -582,7 +608,8 @@ int main(void) {
         cmocka_unit_test(test_tiny_llama),       cmocka_unit_test(test_tiny_qwen2),
         cmocka_unit_test(test_tiny_qwen3),       cmocka_unit_test(test_hf_fixtures_as_gguf),
         cmocka_unit_test(test_tensor_describe),  cmocka_unit_test(test_unsupported_type),
-        cmocka_unit_test(test_missing_and_misshaped), cmocka_unit_test(test_smollm2),
+        cmocka_unit_test(test_missing_and_misshaped), cmocka_unit_test(test_window_pattern_list),
+        cmocka_unit_test(test_smollm2),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

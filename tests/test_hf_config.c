@@ -342,8 +342,8 @@ static void test_errors(void **state) {
         {"{\"model_type\": \"llama\", " BASE_FIELDS ", \"attention_bias\": \"false\"}", "attention_bias"},
         {"{\"model_type\": \"mistral\", " BASE_FIELDS ", \"sliding_window\": \"4096\"}", "sliding_window"},
         {"{\"model_type\": \"llama\", " BASE_FIELDS ", \"hidden_act\": \"tanh\"}", "hidden_act \"tanh\""},
-        {"{\"model_type\": \"llama\", " BASE_FIELDS ", \"rope_scaling\": {\"rope_type\": \"dynamic\", \"factor\": 2}}",
-         "\"dynamic\" is not supported"},
+        {"{\"model_type\": \"llama\", " BASE_FIELDS ", \"rope_scaling\": {\"rope_type\": \"dynamic\", \"factor\": 0.5}}",
+         "dynamic RoPE needs a factor in [1, 1024]"},
         {"{\"model_type\": \"llama\", " BASE_FIELDS ", \"rope_scaling\": {\"rope_type\": \"linear\"}}", "factor"},
         {"{\"model_type\": \"qwen3\", " BASE_FIELDS ", \"use_sliding_window\": true, \"max_window_layers\": 0,"
          " \"layer_types\": [\"sliding_attention\", \"chunked_attention\"]}",

@@ -340,7 +340,8 @@ HF_AS_GGUF = ["gemma2_softcap", "gemma3_local_rope", "phi3_longrope_long"]
 
 def hf_fixture_as_gguf(name):
     """Writes tests/fixtures/gguf/<name>.gguf from tests/fixtures/llama/<name>: Gemma's norms stored
-    as 1 + w (transformers' GGUF reader takes the 1 off again), Phi-3's q/k/v as attn_qkv and its
+    as 1 + w (transformers' GGUF reader takes the 1 off again), Gemma 2's window pattern as a number
+    and Gemma 3's as a list of bools, Phi-3's q/k/v as attn_qkv and its
     gate and up as ffn_up, longrope's factors as rope_factors_short/long.weight."""
     from safetensors.numpy import load_file
     d = os.path.join("tests/fixtures/llama", name)
@@ -373,8 +374,11 @@ def hf_fixture_as_gguf(name):
         w.add_attention_scale(cfg["query_pre_attn_scalar"] ** -0.5)
         w.add_sliding_window(cfg["sliding_window"])
         types = cfg["layer_types"]
-        period = next(i + 1 for i, x in enumerate(types) if x == "full_attention")
-        w.add_sliding_window_pattern(period)
+        if arch == "gemma3":
+            # llama.cpp's per-layer form: one bool per layer, true where it is windowed
+            w.add_sliding_window_pattern([x == "sliding_attention" for x in types])
+        else:
+            w.add_sliding_window_pattern(next(i + 1 for i, x in enumerate(types) if x == "full_attention"))
         if cfg.get("attn_logit_softcapping"):
             w.add_attn_logit_softcapping(cfg["attn_logit_softcapping"])
         if cfg.get("final_logit_softcapping"):
