@@ -25,17 +25,17 @@ static const char *k_usage =
 enum { OPT_OUT = 'o' };
 
 static void scale_range(const qlm_lora_adapter *a, float *lo, float *hi) {
-    *lo = *hi = a->modules[0].scale;
-    for (int i = 1; i < a->n_modules; i++) {
-        if (a->modules[i].scale < *lo) *lo = a->modules[i].scale;
-        if (a->modules[i].scale > *hi) *hi = a->modules[i].scale;
+    *lo = *hi = a->stored[0].scale;
+    for (int i = 1; i < a->n_stored; i++) {
+        if (a->stored[i].scale < *lo) *lo = a->stored[i].scale;
+        if (a->stored[i].scale > *hi) *hi = a->stored[i].scale;
     }
 }
 
 /* Which targets have at least one module, in target order. */
 static int present_targets(const qlm_lora_adapter *a, qlm_lora_target *out) {
     int seen[QLM_LORA_N_TARGETS] = {0}, n = 0;
-    for (int i = 0; i < a->n_modules; i++) seen[a->modules[i].target] = 1;
+    for (int i = 0; i < a->n_stored; i++) seen[a->stored[i].target] = 1;
     for (int t = 0; t < QLM_LORA_N_TARGETS; t++)
         if (seen[t]) out[n++] = (qlm_lora_target)t;
     return n;
@@ -51,8 +51,8 @@ static void print_patterns(const qlm_lora_pattern *p, int n) {
 /* Which layers of a stack have at least one module: used[l] for l < a->n_layers[stack]. */
 static void adapted_layers(const qlm_lora_adapter *a, int stack, char *used) {
     memset(used, 0, (size_t)a->n_layers[stack]);
-    for (int i = 0; i < a->n_modules; i++)
-        if (a->modules[i].stack == stack) used[a->modules[i].layer] = 1;
+    for (int i = 0; i < a->n_stored; i++)
+        if (a->stored[i].stack == stack) used[a->stored[i].layer] = 1;
 }
 
 /* "0-3, 5" */
@@ -107,7 +107,7 @@ static void print_text(const qlm_lora_adapter *a) {
     int nt = present_targets(a, t);
     printf("targets        ");
     for (int i = 0; i < nt; i++) printf(" %s", qlm_lora_target_name(a, t[i]));
-    printf("\nmodules         %d\n", a->n_modules);
+    printf("\nmodules         %d\n", a->n_stored);
     printf("parameters      %lld (%.1f KiB as %s in adapter_model.safetensors)\n", (long long)a->n_params,
            a->file_bytes / 1024.0, qlm_dtype_name(a->file_dtype));
 }
@@ -145,7 +145,7 @@ static int print_json(const qlm_lora_adapter *a) {
     scale_range(a, &lo, &hi);
     cJSON_AddNumberToObject(j, "scale_min", lo);
     cJSON_AddNumberToObject(j, "scale_max", hi);
-    cJSON_AddNumberToObject(j, "modules", a->n_modules);
+    cJSON_AddNumberToObject(j, "modules", a->n_stored);
     cJSON_AddNumberToObject(j, "parameters", (double)a->n_params);
     cJSON_AddNumberToObject(j, "bytes", (double)a->file_bytes);
     cJSON_AddStringToObject(j, "dtype", qlm_dtype_name(a->file_dtype));
@@ -224,7 +224,7 @@ static int lora_merge(int argc, char **argv) {
         rc = t5 ? qlm_lora_merge_t5(&cm.t5, &a, 1) : qlm_lora_merge(&cm.model, &a, 1);
         if (rc == 0)
             fprintf(stderr, "qlm lora merge: merged %d modules (%lld parameters) of %s; writing %s (%s weights)\n",
-                    a.n_modules, (long long)a.n_params, lora, out, qlm_dtype_name(t5 ? cm.t5.dtype : cm.model.dtype));
+                    a.n_stored, (long long)a.n_params, lora, out, qlm_dtype_name(t5 ? cm.t5.dtype : cm.model.dtype));
         qlm_lora_free(&a);
     }
     if (rc == 0) rc = cli_write_model_folder(&cm, out);
@@ -282,7 +282,7 @@ static int lora_init(int argc, char **argv) {
         rc = qlm_lora_save(&a, out);
         if (rc == 0)
             fprintf(stderr, "qlm lora init: %s: rank %d, %d modules, %lld parameters (B = 0: the model is unchanged "
-                            "until trained)\n", out, a.cfg.r, a.n_modules, (long long)a.n_params);
+                            "until trained)\n", out, a.cfg.r, a.n_stored, (long long)a.n_params);
         qlm_lora_free(&a);
     }
     cli_free_model(&cm);

@@ -227,7 +227,7 @@ static void print_loaded(const cli_model_opts *o, const cli_model *cm, const qlm
     for (int i = 0; i < cm->lora.n; i++) {
         const qlm_lora_adapter *a = qlm_lora_registry_at(&cm->lora, i);
         fprintf(stderr, "qlm: adapter %s from %s: rank %d, %d modules, %.2fM params%s\n", a->name, a->path, a->cfg.r,
-                a->n_modules, a->n_params / 1e6, a == qlm_lora_registry_default(&cm->lora) ? " (in use)" : "");
+                a->n_stored, a->n_params / 1e6, a == qlm_lora_registry_default(&cm->lora) ? " (in use)" : "");
     }
 }
 

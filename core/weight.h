@@ -17,6 +17,21 @@ typedef struct {
     int act8;
 } qlm_weight;
 
+/* A weight that is rows row0.. of another (all of it: a tied head is the embedding; a run of rows:
+ * a part of a fused adapter), re-derived with qlm_weight_view_refresh whenever the other moves.
+ * Row-major dtypes (not the block types). */
+typedef struct {
+    qlm_weight *view;
+    const qlm_weight *of;
+    int row0;
+} qlm_weight_view;
+
+static inline void qlm_weight_view_refresh(const qlm_weight_view *v) {
+    const char *data = (const char *)v->of->data;
+    v->view->data = data ? data + (size_t)v->row0 * v->of->cols * qlm_dtype_size(v->of->dtype) : NULL;
+    v->view->row_scales = v->of->row_scales ? v->of->row_scales + v->row0 : NULL;
+}
+
 /* One of several products of the same x (qlm_matmul_group, the backend's matmul_group):
  * y = x W^T (+ bias). */
 typedef struct {

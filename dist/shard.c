@@ -112,7 +112,7 @@ void qlm_layout_point(const qlm_layout *L, int u, void *buffer) {
             *p->vector = b ? (float *)(b + L->data_off[i]) : NULL;
         }
     }
-    if (un->alias) *un->alias = *un->alias_of;
+    for (int i = 0; i < un->n_views; i++) qlm_weight_view_refresh(&un->views[i]);
 }
 
 size_t qlm_layout_elem(const qlm_layout *L, int i, int64_t e) {

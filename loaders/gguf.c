@@ -984,6 +984,7 @@ static int read_gemma(const qlm_gguf *g, const char *a, int gemma3, qlm_llama_co
 /* Phi-3: the window, and longrope from rope_factors_short/long.weight with the original context
  * and the attention factor from rope.scaling.*. */
 static int read_phi3(const qlm_gguf *g, const char *a, qlm_llama_config *c) {
+    c->fused_proj = 1;
     if (arch_int(g, a, "attention.sliding_window", 0, 0, &c->sliding_window) != 0) return -1;
     const gguf_tensor *sf = find_tensor(g, "rope_factors_short.weight"), *lf = find_tensor(g, "rope_factors_long.weight");
     if (!sf && !lf) return 0;

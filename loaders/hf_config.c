@@ -386,8 +386,10 @@ static int read_biases(const hf_ctx *c, hf_arch arch, qlm_llama_config *cfg) {
     case ARCH_QWEN2:
         cfg->attn_bias = 1;
         return 0;
-    case ARCH_MISTRAL:
     case ARCH_PHI3:
+        cfg->fused_proj = 1;
+        return 0;
+    case ARCH_MISTRAL:
         return 0;
     case ARCH_GEMMA2:
     case ARCH_GEMMA3:

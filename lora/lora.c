@@ -28,8 +28,27 @@
 static const char *const k_llama_suffix[QLM_LORA_N_TARGETS] = {
     [QLM_LORA_Q] = "self_attn.q_proj",  [QLM_LORA_K] = "self_attn.k_proj", [QLM_LORA_V] = "self_attn.v_proj",
     [QLM_LORA_O] = "self_attn.o_proj",  [QLM_LORA_GATE] = "mlp.gate_proj", [QLM_LORA_UP] = "mlp.up_proj",
-    [QLM_LORA_DOWN] = "mlp.down_proj",
+    [QLM_LORA_DOWN] = "mlp.down_proj", [QLM_LORA_QKV] = "self_attn.qkv_proj", [QLM_LORA_GATE_UP] = "mlp.gate_up_proj",
 };
+
+/* A fused projection's parts, in the order of its rows (transformers' Phi-3 split). */
+static int fused_parts(qlm_lora_target t, qlm_lora_target parts[3]) {
+    if (t == QLM_LORA_QKV) {
+        parts[0] = QLM_LORA_Q, parts[1] = QLM_LORA_K, parts[2] = QLM_LORA_V;
+        return 3;
+    }
+    if (t == QLM_LORA_GATE_UP) {
+        parts[0] = QLM_LORA_GATE, parts[1] = QLM_LORA_UP;
+        return 2;
+    }
+    return 0;
+}
+
+static int is_llama_target(qlm_lora_target t) { return t <= QLM_LORA_DOWN || t >= QLM_LORA_QKV; }
+/* 1: only a fused base has it, 0: only a base with separate projections, -1: both. */
+static int needs_fused(qlm_lora_target t) {
+    return t >= QLM_LORA_QKV ? 1 : t == QLM_LORA_O || t == QLM_LORA_DOWN ? -1 : 0;
+}
 
 static const char *const k_t5_name[QLM_LORA_N_TARGETS] = {
     [QLM_LORA_Q] = "q", [QLM_LORA_K] = "k", [QLM_LORA_V] = "v", [QLM_LORA_O] = "o",
@@ -39,19 +58,22 @@ static const char *const k_t5_name[QLM_LORA_N_TARGETS] = {
 };
 
 static int is_cross(qlm_lora_target t) { return t >= QLM_LORA_CROSS_Q && t <= QLM_LORA_CROSS_O; }
-static int is_ffn_t5(qlm_lora_target t) { return t >= QLM_LORA_WI0; }
+static int is_ffn_t5(qlm_lora_target t) { return t >= QLM_LORA_WI0 && t <= QLM_LORA_WO; }
 
 void lora_base_llama(lora_base *b, const qlm_llama_config *c) {
     memset(b, 0, sizeof *b);
     b->known = 1;
     b->t5_gated = -1;
+    b->fused = c->fused_proj != 0;
     b->n_layers[0] = c->n_layers;
     int q = c->n_heads * c->head_dim, kv = c->n_kv_heads * c->head_dim;
     const int shape[][2] = {[QLM_LORA_Q] = {c->dim, q},           [QLM_LORA_K] = {c->dim, kv},
                             [QLM_LORA_V] = {c->dim, kv},          [QLM_LORA_O] = {q, c->dim},
                             [QLM_LORA_GATE] = {c->dim, c->hidden_dim}, [QLM_LORA_UP] = {c->dim, c->hidden_dim},
-                            [QLM_LORA_DOWN] = {c->hidden_dim, c->dim}};
-    for (int t = QLM_LORA_Q; t <= QLM_LORA_DOWN; t++) b->in[t] = shape[t][0], b->out[t] = shape[t][1];
+                            [QLM_LORA_DOWN] = {c->hidden_dim, c->dim}, [QLM_LORA_QKV] = {c->dim, q + 2 * kv},
+                            [QLM_LORA_GATE_UP] = {c->dim, 2 * c->hidden_dim}};
+    for (int t = 0; t < QLM_LORA_N_TARGETS; t++)
+        if (is_llama_target((qlm_lora_target)t)) b->in[t] = shape[t][0], b->out[t] = shape[t][1];
 }
 
 void lora_base_t5(lora_base *b, const qlm_t5_config *c) {
@@ -59,10 +81,11 @@ void lora_base_t5(lora_base *b, const qlm_t5_config *c) {
     b->is_t5 = 1;
     b->known = 1;
     b->t5_gated = c->gated != 0;
+    b->fused = 0;
     b->n_layers[0] = c->n_layers;
     b->n_layers[1] = c->n_dec_layers;
     int inner = c->n_heads * c->d_kv;
-    for (int t = 0; t < QLM_LORA_N_TARGETS; t++) {
+    for (int t = 0; t <= QLM_LORA_WO; t++) {
         int o = t == QLM_LORA_O || t == QLM_LORA_CROSS_O, ff_in = t == QLM_LORA_WI0 || t == QLM_LORA_WI1;
         b->in[t] = o ? inner : t == QLM_LORA_WO ? c->d_ff : c->d_model;
         b->out[t] = o || t == QLM_LORA_WO ? c->d_model : ff_in ? c->d_ff : inner;
@@ -70,8 +93,11 @@ void lora_base_t5(lora_base *b, const qlm_t5_config *c) {
 }
 
 int lora_base_has(const lora_base *b, int stack, qlm_lora_target t) {
-    if (b->is_t5 != 1) return b->is_t5 == 0 && stack == 0 && t <= QLM_LORA_DOWN;
-    if (stack < 0 || stack > 1 || (t >= QLM_LORA_GATE && t <= QLM_LORA_DOWN)) return 0;
+    if (b->is_t5 != 1) {
+        int f = needs_fused(t);
+        return b->is_t5 == 0 && stack == 0 && is_llama_target(t) && (b->fused < 0 || f < 0 || f == b->fused);
+    }
+    if (stack < 0 || stack > 1 || (t >= QLM_LORA_GATE && t <= QLM_LORA_DOWN) || t >= QLM_LORA_QKV) return 0;
     if (is_cross(t)) return stack == 1;
     return t != QLM_LORA_WI1 || b->t5_gated == 1;
 }
@@ -97,7 +123,7 @@ void lora_module_path(const lora_base *b, int stack, int layer, qlm_lora_target 
 
 const char *qlm_lora_target_name(const qlm_lora_adapter *a, qlm_lora_target t) {
     if (t < 0 || t >= QLM_LORA_N_TARGETS) return "?";
-    if (!a->is_t5) return t <= QLM_LORA_DOWN ? strchr(k_llama_suffix[t], '.') + 1 : "?";
+    if (!a->is_t5) return is_llama_target(t) ? strchr(k_llama_suffix[t], '.') + 1 : "?";
     return t == QLM_LORA_WI0 && a->t5_gated == 0 ? "wi" : k_t5_name[t] ? k_t5_name[t] : "?";
 }
 
@@ -134,15 +160,17 @@ static int parse_module(lora_base *b, const char *path, int *stack, int *layer, 
                 lora_base probe = *b;
                 probe.is_t5 = t5;
                 probe.t5_gated = t5 ? gated : -1;
+                if (!lora_base_has(&probe, st, (qlm_lora_target)t)) continue;
                 char want[64];
                 module_path(t5, gated, st, l, (qlm_lora_target)t, want, sizeof want);
-                if (!lora_base_has(&probe, st, (qlm_lora_target)t) || strcmp(want, path) != 0) continue;
+                if (strcmp(want, path) != 0) continue;
                 if (l >= (b->known ? b->n_layers[st] : MAX_INFERRED_LAYERS)) {
                     *layer_out_of_range = 1;
                     return -1;
                 }
                 /* Only the feed-forward's input projections are spelled differently when gated. */
                 if (t5 && b->t5_gated < 0 && (t == QLM_LORA_WI0 || t == QLM_LORA_WI1)) b->t5_gated = gated;
+                if (!t5 && b->fused < 0 && needs_fused((qlm_lora_target)t) >= 0) b->fused = needs_fused((qlm_lora_target)t);
                 b->is_t5 = t5;
                 if (!b->known && l >= b->n_layers[st]) b->n_layers[st] = l + 1;
                 *stack = st;
@@ -200,9 +228,14 @@ static int classify(const qlm_tensor_store *store, lora_base *b, const char *fil
                 return qlm_errorf("%s: tensor %s adapts a %s model, but %s", file, e->name, t5_path ? "T5" : "Llama-family",
                                   b->known ? (b->is_t5 ? "the base model is a T5" : "the base model is Llama-family")
                                            : "the adapter's earlier tensors adapt the other architecture");
-            if (strstr(path, ".qkv_proj") || strstr(path, ".gate_up_proj"))
-                return qlm_errorf("%s: tensor %s: adapters on fused projections (Phi-3's qkv_proj, gate_up_proj) are "
-                                  "not supported", file, e->name);
+            if (llama_path && b->fused >= 0 &&
+                (strstr(path, b->fused ? "self_attn.q_proj" : ".qkv_proj") ||
+                 strstr(path, b->fused ? "mlp.gate_proj" : ".gate_up_proj")))
+                return qlm_errorf("%s: tensor %s: %s, so its adapters name %s", file, e->name,
+                                  b->fused ? "the base model fuses its projections (Phi-3)"
+                                           : b->known ? "the base model has separate projections"
+                                                      : "the adapter's earlier tensors adapt separate projections",
+                                  b->fused ? "qkv_proj and gate_up_proj" : "q/k/v_proj and gate/up_proj");
             return qlm_errorf("%s: tensor %s: %s is not a projection qlm adapts in %s model", file, e->name, path,
                               b->is_t5 == 1 ? "this T5" : b->is_t5 == 0 ? "this Llama-family" : "a Llama-family or T5");
         }
@@ -231,15 +264,49 @@ static int fill(void *dst, qlm_dtype dt, const qlm_tensor_entry *e, float *tmp, 
     return 0;
 }
 
-/* Pairs the tensors into modules in (stack, layer, target) order, checks them against the config
- * and the base, and fills a. */
+/* The modules the models apply: each stored one, or for a fused one (with a known base) one per
+ * part, sharing its A, with its run of B's rows; their A and B are views of the stored ones.
+ * Indexed by (stack, layer, target). */
+static int split_parts(qlm_lora_adapter *a, const lora_base *b) {
+    int n = 0;
+    for (int i = 0; i < a->n_stored; i++) {
+        qlm_lora_target parts[3];
+        int k = b->known ? fused_parts(a->stored[i].target, parts) : 0;
+        n += k ? k : 1;
+    }
+    a->modules = calloc((size_t)(n ? n : 1), sizeof *a->modules);
+    a->views = calloc((size_t)(n ? 2 * n : 1), sizeof *a->views);
+    if (!a->modules || !a->views) return qlm_errorf("out of memory");
+    for (int i = 0; i < a->n_stored; i++) {
+        qlm_lora_module *st = &a->stored[i];
+        qlm_lora_target parts[3];
+        int k = b->known ? fused_parts(st->target, parts) : 0, row = 0;
+        for (int p = 0; p < (k ? k : 1); p++) {
+            qlm_lora_module *mod = &a->modules[a->n_modules];
+            *mod = *st;
+            if (k) mod->target = parts[p], mod->b.rows = b->out[parts[p]];
+            a->views[2 * a->n_modules] = (qlm_weight_view){&mod->a, &st->a, 0};
+            a->views[2 * a->n_modules + 1] = (qlm_weight_view){&mod->b, &st->b, row};
+            row += mod->b.rows;
+            mod->ref = (qlm_lora_ref){&mod->a, &mod->b, mod->scale};
+            a->index[module_slot(b, mod->stack, mod->layer, mod->target)] = mod;
+            a->n_modules++;
+        }
+    }
+    a->n_views = 2 * a->n_modules;
+    for (int i = 0; i < a->n_views; i++) qlm_weight_view_refresh(&a->views[i]);
+    return 0;
+}
+
+/* Pairs the tensors into stored modules in (stack, layer, target) order, checks them against the
+ * config and the base, fills a, and splits fused ones into the modules the models apply. */
 static int build(qlm_lora_adapter *a, lora_base *b, lora_tensor *tensors, int n_tensors, lora_matcher *m,
                  const char *file, qlm_dtype dt) {
     int n_slots = (b->n_layers[0] + b->n_layers[1]) * QLM_LORA_N_TARGETS;
     const lora_tensor **slot = calloc((size_t)(n_slots ? n_slots : 1) * 2, sizeof *slot);
     a->index = calloc((size_t)(n_slots ? n_slots : 1), sizeof *a->index);
-    a->modules = calloc((size_t)(n_tensors ? n_tensors : 1), sizeof *a->modules);
-    if (!slot || !a->index || !a->modules) {
+    a->stored = calloc((size_t)(n_tensors ? n_tensors : 1), sizeof *a->stored);
+    if (!slot || !a->index || !a->stored) {
         free(slot);
         return qlm_errorf("out of memory");
     }
@@ -290,7 +357,7 @@ static int build(qlm_lora_adapter *a, lora_base *b, lora_tensor *tensors, int n_
                             b->out[t], b->in[t]);
             break;
         }
-        qlm_lora_module *mod = &a->modules[a->n_modules++];
+        qlm_lora_module *mod = &a->stored[a->n_stored++];
         *mod = (qlm_lora_module){.stack = stack, .layer = layer, .target = t, .r = r,
                                  .scale = (float)(alpha / (a->cfg.use_rslora ? sqrt((double)r) : (double)r)),
                                  .a = {.dtype = dt, .rows = r, .cols = (int)in, .scale = 1.0f},
@@ -301,11 +368,10 @@ static int build(qlm_lora_adapter *a, lora_base *b, lora_tensor *tensors, int n_
         if ((size_t)(r * out) > max_numel) max_numel = (size_t)(r * out);
         a->n_params += r * (in + out);
         a->file_bytes += ea->nbytes + eb->nbytes;
-        if (a->n_modules == 1) a->file_dtype = ea->dtype;
+        if (a->n_stored == 1) a->file_dtype = ea->dtype;
         if (ea->dtype != a->file_dtype || eb->dtype != a->file_dtype) a->file_dtype = QLM_F32;
-        a->index[s] = mod;
     }
-    if (rc == 0 && a->n_modules == 0) rc = qlm_errorf("%s: the adapter has no LoRA tensors", file);
+    if (rc == 0 && a->n_stored == 0) rc = qlm_errorf("%s: the adapter has no LoRA tensors", file);
     float *tmp = NULL;
     if (rc == 0) {
         a->buffer = aligned_alloc(64, bytes ? bytes : 64);
@@ -314,8 +380,8 @@ static int build(qlm_lora_adapter *a, lora_base *b, lora_tensor *tensors, int n_
         else a->buffer_bytes = bytes;
     }
     char *cur = a->buffer;
-    for (int i = 0; i < a->n_modules && rc == 0; i++) {
-        qlm_lora_module *mod = &a->modules[i];
+    for (int i = 0; i < a->n_stored && rc == 0; i++) {
+        qlm_lora_module *mod = &a->stored[i];
         int s = module_slot(b, mod->stack, mod->layer, mod->target);
         mod->a.data = cur;
         rc = fill(cur, dt, slot[2 * s]->e, tmp, file);
@@ -327,7 +393,7 @@ static int build(qlm_lora_adapter *a, lora_base *b, lora_tensor *tensors, int n_
     }
     free(tmp);
     free(slot);
-    return rc;
+    return rc == 0 ? split_parts(a, b) : rc;
 }
 
 static int valid_name(const char *s) {
@@ -356,7 +422,7 @@ static int file_exists(const char *path) {
 static void base_of(lora_base *b, const qlm_llama_config *llama, const qlm_t5_config *t5) {
     if (llama) lora_base_llama(b, llama);
     else if (t5) lora_base_t5(b, t5);
-    else *b = (lora_base){.is_t5 = -1, .t5_gated = -1};
+    else *b = (lora_base){.is_t5 = -1, .t5_gated = -1, .fused = -1};
 }
 
 /* The adapter from its parsed configuration (a->cfg) and its tensors, checked against b. */
@@ -367,7 +433,7 @@ static int assemble(qlm_lora_adapter *a, lora_base *b, const qlm_tensor_store *s
     lora_matcher *m = NULL;
     rc = tensors ? classify(store, b, file, tensors) : qlm_errorf("out of memory");
     if (rc == 0 && b->is_t5 < 0) rc = qlm_errorf("%s: the adapter has no LoRA tensors", file);
-    if (rc == 0 && !(m = lora_matcher_new(&a->cfg, b->is_t5, cfg_file))) rc = -1;
+    if (rc == 0 && !(m = lora_matcher_new(&a->cfg, b->is_t5, b->fused == 1, cfg_file))) rc = -1;
     if (rc == 0) {
         a->is_t5 = b->is_t5;
         a->t5_gated = b->is_t5 ? b->t5_gated : 0;
@@ -418,7 +484,7 @@ int qlm_lora_init(qlm_lora_adapter *out, const char *name, const qlm_llama_confi
     lora_base b;
     base_of(&b, llama, t5);
     qlm_tensor_store *store = qlm_store_new();
-    lora_matcher *m = store ? lora_matcher_new(&out->cfg, b.is_t5, "new adapter config") : NULL;
+    lora_matcher *m = store ? lora_matcher_new(&out->cfg, b.is_t5, b.fused == 1, "new adapter config") : NULL;
     rc = m ? 0 : -1;
     char path[128];
     for (int s = 0; s < QLM_LORA_MAX_STACKS && rc == 0; s++)
@@ -503,11 +569,12 @@ int qlm_lora_place(qlm_lora_adapter *a, const qlm_backend *be) {
     char *dev = be->upload(a->buffer, a->buffer_bytes ? a->buffer_bytes : 64);
     if (!dev) return -1;
     if (dev != a->buffer) {
-        for (int i = 0; i < a->n_modules; i++) {
-            qlm_lora_module *m = &a->modules[i];
+        for (int i = 0; i < a->n_stored; i++) {
+            qlm_lora_module *m = &a->stored[i];
             m->a.data = dev + ((const char *)m->a.data - (const char *)a->buffer);
             m->b.data = dev + ((const char *)m->b.data - (const char *)a->buffer);
         }
+        for (int i = 0; i < a->n_views; i++) qlm_weight_view_refresh(&a->views[i]);
         free(a->buffer);
         a->buffer = dev;
     }
@@ -516,7 +583,7 @@ int qlm_lora_place(qlm_lora_adapter *a, const qlm_backend *be) {
 }
 
 int qlm_lora_units(qlm_lora_adapter *a, qlm_param **params, int *n_params, qlm_unit **units) {
-    int n = 2 * a->n_modules;
+    int n = 2 * a->n_stored;
     qlm_param *p = malloc((size_t)(n ? n : 1) * sizeof *p);
     qlm_unit *u = units ? malloc(sizeof *u) : NULL;
     if (!p || (units && !u)) {
@@ -524,14 +591,16 @@ int qlm_lora_units(qlm_lora_adapter *a, qlm_param **params, int *n_params, qlm_u
         free(u);
         return qlm_errorf("out of memory");
     }
-    for (int i = 0; i < a->n_modules; i++)
+    for (int i = 0; i < a->n_stored; i++)
         for (int k = 0; k < 2; k++) {
-            qlm_weight *w = k ? &a->modules[i].b : &a->modules[i].a;
+            qlm_weight *w = k ? &a->stored[i].b : &a->stored[i].a;
             qlm_param *e = &p[2 * i + k];
             *e = (qlm_param){.rows = w->rows, .cols = w->cols, .matrix = w};
-            snprintf(e->name, sizeof e->name, "base_model.model.%s.lora_%c.weight", a->modules[i].path, k ? 'B' : 'A');
+            snprintf(e->name, sizeof e->name, "base_model.model.%s.lora_%c.weight", a->stored[i].path, k ? 'B' : 'A');
         }
-    if (u) *u = (qlm_unit){.buffer = &a->buffer, .bytes = &a->buffer_bytes, .first = 0, .count = n};
+    if (u)
+        *u = (qlm_unit){.buffer = &a->buffer, .bytes = &a->buffer_bytes, .first = 0, .count = n, .views = a->views,
+                        .n_views = a->n_views};
     *params = p;
     *n_params = n;
     if (units) *units = u;
@@ -540,7 +609,9 @@ int qlm_lora_units(qlm_lora_adapter *a, qlm_param **params, int *n_params, qlm_u
 
 void qlm_lora_free(qlm_lora_adapter *a) {
     lora_config_free(&a->cfg);
+    free(a->stored);
     free(a->modules);
+    free(a->views);
     free(a->index);
     if (a->be)
         a->be->free(a->buffer);
@@ -555,9 +626,9 @@ static int save_weights(const qlm_lora_adapter *a, const char *file) {
     qlm_tensor_store *store = qlm_store_new();
     if (!store) return -1;
     int rc = 0;
-    for (int i = 0; i < a->n_modules && rc == 0; i++)
+    for (int i = 0; i < a->n_stored && rc == 0; i++)
         for (int k = 0; k < 2 && rc == 0; k++) {
-            const qlm_lora_module *m = &a->modules[i];
+            const qlm_lora_module *m = &a->stored[i];
             const qlm_weight *w = k ? &m->b : &m->a;
             char name[160];
             snprintf(name, sizeof name, KEY_PREFIX "%s.lora_%c.weight", m->path, k ? 'B' : 'A');

@@ -379,7 +379,7 @@ static pcre2_code **compile_patterns(const qlm_lora_pattern *p, int n, const cha
     return re;
 }
 
-lora_matcher *lora_matcher_new(const qlm_lora_config *c, int is_t5, const char *file) {
+lora_matcher *lora_matcher_new(const qlm_lora_config *c, int is_t5, int fused, const char *file) {
     lora_matcher *m = calloc(1, sizeof *m);
     if (!m) {
         qlm_errorf("out of memory");
@@ -396,6 +396,10 @@ lora_matcher *lora_matcher_new(const qlm_lora_config *c, int is_t5, const char *
     } else if (t->is_list) {
         m->names = (const char *const *)t->names;
         m->n_names = t->n_names;
+    } else if (fused) {
+        qlm_errorf("%s: target_modules is required for a model with fused projections (qkv_proj, gate_up_proj): "
+                   "peft has no default for it", file);
+        goto fail;
     } else {
         m->names = is_t5 ? k_default_t5 : k_default_llama;
         m->n_names = 2;

@@ -9,6 +9,7 @@
 typedef struct {
     int is_t5;     /* -1 while unknown (no base given and no tensor read yet) */
     int t5_gated;  /* -1 while unknown */
+    int fused;     /* Llama-family: 1 qkv_proj/gate_up_proj (Phi-3), 0 separate projections, -1 unknown */
     int known;     /* from a base configuration; else inferred from the tensor names */
     int n_layers[QLM_LORA_MAX_STACKS];
     int in[QLM_LORA_N_TARGETS], out[QLM_LORA_N_TARGETS]; /* when known */
@@ -27,7 +28,9 @@ void lora_config_free(qlm_lora_config *c);
 
 /* Which modules a configuration targets, and with which rank and alpha, as peft decides it. */
 typedef struct lora_matcher lora_matcher;
-lora_matcher *lora_matcher_new(const qlm_lora_config *c, int is_t5, const char *file);
+/* fused: the base names its projections qkv_proj and gate_up_proj (peft has no default targets
+ * for it: target_modules must be given). */
+lora_matcher *lora_matcher_new(const qlm_lora_config *c, int is_t5, int fused, const char *file);
 void lora_matcher_free(lora_matcher *m);
 int lora_matcher_targets(lora_matcher *m, const char *module_path);
 void lora_matcher_rank_alpha(lora_matcher *m, const char *module_path, int *r, double *alpha);

@@ -10,14 +10,16 @@
 #include "../core/backend.h"
 #include "../core/weight.h"
 
-/* The projections an adapter can change. Llama: q_proj..down_proj. T5: self-attention q/k/v/o
- * are Q/K/V/O, the decoder's EncDecAttention q/k/v/o are CROSS_*, DenseReluDense wi_0 (or the
- * ungated "wi"), wi_1, wo are WI0, WI1, WO. */
+/* The projections an adapter can change. Llama: q_proj..down_proj; a base whose checkpoint fuses
+ * them (Phi-3) has qkv_proj and gate_up_proj (QKV, GATE_UP) instead of q/k/v and gate/up. T5:
+ * self-attention q/k/v/o are Q/K/V/O, the decoder's EncDecAttention q/k/v/o are CROSS_*,
+ * DenseReluDense wi_0 (or the ungated "wi"), wi_1, wo are WI0, WI1, WO. */
 typedef enum {
     QLM_LORA_Q, QLM_LORA_K, QLM_LORA_V, QLM_LORA_O,
     QLM_LORA_GATE, QLM_LORA_UP, QLM_LORA_DOWN,
     QLM_LORA_CROSS_Q, QLM_LORA_CROSS_K, QLM_LORA_CROSS_V, QLM_LORA_CROSS_O,
     QLM_LORA_WI0, QLM_LORA_WI1, QLM_LORA_WO,
+    QLM_LORA_QKV, QLM_LORA_GATE_UP,
     QLM_LORA_N_TARGETS
 } qlm_lora_target;
 
@@ -77,8 +79,15 @@ typedef struct qlm_lora_adapter {
     int has_base;             /* shapes were checked against a base configuration */
     int n_layers[QLM_LORA_MAX_STACKS];
     qlm_dtype dtype;          /* of every A and B (F32 or BF16) */
-    qlm_lora_module *modules; /* in the order stack, layer, target */
+    /* As the file stores them (PEFT's modules), in the order stack, layer, target. */
+    qlm_lora_module *stored;
+    int n_stored;
+    /* As the models apply them: the stored ones, except that a fused one (QKV, GATE_UP) becomes a
+     * module per part (Q, K, V; GATE, UP) sharing its A, each with its rows of B. Same order. */
+    qlm_lora_module *modules;
     int n_modules;
+    qlm_weight_view *views; /* each module's A and B as views of its stored module's (2 per module) */
+    int n_views;
     const qlm_lora_module **index; /* [stack-major layers][QLM_LORA_N_TARGETS] */
     void *buffer;             /* every A and B, 64-byte aligned */
     size_t buffer_bytes;

@@ -21,6 +21,9 @@ typedef struct {
     int attn_bias;      /* q/k/v projections have a bias (Qwen2) */
     int attn_out_bias;  /* o_proj has a bias */
     int mlp_bias;       /* gate/up/down have a bias */
+    /* The checkpoint names q/k/v as one qkv_proj and gate/up as one gate_up_proj (Phi-3), and so do
+     * its PEFT adapters; the model itself runs them as separate projections. */
+    int fused_proj;
     int act;            /* qlm_act of the gated MLP (hidden_act) */
     int qk_norm;        /* per-head RMSNorm of queries and keys before RoPE (Qwen3, Gemma 3) */
     /* Gemma: RMSNorms multiply by (norm_offset + w); norms after the attention and the MLP output

@@ -301,7 +301,10 @@ int qlm_model_units(qlm_model *m, qlm_param **params, int *n_params, qlm_unit **
         if (u)
             u[l + 1] = (qlm_unit){.buffer = l < 0 ? &m->shared_buffer : &m->layers[l].buffer,
                                   .bytes = l < 0 ? &m->shared_bytes : &m->layers[l].buffer_bytes, .first = n};
-        if (u && l < 0 && m->cfg.tie_embeddings) u[0].alias = &m->lm_head, u[0].alias_of = &m->tok_embed;
+        if (u && l < 0 && m->cfg.tie_embeddings) {
+            m->head_view = (qlm_weight_view){&m->lm_head, &m->tok_embed, 0};
+            u[0].views = &m->head_view, u[0].n_views = 1;
+        }
         for (int i = 0; i < k; i++)
             if (qlm_param_present(&p[i])) list[n++] = p[i];
         if (u) u[l + 1].count = n - u[l + 1].first;

@@ -123,20 +123,15 @@ static const qlm_lora_module *lora_module(const pass *p, int l, int target) {
     return p->lora ? qlm_lora_find(p->lora->adapter, 0, l, (qlm_lora_target)target) : NULL;
 }
 
-static uint64_t seed_of(const pass *p, int l, int target) {
-    return p->lora ? qlm_train_dropout_seed(p->lora, 0, l, target) : 0;
-}
-
 static void linear_forward(const pass *p, qlm_llama_trace *t, float *y, const float *x, const qlm_weight *w,
                            const float *bias, int l, int target) {
-    qlm_train_linear_forward(&p->lin, y, x, p->n, w, bias, lora_module(p, l, target), t->lora_u[target],
-                             seed_of(p, l, target), p->b->row0);
+    qlm_train_linear_forward(&p->lin, y, x, p->n, w, bias, lora_module(p, l, target), t->lora_u[target], p->b->row0);
 }
 
 static int linear_backward(const pass *p, qlm_llama_trace *t, float *dx, int accumulate, const float *dy,
                            const float *x, const qlm_weight *w, const qlm_weight *gw, float *gbias, int l, int target) {
     return qlm_train_linear_backward(&p->lin, dx, accumulate, dy, x, p->n, w, gw, gbias, lora_module(p, l, target),
-                                     t->lora_u[target], seed_of(p, l, target), p->b->row0);
+                                     t->lora_u[target], p->b->row0);
 }
 
 /* x_out = layer l applied to x_in, leaving the trace. */

@@ -35,6 +35,7 @@ typedef struct {
     const qlm_backend *be;
     qlm_weight tok_embed;
     qlm_weight lm_head; /* same data as tok_embed when tied */
+    qlm_weight_view head_view; /* lm_head as the view of tok_embed a sharded run refreshes (tied) */
     float *final_norm;
     float *inv_freq;    /* head_dim/2 RoPE frequencies (with the configured scaling applied) */
     float *inv_freq_local; /* the windowed layers' own (rope_local_theta), else NULL */

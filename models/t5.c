@@ -230,7 +230,10 @@ int qlm_t5_units(qlm_t5_model *m, qlm_param **params, int *n_params, qlm_unit **
     }
     int k = shared_params(m, "shared.weight", p);
     if (u) u[0] = (qlm_unit){.buffer = &m->shared_buffer, .bytes = &m->shared_bytes, .first = 0, .count = k};
-    if (u && m->cfg.tie_embeddings) u[0].alias = &m->lm_head, u[0].alias_of = &m->shared;
+    if (u && m->cfg.tie_embeddings) {
+        m->head_view = (qlm_weight_view){&m->lm_head, &m->shared, 0};
+        u[0].views = &m->head_view, u[0].n_views = 1;
+    }
     for (int i = 0; i < k; i++) list[n++] = p[i];
     for (int dec = 0, unit = 1; dec < 2; dec++)
         for (int b = 0; b < (dec ? m->cfg.n_dec_layers : m->cfg.n_layers); b++, unit++) {

@@ -36,6 +36,7 @@ typedef struct {
     const qlm_backend *be;
     qlm_weight shared;    /* token embedding of both stacks */
     qlm_weight lm_head;   /* the shared embedding when tied */
+    qlm_weight_view head_view; /* lm_head as the view of shared a sharded run refreshes (tied) */
     float *enc_final_norm, *dec_final_norm;
     float *head_norm;     /* dec_final_norm, times d_model^-0.5 when tied */
     float *enc_rel_bias, *dec_rel_bias; /* [buckets][heads] */

@@ -13,7 +13,7 @@ static void trace_free(const qlm_backend *be, qlm_t5_trace *t) {
     float *bufs[] = {t->xn1, t->q, t->k, t->v, t->att, t->x_mid, t->xnc, t->cq, t->ck,
                      t->cv, t->catt, t->x_mid2, t->xn2, t->h0, t->h1, t->h};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) be->free(bufs[i]);
-    for (int i = 0; i < QLM_LORA_N_TARGETS; i++) be->free(t->lora_u[i]);
+    for (int i = 0; i <= QLM_LORA_WO; i++) be->free(t->lora_u[i]);
 }
 
 static int trace_init(const qlm_backend *be, const qlm_t5_config *c, int rows, int src_rows, int decoder, int rank,
@@ -36,7 +36,7 @@ static int trace_init(const qlm_backend *be, const qlm_t5_config *c, int rows, i
         *bytes += (double)b[i].n * sizeof(float);
     }
     int r = rows > src_rows ? rows : src_rows;
-    for (int i = 0; i < QLM_LORA_N_TARGETS && rank > 0; i++) {
+    for (int i = 0; i <= QLM_LORA_WO && rank > 0; i++) {
         t->lora_u[i] = be->alloc((size_t)r * rank * sizeof(float));
         if (!t->lora_u[i]) return -1;
         *bytes += (double)r * rank * sizeof(float);
@@ -189,15 +189,13 @@ static long input_row0(const pass *p, int stack, int target) {
 static void lin_fwd(const pass *p, qlm_t5_trace *t, float *y, const float *x, int n, const qlm_weight *w, int stack,
                     int l, int target) {
     qlm_train_linear_forward(&p->lin, y, x, n, w, NULL, module(p, stack, l, target), t->lora_u[target],
-                             p->lora ? qlm_train_dropout_seed(p->lora, stack, l, target) : 0,
                              input_row0(p, stack, target));
 }
 
 static int lin_bwd(const pass *p, qlm_t5_trace *t, float *dx, int accumulate, const float *dy, const float *x, int n,
                    const qlm_weight *w, const qlm_weight *gw, int stack, int l, int target) {
     return qlm_train_linear_backward(&p->lin, dx, accumulate, dy, x, n, w, gw, NULL, module(p, stack, l, target),
-                                     t->lora_u[target], p->lora ? qlm_train_dropout_seed(p->lora, stack, l, target) : 0,
-                                     input_row0(p, stack, target));
+                                     t->lora_u[target], input_row0(p, stack, target));
 }
 
 static qlm_attn_shape shape(const qlm_t5_config *c, int n_keys, const float *bias, const qlm_t5_train_state *s) {

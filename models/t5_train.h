@@ -14,7 +14,7 @@ typedef struct {
     float *xn1, *q, *k, *v, *att, *x_mid;      /* self-attention */
     float *xnc, *cq, *ck, *cv, *catt, *x_mid2; /* decoder: cross-attention (ck, cv over input rows) */
     float *xn2, *h0, *h1, *h;                  /* feed-forward (h1: gated only) */
-    float *lora_u[QLM_LORA_N_TARGETS];
+    float *lora_u[QLM_LORA_WO + 1]; /* T5's targets */
 } qlm_t5_trace;
 
 typedef struct {

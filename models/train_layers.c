@@ -8,8 +8,11 @@ float *qlm_lora_train_grad(const qlm_lora_train *t, const void *weight_data) {
     return t->grad + ((const char *)weight_data - (const char *)t->adapter->buffer) / (long)sizeof(float);
 }
 
-uint64_t qlm_train_dropout_seed(const qlm_lora_train *t, int stack, int layer, int target) {
-    return t->dropout_seed ^ (0x9e3779b97f4a7c15ULL * (uint64_t)((stack * 4096 + layer) * 32 + target + 1));
+/* A module's dropout seed from the pass's seed and the module's A: the parts of a fused module share
+ * its A and so its mask, as peft drops out the fused projection's input once. */
+static uint64_t dropout_seed(const qlm_lora_train *t, const qlm_lora_module *mod) {
+    uint64_t at = (uint64_t)((const char *)mod->a.data - (const char *)t->adapter->buffer);
+    return t->dropout_seed ^ (0x9e3779b97f4a7c15ULL * (at + 1));
 }
 
 /* The module's input as A sees it: x itself, or a dropped-out copy in tmp_in. */
@@ -20,11 +23,12 @@ static const float *adapter_input(const qlm_train_linear *c, const float *x, lon
 }
 
 void qlm_train_linear_forward(const qlm_train_linear *c, float *y, const float *x, int n, const qlm_weight *w,
-                              const float *bias, const qlm_lora_module *mod, float *u, uint64_t seed, long row0) {
+                              const float *bias, const qlm_lora_module *mod, float *u, long row0) {
     const qlm_backend *be = c->be;
     be->matmul(y, x, n, w, bias);
     if (!mod) return;
-    be->matmul(u, adapter_input(c, x, (long)n * w->cols, seed, row0 * w->cols), n, &mod->a, NULL);
+    be->matmul(u, adapter_input(c, x, (long)n * w->cols, dropout_seed(c->lora, mod), row0 * w->cols), n, &mod->a,
+               NULL);
     be->scale(u, (long)n * mod->r, mod->scale);
     be->matmul(c->tmp, u, n, &mod->b, NULL);
     be->add(y, c->tmp, (long)n * w->rows);
@@ -32,12 +36,13 @@ void qlm_train_linear_forward(const qlm_train_linear *c, float *y, const float *
 
 int qlm_train_linear_backward(const qlm_train_linear *c, float *dx, int accumulate, const float *dy, const float *x,
                               int n, const qlm_weight *w, const qlm_weight *gw, float *gbias, const qlm_lora_module *mod,
-                              const float *u, uint64_t seed, long row0) {
+                              const float *u, long row0) {
     const qlm_backend *be = c->be;
     if (be->matmul_backward_x(dx, dy, n, w, accumulate) != 0) return -1;
     if (gw) be->matmul_backward_w((float *)gw->data, gbias, dy, x, n, w->rows, w->cols);
     if (!mod) return 0;
     float *dA = qlm_lora_train_grad(c->lora, mod->a.data), *dB = qlm_lora_train_grad(c->lora, mod->b.data);
+    uint64_t seed = dropout_seed(c->lora, mod);
     long n_in = (long)n * w->cols;
     be->matmul_backward_w(dB, NULL, dy, u, n, mod->b.rows, mod->b.cols);
     if (be->matmul_backward_x(c->du, dy, n, &mod->b, 0) != 0) return -1;

@@ -20,16 +20,15 @@ typedef struct {
 } qlm_train_linear;
 
 /* mod: the adapter's module for this projection, or NULL. u: [n][r] where scale * A dropout(x)
- * is kept for the backward (unused without mod). seed: this projection's dropout draw; row0: x's
- * first row in the step's whole micro-batch (qlm_train_batch.row0 or src_row0). */
+ * is kept for the backward (unused without mod). row0: x's first row in the step's whole
+ * micro-batch (qlm_train_batch.row0 or src_row0), where the dropout draw starts. */
 void qlm_train_linear_forward(const qlm_train_linear *c, float *y, const float *x, int n, const qlm_weight *w,
-                              const float *bias, const struct qlm_lora_module_s *mod, float *u, uint64_t seed,
-                              long row0);
+                              const float *bias, const struct qlm_lora_module_s *mod, float *u, long row0);
 /* dx = (accumulate 0) or += dy W plus the adapter's path; gw / gbias (NULL: frozen) += the weight's
  * and bias's gradients; the adapter's A and B gradients accumulate in c->lora. */
 int qlm_train_linear_backward(const qlm_train_linear *c, float *dx, int accumulate, const float *dy, const float *x,
                               int n, const qlm_weight *w, const qlm_weight *gw, float *gbias,
-                              const struct qlm_lora_module_s *mod, const float *u, uint64_t seed, long row0);
+                              const struct qlm_lora_module_s *mod, const float *u, long row0);
 
 /* Target rows whose logits are computed together: bounds the [chunk][vocab] buffer. */
 enum { QLM_HEAD_CHUNK = 128 };
@@ -54,7 +53,5 @@ typedef struct {
 int qlm_train_head_pass(const qlm_train_head *h, const float *x, int n, const int *targets, float grad_scale,
                         int backward, double *loss_sum, float *dx);
 
-/* A projection's dropout seed from the pass's seed and where it sits. */
-uint64_t qlm_train_dropout_seed(const qlm_lora_train *t, int stack, int layer, int target);
 
 #endif

@@ -14,9 +14,10 @@ typedef struct {
     void **buffer;    /* the model's field holding the unit's flat buffer */
     size_t *bytes;    /* and its size */
     int first, count; /* its parameters: entries first .. first+count-1 of the model's list */
-    /* A view that is a copy of another (a tied head: lm_head = the embedding), refreshed
-     * whenever the unit's views move; NULL when none. */
-    qlm_weight *alias, *alias_of;
+    /* Weights that view the unit's own (a tied head, a fused adapter's parts), refreshed whenever
+     * the unit's weights move. */
+    const qlm_weight_view *views;
+    int n_views;
 } qlm_unit;
 
 /* The kinds of pass a model runs, each with its own order of units (what prefetching follows). */

@@ -198,30 +198,65 @@ static void test_bf16_qat_int8(void **state) {
     check_against("int8-ref", "int8-fsdp", LORA_INT8, 4, "--shard fsdp", 1e-3, 3e-2, NULL);
 }
 
+/* A model folder dir holding only config.json, and the flags that train it from random weights with
+ * the tokenizer tok. */
+static void random_model(const char *dir, const char *config, const char *tok, char *flags, size_t cap) {
+    char path[600];
+    mkdir(dir, 0755);
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    assert_int_equal(test_write_file(path, config, strlen(config)), 0);
+    snprintf(flags, cap, "-m %s --random-weights -t %s", dir, tok);
+}
+
 /* A small T5 v1.1 (gated GELU, untied head; FLAN-T5's tokenizer, random weights): its passes gather
  * and reduce-scatter the encoder's and decoder's blocks and the shared unit (embedding, both final
  * norms, both bias tables, the head, and the head norm derived from the decoder's) as Llama's do. */
 static void test_t5(void **state) {
     (void)state;
     prepare();
-    char tok[512], path[600];
+    char tok[512], extra[1200];
     test_asset(tok, sizeof tok, "flan-t5-small/tokenizer.json");
     REQUIRE_ASSET(tok);
-    mkdir(g_t5, 0755);
-    snprintf(path, sizeof path, "%s/config.json", g_t5);
-    const char *config = "{\"architectures\": [\"T5ForConditionalGeneration\"], \"model_type\": \"t5\", \"d_ff\": 128, "
-                         "\"d_kv\": 16, \"d_model\": 64, \"decoder_start_token_id\": 0, \"dense_act_fn\": \"gelu_new\", "
-                         "\"eos_token_id\": 1, \"feed_forward_proj\": \"gated-gelu\", \"layer_norm_epsilon\": 1e-06, "
-                         "\"num_decoder_layers\": 2, \"num_heads\": 4, \"num_layers\": 2, \"pad_token_id\": 0, "
-                         "\"relative_attention_max_distance\": 128, \"relative_attention_num_buckets\": 32, "
-                         "\"tie_word_embeddings\": false, \"vocab_size\": 32128}";
-    assert_int_equal(test_write_file(path, config, strlen(config)), 0);
-    char extra[1200];
-    snprintf(extra, sizeof extra, "-m %s --random-weights -t %s", g_t5, tok);
+    random_model(g_t5, "{\"architectures\": [\"T5ForConditionalGeneration\"], \"model_type\": \"t5\", \"d_ff\": 128, "
+                       "\"d_kv\": 16, \"d_model\": 64, \"decoder_start_token_id\": 0, \"dense_act_fn\": \"gelu_new\", "
+                       "\"eos_token_id\": 1, \"feed_forward_proj\": \"gated-gelu\", \"layer_norm_epsilon\": 1e-06, "
+                       "\"num_decoder_layers\": 2, \"num_heads\": 4, \"num_layers\": 2, \"pad_token_id\": 0, "
+                       "\"relative_attention_max_distance\": 128, \"relative_attention_num_buckets\": 32, "
+                       "\"tie_word_embeddings\": false, \"vocab_size\": 32128}",
+                 tok, extra, sizeof extra);
     assert_int_equal(train("t5-ref", FULL, 0, NULL, extra), 0);
     check_against("t5-ref", "t5-fsdp", FULL, 4, "--shard fsdp", 1e-5, 1e-4, extra);
     check_against("t5-ref", "t5-zero2", FULL, 2, "--shard zero2", 1e-5, 1e-4, extra);
     check_against("t5-ref", "t5-ddp", FULL, 2, "--shard ddp", 1e-5, 1e-4, extra);
+}
+
+/* LoRA on a Phi-3 (random weights, the stories' tokenizer): the adapter's stored qkv_proj and
+ * gate_up_proj pairs are the parameters the ranks reduce and split the optimizer over, while the
+ * passes apply their q/k/v and gate/up parts; sharded runs train what one process does and save the
+ * pairs under peft's names. */
+static void test_phi3_fused_lora(void **state) {
+    (void)state;
+    prepare();
+    char dir[300], tok[700], extra[1200];
+    snprintf(dir, sizeof dir, "%s/phi3", g_dir);
+    snprintf(tok, sizeof tok, "%s/tokenizer.json", g_model);
+    random_model(dir, "{\"architectures\": [\"Phi3ForCausalLM\"], \"model_type\": \"phi3\", \"hidden_size\": 64, "
+                      "\"intermediate_size\": 128, \"num_hidden_layers\": 2, \"num_attention_heads\": 4, "
+                      "\"num_key_value_heads\": 2, \"vocab_size\": 2048, \"max_position_embeddings\": 256, "
+                      "\"rms_norm_eps\": 1e-05, \"tie_word_embeddings\": false, \"bos_token_id\": 1, "
+                      "\"eos_token_id\": 2, \"sliding_window\": null}",
+                 tok, extra, sizeof extra);
+    assert_int_equal(train("phi3-ref", LORA, 0, NULL, extra), 0);
+    check_against("phi3-ref", "phi3-fsdp", LORA, 4, "--shard fsdp", 1e-3, 1e-3, extra);
+    check_against("phi3-ref", "phi3-zero2", LORA, 2, "--shard zero2", 1e-3, 1e-3, extra);
+    char saved[600];
+    snprintf(saved, sizeof saved, "%s/phi3-fsdp/%s", g_dir, weights_file(LORA));
+    qlm_tensor_store *st = qlm_store_new();
+    if (qlm_safetensors_load(saved, st) != 0) fail_msg("%s", qlm_last_error());
+    assert_non_null(qlm_store_find(st, "base_model.model.model.layers.1.self_attn.qkv_proj.lora_B.weight"));
+    assert_non_null(qlm_store_find(st, "base_model.model.model.layers.1.mlp.gate_up_proj.lora_A.weight"));
+    assert_null(qlm_store_find(st, "base_model.model.model.layers.1.self_attn.q_proj.lora_A.weight"));
+    qlm_store_free(st);
 }
 
 /* Two runs of one setting agree bit for bit (the reductions' order is fixed). */
@@ -402,6 +437,7 @@ int main(void) {
         cmocka_unit_test(test_lora),
         cmocka_unit_test(test_bf16_qat_int8),
         cmocka_unit_test(test_t5),
+        cmocka_unit_test(test_phi3_fused_lora),
         cmocka_unit_test(test_reruns_are_bit_identical),
         cmocka_unit_test(test_killed_rank_and_resume),
         cmocka_unit_test(test_reshard_and_mismatch),

@@ -1015,7 +1015,7 @@ static void test_bad_adapters(void **state) {
         {"mha_attn_r8", NULL, T_RENAME, q0a, "base_model.model.lm_head.lora_A.weight",
          "lm_head is not a projection qlm adapts in this Llama-family model"},
         {"mha_attn_r8", NULL, T_RENAME, q0a, KEY("model.layers.0.self_attn.qkv_proj", "A"),
-         "adapters on fused projections (Phi-3's qkv_proj, gate_up_proj) are not supported"},
+         "the base model has separate projections, so its adapters name q/k/v_proj and gate/up_proj"},
         {"mha_attn_r8", NULL, T_RENAME, q0a, "base_model.model.model.layers.0.self_attn.q_proj.lora_A.default.weight",
          "is not a LoRA weight"},
         {"mha_attn_r8", NULL, T_RENAME, q0a, KEY("model.layers.00.self_attn.q_proj", "A"), "is not a projection"},

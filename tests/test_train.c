@@ -140,6 +140,11 @@ static void test_full_mistral_window(void **state) {
     check_full("mistral_window", 0);
 }
 
+static void test_full_phi3_fused(void **state) {
+    (void)state;
+    check_full("phi3_fused", 0);
+}
+
 static void test_full_recompute(void **state) {
     (void)state;
     check_full("gqa_tied", 1);
@@ -220,6 +225,70 @@ static void test_lora_gemma3_local_rope(void **state) {
 static void test_lora_mistral_window(void **state) {
     (void)state;
     check_lora("mistral_window", QLM_F32, 1e-5);
+}
+
+/* peft's adapter on Phi-3's fused qkv_proj and gate_up_proj: qlm applies each part's rows of B
+ * with the shared A, and trains the stored pair. */
+static void test_lora_phi3_fused(void **state) {
+    (void)state;
+    check_lora("phi3_fused", QLM_F32, 1e-5);
+}
+
+/* The loss of the fixture's batch through the inference forward (each sequence alone in a KV
+ * state), with the adapter in the state's slot when a is not NULL. */
+static double inference_loss(const qlm_model *m, const fixture *f, const qlm_lora_adapter *a) {
+    int vocab = m->cfg.vocab_size, n_targets = 0;
+    double sum = 0;
+    float *logits = malloc((size_t)MAX_ROWS * vocab * sizeof *logits);
+    int rows[MAX_ROWS];
+    for (int s = 0; s < f->n_seq; s++) {
+        qlm_kv_state st;
+        assert_int_equal(qlm_state_init(&st, m, f->len[s], 8), 0);
+        if (a) qlm_lora_slots_set(&st.lora, 0, a);
+        for (int i = 0; i < f->len[s]; i++) rows[i] = i;
+        const int *ids = f->ids + f->start[s], *pos = f->pos + f->start[s], *targets = f->targets + f->start[s];
+        if (qlm_forward(m, &st, ids, pos, f->len[s], rows, f->len[s], logits) != 0) fail_msg("%s", qlm_last_error());
+        for (int i = 0; i < f->len[s]; i++) {
+            if (targets[i] < 0) continue;
+            const float *row = logits + (size_t)i * vocab;
+            double top = row[0], z = 0;
+            for (int v = 1; v < vocab; v++) top = fmax(top, row[v]);
+            for (int v = 0; v < vocab; v++) z += exp(row[v] - top);
+            sum += top + log(z) - row[targets[i]];
+            n_targets++;
+        }
+        qlm_state_free(&st, m);
+    }
+    free(logits);
+    return sum / n_targets;
+}
+
+/* The same peft adapter on the fused modules at inference: applied per request (the parts' rows
+ * of B with the shared A) and merged into the separate q/k/v and gate/up weights, both give peft's
+ * loss. */
+static void test_lora_phi3_fused_inference(void **state) {
+    (void)state;
+    fixture f;
+    qlm_source src;
+    qlm_model m;
+    open_case("phi3_fused", QLM_F32, &f, &src, &m);
+    qlm_lora_adapter a;
+    if (qlm_lora_load(&a, "tests/fixtures/train/phi3_fused/lora_adapter", "peft", &src.cfg, NULL, QLM_F32) != 0)
+        fail_msg("%s", qlm_last_error());
+    assert_int_equal(a.n_stored, 4 * src.cfg.n_layers);
+    assert_int_equal(a.n_modules, 7 * src.cfg.n_layers);
+    double want = ref_num(f.ref, "lora_loss"), base = inference_loss(&m, &f, NULL), unmerged = inference_loss(&m, &f, &a);
+    assert_int_equal(qlm_lora_merge(&m, &a, 1), 0);
+    double merged = inference_loss(&m, &f, NULL);
+    print_message("phi3_fused: base loss %.8f, with the adapter %.8f, merged %.8f (peft %.8f)\n", base, unmerged,
+                  merged, want);
+    assert_true(fabs(base - ref_num(f.ref, "loss")) <= 1e-5);
+    assert_true(fabs(unmerged - want) <= 1e-5);
+    assert_true(fabs(merged - want) <= 1e-5);
+    qlm_lora_free(&a);
+    qlm_model_free(&m);
+    qlm_source_close(&src);
+    cJSON_Delete(f.ref);
 }
 
 /* QLoRA-style: the frozen base in BF16 and INT8 follows the F32 curve within the precision's error. */
@@ -347,13 +416,16 @@ int main(void) {
         cmocka_unit_test(test_full_gemma2_softcap),
         cmocka_unit_test(test_full_gemma3_local_rope),
         cmocka_unit_test(test_full_mistral_window),
+        cmocka_unit_test(test_full_phi3_fused),
         cmocka_unit_test(test_full_recompute),        cmocka_unit_test(test_lora_gqa_tied),
         cmocka_unit_test(test_lora_qwen2_bias),
         cmocka_unit_test(test_lora_qwen3_window),
         cmocka_unit_test(test_lora_gelu_linear_rope),
         cmocka_unit_test(test_lora_gemma2_softcap),
         cmocka_unit_test(test_lora_gemma3_local_rope),
-        cmocka_unit_test(test_lora_mistral_window),       cmocka_unit_test(test_lora_low_precision_base),
+        cmocka_unit_test(test_lora_mistral_window),
+        cmocka_unit_test(test_lora_phi3_fused),
+        cmocka_unit_test(test_lora_phi3_fused_inference),       cmocka_unit_test(test_lora_low_precision_base),
         cmocka_unit_test(test_full_bf16_compute),     cmocka_unit_test(test_loss_scaling_overflow),
         cmocka_unit_test(test_gradient_accumulation), cmocka_unit_test(test_lr_schedules),
     };

@@ -3,14 +3,16 @@
 there). qlm never runs Python; this script only produces committed reference files.
 
 For each base model (tests/fixtures/llama/ gqa_tied, qwen2_bias, qwen3_window, gelu_linear_rope,
-gemma2_softcap, gemma3_local_rope, mistral_window) it writes
+gemma2_softcap, gemma3_local_rope, mistral_window, phi3_fused) it writes
 tests/fixtures/train/<name>/:
   batch.json               3 sequences of different lengths and their labels (-100 = not a target)
   reference.json           loss, n_targets, 10 AdamW steps (losses, pre-clip grad norms), the same
                            for LoRA, and the conventions used
-  grads.safetensors        d loss / d parameter for every parameter (Hugging Face names, float32)
+  grads.safetensors        d loss / d parameter for every parameter (Hugging Face names, float32;
+                           Phi-3's fused matrices split into q/k/v_proj and gate/up_proj, as qlm holds them)
   adamw_final.safetensors  every parameter after 10 full fine-tuning AdamW steps
-  lora_adapter/            the PEFT adapter (r=4, alpha=8, all 7 projections, B randomized)
+  lora_adapter/            the PEFT adapter (r=4, alpha=8, every projection, B randomized; Phi-3's on
+                           qkv_proj, o_proj, gate_up_proj, down_proj)
   lora_grads.safetensors   d lora_loss / d lora_A, lora_B (adapter_model.safetensors names)
   lora_adamw_final.safetensors  the adapter tensors after 10 LoRA AdamW steps (same names)
 
@@ -49,16 +51,43 @@ BASES = {
     "gemma3_local_rope": ("tests/fixtures/llama/gemma3_local_rope", 5606),
     # Mistral: every layer over a window of 10, shorter than the 23- and 17-token sequences
     "mistral_window": ("tests/fixtures/llama/mistral_window", 5707),
+    # Phi-3: fused qkv_proj and gate_up_proj (the adapter on the fused modules, as peft names them),
+    # every layer over a window of 9
+    "phi3_fused": ("tests/fixtures/llama/phi3_fused", 5808),
 }
 LENGTHS = (23, 17, 11)
 # Bases whose reference also records the float32-vs-float64 spread of the LoRA run's final adapter
 # (those made since it was added; the test takes 1e-4 where it is absent).
-F64_SPREAD = ("gemma2_softcap", "gemma3_local_rope", "mistral_window")
+F64_SPREAD = ("gemma2_softcap", "gemma3_local_rope", "mistral_window", "phi3_fused")
 FIRST_ID = 3  # token ids are drawn uniformly from [FIRST_ID, vocab)
 
 LORA_CFG = dict(r=4, lora_alpha=8, lora_dropout=0.0,
                 target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
                 bias="none")
+# Every linear module of a model whose checkpoint fuses q/k/v and gate/up (Phi-3).
+LORA_CFG_FUSED = dict(LORA_CFG, target_modules=["qkv_proj", "o_proj", "gate_up_proj", "down_proj"])
+
+
+def split_fused(tensors, config):
+    """Phi-3's fused matrices (and their gradients) under the separate names qlm holds them by: the
+    rows of qkv_proj are q, k, v, those of gate_up_proj gate, up (transformers' own split)."""
+    head_dim = config.hidden_size // config.num_attention_heads
+    q, kv = config.num_attention_heads * head_dim, config.num_key_value_heads * head_dim
+    parts = {"self_attn.qkv_proj": [("self_attn.q_proj", q), ("self_attn.k_proj", kv), ("self_attn.v_proj", kv)],
+             "mlp.gate_up_proj": [("mlp.gate_proj", config.intermediate_size),
+                                  ("mlp.up_proj", config.intermediate_size)]}
+    out = {}
+    for name, t in tensors.items():
+        fused = next((f for f in parts if f"{f}.weight" in name), None)
+        if fused is None:
+            out[name] = t
+            continue
+        row = 0
+        for part, rows in parts[fused]:
+            out[name.replace(fused, part)] = t[row:row + rows].contiguous()
+            row += rows
+        assert row == t.shape[0], name
+    return out
 
 
 def make_batch(vocab, seed):
@@ -117,7 +146,8 @@ def tensor_class(name):
     for key in ("lora_A", "lora_B", "embed_tokens", "lm_head", "norm", "bias"):
         if key in name:
             return key
-    for key in ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"):
+    for key in ("qkv_proj", "q_proj", "k_proj", "v_proj", "o_proj", "gate_up_proj", "gate_proj", "up_proj",
+                "down_proj"):
         if key in name:
             return key
     return "other"
@@ -139,6 +169,9 @@ def make_one(name, base, seed, out_root):
         return batch_loss(m, ids, labels)
 
     loss_f, n_targets, seq_sums, grads, grad_norm = C.full_grads(model, base, out, loss_fn)
+    fused = model.config.model_type == "phi3"
+    if fused:
+        C.save_st(split_fused(grads, model.config), os.path.join(out, "grads.safetensors"))
     padded = hf_padded_loss(model, ids, labels)
     loss_ref = C.check_padded(loss_f, n_targets, seq_sums, grad_norm, padded, 1e-5)
     C.print_max_abs("max |grad|", grads, tensor_class)
@@ -153,8 +186,8 @@ def make_one(name, base, seed, out_root):
 
     # ---- LoRA (randomized B): loss, gradients, 10 AdamW steps ---------------------------------
     del model
-    ref.update(C.lora_reference(load_base(base), LORA_CFG, out, loss_fn, tensor_class, save_final=True,
-                                f64_twin=load_base(base) if name in F64_SPREAD else None))
+    ref.update(C.lora_reference(load_base(base), LORA_CFG_FUSED if fused else LORA_CFG, out, loss_fn, tensor_class,
+                                save_final=True, f64_twin=load_base(base) if name in F64_SPREAD else None))
 
     # ---- full fine-tuning: 10 AdamW steps --------------------------------------------------------
     # one model's final weights keep the fixtures small
