@@ -28,7 +28,9 @@ def main():
     for name in sorted(os.listdir(FIXTURES)):
         folder = os.path.join(FIXTURES, name)
         with open(os.path.join(folder, "reference.json")) as f:
-            tokens = json.load(f)["tokens"]
+            tokens = json.load(f).get("tokens")
+        if tokens is None:  # mistral_long_window keeps only some rows; test_llama does not use this measure on it
+            continue
         f32 = logits(folder, torch.float32, tokens)
         bf16 = logits(folder, torch.bfloat16, tokens)
         largest = f32.abs().max().item()

@@ -144,6 +144,59 @@ FIXTURES = {
                  rope_parameters=dict(rope_type="longrope", rope_theta=10000.0,
                                       short_factor=[1.0, 1.1, 1.3, 1.7, 2.2, 3.0, 4.1, 5.5],
                                       long_factor=[1.0, 1.2, 1.5, 2.1, 2.9, 4.0, 5.6, 8.0], factor=2.0))),
+    # Qwen2 with use_sliding_window: layers from max_window_layers (1) on over a window of 8, GQA 4/2, tied.
+    "qwen2_window": dict(
+        cls=(Qwen2Config, Qwen2ForCausalLM), seed=16016,
+        cfg=dict(hidden_size=64, intermediate_size=160, num_hidden_layers=3, num_attention_heads=4,
+                 num_key_value_heads=2, vocab_size=320, max_position_embeddings=256, rms_norm_eps=1e-6,
+                 tie_word_embeddings=True, bos_token_id=1, eos_token_id=2,
+                 use_sliding_window=True, sliding_window=8, max_window_layers=1,
+                 rope_parameters=dict(rope_type="default", rope_theta=1000000.0))),
+    # Mistral, MQA (1 kv head), tied, head_dim 32 != hidden/heads; window 40 binds from position 40 (greedy step 29).
+    "mistral_mqa_tied": dict(
+        cls=(MistralConfig, MistralForCausalLM), seed=17017,
+        cfg=dict(hidden_size=64, intermediate_size=160, num_hidden_layers=2, num_attention_heads=4,
+                 num_key_value_heads=1, head_dim=32, vocab_size=288, max_position_embeddings=256, rms_norm_eps=1e-5,
+                 tie_word_embeddings=True, bos_token_id=1, eos_token_id=2, sliding_window=40,
+                 rope_parameters=dict(rope_type="default", rope_theta=10000.0))),
+    # Gemma 2, tied, MQA, layers 0 and 2 over a window of 16, the default caps (scores 50, logits 30).
+    # Tied, the x8 input embedding makes every continuation repeat one token unless the blocks outweigh
+    # it: norm weights drawn as for the other models (no norm_offset, so x 1.7..2.3), and
+    # query_pre_attn_scalar 256 (Gemma's default) so that the attention is not so sharp that BF16 drifts.
+    "gemma2_tied_mqa": dict(
+        cls=(Gemma2Config, Gemma2ForCausalLM), seed=18018, embed_std=0.12,
+        cfg=dict(hidden_size=64, intermediate_size=128, num_hidden_layers=3, num_attention_heads=4,
+                 num_key_value_heads=1, head_dim=16, vocab_size=320, max_position_embeddings=256, rms_norm_eps=1e-6,
+                 bos_token_id=1, eos_token_id=2, pad_token_id=0, query_pre_attn_scalar=256, sliding_window=16,
+                 tie_word_embeddings=True,
+                 rope_parameters=dict(rope_type="default", rope_theta=10000.0))),
+    # Gemma 3 (text), tied (norms and query scale as gemma2_tied_mqa), GQA 4/2, layers 1 and 3 global,
+    # the others over a window of 5, default RoPE on both; logits capped at 10 (max |logit| 12 uncapped).
+    # transformers' Gemma 3 ignores attn_logit_softcapping (5 here): its attention scores stay uncapped.
+    "gemma3_tied_softcap": dict(
+        cls=(Gemma3TextConfig, Gemma3ForCausalLM), seed=19019, embed_std=0.15,
+        cfg=dict(hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
+                 num_key_value_heads=2, head_dim=16, vocab_size=320, max_position_embeddings=256, rms_norm_eps=1e-6,
+                 bos_token_id=1, eos_token_id=2, pad_token_id=0, query_pre_attn_scalar=256, sliding_window=5,
+                 sliding_window_pattern=2, tie_word_embeddings=True,
+                 attn_logit_softcapping=5.0, final_logit_softcapping=10.0,
+                 rope_parameters={"full_attention": dict(rope_type="default", rope_theta=1000000.0),
+                                  "sliding_attention": dict(rope_type="default", rope_theta=10000.0)})),
+    # Phi-3, GQA 8/2 (head_dim 8) through the fused qkv_proj, tied, no window.
+    "phi3_gqa_tied": dict(
+        cls=(Phi3Config, Phi3ForCausalLM), seed=20020,
+        cfg=dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=8,
+                 num_key_value_heads=2, vocab_size=320, max_position_embeddings=256, original_max_position_embeddings=256,
+                 rms_norm_eps=1e-5, tie_word_embeddings=True, bos_token_id=1, eos_token_id=2, pad_token_id=0,
+                 sliding_window=None, rope_parameters=dict(rope_type="default", rope_theta=10000.0))),
+    # Dynamic NTK RoPE (factor 2) past max_position_embeddings 32, GQA 4/2. Stateful in transformers:
+    # greedy ids and margins come from generate() (see stateful_rope in make_fixture).
+    "dynamic_ntk": dict(
+        cls=(LlamaConfig, LlamaForCausalLM), seed=21021, stateful_rope=True,
+        cfg=dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                 num_key_value_heads=2, vocab_size=320, max_position_embeddings=32, rms_norm_eps=1e-5,
+                 tie_word_embeddings=False, bos_token_id=1, eos_token_id=2,
+                 rope_parameters=dict(rope_type="dynamic", factor=2.0, rope_theta=10000.0))),
 }
 
 
@@ -180,6 +233,16 @@ def full_forward_greedy(model, prompt, n_new):
     return ids[len(prompt):], margins
 
 
+def generate_greedy(model, prompt, n_new):
+    """Greedy continuation by generate() (KV cache), with the top1-top2 margin of every step from its scores."""
+    gen_cfg = GenerationConfig(do_sample=False, max_new_tokens=n_new, eos_token_id=None, pad_token_id=0,
+                               bos_token_id=1, output_scores=True, return_dict_in_generate=True)
+    with torch.no_grad():
+        out = model.generate(torch.tensor([prompt]), generation_config=gen_cfg)
+    tops = [torch.topk(step[0], 2).values for step in out.scores]
+    return [int(x) for x in out.sequences[0, len(prompt):]], [float(t[0] - t[1]) for t in tops]
+
+
 def tensor_summary(model_dir):
     from safetensors.numpy import load_file
     out = {}
@@ -201,7 +264,10 @@ def build(spec, seed):
         assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
     rng = np.random.default_rng(seed)
     prompt = [1] + [int(x) for x in rng.integers(3, config.vocab_size, PROMPT_LEN - 1)]
-    greedy, margins = full_forward_greedy(model, prompt, N_NEW)
+    # stateful_rope (dynamic NTK): transformers rescales RoPE from the longest position of each call, and cached
+    # keys keep their rotation, so only generate() itself gives its greedy path; full re-evaluation differs.
+    greedy_fn = generate_greedy if spec.get("stateful_rope") else full_forward_greedy
+    greedy, margins = greedy_fn(model, prompt, N_NEW)
     return model, config, prompt, greedy, margins
 
 
@@ -218,19 +284,17 @@ def make_fixture(name, spec, root):
     else:
         sys.exit(f"{name}: no seed without near-ties")
     model_cls = spec["cls"][1]
-    gen_cfg = GenerationConfig(do_sample=False, max_new_tokens=N_NEW, eos_token_id=None, pad_token_id=0,
-                               bos_token_id=1)
-    with torch.no_grad():
-        out = model.generate(torch.tensor([prompt]), generation_config=gen_cfg)
-    greedy = [int(x) for x in out[0, len(prompt):]]
+    stateful = spec.get("stateful_rope", False)
+    greedy = ref_greedy if stateful else generate_greedy(model, prompt, N_NEW)[0]
     if greedy != ref_greedy:
         sys.exit(f"{name}: generate() and full-forward greedy disagree")
     seq = prompt + greedy
     with torch.no_grad():
         logits = model(torch.tensor([seq])).logits[0].float().numpy()
         prompt_logits = model(torch.tensor([prompt])).logits[0].float().numpy()
-    # Logits of the prompt positions do not depend on what follows (causal mask).
-    assert np.allclose(logits[: len(prompt)], prompt_logits, atol=1e-5)
+    # Logits of the prompt positions do not depend on what follows (causal mask), unless the RoPE
+    # of the whole pass depends on its length.
+    assert stateful or np.allclose(logits[: len(prompt)], prompt_logits, atol=1e-5)
     top2 = np.sort(logits, axis=1)[:, -2:]
     pos_margins = top2[:, 1] - top2[:, 0]
 
@@ -254,6 +318,7 @@ def make_fixture(name, spec, root):
         "logits_mean_abs": float(np.abs(logits).mean()),
         "min_greedy_margin": float(min(margins)),
         "min_position_margin": float(pos_margins.min()),
+        **({"greedy_from": "generate"} if stateful else {}),
         "tensors": tensor_summary(d),
         "versions": versions(),
     }
