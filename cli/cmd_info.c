@@ -1,21 +1,27 @@
 /* qlm info: what a model file holds, and what this machine offers. */
 #include <cblas.h>
+#include <cjson/cJSON.h>
 #include <omp.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "../core/backend.h"
 #include "../tokenizer/chat.h"
 #include "../core/error.h"
 #include "../loaders/gguf.h"
+#include "../loaders/hf_config.h"
 #include "../quant/matmul.h"
 #include "commands.h"
 #include "common.h"
 
 static const char *k_usage =
-    "usage: qlm info [MODEL] [-t TOKENIZER] [--tensors]\n"
+    "usage: qlm info [MODEL] [-t TOKENIZER] [--tensors] [--json]\n"
     "Prints the architecture, tensors and tokenizer of MODEL (folder, .safetensors, .gguf, llama2.c .bin),\n"
-    "and the compute devices. Without MODEL, only the devices.\n";
+    "and the compute devices. Without MODEL, only the devices.\n"
+    "--json: one JSON object on stdout instead: \"cpu\", \"cuda\" and, with MODEL, \"model\" (its path, format,\n"
+    "the config.json qlm would write for it, tensor, parameter and byte counts, stored dtype, tokenizer;\n"
+    "with --tensors each tensor's name, dtype and shape).\n";
 
 static void print_devices(void) {
     printf("cpu: %d threads, matmul kernels: %s (this CPU runs: %s; QLM_ISA picks one)\n", omp_get_max_threads(),
@@ -90,11 +96,105 @@ static void print_gguf_metadata(const char *path) {
     qlm_gguf_close(g);
 }
 
+/* ---- --json ---- */
+
+static cJSON *devices_json(cJSON *root) {
+    cJSON *cpu = cJSON_AddObjectToObject(root, "cpu"), *cuda = cJSON_AddObjectToObject(root, "cuda");
+    if (!cpu || !cuda || !cJSON_AddNumberToObject(cpu, "threads", omp_get_max_threads()) ||
+        !cJSON_AddStringToObject(cpu, "kernels", qlm_matmul_isa()) ||
+        !cJSON_AddStringToObject(cpu, "kernel_sets", qlm_matmul_isas()) ||
+        !cJSON_AddBoolToObject(cpu, "w8a8", qlm_matmul_w8a8()) ||
+        !cJSON_AddStringToObject(cpu, "openblas_core", openblas_get_corename()))
+        return NULL;
+    const qlm_backend *be = qlm_backend_cuda();
+    char line[256];
+    if (be) be->describe(line, sizeof line);
+    if (!cJSON_AddBoolToObject(cuda, "available", be != NULL) ||
+        !cJSON_AddStringToObject(cuda, be ? "description" : "reason", be ? line : qlm_last_error()))
+        return NULL;
+    return root;
+}
+
+static cJSON *tensor_json(const qlm_tensor_entry *e) {
+    cJSON *t = cJSON_CreateObject(), *shape = t ? cJSON_AddArrayToObject(t, "shape") : NULL;
+    int ok = shape && cJSON_AddStringToObject(t, "name", e->name) &&
+             cJSON_AddStringToObject(t, "dtype", qlm_dtype_name(e->dtype));
+    for (int d = 0; ok && d < e->ndim; d++) ok = cJSON_AddItemToArray(shape, cJSON_CreateNumber((double)e->shape[d]));
+    if (ok && qlm_dtype_is_block(e->dtype)) ok = cJSON_AddNumberToObject(t, "group", e->group) != NULL;
+    if (ok && e->dtype == QLM_I8) ok = cJSON_AddBoolToObject(t, "per_channel", e->row_scales != NULL) != NULL;
+    if (!ok) cJSON_Delete(t);
+    return ok ? t : NULL;
+}
+
+static cJSON *tokenizer_json(const qlm_tokenizer *tok) {
+    if (!tok) return cJSON_CreateNull();
+    cJSON *t = cJSON_CreateObject();
+    int bos = qlm_tokenizer_bos(tok), eos = qlm_tokenizer_eos(tok);
+    char tmpl[640];
+    int ok = t && cJSON_AddNumberToObject(t, "tokens", qlm_tokenizer_vocab_size(tok)) &&
+             cJSON_AddNumberToObject(t, "bos_id", bos) && cJSON_AddNumberToObject(t, "eos_id", eos) &&
+             cJSON_AddStringToObject(t, "chat_template",
+                                     qlm_chat_template_describe(qlm_tokenizer_chat_template(tok), tmpl, sizeof tmpl));
+    if (!ok) cJSON_Delete(t);
+    return ok ? t : NULL;
+}
+
+/* "model": the config.json qlm would write for it, so every field has transformers' name. */
+static cJSON *model_json(const qlm_source *src, const char *path, int tensors) {
+    cJSON *m = cJSON_CreateObject(), *list = NULL;
+    qlm_hf_storage st = {.dtype = src->stored_dtype, .per_channel = src->stored_per_channel};
+    cJSON *config = src->is_t5 ? qlm_hf_t5_config_json(&src->t5, &st, path) : qlm_hf_config_json(&src->cfg, &st, path);
+    int ok = m && config && cJSON_AddStringToObject(m, "path", path) &&
+             cJSON_AddStringToObject(m, "format", qlm_format_name(src->format)) &&
+             cJSON_AddItemToObject(m, "config", config);
+    if (!ok) cJSON_Delete(config);
+    int64_t params = 0;
+    double bytes = 0;
+    if (ok && tensors) ok = (list = cJSON_AddArrayToObject(m, "tensors")) != NULL;
+    for (int i = 0; ok && i < qlm_store_count(src->store); i++) {
+        const qlm_tensor_entry *e = qlm_store_at(src->store, i);
+        params += qlm_entry_numel(e);
+        bytes += (double)e->nbytes;
+        if (list) ok = cJSON_AddItemToArray(list, tensor_json(e));
+    }
+    ok = ok && cJSON_AddNumberToObject(m, "tensor_count", qlm_store_count(src->store)) &&
+         cJSON_AddNumberToObject(m, "parameters", (double)params) && cJSON_AddNumberToObject(m, "bytes", bytes) &&
+         cJSON_AddStringToObject(m, "dtype", qlm_dtype_name(src->stored_dtype)) &&
+         cJSON_AddBoolToObject(m, "per_channel", src->stored_per_channel);
+    cJSON *tok = ok ? tokenizer_json(src->tok) : NULL;
+    if (tok && !cJSON_AddItemToObject(m, "tokenizer", tok)) cJSON_Delete(tok), tok = NULL;
+    if (!ok || !tok) {
+        cJSON_Delete(m);
+        if (config) qlm_errorf("out of memory describing %s", path);
+        return NULL;
+    }
+    return m;
+}
+
+static int print_json(const char *path, const char *tokenizer, int tensors) {
+    cJSON *root = cJSON_CreateObject();
+    int rc = root && devices_json(root) ? 0 : qlm_errorf("out of memory");
+    qlm_source src;
+    if (rc == 0 && path && qlm_source_open(&src, path, tokenizer) != 0) rc = -1;
+    else if (rc == 0 && path) {
+        cJSON *m = model_json(&src, path, tensors);
+        if (!m || !cJSON_AddItemToObject(root, "model", m)) rc = -1;
+        qlm_source_close(&src);
+    }
+    char *text = rc == 0 ? cJSON_Print(root) : NULL;
+    cJSON_Delete(root);
+    if (rc == 0 && !text) rc = qlm_errorf("out of memory");
+    if (text) puts(text);
+    free(text);
+    return rc == 0 ? 0 : cli_fail("info");
+}
+
 int cmd_info(int argc, char **argv) {
     const char *tokenizer = NULL;
-    int tensors = 0;
+    int tensors = 0, json = 0;
     static const struct option opts[] = {{"tokenizer", required_argument, 0, 't'},
                                          {"tensors", no_argument, 0, 'T'},
+                                         {"json", no_argument, 0, 'J'},
                                          {"help", no_argument, 0, 'h'},
                                          {0, 0, 0, 0}};
     optind = 1;
@@ -103,11 +203,13 @@ int cmd_info(int argc, char **argv) {
         switch (c) {
         case 't': tokenizer = optarg; break;
         case 'T': tensors = 1; break;
+        case 'J': json = 1; break;
         case 'h': fputs(k_usage, stdout); return 0;
         default: return cli_usage_error("info", k_usage);
         }
     }
     if (argc - optind > 1) return cli_usage_error("info", k_usage);
+    if (json) return print_json(optind < argc ? argv[optind] : NULL, tokenizer, tensors);
     print_devices();
     if (optind == argc) return 0;
     const char *path = argv[optind];

@@ -1,10 +1,13 @@
 /* qlm quantize / qlm convert: load any supported model, convert its weights to a storage
  * dtype, and write a Hugging Face style folder (model.safetensors, config.json, tokenizer). */
+#include <cjson/cJSON.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
+#include "../core/clock.h"
 #include "../core/error.h"
 #include "../models/param_pack.h"
 #include "../loaders/safetensors.h"
@@ -16,8 +19,8 @@
 #include "../quant/block_quant.h"
 
 static const char *k_quantize_usage =
-    "usage: qlm quantize IN OUT --dtype f32|bf16|f16|int8|q8_0|q4_0|int4|q4_1 [--per-channel] [--group N]\n"
-    "       qlm quantize --from-qat IN OUT\n"
+    "usage: qlm quantize IN OUT --dtype f32|bf16|f16|int8|q8_0|q4_0|int4|q4_1 [--per-channel] [--group N] [--json]\n"
+    "       qlm quantize --from-qat IN OUT [--json]\n"
     "Writes the model IN (folder, .safetensors, .gguf or llama2.c .bin) to the folder OUT as safetensors with\n"
     "weights in the given dtype. INT8 is symmetric: q = round(w / s), s = max|w| / 127 per tensor, or per\n"
     "output channel with --per-channel; each INT8 tensor NAME is followed by an F32 tensor NAME_scale of shape\n"
@@ -25,15 +28,41 @@ static const char *k_quantize_usage =
     "(q4_1: and offset) per --group of 32 (default), 64 or 128 weights along each row, stored as U8\n"
     "[rows, bytes] tensors that __metadata__ qlm.blocks.NAME describes. Norms and biases stay F32.\n"
     "--from-qat: IN is the model/ folder of `qlm train --qat`; its INT8 weights use the learned scales of\n"
-    "IN/qat_scales.safetensors (per tensor or per channel, as trained) instead of max|w| / 127.\n";
+    "IN/qat_scales.safetensors (per tensor or per channel, as trained) instead of max|w| / 127.\n"
+    "--json: when done, one JSON object on stdout (out, dtype, group or per_channel, parameters, bytes of\n"
+    "model.safetensors, seconds).\n";
 
 static const char *k_convert_usage =
-    "usage: qlm convert IN OUT [--dtype f32|bf16|f16|int8|q8_0|q4_0|int4|q4_1] [--per-channel] [--group N]\n"
+    "usage: qlm convert IN OUT [--dtype f32|bf16|f16|int8|q8_0|q4_0|int4|q4_1] [--per-channel] [--group N] [--json]\n"
     "Turns a GGUF file or llama2.c checkpoint IN into a Hugging Face style folder OUT (model.safetensors,\n"
     "config.json, tokenizer.json, tokenizer_config.json) that qlm and transformers both load. Quantized GGUF\n"
-    "tensors are dequantized; the default output dtype is f32.\n";
+    "tensors are dequantized; the default output dtype is f32. --json: as for quantize.\n";
 
 enum { OPT_FROM_QAT = 1300 };
+
+/* What --json prints when the folder is written. */
+static int print_result(const cli_model *cm, const char *out, double seconds) {
+    int t5 = cm->src.is_t5;
+    qlm_dtype dt = t5 ? cm->t5.dtype : cm->model.dtype;
+    char file[4200];
+    snprintf(file, sizeof file, "%s/model.safetensors", out);
+    struct stat st;
+    cJSON *j = cJSON_CreateObject();
+    int ok = j && stat(file, &st) == 0 && cJSON_AddStringToObject(j, "out", out) &&
+             cJSON_AddStringToObject(j, "dtype", qlm_dtype_name(dt)) &&
+             (qlm_dtype_is_block(dt) ? cJSON_AddNumberToObject(j, "group", t5 ? cm->t5.group : cm->model.group) != NULL
+                                     : cJSON_AddBoolToObject(j, "per_channel", t5 ? cm->t5.per_channel
+                                                                                  : cm->model.per_channel) != NULL) &&
+             cJSON_AddNumberToObject(j, "parameters",
+                                     (double)(t5 ? qlm_t5_param_count(&cm->t5) : qlm_model_param_count(&cm->model))) &&
+             cJSON_AddNumberToObject(j, "bytes", (double)st.st_size) && cJSON_AddNumberToObject(j, "seconds", seconds);
+    char *text = ok ? cJSON_PrintUnformatted(j) : NULL;
+    cJSON_Delete(j);
+    if (!text) return qlm_errorf("%s: cannot describe the result", file);
+    puts(text);
+    free(text);
+    return 0;
+}
 
 /* How a QAT run's scales are laid out (qat_scales.safetensors' metadata): bits 8 or 4, and for
  * INT4 the group. */
@@ -156,13 +185,19 @@ static int run(int argc, char **argv, const char *cmd, const char *usage, int re
                                          {"tokenizer", required_argument, 0, OPT_TOKENIZER},
                                          {"threads", required_argument, 0, OPT_THREADS},
                                          {"from-qat", no_argument, 0, OPT_FROM_QAT},
+                                         {"json", no_argument, 0, OPT_JSON},
                                          {"help", no_argument, 0, OPT_HELP},
                                          {0, 0, 0, 0}};
     optind = 1;
-    int c, from_qat = 0;
+    int c, from_qat = 0, json = 0;
+    double t0 = qlm_now_s();
     while ((c = getopt_long(argc, argv, "t:h", opts, NULL)) != -1) {
         if (c == OPT_FROM_QAT && require_dtype) {
             from_qat = 1;
+            continue;
+        }
+        if (c == OPT_JSON) {
+            json = 1;
             continue;
         }
         int r = cli_model_flag(&mo, c, optarg);
@@ -207,6 +242,7 @@ static int run(int argc, char **argv, const char *cmd, const char *usage, int re
     else if (pc) snprintf(what, sizeof what, ", per-channel scales");
     fprintf(stderr, "qlm %s: writing %s (%s%s weights)\n", cmd, out, qlm_dtype_name(dt), what);
     int rc = cli_write_model_folder(&cm, out);
+    if (rc == 0 && json) rc = print_result(&cm, out, qlm_now_s() - t0);
     cli_free_model(&cm);
     if (rc != 0) return cli_fail(cmd);
     fprintf(stderr, "qlm %s: done\n", cmd);

@@ -52,7 +52,9 @@ static const char *k_usage =
     "                         summary1, else summary)\n"
     "      --adapter-field F  each line's --lora adapter by name from its field F (none: the base model;\n"
     "                         absent: --adapter); lines with different adapters share the batch\n"
-    "      --quiet            no load line, progress or timing on stderr\n" CLI_DIST_HELP
+    "      --quiet            no load line, progress or timing on stderr\n"
+    "      --json             (one dialogue) print {\"summary\", \"prompt_tokens\", \"completion_tokens\",\n"
+    "                         \"finish_reason\", \"prefill_seconds\", \"decode_seconds\"} instead of the text\n" CLI_DIST_HELP
     "  (with --batch, the dialogues are split over the ranks; each writes its finished records to\n"
     "  OUT.part-R and rank 0 puts them into OUT in input order when all are done)\n";
 
@@ -68,7 +70,7 @@ typedef struct {
     cli_sampling_opts so;
     const char *input, *examples, *template_path, *format, *batch_in, *out, *field, *out_field, *ref_fields,
         *adapter_field;
-    int shots, batch_size, resume, eval, quiet, no_prefix_reuse;
+    int shots, batch_size, resume, eval, quiet, no_prefix_reuse, json;
 } options;
 
 /* Everything that turns a dialogue into prompt ids. */
@@ -108,6 +110,7 @@ static int parse(int argc, char **argv, options *o) {
                                          {"adapter-field", required_argument, 0, OPT_ADAPTER_FIELD},
                                          {"quiet", no_argument, 0, OPT_QUIET},
                                          {"no-prefix-reuse", no_argument, 0, OPT_NO_PREFIX_REUSE},
+                                         {"json", no_argument, 0, OPT_JSON},
                                          {0, 0, 0, 0}};
     optind = 1;
     int c;
@@ -128,6 +131,7 @@ static int parse(int argc, char **argv, options *o) {
         case OPT_BATCH_SIZE: if (cli_int("--batch-size", optarg, 1, 1024, &o->batch_size) != 0) return 2; break;
         case OPT_RESUME: o->resume = 1; break;
         case OPT_EVAL: o->eval = 1; break;
+        case OPT_JSON: o->json = 1; break;
         case OPT_REF_FIELD: o->ref_fields = optarg; break;
         case OPT_ADAPTER_FIELD: o->adapter_field = optarg; break;
         case OPT_QUIET: o->quiet = 1; break;
@@ -141,6 +145,7 @@ static int parse(int argc, char **argv, options *o) {
     else if (o->batch_in && !o->out) why = "--batch needs --out";
     else if (!o->batch_in && (o->out || o->resume || o->eval || o->adapter_field))
         why = "--out, --resume, --eval and --adapter-field go with --batch";
+    else if (o->batch_in && o->json) why = "--json is for one dialogue (--batch writes JSON lines already)";
     else if (o->shots && !o->examples) why = "--shots needs --examples FILE";
     else if (strcmp(o->format, "auto") && strcmp(o->format, "plain") && strcmp(o->format, "chat"))
         why = "--format is auto, plain or chat";
@@ -212,10 +217,44 @@ static size_t trim(char *s, size_t len) {
     return len - a;
 }
 
-static int emit_stdout(void *user, const char *text, size_t len) {
-    (void)user;
-    fwrite(text, 1, len, stdout);
-    fflush(stdout);
+/* The summary as it comes: on stdout, or (user not NULL, --json) into a buffer printed at the end. */
+typedef struct {
+    char *text;
+    size_t len, cap;
+} text_buf;
+
+static int emit_summary(void *user, const char *text, size_t len) {
+    text_buf *b = user;
+    if (!b) {
+        fwrite(text, 1, len, stdout);
+        fflush(stdout);
+        return 0;
+    }
+    if (b->len + len + 1 > b->cap) {
+        size_t cap = (b->len + len + 1) * 2;
+        char *t = realloc(b->text, cap);
+        if (!t) return qlm_errorf("out of memory");
+        b->text = t, b->cap = cap;
+    }
+    memcpy(b->text + b->len, text, len);
+    b->len += len;
+    b->text[b->len] = 0;
+    return 0;
+}
+
+static int print_json(const text_buf *b, const qlm_gen_stats *pst, const qlm_gen_stats *st) {
+    cJSON *j = cJSON_CreateObject();
+    int ok = j && cJSON_AddStringToObject(j, "summary", b->text ? b->text : "") &&
+             cJSON_AddNumberToObject(j, "prompt_tokens", pst->n_prompt) &&
+             cJSON_AddNumberToObject(j, "completion_tokens", st->n_generated) &&
+             cJSON_AddStringToObject(j, "finish_reason", qlm_stop_reason_name(st->reason)) &&
+             cJSON_AddNumberToObject(j, "prefill_seconds", pst->prefill_seconds) &&
+             cJSON_AddNumberToObject(j, "decode_seconds", st->decode_seconds);
+    char *text = ok ? cJSON_PrintUnformatted(j) : NULL;
+    cJSON_Delete(j);
+    if (!text) return qlm_errorf("out of memory");
+    puts(text);
+    free(text);
     return 0;
 }
 
@@ -238,8 +277,14 @@ static int summarize_one(const options *o, cli_model *cm, const prompter *p) {
     if (cli_session_init(&o->mo, cm, &s, o->so.gen.max_new_tokens) != 0) goto out;
     have_session = 1;
     if (qlm_session_sync(&s, ids, n, &pst) != 0) goto out;
-    if (qlm_session_generate(&s, &o->so.gen, emit_stdout, NULL, &st) != 0) goto out;
-    fputc('\n', stdout);
+    text_buf buf = {0};
+    if (qlm_session_generate(&s, &o->so.gen, emit_summary, o->json ? &buf : NULL, &st) != 0 ||
+        (o->json && print_json(&buf, &pst, &st) != 0)) {
+        free(buf.text);
+        goto out;
+    }
+    free(buf.text);
+    if (!o->json) fputc('\n', stdout);
     if (!o->quiet)
         fprintf(stderr, "qlm: prompt %d tokens in %.2f s; summary %d tokens in %.2f s (%.1f tok/s), stop: %s\n",
                 pst.n_prompt, pst.prefill_seconds, st.n_generated, st.decode_seconds,

@@ -699,7 +699,7 @@ static int add_storage(cJSON *root, const qlm_hf_storage *st) {
 }
 
 static int save_json(const char *path, cJSON *root) {
-    char *text = root ? cJSON_Print(root) : NULL;
+    char *text = cJSON_Print(root);
     cJSON_Delete(root);
     if (!text) return qlm_errorf("%s: out of memory building config.json", path);
     int rc = qlm_atomic_write_text(path, text);
@@ -707,19 +707,25 @@ static int save_json(const char *path, cJSON *root) {
     return rc;
 }
 
-int qlm_hf_config_save(const char *path, const qlm_llama_config *cfg, const qlm_hf_storage *st) {
+cJSON *qlm_hf_config_json(const qlm_llama_config *cfg, const qlm_hf_storage *st, const char *source) {
     hf_arch arch = ARCH_LLAMA;
-    if (qlm_config_validate(cfg, path) != 0 || pick_arch(cfg, path, &arch) != 0) return -1;
+    if (qlm_config_validate(cfg, source) != 0 || pick_arch(cfg, source, &arch) != 0) return NULL;
     cJSON *root = cJSON_CreateObject();
     if (root && (fill_json(root, cfg, arch) != 0 || !add_storage(root, st))) {
         cJSON_Delete(root);
         root = NULL;
     }
-    return save_json(path, root);
+    if (!root) qlm_errorf("%s: out of memory building config.json", source);
+    return root;
 }
 
-int qlm_hf_t5_config_save(const char *path, const qlm_t5_config *cfg, const qlm_hf_storage *st) {
-    if (qlm_t5_config_validate(cfg, path) != 0) return -1;
+int qlm_hf_config_save(const char *path, const qlm_llama_config *cfg, const qlm_hf_storage *st) {
+    cJSON *root = qlm_hf_config_json(cfg, st, path);
+    return root ? save_json(path, root) : -1;
+}
+
+cJSON *qlm_hf_t5_config_json(const qlm_t5_config *cfg, const qlm_hf_storage *st, const char *source) {
+    if (qlm_t5_config_validate(cfg, source) != 0) return NULL;
     const char *proj = !cfg->gated ? "relu" : cfg->act == QLM_ACT_SILU ? "gated-silu" : "gated-gelu";
     const char *names[1] = {"T5ForConditionalGeneration"};
     cJSON *root = cJSON_CreateObject(), *archs = cJSON_CreateStringArray(names, 1);
@@ -740,7 +746,13 @@ int qlm_hf_t5_config_save(const char *path, const qlm_t5_config *cfg, const qlm_
          cJSON_AddNumberToObject(root, "decoder_start_token_id", cfg->decoder_start_id) && add_storage(root, st);
     if (!ok) {
         cJSON_Delete(root);
-        root = NULL;
+        qlm_errorf("%s: out of memory building config.json", source);
+        return NULL;
     }
-    return save_json(path, root);
+    return root;
+}
+
+int qlm_hf_t5_config_save(const char *path, const qlm_t5_config *cfg, const qlm_hf_storage *st) {
+    cJSON *root = qlm_hf_t5_config_json(cfg, st, path);
+    return root ? save_json(path, root) : -1;
 }

@@ -23,5 +23,9 @@ int qlm_hf_t5_config_save(const char *path, const qlm_t5_config *cfg, const qlm_
  * (st NULL: float32). INT8 and block-type folders get a quantization_config naming qlm's scheme,
  * which transformers refuses by name instead of reading the bytes and scales as weights. */
 int qlm_hf_config_save(const char *path, const qlm_llama_config *cfg, const qlm_hf_storage *st);
+/* The documents the two save functions write, for the caller to own (NULL with a message naming
+ * source on a config that does not validate). */
+struct cJSON *qlm_hf_config_json(const qlm_llama_config *cfg, const qlm_hf_storage *st, const char *source);
+struct cJSON *qlm_hf_t5_config_json(const qlm_t5_config *cfg, const qlm_hf_storage *st, const char *source);
 
 #endif

@@ -172,6 +172,30 @@ static void test_quantize_roundtrip(void **state) {
     assert_int_equal(test_run_qlm(&info, "info %s --tensors", out_dir), 0);
     assert_non_null(strstr(info, "per-channel scales"));
     free(info);
+    /* --json: what was written, and the folder as info describes it. */
+    char *res = NULL, file[700];
+    assert_int_equal(test_run_qlm(&res, "quantize %s %s --dtype q4_0 --group 64 --json 2>/dev/null", dir, out_dir), 0);
+    cJSON *r = cJSON_Parse(res);
+    assert_non_null(r);
+    snprintf(file, sizeof file, "%s/model.safetensors", out_dir);
+    size_t file_bytes = 0;
+    free(test_read_file(file, &file_bytes));
+    assert_string_equal(cJSON_GetObjectItem(r, "dtype")->valuestring, "q4_0");
+    assert_int_equal(cJSON_GetObjectItem(r, "group")->valueint, 64);
+    assert_true(cJSON_GetObjectItem(r, "bytes")->valuedouble == (double)file_bytes);
+    assert_int_equal(test_run_qlm(&info, "info %s --tensors --json", out_dir), 0);
+    cJSON *j = cJSON_Parse(info), *m = cJSON_GetObjectItem(j, "model"), *cfg = cJSON_GetObjectItem(m, "config");
+    assert_non_null(cfg);
+    assert_int_equal(cJSON_GetObjectItem(cfg, "hidden_size")->valueint, 128);
+    assert_string_equal(cJSON_GetObjectItem(m, "dtype")->valuestring, "q4_0");
+    assert_true(cJSON_GetObjectItem(m, "parameters")->valuedouble == cJSON_GetObjectItem(r, "parameters")->valuedouble);
+    assert_int_equal(cJSON_GetArraySize(cJSON_GetObjectItem(m, "tensors")), cJSON_GetObjectItem(m, "tensor_count")->valueint);
+    assert_true(cJSON_IsObject(cJSON_GetObjectItem(m, "tokenizer")));
+    assert_true(cJSON_IsBool(cJSON_GetObjectItem(cJSON_GetObjectItem(j, "cpu"), "w8a8")));
+    cJSON_Delete(j);
+    cJSON_Delete(r);
+    free(info);
+    free(res);
     char cmd[1400];
     snprintf(cmd, sizeof cmd, "rm -rf %s", tmp);
     assert_int_equal(system(cmd), 0);
@@ -295,6 +319,16 @@ static void test_summarize(void **state) {
         assert_memory_equal(single[i], cont, n);
         single[i][n] = 0;
         free(gen);
+        /* --json holds the same summary with its counts. */
+        char *js = NULL;
+        assert_int_equal(test_run_qlm(&js, "summarize -m %s %s %s --json", model, one, flags), 0);
+        cJSON *j = cJSON_Parse(js);
+        assert_non_null(j);
+        assert_string_equal(cJSON_GetObjectItem(j, "summary")->valuestring, single[i]);
+        assert_true(cJSON_GetObjectItem(j, "completion_tokens")->valueint > 0);
+        assert_true(cJSON_GetObjectItem(j, "prompt_tokens")->valueint > 10);
+        cJSON_Delete(j);
+        free(js);
     }
     char *err = NULL;
     /* Nothing to summarize is an error, not a summary the model makes up. */
