@@ -320,6 +320,8 @@ static int load_model(const cli_model_opts *o, cli_model *cm, int need_tokenizer
         if (!quiet) fprintf(stderr, "qlm: --w8a8: this CPU has no byte dot products (AVX512-VNNI); activations stay 16-bit\n");
         mo.act8 = 0;
     }
+    /* One model is built from the store, which is freed next: copies go as they are converted. */
+    qlm_store_read_once(cm->src.store);
     rc = cm->src.is_t5 ? qlm_t5_build(&cm->t5, &cm->src.t5, cm->src.store, &mo)
                            : qlm_model_build(&cm->model, &cm->src.cfg, cm->src.store, &mo);
     if (rc != 0) {

@@ -11,7 +11,8 @@
 
 typedef struct {
     void *addr;
-    size_t len; /* 0 for a malloc'd buffer */
+    size_t len; /* a mapping's length, an owned buffer's size (0: unknown) */
+    int owned;  /* malloc'd: freed, not unmapped */
 } held_region;
 
 struct qlm_tensor_store {
@@ -19,6 +20,7 @@ struct qlm_tensor_store {
     int n, cap;
     held_region *held;
     int n_held, cap_held;
+    int read_once; /* qlm_store_read_once */
 };
 
 qlm_tensor_store *qlm_store_new(void) {
@@ -31,15 +33,15 @@ void qlm_store_free(qlm_tensor_store *s) {
     if (!s) return;
     for (int i = 0; i < s->n; i++) free(s->entries[i].name);
     for (int i = 0; i < s->n_held; i++) {
-        if (s->held[i].len) munmap(s->held[i].addr, s->held[i].len);
-        else free(s->held[i].addr);
+        if (s->held[i].owned) free(s->held[i].addr);
+        else munmap(s->held[i].addr, s->held[i].len);
     }
     free(s->entries);
     free(s->held);
     free(s);
 }
 
-static int hold(qlm_tensor_store *s, void *addr, size_t len) {
+static int hold(qlm_tensor_store *s, void *addr, size_t len, int owned) {
     if (s->n_held == s->cap_held) {
         int cap = s->cap_held ? 2 * s->cap_held : 16;
         held_region *h = realloc(s->held, (size_t)cap * sizeof *h);
@@ -47,24 +49,52 @@ static int hold(qlm_tensor_store *s, void *addr, size_t len) {
         s->held = h;
         s->cap_held = cap;
     }
-    s->held[s->n_held++] = (held_region){addr, len};
+    s->held[s->n_held++] = (held_region){addr, len, owned};
     return 0;
 }
 
-int qlm_store_keep_mapping(qlm_tensor_store *s, void *addr, size_t len) { return hold(s, addr, len ? len : 1); }
+int qlm_store_keep_mapping(qlm_tensor_store *s, void *addr, size_t len) { return hold(s, addr, len ? len : 1, 0); }
+
+void qlm_store_read_once(qlm_tensor_store *s) { s->read_once = 1; }
+
+static int points_into(const qlm_tensor_entry *e, uintptr_t lo, uintptr_t hi) {
+    uintptr_t d = (uintptr_t)e->data, r = (uintptr_t)e->row_scales;
+    return (d && d >= lo && d < hi) || (r && r >= lo && r < hi);
+}
+
+/* Read once: e's data is gone for good, and the owned buffer it lay in is freed once no other
+ * entry points into it. The store's own bookkeeping, hence the casts. */
+static void consume(const qlm_tensor_store *cs, const qlm_tensor_entry *e) {
+    qlm_tensor_store *s = (qlm_tensor_store *)cs;
+    uintptr_t d = (uintptr_t)e->data;
+    qlm_tensor_entry *me = (qlm_tensor_entry *)e;
+    me->data = NULL;
+    me->row_scales = NULL;
+    for (int i = 0; i < s->n_held; i++) {
+        held_region *h = &s->held[i];
+        uintptr_t lo = (uintptr_t)h->addr, hi = lo + h->len;
+        if (!h->owned || !h->len || d < lo || d >= hi) continue;
+        for (int j = 0; j < s->n; j++)
+            if (points_into(&s->entries[j], lo, hi)) return;
+        free(h->addr);
+        *h = (held_region){NULL, 0, 1};
+        return;
+    }
+}
 
 void qlm_store_release(const qlm_tensor_store *s, const qlm_tensor_entry *e) {
     uintptr_t lo = (uintptr_t)e->data, hi = lo + e->nbytes, page = (uintptr_t)sysconf(_SC_PAGESIZE);
     for (int i = 0; i < s->n_held; i++) {
         uintptr_t a = (uintptr_t)s->held[i].addr;
-        if (!s->held[i].len || lo < a || hi > a + s->held[i].len) continue;
+        if (s->held[i].owned || lo < a || hi > a + s->held[i].len) continue;
         uintptr_t first = (lo + page - 1) & ~(page - 1), last = hi & ~(page - 1);
         if (last > first) madvise((void *)first, last - first, MADV_DONTNEED);
-        return;
+        break;
     }
+    if (s->read_once) consume(s, e);
 }
 
-int qlm_store_keep_buffer(qlm_tensor_store *s, void *buf) { return hold(s, buf, 0); }
+int qlm_store_keep_buffer(qlm_tensor_store *s, void *buf) { return hold(s, buf, 0, 1); }
 
 qlm_tensor_entry *qlm_store_add(qlm_tensor_store *s, const char *name, qlm_dtype dtype, int ndim,
                                 const int64_t *shape, const void *data, size_t nbytes) {
@@ -111,7 +141,7 @@ static qlm_tensor_entry *add_owned_bytes(qlm_tensor_store *s, const char *name, 
         qlm_errorf("tensor %s: out of memory allocating %zu bytes", name, nbytes);
         return NULL;
     }
-    if (hold(s, buf, 0) != 0) {
+    if (hold(s, buf, nbytes, 1) != 0) {
         free(buf);
         return NULL;
     }

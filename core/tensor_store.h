@@ -54,8 +54,14 @@ const qlm_tensor_entry *qlm_store_at(const qlm_tensor_store *s, int i);
 /* Gives back the memory of e's bytes where they lie in a file mapping the store keeps, once the
  * caller has converted them (madvise MADV_DONTNEED on the whole pages inside them): a model built
  * from a mapped file then peaks near its own weights rather than the file plus its weights. The
- * data stays readable: a later read faults it in from the file again. Owned buffers are left alone. */
+ * data stays readable: a later read faults it in from the file again. Owned buffers (converted or
+ * reordered copies) are left alone, unless the store is read once. */
 void qlm_store_release(const qlm_tensor_store *s, const qlm_tensor_entry *e);
+/* Whoever builds from this store reads each released entry no more (one model is built, then the
+ * store freed): from now on a release also drops the entry's data (NULL) and frees the owned
+ * buffer it lay in once no other entry points into it, so a GGUF's reordered Q/K copies and
+ * converted K-quants do not outlive their conversion. */
+void qlm_store_read_once(qlm_tensor_store *s);
 /* Removes an entry by name (data not freed until the store is). Returns 0 if found. */
 int qlm_store_remove(qlm_tensor_store *s, const char *name);
 

@@ -1111,10 +1111,11 @@ static int kept_dtype(const gguf_tensor *t, const uint8_t *data) {
 }
 
 /* A matrix kept as it lies in the file: entered from the store's mapping, or (Q/K) as a copy with
- * its rows reordered. */
+ * its rows reordered, read through the GGUF's own mapping: that one is closed once loading is done,
+ * while pages read through the store's would stay resident beside the model until it is built. */
 static int add_kept(const qlm_gguf *g, const uint8_t *store_map, const gguf_tensor *t, const want *w,
                     const char *hname, qlm_dtype dt, qlm_tensor_store *store) {
-    const uint8_t *src = store_map + g->data_start + t->offset;
+    const uint8_t *src = (w->perm_heads ? g->map : store_map) + g->data_start + t->offset;
     const int group = qlm_dtype_is_block(dt) ? 32 : 0;
     const size_t row_bytes = qlm_dtype_row_bytes(dt, (long)w->cols, group);
     int64_t shape[2] = {w->rows, w->cols};

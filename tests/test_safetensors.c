@@ -515,6 +515,34 @@ static void test_release_keeps_data(void **state) {
     qlm_store_free(s);
 }
 
+/* A store read once: a released entry's data is gone (NULL, never a dangling pointer), and an
+ * owned buffer is freed when the last entry pointing into it is released (ASan's leak and
+ * use-after-free checks watch the rest). */
+static void test_read_once(void **state) {
+    (void)state;
+    qlm_tensor_store *s = load_dir_ok("tests/fixtures/llama/mha_untied");
+    int64_t shape[2] = {64, 64};
+    void *buf;
+    qlm_tensor_entry *whole = qlm_store_add_owned(s, "whole", QLM_F32, 2, shape, &buf);
+    assert_non_null(whole);
+    /* two views into the second half of the buffer, as fused projections are split */
+    int64_t half[2] = {32, 64};
+    const qlm_tensor_entry *a = qlm_store_add(s, "a", QLM_F32, 2, half, (float *)buf + 32 * 64, 32 * 64 * sizeof(float));
+    assert_non_null(a);
+    qlm_store_read_once(s);
+    const qlm_tensor_entry *mapped = qlm_store_find(s, "model.norm.weight");
+    qlm_store_release(s, mapped);
+    assert_null(mapped->data);
+    qlm_store_release(s, whole);
+    assert_null(whole->data);
+    /* a still points into the buffer: it is not freed yet, and reads as it was */
+    ((float *)a->data)[0] = 7.0f;
+    assert_true(((const float *)a->data)[0] == 7.0f);
+    qlm_store_release(s, a);
+    assert_null(a->data);
+    qlm_store_free(s);
+}
+
 static void test_sharded(void **state) {
     (void)state;
     char tmp[256];
@@ -590,6 +618,7 @@ int main(void) {
         cmocka_unit_test(test_roundtrip),
         cmocka_unit_test(test_save_rejects_bad_store), cmocka_unit_test(test_block_roundtrip),
         cmocka_unit_test(test_release_keeps_data),
+        cmocka_unit_test(test_read_once),
         cmocka_unit_test(test_sharded),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
