@@ -224,6 +224,10 @@ static void print_loaded(const cli_model_opts *o, const cli_model *cm, const qlm
                 m->cfg.n_layers, m->cfg.dim, qlm_model_param_count(m) / 1e6, qlm_dtype_name(m->dtype),
                 m->per_channel ? " per-channel" : "", m->act8 ? " w8a8" : "", be->name, omp_get_max_threads());
     }
+    size_t in_place = cm->src.is_t5 ? cm->t5.in_place_bytes : cm->model.in_place_bytes;
+    if (in_place)
+        fprintf(stderr, "qlm: %.1f MiB of weights used where the loader holds them (no copy)\n",
+                in_place / 1048576.0);
     for (int i = 0; i < cm->lora.n; i++) {
         const qlm_lora_adapter *a = qlm_lora_registry_at(&cm->lora, i);
         fprintf(stderr, "qlm: adapter %s from %s: rank %d, %d modules, %.2fM params%s\n", a->name, a->path, a->cfg.r,
@@ -305,8 +309,11 @@ static int load_model(const cli_model_opts *o, cli_model *cm, int need_tokenizer
         qlm_source_close(&cm->src);
         return -1;
     }
+    /* Weights that need no conversion are read from the file's mapping where nothing writes them
+     * and nothing splits them over ranks. */
     qlm_model_options mo = {.dtype = cm->src.stored_dtype, .per_channel = o->per_channel || cm->src.stored_per_channel,
-                            .group = o->group, .as_stored = !o->dtype, .act8 = o->act8, .backend = be};
+                            .group = o->group, .as_stored = !o->dtype, .act8 = o->act8,
+                            .in_place = !o->writable && cm->dist.size == 1, .backend = be};
     if (o->dtype) qlm_dtype_parse(o->dtype, &mo.dtype);
     if (o->dtype && mo.dtype == QLM_I8) mo.per_channel = o->per_channel;
     if (o->act8 && !qlm_dtype_is_block(mo.dtype)) {
@@ -320,7 +327,7 @@ static int load_model(const cli_model_opts *o, cli_model *cm, int need_tokenizer
         if (!quiet) fprintf(stderr, "qlm: --w8a8: this CPU has no byte dot products (AVX512-VNNI); activations stay 16-bit\n");
         mo.act8 = 0;
     }
-    /* One model is built from the store, which is freed next: copies go as they are converted. */
+    /* One model is built from the store: copies go as they are converted. */
     qlm_store_read_once(cm->src.store);
     rc = cm->src.is_t5 ? qlm_t5_build(&cm->t5, &cm->src.t5, cm->src.store, &mo)
                            : qlm_model_build(&cm->model, &cm->src.cfg, cm->src.store, &mo);
@@ -329,9 +336,13 @@ static int load_model(const cli_model_opts *o, cli_model *cm, int need_tokenizer
         qlm_source_close(&cm->src);
         return -1;
     }
-    /* The converted weights are all the model needs; release the file mappings. */
-    qlm_store_free(cm->src.store);
-    cm->src.store = NULL;
+    /* Unless weights are read in place, the converted ones are all the model needs: release the
+     * file mappings (else qlm_source_close does, after the model is freed). */
+    size_t in_place = cm->src.is_t5 ? cm->t5.in_place_bytes : cm->model.in_place_bytes;
+    if (!in_place) {
+        qlm_store_free(cm->src.store);
+        cm->src.store = NULL;
+    }
     cm->loaded = 1;
     if (load_adapters(o, cm) != 0) {
         cli_free_model(cm);

@@ -75,14 +75,14 @@ static int shared_params(qlm_model *m, const char *embed_name, qlm_param p[N_SHA
 }
 
 static qlm_weight_format weight_format(const qlm_model *m) {
-    return (qlm_weight_format){m->dtype, m->per_channel, m->group, m->as_stored, m->act8};
+    return (qlm_weight_format){m->dtype, m->per_channel, m->group, m->as_stored, m->act8, m->in_place};
 }
 
 static int build_layer(qlm_model *m, const qlm_tensor_store *store, int l) {
     qlm_param p[MAX_LAYER_PARAMS];
     int n = layer_params(m, l, p);
     qlm_layer *L = &m->layers[l];
-    return qlm_params_pack(p, n, store, weight_format(m), m->be, &L->buffer, &L->buffer_bytes);
+    return qlm_params_pack(p, n, store, weight_format(m), m->be, &L->buffer, &L->buffer_bytes, &m->in_place_bytes);
 }
 
 static int build_shared(qlm_model *m, const qlm_tensor_store *store) {
@@ -93,7 +93,8 @@ static int build_shared(qlm_model *m, const qlm_tensor_store *store) {
     if (!has_head) m->cfg.tie_embeddings = 1;
     qlm_param p[N_SHARED_PARAMS];
     int n = shared_params(m, embed, p);
-    if (qlm_params_pack(p, n, store, weight_format(m), m->be, &m->shared_buffer, &m->shared_bytes) != 0)
+    if (qlm_params_pack(p, n, store, weight_format(m), m->be, &m->shared_buffer, &m->shared_bytes, &m->in_place_bytes) !=
+        0)
         return -1;
     if (m->cfg.tie_embeddings) m->lm_head = m->tok_embed;
     return 0;
@@ -224,6 +225,7 @@ int qlm_model_build(qlm_model *m, const qlm_llama_config *cfg, const qlm_tensor_
     m->group = qlm_options_group(opts);
     m->as_stored = opts->as_stored;
     m->act8 = opts->act8;
+    m->in_place = opts->in_place;
     m->be = opts->backend ? opts->backend : qlm_backend_cpu();
     m->layers = calloc((size_t)cfg->n_layers, sizeof *m->layers);
     if (!m->layers) return qlm_errorf("out of memory");

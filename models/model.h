@@ -32,6 +32,8 @@ typedef struct {
     int group;        /* block types: weights per block */
     int as_stored;    /* each matrix kept in its stored dtype (qlm_weight_format) */
     int act8;         /* block weights take 8-bit activations (W8A8, qlm_weight) */
+    int in_place;     /* matrices read where the store holds them (qlm_model_options) */
+    size_t in_place_bytes; /* of those matrices */
     const qlm_backend *be;
     qlm_weight tok_embed;
     qlm_weight lm_head; /* same data as tok_embed when tied */
@@ -53,6 +55,10 @@ typedef struct {
     int group;           /* block types: weights per block (0: 32) */
     int as_stored;       /* each matrix keeps its stored dtype; dtype then only names the model's */
     int act8;            /* block weights take 8-bit activations (W8A8, qlm_weight) */
+    /* Matrices stored as the kernels read them stay where the store holds them (a file mapping:
+     * nothing copied, nothing converted) on a host-memory backend. The store must then outlive
+     * the model, and nothing may write into those weights: not for training or merging. */
+    int in_place;
     const qlm_backend *backend;
 } qlm_model_options;
 

@@ -46,8 +46,8 @@ static size_t align64(size_t n) { return (n + 63) & ~(size_t)63; }
  * where be does not run them. */
 static qlm_weight_format format_for(const qlm_weight_format *fmt, const qlm_tensor_entry *e, const qlm_backend *be) {
     if (!fmt->as_stored) return *fmt;
-    if (qlm_dtype_is_block(e->dtype) && !be->block_weights) return (qlm_weight_format){QLM_BF16, 0, 0, 1, 0};
-    return (qlm_weight_format){e->dtype, e->row_scales != NULL, e->group, 1, fmt->act8};
+    if (qlm_dtype_is_block(e->dtype) && !be->block_weights) return (qlm_weight_format){QLM_BF16, 0, 0, 1, 0, 0};
+    return (qlm_weight_format){e->dtype, e->row_scales != NULL, e->group, 1, fmt->act8, fmt->in_place};
 }
 
 /* Bytes a matrix takes in format f, scales included, each part aligned. */
@@ -78,6 +78,14 @@ static int fill_blocks(qlm_weight *w, const qlm_tensor_entry *e, char *dst) {
         free(row);
     }
     return failed ? qlm_errorf("out of memory converting %s", e->name) : 0;
+}
+
+/* 1 if entry e is matrix data exactly as format f lays it out, readable where it lies. */
+static int readable_in_place(const qlm_weight_format *f, const qlm_tensor_entry *e, const qlm_backend *be) {
+    if (!f->in_place || !be->host_memory || e->dtype != f->dtype || !e->data) return 0;
+    if (qlm_dtype_is_block(e->dtype)) return !f->act8 && e->group == f->group;
+    if (e->dtype == QLM_I8) return f->per_channel == (e->row_scales != NULL) && (uintptr_t)e->row_scales % 4 == 0;
+    return (uintptr_t)e->data % qlm_dtype_size(e->dtype) == 0;
 }
 
 /* Converts entry e into the matrix w placed at *cursor (advanced past it), in format f. */
@@ -147,7 +155,7 @@ static void rebase(const qlm_param *p, int n, const char *from, char *to) {
 }
 
 int qlm_params_pack(const qlm_param *p, int n, const qlm_tensor_store *store, qlm_weight_format fmt,
-                    const qlm_backend *be, void **buffer, size_t *bytes) {
+                    const qlm_backend *be, void **buffer, size_t *bytes, size_t *in_place_bytes) {
     *buffer = NULL;
     *bytes = 0;
     if (qlm_dtype_is_block(fmt.dtype) && !fmt.as_stored && !be->block_weights)
@@ -169,6 +177,7 @@ int qlm_params_pack(const qlm_param *p, int n, const qlm_tensor_store *store, ql
             return -1;
         }
         qlm_weight_format f = format_for(&fmt, ent[i], be);
+        if (p[i].matrix && readable_in_place(&f, ent[i], be)) continue;
         total += p[i].matrix ? matrix_bytes(&f, p[i].rows, p[i].cols)
                              : align64((size_t)qlm_entry_numel(ent[i]) * sizeof(float));
     }
@@ -184,8 +193,16 @@ int qlm_params_pack(const qlm_param *p, int n, const qlm_tensor_store *store, ql
             *p[i].matrix = (qlm_weight){0};
             if (!ent[i]) continue;
             qlm_weight_format f = format_for(&fmt, ent[i], be);
-            rc = fill_matrix(p[i].matrix, ent[i], &f, &cur);
-            qlm_store_release(store, ent[i]);
+            const qlm_tensor_entry *e = ent[i];
+            if (readable_in_place(&f, e, be)) {
+                *p[i].matrix = (qlm_weight){.dtype = e->dtype, .rows = (int)e->shape[0], .cols = (int)e->shape[1],
+                                            .data = e->data, .scale = e->scale, .row_scales = e->row_scales,
+                                            .group = e->group};
+                if (in_place_bytes) *in_place_bytes += qlm_weight_bytes(p[i].matrix);
+                continue;
+            }
+            rc = fill_matrix(p[i].matrix, e, &f, &cur);
+            qlm_store_release(store, e);
         } else {
             *p[i].vector = NULL;
             if (!ent[i]) continue;

@@ -36,14 +36,19 @@ typedef struct {
     /* Block-type matrices take 8-bit activations (W8A8, qlm_weight: rows put in panels,
      * quant/block_pack.h; an embedding table's rows still read through qlm_weight_row_f32). */
     int act8;
+    /* A matrix the store holds exactly as the kernels read it (its dtype, block group, INT8 scale
+     * granularity, aligned for its elements; no W8A8 panels) is read where it lies, on a backend
+     * that runs in host memory: the store must then outlive the weights. */
+    int in_place;
 } qlm_weight_format;
 
 /* Finds, checks, sizes, allocates and fills every parameter of the list into *buffer, then moves
  * the buffer into the backend's memory (be->upload; free it with be->free). Matrices are
- * converted to fmt (a block type needs widths that are whole blocks). Errors name the tensor. On
- * failure *buffer is freed and NULL. */
+ * converted to fmt (a block type needs widths that are whole blocks), or with fmt.in_place left
+ * where the store holds them when they need nothing (*in_place_bytes, if not NULL, grows by
+ * theirs). Errors name the tensor. On failure *buffer is freed and NULL. */
 int qlm_params_pack(const qlm_param *p, int n, const qlm_tensor_store *store, qlm_weight_format fmt,
-                    const qlm_backend *be, void **buffer, size_t *bytes);
+                    const qlm_backend *be, void **buffer, size_t *bytes, size_t *in_place_bytes);
 
 /* Adds copies of the present parameters to store under their names (storage dtype, I8 scales). */
 int qlm_params_export(const qlm_param *p, int n, qlm_tensor_store *store);

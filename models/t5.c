@@ -77,7 +77,7 @@ static int shared_params(qlm_t5_model *m, const char *embed_name, qlm_param p[N_
 }
 
 static qlm_weight_format weight_format(const qlm_t5_model *m) {
-    return (qlm_weight_format){m->dtype, m->per_channel, m->group, m->as_stored, m->act8};
+    return (qlm_weight_format){m->dtype, m->per_channel, m->group, m->as_stored, m->act8, m->in_place};
 }
 
 static int build_shared(qlm_t5_model *m, const qlm_tensor_store *store) {
@@ -87,7 +87,8 @@ static int build_shared(qlm_t5_model *m, const qlm_tensor_store *store) {
         embed = "encoder.embed_tokens.weight";
     qlm_param p[N_SHARED_PARAMS];
     int n = shared_params(m, embed, p);
-    if (qlm_params_pack(p, n, store, weight_format(m), m->be, &m->shared_buffer, &m->shared_bytes) != 0)
+    if (qlm_params_pack(p, n, store, weight_format(m), m->be, &m->shared_buffer, &m->shared_bytes, &m->in_place_bytes) !=
+        0)
         return -1;
     if (m->cfg.tie_embeddings) m->lm_head = m->shared;
     m->head_norm = m->be->alloc((size_t)m->cfg.d_model * sizeof(float));
@@ -106,6 +107,7 @@ int qlm_t5_build(qlm_t5_model *m, const qlm_t5_config *cfg, const qlm_tensor_sto
     m->group = qlm_options_group(opts);
     m->as_stored = opts->as_stored;
     m->act8 = opts->act8;
+    m->in_place = opts->in_place;
     m->be = opts->backend ? opts->backend : qlm_backend_cpu();
     m->enc = calloc((size_t)cfg->n_layers, sizeof *m->enc);
     m->dec = calloc((size_t)cfg->n_dec_layers, sizeof *m->dec);
@@ -119,7 +121,7 @@ int qlm_t5_build(qlm_t5_model *m, const qlm_t5_config *cfg, const qlm_tensor_sto
             qlm_param p[MAX_BLOCK_PARAMS];
             int n = block_params(m, dec, b, p);
             qlm_t5_layer *L = dec ? &m->dec[b] : &m->enc[b];
-            if (qlm_params_pack(p, n, store, weight_format(m), m->be, &L->buffer, &L->buffer_bytes) != 0)
+            if (qlm_params_pack(p, n, store, weight_format(m), m->be, &L->buffer, &L->buffer_bytes, &m->in_place_bytes) != 0)
                 goto fail;
         }
     return 0;

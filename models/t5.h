@@ -33,6 +33,8 @@ typedef struct {
     int group;     /* block types: weights per block */
     int as_stored; /* each matrix kept in its stored dtype (qlm_weight_format) */
     int act8;      /* block weights take 8-bit activations (W8A8, qlm_weight) */
+    int in_place;  /* matrices read where the store holds them (qlm_model_options) */
+    size_t in_place_bytes; /* of those matrices */
     const qlm_backend *be;
     qlm_weight shared;    /* token embedding of both stacks */
     qlm_weight lm_head;   /* the shared embedding when tied */

@@ -215,6 +215,46 @@ static void test_f32_export_gives_back_the_model(void **state) {
 
 /* Fused q/k/v and gate/up split into views of their rows (with INT8 row scales), and a fused matrix
  * of the wrong shape named in the error. */
+/* Weights read in place from the file's mapping: no copy, the same logits bit for bit; a matrix
+ * that needs converting (here to BF16) is still copied. */
+static void test_in_place(void **state) {
+    (void)state;
+    qlm_source src;
+    if (qlm_source_open(&src, "tests/fixtures/llama/gqa_tied", NULL) != 0) fail_msg("%s", qlm_last_error());
+    const qlm_tensor_entry *emb = qlm_store_find(src.store, "model.embed_tokens.weight");
+    reference r;
+    load_reference("tests/fixtures/llama/gqa_tied", &r, src.cfg.vocab_size);
+    float *logits[2];
+    for (int in_place = 0; in_place < 2; in_place++) {
+        qlm_model m;
+        qlm_model_options o = {.dtype = QLM_F32, .in_place = in_place, .backend = qlm_backend_cpu()};
+        if (qlm_model_build(&m, &src.cfg, src.store, &o) != 0) fail_msg("%s", qlm_last_error());
+        assert_int_equal(m.tok_embed.data == emb->data, in_place);
+        /* every matrix of this tied F32 model: the layers' and the embedding (the head) */
+        assert_int_equal(m.in_place_bytes, in_place ? qlm_model_weight_bytes(&m) : 0);
+        qlm_kv_state st;
+        assert_int_equal(qlm_state_init(&st, &m, r.n_tokens, 16), 0);
+        int n = r.n_tokens, last = n - 1, *pos = malloc((size_t)n * sizeof *pos);
+        for (int i = 0; i < n; i++) pos[i] = i;
+        logits[in_place] = malloc((size_t)src.cfg.vocab_size * sizeof(float));
+        assert_int_equal(qlm_forward(&m, &st, r.tokens, pos, n, &last, 1, logits[in_place]), 0);
+        free(pos);
+        qlm_state_free(&st, &m);
+        qlm_model_free(&m);
+    }
+    assert_memory_equal(logits[0], logits[1], (size_t)src.cfg.vocab_size * sizeof(float));
+    qlm_model m;
+    qlm_model_options o = {.dtype = QLM_BF16, .in_place = 1, .backend = qlm_backend_cpu()};
+    if (qlm_model_build(&m, &src.cfg, src.store, &o) != 0) fail_msg("%s", qlm_last_error());
+    assert_true(m.tok_embed.data != emb->data);
+    assert_int_equal(m.in_place_bytes, 0);
+    qlm_model_free(&m);
+    free(logits[0]);
+    free(logits[1]);
+    free_reference(&r);
+    qlm_source_close(&src);
+}
+
 static void test_unfuse(void **state) {
     (void)state;
     qlm_llama_config c = {.dim = 4, .hidden_dim = 3, .n_layers = 1, .n_heads = 2, .n_kv_heads = 1, .head_dim = 2};
@@ -408,6 +448,7 @@ int main(void) {
         cmocka_unit_test(test_phi3_gqa_tied),
         cmocka_unit_test(test_dynamic_ntk),
         cmocka_unit_test(test_f32_export_gives_back_the_model),
+        cmocka_unit_test(test_in_place),
         cmocka_unit_test(test_unfuse),
         cmocka_unit_test(test_long_prompt_rolling_cache),
         cmocka_unit_test(test_rolling_cache_reuse),
