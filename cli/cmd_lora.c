@@ -216,7 +216,7 @@ static int lora_merge(int argc, char **argv) {
         return 2;
     }
     cli_model cm;
-    mo.writable = 1;
+    mo.own_weights = 1;
     if (cli_load_model(&mo, &cm, 0, 0) != 0) return cli_fail("lora merge");
     qlm_lora_adapter a;
     int t5 = cm.src.is_t5;

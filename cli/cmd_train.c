@@ -698,7 +698,7 @@ int cmd_train(int argc, char **argv) {
     mo.no_check = a.no_check;
     mo.device = a.device;
     mo.threads = a.threads;
-    mo.writable = a.mode != QLM_TRAIN_LORA;
+    mo.own_weights = 1;
     mo.dtype = a.mode == QLM_TRAIN_LORA ? (a.base_dtype ? a.base_dtype : qlm_dtype_name(a.dtype)) : "f32";
     cli_model cm;
     if (cli_load_model(&mo, &cm, 1, !root) != 0) {

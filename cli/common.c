@@ -313,7 +313,7 @@ static int load_model(const cli_model_opts *o, cli_model *cm, int need_tokenizer
      * and nothing splits them over ranks. */
     qlm_model_options mo = {.dtype = cm->src.stored_dtype, .per_channel = o->per_channel || cm->src.stored_per_channel,
                             .group = o->group, .as_stored = !o->dtype, .act8 = o->act8,
-                            .in_place = !o->writable && cm->dist.size == 1, .backend = be};
+                            .in_place = !o->own_weights && cm->dist.size == 1, .backend = be};
     if (o->dtype) qlm_dtype_parse(o->dtype, &mo.dtype);
     if (o->dtype && mo.dtype == QLM_I8) mo.per_channel = o->per_channel;
     if (o->act8 && !qlm_dtype_is_block(mo.dtype)) {

@@ -103,7 +103,9 @@ typedef struct {
     const char *model, *tokenizer, *dtype, *device;
     const char *chat_template; /* --chat-template FILE */
     int per_channel, group, act8, threads, ctx, batch, random_weights, no_check;
-    int writable; /* the command writes into the weights (training, merging): none read in place */
+    /* the command writes into the weights (merging, training) or splits them over ranks (training):
+     * the model holds them in its own buffers, none read in place */
+    int own_weights;
     const char *lora[CLI_MAX_LORA]; /* "NAME=PATH" */
     int n_lora;
     const char *adapter;
