@@ -19,7 +19,8 @@ static const char *k_usage =
     "Ctrl-C stops an answer and returns to the prompt; Ctrl-C at the prompt or Ctrl-D quits. Commands:\n"
     "/help, /reset (forget the conversation), /adapter NAME|none (switch LoRA adapter; /adapter lists\n"
     "them), /exit; start a message with // to send one that begins with /. With -p the messages are\n"
-    "sent one after another and qlm exits.\n\n" CLI_MODEL_HELP CLI_SAMPLING_HELP CLI_LORA_HELP CLI_CHAT_TEMPLATE_HELP
+    "sent one after another and qlm exits.\n\n" CLI_MODEL_HELP CLI_SAMPLING_HELP CLI_JSON_HELP CLI_LORA_HELP
+    CLI_CHAT_TEMPLATE_HELP
     "  -p, --prompt TEXT      send TEXT as a user message (repeatable); no interactive input\n"
     "      --system TEXT      system prompt\n"
     "      --quiet            no load line or timing on stderr\n";
@@ -219,7 +220,7 @@ int cmd_chat(int argc, char **argv) {
     cli_sampling_opts_init(&so);
     const char *system = NULL, *prompts[64];
     int n_prompts = 0, quiet = 0;
-    static const struct option opts[] = {CLI_MODEL_OPTIONS, CLI_SAMPLING_OPTIONS, CLI_LORA_OPTIONS,
+    static const struct option opts[] = {CLI_MODEL_OPTIONS, CLI_SAMPLING_OPTIONS, CLI_JSON_OPTIONS, CLI_LORA_OPTIONS,
                                          CLI_CHAT_TEMPLATE_OPTION,
                                          {"prompt", required_argument, 0, OPT_PROMPT},
                                          {"system", required_argument, 0, OPT_SYSTEM},
@@ -229,6 +230,7 @@ int cmd_chat(int argc, char **argv) {
     int c;
     while ((c = getopt_long(argc, argv, "m:t:p:n:c:h", opts, NULL)) != -1) {
         int r = cli_generation_flag(&mo, &so, c, optarg);
+        if (r == 0) r = cli_json_flag(&so, c, optarg);
         if (r < 0) return 2;
         if (r > 0) continue;
         switch (c) {
@@ -250,14 +252,16 @@ int cmd_chat(int argc, char **argv) {
         return cli_usage_error("chat", k_usage);
     }
     if (cli_default_model(&mo, "chat", quiet) != 0) return 2;
+    if (cli_json_compile(&so) != 0) return cli_fail("chat");
     cli_model cm;
-    if (cli_load_model(&mo, &cm, 1, quiet) != 0) return cli_fail("chat");
-    if (cli_require_decoder_only(&cm, "chat") != 0 || cli_chat_template_ready(&mo, &cm, quiet) != 0) {
-        cli_free_model(&cm);
+    if (cli_load_model(&mo, &cm, 1, quiet) != 0) {
+        cli_json_free(&so);
         return cli_fail("chat");
     }
     qlm_session s;
-    if (cli_session_init(&mo, &cm, &s, so.gen.max_new_tokens) != 0) {
+    if (cli_require_decoder_only(&cm, "chat") != 0 || cli_chat_template_ready(&mo, &cm, quiet) != 0 ||
+        cli_json_ready(&so, cm.src.tok) != 0 || cli_session_init(&mo, &cm, &s, so.gen.max_new_tokens) != 0) {
+        cli_json_free(&so);
         cli_free_model(&cm);
         return cli_fail("chat");
     }
@@ -301,6 +305,7 @@ int cmd_chat(int argc, char **argv) {
     history_clear(&h, 0);
     free(h.msgs);
     qlm_session_free(&s);
+    cli_json_free(&so);
     cli_free_model(&cm);
     return rc;
 }

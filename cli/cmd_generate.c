@@ -11,7 +11,7 @@ static const char *k_usage =
     "usage: qlm generate -m MODEL [-t TOKENIZER] [-p PROMPT | -f FILE] [options]\n"
     "Continues PROMPT (default: empty, i.e. from BOS) and streams the text to stdout; a T5 model\n"
     "answers PROMPT instead (its encoder reads it, its decoder writes the output).\n\n" CLI_MODEL_HELP
-    CLI_SAMPLING_HELP CLI_LORA_HELP
+    CLI_SAMPLING_HELP CLI_JSON_HELP CLI_LORA_HELP
     "  -p, --prompt TEXT      the prompt\n"
     "  -f, --file PATH        read the prompt from a file ('-' = stdin)\n"
     "      --no-bos           do not prepend the BOS token\n"
@@ -70,7 +70,8 @@ int cmd_generate(int argc, char **argv) {
     cli_sampling_opts_init(&so);
     const char *prompt = "", *file = NULL;
     int no_bos = 0, no_special = 0, quiet = 0, json = 0;
-    static const struct option opts[] = {CLI_MODEL_OPTIONS, CLI_SAMPLING_OPTIONS, CLI_LORA_OPTIONS, CLI_DIST_OPTIONS,
+    static const struct option opts[] = {CLI_MODEL_OPTIONS, CLI_SAMPLING_OPTIONS, CLI_JSON_OPTIONS, CLI_LORA_OPTIONS,
+                                         CLI_DIST_OPTIONS,
                                          {"prompt", required_argument, 0, OPT_PROMPT},
                                          {"file", required_argument, 0, 'f'},
                                          {"no-bos", no_argument, 0, OPT_NO_BOS},
@@ -82,6 +83,7 @@ int cmd_generate(int argc, char **argv) {
     int c;
     while ((c = getopt_long(argc, argv, "m:t:p:n:f:c:h", opts, NULL)) != -1) {
         int r = cli_generation_flag(&mo, &so, c, optarg);
+        if (r == 0) r = cli_json_flag(&so, c, optarg);
         if (r < 0) return 2;
         if (r > 0) continue;
         switch (c) {
@@ -100,21 +102,27 @@ int cmd_generate(int argc, char **argv) {
         return cli_usage_error("generate", k_usage);
     }
     if (cli_default_model(&mo, "generate", quiet) != 0) return 2;
+    if (cli_json_compile(&so) != 0) return cli_fail("generate");
     char *file_text = NULL;
     if (file) {
         file_text = cli_read_text(file, NULL);
-        if (!file_text) return cli_fail("generate");
+        if (!file_text) {
+            cli_json_free(&so);
+            return cli_fail("generate");
+        }
         prompt = file_text;
     }
     cli_model cm;
     mo.distributed = 1;
     if (cli_load_model(&mo, &cm, 1, quiet) != 0) {
         free(file_text);
+        cli_json_free(&so);
         return cli_model_fail(&cm, "generate");
     }
     /* Sharded: rank 0 generates, the others hold their parts of the weights for its passes. */
     if (!cli_is_root(&cm)) {
         free(file_text);
+        cli_json_free(&so);
         int rc = cli_dist_drain(&cm.dist) == 0 ? 0 : cli_model_fail(&cm, "generate");
         cli_free_model(&cm);
         return rc;
@@ -123,6 +131,7 @@ int cmd_generate(int argc, char **argv) {
     out_text text = {.echo = !json};
     qlm_session s;
     int have_session = 0;
+    if (cli_json_ready(&so, cm.src.tok) != 0) goto out;
     if (qlm_tokenizer_encode(cm.src.tok, prompt, strlen(prompt), !no_bos, !no_special, &ids, &n_ids) != 0) goto out;
     if (n_ids == 0) {
         int bos = qlm_tokenizer_bos(cm.src.tok);
@@ -161,6 +170,9 @@ int cmd_generate(int argc, char **argv) {
         fprintf(stderr, "qlm: prompt %d tokens in %.3f s (%.1f tok/s); generated %d tokens in %.3f s (%.1f tok/s); stop: %s\n",
                 pst.n_prompt, pst.prefill_seconds, pst.n_prompt / (pst.prefill_seconds + 1e-9), st.n_generated,
                 st.decode_seconds, st.n_generated / (st.decode_seconds + 1e-9), qlm_stop_reason_name(st.reason));
+    if (!quiet && so.gen.json && st.n_generated > 0)
+        fprintf(stderr, "qlm: JSON token masks: %.1f us per token, %.2f%% of decoding\n",
+                st.constraint_seconds / st.n_generated * 1e6, 100 * st.constraint_seconds / (st.decode_seconds + 1e-12));
     rc = cli_dist_drain(&cm.dist) == 0 ? 0 : 1;
 out:
     /* The session before the model it points into (a prompt longer than the context failed here). */
@@ -170,6 +182,7 @@ out:
     free(gen_ids);
     free(text.buf);
     free(file_text);
+    cli_json_free(&so);
     cli_free_model(&cm);
     return rc;
 }

@@ -15,6 +15,7 @@
 #include "../quant/matmul.h"
 #include "../tokenizer/chat.h"
 #include "../core/error.h"
+#include "../loaders/json_strict.h"
 #include "threads.h"
 
 void cli_model_opts_init(cli_model_opts *o) {
@@ -177,6 +178,47 @@ int cli_sampling_flag(cli_sampling_opts *s, int opt, const char *arg) {
         return 1;
     default: return 0;
     }
+}
+
+int cli_json_flag(cli_sampling_opts *s, int opt, const char *arg) {
+    if (opt == OPT_JSON_OBJECT) s->json_object = 1;
+    else if (opt == OPT_JSON_SCHEMA) s->json_schema = arg;
+    else return 0;
+    return 1;
+}
+
+int cli_json_compile(cli_sampling_opts *s) {
+    if (s->json_object && s->json_schema) return qlm_errorf("--json-object and --json-schema exclude each other");
+    if (s->json_object) return (s->json = qlm_json_grammar_object()) ? 0 : -1;
+    if (!s->json_schema) return 0;
+    size_t len;
+    char *text = cli_read_text(s->json_schema, &len);
+    if (!text) return qlm_error_context("--json-schema %s", s->json_schema);
+    cJSON *schema = qlm_json_parse_strict(text, len);
+    free(text);
+    if (!schema) return qlm_error_context("--json-schema %s: not JSON", s->json_schema);
+    s->json = qlm_json_grammar_schema(schema);
+    cJSON_Delete(schema);
+    return s->json ? 0 : qlm_error_context("--json-schema %s", s->json_schema);
+}
+
+int cli_json_ready(cli_sampling_opts *s, const qlm_tokenizer *tok) {
+    if (!s->json) return 0;
+    const char *flag = s->json_object ? "--json-object" : "--json-schema";
+    if (!(s->json_vocab = qlm_json_vocab_from_tokenizer(tok)) || qlm_json_vocab_check(s->json_vocab, s->json) != 0)
+        return qlm_error_context("%s", flag);
+    s->gen.json = s->json;
+    s->gen.json_vocab = s->json_vocab;
+    return 0;
+}
+
+void cli_json_free(cli_sampling_opts *s) {
+    qlm_json_grammar_free(s->json);
+    qlm_json_vocab_free(s->json_vocab);
+    s->json = NULL;
+    s->json_vocab = NULL;
+    s->gen.json = NULL;
+    s->gen.json_vocab = NULL;
 }
 
 int cli_fail(const char *cmd) {

@@ -5,6 +5,7 @@
 #include <getopt.h>
 
 #include "../runtime/generate.h"
+#include "../runtime/json_constraint.h"
 #include "../models/model.h"
 #include "../models/t5.h"
 #include "../lora/lora.h"
@@ -19,7 +20,7 @@ enum {
     OPT_FREQUENCY_PENALTY, OPT_SEED, OPT_STOP,
     OPT_JSON, OPT_SYSTEM, OPT_NO_BOS, OPT_RAW, OPT_FILE, OPT_REPS, OPT_PP, OPT_TG, OPT_QUIET,
     OPT_NO_SPECIAL, OPT_RANDOM_WEIGHTS, OPT_LORA, OPT_ADAPTER, OPT_INFER_SHARD, OPT_INFER_PREFETCH,
-    OPT_INFER_TIMEOUT, OPT_NO_CHECK, OPT_CHAT_TEMPLATE, OPT_GROUP, OPT_W8A8,
+    OPT_INFER_TIMEOUT, OPT_NO_CHECK, OPT_CHAT_TEMPLATE, OPT_GROUP, OPT_W8A8, OPT_JSON_OBJECT, OPT_JSON_SCHEMA,
 };
 
 #define CLI_MODEL_OPTIONS                                                                                 \
@@ -57,6 +58,14 @@ enum {
 #define CLI_LORA_HELP                                                                                     \
     "      --lora NAME=PATH   load the PEFT LoRA adapter folder PATH as NAME (repeatable)\n"              \
     "      --adapter NAME     the adapter to use (default: the first --lora; none: the base model)\n"
+
+/* JSON output, for the commands that generate text for a reader (generate, chat). */
+#define CLI_JSON_OPTIONS {"json-object", no_argument, 0, OPT_JSON_OBJECT}, {"json-schema", required_argument, 0, OPT_JSON_SCHEMA}
+
+#define CLI_JSON_HELP                                                                                     \
+    "      --json-object      the output is one JSON object (as the server's response_format json_object)\n" \
+    "      --json-schema FILE the output is one JSON value the JSON Schema in FILE accepts (the server's\n" \
+    "                         json_schema subset; see server/README.md)\n"
 
 #define CLI_SAMPLING_OPTIONS                                                                              \
     {"temp", required_argument, 0, OPT_TEMP}, {"temperature", required_argument, 0, OPT_TEMP},               \
@@ -117,6 +126,10 @@ typedef struct {
 typedef struct {
     qlm_gen_params gen;
     const char *stops[16];
+    int json_object;          /* --json-object */
+    const char *json_schema;  /* --json-schema FILE */
+    qlm_json_grammar *json;   /* either, compiled (gen.json points here once the vocabulary is indexed) */
+    qlm_json_vocab *json_vocab;
 } cli_sampling_opts;
 
 void cli_model_opts_init(cli_model_opts *o);
@@ -128,6 +141,14 @@ int cli_lora_flag(cli_model_opts *o, int opt, const char *arg);
 /* Any of the three kinds, for the commands that generate (generate, chat, summarize). */
 int cli_generation_flag(cli_model_opts *mo, cli_sampling_opts *so, int opt, const char *arg);
 int cli_sampling_flag(cli_sampling_opts *s, int opt, const char *arg);
+/* --json-object and --json-schema FILE: 1 if opt was one and was stored, 0 if not. */
+int cli_json_flag(cli_sampling_opts *s, int opt, const char *arg);
+/* Compiles the JSON output asked for (none: nothing to do), before the model loads so that a bad
+ * schema fails at once; an error names the file and the keyword. */
+int cli_json_compile(cli_sampling_opts *s);
+/* Indexes tok's vocabulary for the compiled grammar and puts both into s->gen. */
+int cli_json_ready(cli_sampling_opts *s, const qlm_tokenizer *tok);
+void cli_json_free(cli_sampling_opts *s);
 
 /* Strict number parsing with a message naming the flag. */
 int cli_int(const char *flag, const char *arg, long min, long max, int *out);

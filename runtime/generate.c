@@ -10,7 +10,7 @@
 
 
 const char *qlm_stop_reason_name(qlm_stop_reason r) {
-    static const char *names[] = {"eos", "stop", "length", "context", "caller"};
+    static const char *names[] = {"eos", "stop", "length", "context", "caller", "complete"};
     return names[r];
 }
 

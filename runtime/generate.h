@@ -34,15 +34,29 @@ typedef struct {
     qlm_logprob_fn on_logprob; /* NULL: no log-probabilities */
     void *logprob_user;
     int top_logprobs;          /* alternatives reported per token, 0..QLM_MAX_TOP_LOGPROBS */
+    /* NULL, or the output is one JSON value this grammar accepts (json_constraint.h): before each
+     * sampling step the tokens that would leave it get -inf logits, and once the value is complete
+     * and nothing can extend it the output ends (QLM_STOP_COMPLETE). json_vocab: the tokenizer's
+     * tokens indexed for the masks. */
+    const struct qlm_json_grammar *json;
+    const struct qlm_json_vocab *json_vocab;
 } qlm_gen_params;
 
-typedef enum { QLM_STOP_EOS, QLM_STOP_STRING, QLM_STOP_LENGTH, QLM_STOP_CONTEXT, QLM_STOP_CALLER } qlm_stop_reason;
+typedef enum {
+    QLM_STOP_EOS,
+    QLM_STOP_STRING,
+    QLM_STOP_LENGTH,
+    QLM_STOP_CONTEXT,
+    QLM_STOP_CALLER,
+    QLM_STOP_COMPLETE, /* the JSON value the output is held to is complete */
+} qlm_stop_reason;
 
 typedef struct {
     int n_prompt;      /* prompt tokens evaluated (after prefix reuse) */
     int n_generated;
     qlm_stop_reason reason;
     double prefill_seconds, decode_seconds;
+    double constraint_seconds; /* of decode_seconds, spent on JSON token masks */
 } qlm_gen_stats;
 
 /* Receives generated text as it is produced; return non-zero to stop. */

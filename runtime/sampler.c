@@ -235,9 +235,13 @@ int qlm_sampler_sample(qlm_sampler *s, float *logits, const int *history, int n_
         sum = 1.0;
     }
     float r = next_f32(&s->rng) * (float)sum, acc = 0;
+    int last = 0;
     for (int i = 0; i < n; i++) {
+        if (s->prob[i] > 0) last = i;
         acc += s->prob[i];
         if (r < acc) return s->idx[i];
     }
-    return s->idx[n - 1];
+    /* r is past the total as floats add it up: the last candidate that can be picked at all, never
+     * one of probability 0 (a token masked to -inf). */
+    return s->idx[last];
 }

@@ -4,8 +4,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../core/clock.h"
 #include "../core/error.h"
 #include "../tokenizer/tokenizer_internal.h"
+#include "json_constraint.h"
 
 static int hold(qlm_token_stream *ts, const char *s, size_t n) {
     if (ts->len + n + 1 > ts->cap) {
@@ -76,6 +78,15 @@ static int flush(qlm_token_stream *ts, int final) {
     return found;
 }
 
+static void release(qlm_token_stream *ts) {
+    free(ts->held);
+    free(ts->raw);
+    qlm_json_matcher_free(ts->json);
+    ts->held = NULL;
+    ts->raw = NULL;
+    ts->json = NULL;
+}
+
 int qlm_token_stream_init(qlm_token_stream *ts, const qlm_tokenizer *tok, const qlm_gen_params *p, int vocab, int prev,
                           qlm_emit_fn emit, void *user, qlm_gen_stats *stats) {
     memset(ts, 0, sizeof *ts);
@@ -87,11 +98,13 @@ int qlm_token_stream_init(qlm_token_stream *ts, const qlm_tokenizer *tok, const 
     ts->prev = prev;
     stats->n_generated = 0;
     stats->reason = QLM_STOP_LENGTH;
+    stats->constraint_seconds = 0;
     ts->vocab = vocab;
+    if (p->json && (!tok || !p->json_vocab)) return qlm_errorf("JSON output needs the tokenizer and its token index");
     if (p->on_logprob && !(ts->raw = malloc((size_t)vocab * sizeof *ts->raw))) return qlm_errorf("out of memory");
-    if (qlm_sampler_init(&ts->sampler, &p->sampling, vocab) != 0) {
-        free(ts->raw);
-        ts->raw = NULL;
+    if ((p->json && !(ts->json = qlm_json_matcher_new(p->json, p->json_vocab))) ||
+        qlm_sampler_init(&ts->sampler, &p->sampling, vocab) != 0) {
+        release(ts);
         return -1;
     }
     return 0;
@@ -125,10 +138,20 @@ static void report_logprobs(const qlm_token_stream *ts, int id) {
     ts->p->on_logprob(ts->p->logprob_user, chosen, top, have);
 }
 
+/* Masks the tokens that would leave the JSON value; after the raw copy, so that log-probabilities
+ * stay the model's own. */
+static int constrain(qlm_token_stream *ts, float *logits) {
+    double t0 = qlm_now_s();
+    int rc = qlm_json_matcher_mask(ts->json, logits, ts->vocab);
+    ts->stats->constraint_seconds += qlm_now_s() - t0;
+    return rc;
+}
+
 int qlm_token_stream_next(qlm_token_stream *ts, float *logits, const int *history, int n_history, int *id) {
     qlm_gen_stats *st = ts->stats;
     if (st->n_generated >= ts->p->max_new_tokens) return 1;
     if (ts->raw) memcpy(ts->raw, logits, (size_t)ts->vocab * sizeof *ts->raw);
+    if (ts->json && constrain(ts, logits) != 0) return -1;
     *id = qlm_sampler_sample(&ts->sampler, logits, history, n_history, st->n_generated);
     if (ts->tok && qlm_tokenizer_is_eog(ts->tok, *id)) {
         st->reason = QLM_STOP_EOS;
@@ -140,6 +163,10 @@ int qlm_token_stream_next(qlm_token_stream *ts, float *logits, const int *histor
     if (ts->tok) {
         char piece[256];
         int len = qlm_tokenizer_piece(ts->tok, ts->prev, *id, piece, sizeof piece);
+        /* The mask let only tokens through whose bytes continue the value (a first piece that
+         * drops its leading space continues it too: whitespace may start the document). */
+        if (ts->json && qlm_json_matcher_feed(ts->json, piece, len > 0 ? (size_t)len : 0) != 0)
+            return qlm_errorf("JSON output: token %d does not continue the value", *id);
         if (len > 0 && hold(ts, piece, (size_t)len) != 0) return -1;
         if (flush(ts, 0)) {
             st->reason = QLM_STOP_STRING;
@@ -150,15 +177,16 @@ int qlm_token_stream_next(qlm_token_stream *ts, float *logits, const int *histor
         st->reason = QLM_STOP_CALLER;
         return 1;
     }
+    if (ts->json && qlm_json_matcher_done(ts->json)) {
+        st->reason = QLM_STOP_COMPLETE;
+        return 1;
+    }
     ts->prev = *id;
     return st->n_generated >= ts->p->max_new_tokens ? 1 : 0;
 }
 
 void qlm_token_stream_finish(qlm_token_stream *ts) {
     if (ts->stats->reason != QLM_STOP_STRING) flush(ts, 1);
-    free(ts->held);
-    free(ts->raw);
+    release(ts);
     qlm_sampler_free(&ts->sampler);
-    ts->held = NULL;
-    ts->raw = NULL;
 }

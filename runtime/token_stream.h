@@ -21,6 +21,7 @@ typedef struct {
     int caller_stop;
     int vocab;
     float *raw; /* the logits as the model gave them, kept for log-probabilities (NULL: none asked) */
+    struct qlm_json_matcher *json; /* p->json's automaton over the output so far (NULL: free text) */
 } qlm_token_stream;
 
 /* prev: the token before the first generated one (-1 when the output starts text). Resets
@@ -28,8 +29,9 @@ typedef struct {
 int qlm_token_stream_init(qlm_token_stream *ts, const qlm_tokenizer *tok, const qlm_gen_params *p, int vocab, int prev,
                           qlm_emit_fn emit, void *user, qlm_gen_stats *stats);
 /* Samples the next token from logits (history: the sequence so far, for penalties; logits may be
- * modified). Returns 0 with *id when the sequence goes on (feed *id to the model), 1 when it has
- * ended (stats->reason says why), -1 on error. */
+ * modified: with p->json, the tokens that would leave the JSON value get -inf). Returns 0 with *id
+ * when the sequence goes on (feed *id to the model), 1 when it has ended (stats->reason says why),
+ * -1 on error. */
 int qlm_token_stream_next(qlm_token_stream *ts, float *logits, const int *history, int n_history, int *id);
 /* Emits the text still held back (unless a stop string ended the sequence) and frees. */
 void qlm_token_stream_finish(qlm_token_stream *ts);

@@ -34,6 +34,7 @@ struct qlm_server {
     qlm_server_config cfg;
     struct MHD_Daemon *daemon;
     job_queue queue;
+    qlm_json_vocab *json_vocab; /* the tokenizer's tokens indexed for response_format's masks */
     watchdog watch;
     pthread_mutex_t mu;      /* guards the fields below */
     pthread_cond_t idle;     /* in_flight reached 0 */
@@ -271,7 +272,8 @@ static enum MHD_Result generate(struct MHD_Connection *c, conn *cx, int chat) {
     if (!j) return respond_error(c, cx, 500, "server_error", "out of memory");
     cx->job = j;
     api_error e;
-    if (openai_parse_generation(&s->cfg, cx->body ? cx->body : "", cx->len, chat, j, cx->model, sizeof cx->model, &e) != 0)
+    if (openai_parse_generation(&s->cfg, s->json_vocab, cx->body ? cx->body : "", cx->len, chat, j, cx->model,
+                                sizeof cx->model, &e) != 0)
         return respond_api_error(c, cx, &e);
     /* Looked up and counted as a user under the lock that unloads take, so the adapter stays
      * resident until the job is freed. */
@@ -588,6 +590,7 @@ int qlm_server_start(const qlm_server_config *cfg, qlm_server **out) {
     s->cfg = *cfg;
     pthread_mutex_init(&s->mu, NULL);
     pthread_cond_init(&s->idle, NULL);
+    if (!(s->json_vocab = qlm_json_vocab_from_tokenizer(cfg->tok))) goto fail;
     qlm_batch_config bc = {.model = cfg->model, .t5 = cfg->t5, .tok = cfg->tok, .n_slots = cfg->max_seqs,
                            .max_prompt = cfg->max_prompt, .max_output = cfg->max_output};
     if (queue_start(&s->queue, &bc, cfg->max_queue) != 0) goto fail;
@@ -613,6 +616,7 @@ int qlm_server_start(const qlm_server_config *cfg, qlm_server **out) {
     *out = s;
     return 0;
 fail:
+    qlm_json_vocab_free(s->json_vocab);
     pthread_cond_destroy(&s->idle);
     pthread_mutex_destroy(&s->mu);
     free(s);
@@ -674,6 +678,7 @@ void qlm_server_free(qlm_server *s) {
     MHD_stop_daemon(s->daemon);
     watchdog_stop(&s->watch);
     queue_free(&s->queue);
+    qlm_json_vocab_free(s->json_vocab);
     pthread_cond_destroy(&s->idle);
     pthread_mutex_destroy(&s->mu);
     free(s);

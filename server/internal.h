@@ -9,6 +9,7 @@
 #include <cjson/cJSON.h>
 
 #include "../core/clock.h"
+#include "../runtime/json_constraint.h"
 #include "server.h"
 
 /* Request policy (guard.c). The Host of a request to a loopback server must be the loopback
@@ -38,6 +39,7 @@ typedef struct job {
     qlm_gen_params params;
     char *stop[JOB_MAX_STOP];
     qlm_logit_bias *logit_bias; /* params.sampling.logit_bias points here */
+    qlm_json_grammar *json;     /* response_format's grammar (params.json points here), or NULL */
     char adapter_name[128];  /* the adapter the request names ("" for the base), resolved by http.c */
     int adapter_via_model;   /* named through "model" rather than "adapter" (for the 404's wording) */
     const qlm_lora_adapter *adapter; /* set only by queue_acquire_adapter, which counts it as a user */
@@ -160,9 +162,10 @@ typedef struct {
 } api_error;
 
 /* Parses a /v1/completions (chat = 0) or /v1/chat/completions body into j (ids, params,
- * adapter_name, stream) and the model id to echo. Returns 0, or -1 with *e filled. */
-int openai_parse_generation(const qlm_server_config *cfg, const char *body, size_t len, int chat, job *j,
-                            char *model_id, size_t model_cap, api_error *e);
+ * adapter_name, stream, a response_format's grammar over json_vocab, the tokenizer's index) and
+ * the model id to echo. Returns 0, or -1 with *e filled. */
+int openai_parse_generation(const qlm_server_config *cfg, const qlm_json_vocab *json_vocab, const char *body,
+                            size_t len, int chat, job *j, char *model_id, size_t model_cap, api_error *e);
 char *openai_error_json(const api_error *e);
 /* Builds the final non-streamed response (tok spells the log-probabilities' tokens). */
 char *openai_result_json(const job *j, const qlm_tokenizer *tok, int chat, const char *id, const char *model,

@@ -259,10 +259,6 @@ static int feature_off(const cJSON *v) {
     if (!strcmp(k, "logit_bias")) return cJSON_IsObject(v) && !v->child;
     if (!strcmp(k, "tools")) return cJSON_IsArray(v) && !v->child;
     if (!strcmp(k, "tool_choice")) return cJSON_IsString(v) && !strcmp(v->valuestring, "none");
-    if (!strcmp(k, "response_format")) {
-        const cJSON *t = cJSON_GetObjectItemCaseSensitive(v, "type");
-        return cJSON_IsObject(v) && cJSON_GetArraySize(v) == 1 && cJSON_IsString(t) && !strcmp(t->valuestring, "text");
-    }
     return 0;
 }
 
@@ -278,12 +274,12 @@ static int check_fields(const cJSON *root, int chat, api_error *e) {
     static const char *const both[] = {"model", "adapter", "max_tokens", "temperature", "top_p", "top_k", "seed",
                                        "n", "stop", "stream", "stream_options", "user", "repetition_penalty",
                                        "logprobs", "presence_penalty", "frequency_penalty", "min_p", "logit_bias",
-                                       NULL};
+                                       "response_format", NULL};
     static const char *const chat_only[] = {"messages", "max_completion_tokens", "top_logprobs", NULL};
     static const char *const completion_only[] = {"prompt", NULL};
     static const char *const not_implemented[] = {
         "echo", "best_of",
-        "suffix", "response_format", "tools", "tool_choice", "parallel_tool_calls", "functions", "function_call",
+        "suffix", "tools", "tool_choice", "parallel_tool_calls", "functions", "function_call",
         "store", "metadata", "service_tier", "modalities", "audio", "prediction", "reasoning_effort", NULL};
     const cJSON *f;
     cJSON_ArrayForEach(f, root) {
@@ -330,8 +326,61 @@ static int parse_logit_bias(const qlm_server_config *cfg, const cJSON *root, job
     return 0;
 }
 
-int openai_parse_generation(const qlm_server_config *cfg, const char *body, size_t len, int chat, job *j,
-                            char *model_id, size_t model_cap, api_error *e) {
+/* The name OpenAI requires: 1 to 64 letters, digits, '_' or '-'. */
+static int schema_name_ok(const cJSON *name) {
+    size_t n = cJSON_IsString(name) ? strlen(name->valuestring) : 0;
+    if (n < 1 || n > 64) return 0;
+    return strspn(name->valuestring, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-") == n;
+}
+
+/* response_format.json_schema: {name, description, schema, strict}, the schema compiled into *out. */
+static int parse_json_schema(const cJSON *js, qlm_json_grammar **out, api_error *e) {
+    static const char *const fields[] = {"name", "description", "schema", "strict", NULL};
+    const char *at = "'response_format.json_schema";
+    if (!cJSON_IsObject(js)) return fail(e, 400, "%s' must be an object", at);
+    const cJSON *f, *schema = cJSON_GetObjectItemCaseSensitive(js, "schema");
+    const cJSON *desc = cJSON_GetObjectItemCaseSensitive(js, "description");
+    const cJSON *strict = cJSON_GetObjectItemCaseSensitive(js, "strict");
+    cJSON_ArrayForEach(f, js) {
+        if (!listed(f->string, fields)) return fail(e, 400, "%s.%.64s' is not supported", at, f->string);
+    }
+    if (!schema_name_ok(cJSON_GetObjectItemCaseSensitive(js, "name")))
+        return fail(e, 400, "%s.name' must be 1 to 64 letters, digits, '_' or '-'", at);
+    if (desc && !cJSON_IsString(desc)) return fail(e, 400, "%s.description' must be a string", at);
+    if (strict && !cJSON_IsBool(strict) && !cJSON_IsNull(strict)) return fail(e, 400, "%s.strict' must be true or false", at);
+    if (!cJSON_IsObject(schema)) return fail(e, 400, "%s.schema' must be a JSON Schema object", at);
+    if (!(*out = qlm_json_grammar_schema(schema))) return fail(e, 400, "%s.schema': %s", at, qlm_last_error());
+    return 0;
+}
+
+/* OpenAI's response_format: {"type": "text"}, {"type": "json_object"} or {"type": "json_schema",
+ * "json_schema": {...}}; the output is then held to one such JSON value (job.json). */
+static int parse_response_format(const cJSON *root, const qlm_json_vocab *vocab, job *j, api_error *e) {
+    const cJSON *rf = cJSON_GetObjectItemCaseSensitive(root, "response_format"), *f;
+    if (!rf || cJSON_IsNull(rf)) return 0;
+    const cJSON *type = cJSON_GetObjectItemCaseSensitive(rf, "type");
+    const char *t = cJSON_IsString(type) ? type->valuestring : "";
+    int schema = !strcmp(t, "json_schema");
+    if (!cJSON_IsObject(rf) || (strcmp(t, "text") && strcmp(t, "json_object") && !schema))
+        return fail(e, 400, "'response_format' must be {\"type\": \"text\" | \"json_object\" | \"json_schema\"}");
+    cJSON_ArrayForEach(f, rf) {
+        if (strcmp(f->string, "type") && !(schema && !strcmp(f->string, "json_schema")))
+            return fail(e, 400, "'response_format.%.64s' is not a field of the %s format", f->string, t);
+    }
+    if (!strcmp(t, "text")) return 0;
+    if (schema) {
+        if (parse_json_schema(cJSON_GetObjectItemCaseSensitive(rf, "json_schema"), &j->json, e) != 0) return -1;
+    } else if (!(j->json = qlm_json_grammar_object())) {
+        return fail(e, 500, "out of memory");
+    }
+    if (qlm_json_vocab_check(vocab, j->json) != 0) return fail(e, 400, "'response_format': %s", qlm_last_error());
+    j->params.json = j->json;
+    j->params.json_vocab = vocab;
+    return 0;
+}
+
+int openai_parse_generation(const qlm_server_config *cfg, const qlm_json_vocab *json_vocab, const char *body,
+                            size_t len, int chat, job *j, char *model_id, size_t model_cap, api_error *e) {
     cJSON *root = parse_object(body, len, e);
     if (!root) return -1;
     int rc = -1;
@@ -349,7 +398,7 @@ int openai_parse_generation(const qlm_server_config *cfg, const char *body, size
         number_field(root, "frequency_penalty", -2, 2, 0, &frequency, e) != 0 ||
         number_field(root, "min_p", 0, 1, 0, &min_p, e) != 0 || parse_stop(root, j, e) != 0)
         goto out;
-    if (parse_logprobs(root, chat, j, e) != 0) goto out;
+    if (parse_logprobs(root, chat, j, e) != 0 || parse_response_format(root, json_vocab, j, e) != 0) goto out;
     const cJSON *stream = cJSON_GetObjectItemCaseSensitive(root, "stream");
     if (stream && !cJSON_IsNull(stream) && !cJSON_IsBool(stream)) {
         fail(e, 400, "'stream' must be true or false");

@@ -25,6 +25,7 @@ static void job_free(job *j) {
     free(j->text);
     free(j->lp);
     free(j->logit_bias);
+    qlm_json_grammar_free(j->json);
     free(j);
 }
 

@@ -839,6 +839,72 @@ static void test_chat_template_file(void **state) {
     rmdir(dir);
 }
 
+/* --json-object and --json-schema FILE hold generate's and chat's output to JSON (the server's
+ * constraint); a bad schema is an error naming the file and the keyword, before the model loads. */
+static void test_json_output(void **state) {
+    (void)state;
+    char model[512], *out = NULL;
+    REQUIRE_ASSET(test_default_gguf(model, sizeof model));
+    char dir[] = "/tmp/qlm-json-XXXXXX", good[600], bad[600], broken[600];
+    assert_non_null(mkdtemp(dir));
+    snprintf(good, sizeof good, "%s/person.json", dir);
+    snprintf(bad, sizeof bad, "%s/bad.json", dir);
+    snprintf(broken, sizeof broken, "%s/broken.json", dir);
+    const char *person = "{\"type\":\"object\",\"properties\":{\"name\":{\"type\":\"string\"},\"age\":{\"type\":\"integer\"}},"
+                         "\"required\":[\"name\",\"age\"],\"additionalProperties\":false}";
+    const char *pattern = "{\"type\":\"object\",\"properties\":{\"name\":{\"type\":\"string\",\"pattern\":\"^A\"}}}";
+    assert_int_equal(test_write_file(good, person, strlen(person)), 0);
+    assert_int_equal(test_write_file(bad, pattern, strlen(pattern)), 0);
+    assert_int_equal(test_write_file(broken, "{\"type\":", 8), 0);
+    const char *sampling = "--temp 0 --frequency-penalty 0.5 -n 96";
+
+    /* generate --json: the text is one object, and the output ended because it was complete. */
+    assert_int_equal(test_run_qlm(&out, "generate -m %s --json-object -p 'A JSON object describing a cat:' %s --json --quiet",
+                                  model, sampling), 0);
+    cJSON *j = cJSON_Parse(out), *text = cJSON_GetObjectItem(j, "text");
+    if (!cJSON_IsString(text)) fail_msg("%s", out);
+    cJSON *v = cJSON_Parse(text->valuestring);
+    if (!cJSON_IsObject(v)) fail_msg("not an object: %s", text->valuestring);
+    assert_string_equal(cJSON_GetObjectItem(j, "stop")->valuestring, "complete");
+    cJSON_Delete(v);
+    cJSON_Delete(j);
+    free(out);
+    /* chat --json-schema: the reply validates. */
+    assert_int_equal(test_run_qlm(&out, "chat -m %s --json-schema %s -p 'Invent a pilot.' %s --quiet", model, good, sampling), 0);
+    v = cJSON_Parse(out);
+    const cJSON *name = cJSON_GetObjectItem(v, "name"), *age = cJSON_GetObjectItem(v, "age");
+    if (cJSON_GetArraySize(v) != 2 || !cJSON_IsString(name) || !cJSON_IsNumber(age) || age->valuedouble != floor(age->valuedouble))
+        fail_msg("not a person: %s", out);
+    cJSON_Delete(v);
+    free(out);
+    /* The mask's cost is reported. */
+    assert_int_equal(test_run_qlm(&out, "generate -m %s --json-schema %s -p 'A person:' %s 2>&1 >/dev/null", model, good,
+                                  sampling), 0);
+    if (!strstr(out, "JSON token masks: ") || !strstr(out, "stop: complete")) fail_msg("%s", out);
+    free(out);
+    /* Errors: the file and the keyword with its place, before any model is loaded. */
+    const char *cmds[] = {"generate -p hi", "chat -p hi"};
+    for (size_t i = 0; i < 2; i++) {
+        assert_int_equal(test_run_qlm(&out, "%s -m %s --json-schema %s 2>&1", cmds[i], model, bad), 1);
+        if (!strstr(out, bad) || !strstr(out, "'pattern' at #/properties/name is not supported") || strstr(out, "loaded"))
+            fail_msg("%s: %s", cmds[i], out);
+        free(out);
+        assert_int_equal(test_run_qlm(&out, "%s -m %s --json-schema %s 2>&1", cmds[i], model, broken), 1);
+        if (!strstr(out, broken) || !strstr(out, "not JSON")) fail_msg("%s: %s", cmds[i], out);
+        free(out);
+        assert_int_equal(test_run_qlm(&out, "%s -m %s --json-schema %s/none.json 2>&1", cmds[i], model, dir), 1);
+        if (!strstr(out, "none.json")) fail_msg("%s: %s", cmds[i], out);
+        free(out);
+        assert_int_equal(test_run_qlm(&out, "%s -m %s --json-object --json-schema %s 2>&1", cmds[i], model, good), 1);
+        if (!strstr(out, "exclude each other")) fail_msg("%s: %s", cmds[i], out);
+        free(out);
+    }
+    unlink(good);
+    unlink(bad);
+    unlink(broken);
+    rmdir(dir);
+}
+
 static void test_command_line_errors(void **state) {
     (void)state;
     assert_int_equal(test_run_qlm(NULL, "2>/dev/null"), 2);
@@ -924,6 +990,7 @@ int main(void) {
         cmocka_unit_test(test_summarize),
         cmocka_unit_test(test_command_line_errors),
         cmocka_unit_test(test_chat_template_file),
+        cmocka_unit_test(test_json_output),
         cmocka_unit_test(test_threads_under_load),
         cmocka_unit_test(test_chat_terminal),
         cmocka_unit_test(test_default_model),

@@ -333,7 +333,8 @@ static void test_serve_fields(void **state) {
         {"{\"prompt\":\"a\",\"logit_bias\":{\"5\":101}}", "value of token 5"},
         {"{\"prompt\":\"a\",\"logit_bias\":[1]}", "'logit_bias' must be an object"},
         {"{\"prompt\":\"a\",\"echo\":true}", "'echo'"},
-        {"{\"prompt\":\"a\",\"response_format\":{\"type\":\"json_object\"}}", "'response_format'"},
+        /* tinystories' vocabulary has no "[" to spell JSON with. */
+        {"{\"prompt\":\"a\",\"response_format\":{\"type\":\"json_object\"}}", "'response_format': the vocabulary"},
         {"{\"prompt\":\"a\",\"temprature\":0}", "'temprature'"},
         {"{\"prompt\":\"a\",\"messages\":[]}", "'messages'"},
         {"{\"prompt\":\"a\",\"stream_options\":{\"include_usage\":1}}", "stream_options"},
@@ -1325,6 +1326,297 @@ static void test_serve_sigterm_under_load(void **state) {
 
 /* The official openai Python client, unchanged, against the real server (tests/openai_client_check.py):
  * scripts/setup.sh --test puts it in $QLM_CACHE/test-python; $QLM_TEST_PYTHON overrides that. */
+/* ---- response_format ---- */
+
+static const char *k_json_system = "You are a helpful assistant designed to output JSON.";
+
+static const char *k_person_schema =
+    "{\"type\":\"object\",\"properties\":{\"name\":{\"type\":\"string\"},\"age\":{\"type\":\"integer\"},"
+    "\"tags\":{\"type\":\"array\",\"items\":{\"type\":\"string\",\"enum\":[\"kind\",\"smart\",\"funny\",\"brave\","
+    "\"quiet\",\"tall\",\"young\",\"old\"]},\"maxItems\":3}},\"required\":[\"name\",\"age\",\"tags\"],"
+    "\"additionalProperties\":false}";
+
+/* Whether v is what k_person_schema describes, checked by hand. */
+static int is_person(const cJSON *v) {
+    static const char *const tags[] = {"kind", "smart", "funny", "brave", "quiet", "tall", "young", "old"};
+    const cJSON *name = cJSON_GetObjectItem(v, "name"), *age = cJSON_GetObjectItem(v, "age");
+    const cJSON *list = cJSON_GetObjectItem(v, "tags"), *t;
+    if (!cJSON_IsObject(v) || cJSON_GetArraySize(v) != 3 || !cJSON_IsString(name) || !cJSON_IsNumber(age) ||
+        age->valuedouble != floor(age->valuedouble) || !cJSON_IsArray(list) || cJSON_GetArraySize(list) > 3)
+        return 0;
+    cJSON_ArrayForEach(t, list) {
+        int known = 0;
+        for (size_t i = 0; cJSON_IsString(t) && i < sizeof tags / sizeof *tags; i++) known |= !strcmp(t->valuestring, tags[i]);
+        if (!known) return 0;
+    }
+    return 1;
+}
+
+/* A greedy generation request: chat (with system, when given) or a completion of text, held to
+ * response_format (NULL: free text). A frequency penalty keeps a small model from looping until
+ * max_tokens cuts the value off. */
+static char *gen_body(int chat, const char *system, const char *text, const char *response_format, int max_tokens,
+                      int stream) {
+    cJSON *b = cJSON_CreateObject();
+    if (chat) {
+        cJSON *msgs = cJSON_AddArrayToObject(b, "messages"), *m;
+        for (int i = system ? 0 : 1; i < 2; i++) {
+            cJSON_AddItemToArray(msgs, m = cJSON_CreateObject());
+            cJSON_AddStringToObject(m, "role", i ? "user" : "system");
+            cJSON_AddStringToObject(m, "content", i ? text : system);
+        }
+    } else {
+        cJSON_AddStringToObject(b, "prompt", text);
+    }
+    if (response_format) cJSON_AddItemToObject(b, "response_format", cJSON_Parse(response_format));
+    cJSON_AddNumberToObject(b, "temperature", 0);
+    cJSON_AddNumberToObject(b, "frequency_penalty", 0.5);
+    cJSON_AddNumberToObject(b, "max_tokens", max_tokens);
+    if (stream) cJSON_AddTrueToObject(b, "stream");
+    char *s = cJSON_PrintUnformatted(b);
+    cJSON_Delete(b);
+    return s;
+}
+
+static char *schema_format(const char *schema) {
+    char *f = malloc(strlen(schema) + 128);
+    sprintf(f, "{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"person\",\"strict\":true,\"schema\":%s}}", schema);
+    return f;
+}
+
+/* Sends the bodies to their routes all at once (the server decodes them in one batch) and returns
+ * each answer's text; each must be a 200. finish[i] gets the finish_reason (malloc'd). */
+static char **parallel(const server *s, const char *const *routes, char *const *bodies, int n, char **finish) {
+    size_t cap = 64 + (size_t)n * 1024, len = 0;
+    char *cmd = malloc(cap), path[512];
+    for (int i = 0; i < n; i++) {
+        snprintf(path, sizeof path, "%s/jreq%d", s->dir, i);
+        assert_int_equal(test_write_file(path, bodies[i], strlen(bodies[i])), 0);
+        len += (size_t)snprintf(cmd + len, cap - len,
+                                "curl -s -o %s/jresp%d -w '%%{http_code}' -H 'Content-Type: application/json' "
+                                "--data-binary @%s http://127.0.0.1:%d%s >%s/jcode%d & ",
+                                s->dir, i, path, s->port, routes[i], s->dir, i);
+    }
+    snprintf(cmd + len, cap - len, "wait");
+    assert_int_equal(system(cmd), 0);
+    free(cmd);
+    char **texts = calloc((size_t)n, sizeof *texts);
+    for (int i = 0; i < n; i++) {
+        snprintf(path, sizeof path, "%s/jcode%d", s->dir, i);
+        char *code = test_read_file(path, NULL);
+        snprintf(path, sizeof path, "%s/jresp%d", s->dir, i);
+        char *resp = test_read_file(path, NULL);
+        if (!code || strcmp(code, "200") != 0) fail_msg("%s -> %s %s", routes[i], code ? code : "?", resp ? resp : "");
+        cJSON *j = parse(resp), *c = cJSON_GetArrayItem(cJSON_GetObjectItem(j, "choices"), 0);
+        cJSON *t = cJSON_GetObjectItem(c, "text");
+        if (!t) t = cJSON_GetObjectItem(cJSON_GetObjectItem(c, "message"), "content");
+        assert_true(cJSON_IsString(t));
+        texts[i] = strdup(t->valuestring);
+        finish[i] = strdup(cJSON_GetObjectItem(c, "finish_reason")->valuestring);
+        cJSON_Delete(j);
+        free(resp);
+        free(code);
+    }
+    return texts;
+}
+
+static void free_all(char **list, int n) {
+    for (int i = 0; i < n; i++) free(list[i]);
+    free(list);
+}
+
+/* The must-show: 20 different prompts to the default model with json_object, 20 with a small
+ * schema; every answer parses (validates), none is cut off. */
+static void test_serve_json_prompts(void **state) {
+    (void)state;
+    static const char *const objects[20] = {
+        "What is the capital of France? Reply as {\"capital\": \"...\"}.",
+        "What color is a banana? Reply as {\"fruit\": \"...\", \"color\": \"...\"}.",
+        "Name a dog breed. Reply as {\"breed\": \"...\"}.",
+        "What is 2 + 2? Reply as {\"answer\": 0}.",
+        "Name three fruits. Reply as {\"fruits\": [\"...\", \"...\", \"...\"]}.",
+        "Which country is Tokyo in? Reply as {\"city\": \"Tokyo\", \"country\": \"...\"}.",
+        "Say hello. Reply as {\"greeting\": \"...\"}.",
+        "Name a famous book and its author. Reply as {\"title\": \"...\", \"author\": \"...\"}.",
+        "Is the sky blue? Reply as {\"blue\": true}.",
+        "Name a car maker. Reply as {\"make\": \"...\"}.",
+        "At what temperature does water boil? Reply as {\"celsius\": 0}.",
+        "Which planet is the largest? Reply as {\"planet\": \"...\"}.",
+        "Invent a user. Reply as {\"username\": \"...\", \"email\": \"...\"}.",
+        "Which days are the weekend? Reply as {\"days\": [\"...\", \"...\"]}.",
+        "Who created Python? Reply as {\"language\": \"Python\", \"creator\": \"...\"}.",
+        "How tall can an oak tree grow in meters? Reply as {\"tree\": \"oak\", \"height\": 0}.",
+        "Where is the origin of a plane? Reply as {\"x\": 0, \"y\": 0}.",
+        "What is 3 + 5? Reply as {\"sum\": 0}.",
+        "Name a movie and its year. Reply as {\"title\": \"...\", \"year\": 0}.",
+        "What sound does a cow make? Reply as {\"animal\": \"cow\", \"sound\": \"...\"}.",
+    };
+    static const char *const people[20] = {
+        "Invent a pilot.", "Describe a friendly teacher.", "Invent a young chess player.", "Describe an old fisherman.",
+        "Invent a famous singer.", "Describe a doctor from Canada.", "Invent a child who loves dogs.",
+        "Describe a tall basketball player.", "Invent a quiet librarian.", "Describe a brave firefighter.",
+        "Invent a painter from Italy.", "Describe a funny clown.", "Invent a student of physics.",
+        "Describe a chef who bakes bread.", "Invent a farmer with many cows.", "Describe a shy programmer.",
+        "Invent a sailor.", "Describe a grandmother who knits.", "Invent an astronaut.", "Describe a runner who won a race.",
+    };
+    char model[512];
+    REQUIRE_ASSET(test_default_gguf(model, sizeof model));
+    server s;
+    server_start(&s, model, "--quiet");
+    char *bodies[20], *finish[20], *format = schema_format(k_person_schema);
+    const char *routes[20];
+    int parsed = 0, valid = 0;
+    for (int i = 0; i < 20; i++) {
+        bodies[i] = gen_body(1, k_json_system, objects[i], "{\"type\":\"json_object\"}", 160, 0);
+        routes[i] = "/v1/chat/completions";
+    }
+    char **texts = parallel(&s, routes, bodies, 20, finish);
+    for (int i = 0; i < 20; i++) {
+        cJSON *v = cJSON_Parse(texts[i]);
+        if (cJSON_IsObject(v) && !strcmp(finish[i], "stop")) parsed++;
+        else print_message("json_object answer %d (%s) does not parse: %s\n", i, finish[i], texts[i]);
+        cJSON_Delete(v);
+        free(bodies[i]);
+        free(finish[i]);
+        bodies[i] = gen_body(1, k_json_system, people[i], format, 96, 0);
+    }
+    free_all(texts, 20);
+    texts = parallel(&s, routes, bodies, 20, finish);
+    for (int i = 0; i < 20; i++) {
+        cJSON *v = cJSON_Parse(texts[i]);
+        if (is_person(v) && !strcmp(finish[i], "stop")) valid++;
+        else print_message("json_schema answer %d (%s) is not a person: %s\n", i, finish[i], texts[i]);
+        cJSON_Delete(v);
+        free(bodies[i]);
+        free(finish[i]);
+    }
+    print_message("json_object: %d/20 answers parse as JSON objects; json_schema: %d/20 answers validate\n", parsed, valid);
+    assert_int_equal(parsed, 20);
+    assert_int_equal(valid, 20);
+    free_all(texts, 20);
+    free(format);
+    free(server_stop(&s));
+}
+
+/* The first token's top log-probabilities: the model's own, the same with a response_format. */
+static cJSON *first_top_logprobs(const server *s, const char *response_format, char **chosen) {
+    char body[512], *resp;
+    snprintf(body, sizeof body,
+             "{\"messages\":[{\"role\":\"user\",\"content\":\"Describe a cat as JSON.\"}],\"temperature\":0,"
+             "\"max_tokens\":1,\"logprobs\":true,\"top_logprobs\":5%s%s}",
+             response_format ? ",\"response_format\":" : "", response_format ? response_format : "");
+    assert_int_equal(http(s, "POST", "/v1/chat/completions", body, NULL, &resp), 200);
+    cJSON *j = parse(resp);
+    cJSON *c = cJSON_GetArrayItem(cJSON_GetObjectItem(cJSON_GetObjectItem(cJSON_GetArrayItem(
+                                      cJSON_GetObjectItem(j, "choices"), 0), "logprobs"), "content"), 0);
+    *chosen = strdup(cJSON_GetObjectItem(c, "token")->valuestring);
+    cJSON *top = cJSON_DetachItemFromObject(c, "top_logprobs");
+    cJSON_Delete(j);
+    free(resp);
+    return top;
+}
+
+/* response_format on both routes, streamed and not, beside free-text requests in one batch; cut
+ * off by max_tokens; log-probabilities unmasked; refusals naming the field or the schema keyword. */
+static void test_serve_response_format(void **state) {
+    (void)state;
+    char model[512];
+    REQUIRE_ASSET(test_default_gguf(model, sizeof model));
+    server s;
+    server_start(&s, model, "--quiet");
+    const char *object = "{\"type\":\"json_object\"}", *cat = "Here is a JSON object describing a cat with its name and age:\n";
+    char *format = schema_format(k_person_schema);
+    for (int chat = 0; chat <= 1; chat++) {
+        const char *route = chat ? "/v1/chat/completions" : "/v1/completions";
+        const char *text = chat ? "What is the capital of Italy? Reply as {\"capital\": \"...\"}." : cat;
+        for (int kind = 0; kind < 2; kind++) {
+            const char *rf = kind ? format : object;
+            const char *prompt = kind ? (chat ? "Invent a pilot." : "A person as JSON:\n") : text;
+            char *body = gen_body(chat, chat ? k_json_system : NULL, prompt, rf, 128, 0);
+            char *plain = generated(&s, route, body, "stop");
+            free(body);
+            body = gen_body(chat, chat ? k_json_system : NULL, prompt, rf, 128, 1);
+            char *stream = streamed(&s, route, body);
+            free(body);
+            assert_string_equal(plain, stream);
+            cJSON *v = cJSON_Parse(plain);
+            if (!(kind ? is_person(v) : cJSON_IsObject(v))) fail_msg("%s %s: %s", route, rf, plain);
+            cJSON_Delete(v);
+            free(plain);
+            free(stream);
+        }
+    }
+    /* In one batch: a free-text answer stays free, the JSON ones are JSON. */
+    char *bodies[3] = {gen_body(1, NULL, "Tell me about cats.", NULL, 12, 0),
+                       gen_body(1, k_json_system, "Name a cat. Reply as {\"cat\": \"...\"}.", object, 128, 0),
+                       gen_body(0, NULL, "A person as JSON:\n", format, 128, 0)};
+    const char *routes[3] = {"/v1/chat/completions", "/v1/chat/completions", "/v1/completions"};
+    char *finish[3];
+    char **texts = parallel(&s, routes, bodies, 3, finish);
+    assert_string_equal(finish[0], "length");
+    assert_true(texts[0][0] != '{' && texts[0][0] != ' ' && texts[0][0] != '\n');
+    cJSON *v = cJSON_Parse(texts[1]), *p = cJSON_Parse(texts[2]);
+    if (!cJSON_IsObject(v) || !is_person(p)) fail_msg("batched: '%s', '%s'", texts[1], texts[2]);
+    cJSON_Delete(v);
+    cJSON_Delete(p);
+    for (int i = 0; i < 3; i++) {
+        free(bodies[i]);
+        free(finish[i]);
+    }
+    free_all(texts, 3);
+    /* max_tokens cuts the value off: "length", as OpenAI. */
+    char *body = gen_body(0, NULL, cat, object, 3, 0);
+    char *cut = generated(&s, "/v1/completions", body, "length");
+    v = cJSON_Parse(cut);
+    assert_null(v);
+    free(cut);
+    free(body);
+    /* The log-probabilities are the model's: the same top 5 with and without the constraint, though
+     * the constrained answer starts with a token outside them. A first request puts the prompt in
+     * the cache, so that both take its prefix from there (evaluated whole, it rounds otherwise). */
+    char *free_tok, *json_tok;
+    cJSON_Delete(first_top_logprobs(&s, NULL, &free_tok));
+    free(free_tok);
+    cJSON *free_top = first_top_logprobs(&s, NULL, &free_tok), *json_top = first_top_logprobs(&s, object, &json_tok);
+    assert_int_equal(cJSON_GetArraySize(json_top), 5);
+    assert_true(cJSON_Compare(free_top, json_top, 1));
+    assert_string_equal(free_tok, cJSON_GetObjectItem(cJSON_GetArrayItem(free_top, 0), "token")->valuestring);
+    const cJSON *t;
+    cJSON_ArrayForEach(t, json_top) assert_string_not_equal(json_tok, cJSON_GetObjectItem(t, "token")->valuestring);
+    cJSON_Delete(free_top);
+    cJSON_Delete(json_top);
+    free(free_tok);
+    free(json_tok);
+    /* Refusals name the field, or the schema keyword and where it is. */
+    const char *refused[][2] = {
+        {"{\"type\":\"xml\"}", "'response_format'"},
+        {"{\"type\":\"json_object\",\"schema\":{}}", "'response_format.schema'"},
+        {"{\"type\":\"json_schema\"}", "'response_format.json_schema'"},
+        {"{\"type\":\"json_schema\",\"json_schema\":{\"schema\":{}}}", "'response_format.json_schema.name'"},
+        {"{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"a b\",\"schema\":{}}}", "'response_format.json_schema.name'"},
+        {"{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"p\"}}", "'response_format.json_schema.schema'"},
+        {"{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"p\",\"schema\":{},\"strict\":1}}", "json_schema.strict"},
+        {"{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"p\",\"schema\":{},\"extra\":1}}", "json_schema.extra"},
+        {"{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"p\",\"schema\":{\"type\":\"string\",\"pattern\":\"^a\"}}}",
+         "'pattern' at # is not supported"},
+        {"{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"p\",\"schema\":{\"type\":\"object\",\"properties\":"
+         "{\"name\":{\"type\":\"string\",\"format\":\"email\"}}}}}",
+         "'format' at #/properties/name is not supported"},
+        {"{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"p\",\"schema\":{\"type\":\"array\",\"items\":"
+         "{\"$ref\":\"#/$defs/a\"}}}}",
+         "'$ref' at #/items"},
+        {"{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"p\",\"schema\":{\"type\":\"object\",\"required\":[\"a\"]}}}",
+         "'required' at # names 'a'"},
+    };
+    for (size_t i = 0; i < sizeof refused / sizeof *refused; i++) {
+        char req[1024];
+        snprintf(req, sizeof req, "{\"prompt\":\"a\",\"response_format\":%s}", refused[i][0]);
+        expect_error(&s, "POST", "/v1/completions", req, NULL, 400, refused[i][1]);
+    }
+    free(format);
+    free(server_stop(&s));
+}
+
 static void test_serve_openai_client(void **state) {
     (void)state;
     char model[512], python[512], dir[256];
@@ -1365,6 +1657,8 @@ int main(void) {
         cmocka_unit_test(test_serve_logprobs),
         cmocka_unit_test(test_serve_adapters),
         cmocka_unit_test(test_serve_openai_client),
+        cmocka_unit_test(test_serve_json_prompts),
+        cmocka_unit_test(test_serve_response_format),
         cmocka_unit_test(test_serve_abuse),
         cmocka_unit_test(test_serve_slowloris),
         cmocka_unit_test(test_serve_client_leaves),
