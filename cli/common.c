@@ -14,8 +14,10 @@
 
 #include "../quant/matmul.h"
 #include "../tokenizer/chat.h"
+#include "../core/clock.h"
 #include "../core/error.h"
 #include "../loaders/json_strict.h"
+#include "progress.h"
 #include "threads.h"
 
 void cli_model_opts_init(cli_model_opts *o) {
@@ -322,6 +324,22 @@ int cli_chat_template_ready(const cli_model_opts *o, const cli_model *cm, int qu
     return 0;
 }
 
+/* Building the model's layers: shown once it has taken a second (a load that converts a large
+ * model), not for the loads that take a fraction of one. */
+typedef struct {
+    cli_progress line;
+    double t0;
+} build_progress;
+
+static void on_layer(void *user, int done, int total) {
+    build_progress *b = user;
+    double secs = qlm_now_s() - b->t0;
+    if (secs < 1.0) return;
+    int width = 30, fill = (int)((long)width * done / total);
+    cli_progress_update(&b->line, done == total, "converting weights [%.*s%*s] %d/%d layers, %.1f s", fill,
+                        "##############################", width - fill, "", done, total, secs);
+}
+
 static int load_model(const cli_model_opts *o, cli_model *cm, int need_tokenizer, int quiet,
                       const char *chat_template) {
     int threads = o->threads;
@@ -356,6 +374,10 @@ static int load_model(const cli_model_opts *o, cli_model *cm, int need_tokenizer
     qlm_model_options mo = {.dtype = cm->src.stored_dtype, .per_channel = o->per_channel || cm->src.stored_per_channel,
                             .group = o->group, .as_stored = !o->dtype, .act8 = o->act8,
                             .in_place = !o->own_weights && cm->dist.size == 1, .backend = be};
+    build_progress progress = {.t0 = qlm_now_s()};
+    cli_progress_init(&progress.line, quiet);
+    mo.on_layer = on_layer;
+    mo.on_layer_user = &progress;
     if (o->dtype) qlm_dtype_parse(o->dtype, &mo.dtype);
     if (o->dtype && mo.dtype == QLM_I8) mo.per_channel = o->per_channel;
     if (o->act8 && !qlm_dtype_is_block(mo.dtype)) {
@@ -373,6 +395,7 @@ static int load_model(const cli_model_opts *o, cli_model *cm, int need_tokenizer
     qlm_store_read_once(cm->src.store);
     rc = cm->src.is_t5 ? qlm_t5_build(&cm->t5, &cm->src.t5, cm->src.store, &mo)
                            : qlm_model_build(&cm->model, &cm->src.cfg, cm->src.store, &mo);
+    cli_progress_break(&progress.line);
     if (rc != 0) {
         qlm_error_context("%s", o->model);
         qlm_source_close(&cm->src);

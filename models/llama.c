@@ -235,8 +235,10 @@ int qlm_model_build(qlm_model *m, const qlm_llama_config *cfg, const qlm_tensor_
         (longrope && build_inv_freq(m, cfg->rope_theta, 1, cfg->rope_long_factor, &m->inv_freq_long) != 0) ||
         (cfg->rope_local_theta > 0 && build_inv_freq(m, cfg->rope_local_theta, 0, NULL, &m->inv_freq_local) != 0))
         goto fail;
-    for (int l = 0; l < cfg->n_layers; l++)
+    for (int l = 0; l < cfg->n_layers; l++) {
         if (build_layer(m, store, l) != 0) goto fail;
+        if (opts->on_layer) opts->on_layer(opts->on_layer_user, l + 1, cfg->n_layers);
+    }
     return 0;
 fail:
     qlm_model_free(m);

@@ -60,6 +60,10 @@ typedef struct {
      * the model, and nothing may write into those weights: not for training or merging. */
     int in_place;
     const qlm_backend *backend;
+    /* NULL, or told after each layer (T5: block) is built: done of total (converting a large model
+     * takes seconds). */
+    void (*on_layer)(void *user, int done, int total);
+    void *on_layer_user;
 } qlm_model_options;
 
 /* The group a block dtype of the options takes (0 for the others). */

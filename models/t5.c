@@ -123,6 +123,8 @@ int qlm_t5_build(qlm_t5_model *m, const qlm_t5_config *cfg, const qlm_tensor_sto
             qlm_t5_layer *L = dec ? &m->dec[b] : &m->enc[b];
             if (qlm_params_pack(p, n, store, weight_format(m), m->be, &L->buffer, &L->buffer_bytes, &m->in_place_bytes) != 0)
                 goto fail;
+            if (opts->on_layer)
+                opts->on_layer(opts->on_layer_user, (dec ? cfg->n_layers : 0) + b + 1, cfg->n_layers + cfg->n_dec_layers);
         }
     return 0;
 fail:

@@ -215,8 +215,15 @@ static void test_f32_export_gives_back_the_model(void **state) {
 
 /* Fused q/k/v and gate/up split into views of their rows (with INT8 row scales), and a fused matrix
  * of the wrong shape named in the error. */
+static void count_layers(void *user, int done, int total) {
+    int *seen = user;
+    assert_int_equal(done, seen[0] + 1); /* in order, each once */
+    seen[0] = done;
+    seen[1] = total;
+}
+
 /* Weights read in place from the file's mapping: no copy, the same logits bit for bit; a matrix
- * that needs converting (here to BF16) is still copied. */
+ * that needs converting (here to BF16) is still copied, and the build reports each layer. */
 static void test_in_place(void **state) {
     (void)state;
     qlm_source src;
@@ -244,8 +251,12 @@ static void test_in_place(void **state) {
     }
     assert_memory_equal(logits[0], logits[1], (size_t)src.cfg.vocab_size * sizeof(float));
     qlm_model m;
-    qlm_model_options o = {.dtype = QLM_BF16, .in_place = 1, .backend = qlm_backend_cpu()};
+    int seen[2] = {0, 0};
+    qlm_model_options o = {.dtype = QLM_BF16, .in_place = 1, .backend = qlm_backend_cpu(), .on_layer = count_layers,
+                           .on_layer_user = seen};
     if (qlm_model_build(&m, &src.cfg, src.store, &o) != 0) fail_msg("%s", qlm_last_error());
+    assert_int_equal(seen[0], src.cfg.n_layers);
+    assert_int_equal(seen[1], src.cfg.n_layers);
     assert_true(m.tok_embed.data != emb->data);
     assert_int_equal(m.in_place_bytes, 0);
     qlm_model_free(&m);
