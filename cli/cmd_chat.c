@@ -55,11 +55,6 @@ static void history_clear(history *h, int keep) {
     while (h->n > keep) history_remove(h, h->n - 1);
 }
 
-typedef struct {
-    char *buf;
-    size_t len, cap;
-} reply_buf;
-
 /* Ctrl-C while an answer is generated: the first stops the answer, a second one quits. */
 static volatile sig_atomic_t g_interrupted;
 
@@ -71,22 +66,9 @@ static void on_interrupt(int sig) {
     g_interrupted = 1;
 }
 
+/* The answer on stdout and kept for the history, until a Ctrl-C stops it. */
 static int emit_reply(void *user, const char *text, size_t len) {
-    reply_buf *r = user;
-    if (g_interrupted) return 1;
-    fwrite(text, 1, len, stdout);
-    fflush(stdout);
-    if (r->len + len + 1 > r->cap) {
-        size_t cap = (r->len + len + 1) * 2;
-        char *b = realloc(r->buf, cap);
-        if (!b) return 1;
-        r->buf = b;
-        r->cap = cap;
-    }
-    memcpy(r->buf + r->len, text, len);
-    r->len += len;
-    r->buf[r->len] = 0;
-    return 0;
+    return g_interrupted ? 1 : cli_emit_text(user, text, len);
 }
 
 /* Renders and tokenizes the conversation, dropping the oldest turns until prompt + reply fit. */
@@ -122,7 +104,7 @@ static int chat_turn(qlm_session *s, history *h, int first_turn, const char *mes
         return -1;
     }
     qlm_gen_stats pst = {0}, st = {0};
-    reply_buf reply = {0};
+    cli_text_out reply = {.to_stdout = 1, .keep = 1};
     g_interrupted = 0;
     struct sigaction sa = {.sa_handler = on_interrupt}, old;
     sigemptyset(&sa.sa_mask);

@@ -19,32 +19,6 @@ static const char *k_usage =
     "      --json             print one JSON object: prompt ids, generated ids, text, stop reason\n"
     "      --quiet            no load line or timing on stderr\n" CLI_DIST_HELP;
 
-typedef struct {
-    char *buf;
-    size_t len, cap;
-    int echo;
-} out_text;
-
-static int emit_text(void *user, const char *text, size_t len) {
-    out_text *o = user;
-    if (o->echo) {
-        fwrite(text, 1, len, stdout);
-        fflush(stdout);
-        return 0;
-    }
-    if (o->len + len + 1 > o->cap) {
-        size_t cap = (o->len + len + 1) * 2;
-        char *b = realloc(o->buf, cap);
-        if (!b) return 1;
-        o->buf = b;
-        o->cap = cap;
-    }
-    memcpy(o->buf + o->len, text, len);
-    o->len += len;
-    o->buf[o->len] = 0;
-    return 0;
-}
-
 static void print_ids(const char *key, const int *ids, int n) {
     printf("\"%s\": [", key);
     for (int i = 0; i < n; i++) printf("%s%d", i ? ", " : "", ids[i]);
@@ -128,7 +102,7 @@ int cmd_generate(int argc, char **argv) {
         return rc;
     }
     int rc = 1, *ids = NULL, n_ids = 0, *gen_ids = NULL;
-    out_text text = {.echo = !json};
+    cli_text_out text = {.to_stdout = !json, .keep = json};
     qlm_session s;
     int have_session = 0;
     if (cli_json_ready(&so, cm.src.tok) != 0) goto out;
@@ -154,7 +128,7 @@ int cmd_generate(int argc, char **argv) {
     so.gen.out_ids = gen_ids;
     /* A decoder continues the prompt; an encoder-decoder answers it. */
     if (!json && !cm.src.is_t5) fputs(prompt, stdout);
-    if (qlm_session_generate(&s, &so.gen, emit_text, &text, &st) != 0) goto out;
+    if (qlm_session_generate(&s, &so.gen, cli_emit_text, &text, &st) != 0) goto out;
     if (json) {
         printf("{");
         print_ids("prompt_ids", ids, n_ids);

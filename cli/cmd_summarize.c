@@ -217,34 +217,9 @@ static size_t trim(char *s, size_t len) {
     return len - a;
 }
 
-/* The summary as it comes: on stdout, or (user not NULL, --json) into a buffer printed at the end. */
-typedef struct {
-    char *text;
-    size_t len, cap;
-} text_buf;
-
-static int emit_summary(void *user, const char *text, size_t len) {
-    text_buf *b = user;
-    if (!b) {
-        fwrite(text, 1, len, stdout);
-        fflush(stdout);
-        return 0;
-    }
-    if (b->len + len + 1 > b->cap) {
-        size_t cap = (b->len + len + 1) * 2;
-        char *t = realloc(b->text, cap);
-        if (!t) return qlm_errorf("out of memory");
-        b->text = t, b->cap = cap;
-    }
-    memcpy(b->text + b->len, text, len);
-    b->len += len;
-    b->text[b->len] = 0;
-    return 0;
-}
-
-static int print_json(const text_buf *b, const qlm_gen_stats *pst, const qlm_gen_stats *st) {
+static int print_json(const cli_text_out *b, const qlm_gen_stats *pst, const qlm_gen_stats *st) {
     cJSON *j = cJSON_CreateObject();
-    int ok = j && cJSON_AddStringToObject(j, "summary", b->text ? b->text : "") &&
+    int ok = j && cJSON_AddStringToObject(j, "summary", b->buf ? b->buf : "") &&
              cJSON_AddNumberToObject(j, "prompt_tokens", pst->n_prompt) &&
              cJSON_AddNumberToObject(j, "completion_tokens", st->n_generated) &&
              cJSON_AddStringToObject(j, "finish_reason", qlm_stop_reason_name(st->reason)) &&
@@ -277,13 +252,13 @@ static int summarize_one(const options *o, cli_model *cm, const prompter *p) {
     if (cli_session_init(&o->mo, cm, &s, o->so.gen.max_new_tokens) != 0) goto out;
     have_session = 1;
     if (qlm_session_sync(&s, ids, n, &pst) != 0) goto out;
-    text_buf buf = {0};
-    if (qlm_session_generate(&s, &o->so.gen, emit_summary, o->json ? &buf : NULL, &st) != 0 ||
-        (o->json && print_json(&buf, &pst, &st) != 0)) {
-        free(buf.text);
+    cli_text_out text = {.to_stdout = !o->json, .keep = o->json};
+    if (qlm_session_generate(&s, &o->so.gen, cli_emit_text, &text, &st) != 0 ||
+        (o->json && print_json(&text, &pst, &st) != 0)) {
+        free(text.buf);
         goto out;
     }
-    free(buf.text);
+    free(text.buf);
     if (!o->json) fputc('\n', stdout);
     if (!o->quiet)
         fprintf(stderr, "qlm: prompt %d tokens in %.2f s; summary %d tokens in %.2f s (%.1f tok/s), stop: %s\n",

@@ -182,6 +182,26 @@ int cli_sampling_flag(cli_sampling_opts *s, int opt, const char *arg) {
     }
 }
 
+int cli_emit_text(void *user, const char *text, size_t len) {
+    cli_text_out *o = user;
+    if (o->to_stdout) {
+        fwrite(text, 1, len, stdout);
+        fflush(stdout);
+    }
+    if (!o->keep) return 0;
+    if (o->len + len + 1 > o->cap) {
+        size_t cap = (o->len + len + 1) * 2;
+        char *b = realloc(o->buf, cap);
+        if (!b) return qlm_errorf("out of memory");
+        o->buf = b;
+        o->cap = cap;
+    }
+    memcpy(o->buf + o->len, text, len);
+    o->len += len;
+    o->buf[o->len] = 0;
+    return 0;
+}
+
 int cli_json_flag(cli_sampling_opts *s, int opt, const char *arg) {
     if (opt == OPT_JSON_OBJECT) s->json_object = 1;
     else if (opt == OPT_JSON_SCHEMA) s->json_schema = arg;
@@ -253,6 +273,11 @@ static int load_adapters(const cli_model_opts *o, cli_model *cm) {
     return qlm_lora_registry_set_default(&cm->lora, pick);
 }
 
+/* Bytes of weights the model reads where the loader holds them (qlm_model_options.in_place). */
+static size_t in_place_bytes(const cli_model *cm) {
+    return cm->src.is_t5 ? cm->t5.in_place_bytes : cm->model.in_place_bytes;
+}
+
 /* The load line (and each adapter's). */
 static void print_loaded(const cli_model_opts *o, const cli_model *cm, const qlm_backend *be, double secs) {
     if (cm->src.is_t5) {
@@ -268,10 +293,9 @@ static void print_loaded(const cli_model_opts *o, const cli_model *cm, const qlm
                 m->cfg.n_layers, m->cfg.dim, qlm_model_param_count(m) / 1e6, qlm_dtype_name(m->dtype),
                 m->per_channel ? " per-channel" : "", m->act8 ? " w8a8" : "", be->name, omp_get_max_threads());
     }
-    size_t in_place = cm->src.is_t5 ? cm->t5.in_place_bytes : cm->model.in_place_bytes;
-    if (in_place)
+    if (in_place_bytes(cm))
         fprintf(stderr, "qlm: %.1f MiB of weights used where the loader holds them (no copy)\n",
-                in_place / 1048576.0);
+                in_place_bytes(cm) / 1048576.0);
     for (int i = 0; i < cm->lora.n; i++) {
         const qlm_lora_adapter *a = qlm_lora_registry_at(&cm->lora, i);
         fprintf(stderr, "qlm: adapter %s from %s: rank %d, %d modules, %.2fM params%s\n", a->name, a->path, a->cfg.r,
@@ -403,8 +427,7 @@ static int load_model(const cli_model_opts *o, cli_model *cm, int need_tokenizer
     }
     /* Unless weights are read in place, the converted ones are all the model needs: release the
      * file mappings (else qlm_source_close does, after the model is freed). */
-    size_t in_place = cm->src.is_t5 ? cm->t5.in_place_bytes : cm->model.in_place_bytes;
-    if (!in_place) {
+    if (!in_place_bytes(cm)) {
         qlm_store_free(cm->src.store);
         cm->src.store = NULL;
     }

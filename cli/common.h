@@ -150,6 +150,15 @@ int cli_json_compile(cli_sampling_opts *s);
 int cli_json_ready(cli_sampling_opts *s, const qlm_tokenizer *tok);
 void cli_json_free(cli_sampling_opts *s);
 
+/* Generated text as it comes (a qlm_emit_fn's user): written to stdout, and/or kept in buf
+ * (NUL-terminated, malloc'd) for an answer printed whole (--json) or remembered (a chat turn). */
+typedef struct {
+    char *buf;
+    size_t len, cap;
+    int to_stdout, keep;
+} cli_text_out;
+int cli_emit_text(void *user, const char *text, size_t len);
+
 /* Strict number parsing with a message naming the flag. */
 int cli_int(const char *flag, const char *arg, long min, long max, int *out);
 int cli_float(const char *flag, const char *arg, double min, double max, float *out);
