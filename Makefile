@@ -44,6 +44,9 @@ $(BUILD)/%.o: %.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -MMD -MP -c $< -o $@
 
+# The chat page's HTML is assembled into its object (.incbin), which -MMD does not see.
+$(BUILD)/server/chat_page.o: server/chat_page.html
+
 $(BUILD)/%.o: %.cu
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVCCFLAGS) -MMD -MP -c $< -o $@

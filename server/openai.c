@@ -611,7 +611,10 @@ char *openai_chunk_json(const job *j, const qlm_tokenizer *tok, int chat, const 
     return s;
 }
 
-static void add_model(cJSON *list, const char *id, const char *parent, long created) {
+/* A model entry, with vLLM's max_model_len (prompt and output together) and the largest max_tokens
+ * a request may ask for (max_completion_tokens, as OpenRouter names it), so that a client such as
+ * the chat page can keep its requests within them. */
+static void add_model(cJSON *list, const qlm_server_config *cfg, const char *id, const char *parent, long created) {
     cJSON *m = cJSON_CreateObject();
     cJSON_AddStringToObject(m, "id", id);
     cJSON_AddStringToObject(m, "object", "model");
@@ -619,6 +622,8 @@ static void add_model(cJSON *list, const char *id, const char *parent, long crea
     cJSON_AddStringToObject(m, "owned_by", "qlm");
     if (parent) cJSON_AddStringToObject(m, "parent", parent);
     else cJSON_AddNullToObject(m, "parent");
+    cJSON_AddNumberToObject(m, "max_model_len", cfg->max_prompt + cfg->max_output);
+    cJSON_AddNumberToObject(m, "max_completion_tokens", cfg->max_output);
     cJSON_AddItemToArray(list, m);
 }
 
@@ -626,9 +631,9 @@ char *openai_models_json(const qlm_server_config *cfg, long created, const char 
     cJSON *root = cJSON_CreateObject();
     cJSON_AddStringToObject(root, "object", "list");
     cJSON *data = cJSON_AddArrayToObject(root, "data");
-    add_model(data, cfg->model_name, NULL, created);
+    add_model(data, cfg, cfg->model_name, NULL, created);
     for (int i = 0; cfg->lora && i < cfg->lora->n; i++)
-        add_model(data, qlm_lora_registry_at(cfg->lora, i)->name, cfg->model_name, created);
+        add_model(data, cfg, qlm_lora_registry_at(cfg->lora, i)->name, cfg->model_name, created);
     const cJSON *out = root, *m;
     if (id) {
         out = NULL;

@@ -1,13 +1,22 @@
 /* The chat page in a real browser: qlm serve on a free port and Debian's chromium, headless, driven
  * over the DevTools protocol on a pipe (--remote-debugging-pipe: commands go to its fd 3, replies and
- * events come from its fd 4, each one JSON object ended by a NUL byte). With trusted input events, as
- * a user: a temperature out of range is refused on the page without a request; then Temperature 0
- * and a small Max tokens are typed into the page's settings and a message is sent. The request the
- * page sends is observed (held by the Fetch domain and let go unchanged), the answer is watched as it
- * streams onto the page and compared with the same request sent with curl, and a screenshot is saved
- * to $QLM_ARTIFACTS/chat_page.png, else to test-artifacts/chat_page.png in the build folder
- * (build/<BUILD>). $QLM_CHROMIUM overrides /usr/bin/chromium. */
+ * events come from its fd 4, each one JSON object ended by a NUL byte), with trusted input events, as
+ * a user. Each chat request the page sends is observed (held by the Fetch domain and let go
+ * unchanged, or answered by the test where it checks the page's rendering of a given answer).
+ * - test_chat_page: settings out of range (a temperature, max tokens past the server's limit) are
+ *   refused on the page; then a system prompt, temperature 0 and a small max tokens are typed in and
+ *   a message is sent: the request carries them, the answer streams onto the page and equals the
+ *   same request sent with curl, and the truncation is shown. A screenshot is saved to
+ *   $QLM_ARTIFACTS/chat_page.png, else to test-artifacts/chat_page.png in the build folder
+ *   (build/<BUILD>).
+ * - test_chat_page_stop: on the default model (long answers), Enter while an answer streams sends
+ *   nothing; Stop cancels the request (the server stops generating), keeps the partial answer, and
+ *   the next message carries it.
+ * - test_chat_page_key_markdown: with --api-key, the 401 stays on screen until the key is typed in;
+ *   an answer in Markdown renders as code, lists, emphasis and links, never as the HTML it holds.
+ * $QLM_CHROMIUM overrides /usr/bin/chromium. */
 #include <cjson/cJSON.h>
+#include <ctype.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <ftw.h>
@@ -22,6 +31,9 @@
 
 enum { WIDTH = 1000, HEIGHT = 800 };
 static const char k_message[] = "Tell me a story";
+static const char k_system[] = "You are a storyteller.";
+/* For the default model: an answer long enough to be stopped in the middle. */
+static const char k_long[] = "Write a long story about a dragon who learns to fly.", k_next[] = "And then?";
 /* Temperature 0 so that curl's answer repeats the page's. Max tokens other than the page's 256, so
  * that the request shows the field was read; not fewer: at 48 the whole answer sometimes reached the
  * page in one read, with no growth to see. */
@@ -37,7 +49,10 @@ typedef struct {
     size_t in_len, in_cap;
     int next_id, continue_id; /* continue_id: our Fetch.continueRequest until its reply comes */
     char session[128];
-    cJSON *request; /* the chat request as the page sent it */
+    cJSON *request;     /* the last chat request as the page sent it */
+    cJSON *headers;     /* and its headers */
+    int n_requests;     /* chat requests the page sent */
+    const char *canned; /* an SSE body that answers the page's chat requests instead of the server */
     int passed;
 } browser;
 
@@ -80,6 +95,14 @@ static unsigned char *b64_decode(const char *text, size_t *len) {
     got -= (n > 0 && text[n - 1] == '=') + (n > 1 && text[n - 2] == '=');
     out[got] = 0;
     *len = (size_t)got;
+    return out;
+}
+
+/* Base64 of len bytes (malloc'd). */
+static char *b64_encode(const char *bytes, size_t len) {
+    char *out = malloc(len / 3 * 4 + 5);
+    if (!out) fail_msg("out of memory");
+    EVP_EncodeBlock((unsigned char *)out, (const unsigned char *)bytes, (int)len);
     return out;
 }
 
@@ -148,11 +171,16 @@ static cJSON *cdp_next(browser *b, double end) {
     }
 }
 
-/* The page's chat request, held by the Fetch domain: kept for the test, sent on unchanged. */
+/* The page's chat request, held by the Fetch domain: kept for the test, sent on unchanged (or
+ * answered with b->canned). */
 static void on_request(browser *b, const cJSON *params) {
     const cJSON *id = cJSON_GetObjectItem(params, "requestId"), *req = cJSON_GetObjectItem(params, "request");
     if (!cJSON_IsString(id)) browser_fail(b, "Fetch.requestPaused without a requestId");
-    if (b->request) browser_fail(b, "the page sent a second chat request");
+    cJSON_Delete(b->request);
+    cJSON_Delete(b->headers);
+    b->request = NULL;
+    b->headers = must(cJSON_Duplicate(cJSON_GetObjectItem(req, "headers"), 1));
+    b->n_requests++;
     /* Newer Chromiums give the body as base64 postDataEntries, older ones as postData. */
     const cJSON *entries = cJSON_GetObjectItem(req, "postDataEntries"), *e;
     const cJSON *plain = cJSON_GetObjectItem(req, "postData");
@@ -180,7 +208,18 @@ static void on_request(browser *b, const cJSON *params) {
 
     cJSON *p = must(cJSON_CreateObject());
     must(cJSON_AddStringToObject(p, "requestId", id->valuestring));
-    b->continue_id = cdp_send(b, "Fetch.continueRequest", p, 1);
+    if (!b->canned) {
+        b->continue_id = cdp_send(b, "Fetch.continueRequest", p, 1);
+        return;
+    }
+    char *bytes = b64_encode(b->canned, strlen(b->canned));
+    must(cJSON_AddNumberToObject(p, "responseCode", 200));
+    if (!cJSON_AddItemToObject(p, "responseHeaders",
+                               must(cJSON_Parse("[{\"name\":\"Content-Type\",\"value\":\"text/event-stream\"}]"))))
+        fail_msg("out of memory building JSON");
+    must(cJSON_AddStringToObject(p, "body", bytes));
+    free(bytes);
+    b->continue_id = cdp_send(b, "Fetch.fulfillRequest", p, 1);
 }
 
 /* Events and replies that come while the test waits for something else. */
@@ -188,7 +227,7 @@ static void on_message(browser *b, const cJSON *m) {
     const cJSON *id = cJSON_GetObjectItem(m, "id"), *method = cJSON_GetObjectItem(m, "method");
     if (b->continue_id && cJSON_IsNumber(id) && id->valueint == b->continue_id) {
         char *err = cJSON_PrintUnformatted(cJSON_GetObjectItem(m, "error"));
-        if (err) browser_fail(b, "Fetch.continueRequest: %s", err);
+        if (err) browser_fail(b, "letting the chat request go: %s", err);
         b->continue_id = 0;
     }
     if (cJSON_IsString(method) && !strcmp(method->valuestring, "Fetch.requestPaused"))
@@ -434,6 +473,7 @@ static int teardown(void **state) {
         print_error("removing %s: %s\n", b->srv.dir, strerror(errno));
     free(b->in);
     cJSON_Delete(b->request);
+    cJSON_Delete(b->headers);
     free(b);
     return rc;
 }
@@ -464,22 +504,22 @@ static void save_screenshot(const unsigned char *png, size_t len, char *path, si
     if (test_write_file(path, png, len) != 0) fail_msg("cannot write %s: %s", path, strerror(errno));
 }
 
+/* Keeps, on every change of the conversation, the last answer as the page shows it (its innerText,
+ * white space collapsed: qlmShown) when it differs from the one before. */
 static const char k_observer[] =
     "(() => {\n"
+    "  window.qlmShown = () => {\n"
+    "    const a = [...document.querySelectorAll('#history .assistant')].pop();\n"
+    "    return a ? a.innerText.replace(/\\s+/g, ' ').trim() : '';\n"
+    "  };\n"
     "  window.qlmSeen = [];\n"
-    "  window.qlmBatches = 0;\n"
-    "  new MutationObserver((records) => {\n"
-    "    const seen = window.qlmSeen, before = seen.length;\n"
-    "    for (const r of records) {\n"
-    "      if (r.type !== 'childList' || !r.target.classList.contains('assistant')) continue;\n"
-    "      for (const n of r.addedNodes)\n"
-    "        if (seen[seen.length - 1] !== n.textContent) seen.push(n.textContent);\n"
-    "    }\n"
-    "    if (seen.length === before) return;\n"
-    "    window.qlmBatches++;\n"
+    "  new MutationObserver(() => {\n"
+    "    const t = window.qlmShown(), seen = window.qlmSeen;\n"
+    "    if (!t || seen[seen.length - 1] === t) return;\n"
+    "    seen.push(t);\n"
     "    window.qlmLast = performance.now();\n"
-    "    if (before === 0) window.qlmFirst = window.qlmLast;\n"
-    "  }).observe(document.getElementById('history'), { childList: true, subtree: true });\n"
+    "    if (seen.length === 1) window.qlmFirst = window.qlmLast;\n"
+    "  }).observe(document.getElementById('history'), { childList: true, subtree: true, characterData: true });\n"
     "  return true;\n"
     "})()";
 
@@ -489,11 +529,47 @@ static const char *string_of(const cJSON *o, const char *key) {
     return v->valuestring;
 }
 
-static void test_chat_page(void **state) {
-    browser *b = *state;
-    char model[512];
-    test_asset(model, sizeof model, "tinystories-656K-hf");
-    REQUIRE_ASSET(model);
+/* s with each run of white space made one space, none at the ends (malloc'd): text as a page shows it. */
+static char *collapsed(const char *s) {
+    char *out = malloc(strlen(s) + 1), *o = out;
+    if (!out) fail_msg("out of memory");
+    for (; *s; s++) {
+        if (!isspace((unsigned char)*s)) *o++ = *s;
+        else if (o > out && !isspace((unsigned char)s[1]) && s[1]) *o++ = ' ';
+    }
+    *o = 0;
+    return out;
+}
+
+static int eval_true(browser *b, const char *js) {
+    cJSON *v = eval(b, js);
+    int t = cJSON_IsTrue(v);
+    cJSON_Delete(v);
+    return t;
+}
+
+static char *eval_string(browser *b, const char *js) {
+    cJSON *v = eval(b, js);
+    if (!cJSON_IsString(v)) browser_fail(b, "%s is not a string", js);
+    char *s = strdup(v->valuestring);
+    cJSON_Delete(v);
+    if (!s) fail_msg("out of memory");
+    return s;
+}
+
+/* Enter in the field, as a key pressed (keydown, then the character it would type). */
+static void press_enter(browser *b, const char *id) {
+    click(b, id);
+    const char *keys[] = {
+        "{\"type\":\"rawKeyDown\",\"key\":\"Enter\",\"code\":\"Enter\",\"windowsVirtualKeyCode\":13}",
+        "{\"type\":\"char\",\"key\":\"Enter\",\"code\":\"Enter\",\"text\":\"\\r\",\"windowsVirtualKeyCode\":13}",
+        "{\"type\":\"keyUp\",\"key\":\"Enter\",\"code\":\"Enter\",\"windowsVirtualKeyCode\":13}"};
+    for (int i = 0; i < 3; i++) cJSON_Delete(cdp_call(b, "Input.dispatchKeyEvent", must(cJSON_Parse(keys[i])), 1, 10));
+}
+
+/* The server on model with flags, and the chat page open in a browser tab of its own (its session
+ * flattened into the pipe, its chat requests held), with the observer installed. */
+static void open_page(browser *b, const char *model, const char *flags) {
     const char *env = getenv("QLM_CHROMIUM"), *chrome = env && *env ? env : "/usr/bin/chromium";
     if (access(chrome, X_OK) != 0) {
         const char *req = getenv("QLM_REQUIRE_ASSETS");
@@ -501,11 +577,8 @@ static void test_chat_page(void **state) {
         print_message("%s is missing, skipping (scripts/setup.sh --test installs it)\n", chrome);
         skip();
     }
-    double t0 = qlm_now_s();
-    server_start(&b->srv, model, "--name tiny --quiet");
+    server_start(&b->srv, model, flags);
     browser_start(b, chrome);
-
-    /* A tab of its own, its session flattened into the pipe; the page's chat request held. */
     cJSON *r = cdp_call(b, "Target.createTarget", must(cJSON_Parse("{\"url\":\"about:blank\"}")), 0, 30);
     cJSON *p = must(cJSON_CreateObject());
     must(cJSON_AddStringToObject(p, "targetId", string_of(r, "targetId")));
@@ -523,60 +596,104 @@ static void test_chat_page(void **state) {
     r = cdp_call(b, "Page.navigate", p, 1, 10);
     if (cJSON_GetObjectItem(r, "errorText")) browser_fail(b, "opening %s: %s", url, string_of(r, "errorText"));
     cJSON_Delete(r);
-    wait_until(b, "document.readyState === 'complete' && document.querySelectorAll('#model option').length > 0", 20,
-               "the model list");
-    cJSON *v = eval(b, "document.getElementById('model').value");
-    assert_string_equal(cJSON_GetStringValue(v), "tiny");
-    cJSON_Delete(v);
-    v = eval(b, k_observer);
-    assert_true(cJSON_IsTrue(v));
-    cJSON_Delete(v);
+    wait_until(b, "document.readyState === 'complete'", 20, "the page");
+    if (!eval_true(b, k_observer)) browser_fail(b, "the observer was not installed");
+}
 
-    /* A temperature out of range: the page says so in its status line and sends nothing, the
-     * message kept in its box. */
-    type_into(b, "message", k_message);
-    type_into(b, "temperature", "5");
-    click(b, "send");
-    wait_until(b, "document.getElementById('status').textContent.startsWith('Temperature must be')", 10,
-               "the refusal of temperature 5");
-    cdp_pump(b, 0.2); /* time for a request the page would have started to come paused */
-    if (b->request) browser_fail(b, "the page sent temperature 5: %s", cJSON_PrintUnformatted(b->request));
+static void wait_models(browser *b, const char *name) {
+    wait_until(b, "document.querySelectorAll('#model option').length > 0", 20, "the model list");
+    char *v = eval_string(b, "document.getElementById('model').value");
+    assert_string_equal(v, name);
+    free(v);
+}
+
+/* Closes the browser (it must exit 0) and drains the server. */
+static void close_page(browser *b) {
+    cdp_send(b, "Browser.close", NULL, 0);
+    if (browser_reap(b, 10) != 0) browser_fail(b, "Chromium did not exit within 10 s of Browser.close");
+    if (!WIFEXITED(b->chrome_status) || WEXITSTATUS(b->chrome_status) != 0)
+        browser_fail(b, "Chromium ended with wait status %#x", b->chrome_status);
+    free(server_stop(&b->srv));
+    b->passed = 1;
+}
+
+/* Waits until the page has finished with the answer: its status is one of the given (a JS array). */
+static char *wait_status(browser *b, const char *states, double limit_s) {
     char js[256];
+    snprintf(js, sizeof js,
+             "%s.includes(document.getElementById('status').textContent) && document.getElementById('stop').hidden",
+             states);
+    wait_until(b, js, limit_s, "the end of the answer");
+    return eval_string(b, "document.getElementById('status').textContent");
+}
+
+/* A setting the page must refuse: typed in, Send clicked, the status line says why, and no request
+ * goes out; the message stays in its box and out of the history. */
+static void refused_setting(browser *b, const char *id, const char *value, const char *why) {
+    int before = b->n_requests;
+    type_into(b, id, value);
+    click(b, "send");
+    char js[256];
+    snprintf(js, sizeof js, "document.getElementById('status').textContent === '%s'", why);
+    wait_until(b, js, 10, why);
+    cdp_pump(b, 0.2); /* time for a request the page would have started to come paused */
+    if (b->n_requests != before) browser_fail(b, "the page sent %s %s: %s", id, value, cJSON_PrintUnformatted(b->request));
     snprintf(js, sizeof js,
              "document.querySelectorAll('#history .msg').length === 0 &&"
              " document.getElementById('message').value === '%s'",
              k_message);
-    v = eval(b, js);
-    if (!cJSON_IsTrue(v)) browser_fail(b, "the refused message left the message box or reached the history");
-    cJSON_Delete(v);
+    if (!eval_true(b, js)) browser_fail(b, "the refused message left the message box or reached the history");
+}
 
-    /* The settings typed into their fields and the message sent with the button, as a user does. */
+/* A chat message {role, content}. */
+static cJSON *message(const char *role, const char *content) {
+    cJSON *m = must(cJSON_CreateObject());
+    must(cJSON_AddStringToObject(m, "role", role));
+    must(cJSON_AddStringToObject(m, "content", content));
+    return m;
+}
+
+static void test_chat_page(void **state) {
+    browser *b = *state;
+    char model[512];
+    test_asset(model, sizeof model, "tinystories-656K-hf");
+    REQUIRE_ASSET(model);
+    double t0 = qlm_now_s();
+    open_page(b, model, "--name tiny --quiet --max-output 200");
+    wait_models(b, "tiny");
+    /* The page takes the server's limit on max tokens. */
+    char *max = eval_string(b, "document.getElementById('max-tokens').max");
+    assert_string_equal(max, "200");
+    free(max);
+
+    type_into(b, "message", k_message);
+    refused_setting(b, "temperature", "5", "Temperature must be a number from 0 to 2");
     type_into(b, "temperature", k_temperature);
+    refused_setting(b, "max-tokens", "500", "Max tokens must be a whole number from 1 to 200");
+
+    /* The settings and a system prompt typed into their fields and the message sent with the button,
+     * as a user does. */
     type_into(b, "max-tokens", k_max_tokens);
+    type_into(b, "system", k_system);
     click(b, "send");
     double t_sent = qlm_now_s();
-    wait_until(b,
-               "['done', 'error'].includes(document.getElementById('status').textContent) &&"
-               " !document.getElementById('send').disabled",
-               60, "the answer");
+    char *status = wait_status(b, "['done', 'error']", 60);
     double answer_s = qlm_now_s() - t_sent;
-    cJSON *page = eval(b, "(() => { const last = (c) => [...document.querySelectorAll('.msg.' + c)].pop();"
-                          " return { status: document.getElementById('status').textContent,"
-                          " user: last('user').textContent, answer: last('assistant').textContent,"
-                          " seen: window.qlmSeen, batches: window.qlmBatches,"
-                          " ms: (window.qlmLast || 0) - (window.qlmFirst || 0) }; })()");
-    const char *answer = string_of(page, "answer");
-    if (strcmp(string_of(page, "status"), "done")) browser_fail(b, "the page shows an error: %s", answer);
-    assert_string_equal(string_of(page, "user"), k_message);
+    char *answer = eval_string(b, "window.qlmShown()");
+    if (strcmp(status, "done")) browser_fail(b, "the page shows an error: %s", answer);
+    free(status);
+    char *user = eval_string(b, "[...document.querySelectorAll('.msg.user')].pop().textContent");
+    assert_string_equal(user, k_message);
+    free(user);
     assert_true(strlen(answer) > 0);
 
-    /* (a) The page's request carries the settings, and sent with curl without streaming gives the
-     * text the page shows. */
-    if (!b->request) browser_fail(b, "the page's chat request was never seen");
-    cJSON *want = must(cJSON_CreateArray()), *msg = must(cJSON_CreateObject());
-    must(cJSON_AddStringToObject(msg, "role", "user"));
-    must(cJSON_AddStringToObject(msg, "content", k_message));
-    if (!cJSON_AddItemToArray(want, msg)) fail_msg("out of memory building JSON");
+    /* (a) The page's request carries the system prompt and the settings, and sent with curl without
+     * streaming gives the text the page shows. */
+    if (b->n_requests != 1 || !b->request) browser_fail(b, "the page sent %d chat requests, not 1", b->n_requests);
+    cJSON *want = must(cJSON_CreateArray());
+    if (!cJSON_AddItemToArray(want, message("system", k_system)) ||
+        !cJSON_AddItemToArray(want, message("user", k_message)))
+        fail_msg("out of memory building JSON");
     const cJSON *temperature = cJSON_GetObjectItem(b->request, "temperature");
     const cJSON *max_tokens = cJSON_GetObjectItem(b->request, "max_tokens");
     if (!cJSON_Compare(cJSON_GetObjectItem(b->request, "messages"), want, 1) ||
@@ -590,34 +707,43 @@ static void test_chat_page(void **state) {
     char *body = cJSON_PrintUnformatted(same), *resp;
     cJSON_Delete(same);
     if (!body) fail_msg("out of memory building JSON");
-    int status = http(&b->srv, "POST", "/v1/chat/completions", body, "--max-time 30", &resp);
-    if (status != 200) fail_msg("curl %s -> %d %s", body, status, resp);
+    int code = http(&b->srv, "POST", "/v1/chat/completions", body, "--max-time 30", &resp);
+    if (code != 200) fail_msg("curl %s -> %d %s", body, code, resp);
     cJSON *plain = parse(resp);
     const cJSON *choice = cJSON_GetArrayItem(cJSON_GetObjectItem(plain, "choices"), 0);
     const cJSON *content = cJSON_GetObjectItem(cJSON_GetObjectItem(choice, "message"), "content");
     if (!cJSON_IsString(content)) fail_msg("no message.content in %s", resp);
-    assert_string_equal(answer, content->valuestring);
+    char *want_text = collapsed(content->valuestring);
+    assert_string_equal(answer, want_text);
+    free(want_text);
+
+    /* (b) The answer ran into max tokens, and the page says so under it. */
+    assert_string_equal(string_of(choice, "finish_reason"), "length");
+    char *note = eval_string(b, "(() => { const n = [...document.querySelectorAll('#history .assistant')].pop()"
+                                ".nextElementSibling; return n && n.className === 'note' ? n.textContent : ''; })()");
+    assert_string_equal(note, "stopped at max tokens (128)");
+    free(note);
     cJSON_Delete(plain);
     free(resp);
     free(body);
 
-    /* (b) The answer grew on the page: each text it showed extends the one before, and at least two
+    /* (c) The answer grew on the page: each text it showed extends the one before, and at least two
      * came before the final one. */
-    const cJSON *seen = cJSON_GetObjectItem(page, "seen");
+    cJSON *seen = eval(b, "window.qlmSeen");
     int n_seen = cJSON_GetArraySize(seen);
-    for (int i = 0; i < n_seen; i++) {
-        const cJSON *s = cJSON_GetArrayItem(seen, i);
-        const char *next = i + 1 < n_seen ? cJSON_GetArrayItem(seen, i + 1)->valuestring : answer;
-        if (!cJSON_IsString(s) || strncmp(s->valuestring, next, strlen(s->valuestring)))
-            fail_msg("text %d of the answer, '%s', does not grow into '%s'", i, cJSON_GetStringValue(s), next);
+    for (int i = 0; i + 1 < n_seen; i++) {
+        const char *s = cJSON_GetStringValue(cJSON_GetArrayItem(seen, i));
+        const char *next = cJSON_GetStringValue(cJSON_GetArrayItem(seen, i + 1));
+        if (!s || !next || strncmp(s, next, strlen(s)))
+            fail_msg("text %d of the answer, '%s', does not grow into '%s'", i, s, next);
     }
-    int batches = cJSON_GetObjectItem(page, "batches")->valueint;
-    if (n_seen < 3 || batches < 2)
-        fail_msg("the answer was shown as %d text(s) at %d time(s), not streamed: %s", n_seen, batches, answer);
+    if (n_seen < 3) fail_msg("the answer was shown as %d text(s), not streamed: %s", n_seen, answer);
     assert_string_equal(cJSON_GetArrayItem(seen, n_seen - 1)->valuestring, answer);
+    cJSON_Delete(seen);
+    cJSON *ms = eval(b, "(window.qlmLast || 0) - (window.qlmFirst || 0)");
 
-    /* (c) A PNG screenshot of the page with the conversation. */
-    r = cdp_call(b, "Page.captureScreenshot", must(cJSON_Parse("{\"format\":\"png\"}")), 1, 20);
+    /* (d) A PNG screenshot of the page with the conversation. */
+    cJSON *r = cdp_call(b, "Page.captureScreenshot", must(cJSON_Parse("{\"format\":\"png\"}")), 1, 20);
     size_t png_len;
     unsigned char *png = b64_decode(string_of(r, "data"), &png_len);
     cJSON_Delete(r);
@@ -627,18 +753,202 @@ static void test_chat_page(void **state) {
     unsigned w = (unsigned)png[16] << 24 | png[17] << 16 | png[18] << 8 | png[19];
     unsigned h = (unsigned)png[20] << 24 | png[21] << 16 | png[22] << 8 | png[23];
     free(png);
-    print_message("chat page: %d texts in %d observer callbacks over %.0f ms, %zu chars, answered in %.2f s\n", n_seen,
-                  batches, cJSON_GetObjectItem(page, "ms")->valuedouble, strlen(answer), answer_s);
+    print_message("chat page: %d texts over %.0f ms, %zu chars, answered in %.2f s\n", n_seen, ms->valuedouble,
+                  strlen(answer), answer_s);
     print_message("screenshot (%ux%u): %s\n", w, h, shot);
-    cJSON_Delete(page);
-
-    cdp_send(b, "Browser.close", NULL, 0);
-    if (browser_reap(b, 10) != 0) browser_fail(b, "Chromium did not exit within 10 s of Browser.close");
-    if (!WIFEXITED(b->chrome_status) || WEXITSTATUS(b->chrome_status) != 0)
-        browser_fail(b, "Chromium ended with wait status %#x", b->chrome_status);
-    free(server_stop(&b->srv));
+    cJSON_Delete(ms);
+    free(answer);
+    close_page(b);
     print_message("chat page: %.1f s in all\n", qlm_now_s() - t0);
-    b->passed = 1;
+}
+
+/* A counter or gauge of the server's /metrics. */
+static long metric(browser *b, const char *name) {
+    char *resp;
+    if (http(&b->srv, "GET", "/metrics", NULL, "", &resp) != 200) fail_msg("GET /metrics: %s", resp);
+    char key[128];
+    snprintf(key, sizeof key, "\n%s ", name);
+    const char *at = strstr(resp, key);
+    if (!at) fail_msg("no %s in /metrics:\n%s", name, resp);
+    long v = atol(at + strlen(key));
+    free(resp);
+    return v;
+}
+
+static void test_chat_page_stop(void **state) {
+    browser *b = *state;
+    char model[512];
+    test_default_gguf(model, sizeof model);
+    REQUIRE_ASSET(model);
+    open_page(b, model, "--name smol --quiet");
+    wait_models(b, "smol");
+    type_into(b, "temperature", "0");
+    type_into(b, "max-tokens", "1000");
+    type_into(b, "message", k_long);
+    press_enter(b, "message");
+    wait_until(b, "window.qlmShown().length >= 20", 60, "the start of the answer");
+    if (!eval_true(b, "!document.getElementById('stop').hidden && document.getElementById('send').hidden"))
+        browser_fail(b, "while the answer streams, Stop is not shown in place of Send");
+
+    /* Enter while the answer streams sends nothing and leaves the next message in its box. */
+    type_into(b, "message", k_next);
+    press_enter(b, "message");
+    cdp_pump(b, 0.3);
+    if (b->n_requests != 1) browser_fail(b, "Enter during an answer sent a request: %s", cJSON_PrintUnformatted(b->request));
+    char *box = eval_string(b, "document.getElementById('message').value");
+    assert_string_equal(box, k_next);
+    free(box);
+
+    /* Stop: the partial answer stays, marked, and the server stops generating. */
+    click(b, "stop");
+    char *status = wait_status(b, "['done', 'stopped', 'error']", 10);
+    if (strcmp(status, "stopped")) browser_fail(b, "the answer ended as '%s' rather than by Stop", status);
+    free(status);
+    char *partial = eval_string(b, "window.qlmShown()");
+    char *note = eval_string(b, "[...document.querySelectorAll('#history .assistant')].pop().nextElementSibling.textContent");
+    assert_string_equal(note, "stopped");
+    free(note);
+    double end = qlm_now_s() + 10;
+    while (metric(b, "qlm_running_sequences") != 0) {
+        if (qlm_now_s() > end) fail_msg("the server still generates 10 s after Stop");
+        usleep(50000);
+    }
+    long generated = metric(b, "qlm_generation_tokens_total");
+    if (generated >= 1000) fail_msg("the server generated all %ld tokens despite Stop", generated);
+
+    /* The next message goes out with the partial answer in the conversation. */
+    press_enter(b, "message");
+    wait_until(b, "window.qlmShown() !== '' && document.querySelectorAll('#history .user').length === 2", 10,
+               "the next message");
+    cdp_pump(b, 0.2);
+    if (b->n_requests != 2 || !b->request) browser_fail(b, "%d chat requests, not 2", b->n_requests);
+    const cJSON *sent = cJSON_GetObjectItem(b->request, "messages");
+    const cJSON *said = cJSON_GetObjectItem(cJSON_GetArrayItem(sent, 1), "content");
+    char *said_shown = cJSON_IsString(said) ? collapsed(said->valuestring) : NULL;
+    if (cJSON_GetArraySize(sent) != 3 || !said_shown || strcmp(said_shown, partial))
+        fail_msg("after Stop the page sent %s; the answer shown was '%s'", cJSON_PrintUnformatted(sent), partial);
+    print_message("chat page: stopped after %zu chars; the server generated %ld tokens of 1000\n", strlen(partial),
+                  generated);
+    free(said_shown);
+    free(partial);
+    click(b, "stop");
+    free(wait_status(b, "['done', 'stopped']", 10));
+    close_page(b);
+}
+
+/* An SSE stream as the server sends it, with the text in the given pieces (one chunk each). */
+static char *sse_body(const char *const *pieces, int n) {
+    size_t cap = 4096, len = 0;
+    char *out = malloc(cap);
+    if (!out) fail_msg("out of memory");
+    out[0] = 0;
+    for (int i = 0; i <= n; i++) {
+        char *chunk = NULL;
+        cJSON *c = must(cJSON_Parse("{\"object\":\"chat.completion.chunk\",\"choices\":[{\"index\":0,\"delta\":{}}]}"));
+        cJSON *choice = cJSON_GetArrayItem(cJSON_GetObjectItem(c, "choices"), 0);
+        if (i < n) {
+            must(cJSON_AddStringToObject(cJSON_GetObjectItem(choice, "delta"), "content", pieces[i]));
+            must(cJSON_AddNullToObject(choice, "finish_reason"));
+        } else {
+            must(cJSON_AddStringToObject(choice, "finish_reason", "stop"));
+        }
+        chunk = cJSON_PrintUnformatted(c);
+        cJSON_Delete(c);
+        if (!chunk) fail_msg("out of memory building JSON");
+        size_t need = len + strlen(chunk) + 32;
+        if (need > cap && !(out = realloc(out, cap = need * 2))) fail_msg("out of memory");
+        len += (size_t)sprintf(out + len, "data: %s\n\n", chunk);
+        free(chunk);
+    }
+    if (len + 16 > cap && !(out = realloc(out, len + 16))) fail_msg("out of memory");
+    strcpy(out + len, "data: [DONE]\n\n");
+    return out;
+}
+
+/* What the page made of the Markdown answer, as JSON. */
+static const char k_rendered[] =
+    "(() => {\n"
+    "  const a = [...document.querySelectorAll('#history .assistant')].pop();\n"
+    "  const texts = (sel) => [...a.querySelectorAll(sel)].map((e) => e.textContent);\n"
+    "  const ol = a.querySelector('ol'), code = a.querySelector('pre > code');\n"
+    "  return { h2: texts('h2'), strong: texts('strong'), em: texts('em'), code: texts(':not(pre) > code'),\n"
+    "    links: [...a.querySelectorAll('a')].map((e) => e.getAttribute('href') + ' ' + e.textContent),\n"
+    "    ul: texts('ul > li'), ol: texts('ol > li'), olStart: ol ? ol.start : 0, quote: texts('blockquote'),\n"
+    "    block: code ? code.textContent : '', lang: code ? code.className : '',\n"
+    "    markup: document.querySelectorAll('#history img, #history b, #history script').length,\n"
+    "    pwned: window.qlmPwned === undefined ? 0 : window.qlmPwned, shown: window.qlmShown() };\n"
+    "})()";
+
+static void expect_list(const cJSON *got, const char *key, const char *const *want, int n) {
+    const cJSON *list = cJSON_GetObjectItem(got, key);
+    int ok = cJSON_GetArraySize(list) == n;
+    for (int i = 0; ok && i < n; i++) ok = !strcmp(cJSON_GetStringValue(cJSON_GetArrayItem(list, i)), want[i]);
+    if (!ok) fail_msg("the Markdown's %s rendered as %s", key, cJSON_PrintUnformatted(list));
+}
+
+static void test_chat_page_key_markdown(void **state) {
+    browser *b = *state;
+    char model[512];
+    test_asset(model, sizeof model, "tinystories-656K-hf");
+    REQUIRE_ASSET(model);
+    open_page(b, model, "--name tiny --quiet --api-key sesame");
+
+    /* Without the key, the page says what is needed and keeps saying it, through a refused message. */
+    wait_until(b, "!document.getElementById('alert').hidden", 20, "the page's alert");
+    char *alert = eval_string(b, "document.getElementById('alert').textContent");
+    if (!strstr(alert, "API key")) browser_fail(b, "the alert says '%s'", alert);
+    free(alert);
+    type_into(b, "message", k_message);
+    click(b, "send");
+    free(wait_status(b, "['error']", 20));
+    if (!eval_true(b, "!document.getElementById('alert').hidden &&"
+                      " document.getElementById('alert').textContent.includes('refused the API key') &&"
+                      " document.querySelector('#history .error') !== null"))
+        browser_fail(b, "after a refused message the 401 is not on screen");
+
+    /* The key typed in: the models load, the alert goes, and requests carry the key. */
+    type_into(b, "key", "sesame");
+    click(b, "message"); /* leaving the field commits it */
+    wait_models(b, "tiny");
+    if (!eval_true(b, "document.getElementById('alert').hidden")) browser_fail(b, "the alert stays with the right key");
+
+    /* An answer in Markdown (given by the test, split across chunks as a stream is). */
+    static const char *const pieces[] = {
+        "## Ste", "ps\nUse **bold** and *ital", "ic* and `x = 1`, see [the docs](https://example.com/docs).\n\n",
+        "- first\n- second\n\n3. three\n4. four\n\n> quoted <b>text</b>\n\n```c\nint main(void) {\n",
+        "  return 0;\n}\n```\n<img src=x onerror=\"window.qlmPwned=1\"> [bad](javascript:window.qlmPwned=2) "
+        "snake_case_name stays.",
+    };
+    char *canned = sse_body(pieces, (int)(sizeof pieces / sizeof *pieces));
+    b->canned = canned;
+    type_into(b, "message", "Show me Markdown");
+    click(b, "send");
+    char *status = wait_status(b, "['done', 'error']", 20);
+    assert_string_equal(status, "done");
+    free(status);
+    b->canned = NULL;
+    free(canned);
+    const cJSON *auth = cJSON_GetObjectItem(b->headers, "Authorization");
+    if (!cJSON_IsString(auth) || strcmp(auth->valuestring, "Bearer sesame"))
+        fail_msg("the page's request has the headers %s", cJSON_PrintUnformatted(b->headers));
+    cJSON *got = eval(b, k_rendered);
+    expect_list(got, "h2", (const char *const[]){"Steps"}, 1);
+    expect_list(got, "strong", (const char *const[]){"bold"}, 1);
+    expect_list(got, "em", (const char *const[]){"italic"}, 1);
+    expect_list(got, "code", (const char *const[]){"x = 1"}, 1);
+    expect_list(got, "links", (const char *const[]){"https://example.com/docs the docs"}, 1);
+    expect_list(got, "ul", (const char *const[]){"first", "second"}, 2);
+    expect_list(got, "ol", (const char *const[]){"three", "four"}, 2);
+    expect_list(got, "quote", (const char *const[]){"quoted <b>text</b>"}, 1);
+    assert_int_equal(cJSON_GetObjectItem(got, "olStart")->valueint, 3);
+    assert_string_equal(string_of(got, "block"), "int main(void) {\n  return 0;\n}");
+    assert_string_equal(string_of(got, "lang"), "language-c");
+    if (cJSON_GetObjectItem(got, "markup")->valueint != 0 || cJSON_GetObjectItem(got, "pwned")->valueint != 0 ||
+        !strstr(string_of(got, "shown"), "<img src=x onerror=\"window.qlmPwned=1\">") ||
+        !strstr(string_of(got, "shown"), "snake_case_name stays."))
+        fail_msg("the answer's HTML became markup: %s", cJSON_PrintUnformatted(got));
+    cJSON_Delete(got);
+    close_page(b);
 }
 
 int main(int argc, char **argv) {
@@ -656,6 +966,8 @@ int main(int argc, char **argv) {
     }
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_chat_page, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_chat_page_stop, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_chat_page_key_markdown, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
