@@ -25,6 +25,8 @@ typedef struct {
     const float *row_scales;
     /* Block types (2-D, shape [rows, cols]): weights per block; nbytes = rows * the row's blocks. */
     int group;
+    /* Rows of heads interleaved for pairwise RoPE, as qlm_weight.rope_heads (0: PyTorch's order). */
+    int rope_heads;
 } qlm_tensor_entry;
 
 typedef struct qlm_tensor_store qlm_tensor_store;

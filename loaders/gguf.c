@@ -1110,26 +1110,18 @@ static int kept_dtype(const gguf_tensor *t, const uint8_t *data) {
     return !strcmp(t->type->name, "F16") ? QLM_F16 : !strcmp(t->type->name, "BF16") ? QLM_BF16 : -1;
 }
 
-/* A matrix kept as it lies in the file: entered from the store's mapping, or (Q/K) as a copy with
- * its rows reordered, read through the GGUF's own mapping: that one is closed once loading is done,
- * while pages read through the store's would stay resident beside the model until it is built. */
+/* A matrix kept as it lies in the file, entered from the store's mapping; Q/K rows stay in the
+ * file's interleaved order (rope_heads), which the model reads in place or reorders as it copies. */
 static int add_kept(const qlm_gguf *g, const uint8_t *store_map, const gguf_tensor *t, const want *w,
                     const char *hname, qlm_dtype dt, qlm_tensor_store *store) {
-    const uint8_t *src = (w->perm_heads ? g->map : store_map) + g->data_start + t->offset;
     const int group = qlm_dtype_is_block(dt) ? 32 : 0;
-    const size_t row_bytes = qlm_dtype_row_bytes(dt, (long)w->cols, group);
     int64_t shape[2] = {w->rows, w->cols};
-    qlm_tensor_entry *e;
-    if (!w->perm_heads) {
-        e = qlm_store_add(store, hname, dt, 2, shape, src, (size_t)w->rows * row_bytes);
-    } else {
-        void *buf;
-        e = group ? qlm_store_add_owned_blocks(store, hname, dt, group, w->rows, w->cols, &buf)
-                  : qlm_store_add_owned(store, hname, dt, 2, shape, &buf);
-        if (e) qlm_rope_rows_to_half(buf, src, w->rows, row_bytes, w->perm_heads);
-    }
-    if (e) e->group = group;
-    return e ? 0 : qlm_error_context("%s: tensor %s", g->path, t->name);
+    qlm_tensor_entry *e = qlm_store_add(store, hname, dt, 2, shape, store_map + g->data_start + t->offset,
+                                        (size_t)w->rows * qlm_dtype_row_bytes(dt, (long)w->cols, group));
+    if (!e) return qlm_error_context("%s: tensor %s", g->path, t->name);
+    e->group = group;
+    e->rope_heads = w->perm_heads;
+    return 0;
 }
 
 /* Finds and checks the tensor for w. Matrices qlm runs as stored go into the store as they are

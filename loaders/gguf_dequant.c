@@ -152,11 +152,3 @@ const qlm_ggml_type *qlm_ggml_type_info(uint32_t id) {
         if (TYPES[i].id == id) return &TYPES[i].t;
     return NULL;
 }
-
-void qlm_rope_rows_to_half(void *dst, const void *src, int64_t rows, size_t row_bytes, int heads) {
-    int64_t hd = rows / heads, half = hd / 2;
-    for (int64_t r = 0; r < rows; r++) {
-        int64_t h = r / hd, j = r % hd, s = j / half, i = j % half;
-        memcpy((char *)dst + r * row_bytes, (const char *)src + (h * hd + 2 * i + s) * row_bytes, row_bytes);
-    }
-}

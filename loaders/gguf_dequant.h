@@ -20,10 +20,4 @@ typedef struct {
 /* The type with GGUF type id `id`, or NULL for an id this build does not know. */
 const qlm_ggml_type *qlm_ggml_type_info(uint32_t id);
 
-/* Reorders the rows (row_bytes each, in any dtype) of a Q or K projection or its bias from the
- * interleaved-pair RoPE layout of llama.cpp "llama" GGUFs and llama2.c checkpoints to Hugging
- * Face's rotate-half layout: within each of `heads` groups of hd rows, row 2i + s goes to row
- * s*hd/2 + i. */
-void qlm_rope_rows_to_half(void *dst, const void *src, int64_t rows, size_t row_bytes, int heads);
-
 #endif

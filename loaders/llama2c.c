@@ -21,7 +21,6 @@
 #include <unistd.h>
 
 #include "../core/error.h"
-#include "gguf_dequant.h"
 
 #define L2C_HEADER_BYTES 28
 
@@ -103,7 +102,8 @@ typedef struct {
 } reader;
 
 /* Adds rows x cols floats (cols 0: a vector of rows) at the reader's position, as layer `layer`'s
- * `name` (layer < 0: a model-level name), and advances. heads > 0 reorders Q/K rows. */
+ * `name` (layer < 0: a model-level name), and advances. heads > 0: Q/K, whose rows stay in the
+ * file's interleaved order (rope_heads) for the model to read in place or reorder as it copies. */
 static int add(reader *r, int layer, const char *name, int64_t rows, int64_t cols, int heads) {
     char full[128];
     if (layer >= 0) snprintf(full, sizeof full, "model.layers.%d.%s", layer, name);
@@ -113,14 +113,9 @@ static int add(reader *r, int layer, const char *name, int64_t rows, int64_t col
     int64_t n = rows * (cols ? cols : 1);
     const float *src = r->next;
     r->next += n;
-    if (heads == 0) {
-        if (!qlm_store_add(r->store, full, QLM_F32, ndim, shape, src, (size_t)n * sizeof(float)))
-            return qlm_error_context("%s", r->path);
-        return 0;
-    }
-    void *buf;
-    if (!qlm_store_add_owned(r->store, full, QLM_F32, ndim, shape, &buf)) return qlm_error_context("%s", r->path);
-    qlm_rope_rows_to_half(buf, src, rows, (size_t)(cols ? cols : 1) * sizeof(float), heads);
+    qlm_tensor_entry *e = qlm_store_add(r->store, full, QLM_F32, ndim, shape, src, (size_t)n * sizeof(float));
+    if (!e) return qlm_error_context("%s", r->path);
+    e->rope_heads = heads;
     return 0;
 }
 

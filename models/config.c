@@ -4,6 +4,7 @@
 #include <stddef.h>
 
 #include "../core/error.h"
+#include "../core/weight.h"
 
 float qlm_rope_default_attn_factor(const qlm_llama_config *c) {
     double f = c->rope_scale_factor;
@@ -17,7 +18,7 @@ int qlm_config_validate(const qlm_llama_config *c, const char *source) {
     struct { const char *name; long v; long max; } pos[] = {
         {"hidden_size", c->dim, 1L << 20},      {"intermediate_size", c->hidden_dim, 1L << 22},
         {"num_hidden_layers", c->n_layers, 4096}, {"num_attention_heads", c->n_heads, 4096},
-        {"num_key_value_heads", c->n_kv_heads, 4096}, {"head_dim", c->head_dim, 4096},
+        {"num_key_value_heads", c->n_kv_heads, 4096}, {"head_dim", c->head_dim, QLM_MAX_HEAD_DIM},
         {"vocab_size", c->vocab_size, 1L << 24}, {"max_position_embeddings", c->max_seq_len, 1L << 24},
     };
     for (size_t i = 0; i < sizeof pos / sizeof pos[0]; i++)

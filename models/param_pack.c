@@ -88,6 +88,36 @@ static int readable_in_place(const qlm_weight_format *f, const qlm_tensor_entry 
     return (uintptr_t)e->data % qlm_dtype_size(e->dtype) == 0;
 }
 
+/* e with its rows in PyTorch's order: e itself, or (rows interleaved for RoPE) a reordered copy
+ * made in *copy, whose buffers the caller frees (NULL data when out of memory). */
+static const qlm_tensor_entry *in_pytorch_order(const qlm_tensor_entry *e, qlm_tensor_entry *copy) {
+    if (!e->rope_heads) return e;
+    const int64_t rows = e->shape[0];
+    *copy = *e;
+    copy->rope_heads = 0;
+    void *data = malloc(e->nbytes ? e->nbytes : 1);
+    float *scales = e->row_scales ? malloc((size_t)rows * sizeof *scales) : NULL;
+    copy->data = data;
+    copy->row_scales = scales;
+    if (!data || (e->row_scales && !scales)) {
+        free(data);
+        free(scales);
+        copy->data = NULL;
+        copy->row_scales = NULL;
+        return copy;
+    }
+    qlm_rope_rows_to_half(data, e->data, rows, e->nbytes / (size_t)rows, e->rope_heads);
+    if (scales) qlm_rope_rows_to_half(scales, e->row_scales, rows, sizeof *scales, e->rope_heads);
+    return copy;
+}
+
+/* Frees the copy in_pytorch_order made, if it made one. */
+static void drop_copy(const qlm_tensor_entry *ordered, const qlm_tensor_entry *copy) {
+    if (ordered != copy) return;
+    free((void *)copy->data);
+    free((void *)copy->row_scales);
+}
+
 /* Converts entry e into the matrix w placed at *cursor (advanced past it), in format f. */
 static int fill_matrix(qlm_weight *w, const qlm_tensor_entry *e, const qlm_weight_format *f, char **cursor) {
     int64_t rows = e->shape[0], cols = e->shape[1], n = rows * cols;
@@ -197,18 +227,28 @@ int qlm_params_pack(const qlm_param *p, int n, const qlm_tensor_store *store, ql
             if (readable_in_place(&f, e, be)) {
                 *p[i].matrix = (qlm_weight){.dtype = e->dtype, .rows = (int)e->shape[0], .cols = (int)e->shape[1],
                                             .data = e->data, .scale = e->scale, .row_scales = e->row_scales,
-                                            .group = e->group};
+                                            .group = e->group, .rope_heads = e->rope_heads};
                 if (in_place_bytes) *in_place_bytes += qlm_weight_bytes(p[i].matrix);
                 continue;
             }
-            rc = fill_matrix(p[i].matrix, e, &f, &cur);
+            qlm_tensor_entry copy;
+            const qlm_tensor_entry *ordered = in_pytorch_order(e, &copy);
+            rc = ordered->data ? fill_matrix(p[i].matrix, ordered, &f, &cur)
+                               : qlm_errorf("out of memory reordering %s", e->name);
+            drop_copy(ordered, &copy);
             qlm_store_release(store, e);
         } else {
             *p[i].vector = NULL;
             if (!ent[i]) continue;
             *p[i].vector = (float *)cur;
             cur += align64((size_t)qlm_entry_numel(ent[i]) * sizeof(float));
-            entry_to_f32(ent[i], *p[i].vector);
+            qlm_tensor_entry copy;
+            const qlm_tensor_entry *ordered = in_pytorch_order(ent[i], &copy);
+            if (ordered->data)
+                entry_to_f32(ordered, *p[i].vector);
+            else
+                rc = qlm_errorf("out of memory reordering %s", ent[i]->name);
+            drop_copy(ordered, &copy);
             if (p[i].offset != 0)
                 for (int64_t k = 0; k < qlm_entry_numel(ent[i]); k++) (*p[i].vector)[k] += p[i].offset;
         }
@@ -236,7 +276,11 @@ static int export_matrix(qlm_tensor_store *s, const char *name, const qlm_weight
                               ? qlm_store_add_owned_blocks(s, name, w->dtype, w->group, w->rows, w->cols, &data)
                               : qlm_store_add_owned(s, name, w->dtype, 2, shape, &data);
     if (!e) return -1;
-    memcpy(data, w->data, (size_t)w->rows * qlm_dtype_row_bytes(w->dtype, w->cols, w->group));
+    const size_t row_bytes = qlm_dtype_row_bytes(w->dtype, w->cols, w->group);
+    if (w->rope_heads)
+        qlm_rope_rows_to_half(data, w->data, w->rows, row_bytes, w->rope_heads);
+    else
+        memcpy(data, w->data, (size_t)w->rows * row_bytes);
     if (w->act8 && qlm_block_from_panels(data, w->dtype, w->group, w->rows, w->cols) != 0) return -1;
     e->scale = w->scale;
     if (w->row_scales) {
@@ -245,7 +289,10 @@ static int export_matrix(qlm_tensor_store *s, const char *name, const qlm_weight
             free(rs);
             return qlm_errorf("out of memory");
         }
-        memcpy(rs, w->row_scales, (size_t)w->rows * sizeof *rs);
+        if (w->rope_heads)
+            qlm_rope_rows_to_half(rs, w->row_scales, w->rows, sizeof *rs, w->rope_heads);
+        else
+            memcpy(rs, w->row_scales, (size_t)w->rows * sizeof *rs);
         e->row_scales = rs;
     }
     return 0;

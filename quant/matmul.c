@@ -320,7 +320,10 @@ static void scalar_matmul_w8a8(float *y, const float *x, const qlm_weight *w, co
     qlm_w8a8_rows(y, (const int8_t *)buf, w->cols, xs, sums, 1, w, 0, w->rows, bias);
 }
 
-void qlm_matmul_scalar(float *y, const float *x, int n, const qlm_weight *w, const float *bias) {
+static void rope_rows_to_half(const qlm_matmul_out *o, int n);
+
+/* The scalar products of w's rows in their stored order. */
+static void scalar_stored(float *y, const float *x, int n, const qlm_weight *w, const float *bias) {
     for (int i = 0; i < n; i++) {
         const float *xi = x + (size_t)i * w->cols;
         float *yi = y + (size_t)i * w->rows;
@@ -336,6 +339,12 @@ void qlm_matmul_scalar(float *y, const float *x, int n, const qlm_weight *w, con
             scalar_gemv(yi, xi, QLM_F32, w, 0, w->rows, bias);
         }
     }
+}
+
+void qlm_matmul_scalar(float *y, const float *x, int n, const qlm_weight *w, const float *bias) {
+    const qlm_matmul_out out = {y, w, bias};
+    scalar_stored(y, x, n, w, w->rope_heads ? NULL : bias);
+    if (w->rope_heads && w->rows > 0) rope_rows_to_half(&out, n);
 }
 
 static int min_int(int a, int b) {
@@ -467,10 +476,49 @@ static int same_form(const qlm_matmul_out *outs, int count) {
     return 1;
 }
 
+/* A product of a weight whose rows are interleaved for RoPE (rope_heads) comes out in the stored
+ * order: each head of each row of y is put in PyTorch's order, then the bias (in that order) added. */
+static void rope_rows_to_half(const qlm_matmul_out *o, int n) {
+    const qlm_weight *w = o->w;
+    const int hd = w->rows / w->rope_heads, half = hd / 2;
+    float head[QLM_MAX_HEAD_DIM];
+    for (int i = 0; i < n; i++) {
+        float *y = o->y + (size_t)i * w->rows;
+        for (int h = 0; h < w->rope_heads; h++) {
+            float *yh = y + (size_t)h * hd;
+            memcpy(head, yh, (size_t)hd * sizeof *head);
+            for (int j = 0; j < half; j++) {
+                yh[j] = head[2 * j];
+                yh[half + j] = head[2 * j + 1];
+            }
+        }
+        if (o->bias)
+            for (int r = 0; r < w->rows; r++) y[r] += o->bias[r];
+    }
+}
+
+/* Products of the stored rows of up to GROUP_MAX weights (biases of interleaved ones held back). */
+enum { GROUP_MAX = 8 };
+static void matmul_stored(const qlm_matmul_out *outs, int count, const float *x, int n);
+
 void qlm_matmul_group(const qlm_matmul_out *outs, int count, const float *x, int n) {
     if (n <= 0 || count <= 0) return;
+    for (int c0 = 0; c0 < count; c0 += GROUP_MAX) {
+        int m = count - c0 < GROUP_MAX ? count - c0 : GROUP_MAX;
+        qlm_matmul_out stored[GROUP_MAX];
+        for (int p = 0; p < m; p++) {
+            stored[p] = outs[c0 + p];
+            if (stored[p].w->rope_heads) stored[p].bias = NULL;
+        }
+        matmul_stored(stored, m, x, n);
+        for (int p = 0; p < m; p++)
+            if (outs[c0 + p].w->rope_heads && outs[c0 + p].w->rows > 0) rope_rows_to_half(&outs[c0 + p], n);
+    }
+}
+
+static void matmul_stored(const qlm_matmul_out *outs, int count, const float *x, int n) {
     if (!same_form(outs, count)) {
-        for (int p = 0; p < count; p++) qlm_matmul(outs[p].y, x, n, outs[p].w, outs[p].bias);
+        for (int p = 0; p < count; p++) matmul_stored(&outs[p], 1, x, n);
         return;
     }
     const qlm_weight *w = outs[0].w;
@@ -489,7 +537,7 @@ void qlm_matmul_group(const qlm_matmul_out *outs, int count, const float *x, int
         char *buf = qlm_cpu_scratch_bytes(&t_x_form, rows_bytes + (size_t)n * scales * (sizeof(float) + sizeof(int32_t)));
         if (!buf) {
             /* Out of memory for the copy: still correct, only slower. */
-            for (int p = 0; p < count; p++) qlm_matmul_scalar(outs[p].y, x, n, outs[p].w, outs[p].bias);
+            for (int p = 0; p < count; p++) scalar_stored(outs[p].y, x, n, outs[p].w, outs[p].bias);
             return;
         }
         f.xf = buf;

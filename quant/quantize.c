@@ -78,6 +78,7 @@ void qlm_convert_to_f32(float *dst, const void *src, qlm_dtype st, long n) {
 
 void qlm_weight_row_f32(const qlm_weight *w, int r, float *out) {
     size_t cols = (size_t)w->cols;
+    if (w->rope_heads) r = (int)qlm_rope_stored_row(r, w->rows, w->rope_heads);
     if (qlm_dtype_is_block(w->dtype)) {
         if (w->act8)
             qlm_panels_row_f32(out, w->data, w->dtype, w->group, w->rows, w->cols, r);

@@ -19,7 +19,7 @@ void qlm_quantize_i8_rows(int8_t *q, float *scales, const float *w, long rows, l
 float qlm_absmax_finite(const float *w, long n);
 /* Converts n F32 values to dtype dst (F32/F16/BF16; not I8). */
 void qlm_convert_from_f32(void *dst, qlm_dtype dt, const float *src, long n);
-/* Converts row r of w (any dtype) to F32. */
+/* Converts row r of w (any dtype; rows in PyTorch's order whatever rope_heads) to F32. */
 void qlm_weight_row_f32(const qlm_weight *w, int r, float *out);
 /* Converts n values of dtype src (F32/F16/BF16) to F32. */
 void qlm_convert_to_f32(float *dst, const void *src, qlm_dtype st, long n);

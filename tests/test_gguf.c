@@ -206,12 +206,13 @@ static float *entry_values(const qlm_tensor_entry *e) {
     int64_t n = qlm_entry_numel(e);
     float *out = malloc((size_t)(n ? n : 1) * sizeof *out);
     assert_non_null(out);
-    if (!qlm_dtype_is_block(e->dtype)) {
+    if (e->ndim != 2) {
         qlm_convert_to_f32(out, e->data, e->dtype, n);
         return out;
     }
+    /* Rows in PyTorch's order, as the model reads them (rope_heads: kept in the file's order). */
     const qlm_weight w = {.dtype = e->dtype, .rows = (int)e->shape[0], .cols = (int)e->shape[1], .data = e->data,
-                          .group = e->group};
+                          .group = e->group, .rope_heads = e->rope_heads};
     for (int r = 0; r < w.rows; r++) qlm_weight_row_f32(&w, r, out + (size_t)r * w.cols);
     return out;
 }
@@ -591,6 +592,10 @@ static void test_smollm2(void **state) {
     const cJSON *sums = cJSON_GetObjectItemCaseSensitive(ref, "tensor_sums");
     assert_int_equal(qlm_store_count(s), cJSON_GetArraySize(sums));
     assert_null(qlm_store_find(s, "lm_head.weight"));
+    /* Q/K stay where the file has them, rows interleaved, rather than copied into PyTorch's order. */
+    assert_int_equal(qlm_store_find(s, "model.layers.0.self_attn.q_proj.weight")->rope_heads, 9);
+    assert_int_equal(qlm_store_find(s, "model.layers.29.self_attn.k_proj.weight")->rope_heads, 3);
+    assert_int_equal(qlm_store_find(s, "model.layers.0.self_attn.v_proj.weight")->rope_heads, 0);
     for (const cJSON *t = sums->child; t; t = t->next) {
         const qlm_tensor_entry *e = qlm_store_find(s, t->string);
         if (!e) fail_msg("tensor %s missing", t->string);

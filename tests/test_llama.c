@@ -9,6 +9,7 @@
 #include "../runtime/generate.h"
 #include "../models/model.h"
 #include "../loaders/fused_weights.h"
+#include "../loaders/gguf.h"
 #include "../loaders/model_source.h"
 #include "test_util.h"
 
@@ -250,6 +251,8 @@ static void test_in_place(void **state) {
         qlm_model_free(&m);
     }
     assert_memory_equal(logits[0], logits[1], (size_t)src.cfg.vocab_size * sizeof(float));
+    free(logits[0]);
+    free(logits[1]);
     qlm_model m;
     int seen[2] = {0, 0};
     qlm_model_options o = {.dtype = QLM_BF16, .in_place = 1, .backend = qlm_backend_cpu(), .on_layer = count_layers,
@@ -260,10 +263,47 @@ static void test_in_place(void **state) {
     assert_true(m.tok_embed.data != emb->data);
     assert_int_equal(m.in_place_bytes, 0);
     qlm_model_free(&m);
-    free(logits[0]);
-    free(logits[1]);
     free_reference(&r);
     qlm_source_close(&src);
+}
+
+/* A "llama" GGUF's Q/K, whose rows llama.cpp interleaved, used where they lie (rope_heads) give the
+ * logits of the model built from copies in PyTorch's order, bit for bit; the others are converted. */
+static void test_in_place_gguf_rope(void **state) {
+    (void)state;
+    qlm_gguf *g = qlm_gguf_open("tests/fixtures/gguf/tiny_llama.gguf");
+    qlm_llama_config cfg;
+    qlm_tensor_store *store = qlm_store_new();
+    if (!g || !store || qlm_gguf_llama_config(g, &cfg) != 0 || qlm_gguf_load_tensors(g, &cfg, store) != 0)
+        fail_msg("%s", qlm_last_error());
+    qlm_gguf_close(g);
+    const int tokens[] = {1, 5, 17, 3, 42, 7, 11, 2, 9, 30, 4, 6};
+    const int n = (int)(sizeof tokens / sizeof tokens[0]);
+    int pos[sizeof tokens / sizeof tokens[0]], last = n - 1, ropes = 0;
+    for (int i = 0; i < n; i++) pos[i] = i;
+    float *logits[2];
+    for (int in_place = 0; in_place < 2; in_place++) {
+        qlm_model m;
+        qlm_model_options o = {.dtype = QLM_F32, .as_stored = 1, .in_place = in_place, .backend = qlm_backend_cpu()};
+        if (qlm_model_build(&m, &cfg, store, &o) != 0) fail_msg("%s", qlm_last_error());
+        for (int l = 0; l < cfg.n_layers; l++) {
+            const qlm_weight *q = &m.layers[l].wq, *k = &m.layers[l].wk;
+            assert_true(in_place || (!q->rope_heads && !k->rope_heads));
+            ropes += (q->rope_heads == cfg.n_heads) + (k->rope_heads == cfg.n_kv_heads);
+        }
+        qlm_kv_state st;
+        assert_int_equal(qlm_state_init(&st, &m, n, 16), 0);
+        logits[in_place] = malloc((size_t)cfg.vocab_size * sizeof(float));
+        assert_non_null(logits[in_place]);
+        assert_int_equal(qlm_forward(&m, &st, tokens, pos, n, &last, 1, logits[in_place]), 0);
+        qlm_state_free(&st, &m);
+        qlm_model_free(&m);
+    }
+    assert_true(ropes > 0); /* some Q/K were read in place */
+    assert_memory_equal(logits[0], logits[1], (size_t)cfg.vocab_size * sizeof(float));
+    free(logits[0]);
+    free(logits[1]);
+    qlm_store_free(store);
 }
 
 static void test_unfuse(void **state) {
@@ -459,7 +499,7 @@ int main(void) {
         cmocka_unit_test(test_phi3_gqa_tied),
         cmocka_unit_test(test_dynamic_ntk),
         cmocka_unit_test(test_f32_export_gives_back_the_model),
-        cmocka_unit_test(test_in_place),
+        cmocka_unit_test(test_in_place), cmocka_unit_test(test_in_place_gguf_rope),
         cmocka_unit_test(test_unfuse),
         cmocka_unit_test(test_long_prompt_rolling_cache),
         cmocka_unit_test(test_rolling_cache_reuse),

@@ -9,6 +9,7 @@
 
 #include "../core/error.h"
 #include "../loaders/llama2c.h"
+#include "../quant/quantize.h"
 
 #define STORIES "stories260K/stories260K.bin"
 #define DIM 64
@@ -121,6 +122,18 @@ static const struct {
 
 /* Every tensor equals the floats at its place in the file; Q/K row r of head h holds file row
  * h*hd + 2i + s where r = h*hd + s*hd/2 + i. */
+/* An F32 matrix entry's rows in PyTorch's order, as the model reads them (malloc'd). */
+static float *pytorch_rows(const qlm_tensor_entry *e) {
+    const qlm_weight w = {.dtype = e->dtype, .rows = (int)e->shape[0], .cols = (int)e->shape[1], .data = e->data,
+                          .rope_heads = e->rope_heads};
+    float *out = malloc((size_t)w.rows * (size_t)w.cols * sizeof *out);
+    assert_non_null(out);
+    for (int r = 0; r < w.rows; r++) qlm_weight_row_f32(&w, r, out + (size_t)r * w.cols);
+    return out;
+}
+
+/* Every array lies in the store as in the file (Q/K too: rope_heads says their rows are interleaved),
+ * and reads back in PyTorch's order. */
 static void test_tensors_match_file(void **state) {
     loaded *l = need(state);
     assert_int_equal(qlm_store_count(l->store), 2 + 9 * LAYERS);
@@ -133,16 +146,18 @@ static void test_tensors_match_file(void **state) {
                                                             : qlm_store_find(l->store, LAYOUT[k].name);
             assert_non_null(e);
             check_shape(e, LAYOUT[k].rows, LAYOUT[k].cols);
-            const float *got = e->data, *file = l->raw + off;
+            const float *file = l->raw + off;
             int heads = LAYOUT[k].heads;
+            assert_memory_equal(e->data, file, (size_t)n * sizeof(float));
+            assert_int_equal(e->rope_heads, heads);
+            if (!heads) continue;
+            float *got = pytorch_rows(e);
             for (int64_t r = 0; r < LAYOUT[k].rows; r++) {
-                int64_t src = r;
-                if (heads) {
-                    int64_t hd = LAYOUT[k].rows / heads, h = r / hd, j = r % hd;
-                    src = h * hd + 2 * (j % (hd / 2)) + j / (hd / 2);
-                }
+                int64_t hd = LAYOUT[k].rows / heads, h = r / hd, j = r % hd;
+                int64_t src = h * hd + 2 * (j % (hd / 2)) + j / (hd / 2);
                 assert_memory_equal(got + r * cols, file + src * cols, (size_t)cols * sizeof(float));
             }
+            free(got);
         }
     }
     /* What is left is freq_cis_real + freq_cis_imag: seq_len * head_size floats. */
@@ -150,11 +165,12 @@ static void test_tensors_match_file(void **state) {
     /* Spot values numpy reads at those offsets (np.fromfile(path, "<f4", offset=28)). */
     const float *emb = qlm_store_find(l->store, "model.embed_tokens.weight")->data;
     const float *norm = qlm_store_find(l->store, "model.norm.weight")->data;
-    const float *q = layer_entry(l, 0, "self_attn.q_proj.weight")->data;
+    float *q = pytorch_rows(layer_entry(l, 0, "self_attn.q_proj.weight"));
     assert_true(emb[0] == -0.29474878f && emb[1] == 0.5618956f);
     assert_true(norm[0] == 2.458309f && norm[63] == 1.7077769f);
     assert_true(q[1 * DIM] == 0.055401117f); /* file row 2 */
     assert_true(q[4 * DIM] == 0.22455421f);  /* file row 1 */
+    free(q);
 }
 
 /* Rotates consecutive pairs (2i, 2i+1) (llama2.c) or halves (i, i + hd/2) (Hugging Face). */
@@ -205,8 +221,11 @@ static void test_rope_layout(void **state) {
             double file_scores[HEADS], hf_scores[HEADS];
             scores(l->raw + wq0 + (size_t)layer * DIM * DIM, l->raw + wk0 + (size_t)layer * KV_DIM * DIM, x, y,
                    pos[p][0], pos[p][1], 1, file_scores);
-            scores(layer_entry(l, layer, "self_attn.q_proj.weight")->data,
-                   layer_entry(l, layer, "self_attn.k_proj.weight")->data, x, y, pos[p][0], pos[p][1], 0, hf_scores);
+            float *wq = pytorch_rows(layer_entry(l, layer, "self_attn.q_proj.weight"));
+            float *wk = pytorch_rows(layer_entry(l, layer, "self_attn.k_proj.weight"));
+            scores(wq, wk, x, y, pos[p][0], pos[p][1], 0, hf_scores);
+            free(wq);
+            free(wk);
             for (int h = 0; h < HEADS; h++)
                 if (fabs(file_scores[h] - hf_scores[h]) > 1e-4 * (1 + fabs(file_scores[h])))
                     fail_msg("layer %d head %d positions %d/%d: %g vs %g", layer, h, pos[p][0], pos[p][1],
@@ -246,9 +265,10 @@ static void test_unshared_classifier(void **state) {
     const float *norm = qlm_store_find(s, "model.norm.weight")->data;
     assert_true(norm[0] == (float)(n - vocab * dim - seq * hd - dim));
     /* Q rows of head 0 (hd 4): file rows 0, 2, 1, 3. */
-    const float *q = qlm_store_find(s, "model.layers.0.self_attn.q_proj.weight")->data;
+    float *q = pytorch_rows(qlm_store_find(s, "model.layers.0.self_attn.q_proj.weight"));
     const int q0 = vocab * dim + dim, order[4] = {0, 2, 1, 3};
     for (int r = 0; r < 4; r++) assert_true(q[r * dim] == (float)(q0 + order[r] * dim));
+    free(q);
     qlm_store_free(s);
     remove(path);
     rmdir(dir);

@@ -76,7 +76,7 @@ static void make_weight(test_weight *t, const kind *k, const float *src, int row
     t->row_scales = malloc(rows * sizeof(float));
     t->deq = malloc(n * sizeof(double));
     assert_true(t->data && t->row_scales && t->deq);
-    t->w = (qlm_weight){k->dtype, rows, cols, t->data, 1.0f, NULL, k->group, k->act8};
+    t->w = (qlm_weight){k->dtype, rows, cols, t->data, 1.0f, NULL, k->group, k->act8, 0};
     switch (k->dtype) {
     case QLM_Q8_0:
     case QLM_Q4_0:
@@ -294,6 +294,65 @@ static void test_matmul_group(void **state) {
     (void)state;
     matmul_group_width(97);
     matmul_group_width(128);
+}
+
+/* A weight whose rows are interleaved for RoPE (rope_heads, a GGUF's Q/K used where they lie) gives
+ * the products of the same weight in PyTorch's order, bit for bit, biases included: alone, beside
+ * others in a group, and in the scalar reference; and its rows read back in PyTorch's order. */
+static void test_rope_rows(void **state) {
+    (void)state;
+    enum { ROWS = 576, HEADS = 9, COLS = 128, N = 5 };
+    float *src = malloc((size_t)ROWS * COLS * sizeof *src), *stored = malloc((size_t)ROWS * COLS * sizeof *stored);
+    float *x = malloc((size_t)N * COLS * sizeof *x), *bias = malloc(ROWS * sizeof *bias);
+    float *ya = malloc((size_t)N * ROWS * sizeof *ya), *yb = malloc((size_t)N * ROWS * sizeof *yb);
+    float *yv = malloc((size_t)N * 192 * sizeof *yv), *yv_ref = malloc((size_t)N * 192 * sizeof *yv_ref);
+    float *row_a = malloc(COLS * sizeof *row_a), *row_b = malloc(COLS * sizeof *row_b);
+    assert_true(src && stored && x && bias && ya && yb && yv && yv_ref && row_a && row_b);
+    for (int i = 0; i < ROWS * COLS; i++) src[i] = frand() * 0.2f;
+    for (int i = 0; i < N * COLS; i++) x[i] = frand();
+    for (int i = 0; i < ROWS; i++) bias[i] = frand();
+    for (int r = 0; r < ROWS; r++)
+        memcpy(stored + qlm_rope_stored_row(r, ROWS, HEADS) * COLS, src + (size_t)r * COLS, COLS * sizeof *src);
+    for (int ki = 0; ki < NKINDS; ki++) {
+        test_weight a, b, v;
+        make_weight(&a, &k_kinds[ki], src, ROWS, COLS);
+        make_weight(&b, &k_kinds[ki], stored, ROWS, COLS);
+        make_weight(&v, &k_kinds[ki], src, 192, COLS);
+        b.w.rope_heads = HEADS;
+        for (int with_bias = 0; with_bias < 2; with_bias++) {
+            const float *bi = with_bias ? bias : NULL;
+            qlm_matmul(ya, x, N, &a.w, bi);
+            qlm_matmul(yb, x, N, &b.w, bi);
+            assert_memory_equal(ya, yb, (size_t)N * ROWS * sizeof *ya);
+            qlm_matmul(yv_ref, x, N, &v.w, bi);
+            const qlm_matmul_out outs[2] = {{yb, &b.w, bi}, {yv, &v.w, bi}};
+            memset(yb, 0, (size_t)N * ROWS * sizeof *yb);
+            qlm_matmul_group(outs, 2, x, N);
+            assert_memory_equal(ya, yb, (size_t)N * ROWS * sizeof *ya);
+            assert_memory_equal(yv, yv_ref, (size_t)N * 192 * sizeof *yv);
+            qlm_matmul_scalar(ya, x, N, &a.w, bi);
+            qlm_matmul_scalar(yb, x, N, &b.w, bi);
+            assert_memory_equal(ya, yb, (size_t)N * ROWS * sizeof *ya);
+        }
+        for (int r = 0; r < ROWS; r += 7) {
+            qlm_weight_row_f32(&a.w, r, row_a);
+            qlm_weight_row_f32(&b.w, r, row_b);
+            assert_memory_equal(row_a, row_b, COLS * sizeof *row_a);
+        }
+        free_weight(&a);
+        free_weight(&b);
+        free_weight(&v);
+    }
+    free(src);
+    free(stored);
+    free(x);
+    free(bias);
+    free(ya);
+    free(yb);
+    free(yv);
+    free(yv_ref);
+    free(row_a);
+    free(row_b);
 }
 
 /* The largest products the I16 form makes (|q| = 32767 against |w| = 127, all of one sign) over
@@ -644,7 +703,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_isa_selection), cmocka_unit_test(test_i8_extreme_sums),
         cmocka_unit_test(test_panels_round_trip),
-cmocka_unit_test(test_matmul_group),   cmocka_unit_test(test_odd_shapes),
+cmocka_unit_test(test_matmul_group), cmocka_unit_test(test_rope_rows),   cmocka_unit_test(test_odd_shapes),
         cmocka_unit_test(test_threaded_shapes), cmocka_unit_test(test_block_shapes), cmocka_unit_test(test_thread_count_invariance),
         cmocka_unit_test(test_vs_torch),
         cmocka_unit_test(test_attention_kernels),
