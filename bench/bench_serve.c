@@ -1,7 +1,7 @@
 /* bench_serve URL [chat|completions]: load test of a running `qlm serve`. For C = 1, 4 and 16
  * concurrent clients, each sends streaming requests (greedy, max_tokens 64, a different prompt each)
  * one after another until the level's requests are done; prints aggregate generated tokens/s (from
- * the usage in the last chunk), mean tokens per request and time-to-first-token percentiles as a
+ * the usage chunk stream_options.include_usage asks for), mean tokens per request and time-to-first-token percentiles as a
  * markdown table. The workload: "chat" (default) asks /v1/chat/completions for a story through the
  * model's chat template, so an instruction-tuned model answers at length (to max_tokens);
  * "completions" sends the same words as a raw /v1/completions prompt, which such a model mostly
@@ -45,9 +45,11 @@ static int request(const level *lv, int i, double *ttft, long *tokens) {
              k_topics[i % (int)(sizeof k_topics / sizeof *k_topics)]);
     int bn = lv->chat ? snprintf(body, sizeof body,
                                  "{\"messages\":[{\"role\":\"user\",\"content\":\"%s\"}],\"max_tokens\":%d,"
-                                 "\"temperature\":0,\"stream\":true}",
+                                 "\"temperature\":0,\"stream\":true,\"stream_options\":{\"include_usage\":true}}",
                                  text, MAX_TOKENS)
-                      : snprintf(body, sizeof body, "{\"prompt\":\"%s\",\"max_tokens\":%d,\"temperature\":0,\"stream\":true}",
+                      : snprintf(body, sizeof body,
+                                 "{\"prompt\":\"%s\",\"max_tokens\":%d,\"temperature\":0,\"stream\":true,"
+                                 "\"stream_options\":{\"include_usage\":true}}",
                                  text, MAX_TOKENS);
     int rn = snprintf(req, sizeof req,
                       "POST /v1/%s HTTP/1.0\r\nHost: %s\r\nContent-Type: application/json\r\n"

@@ -55,18 +55,24 @@ static int collect_text(void *user, const char *text, size_t len) {
     return s->req.emit ? s->req.emit(s->req.emit_user, text, len) : 0;
 }
 
-/* Evaluates rows (ids at pos in slots) and keeps the logits of each listed row in its slot. */
-static int forward(batch *b, const int *ids, const int *pos, const int *slots, int n, const int *rows, int n_rows) {
+/* Evaluates rows (ids at pos in slots) and writes the logits of the listed rows to out. */
+static int evaluate(batch *b, const int *ids, const int *pos, const int *slots, int n, const int *rows, int n_rows,
+                    float *out) {
     const qlm_batch_config *c = &b->cfg;
-    int rc = c->t5 ? qlm_t5_decode(c->t5, &b->t5, ids, pos, slots, n, rows, n_rows, b->row_logits)
-                   : qlm_forward_slots(c->model, &b->kv, ids, pos, slots, n, rows, n_rows, b->row_logits);
+    int rc = c->t5 ? qlm_t5_decode(c->t5, &b->t5, ids, pos, slots, n, rows, n_rows, out)
+                   : qlm_forward_slots(c->model, &b->kv, ids, pos, slots, n, rows, n_rows, out);
     /* A failed pass may have written part of its slots' caches. */
     for (int r = 0; r < n; r++) {
         slot *s = &b->slots[slots[r]];
         if (rc != 0) s->n_cached = 0;
         else if (pos[r] + 1 > s->n_cached) s->n_cached = pos[r] + 1;
     }
-    if (rc != 0) return -1;
+    return rc != 0 ? -1 : 0;
+}
+
+/* Evaluates rows and keeps the logits of each listed row in its slot. */
+static int forward(batch *b, const int *ids, const int *pos, const int *slots, int n, const int *rows, int n_rows) {
+    if (evaluate(b, ids, pos, slots, n, rows, n_rows, b->row_logits) != 0) return -1;
     for (int r = 0; r < n_rows; r++)
         memcpy(b->logits + (size_t)slots[rows[r]] * b->vocab, b->row_logits + (size_t)r * b->vocab,
                (size_t)b->vocab * sizeof(float));
@@ -132,10 +138,46 @@ static int reuse_prefix(batch *b, int i, int from, int k, qlm_batch_stats *st) {
     return 0;
 }
 
+/* Evaluates slot i's whole prompt now, alone, keeping every row's logits: each token after the
+ * first gets its log-probability given those before it (req.on_prompt_logprob), and the last row's
+ * logits are the first generated token's. The chunks are the ones qlm_forward_slots splits a
+ * prompt into, so the rows round as they do in one call. */
+static int prefill_scored(batch *b, int i) {
+    slot *s = &b->slots[i];
+    const qlm_gen_params *p = s->req.params;
+    int n = s->n_tokens, chunk = n < b->kv.max_batch ? n : b->kv.max_batch;
+    /* A chunk's logits: chunk x vocab floats, freed once the prompt is scored. */
+    float *logits = malloc((size_t)chunk * b->vocab * sizeof *logits);
+    int *idx = malloc((size_t)chunk * 3 * sizeof *idx);
+    int rc = logits && idx ? 0 : qlm_errorf("out of memory");
+    for (int start = 0; rc == 0 && start < n; start += chunk) {
+        int len = n - start < chunk ? n - start : chunk, *pos = idx, *slots = idx + chunk, *rows = idx + 2 * chunk;
+        for (int k = 0; k < len; k++) {
+            pos[k] = start + k;
+            slots[k] = i;
+            rows[k] = k;
+        }
+        rc = evaluate(b, s->tokens + start, pos, slots, len, rows, len, logits);
+        for (int k = 0; rc == 0 && k < len && start + k + 1 < n; k++) {
+            qlm_token_logprob chosen, top[QLM_MAX_TOP_LOGPROBS];
+            int have = qlm_logprobs(logits + (size_t)k * b->vocab, b->vocab, s->tokens[start + k + 1], p->top_logprobs,
+                                    &chosen, top);
+            s->req.on_prompt_logprob(p->logprob_user, chosen, top, have);
+        }
+        if (rc == 0 && start + len == n)
+            memcpy(b->logits + (size_t)i * b->vocab, logits + (size_t)(len - 1) * b->vocab,
+                   (size_t)b->vocab * sizeof *logits);
+    }
+    free(logits);
+    free(idx);
+    s->pending = rc != 0;
+    return rc;
+}
+
 /* Puts a new request into slot i. Its prompt (T5: the encoder runs now, and the decoder's start
  * token waits) is evaluated with the next decode step when it fits beside a full batch of decode
- * rows; a longer prompt is prefilled now, alone. Either way its first token's logits are ready
- * before it is first sampled. */
+ * rows; a longer prompt, or one whose log-probabilities are asked for, is prefilled now, alone.
+ * Either way its first token's logits are ready before it is first sampled. */
 static int admit(batch *b, int i, const qlm_batch_request *req, qlm_batch_stats *st) {
     const qlm_batch_config *c = &b->cfg;
     slot *s = &b->slots[i];
@@ -166,6 +208,10 @@ static int admit(batch *b, int i, const qlm_batch_request *req, qlm_batch_stats 
     s->active = 1;
     s->pending = 1;
     st->prompt_tokens += req->n_ids;
+    if (req->on_prompt_logprob) {
+        if (c->t5) return qlm_errorf("batch: a T5 prompt is the encoder's input and has no log-probabilities");
+        return prefill_scored(b, i);
+    }
     if (s->n_tokens <= step_rows(b) - c->n_slots) return 0;
     int from, start = cached_prefix(b, s, &from);
     if (reuse_prefix(b, i, from, start, st) != 0) return -1;

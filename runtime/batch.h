@@ -19,6 +19,12 @@ typedef struct {
      * slot at once. */
     qlm_emit_fn emit;
     void *emit_user;
+    /* NULL, or receives (with params->logprob_user, and params->top_logprobs alternatives) the
+     * log-probability of each prompt token after the first given the ones before it, in order,
+     * before any generated token's. The prompt is then evaluated whole and alone when admitted,
+     * every row's logits kept (no prefix copied: its rows would have none). Decoder-only: a T5
+     * request with it fails the run. */
+    qlm_logprob_fn on_prompt_logprob;
     void *user;
 } qlm_batch_request;
 

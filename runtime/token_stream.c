@@ -110,10 +110,9 @@ int qlm_token_stream_init(qlm_token_stream *ts, const qlm_tokenizer *tok, const 
     return 0;
 }
 
-/* The chosen token's log-probability and the most likely ones', from the raw logits. */
-static void report_logprobs(const qlm_token_stream *ts, int id) {
-    const float *x = ts->raw;
-    int n = ts->vocab, k = ts->p->top_logprobs < 0 ? 0 : ts->p->top_logprobs;
+int qlm_logprobs(const float *logits, int vocab, int id, int n_top, qlm_token_logprob *chosen, qlm_token_logprob *top) {
+    const float *x = logits;
+    int n = vocab, k = n_top < 0 ? 0 : n_top;
     if (k > QLM_MAX_TOP_LOGPROBS) k = QLM_MAX_TOP_LOGPROBS;
     if (k > n) k = n;
     float max = x[0];
@@ -122,7 +121,6 @@ static void report_logprobs(const qlm_token_stream *ts, int id) {
     for (int i = 0; i < n; i++) sum += exp((double)x[i] - max);
     double lse = max + log(sum);
     /* The k largest by insertion into a sorted list (k <= 20); ties keep the lower id first. */
-    qlm_token_logprob top[QLM_MAX_TOP_LOGPROBS];
     int have = 0;
     for (int i = 0; i < n && k > 0; i++) {
         if (have == k && x[i] <= x[top[k - 1].id]) continue;
@@ -134,7 +132,14 @@ static void report_logprobs(const qlm_token_stream *ts, int id) {
         top[at].id = i;
     }
     for (int i = 0; i < have; i++) top[i].logprob = (float)(x[top[i].id] - lse);
-    qlm_token_logprob chosen = {id, (float)(x[id] - lse)};
+    *chosen = (qlm_token_logprob){id, (float)(x[id] - lse)};
+    return have;
+}
+
+/* The chosen token's log-probability and the most likely ones', from the raw logits. */
+static void report_logprobs(const qlm_token_stream *ts, int id) {
+    qlm_token_logprob chosen, top[QLM_MAX_TOP_LOGPROBS];
+    int have = qlm_logprobs(ts->raw, ts->vocab, id, ts->p->top_logprobs, &chosen, top);
     ts->p->on_logprob(ts->p->logprob_user, chosen, top, have);
 }
 

@@ -33,6 +33,10 @@ int qlm_token_stream_init(qlm_token_stream *ts, const qlm_tokenizer *tok, const 
  * when the sequence goes on (feed *id to the model), 1 when it has ended (stats->reason says why),
  * -1 on error. */
 int qlm_token_stream_next(qlm_token_stream *ts, float *logits, const int *history, int n_history, int *id);
+/* Token id's log-probability under logits (their log-softmax) into *chosen, and the n_top most
+ * likely tokens' (at most QLM_MAX_TOP_LOGPROBS and vocab, most likely first, ties by lower id) into
+ * top; returns how many that is. */
+int qlm_logprobs(const float *logits, int vocab, int id, int n_top, qlm_token_logprob *chosen, qlm_token_logprob *top);
 /* Emits the text still held back (unless a stop string ended the sequence) and frees. */
 void qlm_token_stream_finish(qlm_token_stream *ts);
 

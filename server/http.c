@@ -56,12 +56,18 @@ typedef struct {
     int too_large;
     int status, tokens;
     job *job;                /* a generation, until the request completes */
-    int chat, first, ended;
+    int chat;
     int counted;             /* a generation counted in in_flight */
     int cors;                /* from an origin --cors-origin allows: the answer says so */
     char id[48], model[128];
     long created;
-    size_t lp_offset;        /* a stream's text so far, for its log-probabilities' text offsets */
+    /* A stream's progress by choice: its text so far (for its log-probabilities' text offsets),
+     * whether anything of it was sent, whether its end was; and of the whole stream. */
+    struct {
+        size_t lp_offset;
+        int started, ended;
+    } choice[JOB_MAX_CHOICES];
+    int n_ended, ended;
     char *out;               /* SSE bytes not yet handed to MHD */
     size_t out_len, out_off;
 } conn;
@@ -196,44 +202,62 @@ static int add_event(conn *cx, char *json) {
     return 0;
 }
 
-/* MHD pulls the stream from here: events are built from the job's text as it arrives. With
- * nothing to send the job parks the connection and 0 is returned; MHD calls again once the
- * scheduler resumes it. */
+static openai_reply reply_of(const conn *cx) {
+    return (openai_reply){.tok = cx->srv->cfg.tok, .chat = cx->chat, .id = cx->id, .model = cx->model,
+                          .created = cx->created};
+}
+
+/* Appends choice i's new events to cx->out: its text with their log-probabilities, and once it has
+ * finished its finish_reason. *moved is
+ * set when an event was added. 0, or -1 when the stream must end with an error (out of memory, a
+ * failed generation, a client that left). */
+static int stream_choice(conn *cx, int i, int *moved) {
+    job_choice *c = &cx->job->choices[i];
+    openai_reply r = reply_of(cx);
+    char *text;
+    size_t len;
+    job_logprob *lp;
+    int n_lp, rc = 0;
+    int finished = job_take(&cx->srv->queue, c, &text, &len, &lp, &n_lp);
+    if (len || n_lp) {
+        rc = add_event(cx, openai_chunk_json(&r, c, text, len, lp, n_lp, &cx->choice[i].lp_offset,
+                                             cx->choice[i].started ? 0 : CHUNK_FIRST));
+        cx->choice[i].started = *moved = 1;
+    }
+    free(text);
+    free(lp);
+    if (!finished || rc != 0) return rc;
+    /* job_take saw it finished under the lock, so its results are final. */
+    if (c->failed || job_cancelled(&cx->srv->queue, cx->job)) return -1;
+    cx->choice[i].ended = *moved = 1;
+    cx->n_ended++;
+    return add_event(cx, openai_chunk_json(&r, c, "", 0, NULL, 0, &cx->choice[i].lp_offset,
+                                           CHUNK_FINISH | (cx->choice[i].started ? 0 : CHUNK_FIRST)));
+}
+
+/* MHD pulls the stream from here: events are built from the choices' text as it arrives, then
+ * [DONE] once every choice has ended. With nothing to send the job parks the connection and 0 is
+ * returned; MHD calls again once the scheduler resumes it. */
 static ssize_t stream_reader(void *cls, uint64_t pos, char *buf, size_t max) {
     (void)pos;
     conn *cx = cls;
     while (cx->out_off == cx->out_len) {
         if (cx->ended) return MHD_CONTENT_READER_END_OF_STREAM;
         cx->out_len = cx->out_off = 0;
-        char *text;
-        size_t len;
-        job_logprob *lp;
-        int n_lp;
-        const qlm_tokenizer *tok = cx->srv->cfg.tok;
-        int finished = job_take(&cx->srv->queue, cx->job, &text, &len, &lp, &n_lp);
-        int rc = 0;
-        if (len || n_lp)
-            rc = add_event(cx, openai_chunk_json(cx->job, tok, cx->chat, cx->id, cx->model, cx->created, text, len, lp,
-                                                 n_lp, &cx->lp_offset, cx->first, 0));
-        free(text);
-        free(lp);
-        if (len || n_lp) cx->first = 0;
-        if (finished && rc == 0) {
-            /* job_take saw finished under the lock, so the job's results are final. */
-            int gone = job_cancelled(&cx->srv->queue, cx->job);
-            if (gone) { /* its client left */
-                cx->status = 499;
-                cx->tokens = cx->job->stats.n_generated;
-            }
-            if (cx->job->failed || gone) return MHD_CONTENT_READER_END_WITH_ERROR;
-            rc = add_event(cx, openai_chunk_json(cx->job, tok, cx->chat, cx->id, cx->model, cx->created, "", 0, NULL, 0,
-                                                 &cx->lp_offset, cx->first, 1));
+        int moved = 0, rc = 0;
+        for (int i = 0; i < cx->job->n_choices && rc == 0; i++)
+            if (!cx->choice[i].ended) rc = stream_choice(cx, i, &moved);
+        if (rc == 0 && cx->n_ended == cx->job->n_choices) {
+            openai_reply r = reply_of(cx);
+            if (cx->job->include_usage) rc = add_event(cx, openai_usage_chunk_json(&r, cx->job));
             if (rc == 0) rc = add_event(cx, strdup("[DONE]"));
-            cx->tokens = cx->job->stats.n_generated;
             cx->ended = 1;
         }
-        if (rc != 0) return MHD_CONTENT_READER_END_WITH_ERROR;
-        if (!finished && !len && !n_lp) return 0; /* parked */
+        if (rc != 0) {
+            if (job_cancelled(&cx->srv->queue, cx->job)) cx->status = 499; /* its client left */
+            return MHD_CONTENT_READER_END_WITH_ERROR;
+        }
+        if (!moved && job_park(&cx->srv->queue, cx->job)) return 0; /* parked */
     }
     size_t n = cx->out_len - cx->out_off < max ? cx->out_len - cx->out_off : max;
     memcpy(buf, cx->out + cx->out_off, n);
@@ -249,21 +273,19 @@ static void wake_connection(void *user) {
     MHD_resume_connection(((conn *)user)->c);
 }
 
-/* A non-streamed generation's answer once it finished; until then the connection stays parked
- * and MHD calls the handler again when it is resumed. */
+/* A non-streamed generation's answer once every choice finished; until then the connection stays
+ * parked and MHD calls the handler again when it is resumed. */
 static enum MHD_Result generation_reply(struct MHD_Connection *c, conn *cx) {
-    char *text;
-    size_t len;
-    if (!job_take(&cx->srv->queue, cx->job, &text, &len, NULL, NULL)) return MHD_YES;
-    free(text);
     job *j = cx->job;
-    cx->tokens = j->stats.n_generated;
+    if (!job_wait(&cx->srv->queue, j)) return MHD_YES;
     if (job_cancelled(&cx->srv->queue, j)) { /* its client left: nobody to answer */
         cx->status = 499;
         return MHD_NO;
     }
-    if (j->failed) return respond_error(c, cx, 500, "server_error", "generation failed");
-    return respond_json(c, cx, 200, openai_result_json(j, cx->srv->cfg.tok, cx->chat, cx->id, cx->model, cx->created));
+    for (int i = 0; i < j->n_choices; i++)
+        if (j->choices[i].failed) return respond_error(c, cx, 500, "server_error", "generation failed");
+    openai_reply r = reply_of(cx);
+    return respond_json(c, cx, 200, openai_result_json(&r, j));
 }
 
 static enum MHD_Result generate(struct MHD_Connection *c, conn *cx, int chat) {
@@ -289,7 +311,6 @@ static enum MHD_Result generate(struct MHD_Connection *c, conn *cx, int chat) {
     int at = snprintf(cx->id, sizeof cx->id, "%s-", chat ? "chatcmpl" : "cmpl");
     for (size_t i = 0; i < sizeof r; i++) at += snprintf(cx->id + at, sizeof cx->id - (size_t)at, "%02x", r[i]);
     cx->chat = chat;
-    cx->first = 1;
     cx->created = (long)time(NULL);
     j->park = park_connection;
     j->wake = wake_connection;
@@ -527,7 +548,7 @@ typedef struct {
 static void log_when_done(job *j, void *user) {
     late_log *l = user;
     const qlm_server_config *cfg = &l->srv->cfg;
-    cfg->log(cfg->log_user, l->method, l->path, 499, j->stats.n_generated, (qlm_now_s() - l->t0) * 1e3);
+    cfg->log(cfg->log_user, l->method, l->path, 499, job_generated(j), (qlm_now_s() - l->t0) * 1e3);
     free(l);
 }
 
@@ -546,7 +567,8 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **state, enum
     if (cx->job) {
         pthread_mutex_lock(&s->queue.mu);
         first_text = cx->job->first_text_s;
-        late_log *l = cx->job->queue && !cx->job->finished && s->cfg.log ? malloc(sizeof *l) : NULL;
+        if (generation && !cx->job->unfinished) cx->tokens = job_generated(cx->job);
+        late_log *l = generation && cx->job->unfinished && s->cfg.log ? malloc(sizeof *l) : NULL;
         if (l) {
             *l = (late_log){.srv = s, .t0 = cx->t0};
             memcpy(l->method, cx->method, sizeof l->method);

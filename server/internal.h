@@ -23,7 +23,8 @@ int guard_json_type(const char *content_type);
  * lies inside adapter_dir; -1 for everything else, missing or outside alike. */
 int guard_adapter_path(const char *adapter_dir, const char *path, char **resolved);
 
-enum { JOB_MAX_STOP = 4 };
+/* JOB_MAX_CHOICES: the most choices ("n") one request may ask for. */
+enum { JOB_MAX_STOP = 4, JOB_MAX_CHOICES = 8 };
 
 /* One generated token's log-probability and its alternatives'. */
 typedef struct {
@@ -32,19 +33,13 @@ typedef struct {
     qlm_token_logprob top[QLM_MAX_TOP_LOGPROBS];
 } job_logprob;
 
-typedef struct job {
-    /* Set by the HTTP thread before queueing, read-only afterwards. */
-    int *ids;
-    int n_ids;
-    qlm_gen_params params;
-    char *stop[JOB_MAX_STOP];
-    qlm_logit_bias *logit_bias; /* params.sampling.logit_bias points here */
-    qlm_json_grammar *json;     /* response_format's grammar (params.json points here), or NULL */
-    char adapter_name[128];  /* the adapter the request names ("" for the base), resolved by http.c */
-    int adapter_via_model;   /* named through "model" rather than "adapter" (for the 404's wording) */
-    const qlm_lora_adapter *adapter; /* set only by queue_acquire_adapter, which counts it as a user */
-    int stream;
-    int logprobs;            /* the response carries log-probabilities (params.top_logprobs alternatives) */
+struct job;
+
+/* One sequence of a job: choice `index` of its n, a request of its own to the scheduler. */
+typedef struct {
+    struct job *job;
+    int index;
+    qlm_gen_params params;   /* the job's, with this choice's seed and log-probability sink */
     /* Guarded by the queue's mutex. */
     job_logprob *lp;         /* every generated token's, in order */
     int n_lp, cap_lp, lp_taken; /* lp_taken: how many a stream has sent */
@@ -53,17 +48,44 @@ typedef struct job {
     char *text;              /* the whole output, once finished */
     size_t text_len;
     qlm_gen_stats stats;
+    int finished, failed;
+    int end_taken;           /* job_take has handed over the end */
+} job_choice;
+
+/* A generation request: n choices of the same prompt and parameters, queued together. */
+typedef struct job {
+    /* Set by the HTTP thread before queueing, read-only afterwards. */
+    int *ids;
+    int n_ids;
+    qlm_gen_params params;   /* what every choice starts from */
+    char *stop[JOB_MAX_STOP];
+    qlm_logit_bias *logit_bias; /* params.sampling.logit_bias points here */
+    qlm_json_grammar *json;     /* response_format's grammar (params.json points here), or NULL */
+    char adapter_name[128];  /* the adapter the request names ("" for the base), resolved by http.c */
+    int adapter_via_model;   /* named through "model" rather than "adapter" (for the 404's wording) */
+    const qlm_lora_adapter *adapter; /* set only by queue_acquire_adapter, which counts it as a user */
+    int stream;
+    int include_usage;       /* stream_options.include_usage: a last chunk carries the usage */
+    int logprobs;            /* the response carries log-probabilities (params.top_logprobs alternatives) */
+    char *echo;              /* completions' echo: the prompt, which every choice's text starts with (else NULL) */
+    job_choice *choices;
+    int n_choices;
+    /* Guarded by the queue's mutex. */
+    job_logprob *prompt_lp;  /* with echo and logprobs: the log-probabilities of prompt tokens 1.. */
+    int n_prompt_lp;
+    int started;             /* choices handed to the scheduler */
+    int unfinished;          /* choices queued or running */
     double first_text_s;     /* qlm_now_s() when the first generated text arrived (0: none yet) */
-    int finished, failed, cancelled;
-    int refs;                /* the HTTP side and the scheduler each hold one */
-    /* The HTTP side's connection sleeps while the job has nothing for it: park(hook_user) suspends
-     * it (called by job_take), and the next text or the end calls wake(hook_user) once. */
+    int cancelled;
+    int refs;                /* the HTTP side's, and one per unfinished choice for the scheduler */
+    /* The HTTP side's connection sleeps while no choice has anything for it: job_park suspends
+     * it, and the next text or end calls wake(hook_user) once. */
     void (*park)(void *hook_user);
     void (*wake)(void *hook_user);
     void *hook_user;
     int parked;
     /* Set by the HTTP side when its request ended before the job did (the client left): called once,
-     * under the mutex, when the job finishes with its final stats. */
+     * under the mutex, when the last choice finishes with its final stats. */
     void (*on_end)(struct job *j, void *user);
     void *end_user;
     struct job *next;
@@ -74,11 +96,14 @@ typedef struct job_queue {
     pthread_mutex_t mu;
     pthread_cond_t cv;       /* work arrived, or stop */
     job *head, *tail;
-    int queued, running, max_queue;
-    int stop, failed;
-    job **active;            /* jobs handed to the scheduler and not finished, [cfg.n_slots] */
+    int queued;              /* jobs with a choice not yet handed to the scheduler */
+    int running;             /* choices handed to the scheduler and not finished */
+    int max_queue, stop, failed;
+    job_choice **active;     /* those choices, [cfg.n_slots] */
     qlm_batch_config cfg;
     qlm_batch *batch;        /* slots and caches, allocated once for every burst */
+    /* Per sequence: a job of n choices counts its prompt n times, and the copies of it that its
+     * choices after the first take from the first's caches as cached. */
     long generated_tokens, prompt_tokens, cached_prompt_tokens;
     /* Jobs holding each resident adapter, from parse until freed, so an unload can refuse while
      * one is in use. The mutex also guards the server's registry (load, unload, lookups). */
@@ -90,21 +115,31 @@ typedef struct job_queue {
 
 int queue_start(job_queue *q, const qlm_batch_config *cfg, int max_queue);
 /* The scheduler loop: serves queued jobs until queue_stop and then returns once nothing is queued
- * or running. -1 when a batch run failed (its jobs ended as failed; later ones were still served). */
+ * or running. -1 when a batch run failed (its choices ended as failed; later ones were still served). */
 int queue_run(job_queue *q);
 void queue_stop(job_queue *q);
 void queue_free(job_queue *q);
-/* Takes a reference for the scheduler. 0, or -1 when the queue is full (429). */
+/* Queues all of j's choices, or none: 0, or -1 when the queue is full (429). Takes a reference per
+ * choice for the scheduler. */
 int queue_push(job_queue *q, job *j);
 job *job_new(void);
+/* Gives j n choices, each starting from j->params, collecting its log-probabilities when j->logprobs
+ * (and the prompt's with j->echo). 0, or -1 when out of memory. */
+int job_add_choices(job *j, int n);
 /* Drops one reference (the queue's mutex must not be held). */
 void job_release(job_queue *q, job *j);
-/* Moves j's streamed text into *text (malloc'd, or NULL) and *len, and (when lp is not NULL) a copy
+/* Moves c's streamed text into *text (malloc'd, or NULL) and *len, and (when lp is not NULL) a copy
  * of the log-probabilities generated since the last take into *lp (malloc'd, or NULL) and *n_lp.
- * When there is no text and j has not finished, parks j (see job.park). Returns 1 when j is finished. */
-int job_take(job_queue *q, job *j, char **text, size_t *len, job_logprob **lp, int *n_lp);
-/* With j's parameters: collect log-probabilities into j->lp (the scheduler calls it). */
-void job_collect_logprobs(job *j);
+ * Returns 1 when c is finished (its results are then final). */
+int job_take(job_queue *q, job_choice *c, char **text, size_t *len, job_logprob **lp, int *n_lp);
+/* Unless some choice of j has text or an end that job_take has not handed over, parks j (see
+ * job.park) and returns 1; else 0. */
+int job_park(job_queue *q, job *j);
+/* 1 when every choice of j has finished (the results are then final); else parks j until the next
+ * one does and returns 0. */
+int job_wait(job_queue *q, job *j);
+/* The tokens j's choices generated (with the mutex held, or once all finished). */
+int job_generated(const job *j);
 void job_cancel(job_queue *q, job *j);
 /* Whether j was cancelled (its client left). */
 int job_cancelled(job_queue *q, job *j);
@@ -161,21 +196,33 @@ typedef struct {
     char message[256];
 } api_error;
 
-/* Parses a /v1/completions (chat = 0) or /v1/chat/completions body into j (ids, params,
+/* Parses a /v1/completions (chat = 0) or /v1/chat/completions body into j (ids, params and choices,
  * adapter_name, stream, a response_format's grammar over json_vocab, the tokenizer's index) and
  * the model id to echo. Returns 0, or -1 with *e filled. */
 int openai_parse_generation(const qlm_server_config *cfg, const qlm_json_vocab *json_vocab, const char *body,
                             size_t len, int chat, job *j, char *model_id, size_t model_cap, api_error *e);
 char *openai_error_json(const api_error *e);
-/* Builds the final non-streamed response (tok spells the log-probabilities' tokens). */
-char *openai_result_json(const job *j, const qlm_tokenizer *tok, int chat, const char *id, const char *model,
-                         long created);
-/* One streamed chunk: text (may be empty) with the log-probabilities of its tokens (lp, n_lp;
- * *lp_offset, the text before them, is advanced past them), and when finished the finish_reason
- * and usage. */
-char *openai_chunk_json(const job *j, const qlm_tokenizer *tok, int chat, const char *id, const char *model,
-                        long created, const char *text, size_t len, const job_logprob *lp, int n_lp,
-                        size_t *lp_offset, int first, int last);
+
+/* What every part of one generation's answer repeats. */
+typedef struct {
+    const qlm_tokenizer *tok; /* spells the log-probabilities' tokens */
+    int chat;
+    const char *id, *model;
+    long created;
+} openai_reply;
+
+/* The final non-streamed response, once every choice has finished. */
+char *openai_result_json(const openai_reply *r, const job *j);
+/* Parts of a streamed chunk: the choice's first (chat: its role; an echo: the prompt before the
+ * text, with its log-probabilities), its finish_reason. */
+enum { CHUNK_FIRST = 1, CHUNK_FINISH = 2 };
+/* One streamed chunk of choice c: text (may be empty) with the log-probabilities of its tokens (lp,
+ * n_lp; *lp_offset, the choice's text before them, is advanced past them), and the parts flags asks
+ * for; "usage": null when the job asked for the usage (which comes in openai_usage_chunk_json). */
+char *openai_chunk_json(const openai_reply *r, const job_choice *c, const char *text, size_t len,
+                        const job_logprob *lp, int n_lp, size_t *lp_offset, int flags);
+/* The chunk after every choice has ended, for stream_options.include_usage: "choices": [] and the usage. */
+char *openai_usage_chunk_json(const openai_reply *r, const job *j);
 /* Resolves j->adapter_name in the registry (the caller holds the lock guarding it): the adapter,
  * or NULL for the base; -1 with a 404 in *e when no adapter has that name. */
 int openai_find_adapter(const qlm_server_config *cfg, const job *j, const qlm_lora_adapter **out, api_error *e);

@@ -239,10 +239,7 @@ static int parse_logprobs(const cJSON *root, int chat, job *j, api_error *e) {
             j->logprobs = 1;
         }
     }
-    if (j->logprobs) {
-        j->params.top_logprobs = (int)top;
-        job_collect_logprobs(j);
-    }
+    if (j->logprobs) j->params.top_logprobs = (int)top;
     return 0;
 }
 
@@ -276,15 +273,16 @@ static int check_fields(const cJSON *root, int chat, api_error *e) {
                                        "logprobs", "presence_penalty", "frequency_penalty", "min_p", "logit_bias",
                                        "response_format", NULL};
     static const char *const chat_only[] = {"messages", "max_completion_tokens", "top_logprobs", NULL};
-    static const char *const completion_only[] = {"prompt", NULL};
+    static const char *const completion_only[] = {"prompt", "echo", NULL};
     static const char *const not_implemented[] = {
-        "echo", "best_of",
-        "suffix", "tools", "tool_choice", "parallel_tool_calls", "functions", "function_call",
+        "best_of", "suffix", "tools", "tool_choice", "parallel_tool_calls", "functions", "function_call",
         "store", "metadata", "service_tier", "modalities", "audio", "prediction", "reasoning_effort", NULL};
+    /* vLLM's chat "echo" (repeat the last message) is no field of OpenAI's chat, and not implemented. */
+    static const char *const chat_not_implemented[] = {"echo", NULL};
     const cJSON *f;
     cJSON_ArrayForEach(f, root) {
         if (listed(f->string, both) || listed(f->string, chat ? chat_only : completion_only)) continue;
-        if (listed(f->string, not_implemented)) {
+        if (listed(f->string, not_implemented) || (chat && listed(f->string, chat_not_implemented))) {
             if (feature_off(f)) continue;
             return fail(e, 400, "'%s' is not supported by this server", f->string);
         }
@@ -292,7 +290,6 @@ static int check_fields(const cJSON *root, int chat, api_error *e) {
     }
     const cJSON *so = cJSON_GetObjectItemCaseSensitive(root, "stream_options");
     if (so && !cJSON_IsNull(so)) {
-        /* The last chunk of a stream always carries the usage, so include_usage is honoured either way. */
         const cJSON *u = cJSON_GetObjectItemCaseSensitive(so, "include_usage");
         if (!cJSON_IsObject(so) || cJSON_GetArraySize(so) != (u != NULL) || (u && !cJSON_IsBool(u)))
             return fail(e, 400, "'stream_options' takes only {\"include_usage\": true|false}");
@@ -379,6 +376,42 @@ static int parse_response_format(const cJSON *root, const qlm_json_vocab *vocab,
     return 0;
 }
 
+/* Completions' echo: true makes every choice's text start with the prompt (j->echo). The prompt's
+ * log-probabilities come from the decoder's prefill, which a T5 prompt, the encoder's input, has not. */
+static int parse_echo(const qlm_server_config *cfg, const cJSON *root, const char *prompt, job *j, api_error *e) {
+    const cJSON *echo = cJSON_GetObjectItemCaseSensitive(root, "echo");
+    if (echo && !cJSON_IsNull(echo) && !cJSON_IsBool(echo)) return fail(e, 400, "'echo' must be true or false");
+    if (!cJSON_IsTrue(echo)) return 0;
+    if (j->logprobs && cfg->t5)
+        return fail(e, 400, "'echo' with 'logprobs' needs a decoder-only model: a T5 prompt is the encoder's input, "
+                            "which has no log-probabilities");
+    if (!(j->echo = strdup(prompt))) return fail(e, 500, "out of memory");
+    return 0;
+}
+
+/* The seed of a request's first choice; choice i takes this + i, so that with a request seed s it
+ * gets what a request with seed s + i gets alone. Without one the clock picks it here, once, as
+ * samplers that each read the clock at once could draw alike. */
+static uint64_t first_seed(double seed) {
+    if (seed >= 0) return (uint64_t)seed;
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+/* Gives j its n choices, each with its own seed (first_seed). */
+static int add_choices(job *j, int n, double seed, api_error *e) {
+    if (job_add_choices(j, n) != 0) return fail(e, 500, "out of memory");
+    uint64_t first = first_seed(seed);
+    for (int i = 0; i < n; i++) {
+        /* The sampler takes 0 for "from the clock": 0 gets a fixed stand-in, so that it repeats like
+         * every other seed (which match `qlm generate --seed`). */
+        uint64_t s = first + (uint64_t)i;
+        j->choices[i].params.sampling.seed = s ? s : 0x9e3779b97f4a7c15ULL;
+    }
+    return 0;
+}
+
 int openai_parse_generation(const qlm_server_config *cfg, const qlm_json_vocab *json_vocab, const char *body,
                             size_t len, int chat, job *j, char *model_id, size_t model_cap, api_error *e) {
     cJSON *root = parse_object(body, len, e);
@@ -393,7 +426,8 @@ int openai_parse_generation(const qlm_server_config *cfg, const qlm_json_vocab *
         number_field(root, "temperature", 0, 2, 0, &temperature, e) != 0 ||
         number_field(root, "top_p", 1e-6, 1, 0, &top_p, e) != 0 || number_field(root, "top_k", 0, 1e9, 1, &top_k, e) != 0 ||
         number_field(root, "seed", 0, 9007199254740991.0, 1, &seed, e) != 0 ||
-        number_field(root, "n", 1, 1, 1, &n, e) != 0 || number_field(root, "repetition_penalty", 1e-3, 100, 0, &repetition, e) != 0 ||
+        number_field(root, "n", 1, JOB_MAX_CHOICES, 1, &n, e) != 0 ||
+        number_field(root, "repetition_penalty", 1e-3, 100, 0, &repetition, e) != 0 ||
         number_field(root, "presence_penalty", -2, 2, 0, &presence, e) != 0 ||
         number_field(root, "frequency_penalty", -2, 2, 0, &frequency, e) != 0 ||
         number_field(root, "min_p", 0, 1, 0, &min_p, e) != 0 || parse_stop(root, j, e) != 0)
@@ -405,6 +439,13 @@ int openai_parse_generation(const qlm_server_config *cfg, const qlm_json_vocab *
         goto out;
     }
     j->stream = cJSON_IsTrue(stream);
+    /* OpenAI's rule: stream_options only with a stream; include_usage adds a last chunk with the usage. */
+    const cJSON *so = cJSON_GetObjectItemCaseSensitive(root, "stream_options");
+    if (so && !cJSON_IsNull(so) && !j->stream) {
+        fail(e, 400, "'stream_options' is only allowed with 'stream': true");
+        goto out;
+    }
+    j->include_usage = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(so, "include_usage"));
     int add_special = 1;
     if (chat) {
         if (render_chat(cfg, root, &text, e) != 0) goto out;
@@ -417,6 +458,7 @@ int openai_parse_generation(const qlm_server_config *cfg, const qlm_json_vocab *
             goto out;
         }
         qlm_marked_puts(&text, prompt->valuestring, 1); /* a completion prompt is text throughout */
+        if (parse_echo(cfg, root, prompt->valuestring, j, e) != 0) goto out;
     }
     if (text.failed) {
         fail(e, 500, "out of memory");
@@ -445,10 +487,8 @@ int openai_parse_generation(const qlm_server_config *cfg, const qlm_json_vocab *
     /* vLLM's repetition_penalty: every token of the prompt and the output so far. */
     j->params.sampling.repeat_penalty = (float)repetition;
     j->params.sampling.repeat_last_n = cfg->max_prompt + cfg->max_output;
-    /* The sampler takes seed 0 for "from the clock": no seed is that, an explicit 0 gets a fixed
-     * stand-in so that it repeats like every other seed (which match `qlm generate --seed`). */
-    j->params.sampling.seed = seed < 0 ? 0 : seed == 0 ? 0x9e3779b97f4a7c15ULL : (uint64_t)seed;
     j->params.max_new_tokens = (int)max_tokens;
+    if (add_choices(j, (int)n, seed, e) != 0) goto out;
     rc = 0;
 out:
     qlm_marked_free(&text);
@@ -456,42 +496,54 @@ out:
     return rc;
 }
 
+/* OpenAI's convention: the prompt counted once, the choices' tokens summed. */
 static void add_usage(cJSON *root, const job *j) {
+    int generated = job_generated(j), evaluated = 0;
+    for (int i = 0; i < j->n_choices; i++)
+        if (j->choices[i].stats.n_prompt > evaluated) evaluated = j->choices[i].stats.n_prompt;
     cJSON *u = cJSON_AddObjectToObject(root, "usage");
     cJSON_AddNumberToObject(u, "prompt_tokens", j->n_ids);
-    cJSON_AddNumberToObject(u, "completion_tokens", j->stats.n_generated);
-    cJSON_AddNumberToObject(u, "total_tokens", j->n_ids + j->stats.n_generated);
-    /* The prompt's prefix whose keys and values came from an earlier request's cache. */
+    cJSON_AddNumberToObject(u, "completion_tokens", generated);
+    cJSON_AddNumberToObject(u, "total_tokens", j->n_ids + generated);
+    /* The prompt's prefix whose keys and values came from an earlier request's cache: what no
+     * choice evaluated (the choices after the first copy it from the first's). */
     cJSON *details = cJSON_AddObjectToObject(u, "prompt_tokens_details");
-    cJSON_AddNumberToObject(details, "cached_tokens", j->n_ids - j->stats.n_prompt);
+    cJSON_AddNumberToObject(details, "cached_tokens", j->n_ids - evaluated);
 }
 
-static cJSON *envelope(int chat, int chunk, const char *id, const char *model, long created) {
+static cJSON *envelope(const openai_reply *r, int chunk) {
     cJSON *root = cJSON_CreateObject();
-    cJSON_AddStringToObject(root, "id", id);
+    cJSON_AddStringToObject(root, "id", r->id);
     cJSON_AddStringToObject(root, "object",
-                            chat ? (chunk ? "chat.completion.chunk" : "chat.completion") : "text_completion");
-    cJSON_AddNumberToObject(root, "created", (double)created);
-    cJSON_AddStringToObject(root, "model", model);
+                            r->chat ? (chunk ? "chat.completion.chunk" : "chat.completion") : "text_completion");
+    cJSON_AddNumberToObject(root, "created", (double)r->created);
+    cJSON_AddStringToObject(root, "model", r->model);
     return root;
 }
 
-/* cJSON strings must be NUL-terminated; generated text can hold a NUL byte only if the model
- * emits one, which JSON would carry as \u0000 but cJSON cannot: such text is cut there. */
-static char *terminated(const char *text, size_t len) {
-    char *s = malloc(len + 1);
+/* prefix (an echo's prompt, or "") then text, NUL-terminated as cJSON needs: generated text can
+ * hold a NUL byte only if the model emits one, which JSON would carry as \u0000 but cJSON cannot,
+ * so such text is cut there. */
+static char *joined(const char *prefix, const char *text, size_t len) {
+    size_t n = strlen(prefix);
+    char *s = malloc(n + len + 1);
     if (s) {
-        memcpy(s, text, len);
-        s[len] = 0;
+        memcpy(s, prefix, n);
+        if (len) memcpy(s + n, text, len);
+        s[n + len] = 0;
     }
     return s;
 }
 
-/* A token as the output spells it (not as the first of a text, whose leading space some
- * tokenizers drop). *len 0 when it adds no text. */
-static const char *spell(const qlm_tokenizer *tok, int id, char *buf, int cap, int *len) {
-    int after = qlm_tokenizer_bos(tok) == 0 ? 1 : 0;
-    int n = qlm_tokenizer_piece(tok, after, id, buf, cap - 1);
+/* The prev that spells a token as it reads inside a text: any token but BOS (after -1 or BOS,
+ * some tokenizers drop a leading space). */
+static int mid_text(const qlm_tokenizer *tok) {
+    return qlm_tokenizer_bos(tok) == 0 ? 1 : 0;
+}
+
+/* A token as the text spells it after prev. *len 0 when it adds no text. */
+static const char *spell(const qlm_tokenizer *tok, int prev, int id, char *buf, int cap, int *len) {
+    int n = qlm_tokenizer_piece(tok, prev, id, buf, cap - 1);
     *len = n > 0 ? n : 0;
     buf[*len] = 0;
     return buf;
@@ -508,104 +560,144 @@ static cJSON *chat_token(const qlm_tokenizer *tok, qlm_token_logprob t) {
     char buf[256];
     int n;
     cJSON *o = cJSON_CreateObject();
-    cJSON_AddStringToObject(o, "token", spell(tok, t.id, buf, sizeof buf, &n));
+    cJSON_AddStringToObject(o, "token", spell(tok, mid_text(tok), t.id, buf, sizeof buf, &n));
     cJSON_AddNumberToObject(o, "logprob", t.logprob);
     cJSON_AddItemToObject(o, "bytes", byte_list(buf, n));
     return o;
 }
 
-/* The logprobs object of a choice for entries lp[0..n): chat's {"content": [...]}, or the
- * completions' parallel lists, whose text offsets start at *offset (advanced past them). text_len
- * >= 0 keeps only the tokens that start inside the text (a stop string's tokens go with it); -1
- * keeps all (a stream's chunk). */
-static cJSON *logprobs_json(const qlm_tokenizer *tok, int chat, const job_logprob *lp, int n, long text_len,
-                            size_t *at) {
+/* The completions' parallel lists of a logprobs object. */
+typedef struct {
+    cJSON *tokens, *token_logprobs, *top_logprobs, *text_offset;
+} completion_lists;
+
+/* Token id (spelled after prev) at offset into the lists, with its log-probability and
+ * alternatives, or nulls when lp is NULL (a prompt's first token, which nothing predicts). Returns
+ * the bytes it spells. */
+static int add_completion_token(const completion_lists *l, const qlm_tokenizer *tok, int prev, int id,
+                                const job_logprob *lp, size_t offset) {
+    char buf[256];
+    int len;
+    cJSON_AddItemToArray(l->tokens, cJSON_CreateString(spell(tok, prev, id, buf, sizeof buf, &len)));
+    cJSON_AddItemToArray(l->token_logprobs, lp ? cJSON_CreateNumber(lp->chosen.logprob) : cJSON_CreateNull());
+    cJSON *alt = lp ? cJSON_CreateObject() : cJSON_CreateNull();
+    for (int k = 0; lp && k < lp->n_top; k++) {
+        char b2[256];
+        int l2;
+        cJSON_AddNumberToObject(alt, spell(tok, prev, lp->top[k].id, b2, sizeof b2, &l2), lp->top[k].logprob);
+    }
+    cJSON_AddItemToArray(l->top_logprobs, alt);
+    cJSON_AddItemToArray(l->text_offset, cJSON_CreateNumber((double)offset));
+    return len;
+}
+
+/* An echo's prompt tokens, from *at, which ends past the prompt's text. */
+static void add_prompt_tokens(const completion_lists *l, const qlm_tokenizer *tok, const job *j, size_t *at) {
     size_t offset = *at;
+    for (int i = 0; i < j->n_ids; i++) {
+        const job_logprob *lp = i > 0 && i <= j->n_prompt_lp ? &j->prompt_lp[i - 1] : NULL;
+        offset += (size_t)add_completion_token(l, tok, i ? j->ids[i - 1] : -1, j->ids[i], lp, offset);
+    }
+    *at += strlen(j->echo);
+}
+
+/* The logprobs object of a choice for entries lp[0..n): chat's {"content": [...]}, or the
+ * completions' parallel lists, led by the prompt's tokens when echo (its job) is not NULL, as
+ * OpenAI gives them. Text offsets start at *at (advanced past the entries); text_len >= 0 keeps
+ * only the tokens that start inside the text (a stop string's tokens go with it); -1 keeps all (a
+ * stream's chunk). */
+static cJSON *logprobs_json(const qlm_tokenizer *tok, int chat, const job *echo, const job_logprob *lp, int n,
+                            long text_len, size_t *at) {
     cJSON *o = cJSON_CreateObject();
     cJSON *content = chat ? cJSON_AddArrayToObject(o, "content") : NULL;
-    cJSON *tokens = chat ? NULL : cJSON_AddArrayToObject(o, "tokens");
-    cJSON *token_lp = chat ? NULL : cJSON_AddArrayToObject(o, "token_logprobs");
-    cJSON *tops = chat ? NULL : cJSON_AddArrayToObject(o, "top_logprobs");
-    cJSON *offsets = chat ? NULL : cJSON_AddArrayToObject(o, "text_offset");
-    for (int i = 0; i < n; i++) {
+    completion_lists l = {0};
+    if (!chat) {
+        l = (completion_lists){cJSON_AddArrayToObject(o, "tokens"), cJSON_AddArrayToObject(o, "token_logprobs"),
+                               cJSON_AddArrayToObject(o, "top_logprobs"), cJSON_AddArrayToObject(o, "text_offset")};
+        if (echo) add_prompt_tokens(&l, tok, echo, at);
+    }
+    for (int i = 0; i < n && !(text_len >= 0 && *at >= (size_t)text_len); i++) {
+        if (!chat) {
+            *at += (size_t)add_completion_token(&l, tok, mid_text(tok), lp[i].chosen.id, &lp[i], *at);
+            continue;
+        }
         char buf[256];
         int len;
-        spell(tok, lp[i].chosen.id, buf, sizeof buf, &len);
-        if (text_len >= 0 && offset >= (size_t)text_len) break;
-        if (chat) {
-            cJSON *t = chat_token(tok, lp[i].chosen);
-            cJSON *alt = cJSON_AddArrayToObject(t, "top_logprobs");
-            for (int k = 0; k < lp[i].n_top; k++) cJSON_AddItemToArray(alt, chat_token(tok, lp[i].top[k]));
-            cJSON_AddItemToArray(content, t);
-        } else {
-            cJSON_AddItemToArray(tokens, cJSON_CreateString(buf));
-            cJSON_AddItemToArray(token_lp, cJSON_CreateNumber(lp[i].chosen.logprob));
-            cJSON *alt = cJSON_CreateObject();
-            for (int k = 0; k < lp[i].n_top; k++) {
-                char b2[256];
-                int l2;
-                cJSON_AddNumberToObject(alt, spell(tok, lp[i].top[k].id, b2, sizeof b2, &l2), lp[i].top[k].logprob);
-            }
-            cJSON_AddItemToArray(tops, alt);
-            cJSON_AddItemToArray(offsets, cJSON_CreateNumber((double)offset));
-        }
-        offset += (size_t)len;
+        spell(tok, mid_text(tok), lp[i].chosen.id, buf, sizeof buf, &len);
+        cJSON *t = chat_token(tok, lp[i].chosen);
+        cJSON *alt = cJSON_AddArrayToObject(t, "top_logprobs");
+        for (int k = 0; k < lp[i].n_top; k++) cJSON_AddItemToArray(alt, chat_token(tok, lp[i].top[k]));
+        cJSON_AddItemToArray(content, t);
+        *at += (size_t)len;
     }
-    *at = offset;
     if (chat) cJSON_AddNullToObject(o, "refusal");
     return o;
 }
 
-char *openai_result_json(const job *j, const qlm_tokenizer *tok, int chat, const char *id, const char *model,
-                         long created) {
-    cJSON *root = envelope(chat, 0, id, model, created);
+/* A choice of the answer: its index, and its text (chat: in the message, or a chunk's delta). */
+static cJSON *add_choice(cJSON *choices, const openai_reply *r, int index, const char *text, int chunk, int role) {
     cJSON *choice = cJSON_CreateObject();
-    cJSON_AddItemToArray(cJSON_AddArrayToObject(root, "choices"), choice);
-    cJSON_AddNumberToObject(choice, "index", 0);
-    if (chat) {
-        cJSON *msg = cJSON_AddObjectToObject(choice, "message");
-        cJSON_AddStringToObject(msg, "role", "assistant");
-        cJSON_AddStringToObject(msg, "content", j->text ? j->text : "");
+    cJSON_AddItemToArray(choices, choice);
+    cJSON_AddNumberToObject(choice, "index", index);
+    if (r->chat) {
+        cJSON *msg = cJSON_AddObjectToObject(choice, chunk ? "delta" : "message");
+        if (role) cJSON_AddStringToObject(msg, "role", "assistant");
+        cJSON_AddStringToObject(msg, "content", text);
     } else {
-        cJSON_AddStringToObject(choice, "text", j->text ? j->text : "");
+        cJSON_AddStringToObject(choice, "text", text);
     }
-    /* The scheduler has finished with j, so its entries are final. */
-    size_t start = 0;
-    if (j->logprobs)
-        cJSON_AddItemToObject(choice, "logprobs", logprobs_json(tok, chat, j->lp, j->n_lp, (long)j->text_len, &start));
-    else cJSON_AddNullToObject(choice, "logprobs");
-    cJSON_AddStringToObject(choice, "finish_reason", openai_finish_reason(j->stats.reason));
+    return choice;
+}
+
+char *openai_result_json(const openai_reply *r, const job *j) {
+    cJSON *root = envelope(r, 0), *choices = cJSON_AddArrayToObject(root, "choices");
+    for (int i = 0; i < j->n_choices; i++) {
+        const job_choice *c = &j->choices[i];
+        char *text = joined(j->echo ? j->echo : "", c->text ? c->text : "", c->text ? c->text_len : 0);
+        if (!text) {
+            cJSON_Delete(root);
+            return NULL;
+        }
+        cJSON *choice = add_choice(choices, r, i, text, 0, 1);
+        /* The scheduler has finished with the job, so its entries are final. */
+        size_t start = 0, end = (j->echo ? strlen(j->echo) : 0) + c->text_len;
+        if (j->logprobs)
+            cJSON_AddItemToObject(choice, "logprobs", logprobs_json(r->tok, r->chat, j->echo ? j : NULL, c->lp, c->n_lp,
+                                                                    (long)end, &start));
+        else cJSON_AddNullToObject(choice, "logprobs");
+        cJSON_AddStringToObject(choice, "finish_reason", openai_finish_reason(c->stats.reason));
+        free(text);
+    }
     add_usage(root, j);
     char *s = cJSON_PrintUnformatted(root);
     cJSON_Delete(root);
     return s;
 }
 
-char *openai_chunk_json(const job *j, const qlm_tokenizer *tok, int chat, const char *id, const char *model,
-                        long created, const char *text, size_t len, const job_logprob *lp, int n_lp,
-                        size_t *lp_offset, int first, int last) {
-    char *t = terminated(text ? text : "", text ? len : 0);
+char *openai_chunk_json(const openai_reply *r, const job_choice *c, const char *text, size_t len,
+                        const job_logprob *lp, int n_lp, size_t *lp_offset, int flags) {
+    const job *j = c->job;
+    const job *echo = (flags & CHUNK_FIRST) && j->echo ? j : NULL;
+    char *t = joined(echo ? echo->echo : "", text ? text : "", text ? len : 0);
     if (!t) return NULL;
-    cJSON *root = envelope(chat, 1, id, model, created);
-    cJSON *choice = cJSON_CreateObject();
-    cJSON_AddItemToArray(cJSON_AddArrayToObject(root, "choices"), choice);
-    cJSON_AddNumberToObject(choice, "index", 0);
-    if (chat) {
-        cJSON *delta = cJSON_AddObjectToObject(choice, "delta");
-        if (first) cJSON_AddStringToObject(delta, "role", "assistant");
-        cJSON_AddStringToObject(delta, "content", t);
-    } else {
-        cJSON_AddStringToObject(choice, "text", t);
-    }
-    if (n_lp) cJSON_AddItemToObject(choice, "logprobs", logprobs_json(tok, chat, lp, n_lp, -1, lp_offset));
+    cJSON *root = envelope(r, 1);
+    cJSON *choice = add_choice(cJSON_AddArrayToObject(root, "choices"), r, c->index, t, 1, flags & CHUNK_FIRST);
+    if (n_lp || (echo && j->logprobs))
+        cJSON_AddItemToObject(choice, "logprobs", logprobs_json(r->tok, r->chat, echo, lp, n_lp, -1, lp_offset));
     else cJSON_AddNullToObject(choice, "logprobs");
-    if (last) {
-        cJSON_AddStringToObject(choice, "finish_reason", openai_finish_reason(j->stats.reason));
-        add_usage(root, j);
-    } else {
-        cJSON_AddNullToObject(choice, "finish_reason");
-    }
+    if (flags & CHUNK_FINISH) cJSON_AddStringToObject(choice, "finish_reason", openai_finish_reason(c->stats.reason));
+    else cJSON_AddNullToObject(choice, "finish_reason");
+    if (j->include_usage) cJSON_AddNullToObject(root, "usage"); /* as OpenAI's: it comes in the last chunk */
     free(t);
+    char *s = cJSON_PrintUnformatted(root);
+    cJSON_Delete(root);
+    return s;
+}
+
+char *openai_usage_chunk_json(const openai_reply *r, const job *j) {
+    cJSON *root = envelope(r, 1);
+    cJSON_AddArrayToObject(root, "choices");
+    add_usage(root, j);
     char *s = cJSON_PrintUnformatted(root);
     cJSON_Delete(root);
     return s;

@@ -21,9 +21,14 @@ job *job_new(void) {
 static void job_free(job *j) {
     free(j->ids);
     for (int i = 0; i < JOB_MAX_STOP; i++) free(j->stop[i]);
-    free(j->pending);
-    free(j->text);
-    free(j->lp);
+    for (int i = 0; i < j->n_choices; i++) {
+        free(j->choices[i].pending);
+        free(j->choices[i].text);
+        free(j->choices[i].lp);
+    }
+    free(j->choices);
+    free(j->echo);
+    free(j->prompt_lp);
     free(j->logit_bias);
     qlm_json_grammar_free(j->json);
     free(j);
@@ -88,71 +93,121 @@ static void wake_locked(job *j) {
     j->wake(j->hook_user);
 }
 
+/* With the mutex held. */
+static void park_locked(job *j) {
+    j->parked = 1;
+    j->park(j->hook_user);
+}
+
+static void add_logprob(job_logprob *e, qlm_token_logprob chosen, const qlm_token_logprob *top, int n_top) {
+    e->chosen = chosen;
+    e->n_top = n_top;
+    memcpy(e->top, top, (size_t)n_top * sizeof *top);
+}
+
 static void collect_logprob(void *user, qlm_token_logprob chosen, const qlm_token_logprob *top, int n_top) {
-    job *j = user;
-    pthread_mutex_lock(&j->queue->mu);
-    if (j->n_lp == j->cap_lp) {
-        int cap = j->cap_lp ? j->cap_lp * 2 : 64;
-        job_logprob *p = realloc(j->lp, (size_t)cap * sizeof *p);
+    job_choice *c = user;
+    pthread_mutex_lock(&c->job->queue->mu);
+    if (c->n_lp == c->cap_lp) {
+        int cap = c->cap_lp ? c->cap_lp * 2 : 64;
+        job_logprob *p = realloc(c->lp, (size_t)cap * sizeof *p);
         if (p) {
-            j->lp = p;
-            j->cap_lp = cap;
+            c->lp = p;
+            c->cap_lp = cap;
         }
     }
     /* Out of memory drops the entry; the text is unaffected. */
-    if (j->n_lp < j->cap_lp) {
-        job_logprob *e = &j->lp[j->n_lp++];
-        e->chosen = chosen;
-        e->n_top = n_top;
-        memcpy(e->top, top, (size_t)n_top * sizeof *top);
-    }
+    if (c->n_lp < c->cap_lp) add_logprob(&c->lp[c->n_lp++], chosen, top, n_top);
+    pthread_mutex_unlock(&c->job->queue->mu);
+}
+
+/* The prompt's, from the job's first choice (the others' prompts are the same). */
+static void collect_prompt_logprob(void *user, qlm_token_logprob chosen, const qlm_token_logprob *top, int n_top) {
+    job *j = ((job_choice *)user)->job;
+    pthread_mutex_lock(&j->queue->mu);
+    if (j->n_prompt_lp < j->n_ids - 1) add_logprob(&j->prompt_lp[j->n_prompt_lp++], chosen, top, n_top);
     pthread_mutex_unlock(&j->queue->mu);
 }
 
-void job_collect_logprobs(job *j) {
-    j->params.on_logprob = collect_logprob;
-    j->params.logprob_user = j;
+int job_add_choices(job *j, int n) {
+    /* The prompt's log-probabilities, one per token after the first (n_ids: never malloc(0)). */
+    if (j->echo && j->logprobs && !(j->prompt_lp = malloc((size_t)j->n_ids * sizeof *j->prompt_lp))) return -1;
+    if (!(j->choices = calloc((size_t)n, sizeof *j->choices))) return -1;
+    j->n_choices = n;
+    for (int i = 0; i < n; i++) {
+        job_choice *c = &j->choices[i];
+        c->job = j;
+        c->index = i;
+        c->params = j->params;
+        if (j->logprobs) {
+            c->params.on_logprob = collect_logprob;
+            c->params.logprob_user = c;
+        }
+    }
+    return 0;
 }
 
-int job_take(job_queue *q, job *j, char **text, size_t *len, job_logprob **lp, int *n_lp) {
+int job_take(job_queue *q, job_choice *c, char **text, size_t *len, job_logprob **lp, int *n_lp) {
     pthread_mutex_lock(&q->mu);
     *text = NULL;
-    *len = j->pending_len;
-    if (j->pending_len) {
-        *text = j->pending;
-        j->pending = NULL;
-        j->pending_len = j->pending_cap = 0;
+    *len = c->pending_len;
+    if (c->pending_len) {
+        *text = c->pending;
+        c->pending = NULL;
+        c->pending_len = c->pending_cap = 0;
     }
-    int finished = j->finished;
+    int finished = c->finished;
+    c->end_taken = finished;
     /* Log-probabilities go out with text (or at the end), never ahead of it. */
     if (lp) {
         *lp = NULL;
         *n_lp = 0;
-        int n = j->n_lp - j->lp_taken;
+        int n = c->n_lp - c->lp_taken;
         if (n > 0 && (*len || finished) && (*lp = malloc((size_t)n * sizeof **lp))) {
-            memcpy(*lp, j->lp + j->lp_taken, (size_t)n * sizeof **lp);
+            memcpy(*lp, c->lp + c->lp_taken, (size_t)n * sizeof **lp);
             *n_lp = n;
-            j->lp_taken = j->n_lp;
+            c->lp_taken = c->n_lp;
         }
-    }
-    /* Parked under the mutex, so text that arrives right after still finds it parked. */
-    if (!finished && !*len) {
-        j->parked = 1;
-        j->park(j->hook_user);
     }
     pthread_mutex_unlock(&q->mu);
     return finished;
 }
 
-/* Marks j finished (with the mutex held) and drops the scheduler's reference. */
-static void finish_locked(job_queue *q, job *j, int failed) {
-    j->finished = 1;
-    j->failed = failed;
+/* Both park under the mutex, so text or an end that arrives right after still finds j parked. */
+int job_park(job_queue *q, job *j) {
+    pthread_mutex_lock(&q->mu);
+    int idle = 1;
+    for (int i = 0; i < j->n_choices; i++)
+        if (j->choices[i].pending_len || (j->choices[i].finished && !j->choices[i].end_taken)) idle = 0;
+    if (idle) park_locked(j);
+    pthread_mutex_unlock(&q->mu);
+    return idle;
+}
+
+int job_wait(job_queue *q, job *j) {
+    pthread_mutex_lock(&q->mu);
+    int done = j->unfinished == 0;
+    if (!done) park_locked(j);
+    pthread_mutex_unlock(&q->mu);
+    return done;
+}
+
+int job_generated(const job *j) {
+    int n = 0;
+    for (int i = 0; i < j->n_choices; i++) n += j->choices[i].stats.n_generated;
+    return n;
+}
+
+/* Marks c finished (with the mutex held) and drops the scheduler's reference to its job. */
+static void finish_locked(job_queue *q, job_choice *c, int failed) {
+    job *j = c->job;
+    c->finished = 1;
+    c->failed = failed;
     for (int i = 0; i < q->cfg.n_slots; i++)
-        if (q->active[i] == j) q->active[i] = NULL;
+        if (q->active[i] == c) q->active[i] = NULL;
     q->running--;
     wake_locked(j);
-    if (j->on_end) {
+    if (--j->unfinished == 0 && j->on_end) {
         j->on_end(j, j->end_user);
         j->on_end = NULL;
     }
@@ -162,23 +217,24 @@ static void finish_locked(job_queue *q, job *j, int failed) {
 
 /* Streams text to the HTTP side; a cancelled job (its client left) ends here. */
 static int emit_text(void *user, const char *text, size_t len) {
-    job *j = user;
+    job_choice *c = user;
+    job *j = c->job;
     pthread_mutex_lock(&j->queue->mu);
     if (j->first_text_s == 0) j->first_text_s = qlm_now_s();
     int stop = j->cancelled;
     if (!stop && j->stream) {
-        if (j->pending_len + len > j->pending_cap) {
-            size_t cap = (j->pending_len + len) * 2 + 64;
-            char *p = realloc(j->pending, cap);
+        if (c->pending_len + len > c->pending_cap) {
+            size_t cap = (c->pending_len + len) * 2 + 64;
+            char *p = realloc(c->pending, cap);
             if (!p) stop = 1;
             else {
-                j->pending = p;
-                j->pending_cap = cap;
+                c->pending = p;
+                c->pending_cap = cap;
             }
         }
         if (!stop) {
-            memcpy(j->pending + j->pending_len, text, len);
-            j->pending_len += len;
+            memcpy(c->pending + c->pending_len, text, len);
+            c->pending_len += len;
             wake_locked(j);
         }
     }
@@ -186,49 +242,58 @@ static int emit_text(void *user, const char *text, size_t len) {
     return stop;
 }
 
+/* Hands out the head job's next choice; the job leaves the queue with its last one. */
 static int next_job(void *ctx, qlm_batch_request *req) {
     job_queue *q = ctx;
     pthread_mutex_lock(&q->mu);
-    job *j;
-    /* Requests whose client left while they waited never take a slot. */
-    while ((j = q->head) != NULL) {
-        q->head = j->next;
-        if (!q->head) q->tail = NULL;
-        q->queued--;
+    job_choice *c = NULL;
+    /* Choices whose client left while they waited never take a slot. */
+    while (!c && q->head) {
+        job *j = q->head;
+        c = &j->choices[j->started++];
+        if (j->started == j->n_choices) {
+            q->head = j->next;
+            if (!q->head) q->tail = NULL;
+            q->queued--;
+        }
         q->running++;
-        if (!j->cancelled) break;
-        j->stats.reason = QLM_STOP_CALLER;
-        finish_locked(q, j, 0);
+        if (j->cancelled) {
+            c->stats.reason = QLM_STOP_CALLER;
+            finish_locked(q, c, 0);
+            c = NULL;
+        }
     }
-    if (j) {
+    if (c) {
+        const job *j = c->job;
         for (int i = 0; i < q->cfg.n_slots; i++)
             if (!q->active[i]) {
-                q->active[i] = j;
+                q->active[i] = c;
                 break;
             }
-        *req = (qlm_batch_request){.ids = j->ids, .n_ids = j->n_ids, .params = &j->params, .adapter = j->adapter,
-                                   .emit = emit_text, .emit_user = j, .user = j};
+        *req = (qlm_batch_request){.ids = j->ids, .n_ids = j->n_ids, .params = &c->params, .adapter = j->adapter,
+                                   .emit = emit_text, .emit_user = c, .user = c,
+                                   .on_prompt_logprob = c->index == 0 && j->prompt_lp ? collect_prompt_logprob : NULL};
     }
     pthread_mutex_unlock(&q->mu);
-    return j != NULL;
+    return c != NULL;
 }
 
 static int done_job(void *ctx, const qlm_batch_request *req, const char *text, size_t len, const qlm_gen_stats *st) {
     job_queue *q = ctx;
-    job *j = req->user;
+    job_choice *c = req->user;
     char *copy = malloc(len + 1);
     pthread_mutex_lock(&q->mu);
     if (copy) {
         memcpy(copy, text, len);
         copy[len] = 0;
-        j->text = copy;
-        j->text_len = len;
+        c->text = copy;
+        c->text_len = len;
     }
-    j->stats = *st;
+    c->stats = *st;
     q->generated_tokens += st->n_generated;
-    q->prompt_tokens += j->n_ids;
-    q->cached_prompt_tokens += j->n_ids - st->n_prompt;
-    finish_locked(q, j, copy == NULL);
+    q->prompt_tokens += req->n_ids;
+    q->cached_prompt_tokens += req->n_ids - st->n_prompt;
+    finish_locked(q, c, copy == NULL);
     pthread_mutex_unlock(&q->mu);
     return 0;
 }
@@ -285,7 +350,8 @@ int queue_push(job_queue *q, job *j) {
     pthread_mutex_lock(&q->mu);
     int full = q->queued >= q->max_queue;
     if (!full) {
-        j->refs++;
+        j->refs += j->n_choices;
+        j->unfinished = j->n_choices;
         j->queue = q;
         j->next = NULL;
         if (q->tail) q->tail->next = j;

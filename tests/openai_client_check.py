@@ -3,7 +3,8 @@
 that `scripts/setup.sh --test` prepares ($QLM_CACHE/test-python, which has the pinned `openai`).
 
 Starts QLM serve on a free loopback port and checks, through the client only: the model list; completions
-and chat, each streamed and not (greedy, so the streamed text must equal the other); an adapter loaded
+and chat, each streamed and not (greedy, so the streamed text must equal the other); n = 2 (streamed and
+not, each choice the answer alone) and echo (with the prompt's log-probabilities); an adapter loaded
 with POST /v1/adapters, chosen by "model" and by the "adapter" field, changing the answer; eight
 concurrent sampled requests over the base and two adapters, each equal to the same request alone; the
 adapters unloaded with DELETE; and the client's typed errors (404 for an unknown model, 401 for a wrong
@@ -86,7 +87,29 @@ def main():
                                                stream_options={"include_usage": True})
         chunks = list(parts)
         assert "".join(p.choices[0].delta.content or "" for p in chunks if p.choices) == reply
-        assert any(p.usage and p.usage.completion_tokens == 16 for p in chunks), chunks[-1]
+        # include_usage: one last chunk with no choices carries the usage, the others none
+        assert not chunks[-1].choices and chunks[-1].usage.completion_tokens == 16, chunks[-1]
+        assert all(p.usage is None for p in chunks[:-1]), chunks
+
+        # n: greedy choices are each the answer alone, indexed 0..n-1, streamed or not; the usage counts
+        # the prompt once. echo: the text starts with the prompt, with its tokens' log-probabilities.
+        two = client.completions.create(model="m", prompt="Once upon a time", max_tokens=24, temperature=0, n=2)
+        assert [(c.index, c.text) for c in two.choices] == [(0, base), (1, base)], two
+        streamed = ["", ""]
+        for p in client.completions.create(model="m", prompt="Once upon a time", max_tokens=24, temperature=0, n=2,
+                                           stream=True):
+            for c in p.choices:
+                streamed[c.index] += c.text
+        assert streamed == [base, base], streamed
+        chats = client.chat.completions.create(model="m", messages=msgs, max_tokens=16, temperature=0, n=2)
+        assert [c.message.content for c in chats.choices] == [reply, reply], chats
+        assert complete(client, "m", echo=True) == "Once upon a time" + base
+        echoed = client.completions.create(model="m", prompt="Once upon a time", max_tokens=4, temperature=0, echo=True,
+                                           logprobs=1)
+        lp = echoed.choices[0].logprobs
+        assert lp.token_logprobs[0] is None and len(lp.tokens) == echoed.usage.prompt_tokens + 4, lp
+        assert "".join(lp.tokens[:echoed.usage.prompt_tokens]) == "Once upon a time", lp
+        assert two.usage.completion_tokens == 48 and two.usage.prompt_tokens == echoed.usage.prompt_tokens, two.usage
 
         loaded = client.post("/adapters", body={"name": "story", "path": adapter_dir}, cast_to=object)
         assert loaded, loaded
@@ -124,7 +147,7 @@ def main():
                 raise AssertionError(f"expected {error.__name__}")
             except error:
                 pass
-        print(f"ok: models, completions, chat, streaming, adapters, 8 concurrent mixed-adapter requests and errors "
+        print(f"ok: models, completions, chat, streaming, n, echo, adapters, 8 concurrent mixed-adapter requests and errors "
               f"through openai {openai.__version__}")
     finally:
         proc.send_signal(signal.SIGTERM)

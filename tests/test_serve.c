@@ -36,32 +36,55 @@ static char *generated(const server *s, const char *route, const char *body, con
     return out;
 }
 
-/* The same request streamed: the concatenated deltas, with [DONE] last and usage in the final chunk. */
-static char *streamed(const server *s, const char *route, const char *body) {
+enum { MAX_N = 8 };
+
+/* A streamed answer reassembled by index: one choice per chunk, each choice ended by its own
+ * finish_reason chunk, then [DONE]. When the request asks for the usage (stream_options
+ * {"include_usage":true}) every chunk has "usage": null and one more, after every choice ended,
+ * has "choices": [] and the usage; else no chunk has a usage. texts[i] malloc'd; *first_text: the
+ * first chunk's text (malloc'd), when not NULL. */
+static void streamed_choices(const server *s, const char *route, const char *body, int n, char **texts,
+                             char **first_text) {
     char *resp;
     assert_int_equal(http(s, "POST", route, body, NULL, &resp), 200);
-    size_t cap = strlen(resp) + 1, len = 0;
-    char *text = calloc(1, cap);
-    int done = 0, usage = 0;
+    size_t cap = strlen(resp) + 1, len[MAX_N] = {0};
+    int ended[MAX_N] = {0}, n_ended = 0, usage = 0, done = 0;
+    const int want_usage = strstr(body, "\"include_usage\":true") != NULL;
+    for (int i = 0; i < n; i++) texts[i] = calloc(1, cap);
     for (char *line = strtok(resp, "\n"); line; line = strtok(NULL, "\n")) {
         assert_memory_equal(line, "data: ", 6);
         assert_false(done);
-        if (!strcmp(line + 6, "[DONE]")) {
-            done = 1;
+        if (usage) assert_string_equal(line + 6, "[DONE]");
+        if ((done = !strcmp(line + 6, "[DONE]"))) continue;
+        cJSON *j = parse(line + 6);
+        const cJSON *choices = cJSON_GetObjectItem(j, "choices"), *u = cJSON_GetObjectItem(j, "usage");
+        if (cJSON_GetArraySize(choices) == 0) {
+            assert_true(want_usage && cJSON_IsObject(u) && n_ended == n);
+            usage = 1;
+            cJSON_Delete(j);
             continue;
         }
-        cJSON *j = parse(line + 6);
-        cJSON *c = cJSON_GetArrayItem(cJSON_GetObjectItem(j, "choices"), 0);
+        assert_true(want_usage ? cJSON_IsNull(u) : u == NULL);
+        assert_int_equal(cJSON_GetArraySize(choices), 1);
+        cJSON *c = cJSON_GetArrayItem(choices, 0);
+        int i = cJSON_GetObjectItem(c, "index")->valueint;
+        assert_true(i >= 0 && i < n && !ended[i]);
         cJSON *t = cJSON_GetObjectItem(c, "text");
         if (!t) t = cJSON_GetObjectItem(cJSON_GetObjectItem(c, "delta"), "content");
         assert_true(cJSON_IsString(t));
-        len += (size_t)sprintf(text + len, "%s", t->valuestring);
-        usage = cJSON_GetObjectItem(j, "usage") != NULL;
-        assert_true(usage == cJSON_IsString(cJSON_GetObjectItem(c, "finish_reason")));
+        if (first_text && !*first_text) *first_text = strdup(t->valuestring);
+        len[i] += (size_t)sprintf(texts[i] + len[i], "%s", t->valuestring);
+        if (cJSON_IsString(cJSON_GetObjectItem(c, "finish_reason"))) ended[i] = 1, n_ended++;
         cJSON_Delete(j);
     }
-    assert_true(done && usage);
+    assert_true(done && n_ended == n && usage == want_usage);
     free(resp);
+}
+
+/* The text of a streamed answer of one choice. */
+static char *streamed(const server *s, const char *route, const char *body) {
+    char *text;
+    streamed_choices(s, route, body, 1, &text, NULL);
     return text;
 }
 
@@ -113,7 +136,7 @@ static void test_serve_openai(void **state) {
                        "\"temperature\":0,\"stop\":[\"zzz\"]%s}";
     snprintf(body, sizeof body, chat, "");
     char *chat_plain = generated(&s, "/v1/chat/completions", body, "length");
-    snprintf(body, sizeof body, chat, ",\"stream\":true");
+    snprintf(body, sizeof body, chat, ",\"stream\":true,\"stream_options\":{\"include_usage\":true}");
     stream = streamed(&s, "/v1/chat/completions", body);
     assert_string_equal(chat_plain, stream);
     free(stream);
@@ -199,7 +222,7 @@ static void test_serve_openai(void **state) {
     expect_error(&s, "POST", "/v1/completions", "{\"prompt\": ", NULL, 400, "JSON");
     expect_error(&s, "POST", "/v1/completions", "{\"max_tokens\":4}", NULL, 400, "prompt");
     expect_error(&s, "POST", "/v1/completions", "{\"prompt\":\"a\",\"max_tokens\":-3}", NULL, 400, "max_tokens");
-    expect_error(&s, "POST", "/v1/completions", "{\"prompt\":\"a\",\"n\":2}", NULL, 400, "'n'");
+    expect_error(&s, "POST", "/v1/completions", "{\"prompt\":\"a\",\"n\":9}", NULL, 400, "'n'");
     expect_error(&s, "POST", "/v1/chat/completions", "{\"messages\":[{\"role\":\"user\"}]}", NULL, 400, "messages[0]");
     expect_error(&s, "POST", "/v1/completions", "{\"prompt\":\"a\",\"model\":\"nope\"}", NULL, 404, "nope");
     expect_error(&s, "POST", "/v1/completions", "{\"prompt\":\"a\",\"adapter\":\"nope\"}", NULL, 404, "nope");
@@ -332,12 +355,12 @@ static void test_serve_fields(void **state) {
         {"{\"prompt\":\"a\",\"logit_bias\":{\"100000\":1}}", "not a token id of this model"},
         {"{\"prompt\":\"a\",\"logit_bias\":{\"5\":101}}", "value of token 5"},
         {"{\"prompt\":\"a\",\"logit_bias\":[1]}", "'logit_bias' must be an object"},
-        {"{\"prompt\":\"a\",\"echo\":true}", "'echo'"},
         /* tinystories' vocabulary has no "[" to spell JSON with. */
         {"{\"prompt\":\"a\",\"response_format\":{\"type\":\"json_object\"}}", "'response_format': the vocabulary"},
         {"{\"prompt\":\"a\",\"temprature\":0}", "'temprature'"},
         {"{\"prompt\":\"a\",\"messages\":[]}", "'messages'"},
         {"{\"prompt\":\"a\",\"stream_options\":{\"include_usage\":1}}", "stream_options"},
+        {"{\"prompt\":\"a\",\"stream_options\":{\"include_usage\":true}}", "only allowed with 'stream'"},
         {"{\"prompt\":\"a\",\"repetition_penalty\":0}", "repetition_penalty"},
     };
     for (size_t i = 0; i < sizeof refused / sizeof *refused; i++)
@@ -1192,27 +1215,30 @@ static double metric(const server *s, const char *name) {
 
 /* A client that hangs up while its generation waits (parked, its connection out of the event
  * loop) or streams ends that generation within a moment: its slot is free again and far fewer
- * tokens than asked for were made. */
+ * tokens than asked for were made; with n = 2, both choices end. */
 static void test_serve_client_leaves(void **state) {
     (void)state;
     char model[512];
     REQUIRE_ASSET(test_default_gguf(model, sizeof model));
     server s;
-    server_start(&s, model, "--max-seqs 1");
-    enum { ASKED = 400 };
-    int made_by[2] = {0};
-    for (int stream = 0; stream < 2; stream++) {
+    server_start(&s, model, "--max-seqs 2");
+    enum { ASKED = 400, CASES = 3 };
+    const char *names[CASES] = {"waiting", "streamed", "streamed, n=2"};
+    int made_by[CASES] = {0};
+    for (int k = 0; k < CASES; k++) {
+        int stream = k > 0, choices = k == 2 ? 2 : 1;
         double before = metric(&s, "qlm_generation_tokens_total");
         int fd = raw_connect(s.port);
         char body[256], req[512];
         int n = snprintf(body, sizeof body,
                          "{\"messages\":[{\"role\":\"user\",\"content\":\"Write a very long story about a dragon.\"}],"
-                         "\"max_tokens\":%d,\"temperature\":0,\"stream\":%s}", ASKED, stream ? "true" : "false");
+                         "\"max_tokens\":%d,\"temperature\":0,\"stream\":%s,\"n\":%d}", ASKED, stream ? "true" : "false",
+                         choices);
         int m = snprintf(req, sizeof req,
                          "POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
                          "Content-Length: %d\r\n\r\n%s", n, body);
         assert_int_equal(send(fd, req, (size_t)m, MSG_NOSIGNAL), m);
-        while (metric(&s, "qlm_running_sequences") < 1) usleep(20000);
+        while (metric(&s, "qlm_running_sequences") < choices) usleep(20000);
         usleep(500000);
         close(fd);
         double t = qlm_now_s();
@@ -1221,22 +1247,266 @@ static void test_serve_client_leaves(void **state) {
             usleep(20000);
         }
         double made = metric(&s, "qlm_generation_tokens_total") - before;
-        print_message("%s: ended %.2f s after the client left, %.0f of %d tokens made\n",
-                      stream ? "streamed" : "waiting", qlm_now_s() - t, made, ASKED);
-        assert_true(made >= 1 && made < ASKED / 2);
-        made_by[stream] = (int)made;
+        print_message("%s: ended %.2f s after the client left, %.0f of %d tokens made\n", names[k], qlm_now_s() - t,
+                      made, choices * ASKED);
+        assert_true(made >= choices && made < choices * ASKED / 2);
+        made_by[k] = (int)made;
     }
     /* Each is logged (with a UTC timestamp) as 499 with the tokens it made, once it ended. */
     char *log = server_stop(&s);
-    for (int stream = 0; stream < 2; stream++) {
+    for (int k = 0; k < CASES; k++) {
         char want[96];
-        snprintf(want, sizeof want, "Z POST /v1/chat/completions 499 %d tokens", made_by[stream]);
+        snprintf(want, sizeof want, "Z POST /v1/chat/completions 499 %d tokens", made_by[k]);
         if (!strstr(log, want)) fail_msg("the log lacks '%s':\n%s", want, log);
     }
     const char *line = strstr(log, "qlm serve: 20");
     assert_non_null(line);
     assert_true(line[strlen("qlm serve: 2026-11-26")] == 'T');
     free(log);
+}
+
+/* ---- n and echo ---- */
+
+/* A non-streamed answer's n choices by index (completions' text or chat's message; each with a
+ * finish_reason): texts[i] malloc'd. Returns the answer. */
+static cJSON *answer_choices(const server *s, const char *route, const char *body, int n, char **texts) {
+    char *resp;
+    int status = http(s, "POST", route, body, NULL, &resp);
+    if (status != 200) fail_msg("%s -> %d %s", route, status, resp);
+    cJSON *j = parse(resp), *c;
+    free(resp);
+    assert_int_equal(cJSON_GetArraySize(cJSON_GetObjectItem(j, "choices")), n);
+    int i = 0;
+    cJSON_ArrayForEach(c, cJSON_GetObjectItem(j, "choices")) {
+        cJSON *t = cJSON_GetObjectItem(c, "text");
+        if (!t) t = cJSON_GetObjectItem(cJSON_GetObjectItem(c, "message"), "content");
+        assert_int_equal(cJSON_GetObjectItem(c, "index")->valueint, i);
+        assert_true(cJSON_IsString(t) && cJSON_IsString(cJSON_GetObjectItem(c, "finish_reason")));
+        texts[i++] = strdup(t->valuestring);
+    }
+    return j;
+}
+
+
+static void expect_all_equal(char **texts, int n, const char *want) {
+    for (int i = 0; i < n; i++) {
+        if (strcmp(texts[i], want) != 0) fail_msg("choice %d: '%s', want '%s'", i, texts[i], want);
+        free(texts[i]);
+    }
+}
+
+/* One choice's text (completions' or chat's) of a request with n = 1. */
+static char *alone(const server *s, const char *route, const char *body) {
+    char *text[1];
+    cJSON_Delete(answer_choices(s, route, body, 1, text));
+    return text[0];
+}
+
+/* n: greedy choices are n = 1's answer, choice i of a seeded request is what n = 1 with seed + i
+ * gives, a stream reassembled by index is the non-streamed answer; logit_bias, stop and logprobs
+ * act on every choice; the usage counts the prompt once; n = 9 is refused; and the choices of a
+ * prompt of 16 tokens or more after the first copy its keys and values from the first's. */
+static void test_serve_n(void **state) {
+    (void)state;
+    char model[512];
+    test_asset(model, sizeof model, "tinystories-656K-hf");
+    REQUIRE_ASSET(model);
+    server s;
+    server_start(&s, model, "--quiet");
+    char body[1024], *texts[MAX_N];
+    const char *routes[2] = {"/v1/completions", "/v1/chat/completions"};
+    const char *greedy[2] = {"{\"prompt\":\"Once upon a time\",\"max_tokens\":16,\"temperature\":0%s}",
+                             "{\"messages\":[{\"role\":\"user\",\"content\":\"Tell me a story\"}],\"max_tokens\":16,"
+                             "\"temperature\":0%s}"};
+    const char *seeded[2] = {"{\"prompt\":\"The cat sat\",\"max_tokens\":16,\"temperature\":1,\"seed\":%d%s}",
+                             "{\"messages\":[{\"role\":\"user\",\"content\":\"Tell me a story\"}],\"max_tokens\":16,"
+                             "\"temperature\":1,\"seed\":%d%s}"};
+    for (int chat = 0; chat < 2; chat++) {
+        snprintf(body, sizeof body, greedy[chat], "");
+        char *one = alone(&s, routes[chat], body);
+        snprintf(body, sizeof body, greedy[chat], ",\"n\":3");
+        cJSON *j = answer_choices(&s, routes[chat], body, 3, texts);
+        expect_all_equal(texts, 3, one);
+        cJSON_Delete(j);
+        free(one);
+
+        snprintf(body, sizeof body, seeded[chat], 11, ",\"n\":3");
+        j = answer_choices(&s, routes[chat], body, 3, texts);
+        assert_string_not_equal(texts[0], texts[1]);
+        char *streams[3];
+        snprintf(body, sizeof body, seeded[chat], 11, ",\"n\":3,\"stream\":true");
+        streamed_choices(&s, routes[chat], body, 3, streams, NULL);
+        for (int i = 0; i < 3; i++) {
+            snprintf(body, sizeof body, seeded[chat], 11 + i, "");
+            one = alone(&s, routes[chat], body);
+            assert_string_equal(texts[i], one);
+            assert_string_equal(streams[i], one);
+            free(one);
+            free(texts[i]);
+            free(streams[i]);
+        }
+        /* The prompt once, the choices' tokens summed (16 each: tinystories rarely stops by then). */
+        cJSON *u = cJSON_GetObjectItem(j, "usage");
+        int completion = 0;
+        cJSON *c;
+        cJSON_ArrayForEach(c, cJSON_GetObjectItem(j, "choices"))
+            completion += strcmp(cJSON_GetObjectItem(c, "finish_reason")->valuestring, "length") ? 0 : 16;
+        assert_int_equal(cJSON_GetObjectItem(u, "completion_tokens")->valueint, completion);
+        assert_int_equal(cJSON_GetObjectItem(u, "total_tokens")->valueint,
+                         cJSON_GetObjectItem(u, "prompt_tokens")->valueint + completion);
+        cJSON_Delete(j);
+    }
+
+    /* logit_bias and logprobs act on every choice: +100 on one token makes each repeat it. */
+    char *biased = alone(&s, "/v1/completions",
+                         "{\"prompt\":\"Once upon a time\",\"max_tokens\":4,\"temperature\":0,\"logit_bias\":{\"300\":100}}");
+    cJSON *j = answer_choices(&s, "/v1/completions",
+                              "{\"prompt\":\"Once upon a time\",\"max_tokens\":4,\"temperature\":0.9,"
+                              "\"logit_bias\":{\"300\":100},\"logprobs\":1,\"n\":2}", 2, texts);
+    cJSON *c;
+    cJSON_ArrayForEach(c, cJSON_GetObjectItem(j, "choices"))
+        assert_int_equal(cJSON_GetArraySize(cJSON_GetObjectItem(cJSON_GetObjectItem(c, "logprobs"), "tokens")), 4);
+    cJSON_Delete(j);
+    expect_all_equal(texts, 2, biased);
+    free(biased);
+    /* stop ends every choice before it. */
+    snprintf(body, sizeof body, greedy[0], "");
+    char *plain = alone(&s, "/v1/completions", body), stop[16];
+    snprintf(stop, sizeof stop, "%.5s", plain + 6);
+    snprintf(body, sizeof body, "{\"prompt\":\"Once upon a time\",\"max_tokens\":16,\"temperature\":0,\"n\":2,\"stop\":\"%s\"}",
+             stop);
+    j = answer_choices(&s, "/v1/completions", body, 2, texts);
+    cJSON_ArrayForEach(c, cJSON_GetObjectItem(j, "choices"))
+        assert_string_equal(cJSON_GetObjectItem(c, "finish_reason")->valuestring, "stop");
+    cJSON_Delete(j);
+    plain[6] = 0;
+    expect_all_equal(texts, 2, plain);
+    free(plain);
+
+    expect_error(&s, "POST", "/v1/completions", "{\"prompt\":\"a\",\"n\":9}", NULL, 400, "'n' must be an integer in [1, 8]");
+    expect_error(&s, "POST", "/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":\"a\"}],\"n\":0}", NULL,
+                 400, "'n'");
+
+    /* A new prompt of 16 tokens or more, n = 4: the first choice evaluates it, the three others copy
+     * all of it but the last token from the first's caches. */
+    double cached = metric(&s, "qlm_prompt_tokens_cached_total");
+    j = answer_choices(&s, "/v1/completions",
+                       "{\"prompt\":\"A green frog jumped over the tall fence and found a tiny blue egg under the "
+                       "apple tree near the barn\",\"max_tokens\":4,\"temperature\":1,\"n\":4}", 4, texts);
+    for (int i = 0; i < 4; i++) free(texts[i]);
+    cJSON *u = cJSON_GetObjectItem(j, "usage");
+    int prompt = cJSON_GetObjectItem(u, "prompt_tokens")->valueint;
+    double reused = metric(&s, "qlm_prompt_tokens_cached_total") - cached;
+    print_message("n=4, a prompt of %d tokens: %.0f of its tokens' keys and values copied\n", prompt, reused);
+    assert_true(prompt >= 17);
+    assert_int_equal(cJSON_GetObjectItem(cJSON_GetObjectItem(u, "prompt_tokens_details"), "cached_tokens")->valueint, 0);
+    assert_int_equal((int)reused, 3 * (prompt - 1));
+    cJSON_Delete(j);
+    free(server_stop(&s));
+}
+
+/* Entry i of a completions logprobs object's list. */
+static const cJSON *entry(const cJSON *logprobs, const char *list, int i) {
+    const cJSON *v = cJSON_GetArrayItem(cJSON_GetObjectItem(logprobs, list), i);
+    if (!v) fail_msg("logprobs.%s has no entry %d", list, i);
+    return v;
+}
+
+/* echo: every choice's text starts with the prompt, streamed (the prompt in the first chunk) or
+ * not; with logprobs the prompt's tokens lead the lists, the first with nulls, the others with the
+ * log-softmax of a session's logits at each prompt position (within 1e-4, as test_serve_logprobs). */
+static void test_serve_echo(void **state) {
+    (void)state;
+    char model[512];
+    test_asset(model, sizeof model, "tinystories-656K-hf");
+    REQUIRE_ASSET(model);
+    enum { STEPS = 6, TOP = 2 };
+    server s;
+    server_start(&s, model, "--quiet");
+    const char *prompt = "Once upon a time", *gen = "{\"prompt\":\"Once upon a time\",\"max_tokens\":6,\"temperature\":0%s}";
+    char body[512], want[512], *texts[2], *first = NULL;
+    snprintf(body, sizeof body, gen, "");
+    char *plain = alone(&s, "/v1/completions", body);
+    snprintf(want, sizeof want, "%s%s", prompt, plain);
+    snprintf(body, sizeof body, gen, ",\"echo\":true,\"n\":2");
+    cJSON_Delete(answer_choices(&s, "/v1/completions", body, 2, texts));
+    expect_all_equal(texts, 2, want);
+    snprintf(body, sizeof body, gen, ",\"echo\":true,\"n\":2,\"stream\":true");
+    streamed_choices(&s, "/v1/completions", body, 2, texts, &first);
+    expect_all_equal(texts, 2, want);
+    assert_memory_equal(first, prompt, strlen(prompt));
+    free(first);
+
+    snprintf(body, sizeof body, gen, ",\"logprobs\":2");
+    cJSON *j = answer_choices(&s, "/v1/completions", body, 1, texts), *c;
+    free(texts[0]);
+    const cJSON *gen_lp = cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(j, "choices"), 0), "logprobs");
+    snprintf(body, sizeof body, gen, ",\"logprobs\":2,\"echo\":true");
+    cJSON *e = answer_choices(&s, "/v1/completions", body, 1, texts);
+    free(texts[0]);
+    const cJSON *lp = cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(e, "choices"), 0), "logprobs");
+    const cJSON *tokens = cJSON_GetObjectItem(lp, "tokens"), *chosen = cJSON_GetObjectItem(lp, "token_logprobs");
+    const cJSON *tops = cJSON_GetObjectItem(lp, "top_logprobs"), *offsets = cJSON_GetObjectItem(lp, "text_offset");
+    int n_prompt = cJSON_GetObjectItem(cJSON_GetObjectItem(e, "usage"), "prompt_tokens")->valueint;
+    assert_int_equal(cJSON_GetArraySize(tokens), n_prompt + STEPS);
+    assert_true(cJSON_IsNull(cJSON_GetArrayItem(chosen, 0)) && cJSON_IsNull(cJSON_GetArrayItem(tops, 0)));
+    /* The prompt's tokens spell it from offset 0; the generated ones are the answer's without echo,
+     * after it. */
+    char spelled[512] = "";
+    for (int i = 0; i < n_prompt; i++) {
+        assert_int_equal(cJSON_GetArrayItem(offsets, i)->valueint, (int)strlen(spelled));
+        strcat(spelled, cJSON_GetArrayItem(tokens, i)->valuestring);
+    }
+    assert_string_equal(spelled, prompt);
+    for (int i = 0; i < STEPS; i++) {
+        assert_string_equal(entry(lp, "tokens", n_prompt + i)->valuestring, entry(gen_lp, "tokens", i)->valuestring);
+        assert_true(fabs(entry(lp, "token_logprobs", n_prompt + i)->valuedouble -
+                         entry(gen_lp, "token_logprobs", i)->valuedouble) <= 1e-5);
+        assert_int_equal(entry(lp, "text_offset", n_prompt + i)->valueint,
+                         entry(gen_lp, "text_offset", i)->valueint + (int)strlen(prompt));
+    }
+    cJSON_Delete(j);
+
+    qlm_source src;
+    if (qlm_source_open(&src, model, NULL) != 0) fail_msg("%s", qlm_last_error());
+    qlm_model m;
+    qlm_model_options o = {.dtype = QLM_F32, .backend = test_backend()};
+    assert_int_equal(qlm_model_build(&m, &src.cfg, src.store, &o), 0);
+    qlm_session ses;
+    assert_int_equal(qlm_session_init(&ses, &m, src.tok, 64, 16), 0);
+    int *ids = NULL, n = 0, vocab = m.cfg.vocab_size;
+    assert_int_equal(qlm_tokenizer_encode(src.tok, prompt, strlen(prompt), 1, 0, &ids, &n), 0);
+    assert_int_equal(n, n_prompt);
+    double worst = 0;
+    for (int k = 1; k < n; k++) {
+        assert_int_equal(qlm_session_sync(&ses, ids, k, NULL), 0);
+        const float *x = ses.logits;
+        double max = x[0], sum = 0;
+        for (int i = 1; i < vocab; i++) max = fmax(max, x[i]);
+        for (int i = 0; i < vocab; i++) sum += exp(x[i] - max);
+        double lse = max + log(sum), *all = malloc((size_t)vocab * sizeof *all), got[TOP];
+        for (int i = 0; i < vocab; i++) all[i] = x[i] - lse;
+        worst = fmax(worst, fabs(cJSON_GetArrayItem(chosen, k)->valuedouble - all[ids[k]]));
+        qsort(all, (size_t)vocab, sizeof *all, cmp_desc);
+        int have = 0;
+        cJSON_ArrayForEach(c, cJSON_GetArrayItem(tops, k)) got[have++] = c->valuedouble;
+        assert_int_equal(have, TOP);
+        qsort(got, TOP, sizeof *got, cmp_desc);
+        for (int i = 0; i < TOP; i++) worst = fmax(worst, fabs(got[i] - all[i]));
+        free(all);
+    }
+    print_message("echo: %d prompt tokens' log-probabilities within %.2g of a session's\n", n - 1, worst);
+    assert_true(worst <= 1e-4);
+    cJSON_Delete(e);
+    free(ids);
+    qlm_session_free(&ses);
+    qlm_model_free(&m);
+    qlm_source_close(&src);
+    free(plain);
+    expect_error(&s, "POST", "/v1/completions", "{\"prompt\":\"a\",\"echo\":\"yes\"}", NULL, 400, "'echo'");
+    expect_error(&s, "POST", "/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":\"a\"}],\"echo\":true}",
+                 NULL, 400, "'echo'");
+    free(server_stop(&s));
 }
 
 /* Reads fd's whole answer (the request asked to close): the status, 0 for an empty answer, -1 for
@@ -1534,6 +1804,16 @@ static void test_serve_response_format(void **state) {
             const char *prompt = kind ? (chat ? "Invent a pilot." : "A person as JSON:\n") : text;
             char *body = gen_body(chat, chat ? k_json_system : NULL, prompt, rf, 128, 0);
             char *plain = generated(&s, route, body, "stop");
+            if (!chat && kind) {
+                /* n = 2: each choice is held to the schema by an automaton of its own. */
+                cJSON *two = parse(body);
+                cJSON_AddNumberToObject(two, "n", 2);
+                char *texts[2], *req = cJSON_PrintUnformatted(two);
+                cJSON_Delete(answer_choices(&s, route, req, 2, texts));
+                expect_all_equal(texts, 2, plain);
+                free(req);
+                cJSON_Delete(two);
+            }
             free(body);
             body = gen_body(chat, chat ? k_json_system : NULL, prompt, rf, 128, 1);
             char *stream = streamed(&s, route, body);
@@ -1655,6 +1935,8 @@ int main(void) {
         cmocka_unit_test(test_serve_fields),
         cmocka_unit_test(test_serve_host),
         cmocka_unit_test(test_serve_logprobs),
+        cmocka_unit_test(test_serve_n),
+        cmocka_unit_test(test_serve_echo),
         cmocka_unit_test(test_serve_adapters),
         cmocka_unit_test(test_serve_openai_client),
         cmocka_unit_test(test_serve_json_prompts),
