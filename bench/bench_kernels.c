@@ -126,7 +126,7 @@ static int weights_make(weights *wt, const shape *s, const variant *v, long copi
 
 static qlm_weight weights_copy(const weights *wt, const shape *s, const variant *v, long c) {
     qlm_weight w = {v->dtype, s->rows, s->cols, (const char *)wt->data + (size_t)c * wt->bytes, wt->scale, wt->row_scales,
-                    v->group, v->act8};
+                    v->group, v->act8, 0};
     return w;
 }
 

@@ -179,6 +179,7 @@ static int run(int argc, char **argv, const char *cmd, const char *usage, int re
     cli_model_opts mo;
     cli_model_opts_init(&mo);
     mo.device = "cpu";
+    mo.act8 = 0; /* the weights are written, not run */
     static const struct option opts[] = {{"dtype", required_argument, 0, OPT_DTYPE},
                                          {"per-channel", no_argument, 0, OPT_PER_CHANNEL},
                                          {"group", required_argument, 0, OPT_GROUP},

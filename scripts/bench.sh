@@ -25,11 +25,12 @@ trap 'rm -rf "$tmp"' EXIT
 calc() { awk "BEGIN { printf \"%.6f\", ($1) }"; }
 json_field() { sed -n "s/.*\"$2\":[[:space:]]*\"\{0,1\}\([^,\"}]*\).*/\1/p" "$1"; }
 
-# "stored": the GGUF's own blocks (Q4_1 layers, Q8_0 embedding), no --dtype. --w8a8 rows: W8A8
-# (on CPUs without AVX512_VNNI the flag changes nothing and the rows repeat the ones above them).
+# "stored": the GGUF's own blocks (Q4_1 layers, Q8_0 embedding), no --dtype. Block types with
+# 16-bit activations (--no-w8a8) and with W8A8 (--w8a8, their default on CPUs with AVX512_VNNI;
+# elsewhere the flag changes nothing and the rows repeat the ones above them).
 rows=()
-for spec in "f32:" "bf16:" "f16:" "int8:" "int8:--per-channel" "q8_0:" "q8_0:--w8a8" "q4_0:" "q4_0:--w8a8" "q4_1:" \
-    "q4_1:--w8a8" "stored:" "stored:--w8a8"; do
+for spec in "f32:" "bf16:" "f16:" "int8:" "int8:--per-channel" "q8_0:--no-w8a8" "q8_0:--w8a8" "q4_0:--no-w8a8" \
+    "q4_0:--w8a8" "q4_1:--no-w8a8" "q4_1:--w8a8" "stored:--no-w8a8" "stored:--w8a8"; do
     dt=${spec%%:*}; extra=${spec#*:}
     echo "bench: $dt $extra ..." >&2
     dtype_flag=(--dtype "$dt")
@@ -55,7 +56,7 @@ if [ -n "$llama_bench" ] && [ -x "$llama_bench" ]; then
         /usr/bin/time -f %M -o "$tmp/llama-$t.rss" "$llama_bench" -m "$f" -t "$threads" -p 512 -n 128 -r "$reps" \
             -o json > "$tmp/llama-$t.json" 2> "$tmp/llama-$t.err" || { cat "$tmp/llama-$t.err" >&2; exit 1; }
         echo "bench: qlm on the same $t file ..." >&2
-        "$qlm" bench -m "$f" --threads "$threads" --pp 512 --tg 128 --reps "$reps" --json > "$tmp/qlm-$t.json"
+        "$qlm" bench -m "$f" --no-w8a8 --threads "$threads" --pp 512 --tg 128 --reps "$reps" --json > "$tmp/qlm-$t.json"
         "$qlm" bench -m "$f" --w8a8 --threads "$threads" --pp 512 --tg 128 --reps "$reps" --json > "$tmp/qlm-w8a8-$t.json"
         llama_pairs+=("$t")
     done
@@ -172,7 +173,7 @@ fi
     for f in "${rows[@]}"; do
         label=$(json_field "$f" dtype)
         case "$f" in "$tmp"/stored*) label="as stored ($label + q8_0 embedding)" ;; esac
-        case "$f" in *--w8a8.json) label="$label, --w8a8" ;; esac
+        case "$f" in *--no-w8a8.json) label="$label, --no-w8a8" ;; *--w8a8.json) label="$label, --w8a8" ;; esac
         printf "| %s | %.1f | %.1f ± %.1f | %.1f ± %.1f | %.1f | %.0f%% | %.0f |\n" "$label" \
             "$(calc "$(json_field "$f" weight_bytes) / 1048576")" "$(json_field "$f" pp_tps)" "$(json_field "$f" pp_sd)" \
             "$(json_field "$f" tg_tps)" "$(json_field "$f" tg_sd)" "$(json_field "$f" tg_bound_tps)" \
@@ -203,10 +204,11 @@ fi
         echo "llama.cpp's \`llama-bench\` ($(basename "$llama_bench"), built outside the repository from the vendored sources"
         echo "of the llama-cpp-python sdist) and \`qlm bench\` (each tensor as stored) on the default model's Q4_1 file and"
         echo "its Q8_0 and Q4_0 requantizations by llama-quantize, $threads threads, $reps repetitions, same run; qlm"
-        echo "also with \`--w8a8\` (x in 8-bit blocks, as llama.cpp multiplies these types). Peak RSS: \`/usr/bin/time\`"
-        echo "of the whole llama-bench run; qlm's own measurement (16-bit x)."
+        echo "with 16-bit x (\`--no-w8a8\`) and with W8A8 (x in 8-bit blocks, as llama.cpp multiplies these types; qlm's"
+        echo "default where the CPU has byte dot products). Peak RSS: \`/usr/bin/time\` of the whole llama-bench run; qlm's"
+        echo "own measurement (16-bit x)."
         echo
-        echo "| GGUF type | llama.cpp pp512 | qlm pp512 | qlm --w8a8 pp512 | llama.cpp tg128 | qlm tg128 | qlm --w8a8 tg128 | llama.cpp RSS MiB | qlm RSS MiB |"
+        echo "| GGUF type | llama.cpp pp512 | qlm --no-w8a8 pp512 | qlm W8A8 pp512 | llama.cpp tg128 | qlm --no-w8a8 tg128 | qlm W8A8 tg128 | llama.cpp RSS MiB | qlm RSS MiB |"
         echo "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
         for t in "${llama_pairs[@]}"; do
             lpp=$(llama_ts "$tmp/llama-$t.json" 512 0); ltg=$(llama_ts "$tmp/llama-$t.json" 0 128)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # `make w8a8-eval`: what W8A8 (`--w8a8`: block weights times activations in 8-bit runs of 32, byte
 # dot products) costs and gains on the default model (SmolLM2-135M-Instruct), for each block type
-# with and without the flag: perplexity on the same 200 held-out TinyStories paragraphs as
+# with --no-w8a8 and --w8a8: perplexity on the same 200 held-out TinyStories paragraphs as
 # qat-eval, each from a fresh context, and prompt processing / decoding speed (qlm bench, pp512 and
 # tg128, 2 threads) in the same run. Writes the w8a8 block of docs/benchmarks.md. About 10 minutes
 # on 2 cores. On a CPU without AVX512_VNNI the flag changes nothing, and the table says so.
@@ -17,7 +17,7 @@ awk 'BEGIN { RS = "" } { gsub(/\n/, " "); print }' "$assets/tinystories-text/tin
 field() { sed -n "s/.*\"$2\": \([0-9.]*\).*/\1/p" "$1"; }
 rows=()
 for dt in q8_0 q4_0 q4_1; do
-    for flag in "" --w8a8; do
+    for flag in --no-w8a8 --w8a8; do
         echo "w8a8-eval: $dt $flag" >&2
         "$qlm" perplexity -m "$model" --dtype "$dt" $flag -f "$tmp/heldout.txt" --json --quiet > "$tmp/$dt$flag.ppl"
         "$qlm" bench -m "$model" --dtype "$dt" $flag --threads 2 --pp 512 --tg 128 --reps 3 --json 2> /dev/null \
@@ -25,7 +25,7 @@ for dt in q8_0 q4_0 q4_1; do
         rows+=("$dt$flag")
     done
 done
-isa=$(sed -n 's/.*"isa": "\([a-z0-9]*\)".*/\1/p' "$tmp/q8_0.bench")
+isa=$(sed -n 's/.*"isa": "\([a-z0-9]*\)".*/\1/p' "$tmp/q8_0--no-w8a8.bench")
 block=$(mktemp)
 trap 'rm -rf "$tmp" "$block"' EXIT
 {
@@ -34,16 +34,17 @@ trap 'rm -rf "$tmp" "$block"' EXIT
     echo
     echo "Written by \`make w8a8-eval\` on $(date -u +%Y-%m-%d) ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs),"
     echo "kernels: $isa): SmolLM2-135M-Instruct (its Q4_1 GGUF) requantized at load to each block type, with x in the 16-bit form"
-    echo "and with \`--w8a8\` (bytes, one scale per 32 values). Perplexity on 200 held-out TinyStories paragraphs; speed"
+    echo "(\`--no-w8a8\`) and with \`--w8a8\` (bytes, one scale per 32 values; the default on CPUs with byte dot"
+    echo "products). Perplexity on 200 held-out TinyStories paragraphs; speed"
     echo "from \`qlm bench\`, 2 threads, mean ± sd of 3, same run."
     echo
     echo "| weights | x | NLL | perplexity | pp512 tok/s | tg128 tok/s |"
     echo "| --- | --- | ---: | ---: | ---: | ---: |"
     for r in "${rows[@]}"; do
-        x="16-bit per row"
-        [[ "$r" == *--w8a8 ]] && x="8-bit per 32 (--w8a8)"
+        x="8-bit per 32 (--w8a8, the default)"
+        [[ "$r" == *--no-w8a8 ]] && x="16-bit per row (--no-w8a8)"
         nll=$(field "$tmp/$r.ppl" nll)
-        printf "| %s | %s | %s | %.3f | %.1f ± %.1f | %.1f ± %.1f |\n" "${r%--w8a8}" "$x" "$nll" \
+        printf "| %s | %s | %s | %.3f | %.1f ± %.1f | %.1f ± %.1f |\n" "${r%%--*}" "$x" "$nll" \
             "$(awk -v x="$nll" 'BEGIN { print exp(x) }')" "$(field "$tmp/$r.bench" pp_tps)" "$(field "$tmp/$r.bench" pp_sd)" \
             "$(field "$tmp/$r.bench" tg_tps)" "$(field "$tmp/$r.bench" tg_sd)"
     done

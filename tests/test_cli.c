@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "test_util.h"
+#include "../quant/matmul.h"
 
 
 static void test_stories260k_greedy_matches_llama2c(void **state) {
@@ -96,7 +97,8 @@ static void test_stories260k_perplexity(void **state) {
 
 /* Block weights at load time: perplexity of tinystories-656K in Q8_0 near F32, 4-bit within a
  * bound, every group size, W8A8 (where the CPU has it; elsewhere --w8a8 leaves x 16-bit) near
- * the same weights with 16-bit x; and the flags' errors. */
+ * the same weights with 16-bit x and the default where the CPU has it (exactly); and the flags'
+ * errors. */
 static void test_block_dtypes(void **state) {
     (void)state;
     char model[512], text[512], small[512];
@@ -106,11 +108,18 @@ static void test_block_dtypes(void **state) {
     REQUIRE_ASSET(model);
     REQUIRE_ASSET(text);
     REQUIRE_ASSET(small);
-    const char *flags[] = {"", "--dtype q8_0", "--dtype q4_1", "--dtype int4", "--dtype q4_0 --group 128",
-                           "--dtype q4_1 --group 64", "--dtype q8_0 --w8a8", "--dtype q4_1 --w8a8"};
-    const double bound[] = {0, 0.01, 0.1, 0.15, 0.25, 0.15, 0.01, 0.1};
-    double nll[8];
-    for (int i = 0; i < 8; i++) {
+    const char *flags[] = {"",
+                           "--dtype q8_0 --no-w8a8",
+                           "--dtype q4_1 --no-w8a8",
+                           "--dtype int4 --no-w8a8",
+                           "--dtype q4_0 --group 128 --no-w8a8",
+                           "--dtype q4_1 --group 64 --no-w8a8",
+                           "--dtype q8_0 --w8a8",
+                           "--dtype q4_1 --w8a8",
+                           "--dtype q4_1"};
+    const double bound[] = {0, 0.01, 0.1, 0.15, 0.25, 0.15, 0.01, 0.1, 0.1};
+    double nll[9];
+    for (int i = 0; i < 9; i++) {
         char *out = NULL;
         assert_int_equal(test_run_qlm(&out, "perplexity -m %s -f %s --json --quiet %s", model, text, flags[i]), 0);
         cJSON *j = cJSON_Parse(out);
@@ -123,6 +132,7 @@ static void test_block_dtypes(void **state) {
     }
     /* x's 8-bit runs against the same weights with 16-bit x. */
     assert_true(fabs(nll[6] - nll[1]) <= 0.005 && fabs(nll[7] - nll[2]) <= 0.005);
+    assert_true(nll[8] == (qlm_matmul_w8a8() ? nll[7] : nll[2]));
     char *err = NULL;
     assert_int_equal(test_run_qlm(&err, "generate -m %s --group 48 -p x 2>&1", model), 2);
     assert_non_null(strstr(err, "--group must be 32, 64 or 128"));
