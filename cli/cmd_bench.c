@@ -13,6 +13,7 @@
 #include "../quant/matmul.h"
 #include "commands.h"
 #include "common.h"
+#include "progress.h"
 
 static const char *k_usage =
     "usage: qlm bench -m MODEL [--dtype D] [--pp N] [--tg N] [--reps R] [--json]\n"
@@ -128,9 +129,17 @@ int cmd_bench(int argc, char **argv) {
      * decode rate see the same machine (on a shared VM it drifts by a third between minutes). */
     double bw = 0, rss_mib = 0;
     int bw_n = 0;
+    cli_progress progress;
+    cli_progress_init(&progress, json);
     for (int r = 0; r < reps && rc == 0; r++) {
         if (pp > 0) rc = run_once(m, &st, pp, 0, &seed, &pps[r]);
         if (tg > 0 && rc == 0) rc = run_once(m, &st, tg, 1, &seed, &tgs[r]);
+        if (rc == 0) {
+            char done[96] = "";
+            if (pp > 0) snprintf(done, sizeof done, ", pp%d %.1f tok/s", pp, pps[r]);
+            if (tg > 0) snprintf(done + strlen(done), sizeof done - strlen(done), ", tg%d %.1f tok/s", tg, tgs[r]);
+            cli_progress_update(&progress, r == reps - 1, "bench: repetition %d/%d%s", r + 1, reps, done);
+        }
         /* The engine's peak, taken before the bandwidth measurement's 256 MiB buffer joins it. */
         if (r == 0) rss_mib = peak_rss_mib();
         double b = rc == 0 && tg > 0 ? m->be->bandwidth_gbs() : -1;

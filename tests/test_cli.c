@@ -93,6 +93,11 @@ static void test_stories260k_perplexity(void **state) {
     assert_null(strchr(log, '\r'));
     assert_non_null(strstr(log, "scored "));
     free(log);
+    /* bench says how far it is (in a log: every few seconds, and the last repetition). */
+    assert_int_equal(test_run_qlm(&log, "bench -m %s --pp 16 --tg 8 --reps 2 2>&1 >/dev/null", model), 0);
+    if (strchr(log, '\r') || !strstr(log, "bench: repetition 2/2, pp16 ") || !strstr(log, "tok/s, tg8 "))
+        fail_msg("%s", log);
+    free(log);
 }
 
 /* Block weights at load time: perplexity of tinystories-656K in Q8_0 near F32, 4-bit within a
