@@ -568,6 +568,9 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **state, enum
         pthread_mutex_lock(&s->queue.mu);
         first_text = cx->job->first_text_s;
         if (generation && !cx->job->unfinished) cx->tokens = job_generated(cx->job);
+        /* Cancelled means its client left, whether the job ended before MHD saw the hang-up (no
+         * answer went out) or after (the stream was cut): the log says so either way. */
+        if (generation && cx->job->cancelled) cx->status = 499;
         late_log *l = generation && cx->job->unfinished && s->cfg.log ? malloc(sizeof *l) : NULL;
         if (l) {
             *l = (late_log){.srv = s, .t0 = cx->t0};
