@@ -82,8 +82,9 @@ static void consume(const qlm_tensor_store *cs, const qlm_tensor_entry *e) {
     }
 }
 
-void qlm_store_release(const qlm_tensor_store *s, const qlm_tensor_entry *e) {
-    uintptr_t lo = (uintptr_t)e->data, hi = lo + e->nbytes, page = (uintptr_t)sysconf(_SC_PAGESIZE);
+/* Gives back the whole pages inside [lo, hi) where they lie in a mapping the store keeps. */
+static void release_range(const qlm_tensor_store *s, uintptr_t lo, uintptr_t hi) {
+    uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
     for (int i = 0; i < s->n_held; i++) {
         uintptr_t a = (uintptr_t)s->held[i].addr;
         if (s->held[i].owned || lo < a || hi > a + s->held[i].len) continue;
@@ -91,7 +92,17 @@ void qlm_store_release(const qlm_tensor_store *s, const qlm_tensor_entry *e) {
         if (last > first) madvise((void *)first, last - first, MADV_DONTNEED);
         break;
     }
+}
+
+void qlm_store_release(const qlm_tensor_store *s, const qlm_tensor_entry *e) {
+    release_range(s, (uintptr_t)e->data, (uintptr_t)e->data + e->nbytes);
     if (s->read_once) consume(s, e);
+}
+
+void qlm_store_release_rows(const qlm_tensor_store *s, const qlm_tensor_entry *e, int64_t rows) {
+    if (e->ndim < 1 || e->shape[0] <= 0 || rows <= 0) return;
+    const size_t row_bytes = e->nbytes / (size_t)e->shape[0];
+    release_range(s, (uintptr_t)e->data, (uintptr_t)e->data + (size_t)rows * row_bytes);
 }
 
 int qlm_store_keep_buffer(qlm_tensor_store *s, void *buf) { return hold(s, buf, 0, 1); }
@@ -236,18 +247,25 @@ static int64_t first_non_finite(const qlm_tensor_entry *e, int64_t from, int64_t
 
 static int scale_ok(float s) { return isfinite(s) && s > 0 && s <= 1e30f; }
 
-/* The F16 scale (and Q4_1's offset) at the head of every block. */
+/* The F16 scale (and Q4_1's offset) at the head of every block; threads take runs of blocks (the
+ * pass touches every page of the file). */
 static int check_blocks(const qlm_tensor_entry *e) {
+    enum { CHUNK = 1 << 14 };
     const size_t bb = qlm_dtype_block_bytes(e->dtype, e->group);
+    const int64_t blocks = bb ? (int64_t)(e->nbytes / bb) : 0;
     const int heads = e->dtype == QLM_Q4_1 ? 2 : 1;
     const uint8_t *p = e->data;
-    for (size_t b = 0; bb && b < e->nbytes / bb; b++)
-        for (int h = 0; h < heads; h++) {
-            uint16_t v = (uint16_t)(p[b * bb + 2 * h] | p[b * bb + 2 * h + 1] << 8);
-            if ((v & 0x7C00u) == 0x7C00u)
-                return qlm_errorf("tensor %s: the %s of block %zu is NaN or Inf", e->name, h ? "offset" : "scale", b);
-        }
-    return 0;
+    int64_t bad = INT64_MAX;
+#pragma omp parallel for schedule(dynamic) reduction(min : bad) if (blocks > CHUNK)
+    for (int64_t c = 0; c < (blocks + CHUNK - 1) / CHUNK; c++)
+        for (int64_t b = c * CHUNK; b < blocks && b < c * CHUNK + CHUNK && b * heads < bad; b++)
+            for (int h = 0; h < heads; h++) {
+                uint16_t v = (uint16_t)(p[b * bb + 2 * h] | p[b * bb + 2 * h + 1] << 8);
+                if ((v & 0x7C00u) == 0x7C00u && b * heads + h < bad) bad = b * heads + h;
+            }
+    if (bad == INT64_MAX) return 0;
+    return qlm_errorf("tensor %s: the %s of block %lld is NaN or Inf", e->name, bad % heads ? "offset" : "scale",
+                      (long long)(bad / heads));
 }
 
 static int check_entry(const qlm_tensor_entry *e) {

@@ -59,6 +59,8 @@ const qlm_tensor_entry *qlm_store_at(const qlm_tensor_store *s, int i);
  * data stays readable: a later read faults it in from the file again. Owned buffers (converted or
  * reordered copies) are left alone, unless the store is read once. */
 void qlm_store_release(const qlm_tensor_store *s, const qlm_tensor_entry *e);
+/* The same for the first rows stored rows of e alone, while a converter works through the rest. */
+void qlm_store_release_rows(const qlm_tensor_store *s, const qlm_tensor_entry *e, int64_t rows);
 /* Whoever builds from this store reads each released entry no more (one model is built, then the
  * store freed): from now on a release also drops the entry's data (NULL) and frees the owned
  * buffer it lay in once no other entry points into it, so a GGUF's reordered Q/K copies and

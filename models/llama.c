@@ -65,7 +65,7 @@ static int layer_params(qlm_model *m, int l, qlm_param p[MAX_LAYER_PARAMS]) {
 /* Embeddings, final norm and (untied) head; embed_name is where the embedding is read from. */
 static int shared_params(qlm_model *m, const char *embed_name, qlm_param p[N_SHARED_PARAMS]) {
     const qlm_llama_config *c = &m->cfg;
-    p[0] = (qlm_param){.rows = c->vocab_size, .cols = c->dim, .matrix = &m->tok_embed};
+    p[0] = (qlm_param){.rows = c->vocab_size, .cols = c->dim, .matrix = &m->tok_embed, .lookup = !c->tie_embeddings};
     p[1] = (qlm_param){.rows = c->dim, .vector = &m->final_norm, .offset = c->norm_offset};
     p[2] = (qlm_param){.rows = c->vocab_size, .cols = c->dim, .matrix = &m->lm_head};
     snprintf(p[0].name, sizeof p[0].name, "%s", embed_name);

@@ -23,17 +23,23 @@ int qlm_param_check_shape(const qlm_tensor_entry *e, int64_t rows, int64_t cols)
     return qlm_errorf("tensor %s has shape [%s], expected [%lld]", e->name, got, (long long)rows);
 }
 
-/* Row r of an entry (any stored dtype, I8 with its scales, block types) as F32. */
+/* The stored row that holds PyTorch's row r of matrix entry e. */
+static int64_t stored_row(const qlm_tensor_entry *e, int64_t r) {
+    return e->rope_heads ? qlm_rope_stored_row(r, e->shape[0], e->rope_heads) : r;
+}
+
+/* PyTorch's row r of an entry (any stored dtype, I8 with its scales, block types) as F32. */
 static void entry_row_f32(const qlm_tensor_entry *e, int64_t rows, int64_t cols, int64_t r, float *out) {
     const qlm_weight w = {.dtype = e->dtype, .rows = (int)rows, .cols = (int)cols, .data = e->data,
                           .scale = e->scale, .row_scales = e->row_scales, .group = e->group};
-    qlm_weight_row_f32(&w, (int)r, out);
+    qlm_weight_row_f32(&w, (int)stored_row(e, r), out);
 }
 
-/* A whole entry as F32 (vectors, and matrices for F32/F16/BF16/I8 targets). */
+/* A whole entry as F32 in PyTorch's order (vectors, and matrices for F32/F16/BF16/I8 targets); a
+ * Q or K bias in RoPE's interleaved order is taken a value (a row) at a time. */
 static void entry_to_f32(const qlm_tensor_entry *e, float *out) {
-    int64_t n = qlm_entry_numel(e), rows = e->ndim >= 2 ? e->shape[0] : 1, cols = rows ? n / rows : 0;
-    if (e->dtype != QLM_I8 && !qlm_dtype_is_block(e->dtype)) {
+    int64_t n = qlm_entry_numel(e), rows = e->ndim >= 2 || e->rope_heads ? e->shape[0] : 1, cols = rows ? n / rows : 0;
+    if (e->dtype != QLM_I8 && !qlm_dtype_is_block(e->dtype) && !e->rope_heads) {
         qlm_convert_to_f32(out, e->data, e->dtype, n);
         return;
     }
@@ -42,12 +48,17 @@ static void entry_to_f32(const qlm_tensor_entry *e, float *out) {
 
 static size_t align64(size_t n) { return (n + 63) & ~(size_t)63; }
 
-/* The format matrix entry e takes under fmt on backend be: as stored, block types become BF16
- * where be does not run them. */
-static qlm_weight_format format_for(const qlm_weight_format *fmt, const qlm_tensor_entry *e, const qlm_backend *be) {
-    if (!fmt->as_stored) return *fmt;
-    if (qlm_dtype_is_block(e->dtype) && !be->block_weights) return (qlm_weight_format){QLM_BF16, 0, 0, 1, 0, 0};
-    return (qlm_weight_format){e->dtype, e->row_scales != NULL, e->group, 1, fmt->act8, fmt->in_place};
+/* The format parameter p's entry e takes under fmt on backend be: as stored, block types become
+ * BF16 where be does not run them; a lookup table never takes W8A8. */
+static qlm_weight_format format_for(const qlm_weight_format *fmt, const qlm_param *p, const qlm_tensor_entry *e,
+                                    const qlm_backend *be) {
+    qlm_weight_format f = *fmt;
+    if (fmt->as_stored && qlm_dtype_is_block(e->dtype) && !be->block_weights)
+        f = (qlm_weight_format){QLM_BF16, 0, 0, 1, 0, 0};
+    else if (fmt->as_stored)
+        f = (qlm_weight_format){e->dtype, e->row_scales != NULL, e->group, 1, fmt->act8, fmt->in_place};
+    if (p->lookup) f.act8 = 0;
+    return f;
 }
 
 /* Bytes a matrix takes in format f, scales included, each part aligned. */
@@ -57,25 +68,60 @@ static size_t matrix_bytes(const qlm_weight_format *f, int64_t rows, int64_t col
     return b;
 }
 
-/* A block-type target: rows already in its blocks are copied, others converted row by row. */
-static int fill_blocks(qlm_weight *w, const qlm_tensor_entry *e, char *dst) {
+/* Stored rows of e wholly read once PyTorch's rows 0..done-1 are (a RoPE head's rows are permuted
+ * within the head). */
+static int64_t stored_rows_done(const qlm_tensor_entry *e, int64_t done) {
+    if (!e->rope_heads) return done;
+    const int64_t hd = e->shape[0] / e->rope_heads;
+    return done / hd * hd;
+}
+
+/* Rows r0..r0+n-1 (at most a panel's) of a block-type target: rows already in its blocks are read
+ * where they lie, others quantized from F32 (row: cols floats); under W8A8 a whole panel is written
+ * in the panel layout straight from those rows (tmp: a panel's bytes when converting). */
+static void fill_panel(qlm_weight *w, const qlm_tensor_entry *e, char *dst, int r0, int n, float *row, char *tmp) {
     const size_t row_bytes = qlm_dtype_row_bytes(w->dtype, w->cols, w->group);
-    if (e->dtype == w->dtype && e->group == w->group) {
-        memcpy(dst, e->data, (size_t)w->rows * row_bytes);
-        return 0;
+    const int same = e->dtype == w->dtype && e->group == w->group, packed = w->act8 && n == QLM_PANEL_ROWS;
+    const void *src[QLM_PANEL_ROWS];
+    for (int i = 0; i < n; i++) {
+        const int r = r0 + i;
+        char *out = packed && !same ? tmp + i * row_bytes : dst + (size_t)r * row_bytes;
+        if (same) {
+            src[i] = (const char *)e->data + (size_t)stored_row(e, r) * row_bytes;
+            if (!packed) memcpy(out, src[i], row_bytes);
+        } else {
+            entry_row_f32(e, w->rows, w->cols, r, row);
+            qlm_block_quantize_row(out, w->dtype, w->group, row, w->cols);
+            src[i] = out;
+        }
     }
+    if (packed) qlm_panel_from_rows(dst + (size_t)r0 * row_bytes, src, w->dtype, w->group, w->cols);
+}
+
+/* A block-type target, threads taking panels, a stretch of rows at a time whose source pages are
+ * given back as soon as it is done: the peak stays near the weights built, whatever the size of
+ * the largest matrix. */
+static int fill_blocks(qlm_weight *w, const qlm_tensor_entry *e, char *dst, const qlm_tensor_store *store) {
+    enum { STRETCH = 64 * QLM_PANEL_ROWS };
+    const size_t row_bytes = qlm_dtype_row_bytes(w->dtype, w->cols, w->group);
+    const int same = e->dtype == w->dtype && e->group == w->group;
     int failed = 0;
 #pragma omp parallel
     {
-        float *row = malloc((size_t)w->cols * sizeof *row);
-        if (!row) failed = 1;
+        float *row = same ? NULL : malloc((size_t)w->cols * sizeof *row);
+        char *tmp = w->act8 && !same ? malloc(QLM_PANEL_ROWS * row_bytes) : NULL;
+        const int ok = (same || row) && (!w->act8 || same || tmp);
+        if (!ok) failed = 1;
+        for (int s0 = 0; s0 < w->rows; s0 += STRETCH) {
+            const int s1 = s0 + STRETCH < w->rows ? s0 + STRETCH : w->rows;
 #pragma omp for schedule(static)
-        for (int r = 0; r < w->rows; r++) {
-            if (!row) continue;
-            entry_row_f32(e, w->rows, w->cols, r, row);
-            qlm_block_quantize_row(dst + (size_t)r * row_bytes, w->dtype, w->group, row, w->cols);
+            for (int r0 = s0; r0 < s1; r0 += QLM_PANEL_ROWS)
+                if (ok) fill_panel(w, e, dst, r0, s1 - r0 < QLM_PANEL_ROWS ? s1 - r0 : QLM_PANEL_ROWS, row, tmp);
+#pragma omp master
+            qlm_store_release_rows(store, e, stored_rows_done(e, s1));
         }
         free(row);
+        free(tmp);
     }
     return failed ? qlm_errorf("out of memory converting %s", e->name) : 0;
 }
@@ -88,38 +134,17 @@ static int readable_in_place(const qlm_weight_format *f, const qlm_tensor_entry 
     return (uintptr_t)e->data % qlm_dtype_size(e->dtype) == 0;
 }
 
-/* e with its rows in PyTorch's order: e itself, or (rows interleaved for RoPE) a reordered copy
- * made in *copy, whose buffers the caller frees (NULL data when out of memory). */
-static const qlm_tensor_entry *in_pytorch_order(const qlm_tensor_entry *e, qlm_tensor_entry *copy) {
-    if (!e->rope_heads) return e;
-    const int64_t rows = e->shape[0];
-    *copy = *e;
-    copy->rope_heads = 0;
-    void *data = malloc(e->nbytes ? e->nbytes : 1);
-    float *scales = e->row_scales ? malloc((size_t)rows * sizeof *scales) : NULL;
-    copy->data = data;
-    copy->row_scales = scales;
-    if (!data || (e->row_scales && !scales)) {
-        free(data);
-        free(scales);
-        copy->data = NULL;
-        copy->row_scales = NULL;
-        return copy;
-    }
-    qlm_rope_rows_to_half(data, e->data, rows, e->nbytes / (size_t)rows, e->rope_heads);
-    if (scales) qlm_rope_rows_to_half(scales, e->row_scales, rows, sizeof *scales, e->rope_heads);
-    return copy;
+/* Copies the rows (row_bytes each) of matrix entry e to dst in PyTorch's order. */
+static void copy_rows(char *dst, const qlm_tensor_entry *e, size_t row_bytes) {
+    if (e->rope_heads)
+        qlm_rope_rows_to_half(dst, e->data, e->shape[0], row_bytes, e->rope_heads);
+    else
+        memcpy(dst, e->data, (size_t)e->shape[0] * row_bytes);
 }
 
-/* Frees the copy in_pytorch_order made, if it made one. */
-static void drop_copy(const qlm_tensor_entry *ordered, const qlm_tensor_entry *copy) {
-    if (ordered != copy) return;
-    free((void *)copy->data);
-    free((void *)copy->row_scales);
-}
-
-/* Converts entry e into the matrix w placed at *cursor (advanced past it), in format f. */
-static int fill_matrix(qlm_weight *w, const qlm_tensor_entry *e, const qlm_weight_format *f, char **cursor) {
+/* Converts entry e (rows in any stored order) into the matrix w placed at *cursor (advanced past it), in format f. */
+static int fill_matrix(qlm_weight *w, const qlm_tensor_entry *e, const qlm_weight_format *f, char **cursor,
+                       const qlm_tensor_store *store) {
     int64_t rows = e->shape[0], cols = e->shape[1], n = rows * cols;
     const qlm_dtype dt = f->dtype;
     const int per_channel = f->per_channel;
@@ -131,12 +156,7 @@ static int fill_matrix(qlm_weight *w, const qlm_tensor_entry *e, const qlm_weigh
     *w = (qlm_weight){.dtype = dt, .rows = (int)rows, .cols = (int)cols, .data = dst, .scale = 1.0f,
                       .group = qlm_dtype_is_block(dt) ? f->group : 0,
                       .act8 = f->act8 && qlm_dtype_is_block(dt)};
-    if (qlm_dtype_is_block(dt)) {
-        if (fill_blocks(w, e, dst) != 0) return -1;
-        return w->act8 && qlm_block_to_panels(dst, dt, w->group, w->rows, w->cols) != 0
-                   ? qlm_error_context("tensor %s", e->name)
-                   : 0;
-    }
+    if (qlm_dtype_is_block(dt)) return fill_blocks(w, e, dst, store);
     float *row_scales = NULL;
     if (dt == QLM_I8 && per_channel) {
         row_scales = (float *)*cursor;
@@ -144,14 +164,15 @@ static int fill_matrix(qlm_weight *w, const qlm_tensor_entry *e, const qlm_weigh
         *cursor += align64((size_t)rows * sizeof(float));
     }
     if (e->dtype == dt && dt != QLM_I8) {
-        memcpy(dst, e->data, (size_t)n * qlm_dtype_size(dt));
+        copy_rows(dst, e, (size_t)cols * qlm_dtype_size(dt));
         return 0;
     }
     /* INT8 stays as stored when the scale granularity allows it: no second rounding. */
     if (e->dtype == QLM_I8 && dt == QLM_I8 && (per_channel || !e->row_scales)) {
-        memcpy(dst, e->data, (size_t)n);
+        copy_rows(dst, e, (size_t)cols);
         if (per_channel)
-            for (int64_t r = 0; r < rows; r++) row_scales[r] = e->row_scales ? e->row_scales[r] : e->scale;
+            for (int64_t r = 0; r < rows; r++)
+                row_scales[r] = e->row_scales ? e->row_scales[stored_row(e, r)] : e->scale;
         else
             w->scale = e->scale;
         return 0;
@@ -206,7 +227,7 @@ int qlm_params_pack(const qlm_param *p, int n, const qlm_tensor_store *store, ql
             free(ent);
             return -1;
         }
-        qlm_weight_format f = format_for(&fmt, ent[i], be);
+        qlm_weight_format f = format_for(&fmt, &p[i], ent[i], be);
         if (p[i].matrix && readable_in_place(&f, ent[i], be)) continue;
         total += p[i].matrix ? matrix_bytes(&f, p[i].rows, p[i].cols)
                              : align64((size_t)qlm_entry_numel(ent[i]) * sizeof(float));
@@ -222,7 +243,7 @@ int qlm_params_pack(const qlm_param *p, int n, const qlm_tensor_store *store, ql
         if (p[i].matrix) {
             *p[i].matrix = (qlm_weight){0};
             if (!ent[i]) continue;
-            qlm_weight_format f = format_for(&fmt, ent[i], be);
+            qlm_weight_format f = format_for(&fmt, &p[i], ent[i], be);
             const qlm_tensor_entry *e = ent[i];
             if (readable_in_place(&f, e, be)) {
                 *p[i].matrix = (qlm_weight){.dtype = e->dtype, .rows = (int)e->shape[0], .cols = (int)e->shape[1],
@@ -231,24 +252,14 @@ int qlm_params_pack(const qlm_param *p, int n, const qlm_tensor_store *store, ql
                 if (in_place_bytes) *in_place_bytes += qlm_weight_bytes(p[i].matrix);
                 continue;
             }
-            qlm_tensor_entry copy;
-            const qlm_tensor_entry *ordered = in_pytorch_order(e, &copy);
-            rc = ordered->data ? fill_matrix(p[i].matrix, ordered, &f, &cur)
-                               : qlm_errorf("out of memory reordering %s", e->name);
-            drop_copy(ordered, &copy);
+            rc = fill_matrix(p[i].matrix, e, &f, &cur, store);
             qlm_store_release(store, e);
         } else {
             *p[i].vector = NULL;
             if (!ent[i]) continue;
             *p[i].vector = (float *)cur;
             cur += align64((size_t)qlm_entry_numel(ent[i]) * sizeof(float));
-            qlm_tensor_entry copy;
-            const qlm_tensor_entry *ordered = in_pytorch_order(ent[i], &copy);
-            if (ordered->data)
-                entry_to_f32(ordered, *p[i].vector);
-            else
-                rc = qlm_errorf("out of memory reordering %s", ent[i]->name);
-            drop_copy(ordered, &copy);
+            entry_to_f32(ent[i], *p[i].vector);
             if (p[i].offset != 0)
                 for (int64_t k = 0; k < qlm_entry_numel(ent[i]); k++) (*p[i].vector)[k] += p[i].offset;
         }

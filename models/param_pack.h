@@ -18,6 +18,9 @@ typedef struct qlm_param_s {
     int optional;       /* absent tensors leave the destination empty (NULL vector, 0x0 matrix) */
     qlm_weight *matrix; /* a linear weight, converted to the storage dtype, or */
     float **vector;     /* values kept F32 (norms, biases, small tables), row-major */
+    /* A matrix only read a row at a time, never multiplied (an untied embedding table): it takes
+     * no W8A8 panels, so a block table stays where the file has it. */
+    int lookup;
     /* Added to a vector's values when packed and taken off when exported: Gemma stores norm
      * weights as w and multiplies by 1 + w, which the rmsnorm op then reads as it is. The packed
      * float is the 1 + w transformers computes in float32, and the exported (1 + w) - 1 gives that

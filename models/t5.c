@@ -55,7 +55,7 @@ static int block_params(qlm_t5_model *m, int decoder, int b, qlm_param p[MAX_BLO
 static int shared_params(qlm_t5_model *m, const char *embed_name, qlm_param p[N_SHARED_PARAMS]) {
     const qlm_t5_config *c = &m->cfg;
     int n = 0;
-    p[n++] = (qlm_param){.rows = c->vocab_size, .cols = c->d_model, .matrix = &m->shared};
+    p[n++] = (qlm_param){.rows = c->vocab_size, .cols = c->d_model, .matrix = &m->shared, .lookup = !c->tie_embeddings};
     snprintf(p[0].name, sizeof p[0].name, "%s", embed_name);
     const struct { const char *name; int64_t rows, cols; float **vec; } v[] = {
         {"encoder.final_layer_norm.weight", c->d_model, 0, &m->enc_final_norm},

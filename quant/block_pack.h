@@ -37,6 +37,10 @@ const void *qlm_panels_block(const void *data, qlm_dtype dt, int group, int rows
 /* Row r of such a matrix as F32, as qlm_block_dequantize_row gives it. */
 void qlm_panels_row_f32(float *dst, const void *data, qlm_dtype dt, int group, int rows, long cols, int r);
 
+/* Writes one panel (QLM_PANEL_ROWS rows of cols values) from its rows in GGUF's layout, wherever
+ * they lie (a mapped file, a row just quantized). */
+void qlm_panel_from_rows(void *panel, const void *const *rows, qlm_dtype dt, int group, long cols);
+
 /* Puts the whole panels of a rows x cols block matrix at data into the panel layout, in place;
  * qlm_block_from_panels takes them back. -1 (message set) when out of memory. */
 int qlm_block_to_panels(void *data, qlm_dtype dt, int group, int rows, long cols);

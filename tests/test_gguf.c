@@ -607,6 +607,34 @@ static void test_smollm2(void **state) {
     cJSON_Delete(ref);
 }
 
+/* The value check reads every block's F16 scale (and Q4_1's offset): of several NaN/Inf heads in
+ * a matrix big enough to be checked by threads, the error names the first, and which half. */
+static void test_block_heads_checked(void **state) {
+    (void)state;
+    const struct { qlm_dtype dt; long bad[3]; int offset; const char *want; } cases[] = {
+        {QLM_Q8_0, {30000, 20001, 39999}, 0, "the scale of block 20001 is NaN or Inf"},
+        {QLM_Q4_1, {25000, 17000, 3}, 1, "the offset of block 3 is NaN or Inf"},
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        qlm_tensor_store *s = qlm_store_new();
+        void *data;
+        const int rows = 1250, cols = 1024; /* 40,000 blocks of 32 */
+        qlm_tensor_entry *e = s ? qlm_store_add_owned_blocks(s, "w", cases[c].dt, 32, rows, cols, &data) : NULL;
+        assert_non_null(e);
+        const size_t bb = qlm_dtype_block_bytes(cases[c].dt, 32);
+        memset(data, 0, e->nbytes);
+        assert_int_equal(qlm_store_check_values(s), 0);
+        for (int i = 0; i < 3; i++) {
+            uint8_t *head = (uint8_t *)data + cases[c].bad[i] * bb + (i == 2 ? 2 * cases[c].offset : 0);
+            head[0] = 0x00;
+            head[1] = i ? 0x7C : 0x7E; /* Inf, or a NaN */
+        }
+        assert_int_equal(qlm_store_check_values(s), -1);
+        if (!strstr(qlm_last_error(), cases[c].want)) fail_msg("expected \"%s\", got: %s", cases[c].want, qlm_last_error());
+        qlm_store_free(s);
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_kv_types),         cmocka_unit_test(test_kv_describe),
@@ -614,7 +642,7 @@ int main(void) {
         cmocka_unit_test(test_tiny_qwen3),       cmocka_unit_test(test_hf_fixtures_as_gguf),
         cmocka_unit_test(test_tensor_describe),  cmocka_unit_test(test_unsupported_type),
         cmocka_unit_test(test_missing_and_misshaped), cmocka_unit_test(test_window_pattern_list),
-        cmocka_unit_test(test_smollm2),
+        cmocka_unit_test(test_smollm2),          cmocka_unit_test(test_block_heads_checked),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

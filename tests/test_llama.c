@@ -4,6 +4,7 @@
  * precisions within the tolerances documented in docs/ARCHITECTURE.md. */
 #include <cjson/cJSON.h>
 #include <math.h>
+#include <stddef.h>
 
 #include "../core/error.h"
 #include "../runtime/generate.h"
@@ -11,6 +12,8 @@
 #include "../loaders/fused_weights.h"
 #include "../loaders/gguf.h"
 #include "../loaders/model_source.h"
+#include "../quant/block_pack.h"
+#include "../quant/quantize.h"
 #include "test_util.h"
 
 typedef struct {
@@ -269,14 +272,20 @@ static void test_in_place(void **state) {
 
 /* A "llama" GGUF's Q/K, whose rows llama.cpp interleaved, used where they lie (rope_heads) give the
  * logits of the model built from copies in PyTorch's order, bit for bit; the others are converted. */
-static void test_in_place_gguf_rope(void **state) {
-    (void)state;
+/* The tensors and config of the tiny "llama" GGUF fixture (F32, Q/K rows interleaved). */
+static qlm_tensor_store *open_tiny_gguf(qlm_llama_config *cfg) {
     qlm_gguf *g = qlm_gguf_open("tests/fixtures/gguf/tiny_llama.gguf");
-    qlm_llama_config cfg;
     qlm_tensor_store *store = qlm_store_new();
-    if (!g || !store || qlm_gguf_llama_config(g, &cfg) != 0 || qlm_gguf_load_tensors(g, &cfg, store) != 0)
+    if (!g || !store || qlm_gguf_llama_config(g, cfg) != 0 || qlm_gguf_load_tensors(g, cfg, store) != 0)
         fail_msg("%s", qlm_last_error());
     qlm_gguf_close(g);
+    return store;
+}
+
+static void test_in_place_gguf_rope(void **state) {
+    (void)state;
+    qlm_llama_config cfg;
+    qlm_tensor_store *store = open_tiny_gguf(&cfg);
     const int tokens[] = {1, 5, 17, 3, 42, 7, 11, 2, 9, 30, 4, 6};
     const int n = (int)(sizeof tokens / sizeof tokens[0]);
     int pos[sizeof tokens / sizeof tokens[0]], last = n - 1, ropes = 0;
@@ -303,6 +312,48 @@ static void test_in_place_gguf_rope(void **state) {
     assert_memory_equal(logits[0], logits[1], (size_t)cfg.vocab_size * sizeof(float));
     free(logits[0]);
     free(logits[1]);
+    qlm_store_free(store);
+}
+
+/* Built as Q8_0 with W8A8 from that fixture, every matrix the model multiplies is in panels
+ * (packed a panel at a time from rows quantized in PyTorch's order) and holds, row for row, the
+ * values of the build with 16-bit activations; the untied embedding table, only looked up, is not
+ * in panels. */
+static void test_w8a8_panel_rows(void **state) {
+    (void)state;
+    qlm_llama_config cfg;
+    qlm_tensor_store *store = open_tiny_gguf(&cfg);
+    assert_false(cfg.tie_embeddings);
+    qlm_model m[2];
+    for (int act8 = 0; act8 < 2; act8++) {
+        qlm_model_options o = {.dtype = QLM_Q8_0, .group = 32, .act8 = act8, .backend = qlm_backend_cpu()};
+        if (qlm_model_build(&m[act8], &cfg, store, &o) != 0) fail_msg("%s", qlm_last_error());
+    }
+    float *a = malloc((size_t)cfg.hidden_dim * sizeof *a), *b = malloc((size_t)cfg.hidden_dim * sizeof *b);
+    assert_true(a && b);
+    for (int l = 0; l < cfg.n_layers; l++) {
+        const qlm_layer *L[2] = {&m[0].layers[l], &m[1].layers[l]};
+        const size_t at[] = {offsetof(qlm_layer, wq), offsetof(qlm_layer, wk), offsetof(qlm_layer, wv),
+                             offsetof(qlm_layer, wo), offsetof(qlm_layer, w_gate), offsetof(qlm_layer, w_up),
+                             offsetof(qlm_layer, w_down)};
+        for (size_t k = 0; k < sizeof at / sizeof at[0]; k++) {
+            const qlm_weight *w0 = (const qlm_weight *)((const char *)L[0] + at[k]);
+            const qlm_weight *w1 = (const qlm_weight *)((const char *)L[1] + at[k]);
+            assert_true(!w0->act8 && w1->act8 && w1->rows >= QLM_PANEL_ROWS);
+            for (int r = 0; r < w0->rows; r++) {
+                qlm_weight_row_f32(w0, r, a);
+                qlm_weight_row_f32(w1, r, b);
+                assert_memory_equal(a, b, (size_t)w0->cols * sizeof *a);
+            }
+            /* the panels are not the rows one after another */
+            assert_memory_not_equal(w0->data, w1->data, (size_t)QLM_PANEL_ROWS * qlm_dtype_row_bytes(QLM_Q8_0, w0->cols, 32));
+        }
+    }
+    assert_false(m[1].tok_embed.act8);
+    assert_true(m[1].lm_head.act8);
+    for (int i = 0; i < 2; i++) qlm_model_free(&m[i]);
+    free(a);
+    free(b);
     qlm_store_free(store);
 }
 
@@ -500,6 +551,7 @@ int main(void) {
         cmocka_unit_test(test_dynamic_ntk),
         cmocka_unit_test(test_f32_export_gives_back_the_model),
         cmocka_unit_test(test_in_place), cmocka_unit_test(test_in_place_gguf_rope),
+        cmocka_unit_test(test_w8a8_panel_rows),
         cmocka_unit_test(test_unfuse),
         cmocka_unit_test(test_long_prompt_rolling_cache),
         cmocka_unit_test(test_rolling_cache_reuse),
