@@ -17,6 +17,8 @@
 #include "../core/clock.h"
 #include "../core/error.h"
 #include "../loaders/json_strict.h"
+#include "../loaders/panel_cache.h"
+#include "../models/param_pack.h"
 #include "progress.h"
 #include "threads.h"
 
@@ -95,6 +97,7 @@ int cli_model_flag(cli_model_opts *o, int opt, const char *arg) {
     case OPT_BATCH: return cli_int("--chunk", arg, 1, 1 << 16, &o->batch) ? -1 : 1;
     case OPT_RANDOM_WEIGHTS: o->random_weights = 1; return 1;
     case OPT_NO_CHECK: o->no_check = 1; return 1;
+    case OPT_NO_PANEL_CACHE: o->no_panel_cache = 1; return 1;
     case OPT_CHAT_TEMPLATE: o->chat_template = arg; return 1;
     case OPT_INFER_SHARD:
         if (strcmp(arg, "fsdp") != 0) {
@@ -366,6 +369,53 @@ static void on_layer(void *user, int done, int total) {
                         "##############################", width - fill, "", done, total, secs);
 }
 
+/* qlm's cache folder: $QLM_CACHE, else ~/.cache/qlm. */
+static void cache_dir(char *dir, size_t cap) {
+    const char *cache = getenv("QLM_CACHE"), *home = getenv("HOME");
+    if (cache && *cache) snprintf(dir, cap, "%s", cache);
+    else snprintf(dir, cap, "%s/.cache/qlm", home && *home ? home : ".");
+}
+
+/* Below this, packing panels at load costs less than a tenth of a second: no file for them. */
+#define PANEL_CACHE_MIN_BYTES ((size_t)32 << 20)
+
+/* The panel cache file for this load into path, and the format label it is kept under: 1 when
+ * there is one to read or write. */
+static int panel_cache_path(const cli_model_opts *o, const qlm_model_options *mo, char *path, size_t cap, char *label,
+                            size_t label_cap) {
+    if (!mo->act8 || !mo->in_place || o->random_weights || o->no_panel_cache) return 0;
+    if (mo->as_stored)
+        snprintf(label, label_cap, "as-stored");
+    else
+        snprintf(label, label_cap, "%s/%d", qlm_dtype_name(mo->dtype), qlm_options_group(mo));
+    char dir[4096];
+    cache_dir(dir, sizeof dir);
+    return qlm_panel_cache_path(dir, o->model, label, path, cap) == 1;
+}
+
+/* Writes the model's W8A8 panels to the cache file at path, when they are large enough to be
+ * worth it. A failure only costs later loads their speed: it is said, and the load goes on. */
+static void save_panel_cache(const cli_model_opts *o, cli_model *cm, const char *path, const char *label, int quiet) {
+    qlm_param *list = NULL;
+    int n = cm->src.is_t5 ? qlm_t5_param_list(&cm->t5, &list) : qlm_model_param_list(&cm->model, &list);
+    qlm_tensor_store *panels = n >= 0 ? qlm_store_new() : NULL;
+    size_t bytes = 0;
+    int rc = panels && qlm_params_list_panels(list, n, panels) == 0 ? 0 : -1;
+    for (int i = 0; rc == 0 && i < qlm_store_count(panels); i++) bytes += qlm_store_at(panels, i)->nbytes;
+    if (rc == 0 && bytes >= PANEL_CACHE_MIN_BYTES) {
+        double t0 = qlm_now_s();
+        rc = cli_make_parent_dir(path) == 0 && qlm_panel_cache_save(path, o->model, label, panels) == 0 ? 0 : -1;
+        if (rc == 0 && !quiet)
+            fprintf(stderr, "qlm: W8A8 panels (%.1f MiB) kept in %s in %.2f s: later loads map them (--no-panel-cache: not)\n",
+                    bytes / 1048576.0, path, qlm_now_s() - t0);
+    }
+    if (rc != 0 && !quiet)
+        fprintf(stderr, "qlm: the W8A8 panels could not be kept for later loads (%s); they are packed again each load\n",
+                qlm_last_error());
+    qlm_store_free(panels);
+    free(list);
+}
+
 static int load_model(const cli_model_opts *o, cli_model *cm, int need_tokenizer, int quiet,
                       const char *chat_template) {
     int threads = o->threads;
@@ -423,6 +473,14 @@ static int load_model(const cli_model_opts *o, cli_model *cm, int need_tokenizer
     if (o->act8 == -1)
         mo.act8 = qlm_dtype_is_block(mo.dtype) && be->host_memory && be->act8_weights && qlm_matmul_w8a8() &&
                   !o->own_weights;
+    char panel_path[4400], label[64];
+    const int panel_cache = panel_cache_path(o, &mo, panel_path, sizeof panel_path, label, sizeof label);
+    if (panel_cache) {
+        const char *why;
+        cm->panels = qlm_panel_cache_open(panel_path, o->model, label, &why);
+        if (why && !quiet) fprintf(stderr, "qlm: the W8A8 panels in %s are stale (%s): packing again\n", panel_path, why);
+        mo.panels = cm->panels;
+    }
     /* One model is built from the store: copies go as they are converted. */
     qlm_store_read_once(cm->src.store);
     rc = cm->src.is_t5 ? qlm_t5_build(&cm->t5, &cm->src.t5, cm->src.store, &mo)
@@ -431,8 +489,11 @@ static int load_model(const cli_model_opts *o, cli_model *cm, int need_tokenizer
     if (rc != 0) {
         qlm_error_context("%s", o->model);
         qlm_source_close(&cm->src);
+        qlm_store_free(cm->panels);
+        cm->panels = NULL;
         return -1;
     }
+    if (panel_cache && !cm->panels) save_panel_cache(o, cm, panel_path, label, quiet);
     /* Unless weights are read in place, the converted ones are all the model needs: release the
      * file mappings (else qlm_source_close does, after the model is freed). */
     if (!in_place_bytes(cm)) {
@@ -480,6 +541,8 @@ void cli_free_model(cli_model *cm) {
         qlm_model_free(&cm->model);
     }
     qlm_source_close(&cm->src);
+    qlm_store_free(cm->panels);
+    cm->panels = NULL;
     cm->loaded = 0;
     cli_dist_end(&cm->dist);
 }
@@ -540,10 +603,8 @@ int cli_make_dir(const char *path) {
 int cli_default_model(cli_model_opts *mo, const char *cmd, int quiet) {
     if (mo->model) return 0;
     static char path[4200];
-    const char *cache = getenv("QLM_CACHE"), *home = getenv("HOME");
     char dir[4096];
-    if (cache && *cache) snprintf(dir, sizeof dir, "%s", cache);
-    else snprintf(dir, sizeof dir, "%s/.cache/qlm", home && *home ? home : ".");
+    cache_dir(dir, sizeof dir);
     /* The folder `make run` converts once, else the GGUF setup fetched (read as F32 each time). */
     const char *const names[] = {"SmolLM2-135M-Instruct/model.safetensors", "SmolLM2-135M-Instruct.Q4_1.gguf"};
     for (int i = 0; i < 2; i++) {

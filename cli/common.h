@@ -20,14 +20,14 @@ enum {
     OPT_FREQUENCY_PENALTY, OPT_SEED, OPT_STOP,
     OPT_JSON, OPT_SYSTEM, OPT_NO_BOS, OPT_RAW, OPT_FILE, OPT_REPS, OPT_PP, OPT_TG, OPT_QUIET,
     OPT_NO_SPECIAL, OPT_RANDOM_WEIGHTS, OPT_LORA, OPT_ADAPTER, OPT_INFER_SHARD, OPT_INFER_PREFETCH,
-    OPT_INFER_TIMEOUT, OPT_NO_CHECK, OPT_CHAT_TEMPLATE, OPT_GROUP, OPT_W8A8, OPT_NO_W8A8, OPT_JSON_OBJECT, OPT_JSON_SCHEMA,
+    OPT_INFER_TIMEOUT, OPT_NO_CHECK, OPT_CHAT_TEMPLATE, OPT_GROUP, OPT_W8A8, OPT_NO_W8A8, OPT_NO_PANEL_CACHE, OPT_JSON_OBJECT, OPT_JSON_SCHEMA,
 };
 
 #define CLI_MODEL_OPTIONS                                                                                 \
     {"model", required_argument, 0, OPT_MODEL}, {"tokenizer", required_argument, 0, OPT_TOKENIZER},       \
         {"dtype", required_argument, 0, OPT_DTYPE}, {"per-channel", no_argument, 0, OPT_PER_CHANNEL},     \
         {"group", required_argument, 0, OPT_GROUP}, {"w8a8", no_argument, 0, OPT_W8A8},                   \
-        {"no-w8a8", no_argument, 0, OPT_NO_W8A8},                                                         \
+        {"no-w8a8", no_argument, 0, OPT_NO_W8A8}, {"no-panel-cache", no_argument, 0, OPT_NO_PANEL_CACHE}, \
         {"threads", required_argument, 0, OPT_THREADS}, {"ctx", required_argument, 0, OPT_CTX},         \
         {"ctx-size", required_argument, 0, OPT_CTX},           \
         {"device", required_argument, 0, OPT_DEVICE}, {"chunk", required_argument, 0, OPT_BATCH},        \
@@ -87,6 +87,9 @@ enum {
     "      --w8a8, --no-w8a8  block weights (q8_0, q4_0, q4_1) multiply activations quantized to 8 bits\n" \
     "                         per 32 values, as llama.cpp does (default: on where the CPU has byte dot\n" \
     "                         products, AVX512-VNNI: ~4x prefill, faster decode, perplexity +0.1-0.3%)\n" \
+    "      --no-panel-cache   W8A8 repacks the weights into panels; for a model of 32 MiB or more the\n" \
+    "                         first load keeps them in $QLM_CACHE/panels and later loads map that file\n" \
+    "                         (as fast as weights read in place): this flag neither reads nor writes it\n" \
     "      --threads N        CPU threads (default: the cores other programs leave free, divided among\n" \
     "                         the ranks of an mpirun job)\n"                                            \
     "      --ctx N            context window in tokens (also -c, --ctx-size; default: min(model, 4096))\n"   \
@@ -113,7 +116,7 @@ enum { CLI_MAX_LORA = 32 };
 typedef struct {
     const char *model, *tokenizer, *dtype, *device;
     const char *chat_template; /* --chat-template FILE */
-    int per_channel, group, threads, ctx, batch, random_weights, no_check;
+    int per_channel, group, threads, ctx, batch, random_weights, no_check, no_panel_cache;
     /* W8A8: 1 (--w8a8), 0 (--no-w8a8), or -1 (default): on for block weights where the CPU has byte
      * dot products and the command does not write the weights (own_weights). */
     int act8;
@@ -170,6 +173,7 @@ int cli_float(const char *flag, const char *arg, double min, double max, float *
 
 typedef struct {
     qlm_source src;
+    qlm_tensor_store *panels; /* the panel cache file's W8A8 weights, read in place, or NULL */
     qlm_model model;  /* decoder-only models, or */
     qlm_t5_model t5;  /* encoder-decoders (src.is_t5) */
     qlm_lora_registry lora; /* the --lora adapters; its default is the one in use */

@@ -34,6 +34,7 @@ typedef struct {
     int act8;         /* block weights take 8-bit activations (W8A8, qlm_weight) */
     int in_place;     /* matrices read where the store holds them (qlm_model_options) */
     size_t in_place_bytes; /* of those matrices */
+    const qlm_tensor_store *panels; /* W8A8 panels read in place (qlm_model_options) */
     const qlm_backend *be;
     qlm_weight tok_embed;
     qlm_weight lm_head; /* same data as tok_embed when tied */
@@ -59,6 +60,9 @@ typedef struct {
      * nothing copied, nothing converted) on a host-memory backend. The store must then outlive
      * the model, and nothing may write into those weights: not for training or merging. */
     int in_place;
+    /* With in_place and act8: a panel cache's store (loaders/panel_cache.h), whose W8A8 matrices
+     * are read where it maps them instead of being packed again; it must outlive the model. */
+    const qlm_tensor_store *panels;
     const qlm_backend *backend;
     /* NULL, or told after each layer (T5: block) is built: done of total (converting a large model
      * takes seconds). */

@@ -54,11 +54,22 @@ static qlm_weight_format format_for(const qlm_weight_format *fmt, const qlm_para
                                     const qlm_backend *be) {
     qlm_weight_format f = *fmt;
     if (fmt->as_stored && qlm_dtype_is_block(e->dtype) && !be->block_weights)
-        f = (qlm_weight_format){QLM_BF16, 0, 0, 1, 0, 0};
+        f = (qlm_weight_format){.dtype = QLM_BF16, .as_stored = 1};
     else if (fmt->as_stored)
-        f = (qlm_weight_format){e->dtype, e->row_scales != NULL, e->group, 1, fmt->act8, fmt->in_place};
+        f = (qlm_weight_format){.dtype = e->dtype, .per_channel = e->row_scales != NULL, .group = e->group,
+                                .as_stored = 1, .act8 = fmt->act8, .in_place = fmt->in_place, .panels = fmt->panels};
     if (p->lookup) f.act8 = 0;
     return f;
+}
+
+/* Parameter p's panels where format f's panel store holds them as f would pack them, or NULL. */
+static const qlm_tensor_entry *cached_panels(const qlm_weight_format *f, const qlm_param *p, const qlm_backend *be) {
+    if (!f->act8 || !f->panels || !f->in_place || !be->host_memory || !qlm_dtype_is_block(f->dtype)) return NULL;
+    const qlm_tensor_entry *c = qlm_store_find(f->panels, p->name);
+    if (!c || c->dtype != f->dtype || c->group != f->group || c->ndim != 2 || c->shape[0] != p->rows ||
+        c->shape[1] != p->cols || c->rope_heads)
+        return NULL;
+    return c;
 }
 
 /* Bytes a matrix takes in format f, scales included, each part aligned. */
@@ -228,7 +239,7 @@ int qlm_params_pack(const qlm_param *p, int n, const qlm_tensor_store *store, ql
             return -1;
         }
         qlm_weight_format f = format_for(&fmt, &p[i], ent[i], be);
-        if (p[i].matrix && readable_in_place(&f, ent[i], be)) continue;
+        if (p[i].matrix && (readable_in_place(&f, ent[i], be) || cached_panels(&f, &p[i], be))) continue;
         total += p[i].matrix ? matrix_bytes(&f, p[i].rows, p[i].cols)
                              : align64((size_t)qlm_entry_numel(ent[i]) * sizeof(float));
     }
@@ -250,6 +261,14 @@ int qlm_params_pack(const qlm_param *p, int n, const qlm_tensor_store *store, ql
                                             .data = e->data, .scale = e->scale, .row_scales = e->row_scales,
                                             .group = e->group, .rope_heads = e->rope_heads};
                 if (in_place_bytes) *in_place_bytes += qlm_weight_bytes(p[i].matrix);
+                continue;
+            }
+            const qlm_tensor_entry *c = cached_panels(&f, &p[i], be);
+            if (c) {
+                *p[i].matrix = (qlm_weight){.dtype = c->dtype, .rows = (int)c->shape[0], .cols = (int)c->shape[1],
+                                            .data = c->data, .scale = 1.0f, .group = c->group, .act8 = 1};
+                if (in_place_bytes) *in_place_bytes += qlm_weight_bytes(p[i].matrix);
+                qlm_store_release(store, e);
                 continue;
             }
             rc = fill_matrix(p[i].matrix, e, &f, &cur, store);
@@ -327,6 +346,18 @@ int qlm_params_export(const qlm_param *p, int n, qlm_tensor_store *store) {
         else if (!p[i].matrix && *p[i].vector)
             rc = export_vector(store, &p[i]);
         if (rc != 0) return -1;
+    }
+    return 0;
+}
+
+int qlm_params_list_panels(const qlm_param *p, int n, qlm_tensor_store *store) {
+    for (int i = 0; i < n; i++) {
+        const qlm_weight *w = p[i].matrix;
+        if (!w || !w->data || !w->act8) continue;
+        int64_t shape[2] = {w->rows, w->cols};
+        qlm_tensor_entry *e = qlm_store_add(store, p[i].name, w->dtype, 2, shape, w->data, qlm_weight_bytes(w));
+        if (!e) return -1;
+        e->group = w->group;
     }
     return 0;
 }

@@ -43,6 +43,10 @@ typedef struct {
      * granularity, aligned for its elements; no W8A8 panels) is read where it lies, on a backend
      * that runs in host memory: the store must then outlive the weights. */
     int in_place;
+    /* W8A8 matrices already in panels (a panel cache file's, loaders/panel_cache.h), read where
+     * they lie when their name, dtype, group and shape match, in place of packing them again: the
+     * store must then outlive the weights. */
+    const qlm_tensor_store *panels;
 } qlm_weight_format;
 
 /* Finds, checks, sizes, allocates and fills every parameter of the list into *buffer, then moves
@@ -55,6 +59,9 @@ int qlm_params_pack(const qlm_param *p, int n, const qlm_tensor_store *store, ql
 
 /* Adds copies of the present parameters to store under their names (storage dtype, I8 scales). */
 int qlm_params_export(const qlm_param *p, int n, qlm_tensor_store *store);
+/* Adds the W8A8 matrices of the list to store as entries that point at their panels (no copy):
+ * what a panel cache file holds. */
+int qlm_params_list_panels(const qlm_param *p, int n, qlm_tensor_store *store);
 
 /* Number of values in the present parameters. */
 int64_t qlm_params_count(const qlm_param *p, int n);

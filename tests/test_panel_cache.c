@@ -1,0 +1,141 @@
+/* The W8A8 panel cache (loaders/panel_cache.h) through the command line, on a copy of the default
+ * model: the first load writes the panels, the next maps them and computes the same numbers bit
+ * for bit, a changed model file or a damaged cache file is packed and written again, and
+ * --no-panel-cache leaves no file. Where the CPU has no byte dot products W8A8 is off and nothing
+ * is written at all. */
+#include "test_util.h"
+
+#include <cjson/cJSON.h>
+#include <dirent.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <utime.h>
+
+#include "../quant/matmul.h"
+
+typedef struct {
+    char dir[256], model[300], cache[300], text[300];
+} fixture;
+
+/* One perplexity run with QLM_CACHE=f->cache: its NLL, and its stderr into *err. */
+static double run(const fixture *f, const char *flags, char **err) {
+    const char *bin = getenv("QLM_BIN");
+    char cmd[4096], err_path[600];
+    snprintf(err_path, sizeof err_path, "%s/err", f->dir);
+    snprintf(cmd, sizeof cmd, "QLM_CACHE=%s %s perplexity -m %s -f %s --json --threads 2 %s 2>%s", f->cache,
+             bin && *bin ? bin : "build/qlm", f->model, f->text, flags, err_path);
+    char *out = NULL;
+    int rc = test_run_shell(&out, cmd);
+    *err = test_read_file(err_path, NULL);
+    if (rc != 0) fail_msg("%s: exit %d: %s", cmd, rc, *err ? *err : "");
+    cJSON *j = cJSON_Parse(out);
+    if (!j || !cJSON_IsNumber(cJSON_GetObjectItem(j, "nll"))) fail_msg("%s: %s", cmd, out);
+    double nll = cJSON_GetObjectItem(j, "nll")->valuedouble;
+    cJSON_Delete(j);
+    free(out);
+    return nll;
+}
+
+/* The one file in f->cache/panels (its path into out): 1, or 0 when there is none. */
+static int panel_file(const fixture *f, char *out, size_t cap) {
+    char dir[400];
+    snprintf(dir, sizeof dir, "%s/panels", f->cache);
+    DIR *d = opendir(dir);
+    int n = 0;
+    for (struct dirent *de; d && (de = readdir(d));) {
+        if (de->d_name[0] == '.') continue;
+        snprintf(out, cap, "%s/%s", dir, de->d_name);
+        n++;
+    }
+    if (d) closedir(d);
+    assert_true(n <= 1);
+    return n;
+}
+
+static void expect_in(const char *text, const char *want) {
+    if (!text || !strstr(text, want)) fail_msg("expected \"%s\" in: %s", want, text ? text : "(nothing)");
+}
+
+static void test_panel_cache(void **state) {
+    (void)state;
+    fixture f;
+    char src[512], text[512], cmd[2000], file[800];
+    test_default_gguf(src, sizeof src);
+    test_asset(text, sizeof text, "tinystories-text/tinystories_sample.txt");
+    REQUIRE_ASSET(src);
+    REQUIRE_ASSET(text);
+    assert_non_null(test_tmpdir(f.dir, sizeof f.dir));
+    snprintf(f.model, sizeof f.model, "%s/model.gguf", f.dir);
+    snprintf(f.cache, sizeof f.cache, "%s/cache", f.dir);
+    /* a hundred tokens: enough to compare, quick to run */
+    snprintf(f.text, sizeof f.text, "%s/text.txt", f.dir);
+    snprintf(cmd, sizeof cmd, "cp '%s' '%s' && head -c 400 '%s' > '%s'", src, f.model, text, f.text);
+    assert_int_equal(system(cmd), 0);
+    char *err = NULL;
+    const double packed = run(&f, "", &err);
+    if (!qlm_matmul_w8a8()) {
+        print_message("kernels %s have no W8A8: no panels to keep\n", qlm_matmul_isa());
+        assert_int_equal(panel_file(&f, file, sizeof file), 0);
+        free(err);
+        assert_int_equal(test_remove_tree(f.dir), 0);
+        return;
+    }
+    expect_in(err, "W8A8 panels (92.0 MiB) kept in");
+    free(err);
+    assert_int_equal(panel_file(&f, file, sizeof file), 1);
+    /* read in place from the cache: the same NLL, bit for bit, and nothing written */
+    struct stat before, after;
+    assert_int_equal(stat(file, &before), 0);
+    assert_true(run(&f, "", &err) == packed);
+    assert_null(strstr(err, "kept in"));
+    free(err);
+    assert_int_equal(stat(file, &after), 0);
+    assert_true(before.st_ino == after.st_ino && before.st_mtim.tv_nsec == after.st_mtim.tv_nsec);
+    /* the model file changed (its time here): stale, packed and written again */
+    struct utimbuf t = {.actime = time(NULL) - 100, .modtime = time(NULL) - 100};
+    assert_int_equal(utime(f.model, &t), 0);
+    assert_true(run(&f, "", &err) == packed);
+    expect_in(err, "are stale (the model file changed): packing again");
+    expect_in(err, "kept in");
+    free(err);
+    assert_true(run(&f, "", &err) == packed);
+    assert_null(strstr(err, "stale"));
+    free(err);
+    /* another format of the same file has its own file */
+    assert_true(run(&f, "--dtype q8_0", &err) != packed);
+    expect_in(err, "kept in");
+    free(err);
+    snprintf(cmd, sizeof cmd, "ls '%s/panels' | grep -c safetensors | grep -qx 2", f.cache);
+    assert_int_equal(system(cmd), 0);
+    snprintf(cmd, sizeof cmd, "rm -f '%s'/panels/*", f.cache);
+    assert_int_equal(system(cmd), 0);
+    /* a cut-short cache file is refused by the safetensors reader, then replaced; a dead writer's
+     * temporary file goes */
+    assert_true(run(&f, "", &err) == packed);
+    free(err);
+    assert_int_equal(panel_file(&f, file, sizeof file), 1);
+    assert_int_equal(truncate(file, 4096), 0);
+    char orphan[900];
+    snprintf(orphan, sizeof orphan, "%s.tmp.2147483646", file);
+    assert_int_equal(test_write_file(orphan, "x", 1), 0);
+    assert_true(run(&f, "", &err) == packed);
+    expect_in(err, "are stale (");
+    expect_in(err, "kept in");
+    free(err);
+    assert_int_equal(access(orphan, F_OK), -1);
+    assert_int_equal(stat(file, &after), 0);
+    assert_true(after.st_size > 90 << 20);
+    /* --no-panel-cache neither reads nor writes */
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", f.cache);
+    assert_int_equal(system(cmd), 0);
+    assert_true(run(&f, "--no-panel-cache", &err) == packed);
+    assert_null(strstr(err, "kept in"));
+    free(err);
+    assert_int_equal(panel_file(&f, file, sizeof file), 0);
+    assert_int_equal(test_remove_tree(f.dir), 0);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {cmocka_unit_test(test_panel_cache)};
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
