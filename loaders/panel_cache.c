@@ -95,8 +95,25 @@ qlm_tensor_store *qlm_panel_cache_open(const char *path, const char *model_path,
     return s;
 }
 
-/* Removes the temporary files (qlm_atomic_open's "<name>.tmp.<pid>") that writers which died
- * left in the folder of path: each is as large as a model. */
+/* 1 if name in dir is a cache file whose source file is gone, or a temporary file
+ * (qlm_atomic_open's "<name>.tmp.<pid>") whose writer died: each is as large as a model. */
+static int orphan(const char *dir, const char *name) {
+    char file[PATH_MAX + 256], source[PATH_MAX];
+    snprintf(file, sizeof file, "%s/%s", dir, name);
+    const char *tmp = strstr(name, ".safetensors.tmp.");
+    if (tmp) {
+        char *end;
+        long pid = strtol(tmp + strlen(".safetensors.tmp."), &end, 10);
+        return pid > 0 && !*end && kill((pid_t)pid, 0) != 0 && errno == ESRCH;
+    }
+    size_t n = strlen(name);
+    struct stat st;
+    return n > 12 && !strcmp(name + n - 12, ".safetensors") &&
+           qlm_safetensors_metadata(file, "qlm.panels.source", source, sizeof source) == 1 && stat(source, &st) != 0 &&
+           errno == ENOENT;
+}
+
+/* Removes the orphans from the folder of path before another file joins them. */
 static void remove_orphans(const char *path) {
     char dir[PATH_MAX];
     snprintf(dir, sizeof dir, "%s", path);
@@ -106,11 +123,7 @@ static void remove_orphans(const char *path) {
     DIR *d = opendir(dir);
     if (!d) return;
     for (struct dirent *de; (de = readdir(d));) {
-        const char *tmp = strstr(de->d_name, ".safetensors.tmp.");
-        char *end;
-        long pid = tmp ? strtol(tmp + strlen(".safetensors.tmp."), &end, 10) : 0;
-        if (pid <= 0 || *end) continue;
-        if (kill((pid_t)pid, 0) == 0 || errno != ESRCH) continue; /* its writer may be at work */
+        if (!orphan(dir, de->d_name)) continue;
         char file[PATH_MAX + 256];
         snprintf(file, sizeof file, "%s/%s", dir, de->d_name);
         unlink(file);

@@ -1,7 +1,7 @@
 /* The W8A8 panel cache (loaders/panel_cache.h) through the command line, on a copy of the default
  * model: the first load writes the panels, the next maps them and computes the same numbers bit
- * for bit, a changed model file or a damaged cache file is packed and written again, and
- * --no-panel-cache leaves no file. Where the CPU has no byte dot products W8A8 is off and nothing
+ * for bit, a changed model file or a damaged cache file is packed and written again, files of a
+ * model that is gone are removed, and --no-panel-cache leaves no file. Where the CPU has no byte dot products W8A8 is off and nothing
  * is written at all. */
 #include "test_util.h"
 
@@ -107,6 +107,16 @@ static void test_panel_cache(void **state) {
     free(err);
     snprintf(cmd, sizeof cmd, "ls '%s/panels' | grep -c safetensors | grep -qx 2", f.cache);
     assert_int_equal(system(cmd), 0);
+    /* once their source is gone, its files go when another model's are written */
+    char moved[300];
+    snprintf(moved, sizeof moved, "%s/moved.gguf", f.dir);
+    assert_int_equal(rename(f.model, moved), 0);
+    snprintf(f.model, sizeof f.model, "%s", moved);
+    assert_true(run(&f, "", &err) == packed);
+    expect_in(err, "kept in");
+    free(err);
+    assert_int_equal(panel_file(&f, file, sizeof file), 1);
+    expect_in(file, "/moved.gguf-");
     snprintf(cmd, sizeof cmd, "rm -f '%s'/panels/*", f.cache);
     assert_int_equal(system(cmd), 0);
     /* a cut-short cache file is refused by the safetensors reader, then replaced; a dead writer's
