@@ -19,7 +19,8 @@
 #include "../quant/block_quant.h"
 
 static const char *k_quantize_usage =
-    "usage: qlm quantize IN OUT --dtype f32|bf16|f16|int8|q8_0|q4_0|int4|q4_1 [--per-channel] [--group N] [--json]\n"
+    "usage: qlm quantize IN OUT --dtype f32|bf16|f16|int8|q8_0|q4_0|int4|q4_1 [--per-channel] [--group N]\n"
+    "                    [--random-weights] [--json]\n"
     "       qlm quantize --from-qat IN OUT [--json]\n"
     "Writes the model IN (folder, .safetensors, .gguf or llama2.c .bin) to the folder OUT as safetensors with\n"
     "weights in the given dtype. INT8 is symmetric: q = round(w / s), s = max|w| / 127 per tensor, or per\n"
@@ -29,6 +30,8 @@ static const char *k_quantize_usage =
     "[rows, bytes] tensors that __metadata__ qlm.blocks.NAME describes. Norms and biases stay F32.\n"
     "--from-qat: IN is the model/ folder of `qlm train --qat`; its INT8 weights use the learned scales of\n"
     "IN/qat_scales.safetensors (per tensor or per channel, as trained) instead of max|w| / 127.\n"
+    "--random-weights: IN is a folder with a config.json (and tokenizer files); OUT gets qlm's deterministic\n"
+    "random weights of that shape (the same bytes every run), a model of a size to measure without its weights.\n"
     "--json: when done, one JSON object on stdout (out, dtype, group or per_channel, parameters, bytes of\n"
     "model.safetensors, seconds).\n";
 
@@ -186,6 +189,7 @@ static int run(int argc, char **argv, const char *cmd, const char *usage, int re
                                          {"tokenizer", required_argument, 0, OPT_TOKENIZER},
                                          {"threads", required_argument, 0, OPT_THREADS},
                                          {"from-qat", no_argument, 0, OPT_FROM_QAT},
+                                         {"random-weights", no_argument, 0, OPT_RANDOM_WEIGHTS},
                                          {"json", no_argument, 0, OPT_JSON},
                                          {"help", no_argument, 0, OPT_HELP},
                                          {0, 0, 0, 0}};
@@ -197,6 +201,8 @@ static int run(int argc, char **argv, const char *cmd, const char *usage, int re
             from_qat = 1;
             continue;
         }
+        /* convert reads weights that exist; only quantize makes a model from a config alone. */
+        if (c == OPT_RANDOM_WEIGHTS && !require_dtype) return cli_usage_error(cmd, usage);
         if (c == OPT_JSON) {
             json = 1;
             continue;
@@ -216,6 +222,10 @@ static int run(int argc, char **argv, const char *cmd, const char *usage, int re
     }
     if (from_qat && mo.dtype) {
         fprintf(stderr, "qlm %s: --from-qat writes INT8 with the learned scales; leave out --dtype\n", cmd);
+        return 2;
+    }
+    if (from_qat && mo.random_weights) {
+        fprintf(stderr, "qlm %s: --from-qat reads trained weights and scales; leave out --random-weights\n", cmd);
         return 2;
     }
     if (from_qat) mo.dtype = "f32";

@@ -67,8 +67,9 @@ int cli_write_model_folder(cli_model *cm, const char *out_dir) {
             if (slash) *slash = 0;
             else snprintf(src_dir, sizeof src_dir, ".");
         }
+        /* tokenizer.model too: Llama's SentencePiece file, which llama.cpp's converter reads. */
         const char *files[] = {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
-                               "generation_config.json", "spiece.model"};
+                               "generation_config.json", "spiece.model", "tokenizer.model"};
         for (size_t i = 0; i < sizeof files / sizeof files[0] && rc == 0; i++) rc = copy_if_exists(src_dir, out_dir, files[i]);
         return rc;
     }

@@ -6,7 +6,10 @@
 # same model converted to Q8_0 for comparison; if QLM_LLAMA_BENCH names a llama-bench binary (built
 # outside the repository from the llama-cpp-python sdist's vendored sources, with llama-quantize
 # beside it), both engines run the same GGUF files: the default Q4_1 and its Q8_0 and Q4_0
-# requantizations (dev-time only; never part of qlm).
+# requantizations (dev-time only; never part of qlm). With QLM_LLAMA_CPP_SRC (those sources'
+# llama.cpp folder) and QLM_LLAMA_PYTHON (a Python that runs its convert_hf_to_gguf.py) too, both
+# also run a model of TinyLlama-1.1B's shape with random weights; QLM_BENCH_ONLY=llama1b runs that
+# section alone and prints it instead of writing docs/benchmarks.md.
 set -euo pipefail
 qlm=${1:-build/qlm}
 cd "$(dirname "$0")/.."
@@ -24,6 +27,115 @@ trap 'rm -rf "$tmp"' EXIT
 # The expression in parentheses: a bare ">" in awk would redirect the output to a file.
 calc() { awk "BEGIN { printf \"%.6f\", ($1) }"; }
 json_field() { sed -n "s/.*\"$2\":[[:space:]]*\"\{0,1\}\([^,\"}]*\).*/\1/p" "$1"; }
+llama_bench=${QLM_LLAMA_BENCH:-}
+llama_quantize=$(dirname "$llama_bench")/llama-quantize
+# avg_ts of llama-bench's test with n_prompt p and n_gen g, from its JSON.
+llama_ts() {
+    python3 -c 'import json, sys
+for r in json.load(open(sys.argv[1])):
+    if r["n_prompt"] == int(sys.argv[2]) and r["n_gen"] == int(sys.argv[3]):
+        print("%.1f" % r["avg_ts"])' "$1" "$2" "$3"
+}
+# Runs a command with its output in $tmp/step.log, shown only when it fails.
+logged() { "$@" > "$tmp/step.log" 2>&1 || { cat "$tmp/step.log" >&2; echo "bench: failed: $*" >&2; exit 1; }; }
+
+# Both engines on a model of TinyLlama-1.1B's shape (its config and tokenizer are in the assets, its
+# weights need not be: speed does not depend on their values): qlm's random BF16 weights as a
+# safetensors folder, converted by llama.cpp's own converter to BF16 and Q8_0 GGUFs and by
+# llama-quantize to Q4_0. qlm runs each pair's GGUF as stored and the same dtype from the folder.
+# qlm's panel cache goes to $tmp, not the user's: these models live only as long as the run.
+reps_1b=${QLM_BENCH_1B_REPS:-2}
+llama_1b_skip=""
+llama_1b_pairs=("BF16 – BF16|bf16|bf16|safetensors folder, --dtype bf16"
+    "INT8 – Q8_0|q8_0|q8_0|the Q8_0 GGUF as stored"
+    "INT8 – Q8_0|q8_0|int8|safetensors folder, --dtype int8"
+    "INT4 group 32 – Q4_0|q4_0|q4_0|the Q4_0 GGUF as stored"
+    "INT4 group 32 – Q4_0|q4_0|q4_0-g32|safetensors folder, --dtype q4_0 --group 32")
+bench_llama_1b() {
+    local src=${QLM_LLAMA_CPP_SRC:-} py=${QLM_LLAMA_PYTHON:-} dir="$tmp/tinyllama" t spec name model flags t0=$SECONDS
+    if [ -z "$llama_bench" ] || [ ! -x "$llama_bench" ]; then
+        llama_1b_skip="QLM_LLAMA_BENCH does not name a llama-bench binary"; return
+    fi
+    if [ -z "$src" ] || [ ! -f "$src/convert_hf_to_gguf.py" ] || [ ! -d "$src/gguf-py" ]; then
+        llama_1b_skip="QLM_LLAMA_CPP_SRC does not name a llama.cpp source folder (convert_hf_to_gguf.py, gguf-py/)"; return
+    fi
+    if [ -z "$py" ] || ! PYTHONPATH="$src/gguf-py" "$py" "$src/convert_hf_to_gguf.py" --help > /dev/null 2>&1; then
+        llama_1b_skip="QLM_LLAMA_PYTHON does not name a Python that runs $src/convert_hf_to_gguf.py"; return
+    fi
+    echo "bench: TinyLlama-1.1B shape: random BF16 weights, GGUF conversions ..." >&2
+    logged "$qlm" quantize "$assets/tinyllama-1.1b-chat-v1.0-tokenizer" "$dir" --dtype bf16 --random-weights
+    for t in bf16 q8_0; do
+        logged env PYTHONPATH="$src/gguf-py" "$py" "$src/convert_hf_to_gguf.py" "$dir" --outtype "$t" \
+            --outfile "$tmp/tinyllama-$t.gguf"
+    done
+    logged "$llama_quantize" "$tmp/tinyllama-bf16.gguf" "$tmp/tinyllama-q4_0.gguf" Q4_0
+    # Each load is timed right after the same engine's bench run of the same model: the file is in
+    # the page cache for both, and qlm's W8A8 panels are already in its cache.
+    for t in bf16 q8_0 q4_0; do
+        echo "bench: llama-bench TinyLlama-1.1B shape, $t ..." >&2
+        /usr/bin/time -f %M -o "$tmp/1b-llama-$t.rss" "$llama_bench" -m "$tmp/tinyllama-$t.gguf" -t "$threads" \
+            -p 512 -n 128 -r "$reps_1b" -o json > "$tmp/1b-llama-$t.json" 2> "$tmp/step.log" ||
+            { cat "$tmp/step.log" >&2; exit 1; }
+        logged /usr/bin/time -f %e -o "$tmp/1b-llama-$t.load" "$llama_bench" -m "$tmp/tinyllama-$t.gguf" \
+            -t "$threads" -p 0 -n 1 -r 1 -o json
+    done
+    for spec in "bf16|$dir|--dtype bf16" "q8_0|$tmp/tinyllama-q8_0.gguf|" "int8|$dir|--dtype int8" \
+        "q4_0|$tmp/tinyllama-q4_0.gguf|" "q4_0-g32|$dir|--dtype q4_0 --group 32"; do
+        IFS='|' read -r name model flags <<< "$spec"
+        echo "bench: qlm TinyLlama-1.1B shape, $name ..." >&2
+        QLM_CACHE="$tmp/qlm-cache" "$qlm" bench -m "$model" $flags --threads "$threads" --pp 512 --tg 128 \
+            --reps "$reps_1b" --json > "$tmp/1b-qlm-$name.json"
+        logged env QLM_CACHE="$tmp/qlm-cache" /usr/bin/time -f %e -o "$tmp/1b-qlm-$name.load" "$qlm" generate \
+            -m "$model" $flags -p Hello -n 1 --threads "$threads"
+    done
+    echo "bench: TinyLlama-1.1B shape section: $((SECONDS - t0)) s" >&2
+}
+# That section of docs/benchmarks.md, from bench_llama_1b's files.
+llama_1b_section() {
+    local spec pair lt qn what lpp ltg lrss lload q qpp qtg qrss qload
+    echo "## qlm and llama.cpp on a TinyLlama-1.1B-shaped model"
+    echo
+    if [ -n "$llama_1b_skip" ]; then
+        echo "Not measured: $llama_1b_skip (scripts/bench.sh says what QLM_LLAMA_BENCH, QLM_LLAMA_CPP_SRC and"
+        echo "QLM_LLAMA_PYTHON name)."
+        return
+    fi
+    echo "A model of TinyLlama-1.1B-Chat's config with random weights (\`qlm quantize --random-weights --dtype bf16\`, a"
+    echo "safetensors folder), converted by the llama.cpp sources' convert_hf_to_gguf.py to BF16 and Q8_0 GGUFs and by"
+    echo "llama-quantize to Q4_0 (its default mix: output.weight in Q6_K, which qlm runs as Q8_0). llama.cpp's"
+    echo "\`llama-bench\` runs each GGUF; \`qlm bench\` runs the same GGUF as stored and the same dtype from the safetensors"
+    echo "folder, qlm's default activations (W8A8 for the block types on CPUs with byte dot products), $threads threads,"
+    echo "the mean of $reps_1b runs each, same run. Peak RSS: \`/usr/bin/time\` of the whole llama-bench run, qlm bench's own"
+    echo "(the process's maximum RSS). Load s: wall time of \`llama-bench -p 0 -n 1 -r 1\` (model load, its warm-up"
+    echo "decode and one timed token) and of \`qlm generate -p Hello -n 1\` (load, a 2-token prompt, one token), each"
+    echo "right after that engine's bench run of the same model (file in the page cache; qlm's W8A8 panels already"
+    echo "written to its cache). Ratios are qlm / llama.cpp."
+    echo
+    echo "| pair (qlm – llama.cpp) | qlm runs | llama.cpp pp512 | qlm pp512 | ratio | llama.cpp tg128 | qlm tg128 | ratio | llama.cpp RSS MiB | qlm RSS MiB | ratio | llama.cpp load s | qlm load s | ratio |"
+    echo "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
+    for spec in "${llama_1b_pairs[@]}"; do
+        IFS='|' read -r pair lt qn what <<< "$spec"
+        lpp=$(llama_ts "$tmp/1b-llama-$lt.json" 512 0); ltg=$(llama_ts "$tmp/1b-llama-$lt.json" 0 128)
+        lrss=$(calc "$(cat "$tmp/1b-llama-$lt.rss") / 1024"); lload=$(cat "$tmp/1b-llama-$lt.load")
+        q="$tmp/1b-qlm-$qn.json"
+        qpp=$(json_field "$q" pp_tps); qtg=$(json_field "$q" tg_tps); qrss=$(json_field "$q" peak_rss_mib)
+        qload=$(cat "$tmp/1b-qlm-$qn.load")
+        printf "| %s | %s | %.1f | %.1f | %.2f | %.1f | %.1f | %.2f | %.0f | %.0f | %.2f | %.2f | %.2f | %.2f |\n" \
+            "$pair" "$what" "$lpp" "$qpp" "$(calc "$qpp / $lpp")" "$ltg" "$qtg" "$(calc "$qtg / $ltg")" \
+            "$lrss" "$qrss" "$(calc "$qrss / $lrss")" "$lload" "$qload" "$(calc "$qload / $lload")"
+    done
+}
+
+only=${QLM_BENCH_ONLY:-}
+case "$only" in
+"") ;;
+llama1b)
+    bench_llama_1b
+    llama_1b_section
+    exit 0
+    ;;
+*) echo "bench: QLM_BENCH_ONLY=$only: the section it can name is llama1b" >&2; exit 2 ;;
+esac
 
 # "stored": the GGUF's own blocks (Q4_1 layers, Q8_0 embedding), no --dtype. Block types with
 # 16-bit activations (--no-w8a8) and with W8A8 (--w8a8, their default on CPUs with AVX512_VNNI;
@@ -42,9 +154,7 @@ done
 
 # llama.cpp's own llama-bench and qlm on the same GGUF files, one pair per type.
 llama_pairs=()
-llama_bench=${QLM_LLAMA_BENCH:-}
 if [ -n "$llama_bench" ] && [ -x "$llama_bench" ]; then
-    llama_quantize=$(dirname "$llama_bench")/llama-quantize
     for t in Q4_1 Q8_0 Q4_0; do
         f="$gguf"
         if [ "$t" != Q4_1 ]; then
@@ -61,13 +171,7 @@ if [ -n "$llama_bench" ] && [ -x "$llama_bench" ]; then
         llama_pairs+=("$t")
     done
 fi
-# avg_ts of llama-bench's test with n_prompt p and n_gen g, from its JSON.
-llama_ts() {
-    python3 -c 'import json, sys
-for r in json.load(open(sys.argv[1])):
-    if r["n_prompt"] == int(sys.argv[2]) and r["n_gen"] == int(sys.argv[3]):
-        print("%.1f" % r["avg_ts"])' "$1" "$2" "$3"
-}
+bench_llama_1b
 
 # Batch summarization: the first DialogSum test dialogues through `qlm summarize --batch` at
 # several batch sizes, for SmolLM2 and for a model of flan-t5-base's exact shape (random weights:
@@ -219,6 +323,8 @@ fi
         done
     fi
     echo
+    llama_1b_section
+    echo
     echo "## Batch summarization"
     echo
     echo "\`qlm summarize --batch\` over the first $n_dialogues DialogSum test dialogues (zero-shot prompt; chat template for"
@@ -283,7 +389,7 @@ fi
     echo
     echo "Reproduce: \`make bench\` (QLM_BENCH_REPS, QLM_BENCH_DIALOGUES, QLM_BENCH_SUMMARY_TOKENS and"
     echo "QLM_BENCH_SUMMARY_REPS change the repetitions, the number of dialogues, the summary length and the"
-    echo "summarization rounds)."
+    echo "summarization rounds; QLM_BENCH_1B_REPS the repetitions of the TinyLlama-1.1B-shaped section)."
     # The blocks that `make eval`, `make train-eval`, `make qat-eval`, scripts/bench_gpu.sh and
     # scripts/bench_dist.sh write are kept.
     if [ -f "$out" ]; then

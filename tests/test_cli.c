@@ -216,6 +216,43 @@ static void test_quantize_roundtrip(void **state) {
     assert_int_equal(system(cmd), 0);
 }
 
+/* quantize --random-weights: a model folder from a config alone, the weights that --random-weights
+ * gives at load, the same bytes every time. */
+static void test_quantize_random_weights(void **state) {
+    (void)state;
+    char dir[512], tmp[256], a_dir[600], b_dir[600], path[700];
+    test_asset(dir, sizeof dir, "tinystories-656K-hf");
+    REQUIRE_ASSET(dir);
+    assert_non_null(test_tmpdir(tmp, sizeof tmp));
+    snprintf(a_dir, sizeof a_dir, "%s/a", tmp);
+    snprintf(b_dir, sizeof b_dir, "%s/b", tmp);
+    assert_int_equal(test_run_qlm(NULL, "quantize %s %s --dtype bf16 --random-weights 2>/dev/null", dir, a_dir), 0);
+    assert_int_equal(test_run_qlm(NULL, "quantize %s %s --dtype bf16 --random-weights 2>/dev/null", dir, b_dir), 0);
+    size_t a_len = 0, b_len = 0;
+    snprintf(path, sizeof path, "%s/model.safetensors", a_dir);
+    char *a = test_read_file(path, &a_len);
+    snprintf(path, sizeof path, "%s/model.safetensors", b_dir);
+    char *b = test_read_file(path, &b_len);
+    assert_non_null(a);
+    assert_non_null(b);
+    assert_true(a_len == b_len && memcmp(a, b, a_len) == 0);
+    free(a), free(b);
+    /* The folder (with the tokenizer beside it) runs, as the same weights made at load do. */
+    assert_int_equal(test_run_qlm(&a, "generate -m %s --random-weights --dtype bf16 -p Once --temp 0 -n 24 --json --quiet",
+                                  dir), 0);
+    assert_int_equal(test_run_qlm(&b, "generate -m %s -p Once --temp 0 -n 24 --json --quiet", a_dir), 0);
+    assert_string_equal(a, b);
+    free(a), free(b);
+    char *err = NULL;
+    assert_int_equal(test_run_qlm(&err, "quantize --from-qat %s %s --random-weights 2>&1", dir, b_dir), 2);
+    assert_non_null(strstr(err, "leave out --random-weights"));
+    free(err);
+    assert_int_equal(test_run_qlm(&err, "convert %s %s --random-weights 2>&1", dir, b_dir), 2);
+    assert_non_null(strstr(err, "usage: qlm convert"));
+    free(err);
+    test_remove_tree(tmp);
+}
+
 static void test_convert_llama2c_roundtrip(void **state) {
     (void)state;
     char model[512], tmp[256], out_dir[600];
@@ -999,6 +1036,7 @@ int main(void) {
         cmocka_unit_test(test_stories260k_perplexity),
         cmocka_unit_test(test_block_dtypes),
         cmocka_unit_test(test_quantize_roundtrip),
+        cmocka_unit_test(test_quantize_random_weights),
         cmocka_unit_test(test_convert_llama2c_roundtrip),
         cmocka_unit_test(test_sampling_is_seeded),
         cmocka_unit_test(test_stop_string_and_max_tokens),
