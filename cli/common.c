@@ -432,11 +432,6 @@ static int load_model(const cli_model_opts *o, cli_model *cm, int need_tokenizer
     int rc = o->random_weights ? qlm_source_open_random(&cm->src, o->model, o->tokenizer, 0x716c6d)
                                : qlm_source_open(&cm->src, o->model, o->tokenizer);
     if (rc != 0) return -1;
-    if (!o->random_weights && !o->no_check && qlm_store_check_values(cm->src.store) != 0) {
-        qlm_error_context("%s (--no-check loads it anyway)", o->model);
-        qlm_source_close(&cm->src);
-        return -1;
-    }
     if (need_tokenizer && !cm->src.tok) {
         qlm_source_close(&cm->src);
         return qlm_errorf("%s: no tokenizer found beside the model; give one with -t", o->model);
@@ -449,7 +444,8 @@ static int load_model(const cli_model_opts *o, cli_model *cm, int need_tokenizer
      * and nothing splits them over ranks. */
     qlm_model_options mo = {.dtype = cm->src.stored_dtype, .per_channel = o->per_channel || cm->src.stored_per_channel,
                             .group = o->group, .as_stored = !o->dtype, .act8 = o->act8 == 1,
-                            .in_place = !o->own_weights && cm->dist.size == 1, .backend = be};
+                            .in_place = !o->own_weights && cm->dist.size == 1,
+                            .check_values = !o->random_weights && !o->no_check, .backend = be};
     build_progress progress = {.t0 = qlm_now_s()};
     cli_progress_init(&progress.line, quiet);
     mo.on_layer = on_layer;

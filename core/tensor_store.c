@@ -268,7 +268,7 @@ static int check_blocks(const qlm_tensor_entry *e) {
                       (long long)(bad / heads));
 }
 
-static int check_entry(const qlm_tensor_entry *e) {
+int qlm_entry_check_values(const qlm_tensor_entry *e) {
     if (qlm_dtype_is_block(e->dtype)) return check_blocks(e);
     if (e->dtype == QLM_I8) {
         int64_t rows = e->ndim >= 1 ? e->shape[0] : 1;
@@ -292,10 +292,7 @@ static int check_entry(const qlm_tensor_entry *e) {
 }
 
 int qlm_store_check_values(const qlm_tensor_store *s) {
-    for (int i = 0; i < qlm_store_count(s); i++) {
-        if (check_entry(qlm_store_at(s, i)) != 0) return -1;
-        /* read once here, then again while the model is built: not held in between */
-        qlm_store_release(s, qlm_store_at(s, i));
-    }
+    for (int i = 0; i < qlm_store_count(s); i++)
+        if (qlm_entry_check_values(qlm_store_at(s, i)) != 0) return -1;
     return 0;
 }

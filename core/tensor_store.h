@@ -72,9 +72,13 @@ int qlm_store_remove(qlm_tensor_store *s, const char *name);
 /* Element count of an entry (product of shape). */
 int64_t qlm_entry_numel(const qlm_tensor_entry *e);
 
-/* Checks that every value is usable: F32/F16/BF16 hold no NaN or Inf, INT8 scales are in
- * (0, 1e30], the F16 scales and offsets of block types are finite. A file with such values loads and then generates empty or garbage text, so the error
- * names the tensor and the first bad element. One pass over the data (a fraction of reading it). */
+/* Checks that every value of e is usable: F32/F16/BF16 hold no NaN or Inf, INT8 scales are in
+ * (0, 1e30], the F16 scales and offsets of block types are finite. A file with such values loads
+ * and then generates empty or garbage text, so the error names the tensor and the first bad
+ * element. One pass over the data, threads taking chunks: the model builder checks each tensor
+ * just before it reads it (qlm_weight_format.check_values), so the pages are read once. */
+int qlm_entry_check_values(const qlm_tensor_entry *e);
+/* The same for every entry of s. */
 int qlm_store_check_values(const qlm_tensor_store *s);
 
 #endif

@@ -75,7 +75,7 @@ static int shared_params(qlm_model *m, const char *embed_name, qlm_param p[N_SHA
 }
 
 static qlm_weight_format weight_format(const qlm_model *m) {
-    return (qlm_weight_format){m->dtype, m->per_channel, m->group, m->as_stored, m->act8, m->in_place, m->panels};
+    return (qlm_weight_format){m->dtype, m->per_channel, m->group, m->as_stored, m->act8, m->in_place, m->panels, m->check_values};
 }
 
 static int build_layer(qlm_model *m, const qlm_tensor_store *store, int l) {
@@ -227,6 +227,7 @@ int qlm_model_build(qlm_model *m, const qlm_llama_config *cfg, const qlm_tensor_
     m->act8 = opts->act8;
     m->in_place = opts->in_place;
     m->panels = opts->panels;
+    m->check_values = opts->check_values;
     m->be = opts->backend ? opts->backend : qlm_backend_cpu();
     m->layers = calloc((size_t)cfg->n_layers, sizeof *m->layers);
     if (!m->layers) return qlm_errorf("out of memory");

@@ -35,6 +35,7 @@ typedef struct {
     int in_place;     /* matrices read where the store holds them (qlm_model_options) */
     size_t in_place_bytes; /* of those matrices */
     const qlm_tensor_store *panels; /* W8A8 panels read in place (qlm_model_options) */
+    int check_values;               /* values checked as they are read (qlm_model_options) */
     const qlm_backend *be;
     qlm_weight tok_embed;
     qlm_weight lm_head; /* same data as tok_embed when tied */
@@ -63,6 +64,8 @@ typedef struct {
     /* With in_place and act8: a panel cache's store (loaders/panel_cache.h), whose W8A8 matrices
      * are read where it maps them instead of being packed again; it must outlive the model. */
     const qlm_tensor_store *panels;
+    /* Each tensor's values are checked (qlm_entry_check_values) just before the build reads it. */
+    int check_values;
     const qlm_backend *backend;
     /* NULL, or told after each layer (T5: block) is built: done of total (converting a large model
      * takes seconds). */

@@ -54,10 +54,11 @@ static qlm_weight_format format_for(const qlm_weight_format *fmt, const qlm_para
                                     const qlm_backend *be) {
     qlm_weight_format f = *fmt;
     if (fmt->as_stored && qlm_dtype_is_block(e->dtype) && !be->block_weights)
-        f = (qlm_weight_format){.dtype = QLM_BF16, .as_stored = 1};
+        f = (qlm_weight_format){.dtype = QLM_BF16, .as_stored = 1, .check_values = fmt->check_values};
     else if (fmt->as_stored)
         f = (qlm_weight_format){.dtype = e->dtype, .per_channel = e->row_scales != NULL, .group = e->group,
-                                .as_stored = 1, .act8 = fmt->act8, .in_place = fmt->in_place, .panels = fmt->panels};
+                                .as_stored = 1, .act8 = fmt->act8, .in_place = fmt->in_place, .panels = fmt->panels,
+                                .check_values = fmt->check_values};
     if (p->lookup) f.act8 = 0;
     return f;
 }
@@ -216,6 +217,14 @@ static void rebase(const qlm_param *p, int n, const char *from, char *to) {
     }
 }
 
+/* qlm_entry_check_values, its error saying how to load such a file anyway. */
+static int check_values(const qlm_tensor_entry *e) {
+    if (qlm_entry_check_values(e) == 0) return 0;
+    char why[512];
+    snprintf(why, sizeof why, "%s", qlm_last_error());
+    return qlm_errorf("%s (--no-check loads it anyway)", why);
+}
+
 int qlm_params_pack(const qlm_param *p, int n, const qlm_tensor_store *store, qlm_weight_format fmt,
                     const qlm_backend *be, void **buffer, size_t *bytes, size_t *in_place_bytes) {
     *buffer = NULL;
@@ -256,14 +265,20 @@ int qlm_params_pack(const qlm_param *p, int n, const qlm_tensor_store *store, ql
             if (!ent[i]) continue;
             qlm_weight_format f = format_for(&fmt, &p[i], ent[i], be);
             const qlm_tensor_entry *e = ent[i];
+            const qlm_tensor_entry *c = cached_panels(&f, &p[i], be);
+            if (!c && fmt.check_values && check_values(e) != 0) {
+                rc = -1;
+                break;
+            }
             if (readable_in_place(&f, e, be)) {
                 *p[i].matrix = (qlm_weight){.dtype = e->dtype, .rows = (int)e->shape[0], .cols = (int)e->shape[1],
                                             .data = e->data, .scale = e->scale, .row_scales = e->row_scales,
                                             .group = e->group, .rope_heads = e->rope_heads};
                 if (in_place_bytes) *in_place_bytes += qlm_weight_bytes(p[i].matrix);
+                /* a table read a row at a time need not stay resident because the check read it */
+                if (p[i].lookup) qlm_store_release_rows(store, e, e->shape[0]);
                 continue;
             }
-            const qlm_tensor_entry *c = cached_panels(&f, &p[i], be);
             if (c) {
                 *p[i].matrix = (qlm_weight){.dtype = c->dtype, .rows = (int)c->shape[0], .cols = (int)c->shape[1],
                                             .data = c->data, .scale = 1.0f, .group = c->group, .act8 = 1};
@@ -276,6 +291,10 @@ int qlm_params_pack(const qlm_param *p, int n, const qlm_tensor_store *store, ql
         } else {
             *p[i].vector = NULL;
             if (!ent[i]) continue;
+            if (fmt.check_values && check_values(ent[i]) != 0) {
+                rc = -1;
+                break;
+            }
             *p[i].vector = (float *)cur;
             cur += align64((size_t)qlm_entry_numel(ent[i]) * sizeof(float));
             entry_to_f32(ent[i], *p[i].vector);

@@ -47,6 +47,9 @@ typedef struct {
      * they lie when their name, dtype, group and shape match, in place of packing them again: the
      * store must then outlive the weights. */
     const qlm_tensor_store *panels;
+    /* Each entry's values are checked (qlm_entry_check_values) just before they are read, in
+     * place or to convert: one pass over the file's pages, and a bad tensor refused by name. */
+    int check_values;
 } qlm_weight_format;
 
 /* Finds, checks, sizes, allocates and fills every parameter of the list into *buffer, then moves

@@ -77,7 +77,7 @@ static int shared_params(qlm_t5_model *m, const char *embed_name, qlm_param p[N_
 }
 
 static qlm_weight_format weight_format(const qlm_t5_model *m) {
-    return (qlm_weight_format){m->dtype, m->per_channel, m->group, m->as_stored, m->act8, m->in_place, m->panels};
+    return (qlm_weight_format){m->dtype, m->per_channel, m->group, m->as_stored, m->act8, m->in_place, m->panels, m->check_values};
 }
 
 static int build_shared(qlm_t5_model *m, const qlm_tensor_store *store) {
@@ -109,6 +109,7 @@ int qlm_t5_build(qlm_t5_model *m, const qlm_t5_config *cfg, const qlm_tensor_sto
     m->act8 = opts->act8;
     m->in_place = opts->in_place;
     m->panels = opts->panels;
+    m->check_values = opts->check_values;
     m->be = opts->backend ? opts->backend : qlm_backend_cpu();
     m->enc = calloc((size_t)cfg->n_layers, sizeof *m->enc);
     m->dec = calloc((size_t)cfg->n_dec_layers, sizeof *m->dec);

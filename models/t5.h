@@ -36,6 +36,7 @@ typedef struct {
     int in_place;  /* matrices read where the store holds them (qlm_model_options) */
     size_t in_place_bytes; /* of those matrices */
     const qlm_tensor_store *panels; /* W8A8 panels read in place (qlm_model_options) */
+    int check_values;               /* values checked as they are read (qlm_model_options) */
     const qlm_backend *be;
     qlm_weight shared;    /* token embedding of both stacks */
     qlm_weight lm_head;   /* the shared embedding when tied */
