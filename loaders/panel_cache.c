@@ -95,17 +95,16 @@ qlm_tensor_store *qlm_panel_cache_open(const char *path, const char *model_path,
     return s;
 }
 
-/* 1 if name in dir is a cache file whose source file is gone, or a temporary file
+/* 1 if file (named name) is a cache file whose source file is gone, or a temporary file
  * (qlm_atomic_open's "<name>.tmp.<pid>") whose writer died: each is as large as a model. */
-static int orphan(const char *dir, const char *name) {
-    char file[PATH_MAX + 256], source[PATH_MAX];
-    snprintf(file, sizeof file, "%s/%s", dir, name);
+static int orphan(const char *file, const char *name) {
     const char *tmp = strstr(name, ".safetensors.tmp.");
     if (tmp) {
         char *end;
         long pid = strtol(tmp + strlen(".safetensors.tmp."), &end, 10);
         return pid > 0 && !*end && kill((pid_t)pid, 0) != 0 && errno == ESRCH;
     }
+    char source[PATH_MAX];
     size_t n = strlen(name);
     struct stat st;
     return n > 12 && !strcmp(name + n - 12, ".safetensors") &&
@@ -123,10 +122,9 @@ static void remove_orphans(const char *path) {
     DIR *d = opendir(dir);
     if (!d) return;
     for (struct dirent *de; (de = readdir(d));) {
-        if (!orphan(dir, de->d_name)) continue;
         char file[PATH_MAX + 256];
         snprintf(file, sizeof file, "%s/%s", dir, de->d_name);
-        unlink(file);
+        if (orphan(file, de->d_name)) unlink(file);
     }
     closedir(d);
 }

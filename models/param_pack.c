@@ -53,13 +53,13 @@ static size_t align64(size_t n) { return (n + 63) & ~(size_t)63; }
 static qlm_weight_format format_for(const qlm_weight_format *fmt, const qlm_param *p, const qlm_tensor_entry *e,
                                     const qlm_backend *be) {
     qlm_weight_format f = *fmt;
-    if (fmt->as_stored && qlm_dtype_is_block(e->dtype) && !be->block_weights)
-        f = (qlm_weight_format){.dtype = QLM_BF16, .as_stored = 1, .check_values = fmt->check_values};
-    else if (fmt->as_stored)
-        f = (qlm_weight_format){.dtype = e->dtype, .per_channel = e->row_scales != NULL, .group = e->group,
-                                .as_stored = 1, .act8 = fmt->act8, .in_place = fmt->in_place, .panels = fmt->panels,
-                                .check_values = fmt->check_values};
-    if (p->lookup) f.act8 = 0;
+    const int to_bf16 = fmt->as_stored && qlm_dtype_is_block(e->dtype) && !be->block_weights;
+    if (fmt->as_stored) {
+        f.dtype = to_bf16 ? QLM_BF16 : e->dtype;
+        f.per_channel = !to_bf16 && e->row_scales != NULL;
+        f.group = to_bf16 ? 0 : e->group;
+    }
+    if (to_bf16 || p->lookup) f.act8 = 0;
     return f;
 }
 

@@ -12,7 +12,8 @@
  * (to_panel: blk into the panel). A run's values go in groups of four bytes: Q8_0's four values,
  * or a Q4 byte's two nibbles as GGUF pairs them (value j and j + 16), which is the panel's
  * pairing too. */
-static inline __attribute__((always_inline)) void move_block(uint8_t *panel, uint8_t *blk, qlm_dtype dt, int group, long nb, int r, long b, int to_panel) {
+static inline __attribute__((always_inline)) void move_block(uint8_t *panel, uint8_t *blk, qlm_dtype dt, int group,
+                                                             long nb, int r, long b, int to_panel) {
     const int runs = group / 32, head = qlm_block_head(dt), run_bytes = qlm_block_run_bytes(dt);
     const size_t sb = qlm_panel_scale_bytes(dt), vb = qlm_panel_run_bytes(dt);
     uint8_t *sc = panel + b * sb + 2 * (size_t)r;
@@ -26,7 +27,8 @@ static inline __attribute__((always_inline)) void move_block(uint8_t *panel, uin
 
 /* Row r of a panel to or from row in GGUF's layout. Inlined where dt and the direction are
  * constants: the loops over a block's bytes then unroll into plain moves. */
-static inline __attribute__((always_inline)) void move_row(uint8_t *panel, uint8_t *row, qlm_dtype dt, int group, long cols, int r, int to_panel) {
+static inline __attribute__((always_inline)) void move_row(uint8_t *panel, uint8_t *row, qlm_dtype dt, int group,
+                                                           long cols, int r, int to_panel) {
     const size_t bb = qlm_dtype_block_bytes(dt, group);
     for (long b = 0; b < cols / group; b++) move_block(panel, row + b * bb, dt, group, cols / group, r, b, to_panel);
 }
@@ -46,7 +48,8 @@ void qlm_panels_row_f32(float *dst, const void *data, qlm_dtype dt, int group, i
                                  group);
 }
 
-static inline __attribute__((always_inline)) void rows_to_panel(void *panel, const void *const *rows, qlm_dtype dt, int group, long cols) {
+static inline __attribute__((always_inline)) void rows_to_panel(void *panel, const void *const *rows, qlm_dtype dt,
+                                                                int group, long cols) {
     for (int r = 0; r < QLM_PANEL_ROWS; r++) move_row(panel, (uint8_t *)rows[r], dt, group, cols, r, 1);
 }
 
