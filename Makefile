@@ -36,7 +36,7 @@ CLI_OBJS  := $(CLI_SRCS:%.c=$(BUILD)/%.o)
 TEST_BINS := $(TEST_SRCS:tests/%.c=$(BUILD)/tests/%)
 LIB       := $(BUILD)/libqlm.a
 
-.PHONY: all install test asan fuzz run bench bench-dist eval train-eval qat-eval w8a8-eval clean setup setup-test check-tests test-cuda test-cuda-build
+.PHONY: all install test asan fuzz run bench bench-dist eval train-eval qat-eval int4-eval w8a8-eval clean setup setup-test check-tests test-cuda test-cuda-build
 
 all: $(BUILD)/qlm
 
@@ -134,6 +134,9 @@ train-eval: setup $(BUILD)/qlm
 
 qat-eval: setup $(BUILD)/qlm
 	@scripts/qat_eval.sh $(BUILD)/qlm
+
+int4-eval: setup $(BUILD)/qlm
+	@scripts/int4_eval.sh $(BUILD)/qlm
 
 w8a8-eval: setup $(BUILD)/qlm
 	@scripts/w8a8_eval.sh $(BUILD)/qlm

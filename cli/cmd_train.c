@@ -50,6 +50,8 @@ static const char k_usage[] =
     "      --per-channel        QAT: one scale per output channel\n"
     "      --qat-bits N         QAT: 8 (INT8, default) or 4 (INT4 as q4_0's values -8..7)\n"
     "      --group N            QAT: one scale per N weights along each row: 32 (INT4's default), 64 or 128\n"
+    "      --distill            learn the starting model's next-token distributions (KL divergence) instead\n"
+    "                           of the data's tokens: QAT that keeps what the model knew (a frozen copy)\n"
     "  how long and how fast:\n"
     "      --steps N            optimizer steps (default: one epoch)\n"
     "      --epochs E           passes over the data (when --steps is not given)\n"
@@ -98,7 +100,7 @@ enum {
     OPT_EPOCHS, OPT_TBATCH, OPT_ACCUM, OPT_SEQ_LEN, OPT_PACK, OPT_LR, OPT_SCHEDULE, OPT_WARMUP, OPT_MIN_LR,
     OPT_WD, OPT_CLIP, OPT_TDTYPE, OPT_BASE_DTYPE, OPT_RECOMPUTE, OPT_TARGET_FIELD, OPT_TEMPLATE, OPT_CHAT,
     OPT_SAVE_EVERY, OPT_RESUME, OPT_OVERWRITE, OPT_TSEED, OPT_TTHREADS, OPT_TDEVICE, OPT_RANDOM, OPT_TNO_CHECK, OPT_SHARD, OPT_FACTOR,
-    OPT_PREFETCH, OPT_OFFLOAD, OPT_DIST_TIMEOUT, OPT_RESHARD, OPT_TCHAT_TEMPLATE,
+    OPT_PREFETCH, OPT_OFFLOAD, OPT_DIST_TIMEOUT, OPT_RESHARD, OPT_TCHAT_TEMPLATE, OPT_DISTILL,
 };
 
 typedef struct {
@@ -108,7 +110,7 @@ typedef struct {
     int eval_every, eval_max, rank, rslora, per_channel, qat_bits, qat_group, steps, epochs, batch, accum, seq_len, pack,
         warmup;
     int recompute, chat, save_every, resume, seed, threads, random_weights, no_check;
-    int factor, prefetch, reshard, shard_given, offload, overwrite;
+    int factor, prefetch, reshard, shard_given, offload, overwrite, distill;
     float alpha, lora_dropout, lr, min_lr_ratio, weight_decay, clip, dist_timeout;
     qlm_shard_strategy shard;
     qlm_train_mode mode;
@@ -133,6 +135,7 @@ static int parse_args(int argc, char **argv, train_args *a) {
         {"lora-dropout", required_argument, 0, OPT_LORA_DROPOUT}, {"targets", required_argument, 0, OPT_TARGETS},
         {"rslora", no_argument, 0, OPT_RSLORA}, {"full", no_argument, 0, OPT_MODE_FULL},
         {"qat", no_argument, 0, OPT_MODE_QAT}, {"per-channel", no_argument, 0, OPT_PER_CH},
+        {"distill", no_argument, 0, OPT_DISTILL},
         {"qat-bits", required_argument, 0, OPT_QAT_BITS}, {"group", required_argument, 0, OPT_QAT_GROUP},
         {"steps", required_argument, 0, OPT_STEPS}, {"epochs", required_argument, 0, OPT_EPOCHS},
         {"batch", required_argument, 0, OPT_TBATCH}, {"accum", required_argument, 0, OPT_ACCUM},
@@ -185,6 +188,7 @@ static int parse_args(int argc, char **argv, train_args *a) {
         case OPT_MODE_FULL: a->mode = QLM_TRAIN_FULL; break;
         case OPT_MODE_QAT: a->mode = QLM_TRAIN_QAT; break;
         case OPT_PER_CH: a->per_channel = 1; break;
+        case OPT_DISTILL: a->distill = 1; break;
         case OPT_QAT_BITS:
             if (cli_int("--qat-bits", optarg, 4, 8, &a->qat_bits) || (a->qat_bits != 4 && a->qat_bits != 8))
                 bad = fprintf(stderr, "qlm train: --qat-bits must be 8 or 4\n") > 0;
@@ -280,10 +284,10 @@ static char *fingerprint(const train_args *a, int ranks) {
     if (!realpath(a->data, data)) snprintf(data, sizeof data, "%s", a->data);
     snprintf(buf, sizeof buf, "mode=%d data=%s rank=%d alpha=%g targets=%s rslora=%d batch=%d accum=%d seq=%d pack=%d "
              "lr=%g schedule=%d warmup=%d steps=%d epochs=%d dtype=%d seed=%d per_channel=%d dropout=%g qat_bits=%d "
-             "qat_group=%d",
+             "qat_group=%d%s",
              a->mode, data, a->rank, a->alpha, a->targets, a->rslora, a->batch * ranks, a->accum, a->seq_len, a->pack,
              a->lr, a->schedule, a->warmup, a->steps, a->epochs, a->dtype, a->seed, a->per_channel, a->lora_dropout,
-             a->qat_bits, a->qat_group);
+             a->qat_bits, a->qat_group, a->distill ? " distill=1" : "");
     return strdup(buf);
 }
 
@@ -294,7 +298,7 @@ static const char *const k_setting_keys[][2] = {
     {"seq", "--seq-len"}, {"pack", "--pack"}, {"lr", "--lr"}, {"schedule", "--schedule"}, {"warmup", "--warmup"},
     {"steps", "--steps"}, {"epochs", "--epochs"}, {"dtype", "--dtype"}, {"seed", "--seed"},
     {"per_channel", "--per-channel"}, {"dropout", "--lora-dropout"}, {"qat_bits", "--qat-bits"},
-    {"qat_group", "--group"}};
+    {"qat_group", "--group"}, {"distill", "--distill"}};
 enum { N_SETTING_KEYS = sizeof k_setting_keys / sizeof k_setting_keys[0] };
 
 /* The value of key i in a fingerprint (values may hold spaces: a value runs to the next key). */
@@ -302,8 +306,8 @@ static void setting_value(const char *fp, int i, char *out, size_t cap) {
     char at[32], next[32];
     snprintf(at, sizeof at, "%s%s=", i ? " " : "", k_setting_keys[i][0]);
     const char *v = i ? strstr(fp, at) : (!strncmp(fp, at, strlen(at)) ? fp : NULL);
-    if (!v) {
-        snprintf(out, cap, "?");
+    if (!v) { /* a flag's key is written only when set (--distill) */
+        snprintf(out, cap, "0");
         return;
     }
     v += strlen(at);
@@ -620,6 +624,7 @@ static int write_summary(const train_args *a, const qlm_trainer *t, const run_to
                          const cli_dist *d, const double *ranks) {
     cJSON *j = cJSON_CreateObject();
     cJSON_AddStringToObject(j, "mode", a->mode == QLM_TRAIN_LORA ? "lora" : a->mode == QLM_TRAIN_FULL ? "full" : "qat");
+    cJSON_AddBoolToObject(j, "distill", a->distill);
     cJSON_AddNumberToObject(j, "steps", (double)t->step);
     cJSON_AddNumberToObject(j, "tokens", tot->tokens);
     cJSON_AddNumberToObject(j, "train_seconds", tot->elapsed_s);
@@ -764,6 +769,7 @@ int cmd_train(int argc, char **argv) {
     o.qat_per_channel = a.per_channel;
     o.qat_bits = a.qat_bits;
     o.qat_group = a.qat_group;
+    o.distill = a.distill;
     o.lr = a.lr, o.min_lr_ratio = a.min_lr_ratio, o.warmup_steps = a.warmup, o.total_steps = total;
     o.schedule = a.schedule, o.weight_decay = a.weight_decay, o.clip = a.clip;
     o.dynamic_loss_scale = a.dtype == QLM_F16;
@@ -799,7 +805,9 @@ int cmd_train(int argc, char **argv) {
         }
     }
     char title[512];
-    const char *what = a.mode == QLM_TRAIN_LORA ? "LoRA" : a.mode == QLM_TRAIN_FULL ? "full" : "QAT";
+    char what[64];
+    snprintf(what, sizeof what, "%s%s", a.mode == QLM_TRAIN_LORA ? "LoRA" : a.mode == QLM_TRAIN_FULL ? "full" : "QAT",
+             a.distill ? ", distilled from the starting model" : "");
     if (a.mode == QLM_TRAIN_LORA)
         snprintf(title, sizeof title, "qlm train: %s, LoRA r=%d on %s", a.model, a.rank, a.data);
     else

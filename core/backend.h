@@ -179,10 +179,13 @@ typedef struct qlm_backend {
     void (*embedding_backward)(float *dtable, const float *dout, const int *ids, int n, int dim);
     /* Cross-entropy of n rows of logits against targets (-1: not a target): row_loss[i] is row i's
      * loss in nats (0 where no target), and the logits are replaced by their gradient times
-     * grad_scale: grad_scale * (softmax - onehot), zero rows where the target is -1. softcap > 0:
-     * the loss is of softcap * tanh(logit / softcap), and the gradient goes through the cap. */
-    void (*cross_entropy)(float *row_loss, float *logits, const int *targets, int n, int vocab, float grad_scale,
-                          float softcap);
+     * grad_scale: grad_scale * (softmax - onehot), zero rows where the target is -1. With teacher
+     * ([n][vocab] another model's logits for the same rows; NULL: none) the target of a row is the
+     * teacher's distribution instead of its token: the loss is KL(teacher || softmax) and the
+     * gradient grad_scale * (softmax - teacher's softmax). softcap > 0: both are of
+     * softcap * tanh(logit / softcap), and the gradient goes through the cap. */
+    void (*cross_entropy)(float *row_loss, float *logits, const int *targets, const float *teacher, int n, int vocab,
+                          float grad_scale, float softcap);
     /* Sum of squares in double (gradient norms; inf/NaN propagate). */
     double (*sum_squares)(const float *x, long n);
     /* x *= s over n values. */

@@ -274,8 +274,26 @@ void qlm_cpu_embedding_backward(float *dtable, const float *dout, const int *ids
     }
 }
 
-void qlm_cpu_cross_entropy(float *row_loss, float *logits, const int *targets, int n, int vocab, float grad_scale,
-                           float softcap) {
+static float capped(float x, float softcap) { return softcap > 0 ? softcap * tanhf(x / softcap) : x; }
+
+/* A row's largest (capped) logit and the sum of exp(logit - largest), in double. */
+static float row_max(const float *l, int vocab, float softcap) {
+    float mx = -INFINITY;
+    for (int j = 0; j < vocab; j++) {
+        float x = capped(l[j], softcap);
+        if (x > mx) mx = x;
+    }
+    return mx;
+}
+
+static double row_exp_sum(const float *l, int vocab, float softcap, float mx) {
+    double sum = 0;
+    for (int j = 0; j < vocab; j++) sum += exp((double)(capped(l[j], softcap) - mx));
+    return sum;
+}
+
+void qlm_cpu_cross_entropy(float *row_loss, float *logits, const int *targets, const float *teacher, int n, int vocab,
+                           float grad_scale, float softcap) {
 #pragma omp parallel for schedule(static)
     for (int i = 0; i < n; i++) {
         float *l = logits + (size_t)i * vocab;
@@ -285,23 +303,36 @@ void qlm_cpu_cross_entropy(float *row_loss, float *logits, const int *targets, i
             continue;
         }
         if (softcap > 0)
-            for (int j = 0; j < vocab; j++) l[j] = softcap * tanhf(l[j] / softcap);
-        float mx = -INFINITY;
-        for (int j = 0; j < vocab; j++)
-            if (l[j] > mx) mx = l[j];
-        double sum = 0;
-        for (int j = 0; j < vocab; j++) sum += exp((double)(l[j] - mx));
-        row_loss[i] = (float)(log(sum) - (double)(l[targets[i]] - mx));
+            for (int j = 0; j < vocab; j++) l[j] = capped(l[j], softcap);
+        float mx = row_max(l, vocab, 0);
+        double sum = row_exp_sum(l, vocab, 0, mx), log_sum = log(sum);
         float inv = (float)(1.0 / sum);
+        const float *t = teacher ? teacher + (size_t)i * vocab : NULL;
+        float t_mx = 0;
+        double t_log_sum = 0, kl = 0;
+        if (t) {
+            t_mx = row_max(t, vocab, softcap);
+            t_log_sum = log(row_exp_sum(t, vocab, softcap, t_mx));
+        } else {
+            row_loss[i] = (float)(log_sum - (double)(l[targets[i]] - mx));
+        }
         for (int j = 0; j < vocab; j++) {
             float g = grad_scale * expf(l[j] - mx) * inv;
-            if (j == targets[i]) g -= grad_scale;
+            if (t) {
+                double log_pt = (double)(capped(t[j], softcap) - t_mx) - t_log_sum;
+                double pt = exp(log_pt);
+                kl += pt * (log_pt - ((double)(l[j] - mx) - log_sum));
+                g -= grad_scale * (float)pt;
+            } else if (j == targets[i]) {
+                g -= grad_scale;
+            }
             if (softcap > 0) {
-                float t = l[j] / softcap; /* tanh of the raw logit over the cap */
-                g *= 1.0f - t * t;
+                float c = l[j] / softcap; /* tanh of the raw logit over the cap */
+                g *= 1.0f - c * c;
             }
             l[j] = g;
         }
+        if (t) row_loss[i] = (float)kl;
     }
 }
 

@@ -21,8 +21,8 @@ void qlm_cpu_glu_backward(float *dgate, float *dup, const float *dout, const flo
                           qlm_act a);
 void qlm_cpu_activate_backward(float *dx, const float *dout, const float *x, long n, qlm_act a);
 void qlm_cpu_embedding_backward(float *dtable, const float *dout, const int *ids, int n, int dim);
-void qlm_cpu_cross_entropy(float *row_loss, float *logits, const int *targets, int n, int vocab, float grad_scale,
-                           float softcap);
+void qlm_cpu_cross_entropy(float *row_loss, float *logits, const int *targets, const float *teacher, int n, int vocab,
+                           float grad_scale, float softcap);
 double qlm_cpu_sum_squares(const float *x, long n);
 void qlm_cpu_scale(float *x, long n, float s);
 void qlm_cpu_zero(float *x, long n);

@@ -262,8 +262,7 @@ static int head_pass(const pass *p, float grad_scale, int backward, double *loss
                         .logits = s->logits, .row_loss = s->row_loss, .dxn = s->dxn, .dnorm = s->tmp,
                         .rows = s->head_rows, .targets = s->head_targets};
     if (backward) m->be->zero(s->dx, (long)p->n * m->cfg.dim);
-    return qlm_train_head_pass(&h, s->x_in[m->cfg.n_layers], p->n, p->b->targets, grad_scale, backward, loss_sum,
-                               s->dx);
+    return qlm_train_head_pass(&h, s->x_in[m->cfg.n_layers], p->b, grad_scale, backward, loss_sum, s->dx);
 }
 
 int qlm_llama_train_pass(const qlm_model *m, const qlm_llama_grads *grads, const qlm_lora_train *lora,

@@ -414,7 +414,7 @@ int qlm_t5_train_pass(const qlm_t5_model *m, const qlm_t5_model *grads, const ql
         if (G) be->zero(s->d_head_norm, c->d_model), be->zero(s->d_dec_bias, (long)c->n_heads * s->span);
     }
     if (qlm_unit_use(h, 0) != 0 || (G && qlm_unit_grads_use(h, 0) != 0)) return -1;
-    if (qlm_train_head_pass(&hd, s->dec_x[c->n_dec_layers], n, b->targets, grad_scale, backward, loss_sum, s->dx) != 0)
+    if (qlm_train_head_pass(&hd, s->dec_x[c->n_dec_layers], b, grad_scale, backward, loss_sum, s->dx) != 0)
         return -1;
     if (G) {
         be->scale(s->d_head_norm, c->d_model, c->tie_embeddings ? 1.0f / sqrtf((float)c->d_model) : 1.0f);

@@ -23,6 +23,11 @@ typedef struct {
      * split it (0 for one process): dropout draws by the whole batch's row, so a rank's slice
      * drops what one process running the whole batch would. */
     long row0, src_row0;
+    /* Distillation: another model's logits for the target rows, in row order ([targets][vocab]),
+     * which become the targets (backend cross_entropy); NULL: the tokens are. writes_teacher: this
+     * pass is that model's own: it fills teacher_logits and computes no loss. */
+    float *teacher_logits;
+    int writes_teacher;
 } qlm_train_batch;
 
 /* An adapter being trained: its A and B (F32) are the parameters; grad has the same layout as

@@ -56,10 +56,12 @@ int qlm_train_linear_backward(const qlm_train_linear *c, float *dx, int accumula
     return 0;
 }
 
-int qlm_train_head_pass(const qlm_train_head *h, const float *x, int n, const int *targets, float grad_scale,
+int qlm_train_head_pass(const qlm_train_head *h, const float *x, const qlm_train_batch *b, float grad_scale,
                         int backward, double *loss_sum, float *dx) {
     const qlm_backend *be = h->be;
-    int row = 0, dim = h->dim;
+    const int *targets = b->targets;
+    int row = 0, dim = h->dim, n = b->n_rows;
+    size_t done = 0; /* target rows before this chunk */
     while (row < n) {
         int k = 0;
         for (; row < n && k < QLM_HEAD_CHUNK; row++) {
@@ -74,7 +76,13 @@ int qlm_train_head_pass(const qlm_train_head *h, const float *x, int n, const in
         if (k == 0) break;
         be->rmsnorm(h->head_xn, h->head_x, h->norm, k, dim, h->eps);
         be->matmul(h->logits, h->head_xn, k, h->lm_head, NULL);
-        be->cross_entropy(h->row_loss, h->logits, h->targets, k, h->vocab, grad_scale, h->softcap);
+        float *teacher = b->teacher_logits ? b->teacher_logits + done * (size_t)h->vocab : NULL;
+        done += (size_t)k;
+        if (b->writes_teacher) {
+            be->copy(teacher, h->logits, (long)k * h->vocab);
+            continue;
+        }
+        be->cross_entropy(h->row_loss, h->logits, h->targets, teacher, k, h->vocab, grad_scale, h->softcap);
         float losses[QLM_HEAD_CHUNK];
         be->to_host(losses, h->row_loss, (size_t)k * sizeof *losses);
         for (int i = 0; i < k; i++) *loss_sum += losses[i];

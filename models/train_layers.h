@@ -48,9 +48,10 @@ typedef struct {
     int *rows, *targets;
 } qlm_train_head;
 
-/* The loss of rows x[0..n) against targets (-1: none), added to *loss_sum; with backward, dx
- * (n x dim, zeroed by the caller) += the gradient times grad_scale. */
-int qlm_train_head_pass(const qlm_train_head *h, const float *x, int n, const int *targets, float grad_scale,
+/* The loss of rows x[0..b->n_rows) against b's targets (-1: none), added to *loss_sum; with
+ * backward, dx (n x dim, zeroed by the caller) += the gradient times grad_scale. A teacher's pass
+ * (b->writes_teacher) writes the target rows' logits to b->teacher_logits instead. */
+int qlm_train_head_pass(const qlm_train_head *h, const float *x, const qlm_train_batch *b, float grad_scale,
                         int backward, double *loss_sum, float *dx);
 
 

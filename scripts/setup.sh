@@ -19,7 +19,7 @@ for arg in "$@"; do
     esac
 done
 
-packages=(gcc make pkg-config libcmocka-dev libpcre2-dev libcjson-dev libopenblas-dev libcurl4-openssl-dev libmicrohttpd-dev libssl-dev libedit-dev libopenmpi-dev openmpi-bin curl unzip ca-certificates)
+packages=(gcc make pkg-config libcmocka-dev libpcre2-dev libcjson-dev libopenblas-dev libcurl4-openssl-dev libmicrohttpd-dev libssl-dev libedit-dev libopenmpi-dev openmpi-bin curl unzip jq ca-certificates)
 test_packages=(chromium python3-venv)
 [ "$with_tests" -eq 0 ] || packages+=("${test_packages[@]}")
 [ "$with_fuzz" -eq 0 ] || packages+=(clang libclang-rt-dev libomp-dev)

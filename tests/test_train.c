@@ -1,5 +1,6 @@
 /* Training against PyTorch: loss, every parameter's gradient, LoRA A/B gradients, and 10 AdamW
  * steps (full and LoRA) on the random Llama/Qwen2 fixtures made by tools/make_train_fixtures.py;
+ * distillation's loss and A/B gradients (tools/make_distill_fixtures.py);
  * dynamic loss scaling with an injected overflow; BF16 compute within its tolerance; the
  * activation-recomputation path equal to the stored one. */
 #include "../loaders/model_source.h"
@@ -190,6 +191,44 @@ static void check_lora(const char *name, qlm_dtype base_dtype, double loss_tol) 
     if (base_dtype == QLM_F32) compare_tensors(&t, f.dir, "lora_adamw_final.safetensors", 'p', 1, final_tol);
     close_case(&t, &m, &src, &f);
     qlm_lora_free(&a);
+}
+
+/* --distill with an adapter: the teacher is the base without it (torch: peft's disable_adapter);
+ * the first step's KL loss and A/B gradients against tools/make_distill_fixtures.py's. */
+static void check_lora_distill(const char *name) {
+    fixture f;
+    qlm_source src;
+    qlm_model m;
+    open_case(name, QLM_F32, &f, &src, &m);
+    char dir[600];
+    snprintf(dir, sizeof dir, "%s/lora_adapter", f.dir);
+    qlm_lora_adapter a;
+    if (qlm_lora_load(&a, dir, "trained", &src.cfg, NULL, QLM_F32) != 0) fail_msg("%s", qlm_last_error());
+    qlm_train_options o;
+    qlm_train_options_init(&o);
+    o.mode = QLM_TRAIN_LORA;
+    o.distill = 1;
+    o.clip = 0;
+    qlm_trainer t;
+    if (qlm_trainer_init(&t, &m, NULL, &a, &o, &k_shape) != 0) fail_msg("%s", qlm_last_error());
+    char ddir[320];
+    snprintf(ddir, sizeof ddir, "%s/distill", f.dir);
+    cJSON *ref = train_fixture_json(ddir, "reference.json");
+    qlm_train_step_stats st;
+    if (qlm_trainer_step(&t, &f.b, 1, &st) != 0) fail_msg("%s", qlm_last_error());
+    print_message("%s distillation loss %.9f (torch %.9f)\n", name, st.loss, ref_num(ref, "loss"));
+    assert_int_equal(st.n_targets, (long)ref_num(ref, "n_targets"));
+    assert_true(fabs(st.loss - ref_num(ref, "loss")) <= 1e-6);
+    compare_tensors(&t, ddir, "lora_grads.safetensors", 'g', 1, 5e-6);
+    cJSON_Delete(ref);
+    close_case(&t, &m, &src, &f);
+    qlm_lora_free(&a);
+}
+
+static void test_lora_distill(void **state) {
+    (void)state;
+    check_lora_distill("gqa_tied");
+    check_lora_distill("gemma2_softcap");
 }
 
 static void test_lora_gqa_tied(void **state) {
@@ -426,6 +465,7 @@ int main(void) {
         cmocka_unit_test(test_lora_mistral_window),
         cmocka_unit_test(test_lora_phi3_fused),
         cmocka_unit_test(test_lora_phi3_fused_inference),       cmocka_unit_test(test_lora_low_precision_base),
+        cmocka_unit_test(test_lora_distill),
         cmocka_unit_test(test_full_bf16_compute),     cmocka_unit_test(test_loss_scaling_overflow),
         cmocka_unit_test(test_gradient_accumulation), cmocka_unit_test(test_lr_schedules),
     };

@@ -1,6 +1,7 @@
 /* qlm train end to end on stories260K (a real pretrained llama2.c model): SIGKILL at random
  * points and --resume give bit-identical final weights with no torn checkpoint; the loss falls;
- * QAT output becomes an INT8 model through `qlm quantize --from-qat`; bad flags and data fail. And
+ * QAT output becomes an INT8 model through `qlm quantize --from-qat`; --distill starts from the
+ * model itself; bad flags and data fail. And
  * peft reads what qlm trains: the adapter of tests/fixtures/train/qlm_trained_peft, which peft
  * opened by itself (tools/make_peft_trained_fixture.py), is what qlm trains today, and gives qlm
  * the logits it gave peft. */
@@ -216,6 +217,54 @@ static void test_qat_int4_export(void **state) {
                                         "2>/dev/null", model, g_data, g_dir), 2);
 }
 
+/* The first step's loss (metrics.jsonl) of the run in dir. */
+static double first_loss(const char *dir) {
+    char path[400];
+    snprintf(path, sizeof path, "%s/metrics.jsonl", dir);
+    char *text = test_read_file(path, NULL);
+    assert_non_null(text);
+    char *nl = strchr(text, '\n');
+    if (nl) *nl = 0;
+    cJSON *j = cJSON_Parse(text);
+    const cJSON *loss = j ? cJSON_GetObjectItem(j, "loss") : NULL;
+    if (!cJSON_IsNumber(loss)) fail_msg("%s: no loss in %s", path, text);
+    double v = loss->valuedouble;
+    cJSON_Delete(j);
+    free(text);
+    return v;
+}
+
+/* --distill: the teacher is the starting model, so full training starts at a KL of exactly 0 and
+ * QAT at what fake quantization changes; the flag is part of the settings a resume must keep. */
+static void test_distill(void **state) {
+    (void)state;
+    REQUIRE_ASSET(g_model);
+    write_data();
+    char full[300], qat[300], path[400];
+    snprintf(full, sizeof full, "%s/distill-full", g_dir);
+    snprintf(qat, sizeof qat, "%s/distill-qat", g_dir);
+    assert_int_equal(test_run_qlm(NULL, "train -m %s -t %s --data %s --full --distill --steps 2 --batch 4 --seq-len 96 "
+                                        "--lr 1e-3 --out %s 2>/dev/null", g_model, g_tok, g_data, full), 0);
+    assert_true(first_loss(full) == 0.0);
+    assert_int_equal(test_run_qlm(NULL, "train -m %s -t %s --data %s --qat --per-channel --distill --steps 2 --batch 4 "
+                                        "--seq-len 96 --lr 1e-4 --save-every 1 --out %s 2>/dev/null",
+                                  g_model, g_tok, g_data, qat), 0);
+    double kl = first_loss(qat);
+    print_message("INT8 QAT's first distillation loss %.6f\n", kl);
+    assert_true(kl > 1e-5 && kl < 0.5);
+    snprintf(path, sizeof path, "%s/summary.json", qat);
+    char *text = test_read_file(path, NULL);
+    cJSON *j = cJSON_Parse(text);
+    assert_true(cJSON_IsTrue(cJSON_GetObjectItem(j, "distill")));
+    cJSON_Delete(j);
+    free(text);
+    assert_int_equal(test_run_qlm(&text, "train -m %s -t %s --data %s --qat --per-channel --steps 2 --batch 4 "
+                                         "--seq-len 96 --lr 1e-4 --out %s --resume 2>&1",
+                                  g_model, g_tok, g_data, qat), 1);
+    if (!strstr(text, "other settings") || !strstr(text, "--distill 1 vs 0")) fail_msg("%s", text);
+    free(text);
+}
+
 static void test_bad_input(void **state) {
     (void)state;
     REQUIRE_ASSET(g_model);
@@ -407,6 +456,7 @@ int main(void) {
         cmocka_unit_test(test_sigkill_resume_is_bit_identical),
         cmocka_unit_test(test_qat_export),
         cmocka_unit_test(test_qat_int4_export),
+        cmocka_unit_test(test_distill),
         cmocka_unit_test(test_bad_input),
         cmocka_unit_test(test_output_folder),
         cmocka_unit_test(test_peft_reads_trained_adapter),

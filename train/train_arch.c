@@ -13,6 +13,7 @@ static int llama_twin(void *twin, const void *m) { return qlm_model_f32_twin(twi
 static void llama_twin_free(void *twin) { qlm_model_twin_free(twin); }
 static void llama_free(void *m) { qlm_model_free(m); }
 static qlm_dtype llama_dtype(const void *m) { return ((const qlm_model *)m)->dtype; }
+static int llama_vocab(const void *m) { return ((const qlm_model *)m)->cfg.vocab_size; }
 static const qlm_backend *llama_backend(const void *m) { return ((const qlm_model *)m)->be; }
 static void llama_refresh(void *m) { (void)m; }
 
@@ -41,7 +42,8 @@ static int llama_pass(const void *m, const void *grads, const qlm_lora_train *lo
 const qlm_train_arch qlm_train_arch_llama = {
     .name = "llama", .model_size = sizeof(qlm_model), .state_size = sizeof(qlm_llama_train_state),
     .param_list = llama_param_list, .units = llama_units, .twin = llama_twin, .twin_free = llama_twin_free,
-    .build_copy = llama_build_copy, .free_model = llama_free, .dtype = llama_dtype, .backend = llama_backend,
+    .build_copy = llama_build_copy, .free_model = llama_free, .dtype = llama_dtype, .vocab = llama_vocab,
+    .backend = llama_backend,
     .refresh = llama_refresh, .state_init = llama_state_init, .state_free = llama_state_free,
     .state_bytes = llama_state_bytes, .pass = llama_pass,
 };
@@ -54,6 +56,7 @@ static int t5_twin(void *twin, const void *m) { return qlm_t5_f32_twin(twin, m);
 static void t5_twin_free(void *twin) { qlm_t5_twin_free(twin); }
 static void t5_free(void *m) { qlm_t5_free(m); }
 static qlm_dtype t5_dtype(const void *m) { return ((const qlm_t5_model *)m)->dtype; }
+static int t5_vocab(const void *m) { return ((const qlm_t5_model *)m)->cfg.vocab_size; }
 static const qlm_backend *t5_backend(const void *m) { return ((const qlm_t5_model *)m)->be; }
 static void t5_refresh(void *m) { qlm_t5_refresh_head_norm(m); }
 
@@ -82,6 +85,6 @@ static int t5_pass(const void *m, const void *grads, const qlm_lora_train *lora,
 const qlm_train_arch qlm_train_arch_t5 = {
     .name = "t5", .model_size = sizeof(qlm_t5_model), .state_size = sizeof(qlm_t5_train_state),
     .param_list = t5_param_list, .units = t5_units, .twin = t5_twin, .twin_free = t5_twin_free, .build_copy = t5_build_copy,
-    .free_model = t5_free, .dtype = t5_dtype, .backend = t5_backend, .refresh = t5_refresh, .derived = 1,
+    .free_model = t5_free, .dtype = t5_dtype, .vocab = t5_vocab, .backend = t5_backend, .refresh = t5_refresh, .derived = 1,
     .state_init = t5_state_init, .state_free = t5_state_free, .state_bytes = t5_state_bytes, .pass = t5_pass,
 };

@@ -30,6 +30,7 @@ typedef struct {
     int (*build_copy)(void *copy, const void *master, qlm_dtype dtype);
     void (*free_model)(void *m);
     qlm_dtype (*dtype)(const void *m);
+    int (*vocab)(const void *m);
     const qlm_backend *(*backend)(const void *m);
     /* Recomputes tensors derived from the parameters (T5's head norm) after they changed; they are
      * derived from unit 0's (derived set), which a sharded run gathers for it. */

@@ -457,9 +457,10 @@ int qlm_trainer_consolidate(qlm_trainer *t) {
 qlm_train_memory qlm_trainer_memory(const qlm_trainer *t) {
     const struct qlm_train_shards *sh = t->sh;
     qlm_train_memory mem = {0};
-    double master = 0, moments = 0, grads = 0, params = 0;
+    double master = 0, moments = 0, grads = 0, params = 0, teacher = 0;
     for (int u = 0; u < sh->n_units; u++) {
         double whole = (double)sh->Lm.bytes[u], part = (double)qlm_layout_part(&sh->Lm, u, sh->rank);
+        if (t->teacher) teacher += whole;
         master += sh->master_part ? part : whole;
         moments += 2 * (sh->m_part ? part : whole);
         grads += sh->grads_part ? (double)qlm_layout_part(&sh->Lg, u, sh->rank) : whole;
@@ -488,6 +489,7 @@ qlm_train_memory qlm_trainer_memory(const qlm_trainer *t) {
         mem.grads = grads;
         mem.optim = moments;
     }
+    mem.params += teacher; /* distillation's frozen copy, whole on every rank */
     if (sh->fwd) {
         qlm_shard_memory sm = qlm_shard_memory_now(sh->fwd);
         mem.transient_peak = sm.buffers_peak;

@@ -82,6 +82,14 @@ static int init_full(qlm_trainer *t) {
     return 0;
 }
 
+static int init_teacher(qlm_trainer *t) {
+    const qlm_train_arch *A = t->arch;
+    t->teacher = calloc(1, A->model_size);
+    if (!t->teacher) return qlm_errorf("out of memory");
+    return A->build_copy(t->teacher, t->model, A->dtype(t->model)) == 0 ? 0
+                                                                        : qlm_error_context("distillation's teacher");
+}
+
 static int init_lora(qlm_trainer *t) {
     qlm_lora_adapter *a = t->lora;
     if (!a) return qlm_errorf("LoRA training needs an adapter");
@@ -179,7 +187,9 @@ int qlm_trainer_init(qlm_trainer *t, qlm_model *llama, qlm_t5_model *t5, qlm_lor
         return qlm_errorf("the initial loss scale must be positive and finite");
     if (t->lora && t->lora->is_t5 != (t5 != NULL))
         return qlm_errorf("the adapter is for %s, the model is %s", qlm_lora_arch_name(t->lora), t->arch->name);
-    int rc = o->mode == QLM_TRAIN_LORA ? init_lora(t) : init_full(t);
+    /* The teacher is copied while the master is whole and still the starting weights. */
+    int rc = o->distill && o->mode != QLM_TRAIN_LORA ? init_teacher(t) : 0;
+    if (rc == 0) rc = o->mode == QLM_TRAIN_LORA ? init_lora(t) : init_full(t);
     /* The scales come from the whole weights, so before anything is split; the pieces go first. */
     if (rc == 0) rc = init_qat_scales(t);
     if (rc == 0) rc = qlm_train_shards_init(t);
@@ -189,6 +199,11 @@ int qlm_trainer_init(qlm_trainer *t, qlm_model *llama, qlm_t5_model *t5, qlm_lor
                                             max_lora_rank(t->lora))
                       : qlm_errorf("out of memory");
         if (rc != 0) free(t->state), t->state = NULL;
+    }
+    if (rc == 0 && o->distill) {
+        t->teacher_logits_n = (size_t)shape->max_rows * (size_t)t->arch->vocab(t->model);
+        t->teacher_logits = malloc(t->teacher_logits_n * sizeof(float));
+        if (!t->teacher_logits) rc = qlm_errorf("out of memory (distillation's logits for %d rows)", shape->max_rows);
     }
     if (rc == 0) rc = qlm_trainer_refresh(t);
     if (rc != 0) {
@@ -206,6 +221,9 @@ void qlm_trainer_free(qlm_trainer *t) {
     qlm_train_shards_free(t);
     /* A failed build or twin leaves its model zeroed, which the free functions accept. */
     if (t->compute) A->free_model(t->compute);
+    if (t->teacher) A->free_model(t->teacher);
+    free(t->teacher);
+    free(t->teacher_logits);
     void *twins[3] = {t->grads, t->moment1, t->moment2};
     for (int i = 0; i < 3; i++)
         if (twins[i]) A->twin_free(twins[i]);
@@ -223,7 +241,9 @@ const char *qlm_trainer_backend_name(const qlm_trainer *t) { return t->arch->bac
 
 const void *qlm_trainer_forward_model(const qlm_trainer *t) { return t->has_copy ? t->compute : t->model; }
 
-double qlm_trainer_activation_bytes(const qlm_trainer *t) { return t->state ? t->arch->state_bytes(t->state) : 0; }
+double qlm_trainer_activation_bytes(const qlm_trainer *t) {
+    return (t->state ? t->arch->state_bytes(t->state) : 0) + (double)t->teacher_logits_n * sizeof(float);
+}
 
 /* The scale entry of the weight of parameter `param`, or NULL. */
 static const qlm_train_tensor *qat_scale(const qlm_trainer *t, int param) {
@@ -296,7 +316,16 @@ static long count_targets(const qlm_train_batch *b, long *tokens) {
 static int run_pass(qlm_trainer *t, const qlm_train_batch *b, float grad_scale, int backward, double *loss) {
     const qlm_lora_train *lt = t->lora ? &t->lora_train : NULL;
     const void *g = t->o.mode == QLM_TRAIN_LORA || !backward ? NULL : t->grads;
-    return t->arch->pass(qlm_trainer_forward_model(t), g, lt, t->state, b, grad_scale, backward, loss);
+    if (!t->o.distill) return t->arch->pass(qlm_trainer_forward_model(t), g, lt, t->state, b, grad_scale, backward, loss);
+    /* The teacher's pass first, through the same activations: its logits become the targets. */
+    qlm_train_batch db = *b;
+    db.teacher_logits = t->teacher_logits;
+    db.writes_teacher = 1;
+    double none = 0;
+    if (t->arch->pass(t->teacher ? t->teacher : t->model, NULL, NULL, t->state, &db, 0.0f, 0, &none) != 0)
+        return qlm_error_context("distillation's teacher");
+    db.writes_teacher = 0;
+    return t->arch->pass(qlm_trainer_forward_model(t), g, lt, t->state, &db, grad_scale, backward, loss);
 }
 
 int qlm_trainer_step(qlm_trainer *t, const qlm_train_batch *micro, int n_micro, qlm_train_step_stats *st) {

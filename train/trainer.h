@@ -60,6 +60,10 @@ typedef struct {
     int recompute;       /* keep only layer inputs; rerun each layer's forward in its backward */
     float lora_dropout;
     uint64_t seed;
+    /* Distillation: every target is the starting model's next-token distribution (the loss is the
+     * KL divergence from it) instead of the data's next token. The starting model is a frozen F32
+     * copy made at init (whole on every rank), or for LoRA the base without the adapter. */
+    int distill;
     long inject_overflow_step; /* fault injection for tests: this step's gradients get an inf (-1: never) */
     qlm_train_dist dist;
 } qlm_train_options;
@@ -102,6 +106,9 @@ typedef struct {
     void *model, *compute, *grads, *moment1, *moment2;
     int has_copy;
     void *state;         /* the architecture's activations */
+    void *teacher;       /* distillation, full/QAT: the frozen copy of the starting weights */
+    float *teacher_logits; /* distillation: [the state's rows][vocab] */
+    size_t teacher_logits_n;
     qlm_lora_adapter *lora;
     qlm_lora_train lora_train;
     float *lora_m, *lora_v;
@@ -159,7 +166,7 @@ qlm_train_split qlm_trainer_split(const qlm_trainer *t);
 const char *qlm_trainer_backend_name(const qlm_trainer *t);
 /* The model the forward reads (compute copy, or the master itself). */
 const void *qlm_trainer_forward_model(const qlm_trainer *t);
-/* Bytes of activation memory the training state holds. */
+/* Bytes of activation memory the training state holds (with distillation's teacher logits). */
 double qlm_trainer_activation_bytes(const qlm_trainer *t);
 
 /* Checkpoints: each rank that holds a distinct part of the state writes the values and moments of
