@@ -115,17 +115,25 @@ static void deq_q5_k(const uint8_t *src, float *dst, int64_t nb) {
 }
 
 /* Element e of a half h = e / 128 (r = e % 128): low 4 bits in nibble r / 64 of ql[64h + r % 64],
- * high 2 bits at bit 2 * (r / 32) of qh[32h + r % 32]. */
+ * high 2 bits at bit 2 * (r / 32) of qh[32h + r % 32]; so byte l < 32 of a half's qh holds the high
+ * bits of r = l, l + 32, l + 64 and l + 96. */
 static void deq_q6_k(const uint8_t *src, float *dst, int64_t nb) {
     for (int64_t b = 0; b < nb; b++, src += 210, dst += 256) {
-        const uint8_t *ql = src, *qh = src + 128;
         const int8_t *scales = (const int8_t *)(src + 192);
-        float d = f16_at(src + 208);
-        for (int e = 0; e < 256; e++) {
-            int h = e / 128, r = e % 128;
-            int lo = (ql[64 * h + r % 64] >> (4 * (r / 64))) & 0x0f;
-            int hi = (qh[32 * h + r % 32] >> (2 * (r / 32))) & 3;
-            dst[e] = d * (float)scales[e / 16] * (float)((lo | hi << 4) - 32);
+        float d = f16_at(src + 208), ds[16];
+        for (int k = 0; k < 16; k++) ds[k] = d * (float)scales[k];
+        for (int h = 0; h < 2; h++) {
+            const uint8_t *ql = src + 64 * h, *qh = src + 128 + 32 * h;
+            float *y = dst + 128 * h;
+            const float *sc = ds + 8 * h;
+            for (int l = 0; l < 32; l++) {
+                int q0 = (ql[l] & 0x0f) | (qh[l] & 3) << 4, q1 = (ql[l + 32] & 0x0f) | (qh[l] >> 2 & 3) << 4;
+                int q2 = ql[l] >> 4 | (qh[l] >> 4 & 3) << 4, q3 = ql[l + 32] >> 4 | (qh[l] >> 6 & 3) << 4;
+                y[l] = sc[l / 16] * (float)(q0 - 32);
+                y[l + 32] = sc[2 + l / 16] * (float)(q1 - 32);
+                y[l + 64] = sc[4 + l / 16] * (float)(q2 - 32);
+                y[l + 96] = sc[6 + l / 16] * (float)(q3 - 32);
+            }
         }
     }
 }

@@ -25,18 +25,26 @@ static float f16_round(float v, uint8_t *out) {
 
 static float finite_or_zero(float v) { return isfinite(v) ? v : 0.0f; }
 
-/* round(v) clamped to [lo, hi]; NaN (0/0 from a zero scale) gives 0 before the clamp. */
+/* roundf(v) (halves away from zero) clamped to [lo, hi]; NaN (0/0 from a zero scale) gives 0.
+ * Without a call: v is first held to [lo - 1, hi + 1], which changes no result, so the truncating
+ * conversion is defined, and v minus its truncation is exact, so the half test is too. */
 static int round_clamp(float v, int lo, int hi) {
     if (!(v == v)) v = 0;
-    float r = roundf(v);
-    return r < (float)lo ? lo : r > (float)hi ? hi : (int)r;
+    v = v < (float)(lo - 1) ? (float)(lo - 1) : v > (float)(hi + 1) ? (float)(hi + 1) : v;
+    int i = (int)v;
+    float frac = v - (float)i;
+    i += (frac >= 0.5f) - (frac <= -0.5f);
+    return i < lo ? lo : i > hi ? hi : i;
 }
 
 
 static void quantize_block(uint8_t *b, qlm_dtype dt, int group, const float *w) {
     if (dt == QLM_Q8_0) {
         float amax = 0;
-        for (int j = 0; j < group; j++) amax = fmaxf(amax, fabsf(finite_or_zero(w[j])));
+        for (int j = 0; j < group; j++) {
+            float a = fabsf(finite_or_zero(w[j]));
+            amax = a > amax ? a : amax;
+        }
         float d = f16_round(amax / 127.0f, b), inv = d != 0 ? 1.0f / d : 0.0f;
         for (int j = 0; j < group; j++) ((int8_t *)(b + 2))[j] = (int8_t)round_clamp(finite_or_zero(w[j]) * inv, -127, 127);
         return;
@@ -52,8 +60,9 @@ static void quantize_block(uint8_t *b, qlm_dtype dt, int group, const float *w) 
     } else {
         float lo = INFINITY, hi = -INFINITY;
         for (int j = 0; j < group; j++) {
-            lo = fminf(lo, finite_or_zero(w[j]));
-            hi = fmaxf(hi, finite_or_zero(w[j]));
+            float v = finite_or_zero(w[j]);
+            lo = v < lo ? v : lo;
+            hi = v > hi ? v : hi;
         }
         d = f16_round((hi - lo) / 15.0f, b);
         m = f16_round(lo, b + 2);

@@ -1,10 +1,12 @@
 /* INT8 quantization against numpy (tests/fixtures/quant/quantize.txt, made by
  * tools/make_quant_fixtures.py), its error bound, edge cases (zero / tiny / non-finite
- * tensors), and the dtype conversion helpers. */
+ * tensors), block rounding against roundf at every half and its neighbours, and the dtype
+ * conversion helpers. */
 #include <math.h>
 
 #include "test_util.h"
 
+#include "quant/block_quant.h"
 #include "quant/half.h"
 #include "quant/quantize.h"
 
@@ -96,6 +98,44 @@ static void test_rounding_ties(void **state) {
     int8_t q[7];
     assert_true(qlm_quantize_i8(q, w, 1, 7) == 1.0f);
     for (int i = 0; i < 7; i++) assert_int_equal(q[i], want[i]);
+}
+
+/* Q8_0 and Q4_0 blocks whose scale is exactly 1 (a value of 127, or -8, in each) round every
+ * other value as roundf does, then clamp: at each k + 0.5, the floats either side of it, and
+ * random values, positive and negative. */
+static void test_block_rounding(void **state) {
+    (void)state;
+    enum { N = 31 * 1200 };
+    static float v8[N], v4[N];
+    int n = 0;
+    for (int k = -127; k <= 126 && n + 4 <= N; k++) {
+        float h = (float)k + 0.5f;
+        const float near[] = {h, nextafterf(h, -INFINITY), nextafterf(h, INFINITY), (float)k};
+        for (int i = 0; i < 4; i++) v8[n++] = near[i];
+    }
+    while (n < N) v8[n++] = frand() * 127.0f;
+    for (int i = 0; i < N; i++) v4[i] = v8[i] / 16.0f; /* halves of -8..8 and their neighbours too */
+    for (int i = 0; i < N; i++)
+        if (i % 16 == 0) v4[i] = nextafterf((float)(i / 16 % 16) - 8.0f + 0.5f, i % 32 ? INFINITY : -INFINITY);
+    const qlm_dtype types[] = {QLM_Q8_0, QLM_Q4_0};
+    for (int t = 0; t < 2; t++) {
+        const float *v = t == 0 ? v8 : v4;
+        for (int b = 0; b < N / 31; b++) {
+            float w[32];
+            w[0] = t == 0 ? 127.0f : -8.0f;
+            memcpy(w + 1, v + b * 31, 31 * sizeof *w);
+            uint8_t block[34];
+            qlm_block_quantize_row(block, types[t], 32, w, 32);
+            assert_true(qlm_f16_to_f32((uint16_t)(block[0] | block[1] << 8)) == 1.0f);
+            for (int j = 1; j < 32; j++) {
+                float r = t == 0 ? roundf(w[j]) : roundf(w[j] + 8.0f);
+                int lo = t == 0 ? -127 : 0, hi = t == 0 ? 127 : 15;
+                int want = r < (float)lo ? lo : r > (float)hi ? hi : (int)r;
+                int got = qlm_block_value(block + 2, j, types[t]) + (t == 0 ? 0 : 8);
+                if (got != want) fail_msg("%s: %.9g gives %d, roundf %d", t ? "q4_0" : "q8_0", w[j], got, want);
+            }
+        }
+    }
 }
 
 static void check_bound(const float *w, const int8_t *q, long n, float s) {
@@ -226,6 +266,7 @@ static void test_weight_row(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_matches_numpy), cmocka_unit_test(test_rounding_ties),
+        cmocka_unit_test(test_block_rounding),
         cmocka_unit_test(test_error_bound),   cmocka_unit_test(test_zero_and_tiny),
         cmocka_unit_test(test_non_finite),    cmocka_unit_test(test_convert),
         cmocka_unit_test(test_weight_row),
