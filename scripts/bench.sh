@@ -413,11 +413,11 @@ fi
     echo "Reproduce: \`make bench\` (QLM_BENCH_REPS, QLM_BENCH_DIALOGUES, QLM_BENCH_SUMMARY_TOKENS and"
     echo "QLM_BENCH_SUMMARY_REPS change the repetitions, the number of dialogues, the summary length and the"
     echo "summarization rounds; QLM_BENCH_1B_REPS the repetitions of the TinyLlama-1.1B-shaped section)."
-    # The blocks that `make eval`, `make train-eval`, `make qat-eval`, scripts/bench_gpu.sh and
-    # scripts/bench_dist.sh write are kept.
+    # Every block another script writes (make eval, train-eval, qat-eval, int4-eval, w8a8-eval,
+    # scripts/bench_gpu.sh, scripts/bench_dist.sh: <!-- name --> ... <!-- /name -->) is kept.
     if [ -f "$out" ]; then
-        awk '/^<!-- (dialogsum-eval|dialogsum-lora|qat|gpu|dist) -->$/ { keep = 1; print "" } keep { print }
-             /^<!-- \/(dialogsum-eval|dialogsum-lora|qat|gpu|dist) -->$/ { keep = 0 }' "$out"
+        awk '!keep && /^<!-- [a-z0-9-]+ -->$/ { keep = 1; print "" } keep { print }
+             keep && /^<!-- \/[a-z0-9-]+ -->$/ { keep = 0 }' "$out"
     fi
 } > "$out.tmp"
 mv "$out.tmp" "$out"
