@@ -25,19 +25,6 @@ static float f16_round(float v, uint8_t *out) {
 
 static float finite_or_zero(float v) { return isfinite(v) ? v : 0.0f; }
 
-/* roundf(v) (halves away from zero) clamped to [lo, hi]; NaN (0/0 from a zero scale) gives 0.
- * Without a call: v is first held to [lo - 1, hi + 1], which changes no result, so the truncating
- * conversion is defined, and v minus its truncation is exact, so the half test is too. */
-static int round_clamp(float v, int lo, int hi) {
-    if (!(v == v)) v = 0;
-    v = v < (float)(lo - 1) ? (float)(lo - 1) : v > (float)(hi + 1) ? (float)(hi + 1) : v;
-    int i = (int)v;
-    float frac = v - (float)i;
-    i += (frac >= 0.5f) - (frac <= -0.5f);
-    return i < lo ? lo : i > hi ? hi : i;
-}
-
-
 static void quantize_block(uint8_t *b, qlm_dtype dt, int group, const float *w) {
     if (dt == QLM_Q8_0) {
         float amax = 0;
@@ -46,7 +33,7 @@ static void quantize_block(uint8_t *b, qlm_dtype dt, int group, const float *w) 
             amax = a > amax ? a : amax;
         }
         float d = f16_round(amax / 127.0f, b), inv = d != 0 ? 1.0f / d : 0.0f;
-        for (int j = 0; j < group; j++) ((int8_t *)(b + 2))[j] = (int8_t)round_clamp(finite_or_zero(w[j]) * inv, -127, 127);
+        for (int j = 0; j < group; j++) ((int8_t *)(b + 2))[j] = (int8_t)qlm_round_clamp(finite_or_zero(w[j]) * inv, -127, 127);
         return;
     }
     uint8_t *qs = b + qlm_block_head(dt);
@@ -70,7 +57,7 @@ static void quantize_block(uint8_t *b, qlm_dtype dt, int group, const float *w) 
     float inv = d != 0 ? 1.0f / d : 0.0f;
     for (int j = 0; j < group; j++) {
         float v = finite_or_zero(w[j]);
-        int q = dt == QLM_Q4_0 ? round_clamp(v * inv + 8.0f, 0, 15) : round_clamp((v - m) * inv, 0, 15);
+        int q = dt == QLM_Q4_0 ? qlm_round_clamp(v * inv + 8.0f, 0, 15) : qlm_round_clamp((v - m) * inv, 0, 15);
         qs[qlm_q4_byte(j)] |= (uint8_t)(q << qlm_q4_shift(j));
     }
 }

@@ -26,6 +26,18 @@ static inline int qlm_block_value(const uint8_t *vals, int j, qlm_dtype dt) {
     return dt == QLM_Q4_0 ? q - 8 : q;
 }
 
+/* roundf(v) (halves away from zero) clamped to [lo, hi]; NaN (0/0 from a zero scale) gives 0.
+ * Without a call: v is first held to [lo - 1, hi + 1], which changes no result, so the truncating
+ * conversion is defined, and v minus its truncation is exact, so the half test is too. */
+static inline int qlm_round_clamp(float v, int lo, int hi) {
+    if (!(v == v)) v = 0;
+    v = v < (float)(lo - 1) ? (float)(lo - 1) : v > (float)(hi + 1) ? (float)(hi + 1) : v;
+    int i = (int)v;
+    float frac = v - (float)i;
+    i += (frac >= 0.5f) - (frac <= -0.5f);
+    return i < lo ? lo : i > hi ? hi : i;
+}
+
 /* Quantizes cols values (a multiple of group) of src into the blocks at dst. */
 void qlm_block_quantize_row(void *dst, qlm_dtype dt, int group, const float *src, long cols);
 /* Q4_0 blocks from given values: q[cols] in -8..7 and one scale per group (scales[cols / group]),

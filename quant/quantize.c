@@ -1,6 +1,6 @@
 /* Symmetric INT8 quantization and dtype conversions.
  *
- * Rounding is half away from zero (roundf), so |w - q*s| <= s/2 for every finite w (up to the
+ * Rounding is half away from zero (as roundf; qlm_round_clamp), so |w - q*s| <= s/2 for every finite w (up to the
  * float rounding of w / s).
  * Scales: s = max|w| / 127 over the finite values; a tensor (or row) with no nonzero finite
  * value, or one so small that s underflows to 0, gets s = 1 (all q = 0), never NaN.
@@ -32,8 +32,7 @@ static float scale_for(float absmax) {
 static void quantize_run(int8_t *q, const float *w, long n, float s) {
     for (long i = 0; i < n; i++) {
         float t = w[i] / s;
-        /* Checks first: converting NaN or out-of-range floats to int is undefined. */
-        q[i] = isnan(t) ? 0 : t >= 127.0f ? 127 : t <= -127.0f ? -127 : (int8_t)roundf(t);
+        q[i] = (int8_t)qlm_round_clamp(t, -127, 127);
     }
 }
 

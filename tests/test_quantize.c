@@ -117,6 +117,13 @@ static void test_block_rounding(void **state) {
     for (int i = 0; i < N; i++) v4[i] = v8[i] / 16.0f; /* halves of -8..8 and their neighbours too */
     for (int i = 0; i < N; i++)
         if (i % 16 == 0) v4[i] = nextafterf((float)(i / 16 % 16) - 8.0f + 0.5f, i % 32 ? INFINITY : -INFINITY);
+    /* The helper itself, where the blocks cannot reach: outside the range and not finite. */
+    const float far[] = {INFINITY, -INFINITY, NAN, 1e30f, -1e30f, 127.5f, -127.5f, 128.49f, -128.5f, 2.5e9f, -0.0f};
+    for (int i = 0; i < 11; i++) {
+        float r = roundf(far[i]);
+        int want = isnan(far[i]) ? 0 : r < -127 ? -127 : r > 127 ? 127 : (int)r;
+        assert_int_equal(qlm_round_clamp(far[i], -127, 127), want);
+    }
     const qlm_dtype types[] = {QLM_Q8_0, QLM_Q4_0};
     for (int t = 0; t < 2; t++) {
         const float *v = t == 0 ? v8 : v4;
