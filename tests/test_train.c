@@ -151,15 +151,21 @@ static void test_full_recompute(void **state) {
     check_full("gqa_tied", 1);
 }
 
+/* The fixture's case with its base in base_dtype and its peft adapter (F32) loaded into a. */
+static void open_lora_case(const char *name, qlm_dtype base_dtype, fixture *f, qlm_source *src, qlm_model *m,
+                           qlm_lora_adapter *a) {
+    open_case(name, base_dtype, f, src, m);
+    char dir[600];
+    snprintf(dir, sizeof dir, "%s/lora_adapter", f->dir);
+    if (qlm_lora_load(a, dir, "trained", &src->cfg, NULL, QLM_F32) != 0) fail_msg("%s", qlm_last_error());
+}
+
 static void check_lora(const char *name, qlm_dtype base_dtype, double loss_tol) {
     fixture f;
     qlm_source src;
     qlm_model m;
-    open_case(name, base_dtype, &f, &src, &m);
-    char dir[600];
-    snprintf(dir, sizeof dir, "%s/lora_adapter", f.dir);
     qlm_lora_adapter a;
-    if (qlm_lora_load(&a, dir, "trained", &src.cfg, NULL, QLM_F32) != 0) fail_msg("%s", qlm_last_error());
+    open_lora_case(name, base_dtype, &f, &src, &m, &a);
     qlm_train_options o;
     qlm_train_options_init(&o);
     o.mode = QLM_TRAIN_LORA;
@@ -199,11 +205,8 @@ static void check_lora_distill(const char *name) {
     fixture f;
     qlm_source src;
     qlm_model m;
-    open_case(name, QLM_F32, &f, &src, &m);
-    char dir[600];
-    snprintf(dir, sizeof dir, "%s/lora_adapter", f.dir);
     qlm_lora_adapter a;
-    if (qlm_lora_load(&a, dir, "trained", &src.cfg, NULL, QLM_F32) != 0) fail_msg("%s", qlm_last_error());
+    open_lora_case(name, QLM_F32, &f, &src, &m, &a);
     qlm_train_options o;
     qlm_train_options_init(&o);
     o.mode = QLM_TRAIN_LORA;

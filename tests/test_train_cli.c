@@ -42,17 +42,23 @@ static int teardown(void **state) {
 
 #define TRAIN_ARGS "train -m %s -t %s --data %s --lora --rank 4 --steps 32 --batch 4 --seq-len 96 --save-every 2 --threads 2 --lr 3e-3"
 
+/* Field key of the first JSON value in the file at path (a whole file, or a JSON Lines file's
+ * first line), or dflt when the file or the field is not there. */
+static double json_field(const char *path, const char *key, double dflt) {
+    char *text = test_path_exists(path) ? test_read_file(path, NULL) : NULL;
+    cJSON *j = text ? cJSON_ParseWithOpts(text, NULL, 0) : NULL;
+    const cJSON *v = j ? cJSON_GetObjectItem(j, key) : NULL;
+    double out = cJSON_IsNumber(v) ? v->valuedouble : dflt;
+    cJSON_Delete(j);
+    free(text);
+    return out;
+}
+
 /* The step of the run's last checkpoint, or 0 before the first. */
 static int checkpoint_step(const char *dir) {
     char path[600];
     snprintf(path, sizeof path, "%s/checkpoint.json", dir);
-    char *text = test_path_exists(path) ? test_read_file(path, NULL) : NULL;
-    cJSON *j = text ? cJSON_Parse(text) : NULL;
-    const cJSON *step = j ? cJSON_GetObjectItem(j, "step") : NULL;
-    int n = cJSON_IsNumber(step) ? step->valueint : 0;
-    cJSON_Delete(j);
-    free(text);
-    return n;
+    return (int)json_field(path, "step", 0);
 }
 
 static void test_sigkill_resume_is_bit_identical(void **state) {
@@ -221,16 +227,8 @@ static void test_qat_int4_export(void **state) {
 static double first_loss(const char *dir) {
     char path[400];
     snprintf(path, sizeof path, "%s/metrics.jsonl", dir);
-    char *text = test_read_file(path, NULL);
-    assert_non_null(text);
-    char *nl = strchr(text, '\n');
-    if (nl) *nl = 0;
-    cJSON *j = cJSON_Parse(text);
-    const cJSON *loss = j ? cJSON_GetObjectItem(j, "loss") : NULL;
-    if (!cJSON_IsNumber(loss)) fail_msg("%s: no loss in %s", path, text);
-    double v = loss->valuedouble;
-    cJSON_Delete(j);
-    free(text);
+    double v = json_field(path, "loss", NAN);
+    if (isnan(v)) fail_msg("%s: no loss", path);
     return v;
 }
 
