@@ -52,7 +52,7 @@ measure qat "$dir/qat-q4_0"
 nll() { cat "$dir/$1.nll"; }
 r1() { awk '$1 == "ROUGE-1" { print $4 }' "$dir/$1.rouge"; }
 closed() { # the gap of q4_0 to bf16 that QAT closes, in % (lower is better: sign -1 for ROUGE)
-    awk -v b="$1" -v p="$2" -v q="$3" -v s="$4" 'BEGIN { g = s * (p - b); printf "%.0f", g > 0 ? 100 * s * (p - q) / g : 0 }'
+    awk -v b="$1" -v p="$2" -v q="$3" -v s="$4" 'BEGIN { g = s * (p - b); printf "%.0f", (g > 0 ? 100 * s * (p - q) / g : 0) }'
 }
 row() { printf '| %s | %s | %s | %.3f | %s |\n' "$1" "$2" "$(nll "$3")" "$(awk -v x="$(nll "$3")" 'BEGIN { print exp(x) }')" "$(r1 "$3")"; }
 block=$(mktemp)
