@@ -75,7 +75,8 @@ static int shared_params(qlm_model *m, const char *embed_name, qlm_param p[N_SHA
 }
 
 static qlm_weight_format weight_format(const qlm_model *m) {
-    return (qlm_weight_format){m->dtype, m->per_channel, m->group, m->as_stored, m->act8, m->in_place, m->panels, m->check_values};
+    return (qlm_weight_format){m->dtype, m->per_channel, m->group, m->as_stored, m->act8, m->in_place, m->panels,
+                               m->check_values};
 }
 
 static int build_layer(qlm_model *m, const qlm_tensor_store *store, int l) {

@@ -77,7 +77,8 @@ static int shared_params(qlm_t5_model *m, const char *embed_name, qlm_param p[N_
 }
 
 static qlm_weight_format weight_format(const qlm_t5_model *m) {
-    return (qlm_weight_format){m->dtype, m->per_channel, m->group, m->as_stored, m->act8, m->in_place, m->panels, m->check_values};
+    return (qlm_weight_format){m->dtype, m->per_channel, m->group, m->as_stored, m->act8, m->in_place, m->panels,
+                               m->check_values};
 }
 
 static int build_shared(qlm_t5_model *m, const qlm_tensor_store *store) {

@@ -33,7 +33,8 @@ static void quantize_block(uint8_t *b, qlm_dtype dt, int group, const float *w) 
             amax = a > amax ? a : amax;
         }
         float d = f16_round(amax / 127.0f, b), inv = d != 0 ? 1.0f / d : 0.0f;
-        for (int j = 0; j < group; j++) ((int8_t *)(b + 2))[j] = (int8_t)qlm_round_clamp(finite_or_zero(w[j]) * inv, -127, 127);
+        for (int j = 0; j < group; j++)
+            ((int8_t *)(b + 2))[j] = (int8_t)qlm_round_clamp(finite_or_zero(w[j]) * inv, -127, 127);
         return;
     }
     uint8_t *qs = b + qlm_block_head(dt);

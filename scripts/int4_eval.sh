@@ -33,9 +33,12 @@ head -n "$examples" "$assets/dialogsum/dialogsum.train.from_zip_2021-05.jsonl" >
 echo "int4-eval: the unquantized model's summaries of $examples training dialogues" >&2
 "$qlm" summarize -m "$model" --dtype bf16 --no-w8a8 --batch "$dir/dialogues.jsonl" --out "$dir/teacher.jsonl" \
     --out-field teacher --batch-size 16 -n 128 --resume
-jq -n -c --slurpfile d "$dir/dialogues.jsonl" --slurpfile t "$dir/teacher.jsonl" '
+# The user turn is qlm summarize's own prompt (QLM_SUMMARY_TEMPLATE, its \n escapes undone).
+template=$(sed -n 's/^#define QLM_SUMMARY_TEMPLATE "\(.*\)"$/\1/p' runtime/summary_prompt.h)
+[ -n "$template" ] || { echo "int4-eval: no QLM_SUMMARY_TEMPLATE in runtime/summary_prompt.h" >&2; exit 1; }
+jq -n -c --arg tmpl "$template" --slurpfile d "$dir/dialogues.jsonl" --slurpfile t "$dir/teacher.jsonl" '
     range(0; $d | length) as $i | if $d[$i].fname != $t[$i].fname then error("teacher.jsonl out of order") else
-    {messages: [{role: "user", content: ("Summarize the following conversation.\n\n" + $d[$i].dialogue + "\n\nSummary: ")},
+    {messages: [{role: "user", content: ($tmpl | gsub("\\\\n"; "\n") | sub("\\{dialogue\\}"; $d[$i].dialogue))},
                 {role: "assistant", content: $t[$i].teacher}]} end' > "$dir/chats.jsonl"
 paste -d '\n' "$dir/stories.jsonl" "$dir/chats.jsonl" > "$dir/train.jsonl"
 head -n 100 "$assets/dialogsum/dialogsum.test.jsonl" > "$dir/test100.jsonl"
