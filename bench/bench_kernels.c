@@ -355,7 +355,7 @@ static int bench_attention_case(const attn_case *c, const options *o) {
         static const char *const names[] = {"row by row", "head by head", "packed"};
         for (int layout = c->both_layouts ? 0 : 1; layout < (c->packed ? 3 : 2); layout++) {
             qlm_attn_shape sh = {.n_heads = c->heads, .n_kv_heads = c->kv_heads, .head_dim = ATTN_HD, .scale = 0.125f,
-                                 .slots = slots, .slot_stride = slot, .kv_bf16 = c->bf16};
+                                 .slots = slots, .slot_stride = slot, .kv_dtype = c->bf16 ? QLM_BF16 : QLM_F32};
             if (layout) sh.row_stride = ATTN_HD, sh.head_stride = (size_t)ATTN_CAP * ATTN_HD;
             if (layout == 2) sh.heads_packed = 1, sh.n_keys = c->len;
             double best = 1e30;

@@ -50,9 +50,9 @@ typedef struct {
      * at once (T5's cross-attention) take this layout, so that one sequence's keys (and values)
      * are one run that memory streams rather than a run per head with gaps between. */
     int heads_packed;
-    /* The keys and values are BF16 (the decode caches of a model with INT8 weights,
-     * core/kv_cache.h) rather than F32; strides count elements either way. */
-    int kv_bf16;
+    /* The dtype of the keys and values: F32 (0), or the BF16 or F16 of a decode cache
+     * (qlm_kv_dtype in core/kv_cache.h); strides count elements either way. */
+    qlm_dtype kv_dtype;
 } qlm_attn_shape;
 
 /* One LoRA pair as the lora op applies it: y += scale * B (A x), A [r][in], B [out][r]. */
@@ -144,7 +144,7 @@ typedef struct qlm_backend {
     void (*copy)(float *dst, const float *src, long n);
     /* Row i of k and of v ([n][heads * hd]) goes to position pos[i] of slot slots[i] (slots NULL:
      * of `slot`) of the key and value caches laid out as core/kv_cache.h says, in the caches' dtype
-     * kv (F32, or BF16 rounded to nearest even). */
+     * kv (F32, or BF16 or F16 rounded to nearest even; F16 held within its finite range). */
     void (*kv_store)(void *k_cache, void *v_cache, qlm_dtype kv, const float *k, const float *v, int n, const int *slots,
                      int slot, const int *pos, int heads, int hd, int max_pos);
     /* Copies bytes from host memory into device memory (tables computed on the host). */

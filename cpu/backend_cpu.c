@@ -6,6 +6,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "../quant/half.h"
 #include "../quant/matmul.h"
 #include "../quant/quantize.h"
 #include "../core/backend.h"
@@ -35,6 +36,27 @@ static void cpu_describe(char *out, size_t len) {
              pages > 0 && page > 0 ? (double)pages * page / 1073741824.0 : 0.0);
 }
 
+/* Values stored per call of the F16 conversion below. */
+#define F16_PART 64
+
+/* n values from src as cache elements of dtype kv. F16 holds values past its largest finite
+ * one at it: an infinite key would make every score of its head NaN. */
+static void kv_store_row(void *dst, qlm_dtype kv, const float *src, int n) {
+    if (kv != QLM_F16) {
+        qlm_convert_from_f32(dst, kv, src, n);
+        return;
+    }
+    float part[F16_PART];
+    for (int i0 = 0; i0 < n; i0 += F16_PART) {
+        int m = n - i0 < F16_PART ? n - i0 : F16_PART;
+        for (int j = 0; j < m; j++) {
+            float x = src[i0 + j];
+            part[j] = x > QLM_F16_MAX ? QLM_F16_MAX : x < -QLM_F16_MAX ? -QLM_F16_MAX : x;
+        }
+        qlm_convert_from_f32((uint16_t *)dst + i0, QLM_F16, part, m);
+    }
+}
+
 static void cpu_kv_store(void *k_cache, void *v_cache, qlm_dtype kv, const float *k, const float *v, int n,
                          const int *slots, int slot, const int *pos, int heads, int hd, int max_pos) {
     size_t run = (size_t)max_pos * hd, esize = qlm_kv_elem_size(kv);
@@ -42,8 +64,8 @@ static void cpu_kv_store(void *k_cache, void *v_cache, qlm_dtype kv, const float
         size_t base = (size_t)(slots ? slots[i] : slot) * heads * run + (size_t)pos[i] * hd;
         for (int h = 0; h < heads; h++) {
             size_t at = (base + h * run) * esize, from = ((size_t)i * heads + h) * hd;
-            qlm_convert_from_f32((char *)k_cache + at, kv, k + from, hd);
-            qlm_convert_from_f32((char *)v_cache + at, kv, v + from, hd);
+            kv_store_row((char *)k_cache + at, kv, k + from, hd);
+            kv_store_row((char *)v_cache + at, kv, v + from, hd);
         }
     }
 }

@@ -48,13 +48,9 @@ static size_t cache_base(const qlm_attn_shape *sh, int i) {
     return sh->slots ? (size_t)sh->slots[i] * sh->slot_stride : 0;
 }
 
-static qlm_dtype kv_dtype(const qlm_attn_shape *sh) {
-    return sh->kv_bf16 ? QLM_BF16 : QLM_F32;
-}
-
 /* The key or value cache from element offset `at`. */
 static const void *kv_at(const void *cache, size_t at, const qlm_attn_shape *sh) {
-    return (const char *)cache + at * (sh->kv_bf16 ? sizeof(uint16_t) : sizeof(float));
+    return (const char *)cache + at * (sh->kv_dtype == QLM_F32 ? sizeof(float) : sizeof(uint16_t));
 }
 
 /* Lanes of the running maxima and sums below: their fixed-length inner loops vectorize, where a
@@ -128,19 +124,20 @@ static const float *bias_row(const qlm_attn_shape *sh, int h, int p, int from) {
 /* Query heads [h0, h0 + g) of row i, which share KV head kvh, over keys [first, len): for each chunk of keys, the scores
  * as one small product and the weighted sum of the values, both by the matmul kernels of the
  * CPU's instruction set (this file is built for the baseline ISA), around the online softmax.
- * BF16 keys meet the query rounded to BF16, as in a BF16 matmul. */
+ * BF16 keys meet the query rounded to BF16, as in a BF16 matmul; F16 and F32 ones the F32 query. */
 static void attend(float *out, const float *q, const void *kc, const void *vc, const qlm_attn_shape *sh, int h0,
                   int g, int kvh, int first, int len, int p) {
     int hd = sh->head_dim;
     size_t rs = row_stride(sh);
-    const qlm_dtype dt = kv_dtype(sh);
+    const qlm_dtype dt = sh->kv_dtype;
+    const int q_bf16 = dt == QLM_BF16;
     kc = kv_at(kc, head_offset(sh, kvh, len), sh);
     vc = kv_at(vc, head_offset(sh, kvh, len), sh);
     uint16_t qb[Q_BF16_CAP];
-    int gb = sh->kv_bf16 && g * hd > Q_BF16_CAP ? Q_BF16_CAP / hd : g; /* heads per scores call */
+    int gb = q_bf16 && g * hd > Q_BF16_CAP ? Q_BF16_CAP / hd : g; /* heads per scores call */
     /* All heads' rounded query fits (the usual case): rounded once, not per chunk of keys. */
-    const int round_per_chunk = sh->kv_bf16 && gb < g;
-    if (sh->kv_bf16 && !round_per_chunk) qlm_convert_from_f32(qb, QLM_BF16, q + (size_t)h0 * hd, (long)g * hd);
+    const int round_per_chunk = q_bf16 && gb < g;
+    if (q_bf16 && !round_per_chunk) qlm_convert_from_f32(qb, QLM_BF16, q + (size_t)h0 * hd, (long)g * hd);
     float scores[MAX_GROUP][KEY_CHUNK], mx[MAX_GROUP], sum[MAX_GROUP];
     float *o = out + (size_t)h0 * hd;
     for (int j = 0; j < g; j++) mx[j] = -INFINITY, sum[j] = 0;
@@ -154,7 +151,7 @@ static void attend(float *out, const float *q, const void *kc, const void *vc, c
             int nj = g - j0 < gb ? g - j0 : gb;
             const float *qj = q + (size_t)(h0 + j0) * hd;
             if (round_per_chunk) qlm_convert_from_f32(qb, QLM_BF16, qj, (long)nj * hd);
-            qlm_dot_rows(scores[j0], KEY_CHUNK, sh->kv_bf16 ? (const void *)qb : qj, nj, kv_at(kc, row * rs, sh),
+            qlm_dot_rows(scores[j0], KEY_CHUNK, q_bf16 ? (const void *)qb : qj, nj, kv_at(kc, row * rs, sh),
                          rs, m, hd, dt);
         }
         for (int j = 0; j < g; j++) {
@@ -200,7 +197,7 @@ static void attention_rows(float *out, const float *q, const void *k_cache, cons
     }
 }
 
-/* Per-thread score matrices, and F32 copies of a head's BF16 keys and values, kept across calls
+/* Per-thread score matrices, and F32 copies of a head's 16-bit keys and values, kept across calls
  * so steady-state prefill does not allocate. */
 static _Thread_local qlm_cpu_scratch t_scores, t_kv_f32;
 
@@ -227,7 +224,7 @@ static void attention_sgemm(float *out, const float *q, const void *k_cache, con
         const void *vc = kv_at(v_cache, head_offset(sh, h / group, max_len), sh);
         const float *kh = kc, *vh = vc;
         int ld = (int)rs;
-        if (sh->kv_bf16) {
+        if (sh->kv_dtype != QLM_F32) {
             /* sgemm takes F32: the head's keys and values widened, rows hd apart. */
             float *kf = qlm_cpu_scratch_get(&t_kv_f32, (size_t)2 * max_len * hd);
             if (!kf) {
@@ -236,8 +233,9 @@ static void attention_sgemm(float *out, const float *q, const void *k_cache, con
             }
             int stored = sh->ring && sh->ring < max_len ? sh->ring : max_len; /* rows the caches hold */
             for (int t = 0; t < stored; t++) {
-                qlm_convert_to_f32(kf + (size_t)t * hd, kv_at(kc, (size_t)t * rs, sh), QLM_BF16, hd);
-                qlm_convert_to_f32(kf + (size_t)(max_len + t) * hd, kv_at(vc, (size_t)t * rs, sh), QLM_BF16, hd);
+                qlm_convert_to_f32(kf + (size_t)t * hd, kv_at(kc, (size_t)t * rs, sh), sh->kv_dtype, hd);
+                qlm_convert_to_f32(kf + (size_t)(max_len + t) * hd, kv_at(vc, (size_t)t * rs, sh), sh->kv_dtype,
+                                   hd);
             }
             kh = kf;
             vh = kf + (size_t)max_len * hd;

@@ -235,7 +235,9 @@ void qlm_cuda_attention(float *out, const float *q, const void *k, const void *v
     a.n_keys = sh->n_keys;
     a.window = sh->window;
     a.ring = sh->ring;
-    a.bf16 = sh->kv_bf16;
+    // F16 caches belong to block weights, which only the CPU backend runs.
+    if (sh->kv_dtype == QLM_F16) qlm_cuda_fail("attention", "F16 caches are not a CUDA form", __FILE__, __LINE__);
+    a.bf16 = sh->kv_dtype == QLM_BF16;
     a.scale = sh->scale;
     a.softcap = sh->softcap;
     a.bias = sh->pos_bias;
@@ -260,7 +262,7 @@ void qlm_cuda_attention(float *out, const float *q, const void *k, const void *v
     if (a.splits > 1)
         a.part = (float *)qlm_cuda_scratch(&g_part, &g_part_cap,
                                            (size_t)n * sh->n_heads * a.splits * (hd + 2) * sizeof(float));
-    size_t esize = sh->kv_bf16 ? 2 : 4;
+    size_t esize = a.bf16 ? 2 : 4;
     a.vec = (hd * esize) % 16 == 0 && (a.row_stride * esize) % 16 == 0 && (a.head_stride * esize) % 16 == 0 &&
             (a.slot_stride * esize) % 16 == 0 && (uintptr_t)k % 16 == 0;
     qlm_cuda_submit("attention", launch_attention, &a, sizeof a);

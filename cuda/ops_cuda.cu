@@ -259,6 +259,7 @@ static void launch_kv_store(const void *p) {
 void qlm_cuda_kv_store(void *k_cache, void *v_cache, qlm_dtype kv, const float *k, const float *v, int n,
                        const int *slots, int slot, const int *pos, int heads, int hd, int max_pos) {
     if ((long)n * heads * hd <= 0) return;
+    if (kv == QLM_F16) qlm_cuda_fail("kv_store", "F16 caches are not a CUDA form", __FILE__, __LINE__);
     kv_store_args a;
     memset(&a, 0, sizeof a);
     a.k_cache = k_cache, a.v_cache = v_cache, a.k = k, a.v = v, a.bf16 = kv == QLM_BF16, a.n = n, a.slot = slot, a.heads = heads, a.hd = hd;

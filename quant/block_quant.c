@@ -16,8 +16,8 @@ static void store_u16(uint8_t *p, uint16_t v) {
 
 /* A scale as stored: F16, saturated at F16's largest finite value. */
 static float f16_round(float v, uint8_t *out) {
-    if (v > 65504.0f) v = 65504.0f;
-    if (v < -65504.0f) v = -65504.0f;
+    if (v > QLM_F16_MAX) v = QLM_F16_MAX;
+    if (v < -QLM_F16_MAX) v = -QLM_F16_MAX;
     uint16_t h = qlm_f32_to_f16(v);
     store_u16(out, h);
     return qlm_f16_to_f32(h);

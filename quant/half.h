@@ -20,6 +20,9 @@ static inline uint16_t qlm_f32_to_bf16(float f) {
     return (uint16_t)(u >> 16);
 }
 
+/* F16's largest finite value. */
+#define QLM_F16_MAX 65504.0f
+
 float qlm_f16_to_f32(uint16_t h);
 uint16_t qlm_f32_to_f16(float f);
 

@@ -106,7 +106,8 @@ KERNEL_INLINE void gemm_blocks_dt(float *y, const int16_t *x, long ldx, const fl
     }
 }
 
-/* Rows of dt F32 or BF16 (x then in BF16 too); the branch makes dt a constant in each tile_rows. */
+/* Rows of dt F32, F16 (x in F32) or BF16 (x then in BF16 too); the branches make dt a constant in
+ * each tile_rows. */
 KERNEL_FN void dot_rows(float *y, long ldy, const void *x, int n, const void *w, size_t w_stride, int rows, long cols,
                         qlm_dtype dt) {
     const size_t stride = w_stride * qlm_weight_elem_size(dt);
@@ -114,16 +115,20 @@ KERNEL_FN void dot_rows(float *y, long ldy, const void *x, int n, const void *w,
         int te = rows - t < TILE_W ? rows : t + TILE_W;
         if (dt == QLM_BF16)
             tile_rows(y, ldy, x, cols, n, (const char *)w, stride, cols, t, te, rows, QLM_BF16);
+        else if (dt == QLM_F16)
+            tile_rows(y, ldy, x, cols, n, (const char *)w, stride, cols, t, te, rows, QLM_F16);
         else
             tile_rows(y, ldy, x, cols, n, (const char *)w, stride, cols, t, te, rows, QLM_F32);
     }
 }
 
-/* The branch makes dt a constant inside each inlined copy of the file's weighted_sum_dt. */
+/* The branches make dt a constant inside each inlined copy of the file's weighted_sum_dt. */
 KERNEL_FN void weighted_sum(float *o, const float *p, int g, long ldp, const void *v, size_t v_stride, int m, long hd,
                             qlm_dtype dt) {
     if (dt == QLM_BF16)
         weighted_sum_dt(o, p, g, ldp, v, v_stride, m, hd, QLM_BF16);
+    else if (dt == QLM_F16)
+        weighted_sum_dt(o, p, g, ldp, v, v_stride, m, hd, QLM_F16);
     else
         weighted_sum_dt(o, p, g, ldp, v, v_stride, m, hd, QLM_F32);
 }

@@ -10,6 +10,7 @@
 
 #include "../core/backend.h"
 #include "../quant/half.h"
+#include "../quant/quantize.h"
 #include "test_util.h"
 
 static float frand(unsigned *s) {
@@ -42,12 +43,15 @@ static void reference(double *out, const float *q, const float *k, const float *
         }
 }
 
-/* x rounded to BF16 in place. */
-static void round_bf16(float *x, long n) {
-    for (long i = 0; i < n; i++) x[i] = qlm_bf16_to_f32(qlm_f32_to_bf16(x[i]));
+/* x rounded to dtype dt (BF16 or F16) in place. */
+static void round_to(float *x, long n, qlm_dtype dt) {
+    for (long i = 0; i < n; i++)
+        x[i] = dt == QLM_BF16 ? qlm_bf16_to_f32(qlm_f32_to_bf16(x[i])) : qlm_f16_to_f32(qlm_f32_to_f16(x[i]));
 }
 
-static void check(int n, int keys, int first_pos, int n_keys_mode, int with_bias, int kv_bf16) {
+/* Caches of dtype kv: the reference takes the stored values widened (and the query rounded as the
+ * BF16 row form rounds it). */
+static void check(int n, int keys, int first_pos, int n_keys_mode, int with_bias, qlm_dtype kv) {
     qlm_attn_shape sh = {.n_heads = 4, .n_kv_heads = 2, .head_dim = 16, .scale = 0.25f};
     int q_dim = sh.n_heads * sh.head_dim, kv_dim = sh.n_kv_heads * sh.head_dim;
     unsigned seed = (unsigned)(n * 7919 + keys);
@@ -67,45 +71,49 @@ static void check(int n, int keys, int first_pos, int n_keys_mode, int with_bias
         sh.pos_bias_span = span;
         sh.pos_bias_offset = keys;
     }
-    if (kv_bf16) {
+    if (kv != QLM_F32) {
         uint16_t *kb = malloc((size_t)keys * kv_dim * sizeof *kb), *vb = malloc((size_t)keys * kv_dim * sizeof *vb);
         assert_true(kb && vb);
-        for (long i = 0; i < (long)keys * kv_dim; i++) kb[i] = qlm_f32_to_bf16(k[i]), vb[i] = qlm_f32_to_bf16(v[i]);
-        sh.kv_bf16 = 1;
+        qlm_convert_from_f32(kb, kv, k, (long)keys * kv_dim);
+        qlm_convert_from_f32(vb, kv, v, (long)keys * kv_dim);
+        sh.kv_dtype = kv;
         qlm_backend_cpu()->attention(out, q, kb, vb, n, pos, &sh);
         free(kb), free(vb);
-        round_bf16(k, (long)keys * kv_dim);
-        round_bf16(v, (long)keys * kv_dim);
-        if (n < 16) round_bf16(q, (long)n * q_dim);
+        round_to(k, (long)keys * kv_dim, kv);
+        round_to(v, (long)keys * kv_dim, kv);
+        if (kv == QLM_BF16 && n < 16) round_to(q, (long)n * q_dim, QLM_BF16);
     } else {
         qlm_backend_cpu()->attention(out, q, k, v, n, pos, &sh);
     }
     reference(want, q, k, v, n, pos, &sh);
     double worst = 0;
     for (int i = 0; i < n * q_dim; i++) worst = fmax(worst, fabs(out[i] - want[i]));
-    print_message("attention n %4d keys %5d %s%s%s: max|diff| %.3g\n", n, keys, n_keys_mode ? "all keys" : "causal",
-                  with_bias ? " + bias" : "", kv_bf16 ? ", bf16 k/v" : "", worst);
+    print_message("attention n %4d keys %5d %s%s, %s k/v: max|diff| %.3g\n", n, keys,
+                  n_keys_mode ? "all keys" : "causal", with_bias ? " + bias" : "", qlm_dtype_name(kv), worst);
     assert_true(worst <= 2e-5);
     free(q), free(k), free(v), free(out), free(want), free(pos), free(bias);
 }
 
+/* Every cache dtype a model keeps (core/kv_cache.h). */
+static const qlm_dtype kv_dtypes[] = {QLM_F32, QLM_BF16, QLM_F16};
+
 static void test_few_rows(void **state) {
     (void)state;
-    for (int bf = 0; bf < 2; bf++) {
-        check(1, 7, 6, 0, 0, bf);
-        check(3, 5000, 4997, 0, 1, bf); /* causal over more keys than one chunk */
-        check(5, 4500, 0, 1, 1, bf);
+    for (size_t d = 0; d < sizeof kv_dtypes / sizeof kv_dtypes[0]; d++) {
+        check(1, 7, 6, 0, 0, kv_dtypes[d]);
+        check(3, 5000, 4997, 0, 1, kv_dtypes[d]); /* causal over more keys than one chunk */
+        check(5, 4500, 0, 1, 1, kv_dtypes[d]);
     }
 }
 
 static void test_many_rows(void **state) {
     (void)state;
-    for (int bf = 0; bf < 2; bf++) {
-        check(16, 16, 0, 0, 0, bf);
-        check(40, 100, 60, 0, 1, bf); /* a chunk that starts at position 60 */
-        check(64, 64, 0, 1, 1, bf);
-        check(150, 300, 150, 0, 1, bf); /* three row blocks, each seeing only the keys up to its last row */
-        check(100, 100, 0, 1, 0, bf);
+    for (size_t d = 0; d < sizeof kv_dtypes / sizeof kv_dtypes[0]; d++) {
+        check(16, 16, 0, 0, 0, kv_dtypes[d]);
+        check(40, 100, 60, 0, 1, kv_dtypes[d]); /* a chunk that starts at position 60 */
+        check(64, 64, 0, 1, 1, kv_dtypes[d]);
+        check(150, 300, 150, 0, 1, kv_dtypes[d]); /* three row blocks, each seeing only the keys up to its last row */
+        check(100, 100, 0, 1, 0, kv_dtypes[d]);
     }
 }
 

@@ -181,8 +181,8 @@ static void test_int8_close(void **state) {
 
 /* The file's own blocks (Q4_1 layers, Q8_0 embedding) run as stored: the weights are the values
  * transformers dequantizes, so only x's 16-bit integer form (a relative rounding of 1/65534 of
- * each row's largest value) parts the logits from the F32 reference: 0.043 measured (F32 caches,
- * see qlm_kv_dtype), against 0.41 for BF16 weights. */
+ * each row's largest value) and the F16 caches part the logits from the F32 reference: 0.059-0.075
+ * measured (0.038 with F32 caches, see qlm_kv_dtype), against 0.41 for BF16 weights. */
 static void test_as_stored_blocks_close(void **state) {
     (void)state;
     open_model();

@@ -276,7 +276,7 @@ static void check_attention(int n, int heads, int kv_heads, int hd, int keys, in
         qlm_kv_shape(&sh, keys, bf16 ? QLM_BF16 : QLM_F32);
         sh.heads_packed = n_keys_mode; /* as T5's cross-attention caches */
     }
-    sh.kv_bf16 = bf16;
+    sh.kv_dtype = bf16 ? QLM_BF16 : QLM_F32;
     long q_len = (long)n * heads * hd, kv_len = (long)n_slots * keys * kv_heads * hd;
     float *q = randv(q_len, 22u, 1.5f), *k = randv(kv_len, 23u, 1.5f), *v = randv(kv_len, 24u, 1.0f);
     void *kc = k, *vc = v;
@@ -293,7 +293,7 @@ static void check_attention(int n, int heads, int kv_heads, int hd, int keys, in
     gsh.pos_bias = dbias;
     /* The reference: the CPU over the stored values widened to F32 (its BF16 forms round q too). */
     sh.pos_bias = bias;
-    sh.kv_bf16 = 0;
+    sh.kv_dtype = QLM_F32;
     if (bf16) {
         qlm_convert_to_f32(k, kc, QLM_BF16, kv_len);
         qlm_convert_to_f32(v, vc, QLM_BF16, kv_len);
