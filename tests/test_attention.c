@@ -262,8 +262,49 @@ static void test_head_major_layout(void **state) {
     free(k), free(v), free(kh), free(vh), free(q), free(a), free(b);
 }
 
+/* kv_store into each cache dtype, at position 1 of slot 1: the element read back is the value
+ * rounded to that dtype (the caches' layout, core/kv_cache.h), and F16 holds values past its range
+ * at its largest finite one, not infinity. */
+static void test_kv_store_dtypes(void **state) {
+    (void)state;
+    enum { HEADS = 2, HD = 70, MAX_POS = 3, SLOTS = 2 }; /* 70: one F16 conversion part and a tail */
+    const float big[] = {1e6f, -7e4f, 65504.0f, NAN};
+    float k[HEADS * HD], v[HEADS * HD];
+    for (int i = 0; i < HEADS * HD; i++) k[i] = 0.1f * (float)i - 3.3f, v[i] = i < 4 ? big[i] : -0.05f * (float)i;
+    const qlm_backend *be = qlm_backend_cpu();
+    for (size_t d = 0; d < sizeof kv_dtypes / sizeof kv_dtypes[0]; d++) {
+        qlm_dtype dt = kv_dtypes[d];
+        size_t es = dt == QLM_F32 ? 4 : 2, n = (size_t)SLOTS * HEADS * MAX_POS * HD;
+        char *kc = calloc(n, es), *vc = calloc(n, es);
+        assert_true(kc && vc);
+        int pos = 1;
+        be->kv_store(kc, vc, dt, k, v, 1, NULL, 1, &pos, HEADS, HD, MAX_POS);
+        for (int h = 0; h < HEADS; h++)
+            for (int e = 0; e < HD; e++) {
+                size_t at = (((size_t)1 * HEADS + h) * MAX_POS + 1) * HD + e;
+                float got_k, got_v, want_k = k[h * HD + e], want_v = v[h * HD + e];
+                qlm_convert_to_f32(&got_k, kc + at * es, dt, 1);
+                qlm_convert_to_f32(&got_v, vc + at * es, dt, 1);
+                if (dt == QLM_F16 && !isnan(want_v)) want_v = fminf(fmaxf(want_v, -65504.0f), 65504.0f);
+                float rk, rv;
+                char buf[8];
+                qlm_convert_from_f32(buf, dt, &want_k, 1), qlm_convert_to_f32(&rk, buf, dt, 1);
+                qlm_convert_from_f32(buf, dt, &want_v, 1), qlm_convert_to_f32(&rv, buf, dt, 1);
+                assert_true(got_k == rk);
+                assert_true(isnan(rv) ? isnan(got_v) : got_v == rv);
+            }
+        if (dt == QLM_F16) {
+            float first;
+            qlm_convert_to_f32(&first, vc + (((size_t)1 * HEADS) * MAX_POS + 1) * HD * es, dt, 1);
+            assert_true(first == 65504.0f);
+        }
+        free(kc), free(vc);
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_kv_store_dtypes),
         cmocka_unit_test(test_few_rows),
         cmocka_unit_test(test_many_rows),
         cmocka_unit_test(test_slots),
