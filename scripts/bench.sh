@@ -175,6 +175,22 @@ for spec in "f32:" "bf16:" "f16:" "int8:" "int8:--per-channel" "q8_0:--no-w8a8" 
     rows+=("$tmp/$dt$extra.json")
 done
 
+# The default model's footprint run from its GGUF (the file's own blocks): peak RSS of a one-token
+# generate and of summarizing README.md's dialogue, the least of three runs each.
+echo "bench: default model peak RSS ..." >&2
+scripts/demo_dialogue.sh > "$tmp/dialogue.txt"
+least_rss() {
+    local file=$1 round
+    shift
+    for round in 1 2 3; do
+        logged /usr/bin/time -f %M -o "$tmp/rss" "$@"
+        if [ ! -f "$file" ] || [ "$(cat "$tmp/rss")" -lt "$(cat "$file")" ]; then cp "$tmp/rss" "$file"; fi
+    done
+}
+least_rss "$tmp/rss-generate" "$qlm" generate -m "$gguf" -p Hello -n 1 --threads "$threads" --quiet
+least_rss "$tmp/rss-summarize" "$qlm" summarize -m "$gguf" --temp 0 --threads "$threads" --quiet "$tmp/dialogue.txt"
+gguf_kib=$(( $(stat -c %s "$gguf") / 1024 ))
+
 # llama.cpp's own llama-bench and qlm on the same GGUF files, one pair per type.
 llama_pairs=()
 if [ -n "$llama_bench" ] && [ -x "$llama_bench" ]; then
@@ -320,10 +336,27 @@ fi
         "$(calc "100 * $(json_field "$tmp/int8.json" tg_fraction_of_bound)")"
     if [ -n "$llama_cpp" ]; then
         echo "- llama.cpp (llama-cpp-python, same model requantized to Q8_0, $threads threads, same run): $llama_cpp"
+    elif [ "${#llama_pairs[@]}" -gt 0 ]; then
+        echo "- llama.cpp: its own llama-bench on the same GGUF files, in the sections below."
     else
         echo "- llama.cpp: not measured (the Python package llama_cpp is not installed on this machine)."
     fi
     printf -- "- Rows q8_0, q4_0, q4_1 are requantized from the Q4_1 file at load; \"as stored\" runs the file's own blocks.\n"
+    echo
+    echo "The default model run from its Q4_1 GGUF ($(calc "$gguf_kib / 1024") MiB; weights as stored, read in place from the"
+    echo "mapping, W8A8 panels from qlm's cache; F16 decode caches), peak RSS by \`/usr/bin/time\`, the least of three runs,"
+    echo "tokenizer, code and buffers included:"
+    echo
+    echo "| job | peak RSS MiB | x the file |"
+    echo "| --- | ---: | ---: |"
+    for job in generate summarize; do
+        case $job in
+        generate) label="\`qlm generate -p Hello -n 1\`" ;;
+        summarize) label="\`qlm summarize\` of README.md's dialogue" ;;
+        esac
+        printf "| %s | %.1f | %.2f |\n" "$label" "$(calc "$(cat "$tmp/rss-$job") / 1024")" \
+            "$(calc "$(cat "$tmp/rss-$job") / $gguf_kib")"
+    done
     if [ "${#llama_pairs[@]}" -gt 0 ]; then
         echo
         echo "## qlm and llama.cpp on the same GGUF files"

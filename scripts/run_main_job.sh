@@ -5,9 +5,7 @@ set -euo pipefail
 qlm=${1:-build/qlm}
 cd "$(dirname "$0")/.."
 . scripts/default_model.sh
-# The dialogue is the fenced block after the "demo-dialogue" marker in README.md.
-dialogue=$(awk '/<!-- demo-dialogue -->/{f=1; next} f && /^```/{n++; if (n==2) exit; next} f && n==1' README.md)
-[ -n "$dialogue" ] || { echo "run: demo dialogue not found in README.md" >&2; exit 1; }
+dialogue=$(scripts/demo_dialogue.sh)
 question="What are three things to pack for a day at the beach?"
 flags=(-m "$model" --dtype int8 --per-channel --temp 0 --repeat-penalty 1.1 -n 256 --quiet)
 echo "== Summary of the dialogue in README.md =="
