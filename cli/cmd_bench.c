@@ -165,10 +165,11 @@ int cmd_bench(int argc, char **argv) {
         const char *pc = m->per_channel ? "-pc" : "";
         if (json) {
             printf("{\"model\": \"%s\", \"dtype\": \"%s%s\", \"threads\": %d, \"params\": %lld, \"weight_bytes\": %.0f, "
-                   "\"pp\": %d, \"pp_tps\": %.3f, \"pp_sd\": %.3f, \"tg\": %d, \"tg_tps\": %.3f, \"tg_sd\": %.3f, "
+                   "\"model_bytes\": %zu, \"state_bytes\": %zu, \"pp\": %d, \"pp_tps\": %.3f, \"pp_sd\": %.3f, \"tg\": %d, \"tg_tps\": %.3f, \"tg_sd\": %.3f, "
                    "\"bandwidth_gbs\": %.3f, \"tg_bound_tps\": %.3f, \"tg_fraction_of_bound\": %.4f, \"peak_rss_mib\": %.1f, "
                    "\"isa\": \"%s\", \"device\": \"%s\"}\n",
-                   mo.model, dt, pc, omp_get_max_threads(), (long long)qlm_model_param_count(m), wbytes, pp, pp_mean, pp_sd,
+                   mo.model, dt, pc, omp_get_max_threads(), (long long)qlm_model_param_count(m), wbytes,
+                   qlm_model_held_bytes(m), st.bytes, pp, pp_mean, pp_sd,
                    tg, tg_mean, tg_sd, bw, bound, bound > 0 ? tg_mean / bound : 0, rss_mib, qlm_matmul_isa(), device);
         } else {
             printf("| %-10s | %8s | %10s | %7s | %8s | %18s |\n", "dtype", "size MiB", "params", "threads", "test", "t/s");

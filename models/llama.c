@@ -271,6 +271,12 @@ size_t qlm_model_weight_bytes(const qlm_model *m) {
     return b;
 }
 
+size_t qlm_model_held_bytes(const qlm_model *m) {
+    size_t b = m->shared_bytes + m->in_place_bytes;
+    for (int l = 0; l < m->cfg.n_layers; l++) b += m->layers[l].buffer_bytes;
+    return b;
+}
+
 /* Walks the shared parameters and every layer's, exporting or counting them. */
 static int64_t walk_params(qlm_model *m, qlm_tensor_store *export_to) {
     qlm_param p[MAX_LAYER_PARAMS];

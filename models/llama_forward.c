@@ -50,6 +50,9 @@ int qlm_state_init_slots(qlm_kv_state *s, const qlm_model *m, int max_seq, int n
     s->logits_rows = be->alloc(B * c->dim * sizeof(float));
     if (!s->x || !s->xb || !s->q || !s->k || !s->v || !s->att || !s->hb || !s->hb2 || !s->logits_rows) goto oom;
     if (!be->host_memory && !(s->logits_dev = be->alloc(B * c->vocab_size * sizeof(float)))) goto oom;
+    s->bytes = kv_bytes + B * sizeof(float) *
+                              (2 * (size_t)c->dim + xb_dim + 2 * q_dim + 2 * kv_dim + 2 * (size_t)c->hidden_dim +
+                               (s->logits_dev ? (size_t)c->vocab_size : 0));
     if (qlm_lora_slots_init(&s->lora, n_slots, max_batch) != 0 || qlm_rope_dynamic_init(&s->rope, m) != 0) goto oom;
     return 0;
 oom:

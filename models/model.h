@@ -125,6 +125,9 @@ int qlm_model_random_store(const qlm_llama_config *cfg, uint64_t seed, qlm_tenso
 /* Bytes of weights read per decoded token (all linear weights + lm_head, no embedding table
  * unless tied), for bandwidth figures. */
 size_t qlm_model_weight_bytes(const qlm_model *m);
+/* Bytes of every parameter the model holds: its own buffers and what it reads where the loader
+ * holds it (in_place_bytes). */
+size_t qlm_model_held_bytes(const qlm_model *m);
 /* Total parameter count. */
 int64_t qlm_model_param_count(const qlm_model *m);
 /* Writes the weights back into a store under HF names, in the model's storage dtype
@@ -159,6 +162,7 @@ typedef struct {
     void **k_cache, **v_cache;  /* per layer: [n_slots][n_kv_heads][max_seq][head_dim] (core/kv_cache.h) */
     float *x, *xb, *q, *k, *v, *att, *hb, *hb2, *logits_rows;
     float *logits_dev; /* [max_batch][vocab] where the backend's memory is not host memory, else NULL */
+    size_t bytes;      /* the caches' and the buffers' above, as allocated */
     qlm_lora_slots lora; /* each slot's adapter (qlm_lora_slots_set), applied unmerged */
     qlm_rope_dynamic rope;
 } qlm_kv_state;

@@ -147,6 +147,20 @@ llama_1b_section() {
             "$pair" "$what" "$lpp" "$qpp" "$(calc "$qpp / $lpp")" "$ltg" "$qtg" "$(calc "$qtg / $ltg")" \
             "$lrss" "$qrss" "$(calc "$qrss / $lrss")" "$lload" "$qload" "$(calc "$qload / $lload")"
     done
+    echo
+    echo "qlm's own measures of each row (its bench JSON): peak RSS over what it allocates and maps for the run"
+    echo "(every weight, the KV caches of 640 positions and the activation buffers of a 512-row prefill; code,"
+    echo "libraries and tokenizer are the rest), and tg128 over the bandwidth bound measured beside it:"
+    echo
+    for spec in "${llama_1b_pairs[@]}"; do
+        IFS='|' read -r pair lt qn what <<< "$spec"
+        q="$tmp/1b-qlm-$qn.json"
+        printf -- "- %s, %s: RSS %.2fx (%.0f MiB of weights + %.0f MiB of caches and buffers), decode %.0f%% of the bound\n" \
+            "$pair" "$what" \
+            "$(calc "$(json_field "$q" peak_rss_mib) * 1048576 / ($(json_field "$q" model_bytes) + $(json_field "$q" state_bytes))")" \
+            "$(calc "$(json_field "$q" model_bytes) / 1048576")" "$(calc "$(json_field "$q" state_bytes) / 1048576")" \
+            "$(calc "100 * $(json_field "$q" tg_fraction_of_bound)")"
+    done
 }
 
 only=${QLM_BENCH_ONLY:-}
@@ -343,7 +357,7 @@ fi
     fi
     printf -- "- Rows q8_0, q4_0, q4_1 are requantized from the Q4_1 file at load; \"as stored\" runs the file's own blocks.\n"
     echo
-    echo "The default model run from its Q4_1 GGUF ($(calc "$gguf_kib / 1024") MiB; weights as stored, read in place from the"
+    echo "The default model run from its Q4_1 GGUF ($(printf %.1f "$(calc "$gguf_kib / 1024")") MiB; weights as stored, read in place from the"
     echo "mapping, W8A8 panels from qlm's cache; F16 decode caches), peak RSS by \`/usr/bin/time\`, the least of three runs,"
     echo "tokenizer, code and buffers included:"
     echo

@@ -243,8 +243,16 @@ static void test_in_place(void **state) {
         assert_int_equal(m.tok_embed.data == emb->data, in_place);
         /* every matrix of this tied F32 model: the layers' and the embedding (the head) */
         assert_int_equal(m.in_place_bytes, in_place ? qlm_model_weight_bytes(&m) : 0);
+        /* held: every F32 parameter, read in place or copied (each copied part padded to 64 bytes) */
+        size_t held = qlm_model_held_bytes(&m), params = (size_t)qlm_model_param_count(&m) * sizeof(float);
+        assert_true(held >= params && held <= params + 64 * (size_t)(4 + 16 * src.cfg.n_layers));
         qlm_kv_state st;
         assert_int_equal(qlm_state_init(&st, &m, r.n_tokens, 16), 0);
+        /* the state's bytes: both caches of every layer (F32 here) and the buffers of 16 rows */
+        const qlm_llama_config *c = &src.cfg;
+        size_t kv = 2 * (size_t)c->n_layers * r.n_tokens * c->n_kv_heads * c->head_dim * sizeof(float);
+        assert_true(st.bytes > kv && st.bytes < kv + 16 * sizeof(float) * (size_t)(8 * c->dim + 4 * c->hidden_dim +
+                                                                                      4 * c->n_heads * c->head_dim));
         int n = r.n_tokens, last = n - 1, *pos = malloc((size_t)n * sizeof *pos);
         for (int i = 0; i < n; i++) pos[i] = i;
         logits[in_place] = malloc((size_t)src.cfg.vocab_size * sizeof(float));
