@@ -218,12 +218,12 @@ int64_t qlm_entry_numel(const qlm_tensor_entry *e) {
     return n;
 }
 
-/* Whether the exponent bits of any of v[0, n) are all ones (NaN or Inf); a branch-free loop the
- * compiler vectorizes. */
 /* One clone per instruction set (picked at load time): the check reads every byte of a 16- or
  * 32-bit file once, and the baseline's 16-byte vectors made it slower than the reads. */
 #define PER_ISA __attribute__((target_clones("arch=x86-64-v4", "avx2", "default")))
 
+/* Whether the exponent bits of any of v[0, n) are all ones (NaN or Inf); a branch-free loop the
+ * compiler vectorizes. */
 PER_ISA static int any_exp_ones_32(const uint32_t *v, int64_t n) {
     uint32_t hit = 0;
     for (int64_t i = 0; i < n; i++) hit |= (v[i] & 0x7F800000u) == 0x7F800000u;

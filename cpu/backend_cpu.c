@@ -36,25 +36,15 @@ static void cpu_describe(char *out, size_t len) {
              pages > 0 && page > 0 ? (double)pages * page / 1073741824.0 : 0.0);
 }
 
-/* Values stored per call of the F16 conversion below. */
-#define F16_PART 64
-
 /* n values from src as cache elements of dtype kv. F16 holds values past its largest finite
- * one at it: an infinite key would make every score of its head NaN. */
+ * one at it: an infinite key would make every score of its head NaN. Rounding already takes
+ * values below 65520 to 65504, so the infinities the conversion made are what is held. */
 static void kv_store_row(void *dst, qlm_dtype kv, const float *src, int n) {
-    if (kv != QLM_F16) {
-        qlm_convert_from_f32(dst, kv, src, n);
-        return;
-    }
-    float part[F16_PART];
-    for (int i0 = 0; i0 < n; i0 += F16_PART) {
-        int m = n - i0 < F16_PART ? n - i0 : F16_PART;
-        for (int j = 0; j < m; j++) {
-            float x = src[i0 + j];
-            part[j] = x > QLM_F16_MAX ? QLM_F16_MAX : x < -QLM_F16_MAX ? -QLM_F16_MAX : x;
-        }
-        qlm_convert_from_f32((uint16_t *)dst + i0, QLM_F16, part, m);
-    }
+    qlm_convert_from_f32(dst, kv, src, n);
+    if (kv != QLM_F16) return;
+    uint16_t *h = dst;
+    for (int i = 0; i < n; i++)
+        if ((h[i] & 0x7fffu) == QLM_F16_INF) h[i] = (uint16_t)((h[i] & 0x8000u) | QLM_F16_MAX_BITS);
 }
 
 static void cpu_kv_store(void *k_cache, void *v_cache, qlm_dtype kv, const float *k, const float *v, int n,

@@ -12,6 +12,12 @@ int qlm_state_init(qlm_kv_state *s, const qlm_model *m, int max_seq, int max_bat
     return qlm_state_init_slots(s, m, max_seq, 1, max_batch);
 }
 
+/* be->alloc of bytes, counted in s->bytes. */
+static void *state_alloc(qlm_kv_state *s, const qlm_backend *be, size_t bytes) {
+    s->bytes += bytes;
+    return be->alloc(bytes);
+}
+
 int qlm_state_init_slots(qlm_kv_state *s, const qlm_model *m, int max_seq, int n_slots, int max_batch) {
     const qlm_llama_config *c = &m->cfg;
     const qlm_backend *be = m->be;
@@ -34,25 +40,22 @@ int qlm_state_init_slots(qlm_kv_state *s, const qlm_model *m, int max_seq, int n
         long window = qlm_layer_window(c, l), rolling = window + max_batch - 1;
         s->cache_rows[l] = window && rolling < max_seq ? (int)rolling : max_seq;
         kv_bytes += 2 * row_bytes * (size_t)s->cache_rows[l];
-        s->k_cache[l] = be->alloc(row_bytes * (size_t)s->cache_rows[l]);
-        s->v_cache[l] = be->alloc(row_bytes * (size_t)s->cache_rows[l]);
+        s->k_cache[l] = state_alloc(s, be, row_bytes * (size_t)s->cache_rows[l]);
+        s->v_cache[l] = state_alloc(s, be, row_bytes * (size_t)s->cache_rows[l]);
         if (!s->k_cache[l] || !s->v_cache[l]) goto oom;
     }
     size_t xb_dim = (size_t)c->dim > q_dim ? (size_t)c->dim : q_dim;
-    s->x = be->alloc(B * c->dim * sizeof(float));
-    s->xb = be->alloc(B * xb_dim * sizeof(float));
-    s->q = be->alloc(B * q_dim * sizeof(float));
-    s->k = be->alloc(B * kv_dim * sizeof(float));
-    s->v = be->alloc(B * kv_dim * sizeof(float));
-    s->att = be->alloc(B * q_dim * sizeof(float));
-    s->hb = be->alloc(B * c->hidden_dim * sizeof(float));
-    s->hb2 = be->alloc(B * c->hidden_dim * sizeof(float));
-    s->logits_rows = be->alloc(B * c->dim * sizeof(float));
+    s->x = state_alloc(s, be, B * c->dim * sizeof(float));
+    s->xb = state_alloc(s, be, B * xb_dim * sizeof(float));
+    s->q = state_alloc(s, be, B * q_dim * sizeof(float));
+    s->k = state_alloc(s, be, B * kv_dim * sizeof(float));
+    s->v = state_alloc(s, be, B * kv_dim * sizeof(float));
+    s->att = state_alloc(s, be, B * q_dim * sizeof(float));
+    s->hb = state_alloc(s, be, B * c->hidden_dim * sizeof(float));
+    s->hb2 = state_alloc(s, be, B * c->hidden_dim * sizeof(float));
+    s->logits_rows = state_alloc(s, be, B * c->dim * sizeof(float));
     if (!s->x || !s->xb || !s->q || !s->k || !s->v || !s->att || !s->hb || !s->hb2 || !s->logits_rows) goto oom;
-    if (!be->host_memory && !(s->logits_dev = be->alloc(B * c->vocab_size * sizeof(float)))) goto oom;
-    s->bytes = kv_bytes + B * sizeof(float) *
-                              (2 * (size_t)c->dim + xb_dim + 2 * q_dim + 2 * kv_dim + 2 * (size_t)c->hidden_dim +
-                               (s->logits_dev ? (size_t)c->vocab_size : 0));
+    if (!be->host_memory && !(s->logits_dev = state_alloc(s, be, B * c->vocab_size * sizeof(float)))) goto oom;
     if (qlm_lora_slots_init(&s->lora, n_slots, max_batch) != 0 || qlm_rope_dynamic_init(&s->rope, m) != 0) goto oom;
     return 0;
 oom:

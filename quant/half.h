@@ -20,8 +20,10 @@ static inline uint16_t qlm_f32_to_bf16(float f) {
     return (uint16_t)(u >> 16);
 }
 
-/* F16's largest finite value. */
+/* F16's largest finite value, its bits, and the bits of +infinity. */
 #define QLM_F16_MAX 65504.0f
+#define QLM_F16_MAX_BITS 0x7bffu
+#define QLM_F16_INF 0x7c00u
 
 float qlm_f16_to_f32(uint16_t h);
 uint16_t qlm_f32_to_f16(float f);

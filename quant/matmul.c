@@ -166,12 +166,12 @@ static void scalar_gemm(float *y, const void *x, long ldx, const float *x_scale,
 
 static void scalar_dot_rows(float *y, long ldy, const void *x, int n, const void *w, size_t w_stride, int rows,
                             long cols, qlm_dtype dt) {
-    const size_t esize = qlm_weight_elem_size(dt);
+    const size_t esize = qlm_weight_elem_size(dt), xsize = qlm_x_elem_size(dt);
     const qlm_dtype xdt = qlm_x_dtype(dt);
     for (int i = 0; i < n; i++)
         for (int o = 0; o < rows; o++) {
             const char *wo = (const char *)w + (size_t)o * w_stride * esize;
-            const char *xi = (const char *)x + (size_t)i * cols * qlm_x_elem_size(dt);
+            const char *xi = (const char *)x + (size_t)i * cols * xsize;
             float s = 0;
             for (long k = 0; k < cols; k++) s += qlm_weight_at(wo, k, dt) * qlm_weight_at(xi, k, xdt);
             y[(size_t)i * ldy + o] = s;

@@ -363,13 +363,9 @@ fi
     echo
     echo "| job | peak RSS MiB | x the file |"
     echo "| --- | ---: | ---: |"
-    for job in generate summarize; do
-        case $job in
-        generate) label="\`qlm generate -p Hello -n 1\`" ;;
-        summarize) label="\`qlm summarize\` of README.md's dialogue" ;;
-        esac
-        printf "| %s | %.1f | %.2f |\n" "$label" "$(calc "$(cat "$tmp/rss-$job") / 1024")" \
-            "$(calc "$(cat "$tmp/rss-$job") / $gguf_kib")"
+    for job in "generate|\`qlm generate -p Hello -n 1\`" "summarize|\`qlm summarize\` of README.md's dialogue"; do
+        rss=$(cat "$tmp/rss-${job%%|*}")
+        printf "| %s | %.1f | %.2f |\n" "${job#*|}" "$(calc "$rss / 1024")" "$(calc "$rss / $gguf_kib")"
     done
     if [ "${#llama_pairs[@]}" -gt 0 ]; then
         echo
