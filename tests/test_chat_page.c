@@ -675,6 +675,13 @@ static void test_chat_page(void **state) {
      * as a user does. */
     type_into(b, "max-tokens", k_max_tokens);
     type_into(b, "system", k_system);
+    /* A slow connection (16 KB/s down), so that the answer's chunks reach the page apart even where
+     * the tiny model writes all 128 tokens before the page's first read (a fast CPU: one text). */
+    cJSON_Delete(cdp_call(b, "Network.enable", must(cJSON_CreateObject()), 1, 10));
+    cJSON_Delete(cdp_call(b, "Network.emulateNetworkConditions",
+                          must(cJSON_Parse("{\"offline\":false,\"latency\":0,\"downloadThroughput\":16000,"
+                                           "\"uploadThroughput\":-1}")),
+                          1, 10));
     click(b, "send");
     double t_sent = qlm_now_s();
     char *status = wait_status(b, "['done', 'error']", 60);

@@ -183,9 +183,11 @@ static void test_lora(void **state) {
 static void test_bf16_qat_int8(void **state) {
     (void)state;
     prepare();
+    /* BF16 compute: a rank's share of the rows takes other kernel forms than the whole batch (the
+     * AVX512_BF16 products round x per pair): losses 1.1e-3 apart on an AMD EPYC, 7e-4 with VNNI. */
     assert_int_equal(train("bf16-ref", BF16, 0, NULL, NULL), 0);
-    check_against("bf16-ref", "bf16-fsdp", BF16, 4, "--shard fsdp", 1e-3, 1e-3, NULL);
-    check_against("bf16-ref", "bf16-zero1", BF16, 2, "--shard zero1", 1e-3, 1e-3, NULL);
+    check_against("bf16-ref", "bf16-fsdp", BF16, 4, "--shard fsdp", 2e-3, 1e-3, NULL);
+    check_against("bf16-ref", "bf16-zero1", BF16, 2, "--shard zero1", 2e-3, 1e-3, NULL);
     assert_int_equal(train("qat-ref", QAT, 0, NULL, NULL), 0);
     check_against("qat-ref", "qat-zero2", QAT, 4, "--shard zero2", 5e-3, 1e-3, NULL);
     check_against("qat-ref", "qat-hybrid", QAT, 4, "--shard fsdp --sharding-factor 2", 5e-3, 1e-3, NULL);
@@ -224,10 +226,13 @@ static void test_t5(void **state) {
                        "\"relative_attention_max_distance\": 128, \"relative_attention_num_buckets\": 32, "
                        "\"tie_word_embeddings\": false, \"vocab_size\": 32128}",
                  tok, extra, sizeof extra);
+    /* The losses are the sharp check; AdamW turns last-bit differences of near-zero gradients (other
+     * OpenBLAS blockings for a rank's rows) into whole steps: weights 7.7e-4 apart on an AMD EPYC
+     * (its Zen kernels) with losses within 1.3e-7, under 1e-4 on an Intel Xeon. */
     assert_int_equal(train("t5-ref", FULL, 0, NULL, extra), 0);
-    check_against("t5-ref", "t5-fsdp", FULL, 4, "--shard fsdp", 1e-5, 1e-4, extra);
-    check_against("t5-ref", "t5-zero2", FULL, 2, "--shard zero2", 1e-5, 1e-4, extra);
-    check_against("t5-ref", "t5-ddp", FULL, 2, "--shard ddp", 1e-5, 1e-4, extra);
+    check_against("t5-ref", "t5-fsdp", FULL, 4, "--shard fsdp", 1e-5, 2e-3, extra);
+    check_against("t5-ref", "t5-zero2", FULL, 2, "--shard zero2", 1e-5, 2e-3, extra);
+    check_against("t5-ref", "t5-ddp", FULL, 2, "--shard ddp", 1e-5, 2e-3, extra);
 }
 
 /* LoRA on a Phi-3 (random weights, the stories' tokenizer): the adapter's stored qkv_proj and

@@ -1541,8 +1541,10 @@ static int raw_answer(int fd, int *complete) {
 
 /* SIGTERM while a hundred requests are queued or running, and more arrive after it: each request
  * gets a whole 200 (taken before the drain began), a 429 (the queue was full) or a 503 (it came
- * during the drain), or finds the port closed (the drain was over); none an empty answer, a reset
- * or a stream cut short. */
+ * during the drain), or finds the port closed (the drain was over); none sent before the signal an
+ * empty answer, a reset or a stream cut short. One sent after it may also meet the listening socket
+ * as it closes (its connection made, then closed unanswered or reset: TCP has no other answer at
+ * that moment; seen on a fast machine for 1 request in 60). */
 static void test_serve_sigterm_under_load(void **state) {
     (void)state;
     char model[512];
@@ -1582,10 +1584,11 @@ static void test_serve_sigterm_under_load(void **state) {
         if (status == 200 && complete) counts[0]++;
         else if (status == 429) counts[1]++;
         else if (status == 503) counts[2]++;
+        else if (i >= BEFORE && status <= 0) counts[3]++;
         else fail_msg("request %d (%s SIGTERM) got %d%s", i, i < BEFORE ? "before" : "after", status,
                       status == 200 ? " cut short" : "");
     }
-    print_message("SIGTERM under load: %d whole 200s, %d 429s, %d 503s, %d refused after the drain\n", counts[0],
+    print_message("SIGTERM under load: %d whole 200s, %d 429s, %d 503s, %d refused or closed after the drain\n", counts[0],
                   counts[1], counts[2], counts[3]);
     assert_true(counts[0] >= 48);
     int st = 0;
