@@ -15,11 +15,12 @@
  * llama.cpp keeps them: a GGUF run as stored holds the file's exact weights, and F16's 11-bit
  * significand keeps the default model's Q4_1 within 0.075 of transformers' logits (F32 caches:
  * 0.038, BF16 ones: 0.54) and its perplexity over 9,119 tokens of stories at 10.0543 (F32:
- * 10.0545) at half the bytes; block weights run only on the CPU backend, whose kernels read F16.
- * F32 for F32 weights (the exact reference) and F16 ones (BF16 caches moved F16 models from 0.23%
- * to 0.74% of the largest logit on the parity fixtures, past their 0.4% tolerance). */
-static inline qlm_dtype qlm_kv_dtype(qlm_dtype weights) {
-    if (qlm_dtype_is_block(weights)) return QLM_F16;
+ * 10.0545) at half the bytes. A backend without block weights (CUDA) loads a GGUF's blocks as
+ * BF16, and its caches are BF16's. F32 for F32 weights (the exact reference) and F16 ones (BF16
+ * caches moved F16 models from 0.23% to 0.74% of the largest logit on the parity fixtures, past
+ * their 0.4% tolerance). */
+static inline qlm_dtype qlm_kv_dtype(qlm_dtype weights, const qlm_backend *be) {
+    if (qlm_dtype_is_block(weights)) return be->block_weights ? QLM_F16 : QLM_BF16;
     return weights == QLM_I8 || weights == QLM_BF16 ? QLM_BF16 : QLM_F32;
 }
 
