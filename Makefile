@@ -108,7 +108,7 @@ fuzz:
 
 # The GPU's tests: the op table against references, and the model tests rerun with
 # QLM_TEST_DEVICE=cuda (their fixtures and tolerances unchanged), then compute-sanitizer.
-CUDA_TESTS := tests/cuda/test_backend_ops tests/cuda/test_comm_nccl tests/test_llama tests/test_t5 tests/test_batch tests/test_lora tests/test_smollm2
+CUDA_TESTS := tests/cuda/test_backend_ops tests/cuda/test_attention_backward tests/cuda/test_train_ops tests/cuda/test_fake_quant_cuda tests/cuda/test_comm_nccl tests/test_llama tests/test_t5 tests/test_batch tests/test_lora tests/test_smollm2 tests/test_train tests/test_train_t5 tests/test_train_cli
 
 test-cuda-build:
 	@$(MAKE) --no-print-directory CUDA=1 BUILD=build/cuda build/cuda/qlm build/cuda/bench/bench_cuda $(CUDA_TESTS:%=build/cuda/%)

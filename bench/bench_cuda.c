@@ -1,8 +1,9 @@
 /* Times the CUDA op table on operands of one decode step of a TinyLlama-1.1B-shaped model
  * (hidden 2048, FFN 5632, 32 heads of 64 over 4 KV heads) and of SmolLM2-135M's (576 / 1536):
  * each op queued `reps` times, flushed and synchronized, three rounds (the third replays the CUDA
- * graph the second captured, as decode does); prints microseconds per op and, for the matmuls,
- * the weight bytes streamed per second against the device-to-device copy bandwidth.
+ * graph the second captured, as decode does); prints microseconds per op and, for the matmuls
+ * (one row of x, and two GEMVs of 8 and 4 rows), the weight bytes streamed per second against the
+ * device-to-device copy bandwidth.
  * Usage: bench_cuda [reps]   (built by `make CUDA=1 build/cuda/bench/bench_cuda`) */
 #include <stdio.h>
 #include <stdlib.h>
@@ -62,16 +63,16 @@ static double time_op(op_fn fn, void *ctx, int reps, float *sink) {
 
 typedef struct {
     qlm_matmul_out outs[3];
-    int count;
+    int count, n;
     const float *x;
 } mm_ctx;
 
 static void run_mm(void *p) {
     mm_ctx *c = p;
     if (c->count == 1)
-        gpu->matmul(c->outs[0].y, c->x, 1, c->outs[0].w, NULL);
+        gpu->matmul(c->outs[0].y, c->x, c->n, c->outs[0].w, NULL);
     else
-        gpu->matmul_group(c->outs, c->count, c->x, 1);
+        gpu->matmul_group(c->outs, c->count, c->x, c->n);
 }
 
 typedef struct {
@@ -103,23 +104,26 @@ int main(int argc, char **argv) {
     double bw = gpu->bandwidth_gbs();
     printf("%s\ndevice-to-device copy: %.0f GB/s (read + write)\n\n", line, bw);
     printf("| op | shape | dtype | us/op | GB/s | of copy bw |\n| --- | --- | --- | ---: | ---: | ---: |\n");
+    /* n rows of x (1 in decode; the GEMV takes up to 8, a batch of sequences). */
     const struct {
         const char *name;
-        int rows[3], count, cols;
+        int rows[3], count, cols, n;
     } mms[] = {
-        {"q_proj", {2048}, 1, 2048},          {"gate+up", {5632, 5632}, 2, 2048}, {"down", {2048}, 1, 5632},
-        {"q+k+v", {2048, 256, 256}, 3, 2048}, {"smol q", {576}, 1, 576},          {"smol down", {576}, 1, 1536},
+        {"q_proj", {2048}, 1, 2048, 1},          {"gate+up", {5632, 5632}, 2, 2048, 1},
+        {"down", {2048}, 1, 5632, 1},            {"q+k+v", {2048, 256, 256}, 3, 2048, 1},
+        {"smol q", {576}, 1, 576, 1},            {"smol down", {576}, 1, 1536, 1},
+        {"q_proj, 8 rows", {2048}, 1, 2048, 8}, {"smol q, 4 rows", {576}, 1, 576, 4},
     };
     const qlm_dtype dts[] = {QLM_BF16, QLM_I8};
-    float *x = dev_floats(8192, 1.0f);
+    float *x = dev_floats(8 * 8192, 1.0f);
     for (size_t d = 0; d < 2; d++)
         for (size_t i = 0; i < sizeof mms / sizeof mms[0]; i++) {
-            mm_ctx c = {.count = mms[i].count, .x = x};
+            mm_ctx c = {.count = mms[i].count, .n = mms[i].n, .x = x};
             qlm_weight w[3];
             double bytes = 0;
             for (int k = 0; k < c.count; k++) {
                 w[k] = dev_weight(dts[d], mms[i].rows[k], mms[i].cols);
-                c.outs[k] = (qlm_matmul_out){gpu->alloc((size_t)mms[i].rows[k] * sizeof(float)), &w[k], NULL};
+                c.outs[k] = (qlm_matmul_out){gpu->alloc((size_t)c.n * mms[i].rows[k] * sizeof(float)), &w[k], NULL};
                 bytes += (double)mms[i].rows[k] * mms[i].cols * qlm_dtype_size(dts[d]);
             }
             double us = time_op(run_mm, &c, reps, c.outs[0].y);

@@ -1,41 +1,66 @@
 #!/usr/bin/env python3
-"""Dev-time comparison for `make bench`: LoRA training throughput and peak memory of Hugging Face
-transformers + peft on the same data, model, rank and sequence lengths as `qlm train` in the same run.
+"""Dev-time comparison for `make bench` and scripts/bench_gpu_train.sh: training throughput and peak
+memory of Hugging Face transformers (+ peft for LoRA) on the same data, model, rank and sequence
+lengths as `qlm train` in the same run.
 
-Usage: peft_train_bench.py MODEL_FOLDER DATA.jsonl STEPS BATCH THREADS
-DATA.jsonl holds {"prompt", "completion"} lines; each example is prompt + completion + EOS tokens with
-the loss on the completion and EOS, batches of BATCH examples in file order, F32, AdamW, LoRA r=16 alpha=32
-dropout 0.05 on all linear layers. Prints one line: tokens/s and peak RSS MiB. Never used by qlm."""
+Usage: peft_train_bench.py MODEL_FOLDER DATA.jsonl STEPS BATCH THREADS [--device cuda] [--random-weights]
+                           [--full] [--seq-len N]
+DATA.jsonl holds {"prompt", "completion"} lines; each example is prompt + completion + EOS tokens (cut to
+--seq-len) with the loss on the completion and EOS, batches of BATCH examples in file order, F32 (TF32 off),
+AdamW, gradient clipping at 1; LoRA r=16 alpha=32 dropout 0.05 on all linear layers, or --full. Prints one
+line: tokens/s, peak memory MiB (host RSS on the CPU; the GPU's peak reserved by torch's allocator plus
+its context, as nvidia-smi would count, on cuda), tokens, seconds. Never used by qlm."""
+import argparse
 import json
 import resource
-import sys
 import time
 
 import torch
 from peft import LoraConfig, get_peft_model
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 
 def main():
-    folder, data, steps, batch, threads = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
-    torch.set_num_threads(threads)
+    ap = argparse.ArgumentParser()
+    ap.add_argument("folder")
+    ap.add_argument("data")
+    ap.add_argument("steps", type=int)
+    ap.add_argument("batch", type=int)
+    ap.add_argument("threads", type=int)
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--random-weights", action="store_true")
+    ap.add_argument("--full", action="store_true")
+    ap.add_argument("--seq-len", type=int, default=0)
+    a = ap.parse_args()
+    torch.set_num_threads(a.threads)
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
     torch.manual_seed(1)
-    tok = AutoTokenizer.from_pretrained(folder)
-    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
-    model = get_peft_model(model, LoraConfig(r=16, lora_alpha=32, lora_dropout=0.05, target_modules="all-linear",
-                                             task_type="CAUSAL_LM"))
+    dev = torch.device(a.device)
+    tok = AutoTokenizer.from_pretrained(a.folder)
+    if a.random_weights:
+        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(a.folder), dtype=torch.float32)
+    else:
+        model = AutoModelForCausalLM.from_pretrained(a.folder, dtype=torch.float32)
+    if not a.full:
+        model = get_peft_model(model, LoraConfig(r=16, lora_alpha=32, lora_dropout=0.05, target_modules="all-linear",
+                                                 task_type="CAUSAL_LM"))
+    model.to(dev)
     model.train()
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=4e-4, weight_decay=0.01)
     examples = []
-    with open(data) as f:
+    with open(a.data) as f:
         for line in f:
             r = json.loads(line)
             p = tok(r["prompt"], add_special_tokens=False)["input_ids"]
             c = tok(r["completion"], add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
-            examples.append((p + c, [-100] * len(p) + c))
+            ids, labels = p + c, [-100] * len(p) + c
+            if a.seq_len:
+                ids, labels = ids[:a.seq_len], labels[:a.seq_len]
+            examples.append((ids, labels))
     tokens, t0 = 0, time.perf_counter()
-    for step in range(steps):
-        chunk = examples[step * batch:(step + 1) * batch]
+    for step in range(a.steps):
+        chunk = examples[step * a.batch:(step + 1) * a.batch]
         L = max(len(ids) for ids, _ in chunk)
         ids = torch.full((len(chunk), L), tok.eos_token_id, dtype=torch.long)
         labels = torch.full((len(chunk), L), -100, dtype=torch.long)
@@ -43,14 +68,22 @@ def main():
         for b, (x, y) in enumerate(chunk):
             ids[b, :len(x)], labels[b, :len(y)], mask[b, :len(x)] = torch.tensor(x), torch.tensor(y), 1
             tokens += len(x)
-        loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
+        loss = model(input_ids=ids.to(dev), attention_mask=mask.to(dev), labels=labels.to(dev)).loss
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         opt.zero_grad()
+    if dev.type == "cuda":
+        torch.cuda.synchronize()
     seconds = time.perf_counter() - t0
-    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
-    print(f"{tokens / seconds:.1f} {rss:.0f} {tokens} {seconds:.1f}")
+    if dev.type == "cuda":
+        free, total = torch.cuda.mem_get_info()
+        # What the process holds on the GPU: the allocator's peak plus what lies outside it (context, cuBLAS).
+        outside = (total - free) - torch.cuda.memory_reserved()
+        peak = (torch.cuda.max_memory_reserved() + max(outside, 0)) / 1048576.0
+    else:
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+    print(f"{tokens / seconds:.1f} {peak:.0f} {tokens} {seconds:.1f}")
 
 
 if __name__ == "__main__":

@@ -79,7 +79,7 @@ static const char k_usage[] =
     "      --overwrite          start a new run in a DIR that holds one (refused otherwise)\n"
     "      --seed S             data order, adapter init and dropout (default 1)\n"
     "      --threads N          CPU threads (default: the cores, divided among the ranks on this machine)\n"
-    "      --device D           cpu (default)\n"
+    "      --device D           cpu (default), cuda, or auto\n"
     "      --random-weights     random weights of the shape in MODEL/config.json (for speed measurements)\n"
     "      --no-check           skip the load-time check for NaN/Inf weights and bad INT8 scales\n"
     "  several processes (start with mpirun -np N qlm train ...; each rank takes its slice of every\n"
@@ -570,13 +570,23 @@ static int write_outputs(const train_args *a, qlm_trainer *t, cli_model *cm) {
     snprintf(path, sizeof path, "%s/model", a->out);
     if (cli_write_model_folder(cm, path) != 0) return -1;
     if (a->mode == QLM_TRAIN_QAT) {
+        const qlm_backend *be = t->arch->backend(t->model);
         qlm_tensor_store *store = qlm_store_new();
         int rc = store ? 0 : qlm_errorf("out of memory");
         for (int i = 0; i < t->n_t && rc == 0; i++) {
             const qlm_train_tensor *e = &t->t[i];
             if (e->qat_scale_of < 0) continue;
             int64_t shape[1] = {e->rows};
-            if (!qlm_store_add(store, e->name, QLM_F32, 1, shape, e->p, (size_t)e->n * sizeof(float))) rc = -1;
+            size_t bytes = (size_t)e->n * sizeof(float);
+            /* Device memory is copied out first. */
+            void *copy;
+            if (be->host_memory) {
+                if (!qlm_store_add(store, e->name, QLM_F32, 1, shape, e->p, bytes)) rc = -1;
+            } else if (qlm_store_add_owned(store, e->name, QLM_F32, 1, shape, &copy)) {
+                be->to_host(copy, e->p, bytes);
+            } else {
+                rc = -1;
+            }
         }
         char scales[4200];
         snprintf(scales, sizeof scales, "%s/qat_scales.safetensors", path);

@@ -200,6 +200,19 @@ typedef struct qlm_backend {
     /* Stores F32 values into a weight in its storage dtype (F32, BF16 or F16): the compute copy of
      * F32 master weights in mixed-precision training. */
     void (*store_weight)(qlm_weight *w, const float *src);
+    /* QAT's fake quantization with learned scales, as quant/fake_quant.h defines it (formulas,
+     * rounding, non-finite values): out[rows][cols] = clamp(round(w * (1/s)), qmin, qmax) * s,
+     * s = scales[r] for row r (per_row 1) or scales[0] for all (per_row 0). out may alias w. */
+    void (*fake_quant_forward)(float *out, const float *w, int rows, int cols, const float *scales, int per_row,
+                               int qmin, int qmax);
+    /* Its backward for the upstream gradient dout: dw += the straight-through gradient, and
+     * dscales[r] (per_row) or dscales[0] += the LSQ scale gradient times grad_factor, summed in
+     * double in an order fixed by the shape, so it repeats bit for bit. dw or dscales may be NULL. */
+    void (*fake_quant_backward)(float *dw, float *dscales, const float *dout, const float *w, int rows, int cols,
+                                const float *scales, int per_row, int qmin, int qmax, float grad_factor);
+    /* Raises n learned scales (NaN ones too) to the floor QLM_FAKE_QUANT_MIN_SCALE (FLT_EPSILON), as
+     * torch does before each forward: after every optimizer step. */
+    void (*fake_quant_clamp_scales)(float *scales, long n);
 } qlm_backend;
 
 /* logits[n][vocab] (host memory) = x lm_head^T, through dev ([n][vocab] of device memory) where

@@ -6,6 +6,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "../quant/fake_quant.h"
 #include "../quant/half.h"
 #include "../quant/matmul.h"
 #include "../quant/quantize.h"
@@ -251,6 +252,9 @@ static const qlm_backend cpu_backend = {
     .dropout = qlm_cpu_dropout,
     .adamw = qlm_cpu_adamw,
     .store_weight = qlm_cpu_store_weight,
+    .fake_quant_forward = qlm_cpu_fake_quant_forward,
+    .fake_quant_backward = qlm_cpu_fake_quant_backward,
+    .fake_quant_clamp_scales = qlm_fake_quant_clamp_scales,
 };
 
 const qlm_backend *qlm_backend_cpu(void) { return &cpu_backend; }

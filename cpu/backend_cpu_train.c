@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../quant/fake_quant.h"
 #include "../quant/half.h"
 #include "../quant/quantize.h"
 #include "backend_cpu_train.h"
@@ -397,4 +398,17 @@ void qlm_cpu_store_weight(qlm_weight *w, const float *src) {
     case QLM_F16: qlm_f32_to_f16_n(dst, src, n); break;
     default: memcpy(dst, src, (size_t)n * sizeof *src); break;
     }
+}
+
+/* The fake-quantization ops are quant/fake_quant.c's functions, picked by the scales' layout. */
+void qlm_cpu_fake_quant_forward(float *out, const float *w, int rows, int cols, const float *scales, int per_row,
+                                int qmin, int qmax) {
+    if (per_row) qlm_fake_quant_forward_rows(out, w, rows, cols, scales, qmin, qmax);
+    else qlm_fake_quant_forward(out, w, (long)rows * cols, scales[0], qmin, qmax);
+}
+
+void qlm_cpu_fake_quant_backward(float *dw, float *dscales, const float *dout, const float *w, int rows, int cols,
+                                 const float *scales, int per_row, int qmin, int qmax, float grad_factor) {
+    if (per_row) qlm_fake_quant_backward_rows(dw, dscales, dout, w, rows, cols, scales, qmin, qmax, grad_factor);
+    else qlm_fake_quant_backward(dw, dscales, dout, w, (long)rows * cols, scales[0], qmin, qmax, grad_factor);
 }

@@ -29,5 +29,9 @@ void qlm_cpu_zero(float *x, long n);
 void qlm_cpu_dropout(float *out, const float *x, long n, float p, uint64_t seed, long first);
 void qlm_cpu_adamw(float *p, const float *g, float *m, float *v, long n, const qlm_adamw_step *h);
 void qlm_cpu_store_weight(qlm_weight *w, const float *src);
+void qlm_cpu_fake_quant_forward(float *out, const float *w, int rows, int cols, const float *scales, int per_row,
+                                int qmin, int qmax);
+void qlm_cpu_fake_quant_backward(float *dw, float *dscales, const float *dout, const float *w, int rows, int cols,
+                                 const float *scales, int per_row, int qmin, int qmax, float grad_factor);
 
 #endif

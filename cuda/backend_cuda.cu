@@ -209,7 +209,7 @@ void qlm_cuda_flush_and_record(cudaEvent_t after) {
     if (after) CUDA_CHECK(cudaEventRecord(after, qlm_cuda_stream));
 }
 
-// Inference ops only: the training ops stay NULL until they have GPU forms (the trainer checks).
+// Every op of the table, inference and training.
 static qlm_backend cuda_backend;
 
 static void fill_table(qlm_backend *b) {
@@ -226,6 +226,7 @@ static void fill_table(qlm_backend *b) {
     b->rmsnorm = locked<qlm_cuda_rmsnorm>::call;
     b->rope = locked<qlm_cuda_rope>::call;
     b->attention = locked<qlm_cuda_attention>::call;
+    b->attention_backward = locked<qlm_cuda_attention_backward>::call;
     b->glu = locked<qlm_cuda_glu>::call;
     b->activate = locked<qlm_cuda_activate>::call;
     b->add = locked<qlm_cuda_add>::call;
@@ -236,6 +237,21 @@ static void fill_table(qlm_backend *b) {
     b->to_host = locked<cuda_to_host>::call;
     b->scale = locked<qlm_cuda_scale>::call;
     b->zero = locked<qlm_cuda_zero>::call;
+    b->matmul_backward_x = locked<qlm_cuda_matmul_backward_x>::call;
+    b->matmul_backward_w = locked<qlm_cuda_matmul_backward_w>::call;
+    b->rmsnorm_backward = locked<qlm_cuda_rmsnorm_backward>::call;
+    b->rope_backward = locked<qlm_cuda_rope_backward>::call;
+    b->glu_backward = locked<qlm_cuda_glu_backward>::call;
+    b->activate_backward = locked<qlm_cuda_activate_backward>::call;
+    b->embedding_backward = locked<qlm_cuda_embedding_backward>::call;
+    b->cross_entropy = locked<qlm_cuda_cross_entropy>::call;
+    b->sum_squares = locked<qlm_cuda_sum_squares>::call;
+    b->dropout = locked<qlm_cuda_dropout>::call;
+    b->adamw = locked<qlm_cuda_adamw>::call;
+    b->store_weight = locked<qlm_cuda_store_weight>::call;
+    b->fake_quant_forward = locked<qlm_cuda_fake_quant_forward>::call;
+    b->fake_quant_backward = locked<qlm_cuda_fake_quant_backward>::call;
+    b->fake_quant_clamp_scales = locked<qlm_cuda_fake_quant_clamp_scales>::call;
 }
 
 // Start-up happens once; its failure (no device, no driver) is an error the caller can report.

@@ -78,6 +78,17 @@ __device__ __forceinline__ unsigned short qlm_f32_to_bf16(float f) {
 // GEMV kernels round it too: a row's result does not depend on how many rows share the call).
 __device__ __forceinline__ float qlm_bf16_round(float f) { return qlm_bf16_to_f32(qlm_f32_to_bf16(f)); }
 
+// Element c of row r of a weight in its storage dtype (not a block type), as F32.
+__device__ __forceinline__ float qlm_weight_at(const qlm_weight &w, long r, long c) {
+    size_t i = (size_t)r * w.cols + c;
+    switch (w.dtype) {
+    case QLM_F32: return ((const float *)w.data)[i];
+    case QLM_F16: return __half2float(((const __half *)w.data)[i]);
+    case QLM_BF16: return qlm_bf16_to_f32(((const unsigned short *)w.data)[i]);
+    default: return ((const signed char *)w.data)[i] * (w.row_scales ? w.row_scales[r] : w.scale);
+    }
+}
+
 static inline unsigned qlm_cuda_blocks(long n, int threads) { return (unsigned)((n + threads - 1) / threads); }
 
 // matmul_cuda.cu
@@ -86,6 +97,9 @@ void qlm_cuda_matmul_group(const qlm_matmul_out *outs, int count, const float *x
 // attention_cuda.cu
 void qlm_cuda_attention(float *out, const float *q, const void *k, const void *v, int n, const int *pos,
                         const qlm_attn_shape *shape);
+// attention_backward_cuda.cu
+int qlm_cuda_attention_backward(float *dq, float *dk, float *dv, float *dpos_bias, const float *dout, const float *q,
+                                const float *k, const float *v, int n, const int *pos, const qlm_attn_shape *shape);
 // lora_cuda.cu
 int qlm_cuda_lora(float *y, const float *x, int n, const qlm_lora_ref *const *per_row);
 // ops_cuda.cu
@@ -101,5 +115,31 @@ void qlm_cuda_copy(float *dst, const float *src, long n);
 void qlm_cuda_embedding(float *out, const qlm_weight *table, const int *ids, int n);
 void qlm_cuda_kv_store(void *k_cache, void *v_cache, qlm_dtype kv, const float *k, const float *v, int n,
                        const int *slots, int slot, const int *pos, int heads, int hd, int max_pos);
+void qlm_cuda_rope_backward(float *dq, float *dk, int n, const int *pos, int n_heads, int n_kv_heads, int head_dim,
+                            const float *inv_freq);
+// matmul_backward_cuda.cu
+int qlm_cuda_matmul_backward_x(float *dx, const float *dy, int n, const qlm_weight *w, int accumulate);
+void qlm_cuda_matmul_backward_w(float *dw, float *db, const float *dy, const float *x, int n, int rows, int cols);
+// train_ops_cuda.cu
+// For launchers: out[j] += the sum of m[i][j] over i = 0..n_rows-1 in order, a thread per j, on the stream.
+void qlm_cuda_add_column_sums(float *out, const float *m, int n_rows, int cols);
+void qlm_cuda_rmsnorm_backward(float *dx, float *dweight, const float *dout, const float *x, const float *weight, int n,
+                               int dim, float eps);
+void qlm_cuda_glu_backward(float *dgate, float *dup, const float *dout, const float *gate, const float *up, long n,
+                           qlm_act act);
+void qlm_cuda_activate_backward(float *dx, const float *dout, const float *x, long n, qlm_act act);
+void qlm_cuda_embedding_backward(float *dtable, const float *dout, const int *ids, int n, int dim);
+void qlm_cuda_cross_entropy(float *row_loss, float *logits, const int *targets, const float *teacher, int n, int vocab,
+                            float grad_scale, float softcap);
+double qlm_cuda_sum_squares(const float *x, long n);
+void qlm_cuda_dropout(float *out, const float *x, long n, float p, uint64_t seed, long first);
+void qlm_cuda_adamw(float *p, const float *g, float *m, float *v, long n, const qlm_adamw_step *h);
+void qlm_cuda_store_weight(qlm_weight *w, const float *src);
+// fake_quant_cuda.cu
+void qlm_cuda_fake_quant_forward(float *out, const float *w, int rows, int cols, const float *scales, int per_row,
+                                 int qmin, int qmax);
+void qlm_cuda_fake_quant_backward(float *dw, float *dscales, const float *dout, const float *w, int rows, int cols,
+                                  const float *scales, int per_row, int qmin, int qmax, float grad_factor);
+void qlm_cuda_fake_quant_clamp_scales(float *scales, long n);
 
 #endif

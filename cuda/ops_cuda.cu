@@ -63,15 +63,16 @@ void qlm_cuda_rmsnorm(float *out, const float *x, const float *weight, int n, in
     qlm_cuda_submit("rmsnorm", launch_rmsnorm, &a, sizeof a);
 }
 
-// Thread per (row, frequency, head) over the query heads then the key heads: rotate-half RoPE.
+// Thread per (row, frequency, head) over the query heads then the key heads: rotate-half RoPE by
+// +angle (direction 1, the forward) or -angle (-1, its backward), as qlm_cpu_rope_rotate.
 __global__ void rope_kernel(float *q, float *k, int n, qlm_cuda_ints pos, int n_heads, int n_kv_heads, int head_dim,
-                            const float *inv_freq) {
+                            const float *inv_freq, float direction) {
     int half = head_dim / 2, heads = n_heads + n_kv_heads;
     long t = (long)blockIdx.x * blockDim.x + threadIdx.x, total = (long)n * half * heads;
     if (t >= total) return;
     int h = (int)(t % heads), j = (int)(t / heads % half), i = (int)(t / heads / half);
     float angle = (float)qlm_ints_at(pos, i) * inv_freq[j];
-    float c = cosf(angle), s = sinf(angle);
+    float c = cosf(angle), s = direction * sinf(angle);
     float *v = h < n_heads ? q + ((size_t)i * n_heads + h) * head_dim : k + ((size_t)i * n_kv_heads + h - n_heads) * head_dim;
     float a = v[j], b = v[j + half];
     v[j] = a * c - b * s;
@@ -83,24 +84,37 @@ struct rope_args {
     int n, n_heads, n_kv_heads, head_dim;
     qlm_cuda_ints pos;
     const float *inv_freq;
+    float direction;
 };
 
 static void launch_rope(const void *p) {
     const rope_args *a = (const rope_args *)p;
     long total = (long)a->n * (a->head_dim / 2) * (a->n_heads + a->n_kv_heads);
     rope_kernel<<<qlm_cuda_blocks(total, 256), 256, 0, qlm_cuda_stream>>>(a->q, a->k, a->n, a->pos, a->n_heads,
-                                                                         a->n_kv_heads, a->head_dim, a->inv_freq);
+                                                                         a->n_kv_heads, a->head_dim, a->inv_freq,
+                                                                         a->direction);
 }
 
-void qlm_cuda_rope(float *q, float *k, int n, const int *pos, int n_heads, int n_kv_heads, int head_dim,
-                   const float *inv_freq) {
+static void submit_rope(const char *name, float *q, float *k, int n, const int *pos, int n_heads, int n_kv_heads,
+                        int head_dim, const float *inv_freq, float direction) {
     if ((long)n * (head_dim / 2) * (n_heads + n_kv_heads) <= 0) return;
     rope_args a;
     memset(&a, 0, sizeof a);
     a.q = q, a.k = k, a.n = n, a.n_heads = n_heads, a.n_kv_heads = n_kv_heads, a.head_dim = head_dim;
-    a.inv_freq = inv_freq;
+    a.inv_freq = inv_freq, a.direction = direction;
     a.pos = qlm_cuda_ints_of(pos, n, 0);
-    qlm_cuda_submit("rope", launch_rope, &a, sizeof a);
+    qlm_cuda_submit(name, launch_rope, &a, sizeof a);
+}
+
+void qlm_cuda_rope(float *q, float *k, int n, const int *pos, int n_heads, int n_kv_heads, int head_dim,
+                   const float *inv_freq) {
+    submit_rope("rope", q, k, n, pos, n_heads, n_kv_heads, head_dim, inv_freq, 1.0f);
+}
+
+// A rotation's inverse is the backward of rope.
+void qlm_cuda_rope_backward(float *dq, float *dk, int n, const int *pos, int n_heads, int n_kv_heads, int head_dim,
+                            const float *inv_freq) {
+    submit_rope("rope_backward", dq, dk, n, pos, n_heads, n_kv_heads, head_dim, inv_freq, -1.0f);
 }
 
 __device__ __forceinline__ float act_of(float x, qlm_act a) {
@@ -182,22 +196,11 @@ static void launch_copy(const void *p) {
 
 void qlm_cuda_copy(float *dst, const float *src, long n) { submit_elementwise("copy", launch_copy, dst, src, NULL, n, 0, 0); }
 
-// Element c of row r of a weight in its storage dtype, as F32.
-__device__ __forceinline__ float weight_at(const qlm_weight &w, long r, long c) {
-    size_t i = (size_t)r * w.cols + c;
-    switch (w.dtype) {
-    case QLM_F32: return ((const float *)w.data)[i];
-    case QLM_F16: return __half2float(((const __half *)w.data)[i]);
-    case QLM_BF16: return qlm_bf16_to_f32(((const unsigned short *)w.data)[i]);
-    default: return ((const signed char *)w.data)[i] * (w.row_scales ? w.row_scales[r] : w.scale);
-    }
-}
-
 __global__ void embedding_kernel(float *out, qlm_weight table, qlm_cuda_ints ids, int n) {
     long t = (long)blockIdx.x * blockDim.x + threadIdx.x;
     if (t >= (long)n * table.cols) return;
     int i = (int)(t / table.cols), c = (int)(t % table.cols);
-    out[t] = weight_at(table, qlm_ints_at(ids, i), c);
+    out[t] = qlm_weight_at(table, qlm_ints_at(ids, i), c);
 }
 
 struct embedding_args {

@@ -625,6 +625,17 @@ void qlm_lora_free(qlm_lora_adapter *a) {
 static int save_weights(const qlm_lora_adapter *a, const char *file) {
     qlm_tensor_store *store = qlm_store_new();
     if (!store) return -1;
+    /* An adapter in device memory is written from a host copy of its buffer. */
+    const char *host = a->buffer;
+    char *staged = NULL;
+    if (a->be && !a->be->host_memory) {
+        if (!(staged = malloc(a->buffer_bytes ? a->buffer_bytes : 1))) {
+            qlm_store_free(store);
+            return qlm_errorf("out of memory");
+        }
+        a->be->to_host(staged, a->buffer, a->buffer_bytes);
+        host = staged;
+    }
     int rc = 0;
     for (int i = 0; i < a->n_stored && rc == 0; i++)
         for (int k = 0; k < 2 && rc == 0; k++) {
@@ -633,12 +644,14 @@ static int save_weights(const qlm_lora_adapter *a, const char *file) {
             char name[160];
             snprintf(name, sizeof name, KEY_PREFIX "%s.lora_%c.weight", m->path, k ? 'B' : 'A');
             int64_t shape[2] = {w->rows, w->cols};
-            if (!qlm_store_add(store, name, w->dtype, 2, shape, w->data, (size_t)w->rows * w->cols * qlm_dtype_size(w->dtype)))
+            const void *data = host + ((const char *)w->data - (const char *)a->buffer);
+            if (!qlm_store_add(store, name, w->dtype, 2, shape, data, (size_t)w->rows * w->cols * qlm_dtype_size(w->dtype)))
                 rc = -1;
         }
     const char *meta[] = {"format", "pt", NULL};
     if (rc == 0) rc = qlm_safetensors_save(file, store, meta);
     qlm_store_free(store);
+    free(staged);
     return rc;
 }
 

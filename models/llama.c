@@ -282,11 +282,11 @@ static int64_t walk_params(qlm_model *m, qlm_tensor_store *export_to) {
     qlm_param p[MAX_LAYER_PARAMS];
     int n = shared_params(m, "model.embed_tokens.weight", p);
     int64_t count = qlm_params_count(p, n);
-    if (export_to && qlm_params_export(p, n, export_to) != 0) return -1;
+    if (export_to && qlm_params_export(m->be, p, n, export_to) != 0) return -1;
     for (int l = 0; l < m->cfg.n_layers; l++) {
         n = layer_params(m, l, p);
         count += qlm_params_count(p, n);
-        if (export_to && qlm_params_export(p, n, export_to) != 0) return -1;
+        if (export_to && qlm_params_export(m->be, p, n, export_to) != 0) return -1;
     }
     return count;
 }

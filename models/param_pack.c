@@ -318,18 +318,38 @@ size_t qlm_weight_bytes(const qlm_weight *w) {
     return b;
 }
 
-static int export_matrix(qlm_tensor_store *s, const char *name, const qlm_weight *w) {
+/* rows of row_bytes from src (memory of be) into dst, from qlm's RoPE row order back to the
+ * file's when rope_heads is set. Device memory is copied to the host first. */
+static int export_rows(const qlm_backend *be, void *dst, const void *src, int64_t rows, size_t row_bytes,
+                       int rope_heads) {
+    size_t bytes = (size_t)rows * row_bytes;
+    void *staged = NULL;
+    if (!be->host_memory) {
+        if (!rope_heads) {
+            be->to_host(dst, src, bytes);
+            return 0;
+        }
+        if (!(staged = malloc(bytes ? bytes : 1))) return qlm_errorf("out of memory");
+        be->to_host(staged, src, bytes);
+        src = staged;
+    }
+    if (rope_heads)
+        qlm_rope_rows_to_half(dst, src, rows, row_bytes, rope_heads);
+    else
+        memcpy(dst, src, bytes);
+    free(staged);
+    return 0;
+}
+
+static int export_matrix(const qlm_backend *be, qlm_tensor_store *s, const char *name, const qlm_weight *w) {
     int64_t shape[2] = {w->rows, w->cols};
     void *data;
     qlm_tensor_entry *e = qlm_dtype_is_block(w->dtype)
                               ? qlm_store_add_owned_blocks(s, name, w->dtype, w->group, w->rows, w->cols, &data)
                               : qlm_store_add_owned(s, name, w->dtype, 2, shape, &data);
     if (!e) return -1;
-    const size_t row_bytes = qlm_dtype_row_bytes(w->dtype, w->cols, w->group);
-    if (w->rope_heads)
-        qlm_rope_rows_to_half(data, w->data, w->rows, row_bytes, w->rope_heads);
-    else
-        memcpy(data, w->data, (size_t)w->rows * row_bytes);
+    if (export_rows(be, data, w->data, w->rows, qlm_dtype_row_bytes(w->dtype, w->cols, w->group), w->rope_heads) != 0)
+        return -1;
     if (w->act8 && qlm_block_from_panels(data, w->dtype, w->group, w->rows, w->cols) != 0) return -1;
     e->scale = w->scale;
     if (w->row_scales) {
@@ -338,32 +358,29 @@ static int export_matrix(qlm_tensor_store *s, const char *name, const qlm_weight
             free(rs);
             return qlm_errorf("out of memory");
         }
-        if (w->rope_heads)
-            qlm_rope_rows_to_half(rs, w->row_scales, w->rows, sizeof *rs, w->rope_heads);
-        else
-            memcpy(rs, w->row_scales, (size_t)w->rows * sizeof *rs);
+        if (export_rows(be, rs, w->row_scales, w->rows, sizeof *rs, w->rope_heads) != 0) return -1;
         e->row_scales = rs;
     }
     return 0;
 }
 
-static int export_vector(qlm_tensor_store *s, const qlm_param *p) {
+static int export_vector(const qlm_backend *be, qlm_tensor_store *s, const qlm_param *p) {
     int64_t shape[2] = {p->rows, p->cols};
     void *data;
     if (!qlm_store_add_owned(s, p->name, QLM_F32, p->cols ? 2 : 1, shape, &data)) return -1;
     size_t count = (size_t)(p->rows * (p->cols ? p->cols : 1));
-    memcpy(data, *p->vector, count * sizeof(float));
+    if (export_rows(be, data, *p->vector, 1, count * sizeof(float), 0) != 0) return -1;
     for (size_t k = 0; p->offset != 0 && k < count; k++) ((float *)data)[k] -= p->offset;
     return 0;
 }
 
-int qlm_params_export(const qlm_param *p, int n, qlm_tensor_store *store) {
+int qlm_params_export(const qlm_backend *be, const qlm_param *p, int n, qlm_tensor_store *store) {
     for (int i = 0; i < n; i++) {
         int rc = 0;
         if (p[i].matrix && p[i].matrix->data)
-            rc = export_matrix(store, p[i].name, p[i].matrix);
+            rc = export_matrix(be, store, p[i].name, p[i].matrix);
         else if (!p[i].matrix && *p[i].vector)
-            rc = export_vector(store, &p[i]);
+            rc = export_vector(be, store, &p[i]);
         if (rc != 0) return -1;
     }
     return 0;

@@ -60,8 +60,8 @@ typedef struct {
 int qlm_params_pack(const qlm_param *p, int n, const qlm_tensor_store *store, qlm_weight_format fmt,
                     const qlm_backend *be, void **buffer, size_t *bytes, size_t *in_place_bytes);
 
-/* Adds copies of the present parameters to store under their names (storage dtype, I8 scales). */
-int qlm_params_export(const qlm_param *p, int n, qlm_tensor_store *store);
+/* Adds copies of the present parameters (in be's memory) to store under their names (storage dtype, I8 scales). */
+int qlm_params_export(const qlm_backend *be, const qlm_param *p, int n, qlm_tensor_store *store);
 /* Adds the W8A8 matrices of the list to store as entries that point at their panels (no copy):
  * what a panel cache file holds. */
 int qlm_params_list_panels(const qlm_param *p, int n, qlm_tensor_store *store);

@@ -153,12 +153,12 @@ static int64_t walk_params(qlm_t5_model *m, qlm_tensor_store *export_to) {
     qlm_param p[MAX_BLOCK_PARAMS];
     int n = shared_params(m, "shared.weight", p);
     int64_t count = qlm_params_count(p, n);
-    if (export_to && qlm_params_export(p, n, export_to) != 0) return -1;
+    if (export_to && qlm_params_export(m->be, p, n, export_to) != 0) return -1;
     for (int dec = 0; dec < 2; dec++)
         for (int b = 0; b < (dec ? m->cfg.n_dec_layers : m->cfg.n_layers); b++) {
             n = block_params(m, dec, b, p);
             count += qlm_params_count(p, n);
-            if (export_to && qlm_params_export(p, n, export_to) != 0) return -1;
+            if (export_to && qlm_params_export(m->be, p, n, export_to) != 0) return -1;
         }
     return count;
 }

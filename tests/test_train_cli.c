@@ -40,7 +40,13 @@ static int teardown(void **state) {
     return test_remove_tree(g_dir);
 }
 
-#define TRAIN_ARGS "train -m %s -t %s --data %s --lora --rank 4 --steps 32 --batch 4 --seq-len 96 --save-every 2 --threads 2 --lr 3e-3"
+/* On $QLM_TEST_DEVICE (make test-cuda: exact resume on the GPU). */
+#define TRAIN_ARGS "train --device %s -m %s -t %s --data %s --lora --rank 4 --steps 32 --batch 4 --seq-len 96 --save-every 2 --threads 2 --lr 3e-3"
+
+static const char *train_device(void) {
+    const char *d = getenv("QLM_TEST_DEVICE");
+    return d && *d ? d : "cpu";
+}
 
 /* Field key of the first JSON value in the file at path (a whole file, or a JSON Lines file's
  * first line), or dflt when the file or the field is not there. */
@@ -69,10 +75,10 @@ static void test_sigkill_resume_is_bit_identical(void **state) {
     snprintf(ref, sizeof ref, "%s/ref", g_dir);
     snprintf(run, sizeof run, "%s/run", g_dir);
     double t0 = qlm_now_s();
-    assert_int_equal(test_run_qlm(NULL, TRAIN_ARGS " --out %s 2>/dev/null", g_model, g_tok, g_data, ref), 0);
+    assert_int_equal(test_run_qlm(NULL, TRAIN_ARGS " --out %s 2>/dev/null", train_device(), g_model, g_tok, g_data, ref), 0);
     double duration = qlm_now_s() - t0;
     const char *bin = getenv("QLM_BIN");
-    snprintf(args, sizeof args, TRAIN_ARGS " --out %s --resume", g_model, g_tok, g_data, run);
+    snprintf(args, sizeof args, TRAIN_ARGS " --out %s --resume", train_device(), g_model, g_tok, g_data, run);
     snprintf(cmd, sizeof cmd, "exec %s %s 2>/dev/null", bin && *bin ? bin : "build/qlm", args);
     srand(12345);
     /* Each kill lands a random fraction of a step after a new checkpoint appears: tied to the run's

@@ -51,7 +51,7 @@ static void open_model(const char *name, qlm_source *src, qlm_t5_model *m) {
     snprintf(dir, sizeof dir, "tests/fixtures/t5/%s", name);
     if (qlm_source_open(src, dir, NULL) != 0) fail_msg("%s", qlm_last_error());
     assert_true(src->is_t5);
-    qlm_model_options o = {.dtype = QLM_F32, .backend = qlm_backend_cpu()};
+    qlm_model_options o = {.dtype = QLM_F32, .backend = test_backend()};
     if (qlm_t5_build(m, &src->t5, src->store, &o) != 0) fail_msg("%s", qlm_last_error());
 }
 

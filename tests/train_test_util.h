@@ -46,18 +46,23 @@ static inline void compare_tensors(const qlm_trainer *t, const char *dir, const 
     if (qlm_safetensors_load(path, store) != 0) fail_msg("%s", qlm_last_error());
     double worst = 0;
     const char *worst_name = "";
+    const qlm_backend *be = t->arch->backend(t->model);
     for (int i = 0; i < t->n_t; i++) {
         const qlm_train_tensor *e = &t->t[i];
         const qlm_tensor_entry *r = qlm_store_find(store, e->name);
         if (!r) fail_msg("%s: no tensor %s", path, e->name);
         assert_int_equal(qlm_entry_numel(r), e->n);
         const float *ref = r->data;
+        float *ours = malloc((size_t)e->n * sizeof *ours);
+        assert_non_null(ours);
+        be->to_host(ours, what == 'p' ? e->p : e->g, (size_t)e->n * sizeof *ours);
         double max_ref = 1, diff = 0;
         for (long k = 0; k < e->n; k++) {
-            double got = what == 'p' ? e->p[k] : e->g[k] * grad_factor;
+            double got = what == 'p' ? ours[k] : ours[k] * grad_factor;
             if (fabs(ref[k]) > max_ref) max_ref = fabs(ref[k]);
             if (fabs(ref[k] - got) > diff) diff = fabs(ref[k] - got);
         }
+        free(ours);
         if (diff / max_ref > worst) worst = diff / max_ref, worst_name = e->name;
     }
     print_message("%s: %d tensors, worst max|diff|/scale %.3g (%s)\n", path, t->n_t, worst, worst_name);

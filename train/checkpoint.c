@@ -60,6 +60,7 @@ static void remove_stale(const char *dir, char keep[][64], int n_keep) {
 static int writes(const qlm_trainer *t) { return !t->sh->replica || t->sh->replica->rank == 0; }
 
 static int write_part(const qlm_trainer *t, const char *dir, const char *file) {
+    const qlm_backend *be = t->arch->backend(t->model);
     qlm_tensor_store *store = qlm_store_new();
     int rc = store ? 0 : qlm_errorf("out of memory");
     for (int i = 0; i < t->n_t && rc == 0; i++) {
@@ -71,7 +72,16 @@ static int write_part(const qlm_trainer *t, const char *dir, const char *file) {
         for (int k = 0; k < 3 && rc == 0; k++) {
             char name[260];
             stored_name(name, sizeof name, e, k);
-            if (!qlm_store_add(store, name, QLM_F32, ndim, shape, data[k], (size_t)e->n * sizeof(float))) rc = -1;
+            size_t bytes = (size_t)e->n * sizeof(float);
+            /* Host memory is written from where it lies; device memory is copied out first. */
+            void *copy;
+            if (be->host_memory) {
+                if (!qlm_store_add(store, name, QLM_F32, ndim, shape, data[k], bytes)) rc = -1;
+            } else if (qlm_store_add_owned(store, name, QLM_F32, ndim, shape, &copy)) {
+                be->to_host(copy, data[k], bytes);
+            } else {
+                rc = -1;
+            }
         }
     }
     char path[4352];
@@ -252,11 +262,22 @@ static int load_tensors(qlm_trainer *t, const char *dir, char names[][256], int 
     int count = 0;
     stored_piece *ix = rc == 0 ? index_store(store, &count) : NULL;
     if (rc == 0 && !ix) rc = -1;
+    const qlm_backend *be = t->arch->backend(t->model);
+    float *staged = NULL;
     for (int i = 0; i < t->n_t && rc == 0; i++) {
         qlm_train_tensor *e = &t->t[i];
         float *dst[3] = {e->p, e->m, e->v};
-        for (int k = 0; k < 3 && rc == 0; k++) rc = restore(ix, count, e, k, dst[k]);
+        /* Device memory is filled from a host copy. */
+        if (!be->host_memory) {
+            free(staged);
+            if (!(staged = malloc((size_t)(e->n ? e->n : 1) * sizeof *staged))) rc = qlm_errorf("out of memory");
+        }
+        for (int k = 0; k < 3 && rc == 0; k++) {
+            rc = restore(ix, count, e, k, staged ? staged : dst[k]);
+            if (rc == 0 && staged) be->to_device(dst[k], staged, (size_t)e->n * sizeof *staged);
+        }
     }
+    free(staged);
     if (rc != 0) qlm_error_context("%s", dir);
     free(ix);
     qlm_store_free(store);

@@ -90,19 +90,25 @@ static int init_teacher(qlm_trainer *t) {
                                                                         : qlm_error_context("distillation's teacher");
 }
 
+/* n zeroed floats of the backend's memory. */
+static float *zeroed(const qlm_backend *be, size_t n) {
+    float *p = be->alloc((n ? n : 1) * sizeof(float));
+    if (p) be->zero(p, (long)n);
+    return p;
+}
+
 static int init_lora(qlm_trainer *t) {
     qlm_lora_adapter *a = t->lora;
     if (!a) return qlm_errorf("LoRA training needs an adapter");
     if (a->dtype != QLM_F32) return qlm_errorf("an adapter trains in F32 (it is %s)", qlm_dtype_name(a->dtype));
+    const qlm_backend *be = t->arch->backend(t->model);
+    /* The adapter trains where the model runs. */
+    if (!be->host_memory && qlm_lora_place(a, be) != 0) return -1;
     size_t floats = a->buffer_bytes / sizeof(float);
     t->lora_train = (qlm_lora_train){.adapter = a, .dropout = t->o.lora_dropout};
-    t->lora_train.grad = calloc(floats ? floats : 1, sizeof(float));
-    if (!t->lora_train.grad) return qlm_errorf("out of memory");
-    if (!qlm_train_optim_sharded(&t->o)) {
-        t->lora_m = calloc(floats ? floats : 1, sizeof(float));
-        t->lora_v = calloc(floats ? floats : 1, sizeof(float));
-        if (!t->lora_m || !t->lora_v) return qlm_errorf("out of memory");
-    }
+    if (!(t->lora_train.grad = zeroed(be, floats))) return -1;
+    if (!qlm_train_optim_sharded(&t->o) && (!(t->lora_m = zeroed(be, floats)) || !(t->lora_v = zeroed(be, floats))))
+        return -1;
     return 0;
 }
 
@@ -113,9 +119,12 @@ static int max_lora_rank(const qlm_lora_adapter *a) {
     return r;
 }
 
-/* QAT: one learned scale per weight matrix (or per row), initialized from the whole weight. */
+/* QAT: one learned scale per weight matrix (or per row), initialized from the whole weight. The
+ * scales are computed on the host (from a host copy of each weight where the backend's memory is
+ * not host memory) and then moved into the backend's buffer. */
 static int init_qat_scales(qlm_trainer *t) {
     if (t->o.mode != QLM_TRAIN_QAT) return 0;
+    const qlm_backend *be = t->arch->backend(t->model);
     qlm_param *mp = NULL;
     int n = t->arch->param_list(t->model, &mp);
     if (n < 0) return -1;
@@ -135,37 +144,48 @@ static int init_qat_scales(qlm_trainer *t) {
             if (sz > largest) largest = sz;
         }
     qlm_train_tensor *grown = realloc(t->t, (size_t)(t->n_t + n_scales) * sizeof *grown);
-    t->qat_buf = calloc((size_t)scale_values * 4 + 1, sizeof *t->qat_buf);
-    t->qat_tmp = malloc((size_t)(largest ? largest : 1) * sizeof *t->qat_tmp);
     if (grown) t->t = grown;
-    if (!grown || !t->qat_buf || !t->qat_tmp) {
-        free(mp);
-        return qlm_errorf("out of memory for QAT scales");
-    }
-    float *s = t->qat_buf;
-    for (int i = 0; i < n; i++) {
+    t->qat_buf = zeroed(be, (size_t)scale_values * 4);
+    t->qat_tmp = be->alloc((size_t)(largest ? largest : 1) * sizeof *t->qat_tmp);
+    /* Where the starting scales are computed, and where the weights are read from. */
+    float *host = be->host_memory ? t->qat_buf : malloc((size_t)(scale_values ? scale_values : 1) * sizeof *host);
+    float *wcopy = be->host_memory ? NULL : malloc((size_t)(largest ? largest : 1) * sizeof *wcopy);
+    int rc = 0;
+    if (!grown || !t->qat_buf || !t->qat_tmp || !host || (!be->host_memory && !wcopy))
+        rc = qlm_errorf("out of memory for QAT scales");
+    long at = 0;
+    for (int i = 0; i < n && rc == 0; i++) {
         if (!mp[i].matrix) continue;
         long span = qat_span(&t->o, (long)mp[i].cols), k = span ? (long)(mp[i].rows * mp[i].cols) / span : 1;
         qlm_train_tensor *e = &t->t[t->n_t++];
         memset(e, 0, sizeof *e);
         snprintf(e->name, sizeof e->name, "%s.qat_scale", mp[i].name);
-        e->p = s, e->g = s + scale_values, e->m = s + 2 * scale_values, e->v = s + 3 * scale_values;
+        float *p = t->qat_buf + at;
+        e->p = p, e->g = p + scale_values, e->m = p + 2 * scale_values, e->v = p + 3 * scale_values;
         e->n = e->full_n = k;
         e->rows = k;
         e->param = -1;
         e->qat_scale_of = i;
         e->replicated = 1;
         const float *w = mp[i].matrix->data;
+        if (wcopy) {
+            be->to_host(wcopy, w, (size_t)(mp[i].rows * mp[i].cols) * sizeof *wcopy);
+            w = wcopy;
+        }
+        float *s = host + at;
         if (span && t->o.qat_bits == 4)
             qlm_fake_quant_init_scales_mse_rows(s, w, (int)k, (int)span, qat_qmin(&t->o), qat_qmax(&t->o));
         else if (span)
             qlm_fake_quant_init_scales_rows(s, w, (int)k, (int)span, qat_qmax(&t->o));
         else
             s[0] = qlm_fake_quant_init_scale(w, (long)(mp[i].rows * mp[i].cols), qat_qmax(&t->o));
-        s += k;
+        at += k;
     }
+    if (rc == 0 && host != t->qat_buf) be->to_device(t->qat_buf, host, (size_t)scale_values * sizeof *host);
+    if (host != t->qat_buf) free(host);
+    free(wcopy);
     free(mp);
-    return 0;
+    return rc;
 }
 
 int qlm_trainer_init(qlm_trainer *t, qlm_model *llama, qlm_t5_model *t5, qlm_lora_adapter *lora,
@@ -178,9 +198,7 @@ int qlm_trainer_init(qlm_trainer *t, qlm_model *llama, qlm_t5_model *t5, qlm_lor
     t->loss_scale = o->dynamic_loss_scale ? o->loss_scale : 1.0f;
     if (!llama == !t5) return qlm_errorf("internal: the trainer takes exactly one model");
     const qlm_backend *be = t->arch->backend(t->model);
-    if (!be->matmul_backward_x)
-        return qlm_errorf("training runs on the cpu backend for now; the %s backend runs inference (use --device cpu)",
-                          be->name);
+    if (!be->matmul_backward_x) return qlm_errorf("the %s backend runs inference only", be->name);
     if (o->compute != QLM_F32 && o->compute != QLM_BF16 && o->compute != QLM_F16)
         return qlm_errorf("training computes in f32, bf16 or f16 (not %s)", qlm_dtype_name(o->compute));
     if (o->dynamic_loss_scale && !(o->loss_scale > 0 && isfinite(o->loss_scale)))
@@ -202,7 +220,7 @@ int qlm_trainer_init(qlm_trainer *t, qlm_model *llama, qlm_t5_model *t5, qlm_lor
     }
     if (rc == 0 && o->distill) {
         t->teacher_logits_n = (size_t)shape->max_rows * (size_t)t->arch->vocab(t->model);
-        t->teacher_logits = malloc(t->teacher_logits_n * sizeof(float));
+        t->teacher_logits = be->alloc(t->teacher_logits_n * sizeof(float));
         if (!t->teacher_logits) rc = qlm_errorf("out of memory (distillation's logits for %d rows)", shape->max_rows);
     }
     if (rc == 0) rc = qlm_trainer_refresh(t);
@@ -223,16 +241,17 @@ void qlm_trainer_free(qlm_trainer *t) {
     if (t->compute) A->free_model(t->compute);
     if (t->teacher) A->free_model(t->teacher);
     free(t->teacher);
-    free(t->teacher_logits);
+    const qlm_backend *be = A->backend(t->model);
+    be->free(t->teacher_logits);
     void *twins[3] = {t->grads, t->moment1, t->moment2};
     for (int i = 0; i < 3; i++)
         if (twins[i]) A->twin_free(twins[i]);
     free(t->compute), free(t->grads), free(t->moment1), free(t->moment2);
-    free(t->lora_train.grad);
-    free(t->lora_m);
-    free(t->lora_v);
-    free(t->qat_buf);
-    free(t->qat_tmp);
+    be->free(t->lora_train.grad);
+    be->free(t->lora_m);
+    be->free(t->lora_v);
+    be->free(t->qat_buf);
+    be->free(t->qat_tmp);
     free(t->t);
     memset(t, 0, sizeof *t);
 }
@@ -252,6 +271,16 @@ static const qlm_train_tensor *qat_scale(const qlm_trainer *t, int param) {
     return NULL;
 }
 
+/* Piece e of a QAT weight as the fake-quantization ops take it: [*rows][*cols] with one scale per
+ * row (a group or an output row), from scale *first on; returns 0 for one scale for all. */
+static int qat_view(const qlm_trainer *t, const qlm_train_tensor *e, int *rows, int *cols, long *first) {
+    const long span = qat_span(&t->o, (long)e->cols);
+    *rows = (int)(span ? e->rows * e->cols / span : e->rows);
+    *cols = (int)(span ? span : e->cols);
+    *first = span ? (long)(e->row0 * (e->cols / span)) : 0;
+    return span != 0;
+}
+
 
 /* The compute copy of this rank's pieces from the master weights: cast (mixed precision) or
  * fake-quantized (QAT); then every rank's whole copies current again. */
@@ -263,13 +292,12 @@ int qlm_trainer_refresh(qlm_trainer *t) {
         qlm_dtype dt;
         void *dst = qlm_train_copy_at(t, e, &dt);
         const qlm_train_tensor *s = t->o.mode == QLM_TRAIN_QAT && e->matrix ? qat_scale(t, e->param) : NULL;
-        const long span = s ? qat_span(&t->o, (long)e->cols) : 0;
-        if (s && span)
-            qlm_fake_quant_forward_rows(dst, e->p, (int)(e->rows * e->cols / span), (int)span,
-                                        s->p + e->row0 * (e->cols / span), qat_qmin(&t->o), qat_qmax(&t->o));
-        else if (s)
-            qlm_fake_quant_forward(dst, e->p, e->n, s->p[0], qat_qmin(&t->o), qat_qmax(&t->o));
-        else if (e->matrix) {
+        if (s) {
+            int rows, cols;
+            long first;
+            int per_row = qat_view(t, e, &rows, &cols, &first);
+            be->fake_quant_forward(dst, e->p, rows, cols, s->p + first, per_row, qat_qmin(&t->o), qat_qmax(&t->o));
+        } else if (e->matrix) {
             qlm_weight w = {.dtype = dt, .rows = (int)e->rows, .cols = (int)e->cols, .data = dst, .scale = 1.0f};
             be->store_weight(&w, e->p);
         } else {
@@ -291,16 +319,15 @@ static int qat_backward(qlm_trainer *t) {
         const qlm_train_tensor *s = e->param >= 0 && e->matrix ? qat_scale(t, e->param) : NULL;
         if (!s) continue;
         const int qmin = qat_qmin(&t->o), qmax = qat_qmax(&t->o);
-        const long span = qat_span(&t->o, (long)e->cols), first = span ? e->row0 * (e->cols / span) : 0;
+        int rows, cols;
+        long first;
+        int per_row = qat_view(t, e, &rows, &cols, &first);
         /* LSQ's N is the weights one scale quantizes; torch's per-channel form counts the whole tensor,
          * which the INT8 modes keep (they match torch bit for bit), groups their own. */
         float gf = qlm_lsq_grad_factor(t->o.qat_group ? t->o.qat_group : e->full_n, qmax);
         be->zero(t->qat_tmp, e->n);
-        if (span)
-            qlm_fake_quant_backward_rows(t->qat_tmp, s->g + first, e->g, e->p, (int)(e->rows * e->cols / span), (int)span,
-                                         s->p + first, qmin, qmax, gf);
-        else
-            qlm_fake_quant_backward(t->qat_tmp, s->g, e->g, e->p, e->n, s->p[0], qmin, qmax, gf);
+        be->fake_quant_backward(t->qat_tmp, s->g + first, e->g, e->p, rows, cols, s->p + first, per_row, qmin, qmax,
+                                gf);
         be->copy(e->g, t->qat_tmp, e->n);
     }
     return qlm_train_reduce_qat(t, t->qat_buf + scale_values, scale_values);
@@ -348,7 +375,10 @@ int qlm_trainer_step(qlm_trainer *t, const qlm_train_batch *micro, int n_micro, 
     if (qlm_train_reduce_grads(t) != 0 || qlm_train_sum_world(t, &loss, 1) != 0)
         return qlm_error_context("step %ld", t->step + 1);
     st->loss = loss / (double)st->n_targets;
-    if (t->o.inject_overflow_step == t->step && t->n_t > 0) t->t[0].g[0] = INFINITY;
+    if (t->o.inject_overflow_step == t->step && t->n_t > 0) {
+        const float inf = INFINITY;
+        be->to_device(t->t[0].g, &inf, sizeof inf);
+    }
     if (t->o.mode == QLM_TRAIN_QAT && qat_backward(t) != 0) return qlm_error_context("step %ld", t->step + 1);
     if (t->loss_scale != 1.0f)
         for (int i = 0; i < t->n_t; i++) be->scale(t->t[i].g, t->t[i].n, 1.0f / t->loss_scale);
@@ -381,7 +411,7 @@ int qlm_trainer_step(qlm_trainer *t, const qlm_train_batch *micro, int n_micro, 
         qlm_train_tensor *e = &t->t[i];
         h.weight_decay = e->decay ? t->o.weight_decay : 0.0f;
         be->adamw(e->p, e->g, e->m, e->v, e->n, &h);
-        if (e->qat_scale_of >= 0) qlm_fake_quant_clamp_scales(e->p, e->n);
+        if (e->qat_scale_of >= 0) be->fake_quant_clamp_scales(e->p, e->n);
     }
     int rc = qlm_trainer_refresh(t);
     st->comm_s = t->sh->comm_s;

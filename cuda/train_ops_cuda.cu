@@ -1,0 +1,472 @@
+// The CUDA backend's training ops (attention's backward and the matmul's have files of their own),
+// each the GPU form of its twin in cpu/backend_cpu_train.c: the same formulas in the same order,
+// sums in double where the CPU's are, and no float atomics anywhere, so every result repeats bit
+// for bit from run to run.
+#include <math.h>
+#include <string.h>
+
+#include "cuda_internal.h"
+
+enum { THREADS = 256, WARPS = THREADS / 32 };
+
+struct sum_op {
+    template <typename T> __device__ T operator()(T a, T b) const { return a + b; }
+};
+struct max_op { // NaN is passed over, as the CPU's `if (x > mx)` passes it over
+    __device__ float operator()(float a, float b) const { return fmaxf(a, b); }
+};
+
+// v combined over a block of THREADS threads in a fixed order, the result on every thread; shared
+// holds WARPS values and may be reused once this returns.
+template <typename T, typename Op> __device__ T block_reduce(T v, T *shared, Op op) {
+    for (int o = 16; o > 0; o >>= 1) v = op(v, __shfl_xor_sync(0xffffffffu, v, o));
+    if ((threadIdx.x & 31) == 0) shared[threadIdx.x >> 5] = v;
+    __syncthreads();
+    T r = shared[0];
+    for (int w = 1; w < WARPS; w++) r = op(r, shared[w]);
+    __syncthreads();
+    return r;
+}
+
+// out[j] += m[i][j] for i in order, a thread per column j.
+__global__ void add_column_sums_kernel(float *out, const float *m, int n_rows, int cols) {
+    int j = blockIdx.x * blockDim.x + threadIdx.x;
+    if (j >= cols) return;
+    float acc = out[j];
+    for (int i = 0; i < n_rows; i++) acc += m[(size_t)i * cols + j];
+    out[j] = acc;
+}
+
+void qlm_cuda_add_column_sums(float *out, const float *m, int n_rows, int cols) {
+    add_column_sums_kernel<<<qlm_cuda_blocks(cols, THREADS), THREADS, 0, qlm_cuda_stream>>>(out, m, n_rows, cols);
+}
+
+// ---- rmsnorm_backward ----
+
+// RMS_BLOCKS blocks, block b taking rows b, b + RMS_BLOCKS, ...; a row's sums in double as on the
+// CPU. Block b's dweight terms go to row b of partial (NULL: not wanted), whose columns are added
+// up in block order afterwards.
+enum { RMS_BLOCKS = 512 };
+
+__global__ void __launch_bounds__(THREADS) rmsnorm_backward_kernel(float *dx, float *partial, const float *dout,
+                                                                   const float *x, const float *weight, int n, int dim,
+                                                                   float eps) {
+    __shared__ double shared[WARPS];
+    float *pw = partial ? partial + (size_t)blockIdx.x * dim : NULL;
+    for (int i = blockIdx.x; i < n; i += gridDim.x) {
+        const float *xi = x + (size_t)i * dim, *gi = dout + (size_t)i * dim;
+        float *dxi = dx + (size_t)i * dim;
+        double ss = 0, dot = 0;
+        for (int j = threadIdx.x; j < dim; j += THREADS) {
+            ss += (double)xi[j] * xi[j];
+            dot += (double)xi[j] * weight[j] * gi[j];
+        }
+        ss = block_reduce(ss, shared, sum_op());
+        dot = block_reduce(dot, shared, sum_op());
+        const float inv = 1.0f / sqrtf((float)(ss / dim) + eps);
+        const float k = (float)(dot / dim) * inv * inv * inv;
+        for (int j = threadIdx.x; j < dim; j += THREADS) {
+            dxi[j] += inv * weight[j] * gi[j] - k * xi[j];
+            if (pw) pw[j] = (i == (int)blockIdx.x ? 0.0f : pw[j]) + xi[j] * inv * gi[j];
+        }
+    }
+}
+
+struct rmsnorm_backward_args {
+    float *dx, *dweight, *partial;
+    const float *dout, *x, *weight;
+    int n, dim, blocks;
+    float eps;
+};
+
+static void launch_rmsnorm_backward(const void *p) {
+    const rmsnorm_backward_args &a = *(const rmsnorm_backward_args *)p;
+    rmsnorm_backward_kernel<<<a.blocks, THREADS, 0, qlm_cuda_stream>>>(a.dx, a.partial, a.dout, a.x, a.weight, a.n,
+                                                                       a.dim, a.eps);
+    LAUNCH_CHECK();
+    if (a.dweight) qlm_cuda_add_column_sums(a.dweight, a.partial, a.blocks, a.dim);
+}
+
+static void *g_partial;
+static size_t g_partial_cap;
+
+void qlm_cuda_rmsnorm_backward(float *dx, float *dweight, const float *dout, const float *x, const float *weight, int n,
+                               int dim, float eps) {
+    if (n <= 0 || dim <= 0) return;
+    rmsnorm_backward_args a;
+    memset(&a, 0, sizeof a);
+    a.dx = dx, a.dweight = dweight, a.dout = dout, a.x = x, a.weight = weight, a.n = n, a.dim = dim, a.eps = eps;
+    a.blocks = n < RMS_BLOCKS ? n : RMS_BLOCKS;
+    if (dweight)
+        a.partial = (float *)qlm_cuda_scratch(&g_partial, &g_partial_cap, (size_t)a.blocks * dim * sizeof(float));
+    qlm_cuda_submit("rmsnorm_backward", launch_rmsnorm_backward, &a, sizeof a);
+}
+
+// ---- glu_backward, activate_backward ----
+
+// act'(x), and act(x) in value: the CPU's act_grad.
+__device__ __forceinline__ float act_grad(float x, qlm_act a, float &value) {
+    switch (a) {
+    case QLM_ACT_GELU_TANH: {
+        const float c = 0.7978845608028654f;
+        float u = c * (x + 0.044715f * x * x * x), t = tanhf(u);
+        value = 0.5f * x * (1.0f + t);
+        return 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * c * (1.0f + 3.0f * 0.044715f * x * x);
+    }
+    case QLM_ACT_RELU:
+        value = x > 0 ? x : 0;
+        return x > 0 ? 1.0f : 0.0f;
+    case QLM_ACT_GELU: {
+        float cdf = 0.5f * (1.0f + erff(x * 0.7071067811865476f));
+        value = x * cdf;
+        return cdf + x * 0.3989422804014327f * expf(-0.5f * x * x);
+    }
+    default: {
+        float s = 1.0f / (1.0f + expf(-x));
+        value = x * s;
+        return s * (1.0f + x * (1.0f - s));
+    }
+    }
+}
+
+// With up (glu): dx = dout * up * act'(x), dup = dout * act(x); without: dx = dout * act'(x).
+// Every input is read before an output is written, so outputs may alias inputs.
+__global__ void act_backward_kernel(float *dx, float *dup, const float *dout, const float *x, const float *up, long n,
+                                    qlm_act a) {
+    long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    float value, d = act_grad(x[i], a, value), g = dout[i];
+    if (up) {
+        float u = up[i];
+        dx[i] = g * u * d;
+        dup[i] = g * value;
+    } else {
+        dx[i] = g * d;
+    }
+}
+
+struct act_backward_args {
+    float *dx, *dup;
+    const float *dout, *x, *up;
+    long n;
+    int act;
+};
+
+static void launch_act_backward(const void *p) {
+    const act_backward_args &a = *(const act_backward_args *)p;
+    act_backward_kernel<<<qlm_cuda_blocks(a.n, THREADS), THREADS, 0, qlm_cuda_stream>>>(a.dx, a.dup, a.dout, a.x, a.up,
+                                                                                       a.n, (qlm_act)a.act);
+}
+
+static void submit_act_backward(const char *name, float *dx, float *dup, const float *dout, const float *x,
+                                const float *up, long n, qlm_act act) {
+    if (n <= 0) return;
+    act_backward_args a;
+    memset(&a, 0, sizeof a);
+    a.dx = dx, a.dup = dup, a.dout = dout, a.x = x, a.up = up, a.n = n, a.act = act;
+    qlm_cuda_submit(name, launch_act_backward, &a, sizeof a);
+}
+
+void qlm_cuda_glu_backward(float *dgate, float *dup, const float *dout, const float *gate, const float *up, long n,
+                           qlm_act act) {
+    submit_act_backward("glu_backward", dgate, dup, dout, gate, up, n, act);
+}
+
+void qlm_cuda_activate_backward(float *dx, const float *dout, const float *x, long n, qlm_act act) {
+    submit_act_backward("activate_backward", dx, NULL, dout, x, NULL, n, act);
+}
+
+// ---- embedding_backward ----
+
+// A thread per (bucket, column): bucket b walks all rows in order and adds those whose id is b
+// modulo EMB_BUCKETS, so each table row takes its rows' gradients in row order, as on the CPU,
+// without atomics, and EMB_BUCKETS threads share each column's work.
+enum { EMB_BUCKETS = 64 };
+
+__global__ void embedding_backward_kernel(float *dtable, const float *dout, qlm_cuda_ints ids, int n, int dim) {
+    long t = (long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (t >= (long)EMB_BUCKETS * dim) return;
+    const int j = (int)(t % dim), b = (int)(t / dim);
+    for (int i = 0; i < n; i++) {
+        const int id = qlm_ints_at(ids, i);
+        if ((unsigned)id % EMB_BUCKETS == (unsigned)b) dtable[(size_t)id * dim + j] += dout[(size_t)i * dim + j];
+    }
+}
+
+struct embedding_backward_args {
+    float *dtable;
+    const float *dout;
+    qlm_cuda_ints ids;
+    int n, dim;
+};
+
+static void launch_embedding_backward(const void *p) {
+    const embedding_backward_args &a = *(const embedding_backward_args *)p;
+    embedding_backward_kernel<<<qlm_cuda_blocks((long)EMB_BUCKETS * a.dim, THREADS), THREADS, 0, qlm_cuda_stream>>>(
+        a.dtable, a.dout, a.ids, a.n, a.dim);
+}
+
+void qlm_cuda_embedding_backward(float *dtable, const float *dout, const int *ids, int n, int dim) {
+    if (n <= 0 || dim <= 0) return;
+    embedding_backward_args a;
+    memset(&a, 0, sizeof a);
+    a.dtable = dtable, a.dout = dout, a.n = n, a.dim = dim;
+    a.ids = qlm_cuda_ints_of(ids, n, 0);
+    qlm_cuda_submit("embedding_backward", launch_embedding_backward, &a, sizeof a);
+}
+
+// ---- cross_entropy ----
+
+__device__ __forceinline__ float capped(float x, float softcap) { return softcap > 0 ? softcap * tanhf(x / softcap) : x; }
+
+// A block per row: the CPU's steps and formulas, with its double sums as double block sums.
+__global__ void __launch_bounds__(THREADS) cross_entropy_kernel(float *row_loss, float *logits, qlm_cuda_ints targets,
+                                                                const float *teacher, int vocab, float grad_scale,
+                                                                float softcap) {
+    __shared__ double dshared[WARPS];
+    __shared__ float fshared[WARPS];
+    const int i = blockIdx.x, target = qlm_ints_at(targets, i);
+    float *l = logits + (size_t)i * vocab;
+    if (target < 0) {
+        for (int j = threadIdx.x; j < vocab; j += THREADS) l[j] = 0;
+        if (threadIdx.x == 0) row_loss[i] = 0;
+        return;
+    }
+    float mx = -INFINITY;
+    for (int j = threadIdx.x; j < vocab; j += THREADS) {
+        float v = l[j];
+        if (softcap > 0) l[j] = v = capped(v, softcap);
+        mx = fmaxf(mx, v);
+    }
+    mx = block_reduce(mx, fshared, max_op());
+    // Read before the block's barrier below, after which the target's thread overwrites it.
+    const float l_target = l[target];
+    double sum = 0;
+    for (int j = threadIdx.x; j < vocab; j += THREADS) sum += exp((double)(l[j] - mx));
+    sum = block_reduce(sum, dshared, sum_op());
+    const double log_sum = log(sum);
+    const float inv = (float)(1.0 / sum);
+    const float *t = teacher ? teacher + (size_t)i * vocab : NULL;
+    float t_mx = -INFINITY;
+    double t_log_sum = 0, kl = 0;
+    if (t) {
+        for (int j = threadIdx.x; j < vocab; j += THREADS) t_mx = fmaxf(t_mx, capped(t[j], softcap));
+        t_mx = block_reduce(t_mx, fshared, max_op());
+        double t_sum = 0;
+        for (int j = threadIdx.x; j < vocab; j += THREADS) t_sum += exp((double)(capped(t[j], softcap) - t_mx));
+        t_log_sum = log(block_reduce(t_sum, dshared, sum_op()));
+    }
+    for (int j = threadIdx.x; j < vocab; j += THREADS) {
+        float g = grad_scale * expf(l[j] - mx) * inv;
+        if (t) {
+            double log_pt = (double)(capped(t[j], softcap) - t_mx) - t_log_sum;
+            double pt = exp(log_pt);
+            kl += pt * (log_pt - ((double)(l[j] - mx) - log_sum));
+            g -= grad_scale * (float)pt;
+        } else if (j == target) {
+            g -= grad_scale;
+        }
+        if (softcap > 0) {
+            float c = l[j] / softcap; // tanh of the raw logit over the cap
+            g *= 1.0f - c * c;
+        }
+        l[j] = g;
+    }
+    if (t) kl = block_reduce(kl, dshared, sum_op());
+    if (threadIdx.x == 0) row_loss[i] = t ? (float)kl : (float)(log_sum - (double)(l_target - mx));
+}
+
+struct cross_entropy_args {
+    float *row_loss, *logits;
+    const float *teacher;
+    qlm_cuda_ints targets;
+    int n, vocab;
+    float grad_scale, softcap;
+};
+
+static void launch_cross_entropy(const void *p) {
+    const cross_entropy_args &a = *(const cross_entropy_args *)p;
+    cross_entropy_kernel<<<a.n, THREADS, 0, qlm_cuda_stream>>>(a.row_loss, a.logits, a.targets, a.teacher, a.vocab,
+                                                               a.grad_scale, a.softcap);
+}
+
+void qlm_cuda_cross_entropy(float *row_loss, float *logits, const int *targets, const float *teacher, int n, int vocab,
+                            float grad_scale, float softcap) {
+    if (n <= 0 || vocab <= 0) return;
+    cross_entropy_args a;
+    memset(&a, 0, sizeof a);
+    a.row_loss = row_loss, a.logits = logits, a.teacher = teacher, a.n = n, a.vocab = vocab;
+    a.grad_scale = grad_scale, a.softcap = softcap;
+    a.targets = qlm_cuda_ints_of(targets, n, 0);
+    qlm_cuda_submit("cross_entropy", launch_cross_entropy, &a, sizeof a);
+}
+
+// ---- sum_squares ----
+
+// SS_BLOCKS blocks sum grid-stride shares of x's squares in double, then one block sums their
+// partials: a fixed order whatever the device, so the total repeats exactly.
+enum { SS_BLOCKS = 1024 };
+
+// out[blockIdx.x] = the sum of the block's share of x (squared with SQUARE) in double.
+template <typename T, bool SQUARE> __global__ void __launch_bounds__(THREADS) sum_kernel(double *out, const T *x, long n) {
+    __shared__ double shared[WARPS];
+    double s = 0;
+    for (long i = (long)blockIdx.x * THREADS + threadIdx.x; i < n; i += (long)gridDim.x * THREADS)
+        s += SQUARE ? (double)x[i] * x[i] : (double)x[i];
+    s = block_reduce(s, shared, sum_op());
+    if (threadIdx.x == 0) out[blockIdx.x] = s;
+}
+
+struct sum_squares_args {
+    const float *x;
+    double *partial; // SS_BLOCKS partials, then the total
+    long n;
+};
+
+static void launch_sum_squares(const void *p) {
+    const sum_squares_args &a = *(const sum_squares_args *)p;
+    sum_kernel<float, true><<<SS_BLOCKS, THREADS, 0, qlm_cuda_stream>>>(a.partial, a.x, a.n);
+    LAUNCH_CHECK();
+    sum_kernel<double, false><<<1, THREADS, 0, qlm_cuda_stream>>>(a.partial + SS_BLOCKS, a.partial, SS_BLOCKS);
+}
+
+static void *g_sums;
+static size_t g_sums_cap;
+
+double qlm_cuda_sum_squares(const float *x, long n) {
+    if (n <= 0) return 0;
+    sum_squares_args a;
+    memset(&a, 0, sizeof a);
+    a.x = x, a.n = n;
+    a.partial = (double *)qlm_cuda_scratch(&g_sums, &g_sums_cap, (SS_BLOCKS + 1) * sizeof(double));
+    qlm_cuda_submit("sum_squares", launch_sum_squares, &a, sizeof a);
+    qlm_cuda_flush();
+    double total = 0;
+    CUDA_CHECK(cudaMemcpyAsync(&total, a.partial + SS_BLOCKS, sizeof total, cudaMemcpyDeviceToHost, qlm_cuda_stream));
+    CUDA_CHECK(cudaStreamSynchronize(qlm_cuda_stream));
+    return total;
+}
+
+// ---- dropout ----
+
+// splitmix64's finalizer, the CPU's counter-based generator: element i's draw needs no state.
+__host__ __device__ __forceinline__ uint64_t mix64(uint64_t z) {
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    return z ^ (z >> 31);
+}
+
+__global__ void dropout_kernel(float *out, const float *x, long n, uint64_t base, uint64_t threshold, long first,
+                               float keep_scale) {
+    long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) out[i] = mix64(base + (uint64_t)(first + i) * 0x9e3779b97f4a7c15ULL) < threshold ? 0.0f : x[i] * keep_scale;
+}
+
+struct dropout_args {
+    float *out;
+    const float *x;
+    long n, first;
+    uint64_t base, threshold;
+    float keep_scale;
+};
+
+static void launch_dropout(const void *p) {
+    const dropout_args &a = *(const dropout_args *)p;
+    dropout_kernel<<<qlm_cuda_blocks(a.n, THREADS), THREADS, 0, qlm_cuda_stream>>>(a.out, a.x, a.n, a.base, a.threshold,
+                                                                                  a.first, a.keep_scale);
+}
+
+void qlm_cuda_dropout(float *out, const float *x, long n, float p, uint64_t seed, long first) {
+    if (n <= 0) return;
+    dropout_args a;
+    memset(&a, 0, sizeof a);
+    a.out = out, a.x = x, a.n = n, a.first = first;
+    a.threshold = (uint64_t)((double)p * 18446744073709551616.0);
+    a.keep_scale = 1.0f / (1.0f - p);
+    a.base = mix64(seed);
+    qlm_cuda_submit("dropout", launch_dropout, &a, sizeof a);
+}
+
+// ---- adamw ----
+
+struct adamw_args {
+    float *p, *m, *v;
+    const float *g;
+    long n;
+    float decay, one_minus_b1, b2, one_minus_b2, step_size, bc2_sqrt, eps;
+};
+
+// The CPU's operations in its order, each rounded on its own (no FMA contraction): the same bits.
+__global__ void adamw_kernel(adamw_args a) {
+    long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= a.n) return;
+    const float g = a.g[i];
+    const float p = __fmul_rn(a.p[i], a.decay);
+    const float m = __fadd_rn(a.m[i], __fmul_rn(a.one_minus_b1, __fsub_rn(g, a.m[i])));
+    const float v = __fadd_rn(__fmul_rn(a.v[i], a.b2), __fmul_rn(__fmul_rn(a.one_minus_b2, g), g));
+    const float denom = __fadd_rn(__fdiv_rn(__fsqrt_rn(v), a.bc2_sqrt), a.eps);
+    a.p[i] = __fsub_rn(p, __fdiv_rn(__fmul_rn(a.step_size, m), denom));
+    a.m[i] = m;
+    a.v[i] = v;
+}
+
+static void launch_adamw(const void *p) {
+    const adamw_args &a = *(const adamw_args *)p;
+    adamw_kernel<<<qlm_cuda_blocks(a.n, THREADS), THREADS, 0, qlm_cuda_stream>>>(a);
+}
+
+void qlm_cuda_adamw(float *p, const float *g, float *m, float *v, long n, const qlm_adamw_step *h) {
+    if (n <= 0) return;
+    adamw_args a;
+    memset(&a, 0, sizeof a);
+    a.p = p, a.g = g, a.m = m, a.v = v, a.n = n;
+    // The step's constants as the CPU computes them (on the host, in double where it uses double).
+    double bc1 = 1.0 - pow((double)h->beta1, (double)h->step), bc2 = 1.0 - pow((double)h->beta2, (double)h->step);
+    a.decay = 1.0f - h->lr * h->weight_decay;
+    a.step_size = (float)(h->lr / bc1);
+    a.bc2_sqrt = (float)sqrt(bc2);
+    a.one_minus_b1 = 1.0f - h->beta1;
+    a.b2 = h->beta2;
+    a.one_minus_b2 = 1.0f - h->beta2;
+    a.eps = h->eps;
+    qlm_cuda_submit("adamw", launch_adamw, &a, sizeof a);
+}
+
+// ---- store_weight ----
+
+// F32 to BF16 or F16, rounded to nearest even.
+__global__ void narrow_kernel(void *out, const float *src, long n, int bf16) {
+    long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    if (bf16)
+        ((unsigned short *)out)[i] = qlm_f32_to_bf16(src[i]);
+    else
+        ((__half *)out)[i] = __float2half_rn(src[i]);
+}
+
+struct store_weight_args {
+    void *dst;
+    const float *src;
+    long n;
+    int dtype;
+};
+
+static void launch_store_weight(const void *p) {
+    const store_weight_args &a = *(const store_weight_args *)p;
+    if (a.dtype == QLM_F32)
+        CUDA_CHECK(cudaMemcpyAsync(a.dst, a.src, (size_t)a.n * sizeof(float), cudaMemcpyDeviceToDevice, qlm_cuda_stream));
+    else
+        narrow_kernel<<<qlm_cuda_blocks(a.n, THREADS), THREADS, 0, qlm_cuda_stream>>>(a.dst, a.src, a.n,
+                                                                                     a.dtype == QLM_BF16);
+}
+
+void qlm_cuda_store_weight(qlm_weight *w, const float *src) {
+    if (w->dtype != QLM_F32 && w->dtype != QLM_BF16 && w->dtype != QLM_F16)
+        qlm_cuda_fail("store_weight", "the weight is not F32, BF16 or F16", __FILE__, __LINE__);
+    long n = (long)w->rows * w->cols;
+    if (n <= 0) return;
+    store_weight_args a;
+    memset(&a, 0, sizeof a);
+    a.dst = (void *)w->data, a.src = src, a.n = n, a.dtype = w->dtype;
+    qlm_cuda_submit("store_weight", launch_store_weight, &a, sizeof a);
+}

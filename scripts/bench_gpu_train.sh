@@ -1,0 +1,77 @@
+#!/usr/bin/env bash
+# Training on one GPU against transformers (+ peft) on the same GPU, in one run: SmolLM2-135M's config
+# (random weights: speed does not depend on the values), DialogSum training dialogues cut to 512 tokens,
+# batch 8, F32 (TF32 off on both sides), AdamW; LoRA rank 16 alpha 32 dropout 0.05 on all linear layers,
+# then full fine-tuning. Peak GPU memory is read the same way for both engines: nvidia-smi's used memory
+# sampled every 100 ms during the run, less what was in use before it. Prints the block and puts it
+# in docs/benchmarks.md (between <!-- gpu-train --> markers).
+# Usage: scripts/bench_gpu_train.sh BIN ASSETS SMOLLM2 [STEPS]
+#   BIN      folder holding qlm built with `make CUDA=1` (build/cuda, or gpu/bin of scripts/gpu_bundle.sh)
+#   ASSETS   ../shared/assets (DialogSum)
+#   SMOLLM2  a folder with SmolLM2-135M-Instruct's config.json, tokenizer.json, tokenizer_config.json
+set -euo pipefail
+bin=$1 assets=$2 smol=$3 steps=${4:-20}
+here=$(cd "$(dirname "$0")/.." && pwd)
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+batch=8 seq=512 params=134515008
+template=$'Summarize the following conversation.\n\n{dialogue}\n\nSummary: '
+head -n $((steps * batch)) "$assets/dialogsum/dialogsum.train.from_zip_2021-05.jsonl" >"$work/train.jsonl"
+python3 -c 'import json, sys
+for line in open(sys.argv[1]):
+    r = json.loads(line)
+    print(json.dumps({"prompt": "Summarize the following conversation.\n\n" + r["dialogue"] + "\n\nSummary: ",
+                      "completion": r["summary"]}))' "$work/train.jsonl" >"$work/train_pc.jsonl"
+
+used_mib() { nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits | head -n1; }
+# Runs a command while sampling the GPU's used memory; prints the peak over the baseline (MiB).
+with_peak() {
+    local base peak sampler rc=0
+    base=$(used_mib)
+    (while :; do used_mib; sleep 0.1; done) >"$work/mem" 2>/dev/null &
+    sampler=$!
+    "$@" || rc=$?
+    kill "$sampler" 2>/dev/null
+    wait "$sampler" 2>/dev/null || true
+    peak=$(sort -n "$work/mem" | tail -n1)
+    echo $((peak - base)) >"$work/peak"
+    return $rc
+}
+field() { python3 -c "import json,sys; print(json.load(open(sys.argv[1]))[sys.argv[2]])" "$1" "$2"; }
+
+{
+echo "<!-- gpu-train -->"
+echo "## Training on the GPU"
+echo
+echo "Written by \`scripts/bench_gpu_train.sh\` on $(date +%Y-%m-%d): $(nvidia-smi --query-gpu=name --format=csv,noheader),"
+echo "transformers $(python3 -c 'import transformers; print(transformers.__version__)'), peft $(python3 -c 'import peft; print(peft.__version__)'),"
+echo "torch $(python3 -c 'import torch; print(torch.__version__)'). SmolLM2-135M's config with random weights, the first $((steps * batch))"
+echo "DialogSum training dialogues cut to $seq tokens, batch $batch, $steps steps, F32 (TF32 off on both sides), AdamW; LoRA rank 16,"
+echo "alpha 32, dropout 0.05 on all linear layers. Peak GPU memory: nvidia-smi's used memory, sampled every 100 ms,"
+echo "less what was in use before the run (torch's own count of its allocator's peak plus the context beside it)."
+echo "Model FLOP/s count 6 N per token (N = 134.5M; a frozen base does ~4 N of it)."
+echo
+echo "| mode | engine | tokens/s | peak GPU MiB | model TFLOP/s (6 N tokens/s) | qlm / transformers |"
+echo "| --- | --- | ---: | ---: | ---: | --- |"
+for mode in lora full; do
+    flags=$([ $mode = lora ] && echo "--lora --rank 16 --alpha 32 --lora-dropout 0.05" || echo "--full")
+    with_peak "$bin/qlm" train -m "$smol" --random-weights --device cuda --data "$work/train.jsonl" --out "$work/q_$mode" \
+        $flags --steps "$steps" --batch $batch --seq-len $seq --target-field summary --template "$template" \
+        --lr 4e-4 --save-every 100000 2>"$work/q_$mode.log" >/dev/null || { tail -n 20 "$work/q_$mode.log" >&2; exit 1; }
+    q_tps=$(field "$work/q_$mode/summary.json" tokens_per_s) q_mem=$(cat "$work/peak")
+    hf_flags=$([ $mode = full ] && echo "--full" || true)
+    with_peak python3 "$here/bench/peft_train_bench.py" "$smol" "$work/train_pc.jsonl" "$steps" $batch 8 --device cuda \
+        --random-weights --seq-len $seq $hf_flags >"$work/hf_$mode.out" 2>"$work/hf_$mode.log" ||
+        { tail -n 20 "$work/hf_$mode.log" >&2; exit 1; }
+    read -r h_tps h_own _ _ <"$work/hf_$mode.out"
+    h_mem=$(cat "$work/peak")
+    name=$([ $mode = lora ] && echo "transformers + peft" || echo "transformers")
+    printf '| %s | qlm | %.0f | %d | %.1f | %.2fx tokens/s, %.2fx memory |\n' $mode "$q_tps" "$q_mem" \
+        "$(python3 -c "print(6*$params*$q_tps/1e12)")" "$(python3 -c "print($q_tps/$h_tps)")" "$(python3 -c "print($q_mem/max($h_mem,1))")"
+    printf '| %s | %s | %.0f | %d (torch: %d) | %.1f | |\n' $mode "$name" "$h_tps" "$h_mem" "$h_own" \
+        "$(python3 -c "print(6*$params*$h_tps/1e12)")"
+done
+echo "<!-- /gpu-train -->"
+} >"$work/block.md"
+cat "$work/block.md"
+cd "$here" && . scripts/doc_block.sh && doc_block gpu-train "$work/block.md"

@@ -1,0 +1,347 @@
+/* The CUDA training ops (all but attention_backward, tested on its own) against the CPU backend's,
+ * which tests/test_train*.c check against torch, on random inputs. Outputs an op overwrites start
+ * as NaN, so an element it leaves unwritten fails; outputs that accumulate start random. F32
+ * results agree within 1e-5 of the largest value (sums in another order, libm's and CUDA's
+ * exp/tanh/erf a few ulp apart); ops whose every value is computed in the CPU's order and rounding
+ * (dropout, adamw, store_weight, embedding_backward, the bias gradient) agree bit for bit. Index
+ * arrays of up to QLM_CUDA_SMALL values and longer ones take different paths only with
+ * QLM_CUDA_GRAPHS=0 (graphs stage them all). Built and run by `make test-cuda` only: it needs a
+ * GPU. */
+#include <math.h>
+
+#include "gpu_test_util.h"
+
+/* The device's bytes against want, bit for bit. */
+static void check_same(const char *what, const void *dev, const void *want, size_t bytes) {
+    void *got = malloc(bytes);
+    assert_non_null(got);
+    gpu->to_host(got, dev, bytes);
+    print_message("%-52s %s\n", what, memcmp(got, want, bytes) == 0 ? "same bits" : "DIFFERENT");
+    assert_memory_equal(got, want, bytes);
+    free(got);
+}
+
+/* Every weight form, with more rows than one widened block (4096) so the blocks' sums chain, and
+ * accumulate 0 (dx NaN on the GPU) and 1. */
+static void test_matmul_backward_x(void **state) {
+    (void)state;
+    const struct {
+        qlm_dtype dt;
+        int pc;
+    } kinds[] = {{QLM_F32, 0}, {QLM_F16, 0}, {QLM_BF16, 0}, {QLM_I8, 0}, {QLM_I8, 1}};
+    const int shapes[][3] = {{37, 64, 5}, {4100, 96, 9}}; /* rows, cols, n */
+    for (size_t k = 0; k < sizeof kinds / sizeof kinds[0]; k++)
+        for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
+            for (int acc = 0; acc < 2; acc++) {
+                const int rows = shapes[s][0], cols = shapes[s][1], n = shapes[s][2];
+                test_weight t;
+                make_weight(&t, kinds[k].dt, kinds[k].pc, rows, cols, (unsigned)(rows + cols));
+                float *dy = randv((long)n * rows, 3u + (unsigned)s, 1.0f), *want = randv((long)n * cols, 4u, 1.0f);
+                float *ddy = to_gpu(dy, (size_t)n * rows * sizeof *dy);
+                float *ddx = acc ? to_gpu(want, (size_t)n * cols * sizeof *want) : nan_gpu((long)n * cols);
+                if (!acc) memset(want, 0, (size_t)n * cols * sizeof *want);
+                assert_int_equal(cpu->matmul_backward_x(want, dy, n, &t.host, acc), 0);
+                assert_int_equal(gpu->matmul_backward_x(ddx, ddy, n, &t.dev, acc), 0);
+                char what[96];
+                snprintf(what, sizeof what, "matmul_backward_x %s%s %4d x %3d, %d rows, accumulate %d",
+                         qlm_dtype_name(kinds[k].dt), kinds[k].pc ? "-pc" : "", rows, cols, n, acc);
+                check_close(what, ddx, want, (long)n * cols, 1e-5);
+                free(dy), free(want);
+                free_weight(&t);
+                gpu->free(ddy), gpu->free(ddx);
+            }
+}
+
+/* dw and db accumulate; db's column sums run in the CPU's order. */
+static void test_matmul_backward_w(void **state) {
+    (void)state;
+    const int shapes[][3] = {{70, 130, 33}, {300, 257, 100}}; /* rows, cols, n */
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
+        for (int with_db = 0; with_db < 2; with_db++) {
+            const int rows = shapes[s][0], cols = shapes[s][1], n = shapes[s][2];
+            float *dy = randv((long)n * rows, 5u, 1.0f), *x = randv((long)n * cols, 6u, 2.0f);
+            float *dw = randv((long)rows * cols, 7u, 1.0f), *db = randv(rows, 8u, 1.0f);
+            float *ddy = to_gpu(dy, (size_t)n * rows * sizeof *dy), *dx = to_gpu(x, (size_t)n * cols * sizeof *x);
+            float *ddw = to_gpu(dw, (size_t)rows * cols * sizeof *dw), *ddb = to_gpu(db, (size_t)rows * sizeof *db);
+            cpu->matmul_backward_w(dw, with_db ? db : NULL, dy, x, n, rows, cols);
+            gpu->matmul_backward_w(ddw, with_db ? ddb : NULL, ddy, dx, n, rows, cols);
+            char what[96];
+            snprintf(what, sizeof what, "matmul_backward_w %3d x %3d, %3d rows%s: dw", rows, cols, n,
+                     with_db ? " + bias" : "");
+            check_close(what, ddw, dw, (long)rows * cols, 1e-5);
+            snprintf(what, sizeof what, "matmul_backward_w %3d x %3d, %3d rows%s: db", rows, cols, n,
+                     with_db ? " + bias" : "");
+            check_same(what, ddb, db, (size_t)rows * sizeof *db); /* untouched without a bias */
+            free(dy), free(x), free(dw), free(db);
+            gpu->free(ddy), gpu->free(dx), gpu->free(ddw), gpu->free(ddb);
+        }
+}
+
+/* With more rows than the kernel's blocks (512), each block takes several rows; dweight's sum
+ * repeats bit for bit. */
+static void test_rmsnorm_backward(void **state) {
+    (void)state;
+    const int shapes[][2] = {{37, 300}, {700, 1000}};
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
+        for (int with_dw = 0; with_dw < 2; with_dw++) {
+            const int n = shapes[s][0], dim = shapes[s][1];
+            const long len = (long)n * dim;
+            float *x = randv(len, 10u, 2.0f), *g = randv(len, 11u, 1.0f), *w = randv(dim, 12u, 1.0f);
+            float *dx = randv(len, 13u, 1.0f), *dw = randv(dim, 14u, 1.0f);
+            float *d_x = to_gpu(x, (size_t)len * sizeof *x), *d_g = to_gpu(g, (size_t)len * sizeof *g);
+            float *d_w = to_gpu(w, (size_t)dim * sizeof *w);
+            float *d_dx = to_gpu(dx, (size_t)len * sizeof *dx), *d_dw = to_gpu(dw, (size_t)dim * sizeof *dw);
+            float *d_dw2 = to_gpu(dw, (size_t)dim * sizeof *dw), *d_dx2 = to_gpu(dx, (size_t)len * sizeof *dx);
+            cpu->rmsnorm_backward(dx, with_dw ? dw : NULL, g, x, w, n, dim, 1e-5f);
+            gpu->rmsnorm_backward(d_dx, with_dw ? d_dw : NULL, d_g, d_x, d_w, n, dim, 1e-5f);
+            gpu->rmsnorm_backward(d_dx2, with_dw ? d_dw2 : NULL, d_g, d_x, d_w, n, dim, 1e-5f);
+            char what[96];
+            snprintf(what, sizeof what, "rmsnorm_backward %3d x %4d%s: dx", n, dim, with_dw ? " + dweight" : "");
+            check_close(what, d_dx, dx, len, 1e-5);
+            snprintf(what, sizeof what, "rmsnorm_backward %3d x %4d%s: dweight", n, dim, with_dw ? " + dweight" : "");
+            check_close(what, d_dw, dw, dim, 1e-5);
+            float *first = from_gpu(d_dw, dim);
+            check_same("rmsnorm_backward: a second run's dweight", d_dw2, first, (size_t)dim * sizeof *first);
+            free(first);
+            first = from_gpu(d_dx, len);
+            check_same("rmsnorm_backward: a second run's dx", d_dx2, first, (size_t)len * sizeof *first);
+            free(first);
+            free(x), free(g), free(w), free(dx), free(dw);
+            gpu->free(d_x), gpu->free(d_g), gpu->free(d_w), gpu->free(d_dx), gpu->free(d_dw), gpu->free(d_dw2);
+            gpu->free(d_dx2);
+        }
+}
+
+/* Against the CPU, and rope then rope_backward on the GPU gives the input back. */
+static void test_rope_backward(void **state) {
+    (void)state;
+    const int heads = 6, kv_heads = 2, hd = 50;
+    float *inv = randv(hd / 2, 20u, 0.5f);
+    for (int j = 0; j < hd / 2; j++) inv[j] = fabsf(inv[j]);
+    float *d_inv = to_gpu(inv, (size_t)hd / 2 * sizeof *inv);
+    for (int n = 5; n <= 100; n += 95) { /* 100: more than QLM_CUDA_SMALL positions */
+        int *pos = malloc((size_t)n * sizeof *pos);
+        for (int i = 0; i < n; i++) pos[i] = (i * 97) % 2048;
+        const long lq = (long)n * heads * hd, lk = (long)n * kv_heads * hd;
+        float *q = randv(lq, 21u, 1.0f), *k = randv(lk, 22u, 1.0f), *q0 = copyv(q, lq), *k0 = copyv(k, lk);
+        float *dq = to_gpu(q, (size_t)lq * sizeof *q), *dk = to_gpu(k, (size_t)lk * sizeof *k);
+        cpu->rope_backward(q, k, n, pos, heads, kv_heads, hd, inv);
+        gpu->rope_backward(dq, dk, n, pos, heads, kv_heads, hd, d_inv);
+        char what[96];
+        snprintf(what, sizeof what, "rope_backward, %3d rows: dq", n);
+        check_close(what, dq, q, lq, 1e-5);
+        snprintf(what, sizeof what, "rope_backward, %3d rows: dk", n);
+        check_close(what, dk, k, lk, 1e-5);
+        gpu->rope(dq, dk, n, pos, heads, kv_heads, hd, d_inv);
+        snprintf(what, sizeof what, "rope after rope_backward, %3d rows: q", n);
+        check_close(what, dq, q0, lq, 1e-5);
+        snprintf(what, sizeof what, "rope after rope_backward, %3d rows: k", n);
+        check_close(what, dk, k0, lk, 1e-5);
+        free(pos), free(q), free(k), free(q0), free(k0);
+        gpu->free(dq), gpu->free(dk);
+    }
+    free(inv);
+    gpu->free(d_inv);
+}
+
+/* Every activation; activate_backward in place over dout. */
+static void test_act_backward(void **state) {
+    (void)state;
+    static const char *names[] = {"silu", "gelu_tanh", "relu", "gelu"};
+    const long m = 5000;
+    float *gate = randv(m, 30u, 6.0f), *up = randv(m, 31u, 1.0f), *dout = randv(m, 32u, 1.0f);
+    float *d_gate = to_gpu(gate, m * sizeof *gate), *d_up = to_gpu(up, m * sizeof *up);
+    float *d_dout = to_gpu(dout, m * sizeof *dout);
+    float *dg = malloc(m * sizeof *dg), *du = malloc(m * sizeof *du);
+    for (int a = QLM_ACT_SILU; a <= QLM_ACT_GELU; a++) {
+        float *d_dg = nan_gpu(m), *d_du = nan_gpu(m), *d_dx = to_gpu(dout, m * sizeof *dout);
+        cpu->glu_backward(dg, du, dout, gate, up, m, (qlm_act)a);
+        gpu->glu_backward(d_dg, d_du, d_dout, d_gate, d_up, m, (qlm_act)a);
+        char what[96];
+        snprintf(what, sizeof what, "glu_backward %s: dgate", names[a]);
+        check_close(what, d_dg, dg, m, 1e-5);
+        snprintf(what, sizeof what, "glu_backward %s: dup", names[a]);
+        check_close(what, d_du, du, m, 1e-5);
+        cpu->activate_backward(dg, dout, gate, m, (qlm_act)a);
+        gpu->activate_backward(d_dx, d_dx, d_gate, m, (qlm_act)a);
+        snprintf(what, sizeof what, "activate_backward %s, in place", names[a]);
+        check_close(what, d_dx, dg, m, 1e-5);
+        gpu->free(d_dg), gpu->free(d_du), gpu->free(d_dx);
+    }
+    free(gate), free(up), free(dout), free(dg), free(du);
+    gpu->free(d_gate), gpu->free(d_up), gpu->free(d_dout);
+}
+
+/* Repeated ids, few and more than QLM_CUDA_SMALL: each table row adds its rows in order, as the
+ * CPU does. */
+static void test_embedding_backward(void **state) {
+    (void)state;
+    const int vocab = 50, dim = 48;
+    for (int n = 5; n <= 300; n += 295) {
+        int *ids = malloc((size_t)n * sizeof *ids);
+        for (int i = 0; i < n; i++) ids[i] = (i * 7 + i / 3) % (n < vocab ? 3 : vocab);
+        float *table = randv((long)vocab * dim, 40u, 1.0f), *dout = randv((long)n * dim, 41u, 1.0f);
+        float *d_table = to_gpu(table, (size_t)vocab * dim * sizeof *table);
+        float *d_dout = to_gpu(dout, (size_t)n * dim * sizeof *dout);
+        cpu->embedding_backward(table, dout, ids, n, dim);
+        gpu->embedding_backward(d_table, d_dout, ids, n, dim);
+        char what[96];
+        snprintf(what, sizeof what, "embedding_backward, %3d rows", n);
+        check_same(what, d_table, table, (size_t)vocab * dim * sizeof *table);
+        free(ids), free(table), free(dout);
+        gpu->free(d_table), gpu->free(d_dout);
+    }
+}
+
+/* Token targets and a teacher's distribution, with and without a soft cap, rows without a target
+ * (-1) among them; a second run repeats the first bit for bit. */
+static void check_cross_entropy(int n, int vocab, int with_teacher, float softcap) {
+    const long len = (long)n * vocab;
+    const float amp = softcap > 0 ? 3 * softcap : 8.0f; /* capped logits reach well into the cap */
+    int *targets = malloc((size_t)n * sizeof *targets);
+    for (int i = 0; i < n; i++) targets[i] = i % 4 == 2 ? -1 : (i * 37 + 11) % vocab;
+    float *logits = randv(len, 50u + (unsigned)n, amp), *teacher = randv(len, 51u, amp), *loss = malloc((size_t)n * sizeof *loss);
+    float *d_logits = to_gpu(logits, (size_t)len * sizeof *logits), *d_logits2 = to_gpu(logits, (size_t)len * sizeof *logits);
+    float *d_teacher = with_teacher ? to_gpu(teacher, (size_t)len * sizeof *teacher) : NULL;
+    float *d_loss = nan_gpu(n), *d_loss2 = nan_gpu(n);
+    cpu->cross_entropy(loss, logits, targets, with_teacher ? teacher : NULL, n, vocab, 0.25f, softcap);
+    gpu->cross_entropy(d_loss, d_logits, targets, d_teacher, n, vocab, 0.25f, softcap);
+    gpu->cross_entropy(d_loss2, d_logits2, targets, d_teacher, n, vocab, 0.25f, softcap);
+    char what[96];
+    snprintf(what, sizeof what, "cross_entropy %2d x %5d%s, softcap %g: gradient", n, vocab,
+             with_teacher ? " + teacher" : "", softcap);
+    check_close(what, d_logits, logits, len, 1e-5);
+    snprintf(what, sizeof what, "cross_entropy %2d x %5d%s, softcap %g: loss", n, vocab,
+             with_teacher ? " + teacher" : "", softcap);
+    check_close(what, d_loss, loss, n, 1e-5);
+    float *first = from_gpu(d_logits, len);
+    check_same("cross_entropy: a second run's gradient", d_logits2, first, (size_t)len * sizeof *first);
+    free(first);
+    first = from_gpu(d_loss, n);
+    check_same("cross_entropy: a second run's loss", d_loss2, first, (size_t)n * sizeof *first);
+    free(first), free(targets), free(logits), free(teacher), free(loss);
+    gpu->free(d_logits), gpu->free(d_logits2), gpu->free(d_teacher), gpu->free(d_loss), gpu->free(d_loss2);
+}
+
+static void test_cross_entropy(void **state) {
+    (void)state;
+    for (int teacher = 0; teacher < 2; teacher++) {
+        check_cross_entropy(6, 1000, teacher, 0);
+        check_cross_entropy(6, 1000, teacher, 30.0f);
+        check_cross_entropy(3, 50000, teacher, teacher ? 0 : 50.0f);
+    }
+    check_cross_entropy(70, 300, 0, 0); /* more than QLM_CUDA_SMALL targets */
+}
+
+/* Against the CPU's double sum, over one block's share and over many blocks' grid strides. */
+static void test_sum_squares(void **state) {
+    (void)state;
+    for (long n = 1000; n <= 3000001; n += 2999001) {
+        float *x = randv(n, 60u, 3.0f), *d_x = to_gpu(x, (size_t)n * sizeof *x);
+        double want = cpu->sum_squares(x, n), got = gpu->sum_squares(d_x, n), again = gpu->sum_squares(d_x, n);
+        double d = fabs(got - want) / want;
+        print_message("sum_squares of %7ld values: %.17g against %.17g, %.2e\n", n, got, want, d);
+        assert_true(d <= 1e-12);
+        assert_true(again == got);
+        free(x);
+        gpu->free(d_x);
+    }
+}
+
+/* The same keep mask and values as the CPU's, into another buffer and in place. */
+static void test_dropout(void **state) {
+    (void)state;
+    const long n = 100003, first = 12345;
+    const uint64_t seed = 0x243f6a8885a308d3ull;
+    float *x = randv(n, 70u, 2.0f), *want = malloc((size_t)n * sizeof *want);
+    float *d_x = to_gpu(x, (size_t)n * sizeof *x), *d_out = nan_gpu(n);
+    cpu->dropout(want, x, n, 0.3f, seed, first);
+    gpu->dropout(d_out, d_x, n, 0.3f, seed, first);
+    check_same("dropout p 0.3", d_out, want, (size_t)n * sizeof *want);
+    gpu->dropout(d_x, d_x, n, 0.3f, seed, first);
+    check_same("dropout p 0.3, in place", d_x, want, (size_t)n * sizeof *want);
+    free(x), free(want);
+    gpu->free(d_x), gpu->free(d_out);
+}
+
+/* Two updates (steps 1 and 7) of the same state on both backends: p, m and v bit for bit. */
+static void test_adamw(void **state) {
+    (void)state;
+    const long n = 10007;
+    float *p = randv(n, 80u, 1.0f), *m = randv(n, 81u, 0.01f), *v = randv(n, 82u, 1e-4f);
+    for (long i = 0; i < n; i++) v[i] = fabsf(v[i]);
+    float *d_p = to_gpu(p, (size_t)n * sizeof *p), *d_m = to_gpu(m, (size_t)n * sizeof *m);
+    float *d_v = to_gpu(v, (size_t)n * sizeof *v);
+    const long steps[2] = {1, 7};
+    for (int s = 0; s < 2; s++) {
+        float *g = randv(n, 83u + (unsigned)s, 0.1f), *d_g = to_gpu(g, (size_t)n * sizeof *g);
+        qlm_adamw_step h = {.lr = 1e-3f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f, .weight_decay = 0.01f,
+                            .step = steps[s]};
+        cpu->adamw(p, g, m, v, n, &h);
+        gpu->adamw(d_p, d_g, d_m, d_v, n, &h);
+        char what[96];
+        snprintf(what, sizeof what, "adamw step %ld: p", steps[s]);
+        check_same(what, d_p, p, (size_t)n * sizeof *p);
+        snprintf(what, sizeof what, "adamw step %ld: m", steps[s]);
+        check_same(what, d_m, m, (size_t)n * sizeof *m);
+        snprintf(what, sizeof what, "adamw step %ld: v", steps[s]);
+        check_same(what, d_v, v, (size_t)n * sizeof *v);
+        free(g);
+        gpu->free(d_g);
+    }
+    free(p), free(m), free(v);
+    gpu->free(d_p), gpu->free(d_m), gpu->free(d_v);
+}
+
+/* F32, BF16 and F16 (rounded to nearest even, past F16's range to infinity, into its subnormals),
+ * over a weight whose bytes start as all ones (NaNs). */
+static void test_store_weight(void **state) {
+    (void)state;
+    const int rows = 37, cols = 53;
+    const long n = (long)rows * cols;
+    float *src = randv(n, 90u, 2.0f);
+    const float special[] = {70000.0f, 65519.0f, -65520.0f, 1e-6f, -3e-8f, -0.0f, INFINITY, 1.00390625f, 1.01171875f};
+    memcpy(src, special, sizeof special);
+    float *d_src = to_gpu(src, (size_t)n * sizeof *src);
+    const qlm_dtype dts[] = {QLM_F32, QLM_BF16, QLM_F16};
+    for (int k = 0; k < 3; k++) {
+        size_t bytes = (size_t)n * qlm_dtype_size(dts[k]);
+        void *want = malloc(bytes), *ones = malloc(bytes);
+        assert_non_null(want);
+        assert_non_null(ones);
+        memset(ones, 0xff, bytes);
+        void *d_w = to_gpu(ones, bytes);
+        qlm_weight hw = {.dtype = dts[k], .rows = rows, .cols = cols, .data = want, .scale = 1.0f}, dw = hw;
+        dw.data = d_w;
+        cpu->store_weight(&hw, src);
+        gpu->store_weight(&dw, d_src);
+        char what[96];
+        snprintf(what, sizeof what, "store_weight %s", qlm_dtype_name(dts[k]));
+        check_same(what, d_w, want, bytes);
+        free(want), free(ones);
+        gpu->free(d_w);
+    }
+    free(src);
+    gpu->free(d_src);
+}
+
+int main(void) {
+    gpu = qlm_backend_cuda();
+    cpu = qlm_backend_cpu();
+    if (!gpu) {
+        fprintf(stderr, "test_train_ops needs a GPU: %s\n", qlm_last_error());
+        return 1;
+    }
+    char line[256];
+    gpu->describe(line, sizeof line);
+    printf("%s\n", line);
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_matmul_backward_x), cmocka_unit_test(test_matmul_backward_w),
+        cmocka_unit_test(test_rmsnorm_backward),  cmocka_unit_test(test_rope_backward),
+        cmocka_unit_test(test_act_backward),      cmocka_unit_test(test_embedding_backward),
+        cmocka_unit_test(test_cross_entropy),     cmocka_unit_test(test_sum_squares),
+        cmocka_unit_test(test_dropout),           cmocka_unit_test(test_adamw),
+        cmocka_unit_test(test_store_weight),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
