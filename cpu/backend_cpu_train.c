@@ -11,6 +11,7 @@
 #include "../quant/half.h"
 #include "../quant/quantize.h"
 #include "backend_cpu_train.h"
+#include "../core/train_formulas.h"
 #include "../core/cpu_scratch.h"
 #include "../core/error.h"
 
@@ -224,36 +225,11 @@ int qlm_cpu_attention_backward(float *dq, float *dk, float *dv, float *dpos_bias
     return 0;
 }
 
-/* act(x) and act'(x). */
-static inline float act_grad(float x, qlm_act a, float *value) {
-    switch (a) {
-    case QLM_ACT_GELU_TANH: {
-        const float c = 0.7978845608028654f;
-        float u = c * (x + 0.044715f * x * x * x), t = tanhf(u);
-        *value = 0.5f * x * (1.0f + t);
-        return 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * c * (1.0f + 3.0f * 0.044715f * x * x);
-    }
-    case QLM_ACT_RELU:
-        *value = x > 0 ? x : 0;
-        return x > 0 ? 1.0f : 0.0f;
-    case QLM_ACT_GELU: {
-        float cdf = 0.5f * (1.0f + erff(x * 0.7071067811865476f));
-        *value = x * cdf;
-        return cdf + x * 0.3989422804014327f * expf(-0.5f * x * x);
-    }
-    default: {
-        float s = 1.0f / (1.0f + expf(-x));
-        *value = x * s;
-        return s * (1.0f + x * (1.0f - s));
-    }
-    }
-}
-
 void qlm_cpu_glu_backward(float *dgate, float *dup, const float *dout, const float *gate, const float *up, long n,
                           qlm_act a) {
 #pragma omp parallel for if (n > 4096)
     for (long i = 0; i < n; i++) {
-        float value, d = act_grad(gate[i], a, &value), g = dout[i];
+        float value, d = qlm_act_grad(gate[i], a, &value), g = dout[i];
         dgate[i] = g * up[i] * d;
         dup[i] = g * value;
     }
@@ -263,7 +239,7 @@ void qlm_cpu_activate_backward(float *dx, const float *dout, const float *x, lon
 #pragma omp parallel for if (n > 4096)
     for (long i = 0; i < n; i++) {
         float value;
-        dx[i] = dout[i] * act_grad(x[i], a, &value);
+        dx[i] = dout[i] * qlm_act_grad(x[i], a, &value);
     }
 }
 
@@ -275,13 +251,11 @@ void qlm_cpu_embedding_backward(float *dtable, const float *dout, const int *ids
     }
 }
 
-static float capped(float x, float softcap) { return softcap > 0 ? softcap * tanhf(x / softcap) : x; }
-
 /* A row's largest (capped) logit and the sum of exp(logit - largest), in double. */
 static float row_max(const float *l, int vocab, float softcap) {
     float mx = -INFINITY;
     for (int j = 0; j < vocab; j++) {
-        float x = capped(l[j], softcap);
+        float x = qlm_softcapped(l[j], softcap);
         if (x > mx) mx = x;
     }
     return mx;
@@ -289,7 +263,7 @@ static float row_max(const float *l, int vocab, float softcap) {
 
 static double row_exp_sum(const float *l, int vocab, float softcap, float mx) {
     double sum = 0;
-    for (int j = 0; j < vocab; j++) sum += exp((double)(capped(l[j], softcap) - mx));
+    for (int j = 0; j < vocab; j++) sum += exp((double)(qlm_softcapped(l[j], softcap) - mx));
     return sum;
 }
 
@@ -304,7 +278,7 @@ void qlm_cpu_cross_entropy(float *row_loss, float *logits, const int *targets, c
             continue;
         }
         if (softcap > 0)
-            for (int j = 0; j < vocab; j++) l[j] = capped(l[j], softcap);
+            for (int j = 0; j < vocab; j++) l[j] = qlm_softcapped(l[j], softcap);
         float mx = row_max(l, vocab, 0);
         double sum = row_exp_sum(l, vocab, 0, mx), log_sum = log(sum);
         float inv = (float)(1.0 / sum);
@@ -320,7 +294,7 @@ void qlm_cpu_cross_entropy(float *row_loss, float *logits, const int *targets, c
         for (int j = 0; j < vocab; j++) {
             float g = grad_scale * expf(l[j] - mx) * inv;
             if (t) {
-                double log_pt = (double)(capped(t[j], softcap) - t_mx) - t_log_sum;
+                double log_pt = (double)(qlm_softcapped(t[j], softcap) - t_mx) - t_log_sum;
                 double pt = exp(log_pt);
                 kl += pt * (log_pt - ((double)(l[j] - mx) - log_sum));
                 g -= grad_scale * (float)pt;
@@ -361,20 +335,11 @@ void qlm_cpu_scale(float *x, long n, float s) {
 
 void qlm_cpu_zero(float *x, long n) { memset(x, 0, (size_t)n * sizeof *x); }
 
-/* splitmix64's finalizer: a counter-based generator, so element i's draw needs no state. */
-static inline uint64_t mix64(uint64_t z) {
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-    return z ^ (z >> 31);
-}
-
 void qlm_cpu_dropout(float *out, const float *x, long n, float p, uint64_t seed, long first) {
-    uint64_t threshold = (uint64_t)((double)p * 18446744073709551616.0);
+    uint64_t threshold = qlm_dropout_threshold(p), base = qlm_mix64(seed);
     float keep_scale = 1.0f / (1.0f - p);
-    uint64_t base = mix64(seed);
 #pragma omp parallel for if (n > 65536)
-    for (long i = 0; i < n; i++)
-        out[i] = mix64(base + (uint64_t)(first + i) * 0x9e3779b97f4a7c15ULL) < threshold ? 0.0f : x[i] * keep_scale;
+    for (long i = 0; i < n; i++) out[i] = qlm_dropout_drops(base, first + i, threshold) ? 0.0f : x[i] * keep_scale;
 }
 
 void qlm_cpu_adamw(float *p, const float *g, float *m, float *v, long n, const qlm_adamw_step *h) {

@@ -160,17 +160,30 @@ static __device__ __forceinline__ void tile_dots(float (&acc)[4][BS / 16], const
     }
 }
 
+// Rows r0.. of head h's queries into Q and of its output gradients into D (ROWS rows).
+template <int HD, int ROWS>
+static __device__ __forceinline__ void query_rows(const attn_bwd_args &a, int r0, int h, float *Q, float *D) {
+    const size_t stride = (size_t)a.n_heads * a.head_dim, at = ((size_t)r0 * a.n_heads + h) * a.head_dim;
+    load_rows<HD, ROWS>(Q, a.q + at, stride, a.n - r0, a.head_dim, a.vec);
+    load_rows<HD, ROWS>(D, a.dout + at, stride, a.n - r0, a.head_dim, a.vec);
+}
+
+// Keys t0.. (count of them, at most ROWS) of KV head g into K and their values into V.
+template <int HD, int ROWS>
+static __device__ __forceinline__ void key_rows(const attn_bwd_args &a, int t0, int count, int g, float *K, float *V) {
+    const size_t stride = (size_t)a.n_kv_heads * a.head_dim, at = (size_t)t0 * stride + (size_t)g * a.head_dim;
+    load_rows<HD, ROWS>(K, a.k + at, stride, count, a.head_dim, a.vec);
+    load_rows<HD, ROWS>(V, a.v + at, stride, count, a.head_dim, a.vec);
+}
+
 // Key tile t0 of KV head g into Y1 (keys) and Y2 (values), once every thread has read the last
 // one, then s = the own rows X1 (queries) . keys and dp = X2 (dout) . values.
 template <int HD, int BS>
 static __device__ __forceinline__ void key_tile_dots(const attn_bwd_args &a, int t0, int g, const float *X1,
                                                      const float *X2, float *Y1, float *Y2, tile_thread tt,
                                                      float (&s)[4][BS / 16], float (&dp)[4][BS / 16]) {
-    const int hd = a.head_dim;
-    const size_t kv_stride = (size_t)a.n_kv_heads * hd, at = (size_t)t0 * kv_stride + (size_t)g * hd;
     __syncthreads();
-    load_rows<HD, BS>(Y1, a.k + at, kv_stride, a.nk - t0, hd, a.vec);
-    load_rows<HD, BS>(Y2, a.v + at, kv_stride, a.nk - t0, hd, a.vec);
+    key_rows<HD, BS>(a, t0, a.nk - t0, g, Y1, Y2);
     __syncthreads();
     tile_dots<HD, BS>(s, X1, Y1, tt);
     tile_dots<HD, BS>(dp, X2, Y2, tt);
@@ -259,11 +272,9 @@ __global__ void __launch_bounds__(THREADS) attn_bwd_stats_kernel(attn_bwd_args a
     const int h = id % a.n_heads;
     id /= a.n_heads;
     const int c = id % a.chunks_k, r0 = ((a.n + OWN - 1) / OWN - 1 - id / a.chunks_k) * OWN; // the longest rows first
-    const int hd = a.head_dim, g = h / a.group;
-    const size_t q_stride = (size_t)a.n_heads * hd;
+    const int g = h / a.group;
     const tile_thread tt = thread_in_tile();
-    load_rows<HD, OWN>(X1, a.q + ((size_t)r0 * a.n_heads + h) * hd, q_stride, a.n - r0, hd, a.vec);
-    load_rows<HD, OWN>(X2, a.dout + ((size_t)r0 * a.n_heads + h) * hd, q_stride, a.n - r0, hd, a.vec);
+    query_rows<HD, OWN>(a, r0, h, X1, X2);
     int p[4], first[4], seen[4], lo, hi, pmin, pmax;
     own_rows(a, r0, c, tt, p, first, seen, &lo, &hi, &pmin, &pmax);
     float m[4];
@@ -365,8 +376,7 @@ template <int HD, int BS> static __device__ __forceinline__ void dq_block(const 
     const int hd = a.head_dim, g = h / a.group, rt = r0 / OWN;
     const size_t q_stride = (size_t)a.n_heads * hd;
     const tile_thread tt = thread_in_tile();
-    load_rows<HD, OWN>(X1, a.q + ((size_t)r0 * a.n_heads + h) * hd, q_stride, a.n - r0, hd, a.vec);
-    load_rows<HD, OWN>(X2, a.dout + ((size_t)r0 * a.n_heads + h) * hd, q_stride, a.n - r0, hd, a.vec);
+    query_rows<HD, OWN>(a, r0, h, X1, X2);
     int p[4], first[4], seen[4], lo, hi, pmin, pmax;
     own_rows(a, r0, c, tt, p, first, seen, &lo, &hi, &pmin, &pmax);
     float st[4][3];
@@ -431,11 +441,9 @@ template <int HD, int BS> static __device__ __forceinline__ void dkv_block(const
     float *i_st = sm + G::INFO; // [BS][3]
     int *i_p = (int *)(i_st + 3 * BS), *i_first = i_p + BS, *i_seen = i_first + BS;
     const int hd = a.head_dim, g = h / a.group;
-    const size_t q_stride = (size_t)a.n_heads * hd, kv_stride = (size_t)a.n_kv_heads * hd;
     const tile_thread tt = thread_in_tile();
     const int k1 = min(a.nk, k0 + OWN);
-    load_rows<HD, OWN>(X1, a.k + (size_t)k0 * kv_stride + (size_t)g * hd, kv_stride, k1 - k0, hd, a.vec);
-    load_rows<HD, OWN>(X2, a.v + (size_t)k0 * kv_stride + (size_t)g * hd, kv_stride, k1 - k0, hd, a.vec);
+    key_rows<HD, OWN>(a, k0, k1 - k0, g, X1, X2);
     float dk[4][G::NO], dv[4][G::NO];
 #pragma unroll
     for (int i = 0; i < 4; i++)
@@ -458,8 +466,7 @@ template <int HD, int BS> static __device__ __forceinline__ void dkv_block(const
             sees = first < k1 && seen > k0 && first < seen;
         }
         if (!__syncthreads_or(sees)) continue; // no row of the tile sees these keys
-        load_rows<HD, BS>(Y1, a.q + ((size_t)r0 * a.n_heads + h) * hd, q_stride, a.n - r0, hd, a.vec);
-        load_rows<HD, BS>(Y2, a.dout + ((size_t)r0 * a.n_heads + h) * hd, q_stride, a.n - r0, hd, a.vec);
+        query_rows<HD, BS>(a, r0, h, Y1, Y2);
         __syncthreads();
         float s[4][G::NB], dp[4][G::NB], dcap;
         tile_dots<HD, BS>(s, X1, Y1, tt);

@@ -95,12 +95,16 @@ void qlm_cuda_free(void *p) {
     qlm_cuda_fail("qlm_cuda_free", "pointer not from the pool", __FILE__, __LINE__);
 }
 
-void *qlm_cuda_scratch(void **buf, size_t *cap, size_t bytes) {
+void *qlm_cuda_scratch_try(void **buf, size_t *cap, size_t bytes) {
     if (bytes <= *cap) return *buf;
     qlm_cuda_free(*buf);
     *buf = qlm_cuda_alloc(bytes);
     *cap = *buf ? bytes : 0;
-    if (!*buf) qlm_cuda_fail("scratch", qlm_last_error(), __FILE__, __LINE__);
+    return *buf;
+}
+
+void *qlm_cuda_scratch(void **buf, size_t *cap, size_t bytes) {
+    if (!qlm_cuda_scratch_try(buf, cap, bytes)) qlm_cuda_fail("scratch", qlm_last_error(), __FILE__, __LINE__);
     return *buf;
 }
 

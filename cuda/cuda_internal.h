@@ -47,6 +47,8 @@ void *qlm_cuda_alloc(size_t bytes);
 void qlm_cuda_free(void *p);
 // Scratch that grows: *buf holds at least bytes of device memory (its old contents are lost).
 void *qlm_cuda_scratch(void **buf, size_t *cap, size_t bytes);
+// The same, NULL (message set) when the device has no room, for ops that report it to the caller.
+void *qlm_cuda_scratch_try(void **buf, size_t *cap, size_t bytes);
 
 // Ops queue their launches (graph_cuda.cu): fn(args) runs at the next flush, args copied (and
 // compared byte for byte with earlier steps, so zero an argument struct before filling it); name

@@ -66,14 +66,8 @@ int qlm_cuda_matmul_backward_x(float *dx, const float *dy, int n, const qlm_weig
         int rows = BLOCK_ELEMS / w->cols > 0 ? BLOCK_ELEMS / w->cols : 1;
         a.block_rows = rows < BLOCK_ROWS ? rows : BLOCK_ROWS;
         if (a.block_rows > w->rows) a.block_rows = w->rows;
-        size_t bytes = (size_t)a.block_rows * w->cols * sizeof(float);
-        if (bytes > g_wf_cap) {
-            qlm_cuda_free(g_wf);
-            g_wf = qlm_cuda_alloc(bytes);
-            g_wf_cap = g_wf ? bytes : 0;
-            if (!g_wf) return qlm_error_context("matmul_backward_x: %d x %d weight rows as F32", a.block_rows, w->cols);
-        }
-        a.wf = (float *)g_wf;
+        a.wf = (float *)qlm_cuda_scratch_try(&g_wf, &g_wf_cap, (size_t)a.block_rows * w->cols * sizeof(float));
+        if (!a.wf) return qlm_error_context("matmul_backward_x: %d x %d weight rows as F32", a.block_rows, w->cols);
     }
     qlm_cuda_submit("matmul_backward_x", launch_backward_x, &a, sizeof a);
     return 0;

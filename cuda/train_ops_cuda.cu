@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "cuda_internal.h"
+#include "../core/train_formulas.h"
 
 enum { THREADS = 256, WARPS = THREADS / 32 };
 
@@ -104,38 +105,13 @@ void qlm_cuda_rmsnorm_backward(float *dx, float *dweight, const float *dout, con
 
 // ---- glu_backward, activate_backward ----
 
-// act'(x), and act(x) in value: the CPU's act_grad.
-__device__ __forceinline__ float act_grad(float x, qlm_act a, float &value) {
-    switch (a) {
-    case QLM_ACT_GELU_TANH: {
-        const float c = 0.7978845608028654f;
-        float u = c * (x + 0.044715f * x * x * x), t = tanhf(u);
-        value = 0.5f * x * (1.0f + t);
-        return 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * c * (1.0f + 3.0f * 0.044715f * x * x);
-    }
-    case QLM_ACT_RELU:
-        value = x > 0 ? x : 0;
-        return x > 0 ? 1.0f : 0.0f;
-    case QLM_ACT_GELU: {
-        float cdf = 0.5f * (1.0f + erff(x * 0.7071067811865476f));
-        value = x * cdf;
-        return cdf + x * 0.3989422804014327f * expf(-0.5f * x * x);
-    }
-    default: {
-        float s = 1.0f / (1.0f + expf(-x));
-        value = x * s;
-        return s * (1.0f + x * (1.0f - s));
-    }
-    }
-}
-
 // With up (glu): dx = dout * up * act'(x), dup = dout * act(x); without: dx = dout * act'(x).
 // Every input is read before an output is written, so outputs may alias inputs.
 __global__ void act_backward_kernel(float *dx, float *dup, const float *dout, const float *x, const float *up, long n,
                                     qlm_act a) {
     long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
-    float value, d = act_grad(x[i], a, value), g = dout[i];
+    float value, d = qlm_act_grad(x[i], a, &value), g = dout[i];
     if (up) {
         float u = up[i];
         dx[i] = g * u * d;
@@ -217,8 +193,6 @@ void qlm_cuda_embedding_backward(float *dtable, const float *dout, const int *id
 
 // ---- cross_entropy ----
 
-__device__ __forceinline__ float capped(float x, float softcap) { return softcap > 0 ? softcap * tanhf(x / softcap) : x; }
-
 // A block per row: the CPU's steps and formulas, with its double sums as double block sums.
 __global__ void __launch_bounds__(THREADS) cross_entropy_kernel(float *row_loss, float *logits, qlm_cuda_ints targets,
                                                                 const float *teacher, int vocab, float grad_scale,
@@ -235,7 +209,7 @@ __global__ void __launch_bounds__(THREADS) cross_entropy_kernel(float *row_loss,
     float mx = -INFINITY;
     for (int j = threadIdx.x; j < vocab; j += THREADS) {
         float v = l[j];
-        if (softcap > 0) l[j] = v = capped(v, softcap);
+        if (softcap > 0) l[j] = v = qlm_softcapped(v, softcap);
         mx = fmaxf(mx, v);
     }
     mx = block_reduce(mx, fshared, max_op());
@@ -250,16 +224,16 @@ __global__ void __launch_bounds__(THREADS) cross_entropy_kernel(float *row_loss,
     float t_mx = -INFINITY;
     double t_log_sum = 0, kl = 0;
     if (t) {
-        for (int j = threadIdx.x; j < vocab; j += THREADS) t_mx = fmaxf(t_mx, capped(t[j], softcap));
+        for (int j = threadIdx.x; j < vocab; j += THREADS) t_mx = fmaxf(t_mx, qlm_softcapped(t[j], softcap));
         t_mx = block_reduce(t_mx, fshared, max_op());
         double t_sum = 0;
-        for (int j = threadIdx.x; j < vocab; j += THREADS) t_sum += exp((double)(capped(t[j], softcap) - t_mx));
+        for (int j = threadIdx.x; j < vocab; j += THREADS) t_sum += exp((double)(qlm_softcapped(t[j], softcap) - t_mx));
         t_log_sum = log(block_reduce(t_sum, dshared, sum_op()));
     }
     for (int j = threadIdx.x; j < vocab; j += THREADS) {
         float g = grad_scale * expf(l[j] - mx) * inv;
         if (t) {
-            double log_pt = (double)(capped(t[j], softcap) - t_mx) - t_log_sum;
+            double log_pt = (double)(qlm_softcapped(t[j], softcap) - t_mx) - t_log_sum;
             double pt = exp(log_pt);
             kl += pt * (log_pt - ((double)(l[j] - mx) - log_sum));
             g -= grad_scale * (float)pt;
@@ -349,17 +323,10 @@ double qlm_cuda_sum_squares(const float *x, long n) {
 
 // ---- dropout ----
 
-// splitmix64's finalizer, the CPU's counter-based generator: element i's draw needs no state.
-__host__ __device__ __forceinline__ uint64_t mix64(uint64_t z) {
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-    return z ^ (z >> 31);
-}
-
 __global__ void dropout_kernel(float *out, const float *x, long n, uint64_t base, uint64_t threshold, long first,
                                float keep_scale) {
     long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) out[i] = mix64(base + (uint64_t)(first + i) * 0x9e3779b97f4a7c15ULL) < threshold ? 0.0f : x[i] * keep_scale;
+    if (i < n) out[i] = qlm_dropout_drops(base, first + i, threshold) ? 0.0f : x[i] * keep_scale;
 }
 
 struct dropout_args {
@@ -381,9 +348,9 @@ void qlm_cuda_dropout(float *out, const float *x, long n, float p, uint64_t seed
     dropout_args a;
     memset(&a, 0, sizeof a);
     a.out = out, a.x = x, a.n = n, a.first = first;
-    a.threshold = (uint64_t)((double)p * 18446744073709551616.0);
+    a.threshold = qlm_dropout_threshold(p);
     a.keep_scale = 1.0f / (1.0f - p);
-    a.base = mix64(seed);
+    a.base = qlm_mix64(seed);
     qlm_cuda_submit("dropout", launch_dropout, &a, sizeof a);
 }
 

@@ -263,15 +263,16 @@ static int load_tensors(qlm_trainer *t, const char *dir, char names[][256], int 
     stored_piece *ix = rc == 0 ? index_store(store, &count) : NULL;
     if (rc == 0 && !ix) rc = -1;
     const qlm_backend *be = t->arch->backend(t->model);
+    /* Device memory is filled from one host buffer of the largest piece. */
+    long largest = 1;
+    for (int i = 0; i < t->n_t; i++)
+        if (t->t[i].n > largest) largest = t->t[i].n;
     float *staged = NULL;
+    if (rc == 0 && !be->host_memory && !(staged = malloc((size_t)largest * sizeof *staged)))
+        rc = qlm_errorf("out of memory");
     for (int i = 0; i < t->n_t && rc == 0; i++) {
         qlm_train_tensor *e = &t->t[i];
         float *dst[3] = {e->p, e->m, e->v};
-        /* Device memory is filled from a host copy. */
-        if (!be->host_memory) {
-            free(staged);
-            if (!(staged = malloc((size_t)(e->n ? e->n : 1) * sizeof *staged))) rc = qlm_errorf("out of memory");
-        }
         for (int k = 0; k < 3 && rc == 0; k++) {
             rc = restore(ix, count, e, k, staged ? staged : dst[k]);
             if (rc == 0 && staged) be->to_device(dst[k], staged, (size_t)e->n * sizeof *staged);

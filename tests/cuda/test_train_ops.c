@@ -21,6 +21,13 @@ static void check_same(const char *what, const void *dev, const void *want, size
     free(got);
 }
 
+/* A second run's n floats (again) against the first's (first), both on the device, bit for bit. */
+static void check_repeats(const char *what, const float *again, const float *first, long n) {
+    float *want = from_gpu(first, n);
+    check_same(what, again, want, (size_t)n * sizeof *want);
+    free(want);
+}
+
 /* Every weight form, with more rows than one widened block (4096) so the blocks' sums chain, and
  * accumulate 0 (dx NaN on the GPU) and 1. */
 static void test_matmul_backward_x(void **state) {
@@ -100,12 +107,8 @@ static void test_rmsnorm_backward(void **state) {
             check_close(what, d_dx, dx, len, 1e-5);
             snprintf(what, sizeof what, "rmsnorm_backward %3d x %4d%s: dweight", n, dim, with_dw ? " + dweight" : "");
             check_close(what, d_dw, dw, dim, 1e-5);
-            float *first = from_gpu(d_dw, dim);
-            check_same("rmsnorm_backward: a second run's dweight", d_dw2, first, (size_t)dim * sizeof *first);
-            free(first);
-            first = from_gpu(d_dx, len);
-            check_same("rmsnorm_backward: a second run's dx", d_dx2, first, (size_t)len * sizeof *first);
-            free(first);
+            check_repeats("rmsnorm_backward: a second run's dweight", d_dw2, d_dw, dim);
+            check_repeats("rmsnorm_backward: a second run's dx", d_dx2, d_dx, len);
             free(x), free(g), free(w), free(dx), free(dw);
             gpu->free(d_x), gpu->free(d_g), gpu->free(d_w), gpu->free(d_dx), gpu->free(d_dw), gpu->free(d_dw2);
             gpu->free(d_dx2);
@@ -214,12 +217,9 @@ static void check_cross_entropy(int n, int vocab, int with_teacher, float softca
     snprintf(what, sizeof what, "cross_entropy %2d x %5d%s, softcap %g: loss", n, vocab,
              with_teacher ? " + teacher" : "", softcap);
     check_close(what, d_loss, loss, n, 1e-5);
-    float *first = from_gpu(d_logits, len);
-    check_same("cross_entropy: a second run's gradient", d_logits2, first, (size_t)len * sizeof *first);
-    free(first);
-    first = from_gpu(d_loss, n);
-    check_same("cross_entropy: a second run's loss", d_loss2, first, (size_t)n * sizeof *first);
-    free(first), free(targets), free(logits), free(teacher), free(loss);
+    check_repeats("cross_entropy: a second run's gradient", d_logits2, d_logits, len);
+    check_repeats("cross_entropy: a second run's loss", d_loss2, d_loss, n);
+    free(targets), free(logits), free(teacher), free(loss);
     gpu->free(d_logits), gpu->free(d_logits2), gpu->free(d_teacher), gpu->free(d_loss), gpu->free(d_loss2);
 }
 

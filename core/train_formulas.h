@@ -1,0 +1,63 @@
+/* Scalar formulas the training ops compute on every backend: one definition, compiled by the C
+ * compiler for the CPU backend and by nvcc for the CUDA one (host and device), so the two cannot
+ * drift apart in what they compute. */
+#ifndef QLM_TRAIN_FORMULAS_H
+#define QLM_TRAIN_FORMULAS_H
+
+#include <math.h>
+#include <stdint.h>
+
+#include "backend.h"
+
+#ifdef __CUDACC__
+#define QLM_HD __host__ __device__
+#else
+#define QLM_HD
+#endif
+
+/* act(x) into *value, and act'(x). */
+static inline QLM_HD float qlm_act_grad(float x, qlm_act a, float *value) {
+    switch (a) {
+    case QLM_ACT_GELU_TANH: {
+        const float c = 0.7978845608028654f;
+        float u = c * (x + 0.044715f * x * x * x), t = tanhf(u);
+        *value = 0.5f * x * (1.0f + t);
+        return 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * c * (1.0f + 3.0f * 0.044715f * x * x);
+    }
+    case QLM_ACT_RELU:
+        *value = x > 0 ? x : 0;
+        return x > 0 ? 1.0f : 0.0f;
+    case QLM_ACT_GELU: {
+        float cdf = 0.5f * (1.0f + erff(x * 0.7071067811865476f));
+        *value = x * cdf;
+        return cdf + x * 0.3989422804014327f * expf(-0.5f * x * x);
+    }
+    default: {
+        float s = 1.0f / (1.0f + expf(-x));
+        *value = x * s;
+        return s * (1.0f + x * (1.0f - s));
+    }
+    }
+}
+
+/* A logit under a soft cap (softcap <= 0: none). */
+static inline QLM_HD float qlm_softcapped(float x, float softcap) {
+    return softcap > 0 ? softcap * tanhf(x / softcap) : x;
+}
+
+/* splitmix64's finalizer: a counter-based generator, so element i's draw needs no state. */
+static inline QLM_HD uint64_t qlm_mix64(uint64_t z) {
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    return z ^ (z >> 31);
+}
+
+/* Dropout with probability p: the draws below threshold drop. */
+static inline QLM_HD uint64_t qlm_dropout_threshold(float p) { return (uint64_t)((double)p * 18446744073709551616.0); }
+
+/* Whether element `index` drops, base = qlm_mix64(seed). */
+static inline QLM_HD int qlm_dropout_drops(uint64_t base, long index, uint64_t threshold) {
+    return qlm_mix64(base + (uint64_t)index * 0x9e3779b97f4a7c15ULL) < threshold;
+}
+
+#endif
