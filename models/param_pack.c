@@ -138,6 +138,49 @@ static int fill_blocks(qlm_weight *w, const qlm_tensor_entry *e, char *dst, cons
     return failed ? qlm_errorf("out of memory converting %s", e->name) : 0;
 }
 
+/* A target of F32, F16, BF16 or INT8 converted a stretch of rows at a time, threads taking rows,
+ * each through one row of F32 rather than an F32 copy of the matrix; per-tensor INT8 takes its
+ * absolute maximum in a pass of its own first. The source pages behind each stretch are given
+ * back as in fill_blocks. row_scales: per-channel INT8's, else NULL. */
+static int fill_rows(qlm_weight *w, const qlm_tensor_entry *e, char *dst, float *row_scales,
+                     const qlm_tensor_store *store) {
+    enum { STRETCH = 1024 };
+    const int per_tensor = w->dtype == QLM_I8 && !row_scales;
+    const size_t row_bytes = qlm_dtype_row_bytes(w->dtype, w->cols, 0);
+    float absmax = 0;
+    int failed = 0;
+    for (int pass = per_tensor ? 0 : 1; pass < 2 && !failed; pass++) {
+#pragma omp parallel reduction(max : absmax)
+        {
+            float *row = malloc((size_t)w->cols * sizeof *row);
+            if (!row) failed = 1;
+            for (int s0 = 0; s0 < w->rows; s0 += STRETCH) {
+                const int s1 = s0 + STRETCH < w->rows ? s0 + STRETCH : w->rows;
+#pragma omp for schedule(static)
+                for (int r = s0; r < s1; r++) {
+                    if (!row) continue;
+                    entry_row_f32(e, w->rows, w->cols, r, row);
+                    char *out = dst + (size_t)r * row_bytes;
+                    if (pass == 0) {
+                        const float a = qlm_absmax_finite(row, w->cols);
+                        absmax = a > absmax ? a : absmax;
+                    } else if (w->dtype != QLM_I8) {
+                        qlm_convert_from_f32(out, w->dtype, row, w->cols);
+                    } else {
+                        if (row_scales) row_scales[r] = qlm_i8_scale(qlm_absmax_finite(row, w->cols));
+                        qlm_quantize_i8_run((int8_t *)out, row, w->cols, row_scales ? row_scales[r] : w->scale);
+                    }
+                }
+#pragma omp master
+                qlm_store_release_rows(store, e, stored_rows_done(e, s1));
+            }
+            free(row);
+        }
+        if (pass == 0) w->scale = qlm_i8_scale(absmax);
+    }
+    return failed ? qlm_errorf("out of memory converting %s", e->name) : 0;
+}
+
 /* 1 if entry e is matrix data exactly as format f lays it out, readable where it lies. */
 static int readable_in_place(const qlm_weight_format *f, const qlm_tensor_entry *e, const qlm_backend *be) {
     if (!f->in_place || !be->host_memory || e->dtype != f->dtype || !e->data) return 0;
@@ -157,7 +200,7 @@ static void copy_rows(char *dst, const qlm_tensor_entry *e, size_t row_bytes) {
 /* Converts entry e (rows in any stored order) into the matrix w placed at *cursor (advanced past it), in format f. */
 static int fill_matrix(qlm_weight *w, const qlm_tensor_entry *e, const qlm_weight_format *f, char **cursor,
                        const qlm_tensor_store *store) {
-    int64_t rows = e->shape[0], cols = e->shape[1], n = rows * cols;
+    int64_t rows = e->shape[0], cols = e->shape[1];
     const qlm_dtype dt = f->dtype;
     const int per_channel = f->per_channel;
     if (qlm_dtype_is_block(dt) && (!qlm_group_valid(f->group) || cols % f->group != 0))
@@ -189,19 +232,7 @@ static int fill_matrix(qlm_weight *w, const qlm_tensor_entry *e, const qlm_weigh
             w->scale = e->scale;
         return 0;
     }
-    float *tmp = malloc((size_t)n * sizeof *tmp);
-    if (!tmp) return qlm_errorf("out of memory converting %s", e->name);
-    entry_to_f32(e, tmp);
-    if (dt == QLM_I8) {
-        if (per_channel)
-            qlm_quantize_i8_rows((int8_t *)dst, row_scales, tmp, rows, cols);
-        else
-            w->scale = qlm_quantize_i8((int8_t *)dst, tmp, rows, cols);
-    } else {
-        qlm_convert_from_f32(dst, dt, tmp, n);
-    }
-    free(tmp);
-    return 0;
+    return fill_rows(w, e, dst, row_scales, store);
 }
 
 /* Points the views of parameters laid out in from at the same offsets in to (after an upload). */

@@ -27,15 +27,26 @@ static inline int qlm_block_value(const uint8_t *vals, int j, qlm_dtype dt) {
 }
 
 /* roundf(v) (halves away from zero) clamped to [lo, hi]; NaN (0/0 from a zero scale) gives 0.
- * Without a call: v is first held to [lo - 1, hi + 1], which changes no result, so the truncating
+ * Without a call, in two stages a loop can run apart (each alone vectorizes; together GCC leaves
+ * them scalar): v is first held to [lo - 1, hi + 1], which changes no result, so the truncating
  * conversion is defined, and v minus its truncation is exact, so the half test is too. */
-static inline int qlm_round_clamp(float v, int lo, int hi) {
-    if (!(v == v)) v = 0;
-    v = v < (float)(lo - 1) ? (float)(lo - 1) : v > (float)(hi + 1) ? (float)(hi + 1) : v;
+static inline float qlm_round_clamp_hold(float v, int lo, int hi) {
+    v = v == v ? v : 0.0f;
+    v = v < (float)(lo - 1) ? (float)(lo - 1) : v;
+    return v > (float)(hi + 1) ? (float)(hi + 1) : v;
+}
+
+/* The second stage: v as qlm_round_clamp_hold left it. */
+static inline int qlm_round_clamp_held(float v, int lo, int hi) {
     int i = (int)v;
     float frac = v - (float)i;
     i += (frac >= 0.5f) - (frac <= -0.5f);
-    return i < lo ? lo : i > hi ? hi : i;
+    i = i < lo ? lo : i;
+    return i > hi ? hi : i;
+}
+
+static inline int qlm_round_clamp(float v, int lo, int hi) {
+    return qlm_round_clamp_held(qlm_round_clamp_hold(v, lo, hi), lo, hi);
 }
 
 /* Quantizes cols values (a multiple of group) of src into the blocks at dst. */

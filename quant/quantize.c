@@ -15,24 +15,39 @@
 #include "half.h"
 #include "matmul_internal.h"
 
-float qlm_absmax_finite(const float *w, long n) {
-    float m = 0;
+/* One clone per instruction set: these passes run over every weight a load converts to INT8. */
+#define PER_ISA __attribute__((target_clones("arch=x86-64-v4", "avx2", "default")))
+
+/* On the bits: |w| of finite floats orders as their magnitudes' bits do, a max reduction the
+ * compiler vectorizes where a float one with a finiteness test stays scalar. */
+PER_ISA float qlm_absmax_finite(const float *w, long n) {
+    uint32_t m = 0;
     for (long i = 0; i < n; i++) {
-        float a = fabsf(w[i]);
-        if (a > m && isfinite(a)) m = a;
+        uint32_t u;
+        memcpy(&u, &w[i], sizeof u);
+        u &= 0x7FFFFFFFu;
+        u &= -(uint32_t)(u < 0x7F800000u);
+        m = u > m ? u : m;
     }
-    return m;
+    union {
+        uint32_t u;
+        float f;
+    } r = {.u = m};
+    return r.f;
 }
 
-static float scale_for(float absmax) {
+float qlm_i8_scale(float absmax) {
     float s = absmax / 127.0f;
     return s > 0 ? s : 1.0f;
 }
 
-static void quantize_run(int8_t *q, const float *w, long n, float s) {
-    for (long i = 0; i < n; i++) {
-        float t = w[i] / s;
-        q[i] = (int8_t)qlm_round_clamp(t, -127, 127);
+PER_ISA void qlm_quantize_i8_run(int8_t *q, const float *w, long n, float s) {
+    enum { CHUNK = 256 };
+    float held[CHUNK];
+    for (long i0 = 0; i0 < n; i0 += CHUNK) {
+        const long m = n - i0 < CHUNK ? n - i0 : CHUNK;
+        for (long i = 0; i < m; i++) held[i] = qlm_round_clamp_hold(w[i0 + i] / s, -127, 127);
+        for (long i = 0; i < m; i++) q[i0 + i] = (int8_t)qlm_round_clamp_held(held[i], -127, 127);
     }
 }
 
@@ -43,17 +58,17 @@ float qlm_quantize_i8(int8_t *q, const float *w, long rows, long cols) {
         float a = qlm_absmax_finite(w + r * cols, cols);
         if (a > m) m = a;
     }
-    float s = scale_for(m);
+    float s = qlm_i8_scale(m);
 #pragma omp parallel for schedule(static)
-    for (long r = 0; r < rows; r++) quantize_run(q + r * cols, w + r * cols, cols, s);
+    for (long r = 0; r < rows; r++) qlm_quantize_i8_run(q + r * cols, w + r * cols, cols, s);
     return s;
 }
 
 void qlm_quantize_i8_rows(int8_t *q, float *scales, const float *w, long rows, long cols) {
 #pragma omp parallel for schedule(static)
     for (long r = 0; r < rows; r++) {
-        scales[r] = scale_for(qlm_absmax_finite(w + r * cols, cols));
-        quantize_run(q + r * cols, w + r * cols, cols, scales[r]);
+        scales[r] = qlm_i8_scale(qlm_absmax_finite(w + r * cols, cols));
+        qlm_quantize_i8_run(q + r * cols, w + r * cols, cols, scales[r]);
     }
 }
 

@@ -17,6 +17,10 @@ void qlm_quantize_i8_rows(int8_t *q, float *scales, const float *w, long rows, l
 
 /* max |w| over the finite values (0 when there are none). */
 float qlm_absmax_finite(const float *w, long n);
+/* The scale of values whose finite absolute maximum is absmax (1 when that is 0). */
+float qlm_i8_scale(float absmax);
+/* q[i] = round(w[i] / s) clamped to [-127, 127] for one run of n values. */
+void qlm_quantize_i8_run(int8_t *q, const float *w, long n, float s);
 /* Converts n F32 values to dtype dst (F32/F16/BF16; not I8). */
 void qlm_convert_from_f32(void *dst, qlm_dtype dt, const float *src, long n);
 /* Converts row r of w (any dtype; rows in PyTorch's order whatever rope_heads) to F32. */
