@@ -28,7 +28,7 @@ static void print_devices(void) {
            qlm_matmul_isa(), qlm_matmul_isas());
     printf("  W8A8 for block weights: %s; OpenBLAS kernels (attention's products): %s\n",
            qlm_matmul_w8a8() ? "on by default (byte dot products; --no-w8a8 keeps 16-bit activations)"
-                             : "off (this CPU has no byte dot products)",
+                             : "off (these kernels have no byte dot products)",
            openblas_get_corename());
     const qlm_backend *cuda = qlm_backend_cuda();
     char line[256];

@@ -460,7 +460,8 @@ static int load_model(const cli_model_opts *o, cli_model *cm, int need_tokenizer
     }
     if (o->act8 == 1 && be->host_memory && !qlm_matmul_w8a8()) {
         /* Without byte dot products W8A8 is slower than the 16-bit form, and no more accurate. */
-        if (!quiet) fprintf(stderr, "qlm: --w8a8: this CPU has no byte dot products (AVX512-VNNI); activations stay 16-bit\n");
+        if (!quiet) fprintf(stderr, "qlm: --w8a8: these kernels (%s) have no byte dot products; activations stay 16-bit\n",
+                            qlm_matmul_isa());
         mo.act8 = 0;
     }
     /* By default block weights take 8-bit activations where that is faster (the CPU multiplies

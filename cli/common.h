@@ -85,8 +85,8 @@ enum {
     "      --per-channel      int8 with one scale per output channel\n"                                   \
     "      --group N          weights per block of a block type: 32, 64 or 128 (default 32)\n"          \
     "      --w8a8, --no-w8a8  block weights (q8_0, q4_0, q4_1) multiply activations quantized to 8 bits\n" \
-    "                         per 32 values, as llama.cpp does (default: on where the CPU has byte dot\n" \
-    "                         products, AVX512-VNNI: ~4x prefill, faster decode, perplexity +0.1-0.3%)\n" \
+    "                         per 32 values, as llama.cpp does (default: on with AVX2 or AVX-512:\n" \
+    "                         1.7-4x prefill, faster decode, perplexity +0.1-0.3%)\n" \
     "      --no-panel-cache   W8A8 repacks the weights into panels; for a model of 32 MiB or more the\n" \
     "                         first load keeps them in $QLM_CACHE/panels and later loads map that file\n" \
     "                         (as fast as weights read in place): this flag neither reads nor writes it\n" \

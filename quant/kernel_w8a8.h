@@ -1,125 +1,44 @@
-/* W8A8 for block weights (Q8_0, Q4_0, Q4_1) in panels (block_pack.h) on AVX512_VNNI: x in the I8
- * form (bytes, with a scale and the sum of the values of each run of QLM_X8_BLOCK, qlm_x_dtype)
- * and VPDPBUSD, which multiplies unsigned bytes with signed ones and adds each four products
- * into a 32-bit lane. A 64-byte chunk of a panel holds four values of each of 16 weight rows;
- * four bytes of x broadcast to every lane multiply them, so lane r sums row r's products and
- * one register holds the panel's 16 outputs for one row of x. Q8_0's signed values are made
- * unsigned by flipping their top bit (v + 128), Q4 nibbles are unsigned already (v + 8 for
- * Q4_0): that excess times the run's sum of x starts each integer sum, so the sums are exact.
- * Per run, the 16 sums convert and add times the block's 16 scales (one conversion from F16)
- * and x's scale (Q4_1: plus its 16 offsets times the run's sum of x). Rows past the last panel
- * go through the scalar code (qlm_w8a8_rows). Included by kernels_avx512.h for VNNI targets. */
-
-/* acc + the sums of four products of a's unsigned and b's signed bytes, in 32-bit lanes. */
-AVX512_INLINE __m512i dot_u8i8(__m512i acc, __m512i a, __m512i b) {
-    /* As asm with the accumulator tied, for the reason given at dot_i16. */
-    __asm__("vpdpbusd %2, %1, %0" : "+v"(acc) : "v"(a), "vm"(b));
-    return acc;
-}
-
-/* Four bytes of x from p in every 32-bit lane. */
-AVX512_INLINE __m512i x4(const int8_t *p) {
-    int32_t v;
-    memcpy(&v, p, sizeof v);
-    return _mm512_set1_epi32(v);
-}
-
-/* Rows of x a panel tile takes at most: 8 sums and 8 accumulators, the weight chunks and scales,
- * within the 32 registers. */
-#define W8A8_TILE_X 8
-
-/* One panel (16 rows of block weights, group weights per block) against nx rows of x in the I8
- * form (ldx bytes apart; their run scales xs and sums xsum, runs_ld apart) over cols columns:
- * y[i * ldy + r] for r < 16, i < nx, scales and all. With pf, the next panel (its bytes follow
- * this one's) goes into L2 as this one is read, a block's share per block: the hardware
- * prefetchers stop at every 4 KiB page, and decode's 4-bit panels, with twice the arithmetic per
- * byte of Q8_0's, had memory and arithmetic taking turns (SmolLM2-135M Q4_1 decode +28%, the
- * 1.1B shape's Q4_0 +30%, Q8_0 +7%; into L1 instead, one 35-95 KiB panel of the 1.1B's Q8_0
- * ahead evicted what was in use and lost 10%). */
-AVX512_INLINE void w8a8_panel(float *y, long ldy, const int8_t *x, long ldx, const float *xs, const int32_t *xsum,
-                              long runs_ld, const char *panel, long cols, const int nx, qlm_dtype dt, const int group,
-                              const char *pf) {
-    const long nb = cols / group;
-    const int runs = group / QLM_X8_BLOCK, excess = dt == QLM_Q8_0 ? 128 : dt == QLM_Q4_0 ? 8 : 0;
-    const size_t sb = qlm_panel_scale_bytes(dt), vb = qlm_panel_run_bytes(dt), block_bytes = sb + runs * vb;
-    const char *vals = panel + nb * sb;
-    const __m512i low4 = _mm512_set1_epi8(15), flip = _mm512_set1_epi8((char)0x80);
-    __m512 acc[W8A8_TILE_X];
-#pragma GCC unroll 8
-    for (int i = 0; i < nx; i++) acc[i] = _mm512_setzero_ps();
-    for (long b = 0; b < nb; b++) {
-        if (pf)
-            for (size_t o = 0; o < block_bytes; o += 64) _mm_prefetch(pf + b * block_bytes + o, _MM_HINT_T1);
-        const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(panel + b * sb)));
-        const __m512 m = dt == QLM_Q4_1 ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(panel + b * sb + 32)))
-                                        : _mm512_setzero_ps();
-        for (int s = 0; s < runs; s++) {
-            const long run = b * runs + s;
-            const char *v = vals + run * vb;
-            const int8_t *xr = x + run * QLM_X8_BLOCK;
-            __m512i isum[W8A8_TILE_X];
-#pragma GCC unroll 8
-            for (int i = 0; i < nx; i++) isum[i] = _mm512_set1_epi32(-excess * xsum[i * runs_ld + run]);
-            if (dt == QLM_Q8_0) {
-#pragma GCC unroll 8
-                for (int c = 0; c < 8; c++) {
-                    const __m512i w = _mm512_xor_si512(_mm512_loadu_si512(v + 64 * c), flip);
-#pragma GCC unroll 8
-                    for (int i = 0; i < nx; i++) isum[i] = dot_u8i8(isum[i], w, x4(xr + i * ldx + 4 * c));
-                }
-            } else {
-#pragma GCC unroll 4
-                for (int c = 0; c < 4; c++) {
-                    const __m512i z = _mm512_loadu_si512(v + 64 * c);
-                    const __m512i lo = _mm512_and_si512(z, low4), hi = _mm512_and_si512(_mm512_srli_epi16(z, 4), low4);
-#pragma GCC unroll 8
-                    for (int i = 0; i < nx; i++) {
-                        isum[i] = dot_u8i8(isum[i], lo, x4(xr + i * ldx + 4 * c));
-                        isum[i] = dot_u8i8(isum[i], hi, x4(xr + i * ldx + 16 + 4 * c));
-                    }
-                }
-            }
-#pragma GCC unroll 8
-            for (int i = 0; i < nx; i++) {
-                const float dx = xs[i * runs_ld + run];
-                acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[i]), _mm512_mul_ps(d, _mm512_set1_ps(dx)), acc[i]);
-                if (dt == QLM_Q4_1)
-                    acc[i] = _mm512_fmadd_ps(m, _mm512_set1_ps((float)xsum[i * runs_ld + run] * dx), acc[i]);
-            }
-        }
-    }
-#pragma GCC unroll 8
-    for (int i = 0; i < nx; i++) _mm512_storeu_ps(y + i * ldy, acc[i]);
-}
+/* W8A8's drivers for block weights in panels (block_pack.h) and its quantizer of x, shared by every
+ * table that multiplies bytes: the includer first defines KERNEL_INLINE, KERNEL_FN and a panel
+ * tile, w8a8_panel with W8A8_TILE_X (kernel_w8a8_vnni.h: VPDPBUSD in zmm registers;
+ * kernel_w8a8_ymm.h: VPMADDUBSW in ymm ones), which give the same integer sums and so the same
+ * results. */
+#ifndef W8A8_TILE_X
+#error "include a w8a8_panel (kernel_w8a8_vnni.h or kernel_w8a8_ymm.h) before kernel_w8a8.h"
+#endif
 
 /* The panel tile for dt with group as a constant where the caller makes it one, and the tile's
- * rows of x: 8 at a time, then 4, 2 and 1 (a row's result is the same in any of them); the first
- * tile prefetches pf (NULL: none). */
-AVX512_INLINE void w8a8_panel_rows(float *y, long ldy, const int8_t *x, long ldx, const float *xs,
+ * rows of x: W8A8_TILE_X at a time, then 4, 2 and 1 below that (a row's result is the same in any
+ * of them); the first tile prefetches pf (NULL: none). */
+KERNEL_INLINE void w8a8_panel_rows(float *y, long ldy, const int8_t *x, long ldx, const float *xs,
                                    const int32_t *xsum, long runs_ld, int n, const char *panel, long cols, qlm_dtype dt,
                                    const int group, const char *pf) {
     int i = 0;
-    for (; i + 8 <= n; i += 8, pf = NULL)
-        w8a8_panel(y + i * ldy, ldy, x + i * ldx, ldx, xs + i * runs_ld, xsum + i * runs_ld, runs_ld, panel, cols, 8, dt,
-                   group, pf);
+    for (; i + W8A8_TILE_X <= n; i += W8A8_TILE_X, pf = NULL)
+        w8a8_panel(y + i * ldy, ldy, x + i * ldx, ldx, xs + i * runs_ld, xsum + i * runs_ld, runs_ld, panel, cols,
+                   W8A8_TILE_X, dt, group, pf);
+#if W8A8_TILE_X > 4
     if (n - i >= 4) {
         w8a8_panel(y + i * ldy, ldy, x + i * ldx, ldx, xs + i * runs_ld, xsum + i * runs_ld, runs_ld, panel, cols, 4, dt,
                    group, pf);
         i += 4;
         pf = NULL;
     }
+#endif
+#if W8A8_TILE_X > 2
     if (n - i >= 2) {
         w8a8_panel(y + i * ldy, ldy, x + i * ldx, ldx, xs + i * runs_ld, xsum + i * runs_ld, runs_ld, panel, cols, 2, dt,
                    group, pf);
         i += 2;
         pf = NULL;
     }
+#endif
     if (i < n)
         w8a8_panel(y + i * ldy, ldy, x + i * ldx, ldx, xs + i * runs_ld, xsum + i * runs_ld, runs_ld, panel, cols, 1, dt,
                    group, pf);
 }
 
-AVX512_INLINE void gemm_w8a8_dt(float *y, const int8_t *x, long ldx, const float *xs, const int32_t *xsum, int n,
+KERNEL_INLINE void gemm_w8a8_dt(float *y, const int8_t *x, long ldx, const float *xs, const int32_t *xsum, int n,
                                 const qlm_weight *w, int r0, int r1, const float *bias, qlm_dtype dt) {
     const long runs = w->cols / QLM_X8_BLOCK;
     const size_t panel_bytes = QLM_PANEL_ROWS * qlm_dtype_row_bytes(dt, w->cols, w->group);
@@ -139,7 +58,7 @@ AVX512_INLINE void gemm_w8a8_dt(float *y, const int8_t *x, long ldx, const float
 }
 
 /* The dtype switch makes dt a constant inside each inlined copy of gemm_w8a8_dt. */
-AVX512_FN void gemm_w8a8(float *y, const int8_t *x, long ldx, const float *xs, const int32_t *xsum, int n,
+KERNEL_FN void gemm_w8a8(float *y, const int8_t *x, long ldx, const float *xs, const int32_t *xsum, int n,
                          const qlm_weight *w, int r0, int r1, const float *bias) {
     switch (w->dtype) {
     case QLM_Q8_0: gemm_w8a8_dt(y, x, ldx, xs, xsum, n, w, r0, r1, bias, QLM_Q8_0); break;
@@ -148,18 +67,35 @@ AVX512_FN void gemm_w8a8(float *y, const int8_t *x, long ldx, const float *xs, c
     }
 }
 
-AVX512_FN void quantize_i8(int8_t *q, float *scales, int32_t *sums, const float *x, long n) {
+/* x in the I8 form in 256-bit vectors (the same values as the scalar quantizer's): a run's largest
+ * magnitude, its scale, and the values rounded to nearest even (as lrintf) times the inverse. */
+KERNEL_FN void quantize_i8(int8_t *q, float *scales, int32_t *sums, const float *x, long n) {
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    /* VPACKSS* interleave the 128-bit lanes: this puts the four-byte groups back in order. */
+    const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
     for (long b = 0; b < n; b += QLM_X8_BLOCK) {
-        const __m512 lo = _mm512_loadu_ps(x + b), hi = _mm512_loadu_ps(x + b + 16);
-        const __mmask16 nan = _mm512_cmp_ps_mask(lo, lo, _CMP_UNORD_Q) | _mm512_cmp_ps_mask(hi, hi, _CMP_UNORD_Q);
+        __m256 v[4], mx = _mm256_setzero_ps(), nan = _mm256_setzero_ps();
+#pragma GCC unroll 4
+        for (int j = 0; j < 4; j++) {
+            v[j] = _mm256_loadu_ps(x + b + 8 * j);
+            nan = _mm256_or_ps(nan, _mm256_cmp_ps(v[j], v[j], _CMP_UNORD_Q));
+            mx = _mm256_max_ps(mx, _mm256_andnot_ps(sign, v[j]));
+        }
+        __m128 m = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps(mx, 1));
+        m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+        m = _mm_max_ss(m, _mm_movehdup_ps(m));
         float inv;
-        scales[b / QLM_X8_BLOCK] = qlm_x_int_scale(_mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(lo), _mm512_abs_ps(hi))),
-                                                   nan != 0, QLM_X8_MAX, &inv);
-        /* Round to nearest even, as lrintf; inv = 0 makes every value 0. */
-        const __m512 f = _mm512_set1_ps(inv);
-        const __m512i a = _mm512_cvtps_epi32(_mm512_mul_ps(lo, f)), c = _mm512_cvtps_epi32(_mm512_mul_ps(hi, f));
-        sums[b / QLM_X8_BLOCK] = _mm512_reduce_add_epi32(_mm512_add_epi32(a, c));
-        _mm_storeu_si128((__m128i *)(q + b), _mm512_cvtsepi32_epi8(a));
-        _mm_storeu_si128((__m128i *)(q + b + 16), _mm512_cvtsepi32_epi8(c));
+        scales[b / QLM_X8_BLOCK] = qlm_x_int_scale(_mm_cvtss_f32(m), _mm256_movemask_ps(nan) != 0, QLM_X8_MAX, &inv);
+        const __m256 f = _mm256_set1_ps(inv);
+        __m256i a[4];
+#pragma GCC unroll 4
+        for (int j = 0; j < 4; j++) a[j] = _mm256_cvtps_epi32(_mm256_mul_ps(v[j], f));
+        const __m256i s = _mm256_add_epi32(_mm256_add_epi32(a[0], a[1]), _mm256_add_epi32(a[2], a[3]));
+        __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
+        s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4e));
+        s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xb1));
+        sums[b / QLM_X8_BLOCK] = _mm_cvtsi128_si32(s4);
+        const __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(a[0], a[1]), _mm256_packs_epi32(a[2], a[3]));
+        _mm256_storeu_si256((__m256i *)(q + b), _mm256_permutevar8x32_epi32(p, order));
     }
 }

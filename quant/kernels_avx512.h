@@ -199,8 +199,14 @@ AVX512_INLINE void block_tile_g(float *y, long ldy, const int16_t *x, long ldx, 
 }
 
 #if AVX512_VNNI
-#include "kernel_w8a8.h"
+#include "kernel_w8a8_vnni.h"
+#else
+/* Rows of x a W8A8 tile takes: 4 x 2 accumulators and 4 x 2 16-bit sums, with the weights, in the
+ * 32 registers. */
+#define W8A8_TILE_X 4
+#include "kernel_w8a8_ymm.h"
 #endif
+#include "kernel_w8a8.h"
 
 AVX512_INLINE __mmask16 block_mask(long i, long n) {
     return n - i >= 16 ? (__mmask16)0xffff : tail_mask(n - i);
@@ -336,20 +342,12 @@ AVX512_INLINE void weighted_sum_dt(float *o, const float *p, int g, long ldp, co
 
 #include "kernel_rows.h"
 
-#if AVX512_VNNI
-#define QUANTIZE_I8 quantize_i8
-#define GEMM_W8A8 gemm_w8a8
-#else
-#define QUANTIZE_I8 NULL
-#define GEMM_W8A8 NULL
-#endif
-
 const qlm_kernel_table AVX512_TABLE = {
     .name = AVX512_NAME,
     .gemm = gemm,
     .quantize_i16 = quantize_i16,
-    .quantize_i8 = QUANTIZE_I8,
-    .gemm_w8a8 = GEMM_W8A8,
+    .quantize_i8 = quantize_i8,
+    .gemm_w8a8 = gemm_w8a8,
     .dot_rows = dot_rows,
     .weighted_sum = weighted_sum,
     .exp = exp_f32,

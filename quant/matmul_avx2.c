@@ -1,6 +1,7 @@
 /* AVX2 + FMA + F16C kernels: 8 floats per vector. Every function carries the target
  * attribute, so the rest of the build needs no -m flags; matmul.c only selects this table
  * when the CPU reports all three extensions. */
+#include "block_pack.h"
 #include "matmul_internal.h"
 
 #if defined(__x86_64__)
@@ -273,10 +274,18 @@ AVX2_FN void exp_f32(float *x, long n) {
 
 #include "kernel_rows.h"
 
+/* Rows of x a W8A8 tile takes: 2 x 2 accumulators and 2 x 2 16-bit sums, with the weights, in the
+ * 16 registers. */
+#define W8A8_TILE_X 2
+#include "kernel_w8a8_ymm.h"
+#include "kernel_w8a8.h"
+
 const qlm_kernel_table qlm_kernels_avx2 = {
     .name = "avx2",
     .gemm = gemm,
     .quantize_i16 = quantize_i16,
+    .quantize_i8 = quantize_i8,
+    .gemm_w8a8 = gemm_w8a8,
     .dot_rows = dot_rows,
     .weighted_sum = weighted_sum,
     .exp = exp_f32,

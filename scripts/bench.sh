@@ -127,7 +127,7 @@ llama_1b_section() {
     echo "safetensors folder), converted by the llama.cpp sources' convert_hf_to_gguf.py to BF16 and Q8_0 GGUFs and by"
     echo "llama-quantize to Q4_0 (its default mix: output.weight in Q6_K, which qlm runs as Q8_0). llama.cpp's"
     echo "\`llama-bench\` runs each GGUF; \`qlm bench\` runs the same GGUF as stored and the same dtype from the safetensors"
-    echo "folder, qlm's default activations (W8A8 for the block types on CPUs with byte dot products), $threads threads,"
+    echo "folder, qlm's default activations (W8A8 for the block types on CPUs with AVX2 or AVX-512), $threads threads,"
     echo "the mean of $reps_1b runs each, same run. Peak RSS: \`/usr/bin/time\` of the whole llama-bench run, qlm bench's own"
     echo "(the process's maximum RSS). Load s: wall time of \`llama-bench -p 0 -n 1 -r 1\` (model load, its warm-up"
     echo "decode and one timed token) and of \`qlm generate -p Hello -n 1\` (load, a 2-token prompt, one token), the"
@@ -175,7 +175,7 @@ llama1b)
 esac
 
 # "stored": the GGUF's own blocks (Q4_1 layers, Q8_0 embedding), no --dtype. Block types with
-# 16-bit activations (--no-w8a8) and with W8A8 (--w8a8, their default on CPUs with AVX512_VNNI;
+# 16-bit activations (--no-w8a8) and with W8A8 (--w8a8, their default on CPUs with AVX2 or AVX-512;
 # elsewhere the flag changes nothing and the rows repeat the ones above them).
 rows=()
 for spec in "f32:" "bf16:" "f16:" "int8:" "int8:--per-channel" "q8_0:--no-w8a8" "q8_0:--w8a8" "q4_0:--no-w8a8" \
@@ -375,7 +375,7 @@ fi
         echo "of the llama-cpp-python sdist) and \`qlm bench\` (each tensor as stored) on the default model's Q4_1 file and"
         echo "its Q8_0 and Q4_0 requantizations by llama-quantize, $threads threads, $reps repetitions, same run; qlm"
         echo "with 16-bit x (\`--no-w8a8\`) and with W8A8 (x in 8-bit blocks, as llama.cpp multiplies these types; qlm's"
-        echo "default where the CPU has byte dot products). Peak RSS: \`/usr/bin/time\` of the whole llama-bench run; qlm's"
+        echo "default on CPUs with AVX2 or AVX-512). Peak RSS: \`/usr/bin/time\` of the whole llama-bench run; qlm's"
         echo "own measurement (16-bit x)."
         echo
         echo "| GGUF type | llama.cpp pp512 | qlm --no-w8a8 pp512 | qlm W8A8 pp512 | llama.cpp tg128 | qlm --no-w8a8 tg128 | qlm W8A8 tg128 | llama.cpp RSS MiB | qlm RSS MiB |"

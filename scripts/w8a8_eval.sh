@@ -4,7 +4,7 @@
 # with --no-w8a8 and --w8a8: perplexity on the same 200 held-out TinyStories paragraphs as
 # qat-eval, each from a fresh context, and prompt processing / decoding speed (qlm bench, pp512 and
 # tg128, 2 threads) in the same run. Writes the w8a8 block of docs/benchmarks.md. About 10 minutes
-# on 2 cores. On a CPU without AVX512_VNNI the flag changes nothing, and the table says so.
+# on 2 cores. On a CPU without AVX2 the flag changes nothing, and the table says so.
 set -euo pipefail
 qlm=${1:-build/qlm}
 cd "$(dirname "$0")/.."
@@ -50,8 +50,9 @@ trap 'rm -rf "$tmp" "$block"' EXIT
     done
     echo
     case "$isa" in
-    avx512vnni | avx512bf16) echo "W8A8 ran here (byte dot products, AVX512_VNNI)." ;;
-    *) echo "This CPU has no byte dot products: \`--w8a8\` left x 16-bit, so the row pairs are the same computation." ;;
+    avx512vnni | avx512bf16) echo "W8A8 ran here (byte dot products, AVX512_VNNI's VPDPBUSD)." ;;
+    avx2 | avx512) echo "W8A8 ran here (byte dot products through VPMADDUBSW: no VNNI)." ;;
+    *) echo "These kernels have no byte dot products: \`--w8a8\` left x 16-bit, so the row pairs are the same computation." ;;
     esac
     echo "<!-- /w8a8 -->"
 } > "$block"

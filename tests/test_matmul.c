@@ -389,6 +389,68 @@ static void test_i8_extreme_sums(void **state) {
     free(x);
 }
 
+/* W8A8 at its extremes: Q8_0 values of -128 and 127 and Q4 nibbles of 0 and 15 against x of
+ * +-127 in the I8 form, signs lined up so every product pair is as large as it gets (VPMADDUBSW's
+ * 16-bit pairs saturate past 32,767; Q8_0 made unsigned as v + 128 would reach 64,770). Every
+ * ISA's sum is the exact one, and the SIMD kernels (VPDPBUSD and VPMADDUBSW) agree bit for bit. */
+static void test_w8a8_extreme_bytes(void **state) {
+    (void)state;
+    enum { ROWS = 2 * QLM_PANEL_ROWS + 3, COLS = 256, N = 5 };
+    static const qlm_dtype dts[] = {QLM_Q8_0, QLM_Q4_0, QLM_Q4_1};
+    float x[N * COLS], y[N * ROWS], first[N * ROWS];
+    for (int i = 0; i < N; i++)
+        for (int k = 0; k < COLS; k++) x[i * COLS + k] = (k / 3 + i) % 2 ? 1.0f : -1.0f;
+    for (size_t di = 0; di < sizeof dts / sizeof dts[0]; di++) {
+        const qlm_dtype dt = dts[di];
+        const size_t row_bytes = qlm_dtype_row_bytes(dt, COLS, 32), bb = qlm_dtype_block_bytes(dt, 32);
+        const int head = dt == QLM_Q4_1 ? 4 : 2; /* the F16 scale (Q4_1: and offset) */
+        uint8_t *data = malloc((size_t)ROWS * row_bytes);
+        double want[N * ROWS];
+        assert_non_null(data);
+        for (int r = 0; r < ROWS; r++)
+            for (int b = 0; b < COLS / 32; b++) {
+                uint8_t *blk = data + (size_t)r * row_bytes + (size_t)b * bb;
+                blk[0] = 0x00, blk[1] = 0x3C; /* d = 1 */
+                if (dt == QLM_Q4_1) blk[2] = 0x00, blk[3] = 0xC8; /* m = -8 */
+                for (int j = 0; j < 32; j++) {
+                    /* the extreme of x's sign at column k, or (rows past r % 3 == 0) the other */
+                    const int k = b * 32 + j, up = ((k / 3) % 2 == 1) != (r % 3 == 0);
+                    if (dt == QLM_Q8_0)
+                        ((int8_t *)blk + head)[j] = (int8_t)(up ? 127 : -128);
+                    else
+                        blk[head + j % 16] = (uint8_t)((blk[head + j % 16] & (j < 16 ? 0xF0 : 0x0F)) |
+                                                       (up ? 15 : 0) << (j < 16 ? 0 : 4));
+                }
+            }
+        for (int i = 0; i < N; i++)
+            for (int r = 0; r < ROWS; r++) {
+                double s = 0;
+                for (int k = 0; k < COLS; k++) {
+                    const int up = ((k / 3) % 2 == 1) != (r % 3 == 0);
+                    const double w = dt == QLM_Q8_0 ? (up ? 127 : -128) : (up ? 7 : -8); /* Q4: 15 - 8, 0 - 8 */
+                    s += w * x[i * COLS + k];
+                }
+                want[i * ROWS + r] = s;
+            }
+        assert_int_equal(qlm_block_to_panels(data, dt, 32, ROWS, COLS), 0);
+        const qlm_weight w = {.dtype = dt, .rows = ROWS, .cols = COLS, .data = data, .scale = 1.0f, .group = 32, .act8 = 1};
+        const char *orig = qlm_matmul_isa();
+        int simd = 0;
+        for (size_t ii = 0; ii < sizeof k_isas / sizeof k_isas[0]; ii++) {
+            if (qlm_matmul_force_isa(k_isas[ii]) != 0) continue;
+            qlm_matmul(y, x, N, &w, NULL);
+            for (int o = 0; o < N * ROWS; o++)
+                if (!(fabs(y[o] - want[o]) <= 1e-5 * fabs(want[o])))
+                    fail_msg("%s %s: y[%d] = %.9g, want %.9g", k_isas[ii], qlm_dtype_name(dt), o, y[o], want[o]);
+            if (ii == 0) continue;
+            if (simd++ == 0) memcpy(first, y, sizeof y);
+            else assert_memory_equal(y, first, sizeof y);
+        }
+        assert_int_equal(qlm_matmul_force_isa(orig), 0);
+        free(data);
+    }
+}
+
 /* W8A8's panels hold the rows' bytes reordered: every row comes back out of its panel as it went
  * in, the whole matrix back from panels, and rows past the last panel never move. */
 static void test_panels_round_trip(void **state) {
@@ -702,8 +764,8 @@ static void test_isa_selection(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_isa_selection), cmocka_unit_test(test_i8_extreme_sums),
-        cmocka_unit_test(test_panels_round_trip),
-cmocka_unit_test(test_matmul_group), cmocka_unit_test(test_rope_rows),   cmocka_unit_test(test_odd_shapes),
+        cmocka_unit_test(test_panels_round_trip), cmocka_unit_test(test_w8a8_extreme_bytes),
+        cmocka_unit_test(test_matmul_group), cmocka_unit_test(test_rope_rows),   cmocka_unit_test(test_odd_shapes),
         cmocka_unit_test(test_threaded_shapes), cmocka_unit_test(test_block_shapes), cmocka_unit_test(test_thread_count_invariance),
         cmocka_unit_test(test_vs_torch),
         cmocka_unit_test(test_attention_kernels),
