@@ -1,16 +1,29 @@
-/* W8A8's panel tile where the CPU has no VNNI (AVX2; AVX-512 without VNNI), in 256-bit vectors,
- * which issue on more ports than 512-bit ones (as kernel_blocks.h found). VPMADDUBSW multiplies
- * unsigned bytes with signed ones and adds adjacent pairs into 16-bit lanes, saturating; VPMADDWD
- * by ones adds those pairs into 32-bit lanes: four products a lane, as VPDPBUSD gives them, so a
- * 64-byte chunk of a panel (block_pack.h) serves as it does there, rows 0-7 in its low half and
- * 8-15 in its high one. No sum saturates: Q4 nibbles (0..15) times x (|x| <= 127) pair to at most
- * 3,810, and a 16-bit lane adds a run's eight pairs (its four chunks' low and high nibbles), at
- * most 30,480, before one VPMADDWD; Q8_0's values are taken as |w| with w's sign moved onto x
- * (VPSIGNB), pairs at most 2 x 128 x 127 = 32,512 (VNNI's v + 128 would reach 64,770). The integer
- * sums are VNNI's, and so is every float operation after them: the results are the VNNI kernel's
- * bit for bit. Included before kernel_w8a8.h by matmul_avx2.c and kernels_avx512.h (without
- * VNNI), after KERNEL_INLINE and W8A8_TILE_X (rows of x a tile takes: its accumulators, two per
+/* W8A8's panel tile in 256-bit vectors, for CPUs without AVX512_VNNI (AVX2, AVX-VNNI, AVX-512
+ * before Cascade Lake); ymm instructions issue on more ports than zmm ones (as kernel_blocks.h
+ * found). With AVX-VNNI (W8A8_YMM_VNNI), VEX-encoded VPDPBUSD does what kernel_w8a8_vnni.h's zmm
+ * one does, 8 lanes at a time. Without it, VPMADDUBSW multiplies unsigned bytes with signed ones
+ * and adds adjacent pairs into 16-bit lanes, saturating, and VPMADDWD by ones adds those pairs into
+ * 32-bit lanes: four products a lane, as VPDPBUSD gives them. Either way a 64-byte chunk of a
+ * panel (block_pack.h) serves as it does in zmm, rows 0-7 in its low half and 8-15 in its high
+ * one. No sum saturates: Q4 nibbles (0..15) times x (|x| <= 127) pair to at most 3,810, and a
+ * 16-bit lane adds a run's eight pairs (its four chunks' low and high nibbles), at most 30,480,
+ * before one VPMADDWD; Q8_0's values are taken as |w| with w's sign moved onto x (VPSIGNB), pairs
+ * at most 2 x 128 x 127 = 32,512 (VNNI's v + 128 would reach 64,770). The integer sums are the
+ * zmm kernel's, and so is every float operation after them: the results are its results bit for
+ * bit. Included before kernel_w8a8.h by kernels_avx2.h and kernels_avx512.h (without VNNI), after
+ * KERNEL_INLINE, W8A8_YMM_VNNI and W8A8_TILE_X (rows of x a tile takes: its accumulators, two per
  * row, and 16-bit sums within the registers). */
+
+/* acc + the sums of four products of a's unsigned and b's signed bytes, in 32-bit lanes (without
+ * VNNI, each pair of products must stay within 16 bits). AVX-VNNI's intrinsic compiles to the VEX
+ * form, which CPUs without AVX-512 run. */
+KERNEL_INLINE __m256i dot_u8i8_ymm(__m256i acc, __m256i a, __m256i b) {
+#if W8A8_YMM_VNNI
+    return _mm256_dpbusd_avx_epi32(acc, a, b);
+#else
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(a, b), _mm256_set1_epi16(1)));
+#endif
+}
 
 /* Four bytes of x from p in every 32-bit lane. */
 KERNEL_INLINE __m256i x4_ymm(const int8_t *p) {
@@ -27,7 +40,7 @@ KERNEL_INLINE void w8a8_panel(float *y, long ldy, const int8_t *x, long ldx, con
     const int runs = group / QLM_X8_BLOCK;
     const size_t sb = qlm_panel_scale_bytes(dt), vb = qlm_panel_run_bytes(dt), block_bytes = sb + runs * vb;
     const char *vals = panel + nb * sb;
-    const __m256i low4 = _mm256_set1_epi8(15), ones = _mm256_set1_epi16(1);
+    const __m256i low4 = _mm256_set1_epi8(15);
     __m256 acc[W8A8_TILE_X][2];
 #pragma GCC unroll 8
     for (int i = 0; i < nx; i++) acc[i][0] = acc[i][1] = _mm256_setzero_ps();
@@ -59,14 +72,19 @@ KERNEL_INLINE void w8a8_panel(float *y, long ldy, const int8_t *x, long ldx, con
                         const __m256i xb = x4_ymm(xr + i * ldx + 4 * c);
 #pragma GCC unroll 2
                         for (int h = 0; h < 2; h++)
-                            isum[i][h] = _mm256_add_epi32(
-                                isum[i][h], _mm256_madd_epi16(_mm256_maddubs_epi16(a[h], _mm256_sign_epi8(xb, w[h])), ones));
+                            isum[i][h] = dot_u8i8_ymm(isum[i][h], a[h], _mm256_sign_epi8(xb, w[h]));
                     }
                 }
             } else {
+#if !W8A8_YMM_VNNI
+                /* Without VNNI a 16-bit lane adds the run's pairs, then one VPMADDWD widens them. */
                 __m256i s16[W8A8_TILE_X][2];
 #pragma GCC unroll 8
                 for (int i = 0; i < nx; i++) s16[i][0] = s16[i][1] = _mm256_setzero_si256();
+#endif
+#pragma GCC unroll 8
+                for (int i = 0; i < nx; i++)
+                    isum[i][0] = isum[i][1] = _mm256_set1_epi32(dt == QLM_Q4_0 ? -8 * xsum[i * runs_ld + run] : 0);
 #pragma GCC unroll 4
                 for (int c = 0; c < 4; c++) {
                     __m256i lo[2], hi[2];
@@ -80,17 +98,23 @@ KERNEL_INLINE void w8a8_panel(float *y, long ldy, const int8_t *x, long ldx, con
                     for (int i = 0; i < nx; i++) {
                         const __m256i xa = x4_ymm(xr + i * ldx + 4 * c), xb = x4_ymm(xr + i * ldx + 16 + 4 * c);
 #pragma GCC unroll 2
-                        for (int h = 0; h < 2; h++)
+                        for (int h = 0; h < 2; h++) {
+#if W8A8_YMM_VNNI
+                            isum[i][h] = dot_u8i8_ymm(dot_u8i8_ymm(isum[i][h], lo[h], xa), hi[h], xb);
+#else
                             s16[i][h] = _mm256_add_epi16(s16[i][h], _mm256_add_epi16(_mm256_maddubs_epi16(lo[h], xa),
                                                                                      _mm256_maddubs_epi16(hi[h], xb)));
+#endif
+                        }
                     }
                 }
+#if !W8A8_YMM_VNNI
 #pragma GCC unroll 8
-                for (int i = 0; i < nx; i++) {
-                    const __m256i excess = _mm256_set1_epi32(dt == QLM_Q4_0 ? 8 * xsum[i * runs_ld + run] : 0);
+                for (int i = 0; i < nx; i++)
 #pragma GCC unroll 2
-                    for (int h = 0; h < 2; h++) isum[i][h] = _mm256_sub_epi32(_mm256_madd_epi16(s16[i][h], ones), excess);
-                }
+                    for (int h = 0; h < 2; h++)
+                        isum[i][h] = _mm256_add_epi32(isum[i][h], _mm256_madd_epi16(s16[i][h], _mm256_set1_epi16(1)));
+#endif
             }
 #pragma GCC unroll 8
             for (int i = 0; i < nx; i++) {

@@ -204,6 +204,7 @@ AVX512_INLINE void block_tile_g(float *y, long ldy, const int16_t *x, long ldx, 
 /* Rows of x a W8A8 tile takes: 4 x 2 accumulators and 4 x 2 16-bit sums, with the weights, in the
  * 32 registers. */
 #define W8A8_TILE_X 4
+#define W8A8_YMM_VNNI 0
 #include "kernel_w8a8_ymm.h"
 #endif
 #include "kernel_w8a8.h"

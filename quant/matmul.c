@@ -242,6 +242,7 @@ static const qlm_kernel_table *table_named(const char *name) {
     __builtin_cpu_init();
     int avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && cpu_has_f16c();
     if (strcmp(name, "avx2") == 0 && avx2) return &qlm_kernels_avx2;
+    if (strcmp(name, "avxvnni") == 0 && avx2 && __builtin_cpu_supports("avxvnni")) return &qlm_kernels_avxvnni;
     int avx512 = avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                  __builtin_cpu_supports("avx512vl");
     if (strcmp(name, "avx512") == 0 && avx512) return &qlm_kernels_avx512;
@@ -255,7 +256,7 @@ static const qlm_kernel_table *table_named(const char *name) {
 
 static _Atomic(const qlm_kernel_table *) g_table;
 
-static const char *const k_isas[] = {"scalar", "avx2", "avx512", "avx512vnni", "avx512bf16"};
+static const char *const k_isas[] = {"scalar", "avx2", "avxvnni", "avx512", "avx512vnni", "avx512bf16"};
 
 const char *qlm_matmul_isas(void) {
     static char list[64];

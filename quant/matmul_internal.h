@@ -49,6 +49,7 @@ typedef struct {
 
 #if defined(__x86_64__)
 extern const qlm_kernel_table qlm_kernels_avx2;
+extern const qlm_kernel_table qlm_kernels_avxvnni;
 extern const qlm_kernel_table qlm_kernels_avx512;
 extern const qlm_kernel_table qlm_kernels_avx512vnni;
 extern const qlm_kernel_table qlm_kernels_avx512bf16;

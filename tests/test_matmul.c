@@ -28,7 +28,7 @@
 /* Rows of x in the largest calls: a prefill chunk. */
 #define PREFILL_N 64
 
-static const char *const k_isas[] = {"scalar", "avx2", "avx512", "avx512vnni", "avx512bf16"};
+static const char *const k_isas[] = {"scalar", "avx2", "avxvnni", "avx512", "avx512vnni", "avx512bf16"};
 
 typedef struct {
     qlm_dtype dtype;
