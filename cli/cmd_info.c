@@ -21,7 +21,9 @@ static const char *k_usage =
     "and the compute devices. Without MODEL, only the devices.\n"
     "--json: one JSON object on stdout instead: \"cpu\", \"cuda\" and, with MODEL, \"model\" (its path, format,\n"
     "the config.json qlm would write for it, tensor, parameter and byte counts, stored dtype, tokenizer;\n"
-    "with --tensors each tensor's name, dtype and shape).\n";
+    "with --tensors each tensor's name, dtype and shape; \"weights\": how a run without flags loads them on the\n"
+    "CPU, their dtype and bytes read where the model file is mapped, where the W8A8 panel cache is, and in\n"
+    "memory of qlm's own).\n";
 
 static void print_devices(void) {
     printf("cpu: %d threads, matmul kernels: %s (this CPU runs: %s; QLM_ISA picks one)\n", omp_get_max_threads(),
@@ -142,6 +144,42 @@ static cJSON *tokenizer_json(const qlm_tokenizer *tok) {
 }
 
 /* "model": the config.json qlm would write for it, so every field has transformers' name. */
+/* The weights as a run without flags loads them on the CPU (the panel cache read and, when it
+ * has none yet for a large model, written, as that run would). */
+typedef struct {
+    char desc[64]; /* dtype, "per-channel", "w8a8" */
+    size_t file, cache, owned; /* cli_weight_bytes */
+} loaded_weights;
+
+static int load_weights(const char *path, const char *tokenizer, loaded_weights *lw) {
+    cli_model_opts o;
+    cli_model_opts_init(&o);
+    o.model = path;
+    o.tokenizer = tokenizer;
+    o.device = "cpu";
+    cli_model cm;
+    if (cli_load_model(&o, &cm, 0, 1) != 0) return -1;
+    const int t5 = cm.src.is_t5;
+    const qlm_dtype dt = t5 ? cm.t5.dtype : cm.model.dtype;
+    snprintf(lw->desc, sizeof lw->desc, "%s%s%s", qlm_dtype_name(dt),
+             (t5 ? cm.t5.per_channel : cm.model.per_channel) ? " per-channel" : "",
+             (t5 ? cm.t5.act8 : cm.model.act8) ? " w8a8" : "");
+    cli_weight_bytes(&cm, &lw->file, &lw->cache, &lw->owned);
+    cli_free_model(&cm);
+    return 0;
+}
+
+static cJSON *weights_json(const loaded_weights *lw) {
+    cJSON *w = cJSON_CreateObject();
+    if (w && cJSON_AddStringToObject(w, "loads_as", lw->desc) &&
+        cJSON_AddNumberToObject(w, "file_mapped_bytes", (double)lw->file) &&
+        cJSON_AddNumberToObject(w, "panel_cache_mapped_bytes", (double)lw->cache) &&
+        cJSON_AddNumberToObject(w, "owned_bytes", (double)lw->owned))
+        return w;
+    cJSON_Delete(w);
+    return NULL;
+}
+
 static cJSON *model_json(const qlm_source *src, const char *path, int tensors) {
     cJSON *m = cJSON_CreateObject(), *list = NULL;
     qlm_hf_storage st = {.dtype = src->stored_dtype, .per_channel = src->stored_per_channel};
@@ -180,8 +218,14 @@ static int print_json(const char *path, const char *tokenizer, int tensors) {
     if (rc == 0 && path && qlm_source_open(&src, path, tokenizer) != 0) rc = -1;
     else if (rc == 0 && path) {
         cJSON *m = model_json(&src, path, tensors);
-        if (!m || !cJSON_AddItemToObject(root, "model", m)) rc = -1;
         qlm_source_close(&src);
+        loaded_weights lw;
+        cJSON *w = m && load_weights(path, tokenizer, &lw) == 0 ? weights_json(&lw) : NULL;
+        if (w && !cJSON_AddItemToObject(m, "weights", w)) cJSON_Delete(w), w = NULL;
+        if (!w || !cJSON_AddItemToObject(root, "model", m)) {
+            cJSON_Delete(m);
+            rc = -1;
+        }
     }
     char *text = rc == 0 ? cJSON_Print(root) : NULL;
     cJSON_Delete(root);
@@ -248,5 +292,10 @@ int cmd_info(int argc, char **argv) {
         printf("tokenizer: none found\n");
     }
     qlm_source_close(&src);
+    loaded_weights lw;
+    if (load_weights(path, tokenizer, &lw) != 0) return cli_fail("info");
+    printf("weights as a run without flags loads them: %s, %.1f MiB read where the model file is mapped, %.1f MiB from "
+           "the panel cache's mapping, %.1f MiB in memory of qlm's own\n",
+           lw.desc, lw.file / 1048576.0, lw.cache / 1048576.0, lw.owned / 1048576.0);
     return 0;
 }

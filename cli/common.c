@@ -283,6 +283,14 @@ static size_t in_place_bytes(const cli_model *cm) {
     return cm->src.is_t5 ? cm->t5.in_place_bytes : cm->model.in_place_bytes;
 }
 
+void cli_weight_bytes(const cli_model *cm, size_t *file, size_t *cache, size_t *owned) {
+    const size_t held = cm->src.is_t5 ? qlm_t5_held_bytes(&cm->t5) : qlm_model_held_bytes(&cm->model);
+    *cache = 0;
+    for (int i = 0; cm->panels && i < qlm_store_count(cm->panels); i++) *cache += qlm_store_at(cm->panels, i)->nbytes;
+    *file = in_place_bytes(cm) - *cache;
+    *owned = held - in_place_bytes(cm);
+}
+
 /* The load line (and each adapter's). */
 static void print_loaded(const cli_model_opts *o, const cli_model *cm, const qlm_backend *be, double secs) {
     if (cm->src.is_t5) {
@@ -298,9 +306,11 @@ static void print_loaded(const cli_model_opts *o, const cli_model *cm, const qlm
                 m->cfg.n_layers, m->cfg.dim, qlm_model_param_count(m) / 1e6, qlm_dtype_name(m->dtype),
                 m->per_channel ? " per-channel" : "", m->act8 ? " w8a8" : "", be->name, omp_get_max_threads());
     }
-    if (in_place_bytes(cm))
-        fprintf(stderr, "qlm: %.1f MiB of weights used where the loader holds them (no copy)\n",
-                in_place_bytes(cm) / 1048576.0);
+    size_t file, cache, owned;
+    cli_weight_bytes(cm, &file, &cache, &owned);
+    fprintf(stderr, "qlm: weights: %.1f MiB read where the model file is mapped, %.1f MiB from the panel cache's "
+                    "mapping, %.1f MiB in memory of qlm's own\n",
+            file / 1048576.0, cache / 1048576.0, owned / 1048576.0);
     for (int i = 0; i < cm->lora.n; i++) {
         const qlm_lora_adapter *a = qlm_lora_registry_at(&cm->lora, i);
         fprintf(stderr, "qlm: adapter %s from %s: rank %d, %d modules, %.2fM params%s\n", a->name, a->path, a->cfg.r,

@@ -163,6 +163,13 @@ static int64_t walk_params(qlm_t5_model *m, qlm_tensor_store *export_to) {
     return count;
 }
 
+size_t qlm_t5_held_bytes(const qlm_t5_model *m) {
+    size_t b = m->shared_bytes + m->in_place_bytes;
+    for (int l = 0; l < m->cfg.n_layers; l++) b += m->enc[l].buffer_bytes;
+    for (int l = 0; l < m->cfg.n_dec_layers; l++) b += m->dec[l].buffer_bytes;
+    return b;
+}
+
 int64_t qlm_t5_param_count(const qlm_t5_model *m) {
     return walk_params((qlm_t5_model *)m, NULL);
 }

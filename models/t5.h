@@ -56,6 +56,9 @@ int qlm_t5_build(qlm_t5_model *m, const qlm_t5_config *cfg, const qlm_tensor_sto
                  const qlm_model_options *opts);
 void qlm_t5_free(qlm_t5_model *m);
 int64_t qlm_t5_param_count(const qlm_t5_model *m);
+/* Bytes of every parameter the model holds: its own buffers and what it reads where the loader
+ * holds it (in_place_bytes). */
+size_t qlm_t5_held_bytes(const qlm_t5_model *m);
 /* Bytes of weights one decoder step reads (decoder layers and the head). */
 size_t qlm_t5_decoder_weight_bytes(const qlm_t5_model *m);
 /* Writes the weights back under HF names in the storage dtype (for `qlm quantize`). */

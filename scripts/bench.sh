@@ -189,6 +189,20 @@ for spec in "f32:" "bf16:" "f16:" "int8:" "int8:--per-channel" "q8_0:--no-w8a8" 
     rows+=("$tmp/$dt$extra.json")
 done
 
+# W8A8 under each kernel set this CPU runs (QLM_ISA): what a CPU with only AVX2, AVX-VNNI or
+# AVX-512 without VNNI gets, measured here. The default model requantized to Q4_0 at load.
+isa_list=$(sed -n 's/.*this CPU runs: \([^;]*\);.*/\1/p' <<< "$("$qlm" info)")
+isa_rows=()
+for isa in $isa_list; do
+    [ "$isa" = scalar ] && continue
+    for x in --no-w8a8 --w8a8; do
+        echo "bench: kernels $isa, q4_0 $x ..." >&2
+        QLM_ISA=$isa "$qlm" bench -m "$gguf" --dtype q4_0 $x --threads "$threads" --pp 512 --tg 128 --reps "$reps" \
+            --json > "$tmp/isa-$isa$x.json"
+    done
+    isa_rows+=("$isa")
+done
+
 # The default model's footprint run from its GGUF (the file's own blocks): peak RSS of a one-token
 # generate and of summarizing README.md's dialogue, the least of three runs each.
 echo "bench: default model peak RSS ..." >&2
@@ -388,6 +402,23 @@ fi
                 "$(calc "$(cat "$tmp/llama-$t.rss") / 1024")" "$(json_field "$q" peak_rss_mib)"
         done
     fi
+    echo
+    echo "## W8A8 per kernel set"
+    echo
+    echo "The default model requantized to Q4_0 at load, under each kernel set this CPU runs (\`QLM_ISA=...\`; without"
+    echo "it qlm takes the last), with 16-bit x (\`--no-w8a8\`) and with W8A8, $threads threads, $reps repetitions,"
+    echo "same run: what a CPU with only AVX2, with AVX-VNNI (Alder Lake and later client CPUs) or with AVX-512"
+    echo "before VNNI gets. W8A8's integer sums are exact on every set, so the results are the same bit for bit."
+    echo
+    echo "| kernels | --no-w8a8 pp512 | W8A8 pp512 | ratio | --no-w8a8 tg128 | W8A8 tg128 | ratio |"
+    echo "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"
+    for isa in "${isa_rows[@]}"; do
+        a="$tmp/isa-$isa--no-w8a8.json"; b="$tmp/isa-$isa--w8a8.json"
+        printf "| %s | %.1f | %.1f | %.2fx | %.1f | %.1f | %.2fx |\n" "$isa" "$(json_field "$a" pp_tps)" \
+            "$(json_field "$b" pp_tps)" "$(calc "$(json_field "$b" pp_tps) / $(json_field "$a" pp_tps)")" \
+            "$(json_field "$a" tg_tps)" "$(json_field "$b" tg_tps)" \
+            "$(calc "$(json_field "$b" tg_tps) / $(json_field "$a" tg_tps)")"
+    done
     echo
     llama_1b_section
     echo

@@ -207,6 +207,17 @@ static void test_quantize_roundtrip(void **state) {
     assert_int_equal(cJSON_GetArraySize(cJSON_GetObjectItem(m, "tensors")), cJSON_GetObjectItem(m, "tensor_count")->valueint);
     assert_true(cJSON_IsObject(cJSON_GetObjectItem(m, "tokenizer")));
     assert_true(cJSON_IsBool(cJSON_GetObjectItem(cJSON_GetObjectItem(j, "cpu"), "w8a8")));
+    /* The weights as a plain run loads them: 16-bit x reads the blocks where the file is mapped
+     * (the norms alone copied to F32), W8A8 repacks them all (a model this small keeps no panel
+     * cache); either way as many bytes as the file's tensors. */
+    cJSON *w = cJSON_GetObjectItem(m, "weights");
+    const double file_mapped = cJSON_GetObjectItem(w, "file_mapped_bytes")->valuedouble,
+                 owned = cJSON_GetObjectItem(w, "owned_bytes")->valuedouble;
+    const int w8a8 = qlm_matmul_w8a8();
+    assert_string_equal(cJSON_GetObjectItem(w, "loads_as")->valuestring, w8a8 ? "q4_0 w8a8" : "q4_0");
+    assert_true(cJSON_GetObjectItem(w, "panel_cache_mapped_bytes")->valuedouble == 0);
+    assert_true(file_mapped + owned == cJSON_GetObjectItem(m, "bytes")->valuedouble);
+    assert_true(w8a8 ? file_mapped == 0 : owned < 0.01 * file_mapped);
     cJSON_Delete(j);
     cJSON_Delete(r);
     free(info);
