@@ -287,20 +287,6 @@ AVX2_FN void exp_f32(float *x, long n) {
 #include "kernel_w8a8_ymm.h"
 #include "kernel_w8a8.h"
 
-const qlm_kernel_table AVX2_TABLE = {
-    .name = AVX2_NAME,
-    .gemm = gemm,
-    .quantize_i16 = quantize_i16,
-    .quantize_i8 = quantize_i8,
-    .gemm_w8a8 = gemm_w8a8,
-    .dot_rows = dot_rows,
-    .weighted_sum = weighted_sum,
-    .exp = exp_f32,
-    .f16_to_f32 = f16_to_f32,
-    .bf16_to_f32 = bf16_to_f32,
-    .f32_to_f16 = f32_to_f16,
-    .f32_to_bf16 = f32_to_bf16,
-    .i8_to_f32 = i8_to_f32,
-};
+QLM_SIMD_KERNEL_TABLE(AVX2_TABLE, AVX2_NAME);
 
 #endif

@@ -343,20 +343,6 @@ AVX512_INLINE void weighted_sum_dt(float *o, const float *p, int g, long ldp, co
 
 #include "kernel_rows.h"
 
-const qlm_kernel_table AVX512_TABLE = {
-    .name = AVX512_NAME,
-    .gemm = gemm,
-    .quantize_i16 = quantize_i16,
-    .quantize_i8 = quantize_i8,
-    .gemm_w8a8 = gemm_w8a8,
-    .dot_rows = dot_rows,
-    .weighted_sum = weighted_sum,
-    .exp = exp_f32,
-    .f16_to_f32 = f16_to_f32,
-    .bf16_to_f32 = bf16_to_f32,
-    .f32_to_f16 = f32_to_f16,
-    .f32_to_bf16 = f32_to_bf16,
-    .i8_to_f32 = i8_to_f32,
-};
+QLM_SIMD_KERNEL_TABLE(AVX512_TABLE, AVX512_NAME);
 
 #endif

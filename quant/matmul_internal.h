@@ -48,6 +48,22 @@ typedef struct {
 } qlm_kernel_table;
 
 #if defined(__x86_64__)
+/* A SIMD file's table: every one names its kernels alike. */
+#define QLM_SIMD_KERNEL_TABLE(table, table_name)                                                               \
+    const qlm_kernel_table table = {.name = table_name,                                                         \
+                                    .gemm = gemm,                                                               \
+                                    .quantize_i16 = quantize_i16,                                               \
+                                    .quantize_i8 = quantize_i8,                                                 \
+                                    .gemm_w8a8 = gemm_w8a8,                                                     \
+                                    .dot_rows = dot_rows,                                                       \
+                                    .weighted_sum = weighted_sum,                                               \
+                                    .exp = exp_f32,                                                             \
+                                    .f16_to_f32 = f16_to_f32,                                                   \
+                                    .bf16_to_f32 = bf16_to_f32,                                                 \
+                                    .f32_to_f16 = f32_to_f16,                                                   \
+                                    .f32_to_bf16 = f32_to_bf16,                                                 \
+                                    .i8_to_f32 = i8_to_f32}
+
 extern const qlm_kernel_table qlm_kernels_avx2;
 extern const qlm_kernel_table qlm_kernels_avxvnni;
 extern const qlm_kernel_table qlm_kernels_avx512;
