@@ -9,7 +9,10 @@
 # requantizations (dev-time only; never part of qlm). With QLM_LLAMA_CPP_SRC (those sources'
 # llama.cpp folder) and QLM_LLAMA_PYTHON (a Python that runs its convert_hf_to_gguf.py) too, both
 # also run a model of TinyLlama-1.1B's shape with random weights; QLM_BENCH_ONLY=llama1b runs that
-# section alone and prints it instead of writing docs/benchmarks.md.
+# section alone and prints it instead of writing docs/benchmarks.md. QLM_LLAMA_BENCH_AVX2 names a
+# llama-bench built for AVX2 alone (cmake -DGGML_NATIVE=OFF -DGGML_AVX512=OFF -DGGML_AVX_VNNI=OFF):
+# both engines then also run the default model's GGUFs with only AVX2, as a CPU without AVX-512
+# would (QLM_BENCH_ONLY=avx2 prints that section alone).
 set -euo pipefail
 qlm=${1:-build/qlm}
 cd "$(dirname "$0")/.."
@@ -163,15 +166,63 @@ llama_1b_section() {
     done
 }
 
+# Both engines with AVX2 alone on the default model's Q4_1 file and its Q4_0 and Q8_0 requantizations:
+# llama.cpp's AVX2 build (QLM_LLAMA_BENCH_AVX2) and qlm's AVX2 kernels (QLM_ISA=avx2; W8A8 by default).
+avx2_skip=""
+avx2_types=(Q4_0 Q4_1 Q8_0)
+bench_avx2() {
+    local b=${QLM_LLAMA_BENCH_AVX2:-} t f
+    if [ -z "$b" ] || [ ! -x "$b" ]; then avx2_skip="QLM_LLAMA_BENCH_AVX2 does not name a llama-bench binary"; return; fi
+    for t in "${avx2_types[@]}"; do
+        f="$gguf"
+        if [ "$t" != Q4_1 ]; then
+            f="$tmp/avx2-$t.gguf"
+            logged "$(dirname "$b")/llama-quantize" --allow-requantize "$gguf" "$f" "$t"
+        fi
+        echo "bench: AVX2 alone, $t: llama-bench, then qlm ..." >&2
+        "$b" -m "$f" -t "$threads" -p 512 -n 128 -r "$reps" -o json > "$tmp/avx2-llama-$t.json" 2> "$tmp/step.log" ||
+            { cat "$tmp/step.log" >&2; exit 1; }
+        QLM_ISA=avx2 "$qlm" bench -m "$f" --threads "$threads" --pp 512 --tg 128 --reps "$reps" --json > "$tmp/avx2-qlm-$t.json"
+    done
+}
+avx2_section() {
+    local t l q lpp ltg
+    echo "## qlm and llama.cpp with AVX2 alone"
+    echo
+    if [ -n "$avx2_skip" ]; then
+        echo "Not measured: $avx2_skip (scripts/bench.sh says how to build one)."
+        return
+    fi
+    echo "What a CPU without AVX-512 gets: llama.cpp's \`llama-bench\` built from the same sources for AVX2 alone"
+    echo "(\`-DGGML_NATIVE=OFF -DGGML_AVX512=OFF -DGGML_AVX_VNNI=OFF\`) and \`qlm bench\` with its AVX2 kernels"
+    echo "(\`QLM_ISA=avx2\`: W8A8 through VPMADDUBSW, the default) on the default model's Q4_1 file and its Q4_0 and"
+    echo "Q8_0 requantizations by llama-quantize, $threads threads, $reps repetitions, same run."
+    echo
+    echo "| GGUF type | llama.cpp pp512 | qlm pp512 | ratio | llama.cpp tg128 | qlm tg128 | ratio | qlm tg / bound |"
+    echo "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
+    for t in "${avx2_types[@]}"; do
+        l="$tmp/avx2-llama-$t.json"; q="$tmp/avx2-qlm-$t.json"
+        lpp=$(llama_ts "$l" 512 0); ltg=$(llama_ts "$l" 0 128)
+        printf "| %s | %.1f | %.1f | %.2fx | %.1f | %.1f | %.2fx | %.0f%% |\n" "$t" "$lpp" "$(json_field "$q" pp_tps)" \
+            "$(calc "$(json_field "$q" pp_tps) / $lpp")" "$ltg" "$(json_field "$q" tg_tps)" \
+            "$(calc "$(json_field "$q" tg_tps) / $ltg")" "$(calc "100 * $(json_field "$q" tg_fraction_of_bound)")"
+    done
+}
+
 only=${QLM_BENCH_ONLY:-}
 case "$only" in
 "") ;;
+avx2)
+    bench_avx2
+    avx2_section
+    exit 0
+    ;;
 llama1b)
     bench_llama_1b
     llama_1b_section
     exit 0
     ;;
-*) echo "bench: QLM_BENCH_ONLY=$only: the section it can name is llama1b" >&2; exit 2 ;;
+*) echo "bench: QLM_BENCH_ONLY=$only: the sections it can name are llama1b and avx2" >&2; exit 2 ;;
 esac
 
 # "stored": the GGUF's own blocks (Q4_1 layers, Q8_0 embedding), no --dtype. Block types with
@@ -239,6 +290,7 @@ if [ -n "$llama_bench" ] && [ -x "$llama_bench" ]; then
     done
 fi
 bench_llama_1b
+bench_avx2
 
 # Batch summarization: the first DialogSum test dialogues through `qlm summarize --batch` at
 # several batch sizes, for SmolLM2 and for a model of flan-t5-base's exact shape (random weights:
@@ -419,6 +471,8 @@ fi
             "$(json_field "$a" tg_tps)" "$(json_field "$b" tg_tps)" \
             "$(calc "$(json_field "$b" tg_tps) / $(json_field "$a" tg_tps)")"
     done
+    echo
+    avx2_section
     echo
     llama_1b_section
     echo
