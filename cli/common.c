@@ -430,8 +430,10 @@ static int load_model(const cli_model_opts *o, cli_model *cm, int need_tokenizer
                       const char *chat_template) {
     int threads = o->threads;
     qlm_dtype want;
-    if (o->group && !(o->dtype && qlm_dtype_parse(o->dtype, &want) == 0 && qlm_dtype_is_block(want)))
-        return qlm_errorf("--group applies to the block dtypes (--dtype q8_0, q4_0 or q4_1)");
+    if (o->group && !(o->dtype && qlm_dtype_parse(o->dtype, &want) == 0 && (qlm_dtype_is_block(want) || want == QLM_I8)))
+        return qlm_errorf("--group applies to int8 and the block dtypes (--dtype q8_0, q4_0 or q4_1)");
+    if (o->group && o->per_channel && want == QLM_I8)
+        return qlm_errorf("--per-channel and --group are two scale granularities of int8: give one");
     if (o->distributed && start_ranks(o, cm, &threads, quiet) != 0) return -1;
     quiet |= cm->dist.rank != 0;
     if (!o->distributed) cli_threads_apply(threads, 1, quiet);
@@ -461,6 +463,8 @@ static int load_model(const cli_model_opts *o, cli_model *cm, int need_tokenizer
     mo.on_layer = on_layer;
     mo.on_layer_user = &progress;
     if (o->dtype) qlm_dtype_parse(o->dtype, &mo.dtype);
+    /* INT8 with one scale per group of weights along the row is Q8_0's layout at that group. */
+    if (o->dtype && mo.dtype == QLM_I8 && o->group) mo.dtype = QLM_Q8_0;
     if (o->dtype && mo.dtype == QLM_I8) mo.per_channel = o->per_channel;
     if (o->act8 == 1 && !qlm_dtype_is_block(mo.dtype)) {
         qlm_source_close(&cm->src);

@@ -83,7 +83,8 @@ enum {
     "      --dtype D          weight dtype: f32, bf16, f16, int8, or a block type: q8_0, q4_0 (also\n"  \
     "                         int4), q4_1 (default: each tensor as stored)\n"                          \
     "      --per-channel      int8 with one scale per output channel\n"                                   \
-    "      --group N          weights per block of a block type: 32, 64 or 128 (default 32)\n"          \
+    "      --group N          weights per block of a block type: 32, 64 or 128 (default 32); int8\n"    \
+    "                         with --group N is q8_0 with blocks of N\n"                                \
     "      --w8a8, --no-w8a8  block weights (q8_0, q4_0, q4_1) multiply activations quantized to 8 bits\n" \
     "                         per 32 values, as llama.cpp does (default: on with AVX2 or AVX-512:\n" \
     "                         1.7-4x prefill, faster decode, perplexity +0.1-0.3%)\n" \

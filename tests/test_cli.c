@@ -142,8 +142,8 @@ static void test_block_dtypes(void **state) {
     assert_int_equal(test_run_qlm(&err, "generate -m %s --group 48 -p x 2>&1", model), 2);
     assert_non_null(strstr(err, "--group must be 32, 64 or 128"));
     free(err);
-    assert_int_equal(test_run_qlm(&err, "generate -m %s --dtype int8 --group 64 -p x 2>&1", model), 1);
-    assert_non_null(strstr(err, "--group applies to the block dtypes"));
+    assert_int_equal(test_run_qlm(&err, "generate -m %s --dtype bf16 --group 64 -p x 2>&1", model), 1);
+    assert_non_null(strstr(err, "--group applies to int8 and the block dtypes"));
     free(err);
     assert_int_equal(test_run_qlm(&err, "generate -m %s --dtype int8 --w8a8 -p x 2>&1", model), 1);
     assert_non_null(strstr(err, "--w8a8 applies to block weights"));
@@ -161,6 +161,14 @@ static void test_block_dtypes(void **state) {
     assert_int_equal(test_run_qlm(&a, "generate -m %s --dtype q4_0 --group 64 --temp 0 -n 40 --json --quiet", model), 0);
     assert_int_equal(test_run_qlm(&b, "generate -m %s --temp 0 -n 40 --json --quiet", out_dir), 0);
     assert_string_equal(a, b);
+    free(a), free(b);
+    /* int8 with a scale per group of weights is q8_0 at that group; not also per channel. */
+    assert_int_equal(test_run_qlm(&a, "generate -m %s --dtype q8_0 --group 64 --temp 0 -n 40 --json --quiet", model), 0);
+    assert_int_equal(test_run_qlm(&b, "generate -m %s --dtype int8 --group 64 --temp 0 -n 40 --json --quiet", model), 0);
+    assert_string_equal(a, b);
+    free(b);
+    assert_int_equal(test_run_qlm(&b, "generate -m %s --dtype int8 --group 64 --per-channel -p x 2>&1", model), 1);
+    assert_non_null(strstr(b, "--per-channel and --group are two scale granularities of int8"));
     assert_int_equal(test_run_qlm(&info, "info %s --tensors", out_dir), 0);
     assert_non_null(strstr(info, "model.layers.1.mlp.down_proj.weight                  q4_0  [128, 384] blocks of 64"));
     free(a), free(b), free(info);
