@@ -1543,8 +1543,9 @@ static int raw_answer(int fd, int *complete) {
  * gets a whole 200 (taken before the drain began), a 429 (the queue was full) or a 503 (it came
  * during the drain), or finds the port closed (the drain was over); none sent before the signal an
  * empty answer, a reset or a stream cut short. One sent after it may also meet the listening socket
- * as it closes (its connection made, then closed unanswered or reset: TCP has no other answer at
- * that moment; seen on a fast machine for 1 request in 60). */
+ * as it closes (its connection made, then closed unanswered or reset, or its connect reset: TCP has
+ * no other answer at that moment; seen on a fast machine for 1 request in 60, and once in CI as a
+ * failed connect after the signal, which this test then did not name). */
 static void test_serve_sigterm_under_load(void **state) {
     (void)state;
     char model[512];
@@ -1563,7 +1564,9 @@ static void test_serve_sigterm_under_load(void **state) {
         struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)s.port)};
         a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
         if (connect(fds[i], (struct sockaddr *)&a, sizeof a) != 0) {
-            assert_true(i >= BEFORE && errno == ECONNREFUSED);
+            const int e = errno;
+            if (i < BEFORE || (e != ECONNREFUSED && e != ECONNRESET))
+                fail_msg("connection %d (%s SIGTERM) failed: %s", i, i < BEFORE ? "before" : "after", strerror(e));
             close(fds[i]);
             fds[i] = -1;
             counts[3]++;
