@@ -6,7 +6,7 @@
  * lanes (VPMADDWD), exact; per block the integer sums are converted and added times the block's
  * scale. Q4 nibbles are taken unsigned (0..15), so Q4_0's offset is 8 times the block's sum of x,
  * taken off in integers, and Q4_1's offset m multiplies that sum in F32; the sums of x serve the
- * tile's four weight rows. Included by matmul_avx2.c and kernels_avx512.h after they define
+ * tile's four weight rows. Included by kernels_avx2.h and kernels_avx512.h after they define
  * KERNEL_INLINE and BLOCK_TILE_X (rows of x per tile); kernel_rows.h drives the tiles. */
 #ifndef KERNEL_INLINE
 #error "define KERNEL_INLINE and BLOCK_TILE_X before including kernel_blocks.h"

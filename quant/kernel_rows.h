@@ -5,7 +5,7 @@
  * by the file's gemm_tile_x while it stays in cache (one x row is the GEMV of decode), then the
  * I8 scales and the bias. A row's result depends on neither n nor the thread split, so a
  * sequence decodes the same alone and in a batch. Block weights go the same way through the
- * file's block_tile_x. Included once by each of matmul_avx2.c and kernels_avx512.h after they
+ * file's block_tile_x. Included once by each of kernels_avx2.h and kernels_avx512.h after they
  * define KERNEL_FN and KERNEL_INLINE (their target attributes), TILE_X, GROUP_ROWS, gemm_tile_x,
  * BLOCK_TILE_X, block_tile_g and weighted_sum_dt, so one text serves each instruction set. */
 #ifndef KERNEL_FN
