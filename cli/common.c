@@ -386,16 +386,24 @@ static void cache_dir(char *dir, size_t cap) {
     else snprintf(dir, cap, "%s/.cache/qlm", home && *home ? home : ".");
 }
 
-/* Below this, packing panels at load costs less than a tenth of a second: no file for them. */
+/* Below this, converting or packing at load costs about a tenth of a second or less: no file. */
 #define PANEL_CACHE_MIN_BYTES ((size_t)32 << 20)
 
 /* The panel cache file for this load into path, and the format label it is kept under: 1 when
- * there is one to read or write. */
+ * there is one to read or write. It keeps what a load makes that is worth keeping: W8A8's panels,
+ * and a dtype asked for that is not a block type (INT8, BF16 from F32, ...), converted. */
 static int panel_cache_path(const cli_model_opts *o, const qlm_model_options *mo, char *path, size_t cap, char *label,
                             size_t label_cap) {
-    if (!mo->act8 || !mo->in_place || o->random_weights || o->no_panel_cache) return 0;
+    const int converts = !mo->as_stored && !qlm_dtype_is_block(mo->dtype);
+    /* The file is mapped and read where it lies: weights in host memory only. */
+    if (!(mo->act8 || converts) || !mo->in_place || !mo->backend->host_memory || o->random_weights ||
+        o->no_panel_cache)
+        return 0;
     if (mo->as_stored)
         snprintf(label, label_cap, "as-stored");
+    else if (converts)
+        snprintf(label, label_cap, "%s%s", qlm_dtype_name(mo->dtype),
+                 mo->dtype == QLM_I8 && mo->per_channel ? "/per-channel" : "");
     else
         snprintf(label, label_cap, "%s/%d", qlm_dtype_name(mo->dtype), qlm_options_group(mo));
     char dir[4096];
@@ -403,24 +411,27 @@ static int panel_cache_path(const cli_model_opts *o, const qlm_model_options *mo
     return qlm_panel_cache_path(dir, o->model, label, path, cap) == 1;
 }
 
-/* Writes the model's W8A8 panels to the cache file at path, when they are large enough to be
- * worth it. A failure only costs later loads their speed: it is said, and the load goes on. */
+/* Writes what the load made that the cache keeps (qlm_params_list_cacheable) to the file at path,
+ * when it is large enough to be worth it. A failure only costs later loads their speed: it is
+ * said, and the load goes on. */
 static void save_panel_cache(const cli_model_opts *o, cli_model *cm, const char *path, const char *label, int quiet) {
     qlm_param *list = NULL;
     int n = cm->src.is_t5 ? qlm_t5_param_list(&cm->t5, &list) : qlm_model_param_list(&cm->model, &list);
     qlm_tensor_store *panels = n >= 0 ? qlm_store_new() : NULL;
     size_t bytes = 0;
-    int rc = panels && qlm_params_list_panels(list, n, panels) == 0 ? 0 : -1;
+    int rc = panels && qlm_params_list_cacheable(list, n, panels) == 0 ? 0 : -1;
     for (int i = 0; rc == 0 && i < qlm_store_count(panels); i++) bytes += qlm_store_at(panels, i)->nbytes;
     if (rc == 0 && bytes >= PANEL_CACHE_MIN_BYTES) {
         double t0 = qlm_now_s();
         rc = cli_make_parent_dir(path) == 0 && qlm_panel_cache_save(path, o->model, label, panels) == 0 ? 0 : -1;
         if (rc == 0 && !quiet)
-            fprintf(stderr, "qlm: W8A8 panels (%.1f MiB) kept in %s in %.2f s: later loads map them (--no-panel-cache: not)\n",
+            fprintf(stderr, "qlm: weights made at load (%.1f MiB) kept in %s in %.2f s: later loads map them "
+                            "(--no-panel-cache: not)\n",
                     bytes / 1048576.0, path, qlm_now_s() - t0);
     }
     if (rc != 0 && !quiet)
-        fprintf(stderr, "qlm: the W8A8 panels could not be kept for later loads (%s); they are packed again each load\n",
+        fprintf(stderr, "qlm: the weights made at load could not be kept for later loads (%s); they are made again "
+                        "each load\n",
                 qlm_last_error());
     qlm_store_free(panels);
     free(list);
@@ -489,7 +500,8 @@ static int load_model(const cli_model_opts *o, cli_model *cm, int need_tokenizer
     if (panel_cache) {
         const char *why;
         cm->panels = qlm_panel_cache_open(panel_path, o->model, label, &why);
-        if (why && !quiet) fprintf(stderr, "qlm: the W8A8 panels in %s are stale (%s): packing again\n", panel_path, why);
+        if (why && !quiet)
+            fprintf(stderr, "qlm: the weights in %s are stale (%s): making them again\n", panel_path, why);
         mo.panels = cm->panels;
     }
     /* One model is built from the store: copies go as they are converted. */

@@ -88,9 +88,10 @@ enum {
     "      --w8a8, --no-w8a8  block weights (q8_0, q4_0, q4_1) multiply activations quantized to 8 bits\n" \
     "                         per 32 values, as llama.cpp does (default: on with AVX2 or AVX-512:\n" \
     "                         1.7-4x prefill, faster decode, perplexity +0.1-0.3%)\n" \
-    "      --no-panel-cache   W8A8 repacks the weights into panels; for a model of 32 MiB or more the\n" \
-    "                         first load keeps them in $QLM_CACHE/panels and later loads map that file\n" \
-    "                         (as fast as weights read in place): this flag neither reads nor writes it\n" \
+    "      --no-panel-cache   W8A8 repacks the weights into panels, and --dtype int8 (bf16, ...) converts\n" \
+    "                         them; for 32 MiB or more of such weights the first load keeps them in\n"  \
+    "                         $QLM_CACHE/panels and later loads map that file (as fast as weights read\n" \
+    "                         in place): this flag neither reads nor writes it\n"                       \
     "      --threads N        CPU threads (default: the cores other programs leave free, divided among\n" \
     "                         the ranks of an mpirun job)\n"                                            \
     "      --ctx N            context window in tokens (also -c, --ctx-size; default: min(model, 4096))\n"   \

@@ -22,6 +22,9 @@ typedef struct {
      * interleaved for pairwise RoPE), used where they lie in a GGUF file; 0: PyTorch's order.
      * Readers give rows and products in PyTorch's order all the same (qlm_rope_stored_row). */
     int rope_heads;
+    /* Made at load into the model's own memory (converted, repacked or copied), not read where the
+     * loader holds it: what a cache of converted weights keeps (cli's panel cache). */
+    int made_at_load;
 } qlm_weight;
 
 /* The largest head a model may have (the config loaders refuse more). */

@@ -63,12 +63,16 @@ static qlm_weight_format format_for(const qlm_weight_format *fmt, const qlm_para
     return f;
 }
 
-/* Parameter p's panels where format f's panel store holds them as f would pack them, or NULL. */
-static const qlm_tensor_entry *cached_panels(const qlm_weight_format *f, const qlm_param *p, const qlm_backend *be) {
-    if (!f->act8 || !f->panels || !f->in_place || !be->host_memory || !qlm_dtype_is_block(f->dtype)) return NULL;
+/* Parameter p as format f would make it, where f's cache store (the panel cache file) holds it:
+ * block types only as W8A8 panels (the file holds no other block matrices), INT8 with scales of
+ * f's granularity. NULL when it is not there. */
+static const qlm_tensor_entry *cached_matrix(const qlm_weight_format *f, const qlm_param *p, const qlm_backend *be) {
+    const int block = qlm_dtype_is_block(f->dtype);
+    if (!f->panels || !f->in_place || !be->host_memory || (block && !f->act8)) return NULL;
     const qlm_tensor_entry *c = qlm_store_find(f->panels, p->name);
-    if (!c || c->dtype != f->dtype || c->group != f->group || c->ndim != 2 || c->shape[0] != p->rows ||
-        c->shape[1] != p->cols || c->rope_heads)
+    if (!c || c->dtype != f->dtype || c->ndim != 2 || c->shape[0] != p->rows || c->shape[1] != p->cols ||
+        c->rope_heads || (block && c->group != f->group) ||
+        (f->dtype == QLM_I8 && f->per_channel != (c->row_scales != NULL)))
         return NULL;
     return c;
 }
@@ -279,7 +283,7 @@ int qlm_params_pack(const qlm_param *p, int n, const qlm_tensor_store *store, ql
             return -1;
         }
         qlm_weight_format f = format_for(&fmt, &p[i], ent[i], be);
-        if (p[i].matrix && (readable_in_place(&f, ent[i], be) || cached_panels(&f, &p[i], be))) continue;
+        if (p[i].matrix && (readable_in_place(&f, ent[i], be) || cached_matrix(&f, &p[i], be))) continue;
         total += p[i].matrix ? matrix_bytes(&f, p[i].rows, p[i].cols)
                              : align64((size_t)qlm_entry_numel(ent[i]) * sizeof(float));
     }
@@ -296,7 +300,7 @@ int qlm_params_pack(const qlm_param *p, int n, const qlm_tensor_store *store, ql
             if (!ent[i]) continue;
             qlm_weight_format f = format_for(&fmt, &p[i], ent[i], be);
             const qlm_tensor_entry *e = ent[i];
-            const qlm_tensor_entry *c = cached_panels(&f, &p[i], be);
+            const qlm_tensor_entry *c = cached_matrix(&f, &p[i], be);
             if (!c && fmt.check_values && check_values(e) != 0) {
                 rc = -1;
                 break;
@@ -312,12 +316,15 @@ int qlm_params_pack(const qlm_param *p, int n, const qlm_tensor_store *store, ql
             }
             if (c) {
                 *p[i].matrix = (qlm_weight){.dtype = c->dtype, .rows = (int)c->shape[0], .cols = (int)c->shape[1],
-                                            .data = c->data, .scale = 1.0f, .group = c->group, .act8 = 1};
+                                            .data = c->data, .scale = c->dtype == QLM_I8 ? c->scale : 1.0f,
+                                            .row_scales = c->row_scales, .group = c->group,
+                                            .act8 = qlm_dtype_is_block(c->dtype)};
                 if (in_place_bytes) *in_place_bytes += qlm_weight_bytes(p[i].matrix);
                 qlm_store_release(store, e);
                 continue;
             }
             rc = fill_matrix(p[i].matrix, e, &f, &cur, store);
+            p[i].matrix->made_at_load = 1;
             qlm_store_release(store, e);
         } else {
             *p[i].vector = NULL;
@@ -417,14 +424,18 @@ int qlm_params_export(const qlm_backend *be, const qlm_param *p, int n, qlm_tens
     return 0;
 }
 
-int qlm_params_list_panels(const qlm_param *p, int n, qlm_tensor_store *store) {
+int qlm_params_list_cacheable(const qlm_param *p, int n, qlm_tensor_store *store) {
     for (int i = 0; i < n; i++) {
         const qlm_weight *w = p[i].matrix;
-        if (!w || !w->data || !w->act8) continue;
+        const int block = w && qlm_dtype_is_block(w->dtype);
+        if (!w || !w->data || !w->made_at_load || (block && !w->act8)) continue;
         int64_t shape[2] = {w->rows, w->cols};
-        qlm_tensor_entry *e = qlm_store_add(store, p[i].name, w->dtype, 2, shape, w->data, qlm_weight_bytes(w));
+        qlm_tensor_entry *e = qlm_store_add(store, p[i].name, w->dtype, 2, shape, w->data,
+                                            (size_t)w->rows * qlm_dtype_row_bytes(w->dtype, w->cols, w->group));
         if (!e) return -1;
         e->group = w->group;
+        e->scale = w->scale;
+        e->row_scales = w->row_scales;
     }
     return 0;
 }

@@ -62,9 +62,10 @@ int qlm_params_pack(const qlm_param *p, int n, const qlm_tensor_store *store, ql
 
 /* Adds copies of the present parameters (in be's memory) to store under their names (storage dtype, I8 scales). */
 int qlm_params_export(const qlm_backend *be, const qlm_param *p, int n, qlm_tensor_store *store);
-/* Adds the W8A8 matrices of the list to store as entries that point at their panels (no copy):
- * what a panel cache file holds. */
-int qlm_params_list_panels(const qlm_param *p, int n, qlm_tensor_store *store);
+/* Adds the matrices of the list made at load that a cache of converted weights keeps (W8A8
+ * panels, and converted matrices of the types that are not blocks, INT8 with its scales) to store
+ * as entries that point at them (no copy): what a panel cache file holds. */
+int qlm_params_list_cacheable(const qlm_param *p, int n, qlm_tensor_store *store);
 
 /* Number of values in the present parameters. */
 int64_t qlm_params_count(const qlm_param *p, int n);

@@ -1,8 +1,9 @@
-/* The W8A8 panel cache (loaders/panel_cache.h) through the command line, on a copy of the default
- * model: the first load writes the panels, the next maps them and computes the same numbers bit
- * for bit, a changed model file or a damaged cache file is packed and written again, files of a
- * model that is gone are removed, and --no-panel-cache leaves no file. Where the CPU has no byte dot products W8A8 is off and nothing
- * is written at all. */
+/* The panel cache (loaders/panel_cache.h) through the command line, on a copy of the default
+ * model: the first load writes the W8A8 panels, the next maps them and computes the same numbers
+ * bit for bit, a changed model file or a damaged cache file is packed and written again, files of
+ * a model that is gone are removed, and --no-panel-cache leaves no file. Where the CPU has no byte
+ * dot products W8A8 is off and no panels are written. A dtype asked for that is not a block type
+ * (INT8 here) is kept the same way, on every CPU. */
 #include "test_util.h"
 
 #include <cjson/cJSON.h>
@@ -80,7 +81,7 @@ static void test_panel_cache(void **state) {
         assert_int_equal(test_remove_tree(f.dir), 0);
         return;
     }
-    expect_in(err, "W8A8 panels (92.0 MiB) kept in");
+    expect_in(err, "weights made at load (92.0 MiB) kept in");
     free(err);
     assert_int_equal(panel_file(&f, file, sizeof file), 1);
     /* read in place from the cache: the same NLL, bit for bit, and nothing written */
@@ -95,7 +96,7 @@ static void test_panel_cache(void **state) {
     struct utimbuf t = {.actime = time(NULL) - 100, .modtime = time(NULL) - 100};
     assert_int_equal(utime(f.model, &t), 0);
     assert_true(run(&f, "", &err) == packed);
-    expect_in(err, "are stale (the model file changed): packing again");
+    expect_in(err, "are stale (the model file changed): making them again");
     expect_in(err, "kept in");
     free(err);
     assert_true(run(&f, "", &err) == packed);
@@ -145,7 +146,40 @@ static void test_panel_cache(void **state) {
     assert_int_equal(test_remove_tree(f.dir), 0);
 }
 
+/* --dtype int8 of the Q4_1 file: converted and kept on the first load, mapped from the file on the
+ * next with the same NLL bit for bit; per channel is another format, another file. */
+static void test_converted_cache(void **state) {
+    (void)state;
+    fixture f;
+    char src[512], text[512], cmd[2000];
+    test_default_gguf(src, sizeof src);
+    test_asset(text, sizeof text, "tinystories-text/tinystories_sample.txt");
+    REQUIRE_ASSET(src);
+    REQUIRE_ASSET(text);
+    assert_non_null(test_tmpdir(f.dir, sizeof f.dir));
+    snprintf(f.model, sizeof f.model, "%s/model.gguf", f.dir);
+    snprintf(f.cache, sizeof f.cache, "%s/cache", f.dir);
+    snprintf(f.text, sizeof f.text, "%s/text.txt", f.dir);
+    snprintf(cmd, sizeof cmd, "cp '%s' '%s' && head -c 400 '%s' > '%s'", src, f.model, text, f.text);
+    assert_int_equal(system(cmd), 0);
+    char *err = NULL;
+    const double converted = run(&f, "--dtype int8", &err);
+    expect_in(err, "weights made at load (128.2 MiB) kept in");
+    expect_in(err, "0.0 MiB from the panel cache's mapping");
+    free(err);
+    assert_true(run(&f, "--dtype int8", &err) == converted);
+    assert_null(strstr(err, "kept in"));
+    expect_in(err, "128.2 MiB from the panel cache's mapping, 0.1 MiB in memory of qlm's own");
+    free(err);
+    assert_true(run(&f, "--dtype int8 --per-channel", &err) != converted);
+    expect_in(err, "kept in");
+    free(err);
+    snprintf(cmd, sizeof cmd, "ls '%s/panels' | grep -c safetensors | grep -qx 2", f.cache);
+    assert_int_equal(system(cmd), 0);
+    assert_int_equal(test_remove_tree(f.dir), 0);
+}
+
 int main(void) {
-    const struct CMUnitTest tests[] = {cmocka_unit_test(test_panel_cache)};
+    const struct CMUnitTest tests[] = {cmocka_unit_test(test_panel_cache), cmocka_unit_test(test_converted_cache)};
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
