@@ -57,21 +57,27 @@ static void expect_in(const char *text, const char *want) {
     if (!text || !strstr(text, want)) fail_msg("expected \"%s\" in: %s", want, text ? text : "(nothing)");
 }
 
-static void test_panel_cache(void **state) {
-    (void)state;
-    fixture f;
-    char src[512], text[512], cmd[2000], file[800];
+/* A temporary folder with a copy of the default model, a short text and an empty cache. */
+static void fixture_open(fixture *f) {
+    char src[512], text[512], cmd[2000];
     test_default_gguf(src, sizeof src);
     test_asset(text, sizeof text, "tinystories-text/tinystories_sample.txt");
     REQUIRE_ASSET(src);
     REQUIRE_ASSET(text);
-    assert_non_null(test_tmpdir(f.dir, sizeof f.dir));
-    snprintf(f.model, sizeof f.model, "%s/model.gguf", f.dir);
-    snprintf(f.cache, sizeof f.cache, "%s/cache", f.dir);
+    assert_non_null(test_tmpdir(f->dir, sizeof f->dir));
+    snprintf(f->model, sizeof f->model, "%s/model.gguf", f->dir);
+    snprintf(f->cache, sizeof f->cache, "%s/cache", f->dir);
     /* a hundred tokens: enough to compare, quick to run */
-    snprintf(f.text, sizeof f.text, "%s/text.txt", f.dir);
-    snprintf(cmd, sizeof cmd, "cp '%s' '%s' && head -c 400 '%s' > '%s'", src, f.model, text, f.text);
+    snprintf(f->text, sizeof f->text, "%s/text.txt", f->dir);
+    snprintf(cmd, sizeof cmd, "cp '%s' '%s' && head -c 400 '%s' > '%s'", src, f->model, text, f->text);
     assert_int_equal(system(cmd), 0);
+}
+
+static void test_panel_cache(void **state) {
+    (void)state;
+    fixture f;
+    char cmd[2000], file[800];
+    fixture_open(&f);
     char *err = NULL;
     const double packed = run(&f, "", &err);
     if (!qlm_matmul_w8a8()) {
@@ -151,17 +157,8 @@ static void test_panel_cache(void **state) {
 static void test_converted_cache(void **state) {
     (void)state;
     fixture f;
-    char src[512], text[512], cmd[2000];
-    test_default_gguf(src, sizeof src);
-    test_asset(text, sizeof text, "tinystories-text/tinystories_sample.txt");
-    REQUIRE_ASSET(src);
-    REQUIRE_ASSET(text);
-    assert_non_null(test_tmpdir(f.dir, sizeof f.dir));
-    snprintf(f.model, sizeof f.model, "%s/model.gguf", f.dir);
-    snprintf(f.cache, sizeof f.cache, "%s/cache", f.dir);
-    snprintf(f.text, sizeof f.text, "%s/text.txt", f.dir);
-    snprintf(cmd, sizeof cmd, "cp '%s' '%s' && head -c 400 '%s' > '%s'", src, f.model, text, f.text);
-    assert_int_equal(system(cmd), 0);
+    char cmd[2000];
+    fixture_open(&f);
     char *err = NULL;
     const double converted = run(&f, "--dtype int8", &err);
     expect_in(err, "weights made at load (128.2 MiB) kept in");
