@@ -143,7 +143,6 @@ static cJSON *tokenizer_json(const qlm_tokenizer *tok) {
     return ok ? t : NULL;
 }
 
-/* "model": the config.json qlm would write for it, so every field has transformers' name. */
 /* The weights as a run without flags loads them on the CPU (the panel cache read and, when it
  * has none yet for a large model, written, as that run would). */
 typedef struct {
@@ -180,6 +179,7 @@ static cJSON *weights_json(const loaded_weights *lw) {
     return NULL;
 }
 
+/* "model": the config.json qlm would write for it, so every field has transformers' name. */
 static cJSON *model_json(const qlm_source *src, const char *path, int tensors) {
     cJSON *m = cJSON_CreateObject(), *list = NULL;
     qlm_hf_storage st = {.dtype = src->stored_dtype, .per_channel = src->stored_per_channel};

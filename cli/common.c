@@ -283,16 +283,24 @@ static size_t in_place_bytes(const cli_model *cm) {
     return cm->src.is_t5 ? cm->t5.in_place_bytes : cm->model.in_place_bytes;
 }
 
-void cli_weight_bytes(const cli_model *cm, size_t *file, size_t *cache, size_t *owned) {
+void cli_weight_bytes(cli_model *cm, size_t *file, size_t *cache, size_t *owned) {
     const size_t held = cm->src.is_t5 ? qlm_t5_held_bytes(&cm->t5) : qlm_model_held_bytes(&cm->model);
+    /* The panel cache's matrices the model reads: each points at its entry's data. */
+    qlm_param *list = NULL;
+    int n = 0;
+    if (cm->panels) n = cm->src.is_t5 ? qlm_t5_param_list(&cm->t5, &list) : qlm_model_param_list(&cm->model, &list);
     *cache = 0;
-    for (int i = 0; cm->panels && i < qlm_store_count(cm->panels); i++) *cache += qlm_store_at(cm->panels, i)->nbytes;
+    for (int i = 0; i < n; i++) {
+        const qlm_tensor_entry *c = list[i].matrix ? qlm_store_find(cm->panels, list[i].name) : NULL;
+        if (c && list[i].matrix->data == c->data) *cache += c->nbytes;
+    }
+    free(list);
     *file = in_place_bytes(cm) - *cache;
     *owned = held - in_place_bytes(cm);
 }
 
 /* The load line (and each adapter's). */
-static void print_loaded(const cli_model_opts *o, const cli_model *cm, const qlm_backend *be, double secs) {
+static void print_loaded(const cli_model_opts *o, cli_model *cm, const qlm_backend *be, double secs) {
     if (cm->src.is_t5) {
         const qlm_t5_model *m = &cm->t5;
         fprintf(stderr, "qlm: loaded %s (%s, t5) in %.2f s: %d+%d layers, d_model %d, %.1fM params, %s%s%s weights, %s backend, %d threads\n",

@@ -193,7 +193,7 @@ int cli_load_model(const cli_model_opts *o, cli_model *cm, int need_tokenizer, i
 /* Bytes of a loaded model's weights by where they lie: read where the model file is mapped, where
  * the W8A8 panel cache file is mapped (both pages the kernel can drop and read again), and in
  * buffers qlm allocated (converted, repacked or copied). */
-void cli_weight_bytes(const cli_model *cm, size_t *file, size_t *cache, size_t *owned);
+void cli_weight_bytes(cli_model *cm, size_t *file, size_t *cache, size_t *owned);
 void cli_free_model(cli_model *cm);
 /* cli_fail, and with several ranks the whole job's end (the others would wait for this one). */
 int cli_model_fail(cli_model *cm, const char *cmd);
