@@ -45,6 +45,28 @@ static inline QLM_HD float qlm_softcapped(float x, float softcap) {
     return softcap > 0 ? softcap * tanhf(x / softcap) : x;
 }
 
+/* Cross-entropy's gradient at one logit l (already capped) of a row with max mx, 1 / sum of exp(l -
+ * mx) inv and log of that sum log_sum: grad_scale (p - target) through the cap. The target is the
+ * teacher's probability exp(log_pt) when there is a teacher (its term of the KL divergence is
+ * added to *kl), else 1 at the row's target token (is_target) and 0 elsewhere. */
+static inline QLM_HD float qlm_cross_entropy_grad(float l, float mx, float inv, double log_sum, float grad_scale,
+                                                  float softcap, int teacher, double log_pt, int is_target,
+                                                  double *kl) {
+    float g = grad_scale * expf(l - mx) * inv;
+    if (teacher) {
+        double pt = exp(log_pt);
+        *kl += pt * (log_pt - ((double)(l - mx) - log_sum));
+        g -= grad_scale * (float)pt;
+    } else if (is_target) {
+        g -= grad_scale;
+    }
+    if (softcap > 0) {
+        float c = l / softcap; /* tanh of the raw logit over the cap */
+        g *= 1.0f - c * c;
+    }
+    return g;
+}
+
 /* splitmix64's finalizer: a counter-based generator, so element i's draw needs no state. */
 static inline QLM_HD uint64_t qlm_mix64(uint64_t z) {
     z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;

@@ -292,20 +292,9 @@ void qlm_cpu_cross_entropy(float *row_loss, float *logits, const int *targets, c
             row_loss[i] = (float)(log_sum - (double)(l[targets[i]] - mx));
         }
         for (int j = 0; j < vocab; j++) {
-            float g = grad_scale * expf(l[j] - mx) * inv;
-            if (t) {
-                double log_pt = (double)(qlm_softcapped(t[j], softcap) - t_mx) - t_log_sum;
-                double pt = exp(log_pt);
-                kl += pt * (log_pt - ((double)(l[j] - mx) - log_sum));
-                g -= grad_scale * (float)pt;
-            } else if (j == targets[i]) {
-                g -= grad_scale;
-            }
-            if (softcap > 0) {
-                float c = l[j] / softcap; /* tanh of the raw logit over the cap */
-                g *= 1.0f - c * c;
-            }
-            l[j] = g;
+            double log_pt = t ? (double)(qlm_softcapped(t[j], softcap) - t_mx) - t_log_sum : 0;
+            l[j] = qlm_cross_entropy_grad(l[j], mx, inv, log_sum, grad_scale, softcap, t != NULL, log_pt,
+                                          j == targets[i], &kl);
         }
         if (t) row_loss[i] = (float)kl;
     }

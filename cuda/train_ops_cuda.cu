@@ -231,20 +231,8 @@ __global__ void __launch_bounds__(THREADS) cross_entropy_kernel(float *row_loss,
         t_log_sum = log(block_reduce(t_sum, dshared, sum_op()));
     }
     for (int j = threadIdx.x; j < vocab; j += THREADS) {
-        float g = grad_scale * expf(l[j] - mx) * inv;
-        if (t) {
-            double log_pt = (double)(qlm_softcapped(t[j], softcap) - t_mx) - t_log_sum;
-            double pt = exp(log_pt);
-            kl += pt * (log_pt - ((double)(l[j] - mx) - log_sum));
-            g -= grad_scale * (float)pt;
-        } else if (j == target) {
-            g -= grad_scale;
-        }
-        if (softcap > 0) {
-            float c = l[j] / softcap; // tanh of the raw logit over the cap
-            g *= 1.0f - c * c;
-        }
-        l[j] = g;
+        double log_pt = t ? (double)(qlm_softcapped(t[j], softcap) - t_mx) - t_log_sum : 0;
+        l[j] = qlm_cross_entropy_grad(l[j], mx, inv, log_sum, grad_scale, softcap, t != NULL, log_pt, j == target, &kl);
     }
     if (t) kl = block_reduce(kl, dshared, sum_op());
     if (threadIdx.x == 0) row_loss[i] = t ? (float)kl : (float)(log_sum - (double)(l_target - mx));
