@@ -1,5 +1,5 @@
 // Attention on the GPU: one block per (query head, query row, span of keys), its warps taking 32
-// keys at a time (a lane per key for the scores, a lane per element for the values) with the
+// keys at a time (a lane per key for the scores, a lane per pair of elements for the values) with the
 // softmax carried online, so no score matrix is ever stored; the warps' partial sums meet in shared
 // memory. When few (row, head) blocks would each walk many keys (decode over a long context), the
 // keys are split into up to MAX_SPLITS spans of at least SPLIT_KEYS, each block writes its running max, sum and weighted
@@ -45,13 +45,69 @@ __device__ __forceinline__ float warp_sum(float v) {
     return v;
 }
 
-// ND: elements per lane, head_dim <= 32 * ND.
-template <int ND>
+// q . key row, 16 bytes of the key (8 BF16 or 4 F32 values) a load, with every load of the row
+// issued before the first is used; q is read through the cache (every lane reads the same q).
+template <int ND, int BF>
+__device__ __forceinline__ float key_dot(const void *k, size_t row, const float *q, int hd, int vec) {
+    float dot = 0;
+    if (vec) {
+        constexpr int PER = BF ? 8 : 4, NV = 32 * ND / PER, CHUNK = NV < 8 ? NV : 8;
+        const uint4 *kr = (const uint4 *)((const char *)k + row * (BF ? 2 : 4));
+        const float4 *q4 = (const float4 *)q;
+        const int nvec = hd / PER;
+#pragma unroll
+        for (int u0 = 0; u0 < NV; u0 += CHUNK) {
+            uint4 raw[CHUNK];
+#pragma unroll
+            for (int u = 0; u < CHUNK; u++) raw[u] = u0 + u < nvec ? kr[u0 + u] : make_uint4(0, 0, 0, 0);
+#pragma unroll
+            for (int u = 0; u < CHUNK; u++) {
+                if (u0 + u >= nvec) break;
+                const unsigned w[4] = {raw[u].x, raw[u].y, raw[u].z, raw[u].w};
+                if (BF) {
+                    const float4 qa = __ldg(q4 + 2 * (u0 + u)), qb = __ldg(q4 + 2 * (u0 + u) + 1);
+                    dot += qa.x * __uint_as_float(w[0] << 16) + qa.y * __uint_as_float(w[0] & 0xffff0000u) +
+                           qa.z * __uint_as_float(w[1] << 16) + qa.w * __uint_as_float(w[1] & 0xffff0000u) +
+                           qb.x * __uint_as_float(w[2] << 16) + qb.y * __uint_as_float(w[2] & 0xffff0000u) +
+                           qb.z * __uint_as_float(w[3] << 16) + qb.w * __uint_as_float(w[3] & 0xffff0000u);
+                } else {
+                    const float4 qa = __ldg(q4 + u0 + u);
+                    dot += qa.x * __uint_as_float(w[0]) + qa.y * __uint_as_float(w[1]) + qa.z * __uint_as_float(w[2]) +
+                           qa.w * __uint_as_float(w[3]);
+                }
+            }
+        }
+    } else {
+        for (int d = 0; d < hd; d++) dot += __ldg(q + d) * kv_elem(k, row + d, BF);
+    }
+    return dot;
+}
+
+// Elements 2 lane + 64 j and the one after it of a value row (pairs: a lane's share of the row).
+template <int BF>
+__device__ __forceinline__ float2 value_pair(const void *v, size_t row, int d, int hd, int vec) {
+    if (d >= hd) return make_float2(0, 0);
+    if (vec) {
+        if (BF) {
+            const unsigned u = *(const unsigned *)((const unsigned short *)v + row + d);
+            return make_float2(__uint_as_float(u << 16), __uint_as_float(u & 0xffff0000u));
+        }
+        return *(const float2 *)((const float *)v + row + d);
+    }
+    return make_float2(kv_elem(v, row + d, BF), d + 1 < hd ? kv_elem(v, row + d + 1, BF) : 0.0f);
+}
+
+// ND: head_dim <= 32 * ND; BF: BF16 caches. Each warp walks 32 keys at a time: a lane per key for
+// the score, then a lane per pair of elements for the values. A tile's key row and the values of
+// its first VU keys are loaded together, before the score needs them, so that a tile costs one
+// memory latency rather than one per step (decode reads caches that have just left L2).
+template <int ND, int BF>
 __global__ void __launch_bounds__(ATTN_WARPS * 32) attention_kernel(attn_args a) {
+    constexpr int P = (ND + 1) / 2, VU = P == 1 ? 32 : 16 / P;
     extern __shared__ float smem[];
     const int h = blockIdx.x, i = blockIdx.y, z = blockIdx.z, hd = a.head_dim;
     const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
-    float *sq = smem, *s_acc = smem + hd, *s_ml = s_acc + ATTN_WARPS * hd;
+    float *s_acc = smem, *s_ml = s_acc + ATTN_WARPS * hd;
     const int p = qlm_ints_at(a.pos, i);
     const int slot = a.slots.present ? qlm_ints_at(a.slots, i) : 0;
     const int all_keys = a.n_keys > 0 ? (a.slot_keys.present ? qlm_ints_at(a.slot_keys, slot) : a.n_keys) : p + 1;
@@ -62,42 +118,24 @@ __global__ void __launch_bounds__(ATTN_WARPS * 32) attention_kernel(attn_args a)
     const size_t head_stride = a.heads_packed ? (size_t)all_keys * hd : a.head_stride;
     const size_t base = (size_t)slot * a.slot_stride + (size_t)(h / a.group) * head_stride;
     const float *qi = a.q + ((size_t)i * a.n_heads + h) * hd;
-    for (int d = threadIdx.x; d < hd; d += blockDim.x) sq[d] = qi[d];
-    __syncthreads();
     const float *bias = a.bias ? a.bias + (size_t)h * a.span + a.offset - p : NULL;
 
-    float m = -INFINITY, l = 0, acc[ND];
+    float m = -INFINITY, l = 0, acc[2 * P];
 #pragma unroll
-    for (int k = 0; k < ND; k++) acc[k] = 0;
+    for (int k = 0; k < 2 * P; k++) acc[k] = 0;
     for (int t0 = first + w * 32; t0 < nk; t0 += ATTN_WARPS * 32) {
-        const int t = t0 + lane;
+        const int t = t0 + lane, len = nk - t0 < 32 ? nk - t0 : 32;
+        float2 vv[VU][P];
+#pragma unroll
+        for (int u = 0; u < VU; u++) {
+            const size_t row = base + (size_t)(a.ring ? (t0 + u) % a.ring : t0 + u) * a.row_stride;
+#pragma unroll
+            for (int k = 0; k < P; k++)
+                vv[u][k] = u < len ? value_pair<BF>(a.v, row, 2 * lane + 64 * k, hd, a.vec) : make_float2(0, 0);
+        }
         float s = -INFINITY;
         if (t < nk) {
-            size_t row = base + (size_t)(a.ring ? t % a.ring : t) * a.row_stride;
-            float dot = 0;
-            if (a.vec) {
-                // 16 bytes at a time: 8 BF16 or 4 F32 keys elements per load.
-                const uint4 *kr = (const uint4 *)((const char *)a.k + row * (a.bf16 ? 2 : 4));
-                const float4 *q4 = (const float4 *)sq;
-                const int per = a.bf16 ? 8 : 4;
-                for (int u = 0; u < hd / per; u++) {
-                    uint4 raw = kr[u];
-                    const unsigned w[4] = {raw.x, raw.y, raw.z, raw.w};
-                    if (a.bf16) {
-                        float4 qa = q4[2 * u], qb = q4[2 * u + 1];
-                        dot += qa.x * __uint_as_float(w[0] << 16) + qa.y * __uint_as_float(w[0] & 0xffff0000u) +
-                               qa.z * __uint_as_float(w[1] << 16) + qa.w * __uint_as_float(w[1] & 0xffff0000u) +
-                               qb.x * __uint_as_float(w[2] << 16) + qb.y * __uint_as_float(w[2] & 0xffff0000u) +
-                               qb.z * __uint_as_float(w[3] << 16) + qb.w * __uint_as_float(w[3] & 0xffff0000u);
-                    } else {
-                        float4 qa = q4[u];
-                        dot += qa.x * __uint_as_float(w[0]) + qa.y * __uint_as_float(w[1]) + qa.z * __uint_as_float(w[2]) +
-                               qa.w * __uint_as_float(w[3]);
-                    }
-                }
-            } else {
-                for (int d = 0; d < hd; d++) dot += sq[d] * kv_elem(a.k, row + d, a.bf16);
-            }
+            const float dot = key_dot<ND, BF>(a.k, base + (size_t)(a.ring ? t % a.ring : t) * a.row_stride, qi, hd, a.vec);
             s = a.softcap > 0 ? a.softcap * tanhf(dot * a.scale / a.softcap) + (bias ? bias[t] : 0.0f)
                               : dot * a.scale + (bias ? bias[t] : 0.0f);
         }
@@ -106,34 +144,34 @@ __global__ void __launch_bounds__(ATTN_WARPS * 32) attention_kernel(attn_args a)
         const float e = t < nk ? expf(s - m_new) : 0.0f;
         l = l * corr + warp_sum(e);
 #pragma unroll
-        for (int k = 0; k < ND; k++) acc[k] *= corr;
-        const int len = nk - t0 < 32 ? nk - t0 : 32;
-        // Values of VU keys are loaded before any is used, so their memory latencies overlap.
-        constexpr int VU = 8;
-        for (int j0 = 0; j0 < len; j0 += VU) {
-            float vv[VU][ND];
+        for (int k = 0; k < 2 * P; k++) acc[k] *= corr;
+#pragma unroll
+        for (int u = 0; u < VU; u++) {
+            const float pj = __shfl_sync(0xffffffffu, e, u);
+#pragma unroll
+            for (int k = 0; k < P; k++) acc[2 * k] += pj * vv[u][k].x, acc[2 * k + 1] += pj * vv[u][k].y;
+        }
+        // Wide heads hold fewer keys' values at a time: the rest of the tile, VU keys a step.
+        for (int j0 = VU; j0 < len; j0 += VU) {
 #pragma unroll
             for (int u = 0; u < VU; u++) {
-                const int key = t0 + j0 + u;
-                const size_t row = base + (size_t)(a.ring ? key % a.ring : key) * a.row_stride;
+                const size_t row = base + (size_t)(a.ring ? (t0 + j0 + u) % a.ring : t0 + j0 + u) * a.row_stride;
 #pragma unroll
-                for (int k = 0; k < ND; k++) {
-                    int d = lane + 32 * k;
-                    vv[u][k] = j0 + u < len && d < hd ? kv_elem(a.v, row + d, a.bf16) : 0.0f;
-                }
+                for (int k = 0; k < P; k++)
+                    vv[u][k] = j0 + u < len ? value_pair<BF>(a.v, row, 2 * lane + 64 * k, hd, a.vec) : make_float2(0, 0);
             }
 #pragma unroll
             for (int u = 0; u < VU; u++) {
                 const float pj = __shfl_sync(0xffffffffu, e, (j0 + u) & 31);
 #pragma unroll
-                for (int k = 0; k < ND; k++) acc[k] += pj * vv[u][k];
+                for (int k = 0; k < P; k++) acc[2 * k] += pj * vv[u][k].x, acc[2 * k + 1] += pj * vv[u][k].y;
             }
         }
         m = m_new;
     }
 #pragma unroll
-    for (int k = 0; k < ND; k++) {
-        int d = lane + 32 * k;
+    for (int k = 0; k < 2 * P; k++) {
+        const int d = 2 * lane + 64 * (k / 2) + k % 2;
         if (d < hd) s_acc[w * hd + d] = acc[k];
     }
     if (lane == 0) s_ml[2 * w] = m, s_ml[2 * w + 1] = l;
@@ -185,23 +223,30 @@ __global__ void attention_merge_kernel(attn_args a) {
     }
 }
 
+template <int BF> static void launch_attention_kernel(const attn_args &a, dim3 grid, size_t smem) {
+    const int nd = (a.head_dim + 31) / 32;
+    if (nd <= 1)
+        attention_kernel<1, BF><<<grid, ATTN_WARPS * 32, smem, qlm_cuda_stream>>>(a);
+    else if (nd <= 2)
+        attention_kernel<2, BF><<<grid, ATTN_WARPS * 32, smem, qlm_cuda_stream>>>(a);
+    else if (nd <= 4)
+        attention_kernel<4, BF><<<grid, ATTN_WARPS * 32, smem, qlm_cuda_stream>>>(a);
+    else if (nd <= 8)
+        attention_kernel<8, BF><<<grid, ATTN_WARPS * 32, smem, qlm_cuda_stream>>>(a);
+    else if (nd <= 16)
+        attention_kernel<16, BF><<<grid, ATTN_WARPS * 32, smem, qlm_cuda_stream>>>(a);
+    else
+        attention_kernel<32, BF><<<grid, ATTN_WARPS * 32, smem, qlm_cuda_stream>>>(a);
+}
+
 static void launch_attention(const void *p) {
     const attn_args &a = *(const attn_args *)p;
     dim3 grid(a.n_heads, a.n, a.splits);
-    size_t smem = ((size_t)a.head_dim * (1 + ATTN_WARPS) + 2 * ATTN_WARPS) * sizeof(float);
-    int nd = (a.head_dim + 31) / 32;
-    if (nd <= 1)
-        attention_kernel<1><<<grid, ATTN_WARPS * 32, smem, qlm_cuda_stream>>>(a);
-    else if (nd <= 2)
-        attention_kernel<2><<<grid, ATTN_WARPS * 32, smem, qlm_cuda_stream>>>(a);
-    else if (nd <= 4)
-        attention_kernel<4><<<grid, ATTN_WARPS * 32, smem, qlm_cuda_stream>>>(a);
-    else if (nd <= 8)
-        attention_kernel<8><<<grid, ATTN_WARPS * 32, smem, qlm_cuda_stream>>>(a);
-    else if (nd <= 16)
-        attention_kernel<16><<<grid, ATTN_WARPS * 32, smem, qlm_cuda_stream>>>(a);
+    size_t smem = ((size_t)a.head_dim * ATTN_WARPS + 2 * ATTN_WARPS) * sizeof(float);
+    if (a.bf16)
+        launch_attention_kernel<1>(a, grid, smem);
     else
-        attention_kernel<32><<<grid, ATTN_WARPS * 32, smem, qlm_cuda_stream>>>(a);
+        launch_attention_kernel<0>(a, grid, smem);
     if (a.splits > 1) {
         LAUNCH_CHECK();
         attention_merge_kernel<<<dim3(a.n_heads, a.n), 128, 0, qlm_cuda_stream>>>(a);
@@ -264,6 +309,6 @@ void qlm_cuda_attention(float *out, const float *q, const void *k, const void *v
                                            (size_t)n * sh->n_heads * a.splits * (hd + 2) * sizeof(float));
     size_t esize = a.bf16 ? 2 : 4;
     a.vec = (hd * esize) % 16 == 0 && (a.row_stride * esize) % 16 == 0 && (a.head_stride * esize) % 16 == 0 &&
-            (a.slot_stride * esize) % 16 == 0 && (uintptr_t)k % 16 == 0;
+            (a.slot_stride * esize) % 16 == 0 && (uintptr_t)k % 16 == 0 && (uintptr_t)v % 16 == 0;
     qlm_cuda_submit("attention", launch_attention, &a, sizeof a);
 }
