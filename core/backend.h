@@ -122,6 +122,9 @@ typedef struct qlm_backend {
     int (*lora)(float *y, const float *x, int n, const qlm_lora_ref *const *per_row);
     /* out[i] = x[i] / rms(x[i]) * weight, for n rows of dim values */
     void (*rmsnorm)(float *out, const float *x, const float *weight, int n, int dim, float eps);
+    /* x += delta, then out = rmsnorm(x) * weight: a residual add and the next norm in one pass
+     * (out may alias delta); the same values as add then rmsnorm. */
+    void (*add_rmsnorm)(float *out, float *x, const float *delta, const float *weight, int n, int dim, float eps);
     /* Rotate-half RoPE in place on a step's queries (n rows of n_heads*head_dim values) and keys
      * (n rows of n_kv_heads*head_dim); row i at position pos[i]. inv_freq has head_dim/2 entries. */
     void (*rope)(float *q, float *k, int n, const int *pos, int n_heads, int n_kv_heads, int head_dim,

@@ -76,14 +76,26 @@ __attribute__((target_clones("avx512f", "avx2", "default"))) static double sum_s
     return ss;
 }
 
-static void cpu_rmsnorm(float *out, const float *x, const float *weight, int n, int dim, float eps) {
+/* Rows of x, each first added delta's row (delta NULL: none) while it is in cache, normed into out. */
+static void norm_rows(float *out, float *x, const float *delta, const float *weight, int n, int dim, float eps) {
 #pragma omp parallel for if (n > 1)
     for (int i = 0; i < n; i++) {
-        const float *xi = x + (size_t)i * dim;
+        float *xi = x + (size_t)i * dim;
         float *oi = out + (size_t)i * dim;
+        if (delta)
+            for (int j = 0; j < dim; j++) xi[j] += delta[(size_t)i * dim + j];
         float inv = 1.0f / sqrtf((float)(sum_squares(xi, dim) / dim) + eps);
         for (int j = 0; j < dim; j++) oi[j] = xi[j] * inv * weight[j];
     }
+}
+
+/* x is only written with a delta. */
+static void cpu_rmsnorm(float *out, const float *x, const float *weight, int n, int dim, float eps) {
+    norm_rows(out, (float *)x, NULL, weight, n, dim, eps);
+}
+
+static void cpu_add_rmsnorm(float *out, float *x, const float *delta, const float *weight, int n, int dim, float eps) {
+    norm_rows(out, x, delta, weight, n, dim, eps);
 }
 
 /* Each (row, frequency) angle is computed once for the query heads and the key heads. */
@@ -228,6 +240,7 @@ static const qlm_backend cpu_backend = {
     .kv_store = cpu_kv_store,
     .lora = cpu_lora,
     .rmsnorm = cpu_rmsnorm,
+    .add_rmsnorm = cpu_add_rmsnorm,
     .rope = cpu_rope,
     .attention = qlm_cpu_attention,
     .glu = cpu_glu,

@@ -228,6 +228,7 @@ static void fill_table(qlm_backend *b) {
     b->matmul_group = locked<qlm_cuda_matmul_group>::call;
     b->lora = locked<qlm_cuda_lora>::call;
     b->rmsnorm = locked<qlm_cuda_rmsnorm>::call;
+    b->add_rmsnorm = locked<qlm_cuda_add_rmsnorm>::call;
     b->rope = locked<qlm_cuda_rope>::call;
     b->attention = locked<qlm_cuda_attention>::call;
     b->attention_backward = locked<qlm_cuda_attention_backward>::call;

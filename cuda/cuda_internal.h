@@ -106,6 +106,7 @@ int qlm_cuda_attention_backward(float *dq, float *dk, float *dv, float *dpos_bia
 int qlm_cuda_lora(float *y, const float *x, int n, const qlm_lora_ref *const *per_row);
 // ops_cuda.cu
 void qlm_cuda_rmsnorm(float *out, const float *x, const float *weight, int n, int dim, float eps);
+void qlm_cuda_add_rmsnorm(float *out, float *x, const float *delta, const float *weight, int n, int dim, float eps);
 void qlm_cuda_rope(float *q, float *k, int n, const int *pos, int n_heads, int n_kv_heads, int head_dim,
                    const float *inv_freq);
 void qlm_cuda_glu(float *out, const float *gate, const float *up, long n, qlm_act act);

@@ -6,10 +6,14 @@
 
 // One block per row: the sum of squares in F32 over a tree (the CPU sums in double; the two
 // differ by F32 rounding of a few-thousand-term sum, far below any parity tolerance). Rows of up
-// to RMS_HELD * 256 values stay in registers, x and weight read in one pass.
+// to RMS_HELD * 256 values stay in registers, x and weight read in one pass. With a delta, x +=
+// delta first (the residual add before the next norm, one launch instead of two); x is only
+// written then, and each thread reads the delta elements it later overwrites through out.
 enum { RMS_HELD = 16 };
-__global__ void __launch_bounds__(256) rmsnorm_kernel(float *out, const float *x, const float *weight, int dim, float eps) {
-    const float *xi = x + (size_t)blockIdx.x * dim;
+__global__ void __launch_bounds__(256)
+    rmsnorm_kernel(float *out, float *x, const float *delta, const float *weight, int dim, float eps) {
+    float *xi = x + (size_t)blockIdx.x * dim;
+    const float *di = delta ? delta + (size_t)blockIdx.x * dim : NULL;
     float *oi = out + (size_t)blockIdx.x * dim;
     const bool held = dim <= RMS_HELD * 256;
     float v[RMS_HELD], w[RMS_HELD], ss = 0;
@@ -19,10 +23,14 @@ __global__ void __launch_bounds__(256) rmsnorm_kernel(float *out, const float *x
             int j = threadIdx.x + k * 256;
             v[k] = j < dim ? xi[j] : 0.0f;
             w[k] = j < dim ? weight[j] : 0.0f;
+            if (di && j < dim) xi[j] = v[k] += di[j];
             ss += v[k] * v[k];
         }
     } else {
-        for (int j = threadIdx.x; j < dim; j += 256) ss += xi[j] * xi[j];
+        for (int j = threadIdx.x; j < dim; j += 256) {
+            if (di) xi[j] += di[j];
+            ss += xi[j] * xi[j];
+        }
     }
     __shared__ float part[8];
     for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
@@ -44,23 +52,33 @@ __global__ void __launch_bounds__(256) rmsnorm_kernel(float *out, const float *x
 }
 
 struct rmsnorm_args {
-    float *out;
-    const float *x, *weight;
+    float *out, *x;
+    const float *delta, *weight;
     int n, dim;
     float eps;
 };
 
 static void launch_rmsnorm(const void *p) {
     const rmsnorm_args *a = (const rmsnorm_args *)p;
-    rmsnorm_kernel<<<a->n, 256, 0, qlm_cuda_stream>>>(a->out, a->x, a->weight, a->dim, a->eps);
+    rmsnorm_kernel<<<a->n, 256, 0, qlm_cuda_stream>>>(a->out, a->x, a->delta, a->weight, a->dim, a->eps);
 }
 
-void qlm_cuda_rmsnorm(float *out, const float *x, const float *weight, int n, int dim, float eps) {
+static void submit_rmsnorm(const char *name, float *out, float *x, const float *delta, const float *weight, int n,
+                           int dim, float eps) {
     if (n <= 0) return;
     rmsnorm_args a;
     memset(&a, 0, sizeof a);
-    a.out = out, a.x = x, a.weight = weight, a.n = n, a.dim = dim, a.eps = eps;
-    qlm_cuda_submit("rmsnorm", launch_rmsnorm, &a, sizeof a);
+    a.out = out, a.x = x, a.delta = delta, a.weight = weight, a.n = n, a.dim = dim, a.eps = eps;
+    qlm_cuda_submit(name, launch_rmsnorm, &a, sizeof a);
+}
+
+// x is only written with a delta.
+void qlm_cuda_rmsnorm(float *out, const float *x, const float *weight, int n, int dim, float eps) {
+    submit_rmsnorm("rmsnorm", out, (float *)x, NULL, weight, n, dim, eps);
+}
+
+void qlm_cuda_add_rmsnorm(float *out, float *x, const float *delta, const float *weight, int n, int dim, float eps) {
+    submit_rmsnorm("add_rmsnorm", out, x, delta, weight, n, dim, eps);
 }
 
 // Thread per (row, frequency, head) over the query heads then the key heads: rotate-half RoPE by

@@ -301,6 +301,25 @@ static void test_matmul_group(void **state) {
             }
 }
 
+/* add_rmsnorm on the GPU, out over delta as the models call it, against add then rmsnorm on the
+ * CPU: the residual x must come back with delta added, out normed. */
+static void check_add_rmsnorm(int n, int dim) {
+    const long nd = (long)n * dim;
+    float *x = randv(nd, 21u, 3.0f), *delta = randv(nd, 22u, 2.0f), *w = randv(dim, 23u, 1.0f);
+    float *want = malloc((size_t)nd * sizeof *want);
+    assert_non_null(want);
+    float *dx = to_gpu(x, (size_t)nd * sizeof *x), *dd = to_gpu(delta, (size_t)nd * sizeof *delta);
+    float *dw = to_gpu(w, (size_t)dim * sizeof *w);
+    gpu->add_rmsnorm(dd, dx, dd, dw, n, dim, 1e-6f);
+    cpu->add(x, delta, nd);
+    cpu->rmsnorm(want, x, w, n, dim, 1e-6f);
+    float *got_x = from_gpu(dx, nd), *got = from_gpu(dd, nd);
+    assert_true(rel_diff(got_x, x, nd) == 0);
+    assert_true(rel_diff(got, want, nd) <= 1e-6);
+    free(x), free(delta), free(w), free(want), free(got_x), free(got);
+    gpu->free(dx), gpu->free(dd), gpu->free(dw);
+}
+
 /* The same op on the CPU and the GPU over the same inputs. */
 static void test_rows_ops(void **state) {
     (void)state;
@@ -312,6 +331,8 @@ static void test_rows_ops(void **state) {
     float *got = from_gpu(dx, (long)n * dim);
     assert_true(rel_diff(got, want, (long)n * dim) <= 1e-6);
     free(got);
+    check_add_rmsnorm(n, dim);
+    check_add_rmsnorm(2, 5000); /* wider than the rows the kernel holds in registers */
 
     int pos[5] = {0, 7, 100, 2047, 31};
     const int kv_heads = 2;
