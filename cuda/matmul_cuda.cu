@@ -1,14 +1,31 @@
-// y = x W^T on the GPU. Up to GEMV_MAX_ROWS rows of x (decode) take a GEMV kernel that streams the
-// weights once in their storage dtype, a warp per output row, with F32 products and sums (x rounded
-// to BF16 for BF16 and INT8 weights, as on the cuBLAS path); one launch serves a whole matmul_group. More rows (prefill, batches) go through cuBLAS: F32 weights
-// as SGEMM (no TF32), BF16 as a BF16 GEMM with x rounded to BF16 and F32 accumulation, INT8 as
-// exact BF16 copies of the integers (|q| <= 127 fits BF16's 8-bit significand) in a BF16 GEMM
-// with the scales applied after, F16 widened to F32 for SGEMM (F16 x could overflow on T5).
+// y = x W^T on the GPU. Up to GEMV_MAX_ROWS rows of x (decode) take one GEMV launch, which also
+// serves a whole matmul_group, streaming the weights once in their storage dtype. More rows
+// (prefill, batches) go through cuBLAS: F32 weights as SGEMM (no TF32), BF16 as a BF16 GEMM with x
+// rounded to BF16 and F32 accumulation, INT8 as exact BF16 copies of the integers (|q| <= 127 fits
+// BF16's 8-bit significand) in a BF16 GEMM with the scales applied after, F16 widened to F32 for
+// SGEMM (F16 x could overflow on T5).
+//
+// The GEMV is bound by weight bytes, but a 2048-row matrix is only ~60 KB per SM: unless an SM has
+// its whole share of loads in flight at once, the time goes to memory latency. So a block of
+// GEMV_WARPS (16) warps takes a tile of 16 rows (each part of a group starts a tile) and gives each
+// warp a contiguous range of the columns (split-K inside the block: 2048 rows are 128 blocks, each
+// with its 64 KB of BF16 in flight at once; 576 rows still issue every load at once). Lane
+// (g, t) = (lane / 4, lane % 4) loads 16 bytes of rows g and g + 8 per 64-byte step, GEMV_STEPS
+// steps before using any. BF16 and INT8 weights go to the tensor cores, mma m16n8k16 with F32
+// accumulation: the loaded registers are the A fragment as they are (INT8 bytes made exact BF16
+// pairs, 2.5 instructions a byte), x rounded to BF16 the B fragment with the rows of x as its 8
+// columns, so a row's result does not depend on n; that k runs in another order than in memory
+// does not matter to a dot product, as long as A and B share it. The warp loads x coalesced and
+// shuffles it to the lanes that need it (xshare), so that for one row of x the kernel fits 64
+// registers and two blocks share an SM (a 2560-row q+k+v group, 160 tiles, runs in one wave). F32
+// and F16 weights (x stays F32 for them) and widths that do not fill 16-byte vectors take FMA
+// loops with the same lane layout. Each warp's 16x8 partial sums meet in shared memory and are
+// added in warp order (the same bits for any n and in any group), then scaled (INT8) and biased.
 #include <string.h>
 
 #include "cuda_internal.h"
 
-enum { GEMV_MAX_ROWS = 8, GEMV_WARPS = 8, GROUP_MAX = 4 };
+enum { GEMV_MAX_ROWS = 8, GEMV_WARPS = 16, GEMV_TILE = 16, GEMV_STEPS = 4, GROUP_MAX = 4 };
 
 struct gemv_part {
     const void *w;
@@ -20,7 +37,7 @@ struct gemv_part {
 
 struct gemv_args {
     gemv_part part[GROUP_MAX];
-    int start[GROUP_MAX + 1]; // first global row of each part
+    int tile0[GROUP_MAX + 1]; // first tile (block) of each part; tile0[count] tiles in all
     int count, cols, vec;     // vec: every row starts 16-byte aligned and cols fills whole vectors
     int dtype, n;
     const float *x;
@@ -39,114 +56,301 @@ template <int DT> __device__ __forceinline__ float w_scalar(const void *row, int
     return (float)((const signed char *)row)[c];
 }
 
-// 16 bytes of weights as floats (4, 8 or 16 of them).
+// 16 bytes of F32 or F16 weights as floats (4 or 8 of them).
 template <int DT> __device__ __forceinline__ void w_unpack(uint4 raw, float *f) {
     const unsigned u[4] = {raw.x, raw.y, raw.z, raw.w};
 #pragma unroll
     for (int k = 0; k < 4; k++) {
         if (DT == QLM_F32) {
             f[k] = __uint_as_float(u[k]);
-        } else if (DT == QLM_BF16) {
-            f[2 * k] = __uint_as_float(u[k] << 16);
-            f[2 * k + 1] = __uint_as_float(u[k] & 0xffff0000u);
-        } else if (DT == QLM_F16) {
-            __half2 h2 = *reinterpret_cast<const __half2 *>(&u[k]);
-            float2 v = __half22float2(h2);
+        } else {
+            const float2 v = __half22float2(*reinterpret_cast<const __half2 *>(&u[k]));
             f[2 * k] = v.x;
             f[2 * k + 1] = v.y;
-        } else {
-            // Each byte, its sign bit flipped (q + 128), becomes the low mantissa byte of 2^23;
-            // subtracting 2^23 + 128 leaves q exactly: a byte permute and an add per value
-            // instead of a slow integer-to-float conversion.
-            const unsigned biased = u[k] ^ 0x80808080u;
-#pragma unroll
-            for (int b = 0; b < 4; b++) f[4 * k + b] = __uint_as_float(__byte_perm(biased, 0x4B000000u, 0x7440 + b)) - 8388736.0f;
         }
     }
 }
 
-template <int DT, int NR>
-__global__ void __launch_bounds__(GEMV_WARPS * 32) gemv_kernel(gemv_args a) {
-    constexpr int V = 16 / wtraits<DT>::size;
-    const int lane = threadIdx.x & 31;
-    const int row = blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5);
-    if (row >= a.start[a.count]) return;
-    int k = 0;
-    while (row >= a.start[k + 1]) k++;
-    const gemv_part &P = a.part[k];
-    const int r = row - a.start[k], cols = a.cols;
-    const char *wrow = (const char *)P.w + (size_t)r * cols * wtraits<DT>::size;
-    float acc[NR];
+// Weights are read once: streaming (evict-first, as __ldcs), with L2 fetching whole 256-byte
+// blocks from memory. Volatile keeps the loads in program order, ahead of their use.
+__device__ __forceinline__ uint4 ld_weights(const char *p) {
+    uint4 v;
+    asm volatile("ld.global.cs.nc.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"(p));
+    return v;
+}
+
+// 4 bytes from global to shared memory without holding a register; cp.async.wait_all waits.
+__device__ __forceinline__ void cp_async4(float *dst, const float *src) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"((unsigned)__cvta_generic_to_shared(dst)), "l"(src)
+                 : "memory");
+}
+
+// lo and hi rounded to BF16 (nearest even), lo in the low half.
+__device__ __forceinline__ unsigned bf16x2(float lo, float hi) {
+    const __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<const unsigned *>(&h);
+}
+
+// Bytes 2 * half and 2 * half + 1 of w, INT8, as a BF16 pair (exact). Each byte, its sign bit
+// flipped (q + 128), becomes the low mantissa byte of 2^23; subtracting 2^23 + 128 leaves q.
+__device__ __forceinline__ unsigned i8x2_bf16x2(unsigned w, int half) {
+    const unsigned biased = w ^ 0x80808080u;
+    const float lo = __uint_as_float(__byte_perm(biased, 0x4B000000u, 0x7440 + 2 * half)) - 8388736.0f;
+    const float hi = __uint_as_float(__byte_perm(biased, 0x4B000000u, 0x7441 + 2 * half)) - 8388736.0f;
+    return bf16x2(lo, hi);
+}
+
+// c (16x8, F32) += A (16x16) B (16x8), BF16 operands: a0 and a2 from row g, a1 and a3 from row
+// g + 8, each pair's k matching b0 (a0, a1) and b1 (a2, a3); c0, c1 row g, c2, c3 row g + 8, at
+// columns 2t and 2t + 1. The mma sums its 16 products from zero and the result joins c in an F32
+// add, so that the running sum is carried by IEEE adds whatever the tensor cores keep of it.
+__device__ __forceinline__ void mma_bf16(float c[4], unsigned a0, unsigned a1, unsigned a2, unsigned a3, unsigned b0,
+                                         unsigned b1) {
+    float d[4];
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+                 "{%10, %10, %10, %10};"
+                 : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
+                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1), "f"(0.0f));
 #pragma unroll
-    for (int j = 0; j < NR; j++) acc[j] = 0;
-    if (a.vec) {
-        // U vectors per lane in flight before any is used: the loads, not the arithmetic, are the cost.
-        constexpr int U = 4;
-        for (int c0 = lane * V; c0 < cols; c0 += 32 * V * U) {
-            uint4 raw[U];
+    for (int k = 0; k < 4; k++) c[k] += d[k];
+}
+
+// Per batch of GEMV_STEPS steps, a warp's mma need the batch's columns of NR rows of x (NR: n
+// rounded up to a power of 2), lane (g, t) those of row g for its vectors. The warp loads them
+// spread evenly, SLOTS float4 a lane, and passes each to the lane that needs it by shuffles: for
+// n = 1, one coalesced load a lane instead of eight in four lanes, so that 64 registers hold every
+// weight load of the batch and two blocks fit on an SM.
+template <int DT, int NR> struct xshare {
+    static constexpr int Q = 16 / wtraits<DT>::size / 4; // mma per 16-byte vector
+    static constexpr int ROUNDS = GEMV_STEPS * Q;        // mma per batch
+    static constexpr int RPS = 8 / NR;                   // rounds that take their x from one slot
+    static constexpr int SLOTS = ROUNDS / RPS;           // float4 of x each lane loads per batch
+};
+
+// BF16 or INT8 weights, whole vectors: the warp's steps [s0, s1) of rows wa (g) and wb (g + 8)
+// against rows 0 .. n - 1 of x on the tensor cores.
+template <int DT, int NR>
+__device__ __forceinline__ void tile_mma(float c[4], const char *wa, const char *wb, const float *x, int n, int cols,
+                                         int nvec, int s0, int s1, int lane) {
+    using X = xshare<DT, NR>;
+    constexpr int V = 16 / wtraits<DT>::size; // columns per vector
+    const int t = lane & 3;
+    // Round r (mma q of step u, r = u Q + q) of lane d = 4 g + t < 4 NR takes slot r / RPS of lane
+    // (r % RPS) 4 NR + d: x row g, columns 4q .. 4q + 3 of its vector (s + u) 4 + t. So slot k of
+    // this lane holds what lane d = lane % 4 NR needs in round r = k RPS + lane / 4 NR.
+    int xoff[X::SLOTS], xstep[X::SLOTS], xvec[X::SLOTS];
+    bool xrow[X::SLOTS];
+#pragma unroll
+    for (int k = 0; k < X::SLOTS; k++) {
+        const int r = k * X::RPS + lane / (4 * NR), d = lane % (4 * NR), u = r / X::Q, q = r % X::Q;
+        xstep[k] = u;
+        xvec[k] = u * 4 + (d & 3); // relative to the batch's first vector, 4 s
+        xrow[k] = d / 4 < n;
+        xoff[k] = (d / 4) * cols + xvec[k] * V + 4 * q;
+    }
+    c[0] = c[1] = c[2] = c[3] = 0;
+    for (int s = s0; s < s1; s += GEMV_STEPS) {
+        uint4 ra[GEMV_STEPS], rb[GEMV_STEPS];
+#pragma unroll
+        for (int u = 0; u < GEMV_STEPS; u++) {
+            const int v = (s + u) * 4 + t;
+            const bool ok = s + u < s1 && v < nvec;
+            ra[u] = ok ? ld_weights(wa + (size_t)v * 16) : make_uint4(0, 0, 0, 0);
+            rb[u] = ok ? ld_weights(wb + (size_t)v * 16) : make_uint4(0, 0, 0, 0);
+        }
+        // x is zero wherever the weights are (past the warp's steps or the row).
+        unsigned px[X::SLOTS][2];
+        const float *xs = x + (size_t)s * 4 * V;
+#pragma unroll
+        for (int k = 0; k < X::SLOTS; k++) {
+            const bool ok = xrow[k] && s + xstep[k] < s1 && s * 4 + xvec[k] < nvec;
+            const float4 xv = ok ? __ldg((const float4 *)(xs + xoff[k])) : make_float4(0, 0, 0, 0);
+            px[k][0] = bf16x2(xv.x, xv.y);
+            px[k][1] = bf16x2(xv.z, xv.w);
+        }
+#pragma unroll
+        for (int u = 0; u < GEMV_STEPS; u++) {
+            const unsigned a[4] = {ra[u].x, ra[u].y, ra[u].z, ra[u].w}, b[4] = {rb[u].x, rb[u].y, rb[u].z, rb[u].w};
+            // Each mma takes 4 of the vector's columns: x's 4 values there and the weights'.
+#pragma unroll
+            for (int q = 0; q < X::Q; q++) {
+                const int r = u * X::Q + q, k = r / X::RPS, src = (r % X::RPS) * 4 * NR + lane;
+                unsigned x0 = __shfl_sync(0xffffffffu, px[k][0], src & 31);
+                unsigned x1 = __shfl_sync(0xffffffffu, px[k][1], src & 31);
+                if (lane >= 4 * NR) x0 = x1 = 0; // columns NR.. of B, never stored
+                if (DT == QLM_BF16)
+                    mma_bf16(c, a[2 * q], b[2 * q], a[2 * q + 1], b[2 * q + 1], x0, x1);
+                else
+                    mma_bf16(c, i8x2_bf16x2(a[q], 0), i8x2_bf16x2(b[q], 0), i8x2_bf16x2(a[q], 1),
+                             i8x2_bf16x2(b[q], 1), x0, x1);
+            }
+        }
+    }
+}
+
+// Any dtype with F32 FMAs (x rounded to BF16 for BF16 and INT8 weights): steps [s0, s1) of rows wa
+// and wb against the n rows of x, 16 bytes per lane and step when vec, else one column. The four
+// lanes of a row then split its sums so that c has tile_mma's layout.
+template <int DT, bool VEC>
+__device__ __forceinline__ void tile_fma(float c[4], const char *wa, const char *wb, const float *x, int n, int cols,
+                                         int nvec, int s0, int s1, int t) {
+    constexpr bool ROUND = DT == QLM_BF16 || DT == QLM_I8;
+    float acc[2 * GEMV_MAX_ROWS]; // [j] row g, [GEMV_MAX_ROWS + j] row g + 8, against row j of x
+#pragma unroll
+    for (int j = 0; j < 2 * GEMV_MAX_ROWS; j++) acc[j] = 0;
+    if constexpr (VEC) {
+        constexpr int U = GEMV_STEPS, V = 16 / wtraits<DT>::size;
+        for (int s = s0; s < s1; s += U) {
+            uint4 ra[U], rb[U];
 #pragma unroll
             for (int u = 0; u < U; u++) {
-                int c = c0 + u * 32 * V;
-                raw[u] = c < cols ? __ldcs((const uint4 *)(wrow + (size_t)c * wtraits<DT>::size)) : make_uint4(0, 0, 0, 0);
+                const int v = (s + u) * 4 + t;
+                const bool ok = s + u < s1 && v < nvec;
+                ra[u] = ok ? ld_weights(wa + (size_t)v * 16) : make_uint4(0, 0, 0, 0);
+                rb[u] = ok ? ld_weights(wb + (size_t)v * 16) : make_uint4(0, 0, 0, 0);
             }
 #pragma unroll
             for (int u = 0; u < U; u++) {
-                int c = c0 + u * 32 * V;
-                if (c >= cols) break;
-                float wf[V];
-                w_unpack<DT>(raw[u], wf);
+                const int v = (s + u) * 4 + t;
+                if (s + u >= s1 || v >= nvec) break;
+                float fa[V], fb[V];
+                w_unpack<DT>(ra[u], fa);
+                w_unpack<DT>(rb[u], fb);
 #pragma unroll
-                for (int j = 0; j < NR; j++) {
-                    const float4 *xr = (const float4 *)(a.x + (size_t)j * cols + c);
+                for (int j = 0; j < GEMV_MAX_ROWS; j++) {
+                    if (j >= n) break;
+                    const float4 *xr = (const float4 *)(x + (size_t)j * cols + (size_t)v * V);
 #pragma unroll
-                    for (int v = 0; v < V / 4; v++) {
-                        float4 xv = __ldg(xr + v);
-                        if (DT == QLM_BF16 || DT == QLM_I8)
-                            xv = make_float4(qlm_bf16_round(xv.x), qlm_bf16_round(xv.y), qlm_bf16_round(xv.z),
-                                             qlm_bf16_round(xv.w));
-                        acc[j] += wf[4 * v] * xv.x + wf[4 * v + 1] * xv.y + wf[4 * v + 2] * xv.z + wf[4 * v + 3] * xv.w;
+                    for (int q = 0; q < V / 4; q++) {
+                        const float4 xv = __ldg(xr + q);
+                        const float xs[4] = {xv.x, xv.y, xv.z, xv.w};
+#pragma unroll
+                        for (int e = 0; e < 4; e++) {
+                            acc[j] = fmaf(fa[4 * q + e], xs[e], acc[j]);
+                            acc[GEMV_MAX_ROWS + j] = fmaf(fb[4 * q + e], xs[e], acc[GEMV_MAX_ROWS + j]);
+                        }
                     }
                 }
             }
         }
     } else {
-        for (int c = lane; c < cols; c += 32) {
-            float wv = w_scalar<DT>(wrow, c);
+#pragma unroll 4
+        for (int s = s0; s < s1; s++) {
+            const int col = s * 4 + t;
+            if (col >= cols) continue;
+            const float fa = w_scalar<DT>(wa, col), fb = w_scalar<DT>(wb, col);
 #pragma unroll
-            for (int j = 0; j < NR; j++) {
-                float xv = a.x[(size_t)j * cols + c];
-                acc[j] += wv * (DT == QLM_BF16 || DT == QLM_I8 ? qlm_bf16_round(xv) : xv);
+            for (int j = 0; j < GEMV_MAX_ROWS; j++) {
+                if (j >= n) break;
+                const float xv = ROUND ? qlm_bf16_round(x[(size_t)j * cols + col]) : x[(size_t)j * cols + col];
+                acc[j] = fmaf(fa, xv, acc[j]);
+                acc[GEMV_MAX_ROWS + j] = fmaf(fb, xv, acc[GEMV_MAX_ROWS + j]);
             }
         }
     }
-    const float s = DT == QLM_I8 ? (P.row_scales ? P.row_scales[r] : P.scale) : 1.0f;
-    const float b = P.bias ? P.bias[r] : 0.0f;
+    // Lanes t ^ 2 swap halves of j (t & 2 keeps 4..7), then lanes t ^ 1 (t & 1 keeps the upper
+    // pair): lane t ends with j = 2t and 2t + 1 of both rows.
+    const bool hi2 = t & 2, hi1 = t & 1;
+    float h[8];
 #pragma unroll
-    for (int j = 0; j < NR; j++) {
-        float v = acc[j];
-        for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-        if (lane == 0) P.y[(size_t)j * P.rows + r] = v * s + b;
-    }
+    for (int r = 0; r < 2; r++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const float lo = acc[r * GEMV_MAX_ROWS + i], up = acc[r * GEMV_MAX_ROWS + 4 + i];
+            h[r * 4 + i] = (hi2 ? up : lo) + __shfl_xor_sync(0xffffffffu, hi2 ? lo : up, 2);
+        }
+#pragma unroll
+    for (int r = 0; r < 2; r++)
+#pragma unroll
+        for (int i = 0; i < 2; i++) {
+            const float lo = h[r * 4 + i], up = h[r * 4 + 2 + i];
+            c[r * 2 + i] = (hi1 ? up : lo) + __shfl_xor_sync(0xffffffffu, hi1 ? lo : up, 1);
+        }
 }
 
-template <int DT>
-static void gemv_launch_rows(const gemv_args &a, unsigned blocks) {
-    switch (a.n) {
-#define CASE(R) \
-    case R: gemv_kernel<DT, R><<<blocks, GEMV_WARPS * 32, 0, qlm_cuda_stream>>>(a); break;
-        CASE(1) CASE(2) CASE(3) CASE(4) CASE(5) CASE(6) CASE(7) CASE(8)
-#undef CASE
+// The mma kernels for one row of x (1 or 2 float4 of x a lane) fit 64 registers: two blocks per SM.
+template <int DT, bool VEC, int NR> constexpr int gemv_min_blocks() {
+    if constexpr (VEC && (DT == QLM_BF16 || DT == QLM_I8))
+        return NR == 1 ? 2 : 1;
+    else
+        return 1;
+}
+
+// NR: n rounded up to a power of 2 for the mma kernels, GEMV_MAX_ROWS (unused) for the others.
+template <int DT, bool VEC, int NR>
+__global__ void __launch_bounds__(GEMV_WARPS * 32, gemv_min_blocks<DT, VEC, NR>())
+    gemv_kernel(const __grid_constant__ gemv_args a) {
+    static_assert(GEMV_MAX_ROWS == 8 && GEMV_TILE == 16, "the mma's n and m");
+    // float2 stores below: aligned for them (the declaration alone promises 4 bytes).
+    __shared__ __align__(16) float sums[GEMV_WARPS][GEMV_TILE][GEMV_MAX_ROWS];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const int tile = blockIdx.x;
+    int k = 0;
+    while (tile >= a.tile0[k + 1]) k++;
+    const gemv_part &P = a.part[k];
+    const int r0 = (tile - a.tile0[k]) * GEMV_TILE, cols = a.cols, n = a.n;
+    // Rows past the weight's last read that row instead; their sums are never stored.
+    const size_t row_bytes = (size_t)cols * wtraits<DT>::size;
+    const char *wa = (const char *)P.w + (size_t)min(r0 + g, P.rows - 1) * row_bytes;
+    const char *wb = (const char *)P.w + (size_t)min(r0 + g + 8, P.rows - 1) * row_bytes;
+    // The row's steps (4 vectors or 4 columns, one per lane t), split evenly among the warps.
+    const int nvec = (int)(row_bytes / 16), steps = VEC ? (nvec + 3) / 4 : (cols + 3) / 4;
+    const int s0 = warp * steps / GEMV_WARPS, s1 = (warp + 1) * steps / GEMV_WARPS;
+    // The tile's row scales and biases start on their way to shared memory now (no registers held
+    // through the loads), for thread i < 128, which finishes output j = i % 8 of row i / 8.
+    __shared__ float row_scale[GEMV_TILE], row_bias[GEMV_TILE];
+    if (threadIdx.x < GEMV_TILE && r0 + (int)threadIdx.x < P.rows) {
+        if (DT == QLM_I8 && P.row_scales) cp_async4(&row_scale[threadIdx.x], P.row_scales + r0 + threadIdx.x);
+        if (P.bias) cp_async4(&row_bias[threadIdx.x], P.bias + r0 + threadIdx.x);
+    }
+    float c[4];
+    if constexpr (VEC && (DT == QLM_BF16 || DT == QLM_I8))
+        tile_mma<DT, NR>(c, wa, wb, a.x, n, cols, nvec, s0, s1, lane);
+    else
+        tile_fma<DT, VEC>(c, wa, wb, a.x, n, cols, nvec, s0, s1, t);
+    *(float2 *)&sums[warp][g][2 * t] = make_float2(c[0], c[1]);
+    *(float2 *)&sums[warp][g + 8][2 * t] = make_float2(c[2], c[3]);
+    asm volatile("cp.async.wait_all;" ::: "memory");
+    __syncthreads();
+    const int j = threadIdx.x % GEMV_MAX_ROWS, row = threadIdx.x / GEMV_MAX_ROWS;
+    if (threadIdx.x >= GEMV_TILE * GEMV_MAX_ROWS || j >= n || r0 + row >= P.rows) return;
+    float v = 0;
+#pragma unroll
+    for (int w = 0; w < GEMV_WARPS; w++) v += sums[w][row][j];
+    const float scale = DT == QLM_I8 ? (P.row_scales ? row_scale[row] : P.scale) : 1.0f;
+    P.y[(size_t)j * P.rows + r0 + row] = v * scale + (P.bias ? row_bias[row] : 0.0f);
+}
+
+template <int DT, bool VEC, int NR> static void gemv_launch_kernel(const gemv_args &a) {
+    gemv_kernel<DT, VEC, NR><<<(unsigned)a.tile0[a.count], GEMV_WARPS * 32, 0, qlm_cuda_stream>>>(a);
+    LAUNCH_CHECK();
+}
+
+template <int DT> static void gemv_launch_dt(const gemv_args &a) {
+    if (!a.vec) {
+        gemv_launch_kernel<DT, false, GEMV_MAX_ROWS>(a);
+    } else if constexpr (DT == QLM_F32 || DT == QLM_F16) {
+        gemv_launch_kernel<DT, true, GEMV_MAX_ROWS>(a);
+    } else {
+        switch (a.n) {
+        case 1: gemv_launch_kernel<DT, true, 1>(a); break;
+        case 2: gemv_launch_kernel<DT, true, 2>(a); break;
+        case 3:
+        case 4: gemv_launch_kernel<DT, true, 4>(a); break;
+        default: gemv_launch_kernel<DT, true, 8>(a); break;
+        }
     }
 }
 
 static void launch_gemv(const void *p) {
     const gemv_args &a = *(const gemv_args *)p;
-    unsigned blocks = qlm_cuda_blocks(a.start[a.count], GEMV_WARPS);
     switch (a.dtype) {
-    case QLM_F32: gemv_launch_rows<QLM_F32>(a, blocks); break;
-    case QLM_F16: gemv_launch_rows<QLM_F16>(a, blocks); break;
-    case QLM_BF16: gemv_launch_rows<QLM_BF16>(a, blocks); break;
-    default: gemv_launch_rows<QLM_I8>(a, blocks); break;
+    case QLM_F32: gemv_launch_dt<QLM_F32>(a); break;
+    case QLM_F16: gemv_launch_dt<QLM_F16>(a); break;
+    case QLM_BF16: gemv_launch_dt<QLM_BF16>(a); break;
+    default: gemv_launch_dt<QLM_I8>(a); break;
     }
 }
 
@@ -162,7 +366,7 @@ static void gemv(const qlm_matmul_out *outs, int count, const float *x, int n) {
     a.cols = w0->cols;
     a.x = x;
     a.vec = ((size_t)w0->cols * esize) % 16 == 0 && (uintptr_t)x % 16 == 0;
-    a.start[0] = 0;
+    a.tile0[0] = 0;
     for (int k = 0; k < count; k++) {
         const qlm_weight *w = outs[k].w;
         a.part[k].w = w->data;
@@ -171,9 +375,10 @@ static void gemv(const qlm_matmul_out *outs, int count, const float *x, int n) {
         a.part[k].row_scales = w->row_scales;
         a.part[k].scale = w->scale;
         a.part[k].rows = w->rows;
-        a.start[k + 1] = a.start[k] + w->rows;
+        a.tile0[k + 1] = a.tile0[k] + (w->rows + GEMV_TILE - 1) / GEMV_TILE;
         a.vec = a.vec && (uintptr_t)w->data % 16 == 0;
     }
+    if (a.tile0[count] == 0) return;
     qlm_cuda_submit(a.n == 1 ? "gemv" : "gemv (2-8 rows)", launch_gemv, &a, sizeof a);
 }
 
