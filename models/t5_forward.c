@@ -118,12 +118,23 @@ static int qkv_forward(const qlm_t5_model *m, const qlm_t5_layer *L, qlm_t5_stat
     return PROJ_GROUP(outs, targets, 3, s->xb);
 }
 
+/* Each sub-block leaves its output in xb, and the next one's norm adds it to the residual stream x
+ * as it norms x into out (one op, not two). pending: xb holds an output not yet added. */
+static void residual_norm(const qlm_t5_model *m, qlm_t5_state *s, int pending, float *out, const float *norm, int n) {
+    const qlm_t5_config *c = &m->cfg;
+    if (pending)
+        m->be->add_rmsnorm(out, s->x, s->xb, norm, n, c->d_model, c->norm_eps);
+    else
+        m->be->rmsnorm(out, s->x, norm, n, c->d_model, c->norm_eps);
+}
+
+/* After an attention sub-block, whose output it adds. */
 static int ffn_forward(const qlm_t5_model *m, const qlm_t5_layer *L, qlm_t5_state *s, int n, const int *slots,
                        int slot, int stack, int l) {
     const qlm_t5_config *c = &m->cfg;
     const qlm_backend *be = m->be;
     long nf = (long)n * c->d_ff;
-    be->rmsnorm(s->xb, s->x, L->ffn_norm, n, c->d_model, c->norm_eps);
+    residual_norm(m, s, 1, s->xb, L->ffn_norm, n);
     const qlm_matmul_out wi[] = {{s->hb, &L->wi0, NULL}, {s->hb2, &L->wi1, NULL}};
     static const int wi_targets[] = {QLM_LORA_WI0, QLM_LORA_WI1};
     if (PROJ_GROUP(wi, wi_targets, c->gated ? 2 : 1, s->xb)) return -1;
@@ -131,9 +142,7 @@ static int ffn_forward(const qlm_t5_model *m, const qlm_t5_layer *L, qlm_t5_stat
         be->glu(s->hb, s->hb, s->hb2, nf, (qlm_act)c->act);
     else
         be->activate(s->hb, nf, (qlm_act)c->act);
-    if (PROJ(s->xb, s->hb, &L->wo, QLM_LORA_WO)) return -1;
-    be->add(s->x, s->xb, (long)n * c->d_model);
-    return 0;
+    return PROJ(s->xb, s->hb, &L->wo, QLM_LORA_WO);
 }
 
 int qlm_t5_encode(const qlm_t5_model *m, qlm_t5_state *s, int slot, const int *ids, int n) {
@@ -151,14 +160,13 @@ int qlm_t5_encode(const qlm_t5_model *m, qlm_t5_state *s, int slot, const int *i
     int stack = 0;
     for (int l = 0; l < c->n_layers; l++) {
         const qlm_t5_layer *L = &m->enc[l];
-        be->rmsnorm(s->xb, s->x, L->attn_norm, n, c->d_model, c->norm_eps);
+        residual_norm(m, s, l > 0, s->xb, L->attn_norm, n);
         if (qkv_forward(m, L, s, n, slots, slot, stack, l) != 0) return -1;
         be->attention(s->att, s->q, s->k, s->v, n, s->pos, &self);
         if (PROJ(s->xb, s->att, &L->o, QLM_LORA_O)) return -1;
-        be->add(s->x, s->xb, (long)n * c->d_model);
         if (ffn_forward(m, L, s, n, slots, slot, stack, l) != 0) return -1;
     }
-    be->rmsnorm(s->enc_out, s->x, m->enc_final_norm, n, c->d_model, c->norm_eps);
+    residual_norm(m, s, c->n_layers > 0, s->enc_out, m->enc_final_norm, n);
     stack = 1; /* the cross-attention keys and values are the decoder's projections */
     for (int l = 0; l < c->n_dec_layers; l++) {
         const qlm_matmul_out kv[] = {{s->k, &m->dec[l].ck, NULL}, {s->v, &m->dec[l].cv, NULL}};
@@ -198,23 +206,22 @@ static int decode_chunk(const qlm_t5_model *m, qlm_t5_state *s, const int *token
     be->embedding(s->x, &m->shared, tokens, n);
     for (int l = 0; l < c->n_dec_layers; l++) {
         const qlm_t5_layer *L = &m->dec[l];
-        be->rmsnorm(s->xb, s->x, L->attn_norm, n, c->d_model, c->norm_eps);
+        residual_norm(m, s, l > 0, s->xb, L->attn_norm, n);
         if (qkv_forward(m, L, s, n, slots, slot, stack, l) != 0) return -1;
         be->kv_store(s->k_cache[l], s->v_cache[l], s->kv_dtype, s->k, s->v, n, slots, 0, pos, c->n_heads, c->d_kv,
                      s->max_tgt);
         slot_attention(m, s, s->k_cache, s->v_cache, l, s->max_tgt, pos, slots, n, 0);
         if (PROJ(s->xb, s->att, &L->o, QLM_LORA_O)) return -1;
-        be->add(s->x, s->xb, (long)n * c->d_model);
 
-        be->rmsnorm(s->xb, s->x, L->cross_norm, n, c->d_model, c->norm_eps);
+        residual_norm(m, s, 1, s->xb, L->cross_norm, n);
         if (PROJ(s->q, s->xb, &L->cq, QLM_LORA_CROSS_Q)) return -1;
         slot_attention(m, s, s->cross_k, s->cross_v, l, s->max_src, pos, slots, n, 1);
         if (PROJ(s->xb, s->att, &L->co, QLM_LORA_CROSS_O)) return -1;
-        be->add(s->x, s->xb, (long)n * c->d_model);
 
         if (ffn_forward(m, L, s, n, slots, slot, stack, l) != 0) return -1;
     }
     if (n_rows == 0) return 0;
+    if (c->n_dec_layers > 0) be->add(s->x, s->xb, (long)n * c->d_model); /* the last sub-block's output */
     for (int r = 0; r < n_rows; r++)
         be->copy(s->xb + (size_t)r * c->d_model, s->x + (size_t)rows[r] * c->d_model, c->d_model);
     be->rmsnorm(s->xb, s->xb, m->head_norm, n_rows, c->d_model, c->norm_eps);
