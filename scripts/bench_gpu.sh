@@ -8,6 +8,11 @@
 # SmolLM2 GGUF is too large to carry to the lent machine), so both engines generate exactly -n
 # tokens per dialogue. Prints the block and puts it in docs/benchmarks.md (between <!-- gpu -->
 # markers, which `make bench` keeps).
+# With QLM_LLAMA_BENCH (llama.cpp's llama-bench built with CUDA, outside the repository, from the
+# llama-cpp-python sdist's vendored sources) and QLM_LLAMA_CPP_SRC (a folder holding that source's
+# convert_hf_to_gguf.py and gguf-py/), the same random-weight models converted to BF16 and Q8_0
+# GGUFs also run under llama-bench on the same GPU (all layers offloaded): its pp512 and tg128
+# next to qlm's BF16 and INT8.
 # Usage: scripts/bench_gpu.sh BIN ASSETS SMOLLM2 [DIALOGUES]
 #   BIN      folder holding qlm and bench_cuda built with `make CUDA=1` (build/cuda, or gpu/bin of
 #            scripts/gpu_bundle.sh)
@@ -22,6 +27,47 @@ mkdir -p "$work/tinyllama"
 cp "$assets/tinyllama-1.1b-chat-v1.0-tokenizer/config.json" "$work/tinyllama/"
 head -n "$n_dial" "$assets/dialogsum/dialogsum.test.jsonl" >"$work/dialogues.jsonl"
 field() { python3 -c "import json,sys; print(json.loads(sys.stdin.read())['$1'])"; }
+# avg_ts of llama-bench's test with n_prompt p and n_gen g, from its JSON.
+llama_ts() {
+    python3 -c 'import json, sys
+for r in json.load(open(sys.argv[1])):
+    if r["n_prompt"] == int(sys.argv[2]) and r["n_gen"] == int(sys.argv[3]):
+        print("%.1f" % r["avg_ts"])' "$1" "$2" "$3"
+}
+# llama.cpp on the decode table's models: qlm writes random BF16 weights of each config, llama.cpp's
+# converter makes BF16 and Q8_0 GGUFs of them, llama-bench runs each with every layer on the GPU.
+llama_section() {
+    local lb=${QLM_LLAMA_BENCH:-} src=${QLM_LLAMA_CPP_SRC:-} m dir t d lpp ltg qpp qtg
+    if [ -z "$lb" ] || [ -z "$src" ]; then
+        echo
+        echo "llama.cpp not measured in this run (QLM_LLAMA_BENCH and QLM_LLAMA_CPP_SRC unset)."
+        return
+    fi
+    echo
+    echo "The same models under llama.cpp's \`llama-bench -ngl 99 -p 512 -n 128 -r 3\` (CUDA build of the llama-cpp-python"
+    echo "sdist's sources; random BF16 weights written by \`qlm quantize --random-weights\`, converted by its"
+    echo "convert_hf_to_gguf.py to BF16 and Q8_0 GGUFs), same GPU, same run; qlm's columns from the table above:"
+    echo
+    echo "| model | qlm – llama.cpp | llama.cpp pp512 | qlm pp512 | llama.cpp tg128 | qlm tg128 | qlm / llama.cpp tg |"
+    echo "| --- | --- | ---: | ---: | ---: | ---: | ---: |"
+    for m in smollm2 tinyllama; do
+        dir="$work/$m-bf16"
+        "$bin/qlm" quantize "$([ $m = smollm2 ] && echo "$smol" || echo "$assets/tinyllama-1.1b-chat-v1.0-tokenizer")" "$dir" --dtype bf16 \
+            --random-weights >"$work/quantize.log" 2>&1 || { cat "$work/quantize.log" >&2; return 1; }
+        for t in bf16 q8_0; do
+            PYTHONPATH="$src/gguf-py" python3 "$src/convert_hf_to_gguf.py" "$dir" --outtype $t \
+                --outfile "$work/$m-$t.gguf" >"$work/convert.log" 2>&1 || { cat "$work/convert.log" >&2; return 1; }
+            "$lb" -m "$work/$m-$t.gguf" -ngl 99 -p 512 -n 128 -r 3 -o json >"$work/llama-$m-$t.json" 2>"$work/llama.log" ||
+                { cat "$work/llama.log" >&2; return 1; }
+            d=$([ $t = bf16 ] && echo bf16 || echo int8)
+            lpp=$(llama_ts "$work/llama-$m-$t.json" 512 0) ltg=$(llama_ts "$work/llama-$m-$t.json" 0 128)
+            qpp=$(field pp_tps <"$work/qlm-$m-$d.json") qtg=$(field tg_tps <"$work/qlm-$m-$d.json")
+            printf '| %s | %s – %s | %s | %.0f | %s | %.1f | %.2fx |\n' $m "$(echo $d | tr a-z A-Z)" "$(echo $t | tr a-z A-Z)" \
+                "$lpp" "$qpp" "$ltg" "$qtg" "$(python3 -c "print($qtg/$ltg)")"
+        done
+        rm -f "$work/$m"-*.gguf
+    done
+}
 
 {
 echo "<!-- gpu -->"
@@ -46,10 +92,12 @@ for m in smollm2 tinyllama; do
     dir=$([ $m = smollm2 ] && echo "$smol" || echo "$work/tinyllama")
     for d in bf16 int8; do
         j=$("$bin/qlm" bench -m "$dir" --random-weights --device cuda --dtype $d --pp 512 --tg 128 --reps 3 --json)
+        echo "$j" >"$work/qlm-$m-$d.json"
         printf '| %s | %s | %.0f | %.1f | %.0f | %.0f | %.0f%% |\n' $m $d "$(field pp_tps <<<"$j")" "$(field tg_tps <<<"$j")" \
             "$(field bandwidth_gbs <<<"$j")" "$(field tg_bound_tps <<<"$j")" "$(python3 -c "print(100*$(field tg_fraction_of_bound <<<"$j"))")"
     done
 done
+llama_section || echo "(llama.cpp's section stopped: its error is in the log above.)"
 echo
 echo "Where a TinyLlama BF16 decode step's GPU time goes (\`QLM_CUDA_PROFILE=1 qlm bench ... --pp 0 --tg 64 --reps 1\`,"
 echo "each op launched alone and timed with events):"

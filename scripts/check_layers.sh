@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The include check of the layers (docs/ARCHITECTURE.md, "Layers"): lists every include that crosses
 # from one source folder into another and fails on one that points a forbidden way. Each folder may
-# include only itself and the folders after its name below; tests/, bench/ and fuzz/ may include
-# anything. Run from the repository root; make test runs it, and runs it once more with
+# include only itself and the folders after its name below; tests/, bench/, fuzz/ and tools/ may
+# include anything. Run from the repository root; make test runs it, and runs it once more with
 # --extra FILE:INCLUDE, which checks one more include as if FILE had it (make test adds a reversed
 # arrow that way and expects the check to fail). It prints each allowed arrow with its includes'
 # count; -v prints every cross-folder include, -q only violations.
@@ -61,7 +61,7 @@ check() {
 while IFS= read -r file; do
     while IFS= read -r inc; do check "$file" "$inc"; done \
         < <(sed -n 's/^[[:space:]]*#[[:space:]]*include[[:space:]]*"\([^"]*\)".*/\1/p' "$file")
-done < <(git ls-files -co --exclude-standard '*.c' '*.h' '*.cu' | grep -v '^\(tests\|bench\|fuzz\)/')
+done < <(git ls-files -co --exclude-standard '*.c' '*.h' '*.cu' | grep -v '^\(tests\|bench\|fuzz\|tools\)/')
 for e in "${extra[@]+"${extra[@]}"}"; do check "${e%%:*}" "${e#*:}"; done
 if [ "$quiet" -eq 0 ]; then
     for p in "${!pairs[@]}"; do printf '  %-22s %3d\n' "$p" "${pairs[$p]}"; done | sort

@@ -4,10 +4,15 @@
 # glibc, CUDA and NCCL (the machine has those: its PyTorch brings NCCL, 200 MB that would not fit
 # the 64 MiB a call carries), the assets the tests and benchmarks read, and the default model's
 # config and tokenizer. Writes OUT (default .gpu/, which .git/info/exclude should list) as two
-# tarballs. On the GPU machine: tar xJf OUT/qlm.tar.xz && tar xJf OUT/assets.tar.xz, then run with
-# LD_LIBRARY_PATH=gpu/lib plus the folder of the machine's libnccl.so.2, QLM_ASSETS=gpu/assets.
+# tarballs; each further FILE (llama.cpp's CUDA llama-bench with its converter as llama.tar.xz,
+# the default model's GGUF) is split into OUT/parts/FILE.partNN of at most 24 MiB, with
+# FILE.sha256, so that each rides in a call of its own. scripts/gpu_run.sh unpacks and joins them
+# there and runs the tests and benchmarks.
+# Usage: scripts/gpu_bundle.sh [OUT [FILE...]]
 set -euo pipefail
 out=${1:-.gpu}
+[ $# -gt 0 ] && shift
+mkdir -p "$out"
 make --no-print-directory test-cuda-build >/dev/null
 stage=$(mktemp -d)
 trap 'rm -rf "$stage"' EXIT
@@ -26,4 +31,11 @@ done
 cache=${QLM_CACHE:-$HOME/.cache/qlm}
 cp "$cache/SmolLM2-135M-Instruct/"{config.json,tokenizer.json,tokenizer_config.json} "$stage/gpu/smollm2/"
 tar -C "$stage" -I "xz -T0" -cf "$out/assets.tar.xz" gpu/assets gpu/smollm2
-ls -la "$out"
+for f in "$@"; do
+    name=$(basename "$f")
+    mkdir -p "$out/parts"
+    rm -f "$out/parts/$name".*
+    split -b 24M -d -a 2 "$f" "$out/parts/$name.part"
+    { sha256sum <"$f" | cut -d' ' -f1; (cd "$out/parts" && sha256sum "$name".part*); } >"$out/parts/$name.sha256"
+done
+ls -la "$out" ${1:+"$out/parts"}

@@ -1,0 +1,161 @@
+// What CUDA C++ gives a kernel, for compiling qlm's .cu files as host C++ (tools/cuda_emu/build.sh):
+// the built-in types and indices, barriers and warp shuffles (emu.cpp runs them), the intrinsics
+// and conversions the kernels use, and the few runtime and cuBLAS calls their launchers make.
+#pragma once
+#include <algorithm>
+#include <atomic>
+#include <barrier>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+using std::max;
+using std::min;
+#define __global__
+#define __device__
+#define __host__
+#define __forceinline__ inline
+#define __launch_bounds__(...)
+#define __restrict__ __restrict
+#define __shared__ static
+#define __align__(n) __attribute__((aligned(n)))
+#define __cvta_generic_to_shared(p) ((size_t)(p))
+struct dim3 { unsigned x, y, z; dim3(unsigned a = 1, unsigned b = 1, unsigned c = 1) : x(a), y(b), z(c) {} };
+struct uint4 { unsigned x, y, z, w; };
+struct uint2 { unsigned x, y; };
+struct float4 { float x, y, z, w; };
+struct float2 { float x, y; };
+struct int4 { int x, y, z, w; };
+static inline uint4 make_uint4(unsigned a, unsigned b, unsigned c, unsigned d) { return {a, b, c, d}; }
+static inline float4 make_float4(float a, float b, float c, float d) { return {a, b, c, d}; }
+static inline float2 make_float2(float a, float b) { return {a, b}; }
+extern thread_local dim3 threadIdx, blockIdx;
+extern dim3 blockDim, gridDim;
+extern unsigned char *emu_dyn_smem;
+typedef void *cudaStream_t;
+typedef void *cudaEvent_t;
+typedef int cudaError_t;
+enum { cudaSuccess = 0, cudaMemcpyHostToDevice = 1, cudaMemcpyDeviceToHost = 2, cudaMemcpyDeviceToDevice = 3 };
+static inline int cudaStreamSynchronize(cudaStream_t) { return 0; }
+static inline int cudaGetLastError() { return 0; }
+static inline const char *cudaGetErrorString(int) { return "emu"; }
+static inline int cudaMemsetAsync(void *p, int v, size_t n, cudaStream_t) { memset(p, v, n); return 0; }
+static inline int cudaMemcpyAsync(void *d, const void *s, size_t n, int, cudaStream_t) { memmove(d, s, n); return 0; }
+
+void emu_syncthreads();
+void emu_warp_xchg(uint64_t v, uint64_t *out, int src);
+static inline void __syncthreads() { emu_syncthreads(); }
+int emu_syncthreads_or(int p);
+static inline int __syncthreads_or(int p) { return emu_syncthreads_or(p); }
+
+static inline void __syncwarp(unsigned = 0xffffffffu) {}
+template <class T> static inline T emu_shfl(T v, int src) {
+    uint64_t in = 0, out;
+    memcpy(&in, &v, sizeof v);
+    emu_warp_xchg(in, &out, src);
+    T r;
+    memcpy(&r, &out, sizeof r);
+    return r;
+}
+template <class T> static inline T __shfl_sync(unsigned, T v, int src, int width = 32) {
+    int lane = threadIdx.x & 31;
+    return emu_shfl(v, (lane & ~(width - 1)) | (src & (width - 1)));
+}
+template <class T> static inline T __shfl_xor_sync(unsigned, T v, int o, int width = 32) {
+    int lane = threadIdx.x & 31;
+    int s = lane ^ o;
+    return emu_shfl(v, (s & ~(width - 1)) == (lane & ~(width - 1)) ? s : lane);
+}
+template <class T> static inline T __shfl_down_sync(unsigned, T v, unsigned d, int width = 32) {
+    int lane = threadIdx.x & 31, seg = lane & ~(width - 1);
+    int s = lane + (int)d;
+    return emu_shfl(v, s < seg + width ? s : lane);
+}
+template <class T> static inline T __shfl_up_sync(unsigned, T v, unsigned d, int width = 32) {
+    int lane = threadIdx.x & 31, seg = lane & ~(width - 1);
+    int s = lane - (int)d;
+    return emu_shfl(v, s >= seg ? s : lane);
+}
+static inline float __uint_as_float(unsigned u) { float f; memcpy(&f, &u, 4); return f; }
+static inline unsigned __float_as_uint(float f) { unsigned u; memcpy(&u, &f, 4); return u; }
+static inline float __int_as_float(int u) { float f; memcpy(&f, &u, 4); return f; }
+static inline int __float_as_int(float f) { int u; memcpy(&u, &f, 4); return u; }
+static inline unsigned __byte_perm(unsigned x, unsigned y, unsigned s) {
+    uint64_t b = (uint64_t)x | ((uint64_t)y << 32);
+    unsigned r = 0;
+    for (int i = 0; i < 4; i++) r |= (unsigned)((b >> (8 * ((s >> (4 * i)) & 7))) & 0xff) << (8 * i);
+    return r;
+}
+template <class T> static inline T __ldg(const T *p) { return *p; }
+template <class T> static inline T __ldcs(const T *p) { return *p; }
+template <class T> static inline T __ldcg(const T *p) { return *p; }
+template <class T> static inline T __ldlu(const T *p) { return *p; }
+template <class T> static inline void __stcs(T *p, T v) { *p = v; }
+template <class T> static inline void __stcg(T *p, T v) { *p = v; }
+#define __expf expf
+static inline float __fdividef(float a, float b) { return a / b; }
+static inline float rsqrtf(float x) { return 1.0f / sqrtf(x); }
+static inline float __fmaf_rn(float a, float b, float c) { return fmaf(a, b, c); }
+static inline float __fadd_rn(float a, float b) { return a + b; }
+static inline float __fsub_rn(float a, float b) { return a - b; }
+static inline double __dmul_rn(double a, double b) { return a * b; }
+static inline double __dsub_rn(double a, double b) { return a - b; }
+static inline double __dadd_rn(double a, double b) { return a + b; }
+static inline float __double2float_rn(double a) { return (float)a; }
+static inline float __fdiv_rn(float a, float b) { return a / b; }
+static inline float __fsqrt_rn(float a) { return sqrtf(a); }
+static inline float __fmul_rn(float a, float b) { return a * b; }
+static inline float __saturatef(float x) { return x < 0 ? 0 : x > 1 ? 1 : x; }
+static inline int __popc(unsigned x) { return __builtin_popcount(x); }
+static inline float atomicAdd(float *p, float v) { static std::mutex m; std::lock_guard<std::mutex> g(m); float o = *p; *p = o + v; return o; }
+static inline int atomicAdd(int *p, int v) { return std::atomic_ref<int>(*p).fetch_add(v); }
+static inline unsigned atomicAdd(unsigned *p, unsigned v) { return std::atomic_ref<unsigned>(*p).fetch_add(v); }
+// BF16 and F16 as their bits.
+struct __nv_bfloat16 { unsigned short x; };
+struct __nv_bfloat162 { __nv_bfloat16 x, y; };
+static inline __nv_bfloat16 __float2bfloat16_rn(float f) {
+    unsigned u = __float_as_uint(f);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return {(unsigned short)((u >> 16) | 0x40)};
+    u += 0x7fffu + ((u >> 16) & 1);
+    return {(unsigned short)(u >> 16)};
+}
+static inline unsigned short __bfloat16_as_ushort(__nv_bfloat16 h) { return h.x; }
+static inline float __bfloat162float(__nv_bfloat16 h) { return __uint_as_float((unsigned)h.x << 16); }
+static inline __nv_bfloat162 __floats2bfloat162_rn(float a, float b) { return {__float2bfloat16_rn(a), __float2bfloat16_rn(b)}; }
+struct __half { _Float16 v; };
+struct __half2 { __half x, y; };
+static inline float __half2float(__half h) { return (float)h.v; }
+static inline __half __float2half_rn(float f) { return {(_Float16)f}; }
+static inline __half __float2half(float f) { return {(_Float16)f}; }
+static inline float2 __half22float2(__half2 h) { return {(float)h.x.v, (float)h.y.v}; }
+static inline unsigned short __half_as_ushort(__half h) { unsigned short u; memcpy(&u, &h, 2); return u; }
+// kernel<<<grid, block, smem, stream>>>(args) becomes emu_launch([&] { kernel(args); }, grid, block, smem).
+void emu_launch(std::function<void()> fn, dim3 grid, dim3 block, size_t smem = 0, cudaStream_t = 0);
+// cuBLAS, as much of it as the backend calls, by plain loops.
+typedef void *cublasHandle_t;
+typedef int cublasStatus_t;
+enum { CUBLAS_STATUS_SUCCESS = 0 };
+typedef enum { CUBLAS_OP_N, CUBLAS_OP_T } cublasOperation_t;
+typedef enum { CUDA_R_32F, CUDA_R_16BF, CUDA_R_16F } cudaDataType;
+enum { CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT };
+static inline const char *cublasGetStatusString(int) { return "emu"; }
+cublasStatus_t cublasGemmEx(cublasHandle_t, cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k,
+                            const float *alpha, const void *A, cudaDataType at, int lda, const void *B,
+                            cudaDataType bt, int ldb, const float *beta, void *C, cudaDataType ct, int ldc, int, int);
+
+static inline cublasStatus_t cublasSgemm(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k,
+                                         const float *alpha, const float *A, int lda, const float *B, int ldb,
+                                         const float *beta, float *C, int ldc) {
+    return cublasGemmEx(h, ta, tb, m, n, k, alpha, A, CUDA_R_32F, lda, B, CUDA_R_32F, ldb, beta, C, CUDA_R_32F, ldc, 0, 0);
+}
+enum { cudaFuncAttributeMaxDynamicSharedMemorySize, cudaDevAttrMultiProcessorCount };
+template <class F> static inline int cudaFuncSetAttribute(F, int, int) { return 0; }
+static inline int cudaDeviceGetAttribute(int *v, int, int) { *v = 132; return 0; }
+// mma.sync.m16n8k16.row.col.f32.bf16.bf16.f32 with C = 0, from the PTX ISA's fragment layout.
+void emu_mma_bf16(float d[4], unsigned a0, unsigned a1, unsigned a2, unsigned a3, unsigned b0, unsigned b1);

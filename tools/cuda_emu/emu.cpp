@@ -1,0 +1,166 @@
+// The host emulation's runtime: launches run a grid one block at a time, the block's threads as
+// host threads (so __syncthreads is a barrier and each warp's shuffles meet in an exchange array),
+// blocks in order, so a race between blocks shows up as a wrong result instead of hiding; device
+// memory is host memory, the op queue runs each op at once, cuBLAS is plain loops in double, and
+// mma is computed from the PTX ISA's fragment layout. qlm_backend_cuda() is a table of the ops of
+// whichever .cu files were linked (the others stay NULL). Slow (a launch starts its block's threads)
+// and blind to timing: it checks what kernels compute, not how fast.
+#include "cuda/cuda_internal.h"
+#define W __attribute__((weak))
+#define OPS(X) X(matmul, qlm_cuda_matmul) X(matmul_group, qlm_cuda_matmul_group) X(lora, qlm_cuda_lora) \
+    X(rmsnorm, qlm_cuda_rmsnorm) X(rope, qlm_cuda_rope) X(attention, qlm_cuda_attention) \
+    X(attention_backward, qlm_cuda_attention_backward) X(glu, qlm_cuda_glu) X(activate, qlm_cuda_activate) \
+    X(add, qlm_cuda_add) X(embedding, qlm_cuda_embedding) X(copy, qlm_cuda_copy) X(kv_store, qlm_cuda_kv_store) \
+    X(scale, qlm_cuda_scale) X(zero, qlm_cuda_zero) X(matmul_backward_x, qlm_cuda_matmul_backward_x) \
+    X(matmul_backward_w, qlm_cuda_matmul_backward_w) X(rmsnorm_backward, qlm_cuda_rmsnorm_backward) \
+    X(rope_backward, qlm_cuda_rope_backward) X(glu_backward, qlm_cuda_glu_backward) \
+    X(activate_backward, qlm_cuda_activate_backward) X(embedding_backward, qlm_cuda_embedding_backward) \
+    X(cross_entropy, qlm_cuda_cross_entropy) X(sum_squares, qlm_cuda_sum_squares) X(dropout, qlm_cuda_dropout) \
+    X(adamw, qlm_cuda_adamw) X(store_weight, qlm_cuda_store_weight) \
+    X(fake_quant_forward, qlm_cuda_fake_quant_forward) X(fake_quant_backward, qlm_cuda_fake_quant_backward) \
+    X(fake_quant_clamp_scales, qlm_cuda_fake_quant_clamp_scales) X(add_rmsnorm, qlm_cuda_add_rmsnorm)
+#define WEAK(field, fn) extern __typeof__(fn) fn W;
+OPS(WEAK)
+
+thread_local dim3 threadIdx, blockIdx;
+dim3 blockDim, gridDim;
+unsigned char *emu_dyn_smem;
+cudaStream_t qlm_cuda_stream;
+cublasHandle_t qlm_cuda_blas;
+int qlm_cuda_device;
+static std::unique_ptr<std::barrier<>> g_block_bar, g_warp_bar[32];
+static uint64_t g_xchg[32][32];
+
+static int linear_tid() { return threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z); }
+void emu_syncthreads() { g_block_bar->arrive_and_wait(); }
+static std::atomic<int> g_or;
+int emu_syncthreads_or(int p) {
+    if (p) g_or.store(1);
+    g_block_bar->arrive_and_wait();
+    int r = g_or.load();
+    g_block_bar->arrive_and_wait();
+    if (linear_tid() == 0) g_or.store(0);
+    g_block_bar->arrive_and_wait();
+    return r;
+}
+void emu_warp_xchg(uint64_t v, uint64_t *out, int src) {
+    int t = linear_tid(), w = t >> 5, lane = t & 31;
+    g_xchg[w][lane] = v;
+    g_warp_bar[w]->arrive_and_wait();
+    *out = g_xchg[w][src];
+    g_warp_bar[w]->arrive_and_wait();
+}
+
+void emu_launch(std::function<void()> fn, dim3 grid, dim3 block, size_t smem, cudaStream_t) {
+    const int nt = block.x * block.y * block.z;
+    if (nt <= 0 || nt > 1024) { fprintf(stderr, "emu: block of %d threads\n", nt); abort(); }
+    if ((long)grid.x * grid.y * grid.z == 0) return;
+    blockDim = block, gridDim = grid;
+    std::vector<unsigned char> dyn(smem + 16);
+    emu_dyn_smem = dyn.data();
+    std::barrier<> pool(nt);
+    std::vector<std::thread> th;
+    for (int t = 0; t < nt; t++)
+        th.emplace_back([&, t] {
+            threadIdx = dim3(t % block.x, t / block.x % block.y, t / block.x / block.y);
+            for (unsigned bz = 0; bz < grid.z; bz++)
+                for (unsigned by = 0; by < grid.y; by++)
+                    for (unsigned bx = 0; bx < grid.x; bx++) {
+                        if (t == 0) {
+                            g_block_bar = std::make_unique<std::barrier<>>(nt);
+                            for (int w = 0; w < (nt + 31) / 32; w++)
+                                g_warp_bar[w] = std::make_unique<std::barrier<>>(std::min(32, nt - 32 * w));
+                            memset(dyn.data(), 0xff, dyn.size()); // NaNs: shared memory starts as garbage
+                        }
+                        pool.arrive_and_wait();
+                        blockIdx = dim3(bx, by, bz);
+                        fn();
+                        g_block_bar->arrive_and_drop();
+                        g_warp_bar[t >> 5]->arrive_and_drop();
+                        pool.arrive_and_wait();
+                    }
+        });
+    for (auto &x : th) x.join();
+}
+
+static double elem(const void *p, cudaDataType t, size_t i) {
+    if (t == CUDA_R_32F) return ((const float *)p)[i];
+    if (t == CUDA_R_16BF) return __uint_as_float((unsigned)((const unsigned short *)p)[i] << 16);
+    return (float)((const _Float16 *)p)[i];
+}
+cublasStatus_t cublasGemmEx(cublasHandle_t, cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k,
+                            const float *alpha, const void *A, cudaDataType at, int lda, const void *B,
+                            cudaDataType bt, int ldb, const float *beta, void *C, cudaDataType, int ldc, int, int) {
+    for (int j = 0; j < n; j++)
+        for (int i = 0; i < m; i++) {
+            double s = 0;
+            for (int p = 0; p < k; p++)
+                s += elem(A, at, ta == CUBLAS_OP_T ? p + (size_t)i * lda : i + (size_t)p * lda) *
+                     elem(B, bt, tb == CUBLAS_OP_N ? p + (size_t)j * ldb : j + (size_t)p * ldb);
+            float *c = (float *)C + i + (size_t)j * ldc;
+            *c = (float)(*alpha * s + (*beta != 0 ? *beta * *c : 0));
+        }
+    return 0;
+}
+
+void qlm_cuda_fail(const char *what, const char *why, const char *file, int line) {
+    fprintf(stderr, "emu: %s: %s (%s:%d)\n", what, why, file, line);
+    abort();
+}
+void *qlm_cuda_alloc(size_t bytes) { return malloc(bytes ? bytes : 1); }
+void qlm_cuda_free(void *p) { free(p); }
+void *qlm_cuda_scratch(void **buf, size_t *cap, size_t bytes) {
+    if (bytes > *cap) { free(*buf); *buf = malloc(bytes); *cap = bytes; }
+    return *buf;
+}
+void *qlm_cuda_scratch_try(void **buf, size_t *cap, size_t bytes) { return qlm_cuda_scratch(buf, cap, bytes); }
+void qlm_cuda_submit(const char *, qlm_cuda_launcher fn, const void *args, size_t) { fn(args); }
+void qlm_cuda_flush(void) {}
+static int g_ints[4][1 << 16];
+qlm_cuda_ints qlm_cuda_ints_of(const int *host, int n, int which) {
+    qlm_cuda_ints a;
+    memset(&a, 0, sizeof a);
+    a.present = host != NULL;
+    if (!host) return a;
+    if (n <= QLM_CUDA_SMALL) memcpy(a.small, host, n * sizeof(int));
+    else { memcpy(g_ints[which], host, n * sizeof(int)); a.dev = g_ints[which]; }
+    return a;
+}
+static void *emu_alloc(size_t b) { return malloc(b ? b : 1); }
+static void emu_free(void *p) { free(p); }
+static void emu_copy(void *d, const void *s, size_t b) { memcpy(d, s, b); }
+static void emu_describe(char *out, size_t len) { snprintf(out, len, "host emulation of the CUDA kernels"); }
+static qlm_backend g_emu;
+extern "C" const qlm_backend *qlm_backend_cuda(void) {
+    g_emu.name = "cuda";
+    g_emu.alloc = emu_alloc;
+    g_emu.free = emu_free;
+    g_emu.to_device = emu_copy;
+    g_emu.to_host = emu_copy;
+    g_emu.describe = emu_describe;
+    g_emu.upload = [](void *h, size_t) { return h; };
+#define SET(field, fn) if (&fn) g_emu.field = fn;
+    OPS(SET)
+    return &g_emu;
+}
+static unsigned g_frag[32][32][6];
+void emu_mma_bf16(float d[4], unsigned a0, unsigned a1, unsigned a2, unsigned a3, unsigned b0, unsigned b1) {
+    int t = linear_tid(), w = t >> 5, lane = t & 31;
+    unsigned *f = g_frag[w][lane];
+    f[0] = a0, f[1] = a1, f[2] = a2, f[3] = a3, f[4] = b0, f[5] = b1;
+    g_warp_bar[w]->arrive_and_wait();
+    auto bf = [](unsigned r, int hi) { return __uint_as_float(hi ? r & 0xffff0000u : r << 16); };
+    auto A = [&](int row, int k) { // row g: regs 0 (k 0-7), 2 (k 8-15); row g + 8: regs 1, 3
+        int g = row & 7, hi8 = row >> 3, tt = (k & 7) >> 1, reg = hi8 + 2 * (k >> 3);
+        return bf(g_frag[w][4 * g + tt][reg], k & 1);
+    };
+    auto B = [&](int k, int col) { int tt = (k & 7) >> 1; return bf(g_frag[w][4 * col + tt][4 + (k >> 3)], k & 1); };
+    int g = lane >> 2, tq = lane & 3;
+    for (int i = 0; i < 4; i++) {
+        int row = g + 8 * (i >> 1), col = 2 * tq + (i & 1);
+        double s = 0;
+        for (int k = 0; k < 16; k++) s += (double)A(row, k) * B(k, col);
+        d[i] = (float)s;
+    }
+    g_warp_bar[w]->arrive_and_wait();
+}

@@ -1,0 +1,2 @@
+// The CUDA header as the host emulation (tools/cuda_emu) provides it.
+#include "../cuda_emu.h"
