@@ -103,6 +103,7 @@ __device__ __forceinline__ float2 value_pair(const void *v, size_t row, int d, i
 // memory latency rather than one per step (decode reads caches that have just left L2).
 template <int ND, int BF>
 __global__ void __launch_bounds__(ATTN_WARPS * 32) attention_kernel(attn_args a) {
+    qlm_pdl_trigger();
     constexpr int P = (ND + 1) / 2, VU = P == 1 ? 32 : 16 / P;
     extern __shared__ float smem[];
     const int h = blockIdx.x, i = blockIdx.y, z = blockIdx.z, hd = a.head_dim;
@@ -203,6 +204,7 @@ __global__ void __launch_bounds__(ATTN_WARPS * 32) attention_kernel(attn_args a)
 
 // The spans of one (row, head) merged: each span's sums rescaled to the largest max.
 __global__ void attention_merge_kernel(attn_args a) {
+    qlm_pdl_trigger();
     const int h = blockIdx.x, i = blockIdx.y, hd = a.head_dim;
     const float *part = a.part + ((size_t)i * a.n_heads + h) * a.splits * (hd + 2);
     float mx = -INFINITY;

@@ -93,6 +93,24 @@ __device__ __forceinline__ float qlm_weight_at(const qlm_weight &w, long r, long
 
 static inline unsigned qlm_cuda_blocks(long n, int threads) { return (unsigned)((n + threads - 1) / threads); }
 
+// Programmatic dependent launch (QLM_CUDA_PDL=1, compute 9.0 and newer): the GEMV is launched to
+// start while the kernel before it is still running, streams its weights (which no kernel writes)
+// towards L2, and waits for that kernel's end before it reads x. 1 when the GEMV launches so.
+int qlm_cuda_pdl(void);
+// In a kernel a GEMV may follow: lets the GEMV's blocks start now. A no-op for any other successor.
+__device__ __forceinline__ void qlm_pdl_trigger() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;");
+#endif
+}
+// Waits until the kernel before this one has finished and its writes are visible (at once when
+// this one was not launched to overlap it).
+__device__ __forceinline__ void qlm_pdl_wait() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
 // matmul_cuda.cu
 void qlm_cuda_matmul(float *y, const float *x, int n, const qlm_weight *w, const float *bias);
 void qlm_cuda_matmul_group(const qlm_matmul_out *outs, int count, const float *x, int n);

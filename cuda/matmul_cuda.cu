@@ -39,6 +39,7 @@ struct gemv_args {
     gemv_part part[GROUP_MAX];
     int tile0[GROUP_MAX + 1]; // first tile (block) of each part; tile0[count] tiles in all
     int count, cols, vec;     // vec: every row starts 16-byte aligned and cols fills whole vectors
+    int pdl;                  // launched to overlap the kernel before it (qlm_cuda_pdl)
     int dtype, n;
     const float *x;
 };
@@ -80,6 +81,9 @@ __device__ __forceinline__ uint4 ld_weights(const char *p) {
                  : "l"(p));
     return v;
 }
+
+// The 128-byte line at p towards L2, holding no register.
+__device__ __forceinline__ void prefetch_l2(const char *p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
 
 // 4 bytes from global to shared memory without holding a register; cp.async.wait_all waits.
 __device__ __forceinline__ void cp_async4(float *dst, const float *src) {
@@ -298,6 +302,14 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32, gemv_min_blocks<DT, VEC, NR>(
     // The row's steps (4 vectors or 4 columns, one per lane t), split evenly among the warps.
     const int nvec = (int)(row_bytes / 16), steps = VEC ? (nvec + 3) / 4 : (cols + 3) / 4;
     const int s0 = warp * steps / GEMV_WARPS, s1 = (warp + 1) * steps / GEMV_WARPS;
+    // Launched to overlap the kernel before (qlm_cuda_pdl), the warp's weights head for L2 while
+    // that kernel finishes x: the 128-byte lines of its steps of both rows, split among lanes t.
+    if (VEC && a.pdl)
+        for (int line = s0 / 2 + t; line <= (s1 - 1) / 2; line += 4) {
+            prefetch_l2(wa + (size_t)line * 128);
+            prefetch_l2(wb + (size_t)line * 128);
+        }
+    qlm_pdl_wait();
     // The tile's row scales and biases start on their way to shared memory now (no registers held
     // through the loads), for thread i < 128, which finishes output j = i % 8 of row i / 8.
     __shared__ float row_scale[GEMV_TILE], row_bias[GEMV_TILE];
@@ -324,8 +336,21 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32, gemv_min_blocks<DT, VEC, NR>(
 }
 
 template <int DT, bool VEC, int NR> static void gemv_launch_kernel(const gemv_args &a) {
-    gemv_kernel<DT, VEC, NR><<<(unsigned)a.tile0[a.count], GEMV_WARPS * 32, 0, qlm_cuda_stream>>>(a);
-    LAUNCH_CHECK();
+    if (a.pdl) {
+        cudaLaunchAttribute overlap;
+        overlap.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        overlap.val.programmaticStreamSerializationAllowed = 1;
+        cudaLaunchConfig_t cfg = {};
+        cfg.gridDim = dim3((unsigned)a.tile0[a.count]);
+        cfg.blockDim = dim3(GEMV_WARPS * 32);
+        cfg.stream = qlm_cuda_stream;
+        cfg.attrs = &overlap;
+        cfg.numAttrs = 1;
+        CUDA_CHECK(cudaLaunchKernelEx(&cfg, gemv_kernel<DT, VEC, NR>, a));
+    } else {
+        gemv_kernel<DT, VEC, NR><<<(unsigned)a.tile0[a.count], GEMV_WARPS * 32, 0, qlm_cuda_stream>>>(a);
+        LAUNCH_CHECK();
+    }
 }
 
 template <int DT> static void gemv_launch_dt(const gemv_args &a) {
@@ -366,6 +391,7 @@ static void gemv(const qlm_matmul_out *outs, int count, const float *x, int n) {
     a.cols = w0->cols;
     a.x = x;
     a.vec = ((size_t)w0->cols * esize) % 16 == 0 && (uintptr_t)x % 16 == 0;
+    a.pdl = qlm_cuda_pdl();
     a.tile0[0] = 0;
     for (int k = 0; k < count; k++) {
         const qlm_weight *w = outs[k].w;

@@ -12,6 +12,7 @@
 enum { RMS_HELD = 16 };
 __global__ void __launch_bounds__(256)
     rmsnorm_kernel(float *out, float *x, const float *delta, const float *weight, int dim, float eps) {
+    qlm_pdl_trigger();
     float *xi = x + (size_t)blockIdx.x * dim;
     const float *di = delta ? delta + (size_t)blockIdx.x * dim : NULL;
     float *oi = out + (size_t)blockIdx.x * dim;
@@ -145,6 +146,7 @@ __device__ __forceinline__ float act_of(float x, qlm_act a) {
 }
 
 __global__ void glu_kernel(float *out, const float *gate, const float *up, long n, qlm_act a) {
+    qlm_pdl_trigger();
     long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) out[i] = up ? act_of(gate[i], a) * up[i] : act_of(gate[i], a);
 }

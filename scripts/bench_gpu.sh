@@ -99,6 +99,25 @@ for m in smollm2 tinyllama; do
 done
 llama_section || echo "(llama.cpp's section stopped: its error is in the log above.)"
 echo
+echo "The same decode with each GEMV launched to overlap the kernel before it (\`QLM_CUDA_PDL=1\`: programmatic"
+echo "dependent launch; the GEMV's weights head for L2 while that kernel finishes), and whether 48 greedy tokens"
+echo "(\`qlm generate --temp 0\`) come out the same with it as without:"
+echo
+echo "| model | dtype | tg128 tok/s | with QLM_CUDA_PDL=1 | same tokens |"
+echo "| --- | --- | ---: | ---: | --- |"
+for m in smollm2 tinyllama; do
+    dir=$([ $m = smollm2 ] && echo "$smol" || echo "$work/tinyllama")
+    for d in bf16 int8; do
+        j=$(QLM_CUDA_PDL=1 "$bin/qlm" bench -m "$dir" --random-weights --device cuda --dtype $d --pp 0 --tg 128 --reps 3 --json)
+        gen() {
+            "$bin/qlm" generate -m "$([ $m = smollm2 ] && echo "$smol" || echo "$assets/tinyllama-1.1b-chat-v1.0-tokenizer")" \
+                --random-weights --device cuda --dtype $d --temp 0 -n 48 -p "Once upon a time" 2>/dev/null
+        }
+        same=$([ "$(gen)" = "$(QLM_CUDA_PDL=1 gen)" ] && echo yes || echo NO)
+        printf '| %s | %s | %.1f | %.1f | %s |\n' $m $d "$(field tg_tps <"$work/qlm-$m-$d.json")" "$(field tg_tps <<<"$j")" "$same"
+    done
+done
+echo
 echo "Where a TinyLlama BF16 decode step's GPU time goes (\`QLM_CUDA_PROFILE=1 qlm bench ... --pp 0 --tg 64 --reps 1\`,"
 echo "each op launched alone and timed with events):"
 echo

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Runs the GPU tests built by `make test-cuda-build` (BUILD_DIR holds them): every program with
-# QLM_TEST_DEVICE=cuda, then the op tests under compute-sanitizer's memcheck when it is installed.
+# QLM_TEST_DEVICE=cuda, the GEMV-heavy ones again with the GEMV launched to overlap the kernel before
+# it (QLM_CUDA_PDL=1, which needs compute 9.0), then the op tests under compute-sanitizer's memcheck
+# when it is installed.
 # Usage: scripts/run_cuda_tests.sh BUILD_DIR TEST...
 set -u
 build=$1
@@ -9,6 +11,9 @@ bins=()
 for t in "$@"; do bins+=("$build/$t"); done
 QLM_TEST_DEVICE=cuda QLM_BIN="$(cd "$build" && pwd)/qlm" "$(dirname "$0")/run_tests.sh" "${bins[@]}"
 rc=$?
+echo "QLM_CUDA_PDL=1:"
+QLM_CUDA_PDL=1 QLM_TEST_DEVICE=cuda QLM_BIN="$(cd "$build" && pwd)/qlm" "$(dirname "$0")/run_tests.sh" \
+    "$build/tests/cuda/test_backend_ops" "$build/tests/test_lora" "$build/tests/test_llama" || rc=1
 sanitizer=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null)
 if [ -n "$sanitizer" ]; then
     # No leak check: the memory pool keeps freed blocks for reuse until the process ends; no API

@@ -135,6 +135,19 @@ static inline __half __float2half_rn(float f) { return {(_Float16)f}; }
 static inline __half __float2half(float f) { return {(_Float16)f}; }
 static inline float2 __half22float2(__half2 h) { return {(float)h.x.v, (float)h.y.v}; }
 static inline unsigned short __half_as_ushort(__half h) { unsigned short u; memcpy(&u, &h, 2); return u; }
+// Launches with attributes (programmatic dependent launch): run as plain launches.
+enum cudaLaunchAttributeID { cudaLaunchAttributeProgrammaticStreamSerialization };
+struct cudaLaunchAttribute {
+    cudaLaunchAttributeID id;
+    struct { int programmaticStreamSerializationAllowed; } val;
+};
+struct cudaLaunchConfig_t {
+    dim3 gridDim, blockDim;
+    size_t dynamicSmemBytes;
+    cudaStream_t stream;
+    cudaLaunchAttribute *attrs;
+    unsigned numAttrs;
+};
 // kernel<<<grid, block, smem, stream>>>(args) becomes emu_launch([&] { kernel(args); }, grid, block, smem).
 void emu_launch(std::function<void()> fn, dim3 grid, dim3 block, size_t smem = 0, cudaStream_t = 0);
 // cuBLAS, as much of it as the backend calls, by plain loops.
@@ -159,3 +172,7 @@ template <class F> static inline int cudaFuncSetAttribute(F, int, int) { return 
 static inline int cudaDeviceGetAttribute(int *v, int, int) { *v = 132; return 0; }
 // mma.sync.m16n8k16.row.col.f32.bf16.bf16.f32 with C = 0, from the PTX ISA's fragment layout.
 void emu_mma_bf16(float d[4], unsigned a0, unsigned a1, unsigned a2, unsigned a3, unsigned b0, unsigned b1);
+template <class... P, class... A> static inline int cudaLaunchKernelEx(const cudaLaunchConfig_t *c, void (*k)(P...), A &&...args) {
+    emu_launch([&] { k(args...); }, c->gridDim, c->blockDim, c->dynamicSmemBytes);
+    return 0;
+}
