@@ -88,6 +88,11 @@ static void run_kv_store(void *p) {
     step_ctx *c = p;
     gpu->kv_store(c->kc, c->vc, (qlm_dtype)c->kv_dtype, c->q, c->x, 1, NULL, 0, &c->pos, c->kv_heads, c->hd, c->max_pos);
 }
+static void run_rope_store(void *p) {
+    step_ctx *c = p;
+    gpu->rope_store(c->q, c->x, c->out, 1, &c->pos, c->heads, c->kv_heads, c->hd, c->inv, c->kc, c->vc,
+                    (qlm_dtype)c->kv_dtype, NULL, &c->pos, c->max_pos);
+}
 static void run_attention(void *p) { step_ctx *c = p; gpu->attention(c->out, c->q, c->kc, c->vc, 1, &c->pos, &c->sh); }
 static void run_add(void *p) { step_ctx *c = p; gpu->add(c->x, c->out, c->dim); }
 static void run_glu(void *p) { step_ctx *c = p; gpu->glu(c->h, c->h, c->h, c->hidden, QLM_ACT_SILU); }
@@ -146,6 +151,8 @@ int main(int argc, char **argv) {
         qlm_kv_shape(&c.sh, c.max_pos, (qlm_dtype)c.kv_dtype);
         c.pos = 100;
         printf("| kv_store | k and v, 4 heads x 64 | %s | %.2f | | |\n", bf ? "bf16" : "f32", time_op(run_kv_store, &c, reps, c.out));
+        printf("| rope_store | rope + kv_store | %s | %.2f | | |\n", bf ? "bf16" : "f32",
+               time_op(run_rope_store, &c, reps, c.q));
         const int ctxs[] = {128, 1024, 2047};
         for (int k = 0; k < 3; k++) {
             c.pos = ctxs[k];

@@ -150,6 +150,11 @@ typedef struct qlm_backend {
      * kv (F32, or BF16 or F16 rounded to nearest even; F16 held within its finite range). */
     void (*kv_store)(void *k_cache, void *v_cache, qlm_dtype kv, const float *k, const float *v, int n, const int *slots,
                      int slot, const int *pos, int heads, int hd, int max_pos);
+    /* rope (positions pos) on q and k, then kv_store of k and v into slots (NULL: slot 0) at
+     * store_pos, in one op: a decode step on a GPU launches one kernel for both. */
+    void (*rope_store)(float *q, float *k, const float *v, int n, const int *pos, int n_heads, int n_kv_heads,
+                       int head_dim, const float *inv_freq, void *k_cache, void *v_cache, qlm_dtype kv,
+                       const int *slots, const int *store_pos, int max_pos);
     /* Copies bytes from host memory into device memory (tables computed on the host). */
     void (*to_device)(void *dst, const void *src, size_t bytes);
     /* Copies bytes from device memory into host memory. */

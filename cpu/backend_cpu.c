@@ -123,6 +123,13 @@ static void cpu_rope(float *q, float *k, int n, const int *pos, int n_heads, int
     qlm_cpu_rope_rotate(q, k, n, pos, n_heads, n_kv_heads, head_dim, inv_freq, 1.0f);
 }
 
+static void cpu_rope_store(float *q, float *k, const float *v, int n, const int *pos, int n_heads, int n_kv_heads,
+                           int head_dim, const float *inv_freq, void *k_cache, void *v_cache, qlm_dtype kv,
+                           const int *slots, const int *store_pos, int max_pos) {
+    cpu_rope(q, k, n, pos, n_heads, n_kv_heads, head_dim, inv_freq);
+    cpu_kv_store(k_cache, v_cache, kv, k, v, n, slots, 0, store_pos, n_kv_heads, head_dim, max_pos);
+}
+
 static _Thread_local qlm_cpu_scratch t_lora_x, t_lora_t, t_lora_u;
 static _Thread_local int *t_lora_rows;
 static _Thread_local size_t t_lora_rows_cap;
@@ -238,6 +245,7 @@ static const qlm_backend cpu_backend = {
     .matmul = qlm_matmul,
     .matmul_group = qlm_matmul_group,
     .kv_store = cpu_kv_store,
+    .rope_store = cpu_rope_store,
     .lora = cpu_lora,
     .rmsnorm = cpu_rmsnorm,
     .add_rmsnorm = cpu_add_rmsnorm,

@@ -247,6 +247,7 @@ static void fill_table(qlm_backend *b) {
     b->embedding = locked<qlm_cuda_embedding>::call;
     b->copy = locked<qlm_cuda_copy>::call;
     b->kv_store = locked<qlm_cuda_kv_store>::call;
+    b->rope_store = locked<qlm_cuda_rope_store>::call;
     b->to_device = locked<cuda_to_device>::call;
     b->to_host = locked<cuda_to_host>::call;
     b->scale = locked<qlm_cuda_scale>::call;

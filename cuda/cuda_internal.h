@@ -136,6 +136,9 @@ void qlm_cuda_copy(float *dst, const float *src, long n);
 void qlm_cuda_embedding(float *out, const qlm_weight *table, const int *ids, int n);
 void qlm_cuda_kv_store(void *k_cache, void *v_cache, qlm_dtype kv, const float *k, const float *v, int n,
                        const int *slots, int slot, const int *pos, int heads, int hd, int max_pos);
+void qlm_cuda_rope_store(float *q, float *k, const float *v, int n, const int *pos, int n_heads, int n_kv_heads,
+                         int head_dim, const float *inv_freq, void *k_cache, void *v_cache, qlm_dtype kv,
+                         const int *slots, const int *store_pos, int max_pos);
 void qlm_cuda_rope_backward(float *dq, float *dk, int n, const int *pos, int n_heads, int n_kv_heads, int head_dim,
                             const float *inv_freq);
 // matmul_backward_cuda.cu

@@ -82,13 +82,38 @@ void qlm_cuda_add_rmsnorm(float *out, float *x, const float *delta, const float 
     submit_rmsnorm("add_rmsnorm", out, x, delta, weight, n, dim, eps);
 }
 
+// Where a step's keys and values go: the decode caches as kv_store lays them out (core/kv_cache.h),
+// row i at position pos[i] of slot slots[i] (slots absent: of slot).
+struct kv_dst {
+    void *k_cache, *v_cache;
+    qlm_cuda_ints slots, pos;
+    int slot, bf16, heads, hd, max_pos;
+};
+
+__device__ __forceinline__ void kv_put(const kv_dst &d, void *cache, int i, int h, int e, float x) {
+    const size_t at = ((size_t)(d.slots.present ? qlm_ints_at(d.slots, i) : d.slot) * d.heads + h) * d.max_pos * d.hd +
+                      (size_t)qlm_ints_at(d.pos, i) * d.hd + e;
+    if (d.bf16)
+        ((unsigned short *)cache)[at] = qlm_f32_to_bf16(x);
+    else
+        ((float *)cache)[at] = x;
+}
+
 // Thread per (row, frequency, head) over the query heads then the key heads: rotate-half RoPE by
-// +angle (direction 1, the forward) or -angle (-1, its backward), as qlm_cpu_rope_rotate.
+// +angle (direction 1, the forward) or -angle (-1, its backward), as qlm_cpu_rope_rotate. With
+// dst.k_cache (rope_store), a key head's rotated pair also goes into the cache, and n * heads * hd
+// more threads put the values there: rope and kv_store in one launch.
 __global__ void rope_kernel(float *q, float *k, int n, qlm_cuda_ints pos, int n_heads, int n_kv_heads, int head_dim,
-                            const float *inv_freq, float direction) {
+                            const float *inv_freq, float direction, kv_dst dst, const float *v_rows) {
     int half = head_dim / 2, heads = n_heads + n_kv_heads;
     long t = (long)blockIdx.x * blockDim.x + threadIdx.x, total = (long)n * half * heads;
-    if (t >= total) return;
+    if (t >= total) {
+        t -= total;
+        if (!dst.k_cache || t >= (long)n * n_kv_heads * head_dim) return;
+        kv_put(dst, dst.v_cache, (int)(t / head_dim / n_kv_heads), (int)(t / head_dim % n_kv_heads),
+               (int)(t % head_dim), v_rows[t]);
+        return;
+    }
     int h = (int)(t % heads), j = (int)(t / heads % half), i = (int)(t / heads / half);
     float angle = (float)qlm_ints_at(pos, i) * inv_freq[j];
     float c = cosf(angle), s = direction * sinf(angle);
@@ -96,6 +121,10 @@ __global__ void rope_kernel(float *q, float *k, int n, qlm_cuda_ints pos, int n_
     float a = v[j], b = v[j + half];
     v[j] = a * c - b * s;
     v[j + half] = b * c + a * s;
+    if (dst.k_cache && h >= n_heads) {
+        kv_put(dst, dst.k_cache, i, h - n_heads, j, v[j]);
+        kv_put(dst, dst.k_cache, i, h - n_heads, j + half, v[j + half]);
+    }
 }
 
 struct rope_args {
@@ -104,36 +133,54 @@ struct rope_args {
     qlm_cuda_ints pos;
     const float *inv_freq;
     float direction;
+    kv_dst dst;
+    const float *v;
 };
 
 static void launch_rope(const void *p) {
     const rope_args *a = (const rope_args *)p;
     long total = (long)a->n * (a->head_dim / 2) * (a->n_heads + a->n_kv_heads);
+    if (a->dst.k_cache) total += (long)a->n * a->n_kv_heads * a->head_dim;
     rope_kernel<<<qlm_cuda_blocks(total, 256), 256, 0, qlm_cuda_stream>>>(a->q, a->k, a->n, a->pos, a->n_heads,
                                                                          a->n_kv_heads, a->head_dim, a->inv_freq,
-                                                                         a->direction);
+                                                                         a->direction, a->dst, a->v);
 }
 
+// dst NULL: rope alone.
 static void submit_rope(const char *name, float *q, float *k, int n, const int *pos, int n_heads, int n_kv_heads,
-                        int head_dim, const float *inv_freq, float direction) {
+                        int head_dim, const float *inv_freq, float direction, const kv_dst *dst, const float *v) {
     if ((long)n * (head_dim / 2) * (n_heads + n_kv_heads) <= 0) return;
     rope_args a;
     memset(&a, 0, sizeof a);
     a.q = q, a.k = k, a.n = n, a.n_heads = n_heads, a.n_kv_heads = n_kv_heads, a.head_dim = head_dim;
     a.inv_freq = inv_freq, a.direction = direction;
     a.pos = qlm_cuda_ints_of(pos, n, 0);
+    if (dst) a.dst = *dst, a.v = v;
     qlm_cuda_submit(name, launch_rope, &a, sizeof a);
 }
 
 void qlm_cuda_rope(float *q, float *k, int n, const int *pos, int n_heads, int n_kv_heads, int head_dim,
                    const float *inv_freq) {
-    submit_rope("rope", q, k, n, pos, n_heads, n_kv_heads, head_dim, inv_freq, 1.0f);
+    submit_rope("rope", q, k, n, pos, n_heads, n_kv_heads, head_dim, inv_freq, 1.0f, NULL, NULL);
+}
+
+void qlm_cuda_rope_store(float *q, float *k, const float *v, int n, const int *pos, int n_heads, int n_kv_heads,
+                         int head_dim, const float *inv_freq, void *k_cache, void *v_cache, qlm_dtype kv,
+                         const int *slots, const int *store_pos, int max_pos) {
+    if (kv == QLM_F16) qlm_cuda_fail("rope_store", "F16 caches are not a CUDA form", __FILE__, __LINE__);
+    kv_dst d;
+    memset(&d, 0, sizeof d);
+    d.k_cache = k_cache, d.v_cache = v_cache, d.bf16 = kv == QLM_BF16, d.heads = n_kv_heads, d.hd = head_dim;
+    d.max_pos = max_pos;
+    d.slots = qlm_cuda_ints_of(slots, n, 1);
+    d.pos = qlm_cuda_ints_of(store_pos, n, 2);
+    submit_rope("rope_store", q, k, n, pos, n_heads, n_kv_heads, head_dim, inv_freq, 1.0f, &d, v);
 }
 
 // A rotation's inverse is the backward of rope.
 void qlm_cuda_rope_backward(float *dq, float *dk, int n, const int *pos, int n_heads, int n_kv_heads, int head_dim,
                             const float *inv_freq) {
-    submit_rope("rope_backward", dq, dk, n, pos, n_heads, n_kv_heads, head_dim, inv_freq, -1.0f);
+    submit_rope("rope_backward", dq, dk, n, pos, n_heads, n_kv_heads, head_dim, inv_freq, -1.0f, NULL, NULL);
 }
 
 __device__ __forceinline__ float act_of(float x, qlm_act a) {
@@ -246,37 +293,26 @@ void qlm_cuda_embedding(float *out, const qlm_weight *table, const int *ids, int
     qlm_cuda_submit("embedding", launch_embedding, &a, sizeof a);
 }
 
-// Thread per (keys or values, row, head, element): the layout of core/kv_cache.h.
-__global__ void kv_store_kernel(void *k_cache, void *v_cache, int bf16, const float *k, const float *v, int n,
-                                qlm_cuda_ints slots, int slot, qlm_cuda_ints pos, int heads, int hd, int max_pos) {
-    long t = (long)blockIdx.x * blockDim.x + threadIdx.x, per = (long)n * heads * hd;
+// Thread per (keys or values, row, head, element).
+__global__ void kv_store_kernel(kv_dst d, const float *k, const float *v, int n) {
+    long t = (long)blockIdx.x * blockDim.x + threadIdx.x, per = (long)n * d.heads * d.hd;
     if (t >= 2 * per) return;
     const bool is_v = t >= per;
-    void *cache = is_v ? v_cache : k_cache;
-    const float *src = is_v ? v : k;
     if (is_v) t -= per;
-    int d = (int)(t % hd), h = (int)(t / hd % heads), i = (int)(t / hd / heads);
-    size_t run = (size_t)max_pos * hd;
-    size_t at = (size_t)(slots.present ? qlm_ints_at(slots, i) : slot) * heads * run + h * run +
-                (size_t)qlm_ints_at(pos, i) * hd + d;
-    if (bf16)
-        ((unsigned short *)cache)[at] = qlm_f32_to_bf16(src[t]);
-    else
-        ((float *)cache)[at] = src[t];
+    kv_put(d, is_v ? d.v_cache : d.k_cache, (int)(t / d.hd / d.heads), (int)(t / d.hd % d.heads), (int)(t % d.hd),
+           (is_v ? v : k)[t]);
 }
 
 struct kv_store_args {
-    void *k_cache, *v_cache;
+    kv_dst d;
     const float *k, *v;
-    qlm_cuda_ints slots, pos;
-    int bf16, n, slot, heads, hd, max_pos;
+    int n;
 };
 
 static void launch_kv_store(const void *p) {
     const kv_store_args *a = (const kv_store_args *)p;
-    long total = 2L * a->n * a->heads * a->hd;
-    kv_store_kernel<<<qlm_cuda_blocks(total, 256), 256, 0, qlm_cuda_stream>>>(
-        a->k_cache, a->v_cache, a->bf16, a->k, a->v, a->n, a->slots, a->slot, a->pos, a->heads, a->hd, a->max_pos);
+    long total = 2L * a->n * a->d.heads * a->d.hd;
+    kv_store_kernel<<<qlm_cuda_blocks(total, 256), 256, 0, qlm_cuda_stream>>>(a->d, a->k, a->v, a->n);
 }
 
 void qlm_cuda_kv_store(void *k_cache, void *v_cache, qlm_dtype kv, const float *k, const float *v, int n,
@@ -285,9 +321,10 @@ void qlm_cuda_kv_store(void *k_cache, void *v_cache, qlm_dtype kv, const float *
     if (kv == QLM_F16) qlm_cuda_fail("kv_store", "F16 caches are not a CUDA form", __FILE__, __LINE__);
     kv_store_args a;
     memset(&a, 0, sizeof a);
-    a.k_cache = k_cache, a.v_cache = v_cache, a.k = k, a.v = v, a.bf16 = kv == QLM_BF16, a.n = n, a.slot = slot, a.heads = heads, a.hd = hd;
-    a.max_pos = max_pos;
-    a.slots = qlm_cuda_ints_of(slots, n, 0);
-    a.pos = qlm_cuda_ints_of(pos, n, 1);
+    a.d.k_cache = k_cache, a.d.v_cache = v_cache, a.d.bf16 = kv == QLM_BF16, a.d.slot = slot, a.d.heads = heads;
+    a.d.hd = hd, a.d.max_pos = max_pos;
+    a.d.slots = qlm_cuda_ints_of(slots, n, 0);
+    a.d.pos = qlm_cuda_ints_of(pos, n, 1);
+    a.k = k, a.v = v, a.n = n;
     qlm_cuda_submit("kv_store", launch_kv_store, &a, sizeof a);
 }

@@ -155,15 +155,15 @@ static int attention_forward(const qlm_model *m, const qlm_layer *L, qlm_kv_stat
         be->rmsnorm(s->q, s->q, L->q_norm, n * c->n_heads, c->head_dim, c->norm_eps);
         be->rmsnorm(s->k, s->k, L->k_norm, n * c->n_kv_heads, c->head_dim, c->norm_eps);
     }
-    be->rope(s->q, s->k, n, pos, c->n_heads, c->n_kv_heads, c->head_dim, qlm_llama_layer_freq(m, l, call_freq));
     int rows = s->cache_rows[l];
     const int *store_pos = pos;
     if (rows < s->max_seq) {
         for (int i = 0; i < n; i++) s->ring_pos[i] = pos[i] % rows;
         store_pos = s->ring_pos;
     }
-    be->kv_store(s->k_cache[l], s->v_cache[l], s->kv_dtype, s->k, s->v, n, slots, 0, store_pos, c->n_kv_heads,
-                 c->head_dim, rows);
+    be->rope_store(s->q, s->k, s->v, n, pos, c->n_heads, c->n_kv_heads, c->head_dim,
+                   qlm_llama_layer_freq(m, l, call_freq), s->k_cache[l], s->v_cache[l], s->kv_dtype, slots, store_pos,
+                   rows);
     qlm_attn_shape shape = qlm_llama_attn_shape(c, l);
     shape.slots = slots;
     qlm_kv_shape(&shape, rows, s->kv_dtype);

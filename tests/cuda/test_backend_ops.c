@@ -370,6 +370,45 @@ static void test_rows_ops(void **state) {
     gpu->free(dx), gpu->free(dw), gpu->free(dr), gpu->free(dinv), gpu->free(dg), gpu->free(du), gpu->free(dout);
 }
 
+/* n floats from a cache of dtype kv (F32 or BF16). */
+static float *cache_floats(const void *cache, qlm_dtype kv, long n) {
+    float *f = malloc((size_t)n * sizeof *f);
+    assert_non_null(f);
+    for (long i = 0; i < n; i++)
+        f[i] = kv == QLM_BF16 ? qlm_bf16_to_f32(((const uint16_t *)cache)[i]) : ((const float *)cache)[i];
+    return f;
+}
+
+/* rope_store on the GPU against rope then kv_store on the CPU: q and k rotated at pos, k and v
+ * stored at other positions (a rolling cache's) of slots (NULL: slot 0). A BF16 cache may round a
+ * key the other way after the two backends' sines differ in the last bit: 2^-8 relative. */
+static void check_rope_store(qlm_dtype kv, const int *slots) {
+    const int n = 3, q_heads = 4, heads = 2, hd = 16, max_pos = 10, n_slots = 2;
+    const int pos[3] = {19, 0, 14}, store_pos[3] = {9, 0, 4};
+    const long nq = (long)n * q_heads * hd, nk = (long)n * heads * hd, cells = (long)n_slots * heads * max_pos * hd;
+    const size_t bytes = (size_t)cells * (kv == QLM_BF16 ? 2 : 4);
+    float *q = randv(nq, 31u, 1.0f), *k = randv(nk, 32u, 1.0f), *v = randv(nk, 33u, 1.0f), *inv = randv(hd / 2, 34u, 0.5f);
+    for (int j = 0; j < hd / 2; j++) inv[j] = fabsf(inv[j]);
+    float *dq = to_gpu(q, (size_t)nq * sizeof *q), *dk = to_gpu(k, (size_t)nk * sizeof *k);
+    float *dv = to_gpu(v, (size_t)nk * sizeof *v), *dinv = to_gpu(inv, (size_t)hd / 2 * sizeof *inv);
+    void *want_k = calloc(1, bytes), *want_v = calloc(1, bytes), *got = malloc(bytes);
+    void *dkc = to_gpu(want_k, bytes), *dvc = to_gpu(want_v, bytes);
+    cpu->rope_store(q, k, v, n, pos, q_heads, heads, hd, inv, want_k, want_v, kv, slots, store_pos, max_pos);
+    gpu->rope_store(dq, dk, dv, n, pos, q_heads, heads, hd, dinv, dkc, dvc, kv, slots, store_pos, max_pos);
+    float *got_q = from_gpu(dq, nq), *got_k = from_gpu(dk, nk);
+    assert_true(rel_diff(got_q, q, nq) <= 1e-5);
+    assert_true(rel_diff(got_k, k, nk) <= 1e-5);
+    const double bound = kv == QLM_BF16 ? 1.0 / 256 : 1e-5;
+    gpu->to_host(got, dkc, bytes);
+    float *a = cache_floats(got, kv, cells), *b = cache_floats(want_k, kv, cells);
+    assert_true(rel_diff(a, b, cells) <= bound);
+    free(a), free(b);
+    gpu->to_host(got, dvc, bytes);
+    assert_memory_equal(got, want_v, bytes);
+    free(q), free(k), free(v), free(inv), free(want_k), free(want_v), free(got), free(got_q), free(got_k);
+    gpu->free(dq), gpu->free(dk), gpu->free(dv), gpu->free(dinv), gpu->free(dkc), gpu->free(dvc);
+}
+
 static void test_embedding_and_kv_store(void **state) {
     (void)state;
     const int ids[4] = {3, 0, 99, 3}, vocab = 100, dim = 48;
@@ -404,6 +443,8 @@ static void test_embedding_and_kv_store(void **state) {
         assert_memory_equal(got, want_v, bytes);
         free(k), free(v), free(want_k), free(want_v), free(got);
         gpu->free(dk), gpu->free(dv), gpu->free(dkc), gpu->free(dvc);
+        check_rope_store(kv, slots);
+        check_rope_store(kv, NULL);
     }
 }
 

@@ -18,7 +18,8 @@
     X(cross_entropy, qlm_cuda_cross_entropy) X(sum_squares, qlm_cuda_sum_squares) X(dropout, qlm_cuda_dropout) \
     X(adamw, qlm_cuda_adamw) X(store_weight, qlm_cuda_store_weight) \
     X(fake_quant_forward, qlm_cuda_fake_quant_forward) X(fake_quant_backward, qlm_cuda_fake_quant_backward) \
-    X(fake_quant_clamp_scales, qlm_cuda_fake_quant_clamp_scales) X(add_rmsnorm, qlm_cuda_add_rmsnorm)
+    X(fake_quant_clamp_scales, qlm_cuda_fake_quant_clamp_scales) X(add_rmsnorm, qlm_cuda_add_rmsnorm) \
+    X(rope_store, qlm_cuda_rope_store)
 #define WEAK(field, fn) extern __typeof__(fn) fn W;
 OPS(WEAK)
 
