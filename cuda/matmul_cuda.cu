@@ -121,6 +121,19 @@ __device__ __forceinline__ void mma_bf16(float c[4], unsigned a0, unsigned a1, u
     for (int k = 0; k < 4; k++) c[k] += d[k];
 }
 
+// Lane t's vector of steps s .. s + GEMV_STEPS - 1 of rows wa and wb, all loads issued before any
+// is used; zero past step s1 or the row's nvec vectors.
+__device__ __forceinline__ void load_steps(uint4 (&ra)[GEMV_STEPS], uint4 (&rb)[GEMV_STEPS], const char *wa,
+                                           const char *wb, int s, int s1, int t, int nvec) {
+#pragma unroll
+    for (int u = 0; u < GEMV_STEPS; u++) {
+        const int v = (s + u) * 4 + t;
+        const bool ok = s + u < s1 && v < nvec;
+        ra[u] = ok ? ld_weights(wa + (size_t)v * 16) : make_uint4(0, 0, 0, 0);
+        rb[u] = ok ? ld_weights(wb + (size_t)v * 16) : make_uint4(0, 0, 0, 0);
+    }
+}
+
 // Per batch of GEMV_STEPS steps, a warp's mma need the batch's columns of NR rows of x (NR: n
 // rounded up to a power of 2), lane (g, t) those of row g for its vectors. The warp loads them
 // spread evenly, SLOTS float4 a lane, and passes each to the lane that needs it by shuffles: for
@@ -157,13 +170,7 @@ __device__ __forceinline__ void tile_mma(float c[4], const char *wa, const char 
     c[0] = c[1] = c[2] = c[3] = 0;
     for (int s = s0; s < s1; s += GEMV_STEPS) {
         uint4 ra[GEMV_STEPS], rb[GEMV_STEPS];
-#pragma unroll
-        for (int u = 0; u < GEMV_STEPS; u++) {
-            const int v = (s + u) * 4 + t;
-            const bool ok = s + u < s1 && v < nvec;
-            ra[u] = ok ? ld_weights(wa + (size_t)v * 16) : make_uint4(0, 0, 0, 0);
-            rb[u] = ok ? ld_weights(wb + (size_t)v * 16) : make_uint4(0, 0, 0, 0);
-        }
+        load_steps(ra, rb, wa, wb, s, s1, t, nvec);
         // x is zero wherever the weights are (past the warp's steps or the row).
         unsigned px[X::SLOTS][2];
         const float *xs = x + (size_t)s * 4 * V;
@@ -208,13 +215,7 @@ __device__ __forceinline__ void tile_fma(float c[4], const char *wa, const char 
         constexpr int U = GEMV_STEPS, V = 16 / wtraits<DT>::size;
         for (int s = s0; s < s1; s += U) {
             uint4 ra[U], rb[U];
-#pragma unroll
-            for (int u = 0; u < U; u++) {
-                const int v = (s + u) * 4 + t;
-                const bool ok = s + u < s1 && v < nvec;
-                ra[u] = ok ? ld_weights(wa + (size_t)v * 16) : make_uint4(0, 0, 0, 0);
-                rb[u] = ok ? ld_weights(wb + (size_t)v * 16) : make_uint4(0, 0, 0, 0);
-            }
+            load_steps(ra, rb, wa, wb, s, s1, t, nvec);
 #pragma unroll
             for (int u = 0; u < U; u++) {
                 const int v = (s + u) * 4 + t;
@@ -283,7 +284,7 @@ template <int DT, bool VEC, int NR> constexpr int gemv_min_blocks() {
 }
 
 // NR: n rounded up to a power of 2 for the mma kernels, GEMV_MAX_ROWS (unused) for the others.
-template <int DT, bool VEC, int NR>
+template <int DT, bool VEC, int NR, bool PDL>
 __global__ void __launch_bounds__(GEMV_WARPS * 32, gemv_min_blocks<DT, VEC, NR>())
     gemv_kernel(const __grid_constant__ gemv_args a) {
     static_assert(GEMV_MAX_ROWS == 8 && GEMV_TILE == 16, "the mma's n and m");
@@ -304,7 +305,8 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32, gemv_min_blocks<DT, VEC, NR>(
     const int s0 = warp * steps / GEMV_WARPS, s1 = (warp + 1) * steps / GEMV_WARPS;
     // Launched to overlap the kernel before (qlm_cuda_pdl), the warp's weights head for L2 while
     // that kernel finishes x: the 128-byte lines of its steps of both rows, split among lanes t.
-    if (VEC && a.pdl)
+    // Its own instances, so that the others' registers are not spent on it.
+    if (VEC && PDL)
         for (int line = s0 / 2 + t; line <= (s1 - 1) / 2; line += 4) {
             prefetch_l2(wa + (size_t)line * 128);
             prefetch_l2(wb + (size_t)line * 128);
@@ -346,9 +348,9 @@ template <int DT, bool VEC, int NR> static void gemv_launch_kernel(const gemv_ar
         cfg.stream = qlm_cuda_stream;
         cfg.attrs = &overlap;
         cfg.numAttrs = 1;
-        CUDA_CHECK(cudaLaunchKernelEx(&cfg, gemv_kernel<DT, VEC, NR>, a));
+        CUDA_CHECK(cudaLaunchKernelEx(&cfg, gemv_kernel<DT, VEC, NR, true>, a));
     } else {
-        gemv_kernel<DT, VEC, NR><<<(unsigned)a.tile0[a.count], GEMV_WARPS * 32, 0, qlm_cuda_stream>>>(a);
+        gemv_kernel<DT, VEC, NR, false><<<(unsigned)a.tile0[a.count], GEMV_WARPS * 32, 0, qlm_cuda_stream>>>(a);
         LAUNCH_CHECK();
     }
 }

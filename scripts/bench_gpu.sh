@@ -27,6 +27,8 @@ mkdir -p "$work/tinyllama"
 cp "$assets/tinyllama-1.1b-chat-v1.0-tokenizer/config.json" "$work/tinyllama/"
 head -n "$n_dial" "$assets/dialogsum/dialogsum.test.jsonl" >"$work/dialogues.jsonl"
 field() { python3 -c "import json,sys; print(json.loads(sys.stdin.read())['$1'])"; }
+# The decode table's models: SmolLM2's config and TinyLlama's.
+model_dir() { [ "$1" = smollm2 ] && echo "$smol" || echo "$work/tinyllama"; }
 # avg_ts of llama-bench's test with n_prompt p and n_gen g, from its JSON.
 llama_ts() {
     python3 -c 'import json, sys
@@ -88,13 +90,22 @@ echo "weight bytes per token / device-to-device copy bandwidth (read + write) me
 echo
 echo "| model | dtype | pp512 tok/s | tg128 tok/s | copy GB/s | bound tok/s | of bound |"
 echo "| --- | --- | ---: | ---: | ---: | ---: | ---: |"
+# Each model and dtype also runs with QLM_CUDA_PDL=1, its rows kept for the table after llama.cpp's.
+: >"$work/pdl.md"
 for m in smollm2 tinyllama; do
-    dir=$([ $m = smollm2 ] && echo "$smol" || echo "$work/tinyllama")
+    dir=$(model_dir $m)
     for d in bf16 int8; do
         j=$("$bin/qlm" bench -m "$dir" --random-weights --device cuda --dtype $d --pp 512 --tg 128 --reps 3 --json)
         echo "$j" >"$work/qlm-$m-$d.json"
         printf '| %s | %s | %.0f | %.1f | %.0f | %.0f | %.0f%% |\n' $m $d "$(field pp_tps <<<"$j")" "$(field tg_tps <<<"$j")" \
             "$(field bandwidth_gbs <<<"$j")" "$(field tg_bound_tps <<<"$j")" "$(python3 -c "print(100*$(field tg_fraction_of_bound <<<"$j"))")"
+        p=$(QLM_CUDA_PDL=1 "$bin/qlm" bench -m "$dir" --random-weights --device cuda --dtype $d --pp 512 --tg 128 --reps 3 --json)
+        gen() {
+            "$bin/qlm" generate -m "$([ $m = smollm2 ] && echo "$smol" || echo "$assets/tinyllama-1.1b-chat-v1.0-tokenizer")" \
+                --random-weights --device cuda --dtype $d --temp 0 -n 48 -p "Once upon a time" 2>/dev/null
+        }
+        same=$([ "$(gen)" = "$(QLM_CUDA_PDL=1 gen)" ] && echo yes || echo NO)
+        printf '| %s | %s | %.1f | %.1f | %s |\n' $m $d "$(field tg_tps <<<"$j")" "$(field tg_tps <<<"$p")" "$same" >>"$work/pdl.md"
     done
 done
 llama_section || echo "(llama.cpp's section stopped: its error is in the log above.)"
@@ -105,18 +116,7 @@ echo "(\`qlm generate --temp 0\`) come out the same with it as without:"
 echo
 echo "| model | dtype | tg128 tok/s | with QLM_CUDA_PDL=1 | same tokens |"
 echo "| --- | --- | ---: | ---: | --- |"
-for m in smollm2 tinyllama; do
-    dir=$([ $m = smollm2 ] && echo "$smol" || echo "$work/tinyllama")
-    for d in bf16 int8; do
-        j=$(QLM_CUDA_PDL=1 "$bin/qlm" bench -m "$dir" --random-weights --device cuda --dtype $d --pp 0 --tg 128 --reps 3 --json)
-        gen() {
-            "$bin/qlm" generate -m "$([ $m = smollm2 ] && echo "$smol" || echo "$assets/tinyllama-1.1b-chat-v1.0-tokenizer")" \
-                --random-weights --device cuda --dtype $d --temp 0 -n 48 -p "Once upon a time" 2>/dev/null
-        }
-        same=$([ "$(gen)" = "$(QLM_CUDA_PDL=1 gen)" ] && echo yes || echo NO)
-        printf '| %s | %s | %.1f | %.1f | %s |\n' $m $d "$(field tg_tps <"$work/qlm-$m-$d.json")" "$(field tg_tps <<<"$j")" "$same"
-    done
-done
+cat "$work/pdl.md"
 echo
 echo "Where a TinyLlama BF16 decode step's GPU time goes (\`QLM_CUDA_PROFILE=1 qlm bench ... --pp 0 --tg 64 --reps 1\`,"
 echo "each op launched alone and timed with events):"
