@@ -208,11 +208,19 @@ static int forward_chunk(const qlm_model *m, qlm_kv_state *s, const int *tokens,
     }
     /* Sharded, every rank gathers the head in every pass, whether it wants logits or not. */
     if (n_rows == 0 && !h) return 0;
-    if (c->n_layers > 0) be->add(s->x, s->xb, (long)n * c->dim); /* the last block's output */
     if (qlm_unit_use(h, 0) != 0) return -1;
-    for (int r = 0; r < n_rows; r++) be->copy(s->logits_rows + (size_t)r * c->dim, s->x + (size_t)rows[r] * c->dim, c->dim);
+    /* Every row's logits in order (decode): the last block's output added as the rows are normed. */
+    int each_row = n_rows == n && c->n_layers > 0;
+    for (int r = 0; each_row && r < n_rows; r++) each_row = rows[r] == r;
+    if (each_row) {
+        be->add_rmsnorm(s->logits_rows, s->x, s->xb, m->final_norm, n, c->dim, c->norm_eps);
+    } else {
+        if (c->n_layers > 0) be->add(s->x, s->xb, (long)n * c->dim);
+        for (int r = 0; r < n_rows; r++)
+            be->copy(s->logits_rows + (size_t)r * c->dim, s->x + (size_t)rows[r] * c->dim, c->dim);
+        if (n_rows) be->rmsnorm(s->logits_rows, s->logits_rows, m->final_norm, n_rows, c->dim, c->norm_eps);
+    }
     if (n_rows) {
-        be->rmsnorm(s->logits_rows, s->logits_rows, m->final_norm, n_rows, c->dim, c->norm_eps);
         qlm_logits_out(be, logits, s->logits_dev, s->logits_rows, n_rows, &m->lm_head);
         /* the logits are host memory by now */
         if (c->final_softcap > 0)
