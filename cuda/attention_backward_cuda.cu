@@ -592,6 +592,21 @@ template <int ND> static __device__ __forceinline__ void store_row(float *dst, c
         if (lane + 32 * k < hd) dst[lane + 32 * k] = r[k];
 }
 
+// Row i's query and output gradient in head h.
+template <int ND>
+static __device__ __forceinline__ void load_q_dout(float (&qr)[ND], float (&gr)[ND], const attn_bwd_args &a, int i, int h) {
+    const size_t qo = ((size_t)i * a.n_heads + h) * a.head_dim;
+    load_row(qr, a.q + qo, a.head_dim);
+    load_row(gr, a.dout + qo, a.head_dim);
+}
+
+// Whether the row at position p attends to key t.
+static __device__ __forceinline__ bool sees_key(const attn_bwd_args &a, int p, int t) {
+    int first;
+    const int seen = row_keys(a, p, &first);
+    return t >= first && t < seen;
+}
+
 template <int ND> static __device__ __forceinline__ float dot_rows(const float (&x)[ND], const float (&y)[ND]) {
     float s = 0;
 #pragma unroll
@@ -658,12 +673,8 @@ __global__ void __launch_bounds__(BWD_WARPS * 32) attn_bwd_keys_kernel(attn_bwd_
         for (int k = 0; k < ND; k++) hk[k] = hv[k] = 0;
         for (int i = 0; i < a.n; i++) {
             const int p = qlm_ints_at(a.pos, i);
-            int first;
-            const int seen = row_keys(a, p, &first);
-            if (t < first || t >= seen) continue;
-            const size_t qo = ((size_t)i * a.n_heads + h) * hd;
-            load_row(qr, a.q + qo, hd);
-            load_row(gr, a.dout + qo, hd);
+            if (!sees_key(a, p, t)) continue;
+            load_q_dout(qr, gr, a, i, h);
             const float s = score_of(a, dot_rows(qr, kr), h, p, t, &dcap);
             float pr;
             const float gs = pair_ds(a.stats + ((size_t)i * a.n_heads + h) * 3, s, dot_rows(gr, vr), &pr) * dcap * a.scale;
@@ -694,12 +705,8 @@ __global__ void __launch_bounds__(BWD_WARPS * 32) attn_bwd_bias_kernel(attn_bwd_
     float qr[ND], gr[ND], kr[ND], vr[ND], dcap, sum = 0;
     for (int i = 0; i < a.n; i++) {
         const int p = qlm_ints_at(a.pos, i), t = j + p - a.offset;
-        int first;
-        const int seen = row_keys(a, p, &first);
-        if (t < first || t >= seen) continue;
-        const size_t qo = ((size_t)i * a.n_heads + h) * hd;
-        load_row(qr, a.q + qo, hd);
-        load_row(gr, a.dout + qo, hd);
+        if (!sees_key(a, p, t)) continue;
+        load_q_dout(qr, gr, a, i, h);
         load_row(kr, kh + t * kv_stride, hd);
         load_row(vr, vh + t * kv_stride, hd);
         const float s = score_of(a, dot_rows(qr, kr), h, p, t, &dcap);
