@@ -123,7 +123,7 @@ typedef struct qlm_backend {
     /* out[i] = x[i] / rms(x[i]) * weight, for n rows of dim values */
     void (*rmsnorm)(float *out, const float *x, const float *weight, int n, int dim, float eps);
     /* x += delta, then out = rmsnorm(x) * weight: a residual add and the next norm in one pass
-     * (out may alias delta); the same values as add then rmsnorm. */
+     * (out may alias delta; delta NULL: the norm alone); the same values as add then rmsnorm. */
     void (*add_rmsnorm)(float *out, float *x, const float *delta, const float *weight, int n, int dim, float eps);
     /* Rotate-half RoPE in place on a step's queries (n rows of n_heads*head_dim values) and keys
      * (n rows of n_kv_heads*head_dim); row i at position pos[i]. inv_freq has head_dim/2 entries. */

@@ -79,7 +79,7 @@ void qlm_cuda_rmsnorm(float *out, const float *x, const float *weight, int n, in
 }
 
 void qlm_cuda_add_rmsnorm(float *out, float *x, const float *delta, const float *weight, int n, int dim, float eps) {
-    submit_rmsnorm("add_rmsnorm", out, x, delta, weight, n, dim, eps);
+    submit_rmsnorm(delta ? "add_rmsnorm" : "rmsnorm", out, x, delta, weight, n, dim, eps);
 }
 
 // Where a step's keys and values go: the decode caches as kv_store lays them out (core/kv_cache.h),

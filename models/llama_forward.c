@@ -132,22 +132,14 @@ int qlm_state_copy_prefix(const qlm_model *m, qlm_kv_state *s, int dst, int src,
 #define PROJ(y, x, w, b, target) qlm_matmul_lora(be, &s->lora, y, x, n, w, b, slots, 0, 0, l, target)
 #define PROJ_GROUP(outs, targets, count, x) qlm_matmul_lora_group(be, &s->lora, outs, targets, count, x, n, slots, 0, 0, l)
 
-/* Each block leaves its output in xb, and the next one adds it to the residual stream x as it norms
- * x (one op, not two: decode on a GPU is bound by its count of kernels). pending: xb holds one. */
-static void residual_norm(const qlm_model *m, qlm_kv_state *s, int pending, const float *norm, int n) {
-    const qlm_llama_config *c = &m->cfg;
-    if (pending)
-        m->be->add_rmsnorm(s->xb, s->x, s->xb, norm, n, c->dim, c->norm_eps);
-    else
-        m->be->rmsnorm(s->xb, s->x, norm, n, c->dim, c->norm_eps);
-}
-
-/* Each row attends over its own slot's cache. */
+/* Each row attends over its own slot's cache. Each block leaves its output in xb, and the next
+ * block's norm adds it to the residual stream x as it norms x (add_rmsnorm: one op, not two, since
+ * decode on a GPU is bound by its count of kernels); the first layer has nothing to add. */
 static int attention_forward(const qlm_model *m, const qlm_layer *L, qlm_kv_state *s, int l, const int *pos,
                              const int *slots, int n, const float *call_freq) {
     const qlm_llama_config *c = &m->cfg;
     const qlm_backend *be = m->be;
-    residual_norm(m, s, l > 0, L->attn_norm, n);
+    be->add_rmsnorm(s->xb, s->x, l > 0 ? s->xb : NULL, L->attn_norm, n, c->dim, c->norm_eps);
     const qlm_matmul_out qkv[] = {{s->q, &L->wq, L->bq}, {s->k, &L->wk, L->bk}, {s->v, &L->wv, L->bv}};
     static const int qkv_targets[] = {QLM_LORA_Q, QLM_LORA_K, QLM_LORA_V};
     if (PROJ_GROUP(qkv, qkv_targets, 3, s->xb)) return -1;
@@ -177,7 +169,7 @@ static int attention_forward(const qlm_model *m, const qlm_layer *L, qlm_kv_stat
 static int mlp_forward(const qlm_model *m, const qlm_layer *L, qlm_kv_state *s, int l, const int *slots, int n) {
     const qlm_llama_config *c = &m->cfg;
     const qlm_backend *be = m->be;
-    residual_norm(m, s, 1, L->ffn_norm, n);
+    be->add_rmsnorm(s->xb, s->x, s->xb, L->ffn_norm, n, c->dim, c->norm_eps);
     const qlm_matmul_out gate_up[] = {{s->hb, &L->w_gate, L->b_gate}, {s->hb2, &L->w_up, L->b_up}};
     static const int gate_up_targets[] = {QLM_LORA_GATE, QLM_LORA_UP};
     if (PROJ_GROUP(gate_up, gate_up_targets, 2, s->xb)) return -1;

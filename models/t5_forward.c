@@ -119,22 +119,13 @@ static int qkv_forward(const qlm_t5_model *m, const qlm_t5_layer *L, qlm_t5_stat
 }
 
 /* Each sub-block leaves its output in xb, and the next one's norm adds it to the residual stream x
- * as it norms x into out (one op, not two). pending: xb holds an output not yet added. */
-static void residual_norm(const qlm_t5_model *m, qlm_t5_state *s, int pending, float *out, const float *norm, int n) {
-    const qlm_t5_config *c = &m->cfg;
-    if (pending)
-        m->be->add_rmsnorm(out, s->x, s->xb, norm, n, c->d_model, c->norm_eps);
-    else
-        m->be->rmsnorm(out, s->x, norm, n, c->d_model, c->norm_eps);
-}
-
-/* After an attention sub-block, whose output it adds. */
+ * as it norms x (add_rmsnorm: one op, not two). This one follows an attention sub-block. */
 static int ffn_forward(const qlm_t5_model *m, const qlm_t5_layer *L, qlm_t5_state *s, int n, const int *slots,
                        int slot, int stack, int l) {
     const qlm_t5_config *c = &m->cfg;
     const qlm_backend *be = m->be;
     long nf = (long)n * c->d_ff;
-    residual_norm(m, s, 1, s->xb, L->ffn_norm, n);
+    be->add_rmsnorm(s->xb, s->x, s->xb, L->ffn_norm, n, c->d_model, c->norm_eps);
     const qlm_matmul_out wi[] = {{s->hb, &L->wi0, NULL}, {s->hb2, &L->wi1, NULL}};
     static const int wi_targets[] = {QLM_LORA_WI0, QLM_LORA_WI1};
     if (PROJ_GROUP(wi, wi_targets, c->gated ? 2 : 1, s->xb)) return -1;
@@ -160,13 +151,13 @@ int qlm_t5_encode(const qlm_t5_model *m, qlm_t5_state *s, int slot, const int *i
     int stack = 0;
     for (int l = 0; l < c->n_layers; l++) {
         const qlm_t5_layer *L = &m->enc[l];
-        residual_norm(m, s, l > 0, s->xb, L->attn_norm, n);
+        be->add_rmsnorm(s->xb, s->x, l > 0 ? s->xb : NULL, L->attn_norm, n, c->d_model, c->norm_eps);
         if (qkv_forward(m, L, s, n, slots, slot, stack, l) != 0) return -1;
         be->attention(s->att, s->q, s->k, s->v, n, s->pos, &self);
         if (PROJ(s->xb, s->att, &L->o, QLM_LORA_O)) return -1;
         if (ffn_forward(m, L, s, n, slots, slot, stack, l) != 0) return -1;
     }
-    residual_norm(m, s, c->n_layers > 0, s->enc_out, m->enc_final_norm, n);
+    be->add_rmsnorm(s->enc_out, s->x, c->n_layers > 0 ? s->xb : NULL, m->enc_final_norm, n, c->d_model, c->norm_eps);
     stack = 1; /* the cross-attention keys and values are the decoder's projections */
     for (int l = 0; l < c->n_dec_layers; l++) {
         const qlm_matmul_out kv[] = {{s->k, &m->dec[l].ck, NULL}, {s->v, &m->dec[l].cv, NULL}};
@@ -206,14 +197,14 @@ static int decode_chunk(const qlm_t5_model *m, qlm_t5_state *s, const int *token
     be->embedding(s->x, &m->shared, tokens, n);
     for (int l = 0; l < c->n_dec_layers; l++) {
         const qlm_t5_layer *L = &m->dec[l];
-        residual_norm(m, s, l > 0, s->xb, L->attn_norm, n);
+        be->add_rmsnorm(s->xb, s->x, l > 0 ? s->xb : NULL, L->attn_norm, n, c->d_model, c->norm_eps);
         if (qkv_forward(m, L, s, n, slots, slot, stack, l) != 0) return -1;
         be->kv_store(s->k_cache[l], s->v_cache[l], s->kv_dtype, s->k, s->v, n, slots, 0, pos, c->n_heads, c->d_kv,
                      s->max_tgt);
         slot_attention(m, s, s->k_cache, s->v_cache, l, s->max_tgt, pos, slots, n, 0);
         if (PROJ(s->xb, s->att, &L->o, QLM_LORA_O)) return -1;
 
-        residual_norm(m, s, 1, s->xb, L->cross_norm, n);
+        be->add_rmsnorm(s->xb, s->x, s->xb, L->cross_norm, n, c->d_model, c->norm_eps);
         if (PROJ(s->q, s->xb, &L->cq, QLM_LORA_CROSS_Q)) return -1;
         slot_attention(m, s, s->cross_k, s->cross_v, l, s->max_src, pos, slots, n, 1);
         if (PROJ(s->xb, s->att, &L->co, QLM_LORA_CROSS_O)) return -1;
