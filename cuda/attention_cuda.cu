@@ -97,6 +97,31 @@ __device__ __forceinline__ float2 value_pair(const void *v, size_t row, int d, i
     return make_float2(kv_elem(v, row + d, BF), d + 1 < hd ? kv_elem(v, row + d + 1, BF) : 0.0f);
 }
 
+// This lane's pair of value elements of keys t0 + j0 .. t0 + j0 + VU - 1 (0 from the tile's len on).
+template <int P, int VU, int BF>
+__device__ __forceinline__ void load_values(float2 (&vv)[VU][P], const attn_args &a, size_t base, int t0, int j0,
+                                            int len, int lane) {
+#pragma unroll
+    for (int u = 0; u < VU; u++) {
+        const int key = t0 + j0 + u;
+        const size_t row = base + (size_t)(a.ring ? key % a.ring : key) * a.row_stride;
+#pragma unroll
+        for (int k = 0; k < P; k++)
+            vv[u][k] = j0 + u < len ? value_pair<BF>(a.v, row, 2 * lane + 64 * k, a.head_dim, a.vec) : make_float2(0, 0);
+    }
+}
+
+// acc += p v over those keys, key j0 + u's weight p held by lane (j0 + u) % 32 in e.
+template <int P, int VU>
+__device__ __forceinline__ void add_values(float (&acc)[2 * P], const float2 (&vv)[VU][P], float e, int j0) {
+#pragma unroll
+    for (int u = 0; u < VU; u++) {
+        const float pj = __shfl_sync(0xffffffffu, e, (j0 + u) & 31);
+#pragma unroll
+        for (int k = 0; k < P; k++) acc[2 * k] += pj * vv[u][k].x, acc[2 * k + 1] += pj * vv[u][k].y;
+    }
+}
+
 // ND: head_dim <= 32 * ND; BF: BF16 caches. Each warp walks 32 keys at a time: a lane per key for
 // the score, then a lane per pair of elements for the values. A tile's key row and the values of
 // its first VU keys are loaded together, before the score needs them, so that a tile costs one
@@ -127,13 +152,7 @@ __global__ void __launch_bounds__(ATTN_WARPS * 32) attention_kernel(attn_args a)
     for (int t0 = first + w * 32; t0 < nk; t0 += ATTN_WARPS * 32) {
         const int t = t0 + lane, len = nk - t0 < 32 ? nk - t0 : 32;
         float2 vv[VU][P];
-#pragma unroll
-        for (int u = 0; u < VU; u++) {
-            const size_t row = base + (size_t)(a.ring ? (t0 + u) % a.ring : t0 + u) * a.row_stride;
-#pragma unroll
-            for (int k = 0; k < P; k++)
-                vv[u][k] = u < len ? value_pair<BF>(a.v, row, 2 * lane + 64 * k, hd, a.vec) : make_float2(0, 0);
-        }
+        load_values<P, VU, BF>(vv, a, base, t0, 0, len, lane);
         float s = -INFINITY;
         if (t < nk) {
             const float dot = key_dot<ND, BF>(a.k, base + (size_t)(a.ring ? t % a.ring : t) * a.row_stride, qi, hd, a.vec);
@@ -146,27 +165,11 @@ __global__ void __launch_bounds__(ATTN_WARPS * 32) attention_kernel(attn_args a)
         l = l * corr + warp_sum(e);
 #pragma unroll
         for (int k = 0; k < 2 * P; k++) acc[k] *= corr;
-#pragma unroll
-        for (int u = 0; u < VU; u++) {
-            const float pj = __shfl_sync(0xffffffffu, e, u);
-#pragma unroll
-            for (int k = 0; k < P; k++) acc[2 * k] += pj * vv[u][k].x, acc[2 * k + 1] += pj * vv[u][k].y;
-        }
+        add_values<P, VU>(acc, vv, e, 0);
         // Wide heads hold fewer keys' values at a time: the rest of the tile, VU keys a step.
         for (int j0 = VU; j0 < len; j0 += VU) {
-#pragma unroll
-            for (int u = 0; u < VU; u++) {
-                const size_t row = base + (size_t)(a.ring ? (t0 + j0 + u) % a.ring : t0 + j0 + u) * a.row_stride;
-#pragma unroll
-                for (int k = 0; k < P; k++)
-                    vv[u][k] = j0 + u < len ? value_pair<BF>(a.v, row, 2 * lane + 64 * k, hd, a.vec) : make_float2(0, 0);
-            }
-#pragma unroll
-            for (int u = 0; u < VU; u++) {
-                const float pj = __shfl_sync(0xffffffffu, e, (j0 + u) & 31);
-#pragma unroll
-                for (int k = 0; k < P; k++) acc[2 * k] += pj * vv[u][k].x, acc[2 * k + 1] += pj * vv[u][k].y;
-            }
+            load_values<P, VU, BF>(vv, a, base, t0, j0, len, lane);
+            add_values<P, VU>(acc, vv, e, j0);
         }
         m = m_new;
     }
