@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
 # Runs each cmocka test program given as an argument from the repository root and prints
-# one closing line "N passed, N failed, N skipped". Exits non-zero if any test failed.
+# one closing line "N passed, N failed, N skipped". Exits non-zero if any test failed. Each
+# program gets a TMPDIR of its own, removed after it passes and kept (and named) when it fails, so
+# the files its tests leave behind neither pile up nor vanish before they can be read.
 set -u
 passed=0 failed=0 skipped=0 broken=()
 for t in "$@"; do
     name=$(basename "$t")
     log=$(mktemp)
-    "$t" >"$log" 2>&1
+    tmp=$(mktemp -d "${TMPDIR:-/tmp}/qlm-$name-XXXXXX")
+    TMPDIR=$tmp "$t" >"$log" 2>&1
     rc=$?
     cat "$log"
     p=$(sed -n 's/^\[  PASSED  \] \([0-9]*\) test.*/\1/p' "$log" | tail -n1)
@@ -18,6 +21,7 @@ for t in "$@"; do
     elif [ -n "$f" ]; then
         broken+=("$name")
     fi
+    if [ "$rc" -eq 0 ] && [ -z "$f" ]; then rm -rf "$tmp"; else echo "$name: its temporary files are kept in $tmp"; fi
     rm -f "$log"
 done
 [ ${#broken[@]} -eq 0 ] || printf 'failing programs: %s\n' "${broken[*]}"

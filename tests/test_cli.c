@@ -871,8 +871,8 @@ static void test_chat_template_file(void **state) {
     (void)state;
     char model[512], *out = NULL;
     REQUIRE_ASSET(test_default_gguf(model, sizeof model));
-    char dir[] = "/tmp/qlm-chat-template-XXXXXX";
-    assert_non_null(mkdtemp(dir));
+    char dir[512];
+    assert_non_null(test_tmpdir(dir, sizeof dir));
     char bad[600], good[600], raising[600];
     snprintf(bad, sizeof bad, "%s/bad.jinja", dir);
     snprintf(good, sizeof good, "%s/good.jinja", dir);
@@ -916,8 +916,8 @@ static void test_json_output(void **state) {
     (void)state;
     char model[512], *out = NULL;
     REQUIRE_ASSET(test_default_gguf(model, sizeof model));
-    char dir[] = "/tmp/qlm-json-XXXXXX", good[600], bad[600], broken[600];
-    assert_non_null(mkdtemp(dir));
+    char dir[512], good[600], bad[600], broken[600];
+    assert_non_null(test_tmpdir(dir, sizeof dir));
     snprintf(good, sizeof good, "%s/person.json", dir);
     snprintf(bad, sizeof bad, "%s/bad.json", dir);
     snprintf(broken, sizeof broken, "%s/broken.json", dir);
