@@ -65,14 +65,17 @@ typedef struct {
     qlm_matmul_out outs[3];
     int count, n;
     const float *x;
+    const qlm_x_step *step; /* NULL: x as given */
 } mm_ctx;
 
 static void run_mm(void *p) {
     mm_ctx *c = p;
-    if (c->count == 1)
+    if (c->step)
+        (void)gpu->step_matmul_group(c->outs, c->count, c->step, c->n);
+    else if (c->count == 1)
         gpu->matmul(c->outs[0].y, c->x, c->n, c->outs[0].w, NULL);
     else
-        gpu->matmul_group(c->outs, c->count, c->x, c->n);
+        (void)gpu->matmul_group(c->outs, c->count, c->x, c->n);
 }
 
 typedef struct {
@@ -109,26 +112,32 @@ int main(int argc, char **argv) {
     double bw = gpu->bandwidth_gbs();
     printf("%s\ndevice-to-device copy: %.0f GB/s (read + write)\n\n", line, bw);
     printf("| op | shape | dtype | us/op | GB/s | of copy bw |\n| --- | --- | --- | ---: | ---: | ---: |\n");
-    /* n rows of x (1 in decode; the GEMV takes up to 8, a batch of sequences). */
+    /* n rows of x (1 in decode; the GEMV takes up to 8, a batch of sequences); step: 1 the norm
+     * before the products, 2 the GLU, formed as the GEMV loads x (step_matmul_group), 0 none. */
     const struct {
         const char *name;
-        int rows[3], count, cols, n;
+        int rows[3], count, cols, n, step;
     } mms[] = {
-        {"q_proj", {2048}, 1, 2048, 1},          {"gate+up", {5632, 5632}, 2, 2048, 1},
-        {"down", {2048}, 1, 5632, 1},            {"q+k+v", {2048, 256, 256}, 3, 2048, 1},
-        {"smol q", {576}, 1, 576, 1},            {"smol down", {576}, 1, 1536, 1},
-        {"q_proj, 8 rows", {2048}, 1, 2048, 8}, {"smol q, 4 rows", {576}, 1, 576, 4},
+        {"q_proj", {2048}, 1, 2048, 1, 0},          {"gate+up", {5632, 5632}, 2, 2048, 1, 0},
+        {"down", {2048}, 1, 5632, 1, 0},            {"q+k+v", {2048, 256, 256}, 3, 2048, 1, 0},
+        {"norm + q+k+v", {2048, 256, 256}, 3, 2048, 1, 1}, {"glu + down", {2048}, 1, 5632, 1, 2},
+        {"smol q", {576}, 1, 576, 1, 0},            {"smol down", {576}, 1, 1536, 1, 0},
+        {"smol norm + q+k+v", {576, 192, 192}, 3, 576, 1, 1}, {"smol glu + down", {576}, 1, 1536, 1, 2},
+        {"q_proj, 8 rows", {2048}, 1, 2048, 8, 0}, {"smol q, 4 rows", {576}, 1, 576, 4, 0},
     };
     const qlm_dtype dts[] = {QLM_BF16, QLM_I8};
-    float *x = dev_floats(8 * 8192, 1.0f);
+    float *x = dev_floats(8 * 8192, 1.0f), *x2 = dev_floats(8 * 8192, 1.0f), *formed = dev_floats(8 * 8192, 1.0f);
+    float *norm_w = dev_floats(8192, 1.0f);
+    const qlm_x_step steps[] = {{QLM_X_RMSNORM, formed, x, NULL, norm_w, 1e-5f, QLM_ACT_SILU},
+                                {QLM_X_GLU, formed, x, x2, NULL, 0.0f, QLM_ACT_SILU}};
     for (size_t d = 0; d < 2; d++)
         for (size_t i = 0; i < sizeof mms / sizeof mms[0]; i++) {
-            mm_ctx c = {.count = mms[i].count, .n = mms[i].n, .x = x};
+            mm_ctx c = {.count = mms[i].count, .n = mms[i].n, .x = x, .step = mms[i].step ? &steps[mms[i].step - 1] : NULL};
             qlm_weight w[3];
             double bytes = 0;
             for (int k = 0; k < c.count; k++) {
                 w[k] = dev_weight(dts[d], mms[i].rows[k], mms[i].cols);
-                c.outs[k] = (qlm_matmul_out){gpu->alloc((size_t)c.n * mms[i].rows[k] * sizeof(float)), &w[k], NULL};
+                c.outs[k] = (qlm_matmul_out){gpu->alloc((size_t)c.n * mms[i].rows[k] * sizeof(float)), &w[k], NULL, 0};
                 bytes += (double)mms[i].rows[k] * mms[i].cols * qlm_dtype_size(dts[d]);
             }
             double us = time_op(run_mm, &c, reps, c.outs[0].y);

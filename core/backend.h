@@ -82,6 +82,20 @@ typedef enum {
     QLM_ACT_GELU,      /* exact GELU, x * Phi(x) (hidden_act "gelu") */
 } qlm_act;
 
+/* The op before a product that makes its x, run by step_matmul_group in the product's own pass
+ * where the backend can: x = rmsnorm(a) * weight (RMSNORM, eps), or act(a) * b (GLU; act(a) alone
+ * with b NULL). x ([n][cols],
+ * cols the weights' width) is written either way, for what reads it next (LoRA); it aliases
+ * neither a nor b. */
+typedef enum { QLM_X_RMSNORM, QLM_X_GLU } qlm_x_kind;
+typedef struct {
+    qlm_x_kind kind;
+    float *x;
+    const float *a, *b, *weight;
+    float eps;
+    qlm_act act;
+} qlm_x_step;
+
 /* One AdamW update as torch.optim.AdamW computes it (decoupled weight decay, bias correction). */
 typedef struct {
     float lr, beta1, beta2, eps, weight_decay;
@@ -114,17 +128,19 @@ typedef struct qlm_backend {
     /* y[n][rows] = x[n][cols] W^T (+ bias) */
     void (*matmul)(float *y, const float *x, int n, const qlm_weight *w, const float *bias);
     /* matmul for each of count weights that multiply the same x, as one operation (one parallel
-     * region on the CPU). */
-    void (*matmul_group)(const qlm_matmul_out *outs, int count, const float *x, int n);
+     * region on the CPU); products that add (qlm_matmul_out.add) add to y. Returns -1 (message
+     * set) only when scratch memory cannot be had. */
+    int (*matmul_group)(const qlm_matmul_out *outs, int count, const float *x, int n);
+    /* The step's op, then matmul_group over its x, as one operation: a GPU's GEMV forms each value
+     * of x as it loads it, one kernel instead of two (decode on a GPU is bound by its count of
+     * kernels). The same values as the op and the products one after the other. */
+    int (*step_matmul_group)(const qlm_matmul_out *outs, int count, const qlm_x_step *step, int n);
     /* Unmerged LoRA on top of a matmul's output: y[i] += scale B (A x[i]) with row i's own pair
      * (per_row[i]; NULL: none), so one call serves a batch that mixes adapters. Returns -1
      * (message set) only when scratch memory cannot be had. */
     int (*lora)(float *y, const float *x, int n, const qlm_lora_ref *const *per_row);
     /* out[i] = x[i] / rms(x[i]) * weight, for n rows of dim values */
     void (*rmsnorm)(float *out, const float *x, const float *weight, int n, int dim, float eps);
-    /* x += delta, then out = rmsnorm(x) * weight: a residual add and the next norm in one pass
-     * (out may alias delta; delta NULL: the norm alone); the same values as add then rmsnorm. */
-    void (*add_rmsnorm)(float *out, float *x, const float *delta, const float *weight, int n, int dim, float eps);
     /* Rotate-half RoPE in place on a step's queries (n rows of n_heads*head_dim values) and keys
      * (n rows of n_kv_heads*head_dim); row i at position pos[i]. inv_freq has head_dim/2 entries. */
     void (*rope)(float *q, float *k, int n, const int *pos, int n_heads, int n_kv_heads, int head_dim,
@@ -229,6 +245,23 @@ static inline void qlm_logits_out(const qlm_backend *be, float *logits, float *d
                                   const qlm_weight *lm_head) {
     be->matmul(dev ? dev : logits, x, n, lm_head, NULL);
     if (dev) be->to_host(logits, dev, (size_t)n * lm_head->rows * sizeof(float));
+}
+
+/* step_matmul_group as its op and then matmul_group: the CPU's, and a GPU's where its GEMV does
+ * not take the shapes. */
+static inline int qlm_step_then_matmul_group(const qlm_backend *be, const qlm_matmul_out *outs, int count,
+                                             const qlm_x_step *step, int n) {
+    const int cols = outs[0].w->cols;
+    const long values = (long)n * cols;
+    if (step->kind == QLM_X_RMSNORM) {
+        be->rmsnorm(step->x, step->a, step->weight, n, cols, step->eps);
+    } else if (step->b) {
+        be->glu(step->x, step->a, step->b, values, step->act);
+    } else {
+        be->copy(step->x, step->a, values);
+        be->activate(step->x, values, step->act);
+    }
+    return be->matmul_group(outs, count, step->x, n);
 }
 
 const qlm_backend *qlm_backend_cpu(void);

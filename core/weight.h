@@ -62,11 +62,13 @@ static inline void qlm_weight_view_refresh(const qlm_weight_view *v) {
 }
 
 /* One of several products of the same x (qlm_matmul_group, the backend's matmul_group):
- * y = x W^T (+ bias). */
+ * y = x W^T (+ bias), or with add y += x W^T (+ bias): a block's output joins the residual stream
+ * in the product's own pass. */
 typedef struct {
     float *y;
     const qlm_weight *w;
     const float *bias;
+    int add;
 } qlm_matmul_out;
 
 #endif

@@ -76,26 +76,14 @@ __attribute__((target_clones("avx512f", "avx2", "default"))) static double sum_s
     return ss;
 }
 
-/* Rows of x, each first added delta's row (delta NULL: none) while it is in cache, normed into out. */
-static void norm_rows(float *out, float *x, const float *delta, const float *weight, int n, int dim, float eps) {
+static void cpu_rmsnorm(float *out, const float *x, const float *weight, int n, int dim, float eps) {
 #pragma omp parallel for if (n > 1)
     for (int i = 0; i < n; i++) {
-        float *xi = x + (size_t)i * dim;
+        const float *xi = x + (size_t)i * dim;
         float *oi = out + (size_t)i * dim;
-        if (delta)
-            for (int j = 0; j < dim; j++) xi[j] += delta[(size_t)i * dim + j];
         float inv = 1.0f / sqrtf((float)(sum_squares(xi, dim) / dim) + eps);
         for (int j = 0; j < dim; j++) oi[j] = xi[j] * inv * weight[j];
     }
-}
-
-/* x is only written with a delta. */
-static void cpu_rmsnorm(float *out, const float *x, const float *weight, int n, int dim, float eps) {
-    norm_rows(out, (float *)x, NULL, weight, n, dim, eps);
-}
-
-static void cpu_add_rmsnorm(float *out, float *x, const float *delta, const float *weight, int n, int dim, float eps) {
-    norm_rows(out, x, delta, weight, n, dim, eps);
 }
 
 /* Each (row, frequency) angle is computed once for the query heads and the key heads. */
@@ -232,6 +220,10 @@ static void cpu_copy(float *dst, const float *src, long n) { memmove(dst, src, (
 
 static void cpu_memcpy(void *dst, const void *src, size_t bytes) { memcpy(dst, src, bytes); }
 
+static int cpu_step_matmul_group(const qlm_matmul_out *outs, int count, const qlm_x_step *step, int n) {
+    return qlm_step_then_matmul_group(qlm_backend_cpu(), outs, count, step, n);
+}
+
 static const qlm_backend cpu_backend = {
     .name = "cpu",
     .host_memory = 1,
@@ -244,11 +236,11 @@ static const qlm_backend cpu_backend = {
     .describe = cpu_describe,
     .matmul = qlm_matmul,
     .matmul_group = qlm_matmul_group,
+    .step_matmul_group = cpu_step_matmul_group,
     .kv_store = cpu_kv_store,
     .rope_store = cpu_rope_store,
     .lora = cpu_lora,
     .rmsnorm = cpu_rmsnorm,
-    .add_rmsnorm = cpu_add_rmsnorm,
     .rope = cpu_rope,
     .attention = qlm_cpu_attention,
     .glu = cpu_glu,

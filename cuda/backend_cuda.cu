@@ -235,9 +235,9 @@ static void fill_table(qlm_backend *b) {
     b->describe = locked<cuda_describe>::call;
     b->matmul = locked<qlm_cuda_matmul>::call;
     b->matmul_group = locked<qlm_cuda_matmul_group>::call;
+    b->step_matmul_group = locked<qlm_cuda_step_matmul_group>::call;
     b->lora = locked<qlm_cuda_lora>::call;
     b->rmsnorm = locked<qlm_cuda_rmsnorm>::call;
-    b->add_rmsnorm = locked<qlm_cuda_add_rmsnorm>::call;
     b->rope = locked<qlm_cuda_rope>::call;
     b->attention = locked<qlm_cuda_attention>::call;
     b->attention_backward = locked<qlm_cuda_attention_backward>::call;

@@ -91,6 +91,33 @@ __device__ __forceinline__ float qlm_weight_at(const qlm_weight &w, long r, long
     }
 }
 
+// The activations of the GLU (the GPU forms of the CPU's, same formulas), for glu_kernel and the
+// GEMV that forms its x from gate and up.
+__device__ __forceinline__ float qlm_act_of(float x, qlm_act a) {
+    switch (a) {
+    case QLM_ACT_RELU: return x > 0 ? x : 0;
+    case QLM_ACT_GELU_TANH: return x - x / (expf(1.5957691216057308f * (x + 0.044715f * x * x * x)) + 1.0f);
+    case QLM_ACT_GELU: return 0.5f * x * (1.0f + erff(x * 0.7071067811865476f));
+    default: return x / (1.0f + expf(-x));
+    }
+}
+
+// RMSNorm's sum of squares, in one order wherever it runs (rmsnorm_kernel, and the GEMV that norms
+// its x), so that both give the same bits: QLM_RMS_THREADS threads, thread t summing the squares of
+// x[t + QLM_RMS_THREADS k] in k order, the sum over each warp by qlm_warp_sum, then qlm_rms_inv
+// over the warps' sums in warp order.
+enum { QLM_RMS_THREADS = 256, QLM_RMS_WARPS = QLM_RMS_THREADS / 32 };
+__device__ __forceinline__ float qlm_warp_sum(float v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+__device__ __forceinline__ float qlm_rms_inv(const float *warp_sums, int dim, float eps) {
+    float total = 0;
+#pragma unroll
+    for (int k = 0; k < QLM_RMS_WARPS; k++) total += warp_sums[k];
+    return 1.0f / sqrtf(total / dim + eps);
+}
+
 static inline unsigned qlm_cuda_blocks(long n, int threads) { return (unsigned)((n + threads - 1) / threads); }
 
 // Programmatic dependent launch (QLM_CUDA_PDL=1, compute 9.0 and newer): the GEMV is launched to
@@ -113,7 +140,8 @@ __device__ __forceinline__ void qlm_pdl_wait() {
 
 // matmul_cuda.cu
 void qlm_cuda_matmul(float *y, const float *x, int n, const qlm_weight *w, const float *bias);
-void qlm_cuda_matmul_group(const qlm_matmul_out *outs, int count, const float *x, int n);
+int qlm_cuda_matmul_group(const qlm_matmul_out *outs, int count, const float *x, int n);
+int qlm_cuda_step_matmul_group(const qlm_matmul_out *outs, int count, const qlm_x_step *step, int n);
 // attention_cuda.cu
 void qlm_cuda_attention(float *out, const float *q, const void *k, const void *v, int n, const int *pos,
                         const qlm_attn_shape *shape);
@@ -124,7 +152,6 @@ int qlm_cuda_attention_backward(float *dq, float *dk, float *dv, float *dpos_bia
 int qlm_cuda_lora(float *y, const float *x, int n, const qlm_lora_ref *const *per_row);
 // ops_cuda.cu
 void qlm_cuda_rmsnorm(float *out, const float *x, const float *weight, int n, int dim, float eps);
-void qlm_cuda_add_rmsnorm(float *out, float *x, const float *delta, const float *weight, int n, int dim, float eps);
 void qlm_cuda_rope(float *q, float *k, int n, const int *pos, int n_heads, int n_kv_heads, int head_dim,
                    const float *inv_freq);
 void qlm_cuda_glu(float *out, const float *gate, const float *up, long n, qlm_act act);

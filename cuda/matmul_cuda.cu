@@ -32,8 +32,11 @@ struct gemv_part {
     float *y;
     const float *bias, *row_scales;
     float scale;
-    int rows;
+    int rows, add; // add: y += the product
 };
+
+// How the kernel forms x from its inputs (qlm_x_step): as given, or by the step's op as it loads.
+enum { X_GIVEN, X_RMSNORM, X_GLU };
 
 struct gemv_args {
     gemv_part part[GROUP_MAX];
@@ -41,7 +44,11 @@ struct gemv_args {
     int count, cols, vec;     // vec: every row starts 16-byte aligned and cols fills whole vectors
     int pdl;                  // launched to overlap the kernel before it (qlm_cuda_pdl)
     int dtype, n;
-    const float *x;
+    int form, act;            // X_*, and the GLU's activation
+    float eps;                // X_RMSNORM's
+    const float *x;           // x as given, RMSNORM's input, or the GLU's gate
+    const float *up, *norm;   // the GLU's up; RMSNORM's weight
+    float *x_out;             // the formed x, which the first block writes (X_RMSNORM, X_GLU)
 };
 
 template <int DT> struct wtraits;
@@ -134,6 +141,35 @@ __device__ __forceinline__ void load_steps(uint4 (&ra)[GEMV_STEPS], uint4 (&rb)[
     }
 }
 
+// Where a GEMV's x comes from: x as given, or formed as it is loaded from the step's inputs, the
+// same float4 the step's own kernel would have written (rmsnorm_kernel: a * inv * weight; glu_kernel:
+// act(gate) * up, or act(gate) without an up), which the first block also stores for what reads x
+// next.
+template <int FORM> struct x_source {
+    const float *x, *up, *norm;
+    const float *inv; // RMSNORM: 1 / rms of each row of x, in shared memory
+    float *out;       // NULL but in the block that stores the formed x
+    qlm_act act;
+
+    // x row `row`, columns col .. col + 3, at off = row * cols + col.
+    __device__ __forceinline__ float4 load(size_t off, int col, int row) const {
+        float4 v = __ldg((const float4 *)(x + off));
+        if (FORM == X_RMSNORM) {
+            const float4 w = __ldg((const float4 *)(norm + col));
+            const float r = inv[row];
+            v = make_float4(v.x * r * w.x, v.y * r * w.y, v.z * r * w.z, v.w * r * w.w);
+        } else if (FORM == X_GLU) {
+            v = make_float4(qlm_act_of(v.x, act), qlm_act_of(v.y, act), qlm_act_of(v.z, act), qlm_act_of(v.w, act));
+            if (up) {
+                const float4 u = __ldg((const float4 *)(up + off));
+                v = make_float4(v.x * u.x, v.y * u.y, v.z * u.z, v.w * u.w);
+            }
+        }
+        if (FORM != X_GIVEN && out) *(float4 *)(out + off) = v;
+        return v;
+    }
+};
+
 // Per batch of GEMV_STEPS steps, a warp's mma need the batch's columns of NR rows of x (NR: n
 // rounded up to a power of 2), lane (g, t) those of row g for its vectors. The warp loads them
 // spread evenly, SLOTS float4 a lane, and passes each to the lane that needs it by shuffles: for
@@ -148,24 +184,26 @@ template <int DT, int NR> struct xshare {
 
 // BF16 or INT8 weights, whole vectors: the warp's steps [s0, s1) of rows wa (g) and wb (g + 8)
 // against rows 0 .. n - 1 of x on the tensor cores.
-template <int DT, int NR>
-__device__ __forceinline__ void tile_mma(float c[4], const char *wa, const char *wb, const float *x, int n, int cols,
-                                         int nvec, int s0, int s1, int lane) {
+template <int DT, int NR, int FORM>
+__device__ __forceinline__ void tile_mma(float c[4], const char *wa, const char *wb, const x_source<FORM> &x, int n,
+                                         int cols, int nvec, int s0, int s1, int lane) {
     using X = xshare<DT, NR>;
     constexpr int V = 16 / wtraits<DT>::size; // columns per vector
     const int t = lane & 3;
     // Round r (mma q of step u, r = u Q + q) of lane d = 4 g + t < 4 NR takes slot r / RPS of lane
     // (r % RPS) 4 NR + d: x row g, columns 4q .. 4q + 3 of its vector (s + u) 4 + t. So slot k of
     // this lane holds what lane d = lane % 4 NR needs in round r = k RPS + lane / 4 NR.
-    int xoff[X::SLOTS], xstep[X::SLOTS], xvec[X::SLOTS];
+    int xoff[X::SLOTS], xcol[X::SLOTS], xstep[X::SLOTS], xvec[X::SLOTS], xr[X::SLOTS];
     bool xrow[X::SLOTS];
 #pragma unroll
     for (int k = 0; k < X::SLOTS; k++) {
         const int r = k * X::RPS + lane / (4 * NR), d = lane % (4 * NR), u = r / X::Q, q = r % X::Q;
         xstep[k] = u;
         xvec[k] = u * 4 + (d & 3); // relative to the batch's first vector, 4 s
-        xrow[k] = d / 4 < n;
-        xoff[k] = (d / 4) * cols + xvec[k] * V + 4 * q;
+        xr[k] = d / 4;
+        xrow[k] = xr[k] < n;
+        xcol[k] = xvec[k] * V + 4 * q;
+        xoff[k] = xr[k] * cols + xcol[k];
     }
     c[0] = c[1] = c[2] = c[3] = 0;
     for (int s = s0; s < s1; s += GEMV_STEPS) {
@@ -173,11 +211,11 @@ __device__ __forceinline__ void tile_mma(float c[4], const char *wa, const char 
         load_steps(ra, rb, wa, wb, s, s1, t, nvec);
         // x is zero wherever the weights are (past the warp's steps or the row).
         unsigned px[X::SLOTS][2];
-        const float *xs = x + (size_t)s * 4 * V;
+        const int batch_col = s * 4 * V;
 #pragma unroll
         for (int k = 0; k < X::SLOTS; k++) {
             const bool ok = xrow[k] && s + xstep[k] < s1 && s * 4 + xvec[k] < nvec;
-            const float4 xv = ok ? __ldg((const float4 *)(xs + xoff[k])) : make_float4(0, 0, 0, 0);
+            const float4 xv = ok ? x.load((size_t)batch_col + xoff[k], batch_col + xcol[k], xr[k]) : make_float4(0, 0, 0, 0);
             px[k][0] = bf16x2(xv.x, xv.y);
             px[k][1] = bf16x2(xv.z, xv.w);
         }
@@ -283,8 +321,27 @@ template <int DT, bool VEC, int NR> constexpr int gemv_min_blocks() {
         return 1;
 }
 
+// 1 / rms of rows 0 .. n - 1 of x (cols values each) into inv, in rmsnorm_kernel's order: each
+// half of the block's threads takes every other row as that kernel's QLM_RMS_THREADS take one.
+__device__ __forceinline__ void rows_rms_inv(float *inv, const float *x, int n, int cols, float eps) {
+    static_assert(GEMV_WARPS * 32 == 2 * QLM_RMS_THREADS, "two halves of the block");
+    __shared__ float warp_sums[GEMV_MAX_ROWS][QLM_RMS_WARPS];
+    const int t = threadIdx.x % QLM_RMS_THREADS;
+    for (int j = threadIdx.x / QLM_RMS_THREADS; j < n; j += 2) {
+        const float *xj = x + (size_t)j * cols;
+        float ss = 0;
+        for (int c = t; c < cols; c += QLM_RMS_THREADS) ss += xj[c] * xj[c];
+        ss = qlm_warp_sum(ss);
+        if ((t & 31) == 0) warp_sums[j][t >> 5] = ss;
+    }
+    __syncthreads();
+    if (threadIdx.x < n) inv[threadIdx.x] = qlm_rms_inv(warp_sums[threadIdx.x], cols, eps);
+    __syncthreads();
+}
+
 // NR: n rounded up to a power of 2 for the mma kernels, GEMV_MAX_ROWS (unused) for the others.
-template <int DT, bool VEC, int NR, bool PDL>
+// FORM: how x is formed (X_GIVEN but for the mma kernels).
+template <int DT, bool VEC, int NR, bool PDL, int FORM>
 __global__ void __launch_bounds__(GEMV_WARPS * 32, gemv_min_blocks<DT, VEC, NR>())
     gemv_kernel(const __grid_constant__ gemv_args a) {
     static_assert(GEMV_MAX_ROWS == 8 && GEMV_TILE == 16, "the mma's n and m");
@@ -312,6 +369,7 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32, gemv_min_blocks<DT, VEC, NR>(
             prefetch_l2(wb + (size_t)line * 128);
         }
     qlm_pdl_wait();
+    qlm_pdl_trigger();
     // The tile's row scales and biases start on their way to shared memory now (no registers held
     // through the loads), for thread i < 128, which finishes output j = i % 8 of row i / 8.
     __shared__ float row_scale[GEMV_TILE], row_bias[GEMV_TILE];
@@ -320,10 +378,14 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32, gemv_min_blocks<DT, VEC, NR>(
         if (P.bias) cp_async4(&row_bias[threadIdx.x], P.bias + r0 + threadIdx.x);
     }
     float c[4];
-    if constexpr (VEC && (DT == QLM_BF16 || DT == QLM_I8))
-        tile_mma<DT, NR>(c, wa, wb, a.x, n, cols, nvec, s0, s1, lane);
-    else
+    if constexpr (VEC && (DT == QLM_BF16 || DT == QLM_I8)) {
+        __shared__ float inv[GEMV_MAX_ROWS];
+        if (FORM == X_RMSNORM) rows_rms_inv(inv, a.x, n, cols, a.eps);
+        const x_source<FORM> x = {a.x, a.up, a.norm, inv, blockIdx.x == 0 ? a.x_out : NULL, (qlm_act)a.act};
+        tile_mma<DT, NR, FORM>(c, wa, wb, x, n, cols, nvec, s0, s1, lane);
+    } else {
         tile_fma<DT, VEC>(c, wa, wb, a.x, n, cols, nvec, s0, s1, t);
+    }
     *(float2 *)&sums[warp][g][2 * t] = make_float2(c[0], c[1]);
     *(float2 *)&sums[warp][g + 8][2 * t] = make_float2(c[2], c[3]);
     asm volatile("cp.async.wait_all;" ::: "memory");
@@ -334,10 +396,12 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32, gemv_min_blocks<DT, VEC, NR>(
 #pragma unroll
     for (int w = 0; w < GEMV_WARPS; w++) v += sums[w][row][j];
     const float scale = DT == QLM_I8 ? (P.row_scales ? row_scale[row] : P.scale) : 1.0f;
-    P.y[(size_t)j * P.rows + r0 + row] = v * scale + (P.bias ? row_bias[row] : 0.0f);
+    float *y = P.y + (size_t)j * P.rows + r0 + row;
+    const float out = v * scale + (P.bias ? row_bias[row] : 0.0f);
+    *y = P.add ? *y + out : out;
 }
 
-template <int DT, bool VEC, int NR> static void gemv_launch_kernel(const gemv_args &a) {
+template <int DT, bool VEC, int NR, int FORM> static void gemv_launch_kernel(const gemv_args &a) {
     if (a.pdl) {
         cudaLaunchAttribute overlap;
         overlap.id = cudaLaunchAttributeProgrammaticStreamSerialization;
@@ -348,25 +412,34 @@ template <int DT, bool VEC, int NR> static void gemv_launch_kernel(const gemv_ar
         cfg.stream = qlm_cuda_stream;
         cfg.attrs = &overlap;
         cfg.numAttrs = 1;
-        CUDA_CHECK(cudaLaunchKernelEx(&cfg, gemv_kernel<DT, VEC, NR, true>, a));
+        CUDA_CHECK(cudaLaunchKernelEx(&cfg, gemv_kernel<DT, VEC, NR, true, FORM>, a));
     } else {
-        gemv_kernel<DT, VEC, NR, false><<<(unsigned)a.tile0[a.count], GEMV_WARPS * 32, 0, qlm_cuda_stream>>>(a);
+        gemv_kernel<DT, VEC, NR, false, FORM><<<(unsigned)a.tile0[a.count], GEMV_WARPS * 32, 0, qlm_cuda_stream>>>(a);
         LAUNCH_CHECK();
     }
 }
 
+template <int DT, int FORM> static void gemv_launch_mma(const gemv_args &a) {
+    switch (a.n) {
+    case 1: gemv_launch_kernel<DT, true, 1, FORM>(a); break;
+    case 2: gemv_launch_kernel<DT, true, 2, FORM>(a); break;
+    case 3:
+    case 4: gemv_launch_kernel<DT, true, 4, FORM>(a); break;
+    default: gemv_launch_kernel<DT, true, 8, FORM>(a); break;
+    }
+}
+
+// Only the mma kernels form x (gemv_forms says which calls get here with a form).
 template <int DT> static void gemv_launch_dt(const gemv_args &a) {
     if (!a.vec) {
-        gemv_launch_kernel<DT, false, GEMV_MAX_ROWS>(a);
+        gemv_launch_kernel<DT, false, GEMV_MAX_ROWS, X_GIVEN>(a);
     } else if constexpr (DT == QLM_F32 || DT == QLM_F16) {
-        gemv_launch_kernel<DT, true, GEMV_MAX_ROWS>(a);
+        gemv_launch_kernel<DT, true, GEMV_MAX_ROWS, X_GIVEN>(a);
     } else {
-        switch (a.n) {
-        case 1: gemv_launch_kernel<DT, true, 1>(a); break;
-        case 2: gemv_launch_kernel<DT, true, 2>(a); break;
-        case 3:
-        case 4: gemv_launch_kernel<DT, true, 4>(a); break;
-        default: gemv_launch_kernel<DT, true, 8>(a); break;
+        switch (a.form) {
+        case X_RMSNORM: gemv_launch_mma<DT, X_RMSNORM>(a); break;
+        case X_GLU: gemv_launch_mma<DT, X_GLU>(a); break;
+        default: gemv_launch_mma<DT, X_GIVEN>(a); break;
         }
     }
 }
@@ -381,10 +454,20 @@ static void launch_gemv(const void *p) {
     }
 }
 
-// One launch for count (<= GROUP_MAX) weights of one dtype and width multiplying the same x.
-static void gemv(const qlm_matmul_out *outs, int count, const float *x, int n) {
+// One launch for count (<= GROUP_MAX) weights of one dtype and width multiplying the same x, or
+// the x that step forms (NULL: x as given; else gemv_forms holds).
+static void gemv(const qlm_matmul_out *outs, int count, const float *x, int n, const qlm_x_step *step) {
     gemv_args a;
     memset(&a, 0, sizeof a);
+    if (step) {
+        a.form = step->kind == QLM_X_RMSNORM ? X_RMSNORM : X_GLU;
+        a.act = step->act;
+        a.eps = step->eps;
+        x = step->a;
+        a.up = step->b;
+        a.norm = step->weight;
+        a.x_out = step->x;
+    }
     const qlm_weight *w0 = outs[0].w;
     a.dtype = w0->dtype;
     a.n = n;
@@ -403,6 +486,7 @@ static void gemv(const qlm_matmul_out *outs, int count, const float *x, int n) {
         a.part[k].row_scales = w->row_scales;
         a.part[k].scale = w->scale;
         a.part[k].rows = w->rows;
+        a.part[k].add = outs[k].add;
         a.tile0[k + 1] = a.tile0[k] + (w->rows + GEMV_TILE - 1) / GEMV_TILE;
         a.vec = a.vec && (uintptr_t)w->data % 16 == 0;
     }
@@ -432,15 +516,16 @@ __global__ void widen_kernel(void *out, const void *w, int dt, long n) {
         ((float *)out)[i] = __half2float(((const __half *)w)[i]);
 }
 
-// y[j][r] = y[j][r] * row_scales[r] + bias[r], either part absent.
-__global__ void epilogue_kernel(float *y, int n, int rows, const float *row_scales, const float *bias) {
+// y[j][r] = (y[j][r] with add) + sum[j][r] * row_scales[r] + bias[r], either part absent (sum may be y).
+__global__ void epilogue_kernel(float *y, const float *sum, int add, int n, int rows, const float *row_scales,
+                                const float *bias) {
     long t = (long)blockIdx.x * blockDim.x + threadIdx.x;
     if (t >= (long)n * rows) return;
     int r = (int)(t % rows);
-    float v = y[t];
+    float v = sum[t];
     if (row_scales) v *= row_scales[r];
     if (bias) v += bias[r];
-    y[t] = v;
+    y[t] = add ? y[t] + v : v;
 }
 
 // Y (col-major rows x n, ld rows) = alpha W^T X for a row-major W [rows][cols] of type wt and
@@ -453,11 +538,11 @@ static void gemm(float *y, int ldy, const void *w, cudaDataType wt, const void *
 }
 
 struct gemm_args {
-    float *y;
+    float *y, *sum; // sum: where the product goes before it adds to y (add), else y
     const float *x, *bias;
     qlm_weight w;
     void *xb, *wconv; // scratch: x as BF16, a chunk of converted weight rows
-    int n, chunk;
+    int n, chunk, add;
 };
 
 static void launch_gemm(const void *p) {
@@ -465,14 +550,15 @@ static void launch_gemm(const void *p) {
     const qlm_weight *w = &a.w;
     const int rows = w->rows, cols = w->cols, n = a.n;
     const float *row_scales = NULL;
+    float *y = a.sum;
     if (w->dtype == QLM_F32) {
-        gemm(a.y, rows, w->data, CUDA_R_32F, a.x, CUDA_R_32F, rows, n, cols, 1.0f);
+        gemm(y, rows, w->data, CUDA_R_32F, a.x, CUDA_R_32F, rows, n, cols, 1.0f);
     } else if (w->dtype == QLM_BF16 || w->dtype == QLM_I8) {
         long nx = (long)n * cols;
         to_bf16_kernel<<<qlm_cuda_blocks(nx, 256), 256, 0, qlm_cuda_stream>>>((unsigned short *)a.xb, a.x, nx);
         LAUNCH_CHECK();
         if (w->dtype == QLM_BF16) {
-            gemm(a.y, rows, w->data, CUDA_R_16BF, a.xb, CUDA_R_16BF, rows, n, cols, 1.0f);
+            gemm(y, rows, w->data, CUDA_R_16BF, a.xb, CUDA_R_16BF, rows, n, cols, 1.0f);
         } else {
             for (int r0 = 0; r0 < rows; r0 += a.chunk) {
                 int rc = rows - r0 < a.chunk ? rows - r0 : a.chunk;
@@ -480,7 +566,7 @@ static void launch_gemm(const void *p) {
                 widen_kernel<<<qlm_cuda_blocks(ne, 256), 256, 0, qlm_cuda_stream>>>(
                     a.wconv, (const signed char *)w->data + (size_t)r0 * cols, QLM_I8, ne);
                 LAUNCH_CHECK();
-                gemm(a.y + r0, rows, a.wconv, CUDA_R_16BF, a.xb, CUDA_R_16BF, rc, n, cols, w->row_scales ? 1.0f : w->scale);
+                gemm(y + r0, rows, a.wconv, CUDA_R_16BF, a.xb, CUDA_R_16BF, rc, n, cols, w->row_scales ? 1.0f : w->scale);
             }
             row_scales = w->row_scales;
         }
@@ -491,19 +577,26 @@ static void launch_gemm(const void *p) {
             widen_kernel<<<qlm_cuda_blocks(ne, 256), 256, 0, qlm_cuda_stream>>>(
                 a.wconv, (const __half *)w->data + (size_t)r0 * cols, QLM_F16, ne);
             LAUNCH_CHECK();
-            gemm(a.y + r0, rows, a.wconv, CUDA_R_32F, a.x, CUDA_R_32F, rc, n, cols, 1.0f);
+            gemm(y + r0, rows, a.wconv, CUDA_R_32F, a.x, CUDA_R_32F, rc, n, cols, 1.0f);
         }
     }
-    if (row_scales || a.bias) {
+    if (row_scales || a.bias || a.add) {
         long ny = (long)n * rows;
-        epilogue_kernel<<<qlm_cuda_blocks(ny, 256), 256, 0, qlm_cuda_stream>>>(a.y, n, rows, row_scales, a.bias);
+        epilogue_kernel<<<qlm_cuda_blocks(ny, 256), 256, 0, qlm_cuda_stream>>>(a.y, y, a.add, n, rows, row_scales,
+                                                                                 a.bias);
+        LAUNCH_CHECK();
     }
 }
 
-static void gemm_matmul(float *y, const float *x, int n, const qlm_weight *w, const float *bias) {
+static void *g_sum;
+static size_t g_sum_cap;
+
+static void gemm_matmul(const qlm_matmul_out *out, const float *x, int n) {
+    const qlm_weight *w = out->w;
     gemm_args a;
     memset(&a, 0, sizeof a);
-    a.y = y, a.x = x, a.bias = bias, a.w = *w, a.n = n;
+    a.y = out->y, a.x = x, a.bias = out->bias, a.w = *w, a.n = n, a.add = out->add;
+    a.sum = a.add ? (float *)qlm_cuda_scratch(&g_sum, &g_sum_cap, (size_t)n * w->rows * sizeof(float)) : a.y;
     a.chunk = WCONV_ELEMS / w->cols > 0 ? WCONV_ELEMS / w->cols : 1;
     if (a.chunk > w->rows) a.chunk = w->rows;
     if (w->dtype == QLM_BF16 || w->dtype == QLM_I8)
@@ -514,27 +607,51 @@ static void gemm_matmul(float *y, const float *x, int n, const qlm_weight *w, co
 }
 
 void qlm_cuda_matmul(float *y, const float *x, int n, const qlm_weight *w, const float *bias) {
-    if (n <= 0 || w->rows <= 0) return;
-    if (n > GEMV_MAX_ROWS) {
-        gemm_matmul(y, x, n, w, bias);
-        return;
-    }
-    const qlm_matmul_out one = {y, w, bias};
-    gemv(&one, 1, x, n);
+    const qlm_matmul_out one = {y, w, bias, 0};
+    qlm_cuda_matmul_group(&one, 1, x, n);
 }
 
-void qlm_cuda_matmul_group(const qlm_matmul_out *outs, int count, const float *x, int n) {
-    if (n <= 0) return;
+// The longest run of outs[k..count) that one GEMV launch can take together.
+static int gemv_run(const qlm_matmul_out *outs, int count, int k) {
+    int m = 1;
+    while (k + m < count && m < GROUP_MAX && outs[k + m].w->dtype == outs[k].w->dtype &&
+           outs[k + m].w->cols == outs[k].w->cols)
+        m++;
+    return m;
+}
+
+int qlm_cuda_matmul_group(const qlm_matmul_out *outs, int count, const float *x, int n) {
+    if (n <= 0) return 0;
     for (int k = 0; k < count;) {
-        // The longest run of weights that one GEMV launch can take together.
-        int m = 1;
-        while (n <= GEMV_MAX_ROWS && k + m < count && m < GROUP_MAX && outs[k + m].w->dtype == outs[k].w->dtype &&
-               outs[k + m].w->cols == outs[k].w->cols)
-            m++;
+        const int m = n <= GEMV_MAX_ROWS ? gemv_run(outs, count, k) : 1;
         if (n <= GEMV_MAX_ROWS)
-            gemv(outs + k, m, x, n);
-        else
-            gemm_matmul(outs[k].y, x, n, outs[k].w, outs[k].bias);
+            gemv(outs + k, m, x, n, NULL);
+        else if (outs[k].w->rows > 0)
+            gemm_matmul(&outs[k], x, n);
         k += m;
     }
+    return 0;
+}
+
+static bool aligned16(const void *p) { return (uintptr_t)p % 16 == 0; }
+
+// Whether one GEMV launch can take the whole group with the step forming x: the mma kernels (BF16
+// or INT8 weights, rows of whole 16-byte vectors) over at most GEMV_MAX_ROWS rows, every vector the
+// step reads or writes aligned.
+static bool gemv_forms(const qlm_matmul_out *outs, int count, const qlm_x_step *step, int n) {
+    const qlm_weight *w = outs[0].w;
+    if (n > GEMV_MAX_ROWS || gemv_run(outs, count, 0) != count || (w->dtype != QLM_BF16 && w->dtype != QLM_I8) ||
+        ((size_t)w->cols * qlm_dtype_size(w->dtype)) % 16 != 0)
+        return false;
+    for (int k = 0; k < count; k++)
+        if (!aligned16(outs[k].w->data) || outs[k].w->rows <= 0) return false;
+    const float *second = step->kind == QLM_X_RMSNORM ? step->weight : step->b;
+    return aligned16(step->x) && aligned16(step->a) && aligned16(second);
+}
+
+int qlm_cuda_step_matmul_group(const qlm_matmul_out *outs, int count, const qlm_x_step *step, int n) {
+    if (n <= 0 || count <= 0) return 0;
+    if (!gemv_forms(outs, count, step, n)) return qlm_step_then_matmul_group(qlm_backend_cuda(), outs, count, step, n);
+    gemv(outs, count, NULL, n, step);
+    return 0;
 }

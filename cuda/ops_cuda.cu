@@ -4,82 +4,63 @@
 
 #include "cuda_internal.h"
 
-// One block per row: the sum of squares in F32 over a tree (the CPU sums in double; the two
-// differ by F32 rounding of a few-thousand-term sum, far below any parity tolerance). Rows of up
-// to RMS_HELD * 256 values stay in registers, x and weight read in one pass. With a delta, x +=
-// delta first (the residual add before the next norm, one launch instead of two); x is only
-// written then, and each thread reads the delta elements it later overwrites through out.
+// One block per row: the sum of squares in F32 over a tree in qlm_rms_inv's order (the CPU sums in
+// double; the two differ by F32 rounding of a few-thousand-term sum, far below any parity
+// tolerance). Rows of up to RMS_HELD * 256 values stay in registers, x and weight read in one
+// pass; out may alias x.
 enum { RMS_HELD = 16 };
-__global__ void __launch_bounds__(256)
-    rmsnorm_kernel(float *out, float *x, const float *delta, const float *weight, int dim, float eps) {
+__global__ void __launch_bounds__(QLM_RMS_THREADS)
+    rmsnorm_kernel(float *out, const float *x, const float *weight, int dim, float eps) {
     qlm_pdl_trigger();
-    float *xi = x + (size_t)blockIdx.x * dim;
-    const float *di = delta ? delta + (size_t)blockIdx.x * dim : NULL;
+    const float *xi = x + (size_t)blockIdx.x * dim;
     float *oi = out + (size_t)blockIdx.x * dim;
-    const bool held = dim <= RMS_HELD * 256;
+    const bool held = dim <= RMS_HELD * QLM_RMS_THREADS;
     float v[RMS_HELD], w[RMS_HELD], ss = 0;
     if (held) {
 #pragma unroll
         for (int k = 0; k < RMS_HELD; k++) {
-            int j = threadIdx.x + k * 256;
+            int j = threadIdx.x + k * QLM_RMS_THREADS;
             v[k] = j < dim ? xi[j] : 0.0f;
             w[k] = j < dim ? weight[j] : 0.0f;
-            if (di && j < dim) xi[j] = v[k] += di[j];
-            ss += v[k] * v[k];
+            if (j < dim) ss += v[k] * v[k];
         }
     } else {
-        for (int j = threadIdx.x; j < dim; j += 256) {
-            if (di) xi[j] += di[j];
-            ss += xi[j] * xi[j];
-        }
+        for (int j = threadIdx.x; j < dim; j += QLM_RMS_THREADS) ss += xi[j] * xi[j];
     }
-    __shared__ float part[8];
-    for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+    __shared__ float part[QLM_RMS_WARPS];
+    ss = qlm_warp_sum(ss);
     if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = ss;
     __syncthreads();
-    float total = 0;
-#pragma unroll
-    for (int k = 0; k < 8; k++) total += part[k];
-    const float inv = 1.0f / sqrtf(total / dim + eps);
+    const float inv = qlm_rms_inv(part, dim, eps);
     if (held) {
 #pragma unroll
         for (int k = 0; k < RMS_HELD; k++) {
-            int j = threadIdx.x + k * 256;
+            int j = threadIdx.x + k * QLM_RMS_THREADS;
             if (j < dim) oi[j] = v[k] * inv * w[k];
         }
     } else {
-        for (int j = threadIdx.x; j < dim; j += 256) oi[j] = xi[j] * inv * weight[j];
+        for (int j = threadIdx.x; j < dim; j += QLM_RMS_THREADS) oi[j] = xi[j] * inv * weight[j];
     }
 }
 
 struct rmsnorm_args {
-    float *out, *x;
-    const float *delta, *weight;
+    float *out;
+    const float *x, *weight;
     int n, dim;
     float eps;
 };
 
 static void launch_rmsnorm(const void *p) {
     const rmsnorm_args *a = (const rmsnorm_args *)p;
-    rmsnorm_kernel<<<a->n, 256, 0, qlm_cuda_stream>>>(a->out, a->x, a->delta, a->weight, a->dim, a->eps);
+    rmsnorm_kernel<<<a->n, QLM_RMS_THREADS, 0, qlm_cuda_stream>>>(a->out, a->x, a->weight, a->dim, a->eps);
 }
 
-static void submit_rmsnorm(const char *name, float *out, float *x, const float *delta, const float *weight, int n,
-                           int dim, float eps) {
+void qlm_cuda_rmsnorm(float *out, const float *x, const float *weight, int n, int dim, float eps) {
     if (n <= 0) return;
     rmsnorm_args a;
     memset(&a, 0, sizeof a);
-    a.out = out, a.x = x, a.delta = delta, a.weight = weight, a.n = n, a.dim = dim, a.eps = eps;
-    qlm_cuda_submit(name, launch_rmsnorm, &a, sizeof a);
-}
-
-// x is only written with a delta.
-void qlm_cuda_rmsnorm(float *out, const float *x, const float *weight, int n, int dim, float eps) {
-    submit_rmsnorm("rmsnorm", out, (float *)x, NULL, weight, n, dim, eps);
-}
-
-void qlm_cuda_add_rmsnorm(float *out, float *x, const float *delta, const float *weight, int n, int dim, float eps) {
-    submit_rmsnorm(delta ? "add_rmsnorm" : "rmsnorm", out, x, delta, weight, n, dim, eps);
+    a.out = out, a.x = x, a.weight = weight, a.n = n, a.dim = dim, a.eps = eps;
+    qlm_cuda_submit("rmsnorm", launch_rmsnorm, &a, sizeof a);
 }
 
 // Where a step's keys and values go: the decode caches as kv_store lays them out (core/kv_cache.h),
@@ -183,19 +164,10 @@ void qlm_cuda_rope_backward(float *dq, float *dk, int n, const int *pos, int n_h
     submit_rope("rope_backward", dq, dk, n, pos, n_heads, n_kv_heads, head_dim, inv_freq, -1.0f, NULL, NULL);
 }
 
-__device__ __forceinline__ float act_of(float x, qlm_act a) {
-    switch (a) {
-    case QLM_ACT_RELU: return x > 0 ? x : 0;
-    case QLM_ACT_GELU_TANH: return x - x / (expf(1.5957691216057308f * (x + 0.044715f * x * x * x)) + 1.0f);
-    case QLM_ACT_GELU: return 0.5f * x * (1.0f + erff(x * 0.7071067811865476f));
-    default: return x / (1.0f + expf(-x));
-    }
-}
-
 __global__ void glu_kernel(float *out, const float *gate, const float *up, long n, qlm_act a) {
     qlm_pdl_trigger();
     long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) out[i] = up ? act_of(gate[i], a) * up[i] : act_of(gate[i], a);
+    if (i < n) out[i] = up ? qlm_act_of(gate[i], a) * up[i] : qlm_act_of(gate[i], a);
 }
 
 struct elementwise_args {

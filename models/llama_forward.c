@@ -53,8 +53,9 @@ int qlm_state_init_slots(qlm_kv_state *s, const qlm_model *m, int max_seq, int n
     s->att = state_alloc(s, be, B * q_dim * sizeof(float));
     s->hb = state_alloc(s, be, B * c->hidden_dim * sizeof(float));
     s->hb2 = state_alloc(s, be, B * c->hidden_dim * sizeof(float));
+    s->hg = state_alloc(s, be, B * c->hidden_dim * sizeof(float));
     s->logits_rows = state_alloc(s, be, B * c->dim * sizeof(float));
-    if (!s->x || !s->xb || !s->q || !s->k || !s->v || !s->att || !s->hb || !s->hb2 || !s->logits_rows) goto oom;
+    if (!s->x || !s->xb || !s->q || !s->k || !s->v || !s->att || !s->hb || !s->hb2 || !s->hg || !s->logits_rows) goto oom;
     if (!be->host_memory && !(s->logits_dev = state_alloc(s, be, B * c->vocab_size * sizeof(float)))) goto oom;
     if (qlm_lora_slots_init(&s->lora, n_slots, max_batch) != 0 || qlm_rope_dynamic_init(&s->rope, m) != 0) goto oom;
     return 0;
@@ -74,7 +75,7 @@ void qlm_state_free(qlm_kv_state *s, const qlm_model *m) {
     free(s->v_cache);
     free(s->cache_rows);
     free(s->ring_pos);
-    float *bufs[] = {s->x, s->xb, s->q, s->k, s->v, s->att, s->hb, s->hb2, s->logits_rows, s->logits_dev};
+    float *bufs[] = {s->x, s->xb, s->q, s->k, s->v, s->att, s->hb, s->hb2, s->hg, s->logits_rows, s->logits_dev};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) be->free(bufs[i]);
     qlm_lora_slots_free(&s->lora);
     qlm_rope_dynamic_free(&s->rope, m);
@@ -128,21 +129,37 @@ int qlm_state_copy_prefix(const qlm_model *m, qlm_kv_state *s, int dst, int src,
     return 0;
 }
 
-/* A projection of layer l with each row's LoRA update, and the same for several of one x. */
-#define PROJ(y, x, w, b, target) qlm_matmul_lora(be, &s->lora, y, x, n, w, b, slots, 0, 0, l, target)
-#define PROJ_GROUP(outs, targets, count, x) qlm_matmul_lora_group(be, &s->lora, outs, targets, count, x, n, slots, 0, 0, l)
+/* A projection of layer l with each row's LoRA update, and the same for several of one x, made
+ * by a step or given (see qlm_matmul_lora_group). */
+#define PROJ_GROUP(outs, targets, count, x, step) \
+    qlm_matmul_lora_group(be, &s->lora, outs, targets, count, x, step, n, slots, 0, 0, l)
 
-/* Each row attends over its own slot's cache. Each block leaves its output in xb, and the next
- * block's norm adds it to the residual stream x as it norms x (add_rmsnorm: one op, not two, since
- * decode on a GPU is bound by its count of kernels); the first layer has nothing to add. */
+/* A block's output joins the residual stream x: its last product adds to x as it is made. A model
+ * that norms a block's output first (post_norm: Gemma) takes it in xb and adds it after. */
+static int block_out(const qlm_model *m, qlm_kv_state *s, int l, const int *slots, int n, const float *in,
+                     const qlm_x_step *step, const qlm_weight *w, const float *bias, const float *post_norm, int target) {
+    const qlm_llama_config *c = &m->cfg;
+    const qlm_backend *be = m->be;
+    const qlm_matmul_out out = {post_norm ? s->xb : s->x, w, bias, !post_norm};
+    if (PROJ_GROUP(&out, &target, 1, in, step)) return -1;
+    if (post_norm) {
+        be->rmsnorm(s->xb, s->xb, post_norm, n, c->dim, c->norm_eps);
+        be->add(s->x, s->xb, (long)n * c->dim);
+    }
+    return 0;
+}
+
+/* Each row attends over its own slot's cache. Each block's input norm runs inside its first
+ * products (step_matmul_group) and its last product adds to x: a decode step on a GPU is bound by
+ * its count of kernels. */
 static int attention_forward(const qlm_model *m, const qlm_layer *L, qlm_kv_state *s, int l, const int *pos,
                              const int *slots, int n, const float *call_freq) {
     const qlm_llama_config *c = &m->cfg;
     const qlm_backend *be = m->be;
-    be->add_rmsnorm(s->xb, s->x, l > 0 ? s->xb : NULL, L->attn_norm, n, c->dim, c->norm_eps);
-    const qlm_matmul_out qkv[] = {{s->q, &L->wq, L->bq}, {s->k, &L->wk, L->bk}, {s->v, &L->wv, L->bv}};
+    const qlm_x_step norm = {QLM_X_RMSNORM, s->xb, s->x, NULL, L->attn_norm, c->norm_eps, QLM_ACT_SILU};
+    const qlm_matmul_out qkv[] = {{s->q, &L->wq, L->bq, 0}, {s->k, &L->wk, L->bk, 0}, {s->v, &L->wv, L->bv, 0}};
     static const int qkv_targets[] = {QLM_LORA_Q, QLM_LORA_K, QLM_LORA_V};
-    if (PROJ_GROUP(qkv, qkv_targets, 3, s->xb)) return -1;
+    if (PROJ_GROUP(qkv, qkv_targets, 3, NULL, &norm)) return -1;
     if (L->q_norm) {
         be->rmsnorm(s->q, s->q, L->q_norm, n * c->n_heads, c->head_dim, c->norm_eps);
         be->rmsnorm(s->k, s->k, L->k_norm, n * c->n_kv_heads, c->head_dim, c->norm_eps);
@@ -161,25 +178,21 @@ static int attention_forward(const qlm_model *m, const qlm_layer *L, qlm_kv_stat
     qlm_kv_shape(&shape, rows, s->kv_dtype);
     if (rows < s->max_seq) shape.ring = rows;
     be->attention(s->att, s->q, s->k_cache[l], s->v_cache[l], n, pos, &shape);
-    if (PROJ(s->xb, s->att, &L->wo, L->bo, QLM_LORA_O)) return -1;
-    if (L->attn_post_norm) be->rmsnorm(s->xb, s->xb, L->attn_post_norm, n, c->dim, c->norm_eps);
-    return 0;
+    return block_out(m, s, l, slots, n, s->att, NULL, &L->wo, L->bo, L->attn_post_norm, QLM_LORA_O);
 }
 
+/* The GLU's product goes to hg, not over gate or up: the step's x aliases neither input. */
 static int mlp_forward(const qlm_model *m, const qlm_layer *L, qlm_kv_state *s, int l, const int *slots, int n) {
     const qlm_llama_config *c = &m->cfg;
     const qlm_backend *be = m->be;
-    be->add_rmsnorm(s->xb, s->x, s->xb, L->ffn_norm, n, c->dim, c->norm_eps);
-    const qlm_matmul_out gate_up[] = {{s->hb, &L->w_gate, L->b_gate}, {s->hb2, &L->w_up, L->b_up}};
+    const qlm_x_step norm = {QLM_X_RMSNORM, s->xb, s->x, NULL, L->ffn_norm, c->norm_eps, QLM_ACT_SILU};
+    const qlm_matmul_out gate_up[] = {{s->hb, &L->w_gate, L->b_gate, 0}, {s->hb2, &L->w_up, L->b_up, 0}};
     static const int gate_up_targets[] = {QLM_LORA_GATE, QLM_LORA_UP};
-    if (PROJ_GROUP(gate_up, gate_up_targets, 2, s->xb)) return -1;
-    be->glu(s->hb, s->hb, s->hb2, (long)n * c->hidden_dim, (qlm_act)c->act);
-    if (PROJ(s->xb, s->hb, &L->w_down, L->b_down, QLM_LORA_DOWN)) return -1;
-    if (L->ffn_post_norm) be->rmsnorm(s->xb, s->xb, L->ffn_post_norm, n, c->dim, c->norm_eps);
-    return 0;
+    if (PROJ_GROUP(gate_up, gate_up_targets, 2, NULL, &norm)) return -1;
+    const qlm_x_step glu = {QLM_X_GLU, s->hg, s->hb, s->hb2, NULL, 0.0f, (qlm_act)c->act};
+    return block_out(m, s, l, slots, n, NULL, &glu, &L->w_down, L->b_down, L->ffn_post_norm, QLM_LORA_DOWN);
 }
 
-#undef PROJ
 #undef PROJ_GROUP
 
 /* One chunk of at most max_batch tokens; logits for chunk rows rows[0..n_rows). */
@@ -201,13 +214,12 @@ static int forward_chunk(const qlm_model *m, qlm_kv_state *s, const int *tokens,
     /* Sharded, every rank gathers the head in every pass, whether it wants logits or not. */
     if (n_rows == 0 && !h) return 0;
     if (qlm_unit_use(h, 0) != 0) return -1;
-    /* Every row's logits in order (decode): the last block's output added as the rows are normed. */
-    int each_row = n_rows == n && c->n_layers > 0;
+    /* Every row's logits in order (decode): the rows are normed straight from x. */
+    int each_row = n_rows == n;
     for (int r = 0; each_row && r < n_rows; r++) each_row = rows[r] == r;
     if (each_row) {
-        be->add_rmsnorm(s->logits_rows, s->x, s->xb, m->final_norm, n, c->dim, c->norm_eps);
+        be->rmsnorm(s->logits_rows, s->x, m->final_norm, n, c->dim, c->norm_eps);
     } else {
-        if (c->n_layers > 0) be->add(s->x, s->xb, (long)n * c->dim);
         for (int r = 0; r < n_rows; r++)
             be->copy(s->logits_rows + (size_t)r * c->dim, s->x + (size_t)rows[r] * c->dim, c->dim);
         if (n_rows) be->rmsnorm(s->logits_rows, s->logits_rows, m->final_norm, n_rows, c->dim, c->norm_eps);

@@ -44,15 +44,11 @@ static int add_lora(const qlm_backend *be, qlm_lora_slots *l, float *y, const fl
 }
 
 int qlm_matmul_lora_group(const qlm_backend *be, qlm_lora_slots *l, const qlm_matmul_out *outs, const int *targets,
-                          int count, const float *x, int n, const int *slots, int slot, int stack, int layer) {
-    be->matmul_group(outs, count, x, n);
+                          int count, const float *x, const qlm_x_step *step, int n, const int *slots, int slot,
+                          int stack, int layer) {
+    if ((step ? be->step_matmul_group(outs, count, step, n) : be->matmul_group(outs, count, x, n)) != 0) return -1;
+    if (step) x = step->x;
     for (int p = 0; l->active && p < count; p++)
         if (add_lora(be, l, outs[p].y, x, n, slots, slot, stack, layer, targets[p]) != 0) return -1;
     return 0;
-}
-
-int qlm_matmul_lora(const qlm_backend *be, qlm_lora_slots *l, float *y, const float *x, int n, const qlm_weight *w,
-                    const float *bias, const int *slots, int slot, int stack, int layer, int target) {
-    qlm_matmul_out out = {y, w, bias};
-    return qlm_matmul_lora_group(be, l, &out, &target, 1, x, n, slots, slot, stack, layer);
 }

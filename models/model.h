@@ -161,6 +161,7 @@ typedef struct {
     qlm_dtype kv_dtype;         /* of the caches: qlm_kv_dtype of the weights */
     void **k_cache, **v_cache;  /* per layer: [n_slots][n_kv_heads][max_seq][head_dim] (core/kv_cache.h) */
     float *x, *xb, *q, *k, *v, *att, *hb, *hb2, *logits_rows;
+    float *hg; /* [max_batch][hidden_dim]: the GLU's product, the down projection's x */
     float *logits_dev; /* [max_batch][vocab] where the backend's memory is not host memory, else NULL */
     size_t bytes;      /* the caches' and the buffers' above, as allocated */
     qlm_lora_slots lora; /* each slot's adapter (qlm_lora_slots_set), applied unmerged */

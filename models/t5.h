@@ -98,6 +98,7 @@ typedef struct {
     int enc_span, dec_span;
     int rows;                     /* scratch rows: max(max_src, max_tgt, n_slots) */
     float *x, *xb, *q, *k, *v, *att, *hb, *hb2;
+    float *hg;                    /* [rows][d_ff]: the feed-forward's activation, wo's x */
     float *logits_dev; /* [rows][vocab] where the backend's memory is not host memory, else NULL */
     int *pos;                     /* host positions 0..rows-1 for the encoder */
     qlm_lora_slots lora;          /* each slot's adapter (qlm_lora_slots_set), applied unmerged */

@@ -67,9 +67,10 @@ int qlm_t5_state_init(qlm_t5_state *s, const qlm_t5_model *m, int max_src, int m
     s->att = be->alloc(R * inner * sizeof(float));
     s->hb = be->alloc(R * c->d_ff * sizeof(float));
     s->hb2 = be->alloc(R * c->d_ff * sizeof(float));
+    s->hg = be->alloc(R * c->d_ff * sizeof(float));
     s->enc_bias = bias_by_delta(m, m->enc_rel_bias, max_src, 1, &s->enc_span);
     s->dec_bias = bias_by_delta(m, m->dec_rel_bias, max_tgt, 0, &s->dec_span);
-    if (!s->enc_out || !s->x || !s->xb || !s->q || !s->k || !s->v || !s->att || !s->hb || !s->hb2 || !s->enc_bias ||
+    if (!s->enc_out || !s->x || !s->xb || !s->q || !s->k || !s->v || !s->att || !s->hb || !s->hb2 || !s->hg || !s->enc_bias ||
         !s->dec_bias)
         goto oom;
     if (!be->host_memory && !(s->logits_dev = be->alloc(R * c->vocab_size * sizeof(float)))) goto oom;
@@ -88,7 +89,7 @@ void qlm_t5_state_free(qlm_t5_state *s, const qlm_t5_model *m) {
         for (int l = 0; per_layer[i] && l < m->cfg.n_dec_layers; l++) be->free(per_layer[i][l]);
         free(per_layer[i]);
     }
-    float *bufs[] = {s->enc_out, s->x, s->xb, s->q, s->k, s->v, s->att, s->hb, s->hb2, s->enc_bias, s->dec_bias,
+    float *bufs[] = {s->enc_out, s->x, s->xb, s->q, s->k, s->v, s->att, s->hb, s->hb2, s->hg, s->enc_bias, s->dec_bias,
                      s->logits_dev};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) be->free(bufs[i]);
     free(s->pos);
@@ -104,36 +105,41 @@ static qlm_attn_shape attn_shape(const qlm_t5_model *m, int n_keys, const float 
 }
 
 /* A projection with each row's LoRA update: rows in slots[i] (or all in `slot`), the stack's layer l;
- * and the same for several projections of one x. */
-#define PROJ(y, x, w, target) qlm_matmul_lora(be, &s->lora, y, x, n, w, NULL, slots, slot, stack, l, target)
-#define PROJ_GROUP(outs, targets, count, x) \
-    qlm_matmul_lora_group(be, &s->lora, outs, targets, count, x, n, slots, slot, stack, l)
+ * the same for several projections of one x, given or made by a step; and a sub-block's last
+ * product, which adds its output to the residual stream x as it is made. */
+#define PROJ_GROUP(outs, targets, count, x, step) \
+    qlm_matmul_lora_group(be, &s->lora, outs, targets, count, x, step, n, slots, slot, stack, l)
+#define PROJ_ADD(in, step, w, target) \
+    qlm_matmul_lora_group(be, &s->lora, &(qlm_matmul_out){s->x, w, NULL, 1}, &(int){target}, 1, in, step, n, slots, \
+                          slot, stack, l)
 
-/* q, k and v of s->xb by layer L's self-attention. */
+/* A sub-block's norm of x into xb, run inside its first products (step_matmul_group). */
+static qlm_x_step norm_step(const qlm_t5_model *m, qlm_t5_state *s, const float *weight) {
+    return (qlm_x_step){QLM_X_RMSNORM, s->xb, s->x, NULL, weight, m->cfg.norm_eps, QLM_ACT_RELU};
+}
+
+/* q, k and v of layer L's self-attention, of its norm of x. */
 static int qkv_forward(const qlm_t5_model *m, const qlm_t5_layer *L, qlm_t5_state *s, int n, const int *slots,
                        int slot, int stack, int l) {
     const qlm_backend *be = m->be;
-    const qlm_matmul_out outs[] = {{s->q, &L->q, NULL}, {s->k, &L->k, NULL}, {s->v, &L->v, NULL}};
+    const qlm_matmul_out outs[] = {{s->q, &L->q, NULL, 0}, {s->k, &L->k, NULL, 0}, {s->v, &L->v, NULL, 0}};
     static const int targets[] = {QLM_LORA_Q, QLM_LORA_K, QLM_LORA_V};
-    return PROJ_GROUP(outs, targets, 3, s->xb);
+    const qlm_x_step norm = norm_step(m, s, L->attn_norm);
+    return PROJ_GROUP(outs, targets, 3, NULL, &norm);
 }
 
-/* Each sub-block leaves its output in xb, and the next one's norm adds it to the residual stream x
- * as it norms x (add_rmsnorm: one op, not two). This one follows an attention sub-block. */
+/* The feed-forward sub-block: its norm inside wi's products, the activation (of the gate, times
+ * wi1's product when gated) inside wo's, which adds to x. */
 static int ffn_forward(const qlm_t5_model *m, const qlm_t5_layer *L, qlm_t5_state *s, int n, const int *slots,
                        int slot, int stack, int l) {
     const qlm_t5_config *c = &m->cfg;
     const qlm_backend *be = m->be;
-    long nf = (long)n * c->d_ff;
-    be->add_rmsnorm(s->xb, s->x, s->xb, L->ffn_norm, n, c->d_model, c->norm_eps);
-    const qlm_matmul_out wi[] = {{s->hb, &L->wi0, NULL}, {s->hb2, &L->wi1, NULL}};
+    const qlm_matmul_out wi[] = {{s->hb, &L->wi0, NULL, 0}, {s->hb2, &L->wi1, NULL, 0}};
     static const int wi_targets[] = {QLM_LORA_WI0, QLM_LORA_WI1};
-    if (PROJ_GROUP(wi, wi_targets, c->gated ? 2 : 1, s->xb)) return -1;
-    if (c->gated)
-        be->glu(s->hb, s->hb, s->hb2, nf, (qlm_act)c->act);
-    else
-        be->activate(s->hb, nf, (qlm_act)c->act);
-    return PROJ(s->xb, s->hb, &L->wo, QLM_LORA_WO);
+    const qlm_x_step norm = norm_step(m, s, L->ffn_norm);
+    if (PROJ_GROUP(wi, wi_targets, c->gated ? 2 : 1, NULL, &norm)) return -1;
+    const qlm_x_step act = {QLM_X_GLU, s->hg, s->hb, c->gated ? s->hb2 : NULL, NULL, 0.0f, (qlm_act)c->act};
+    return PROJ_ADD(NULL, &act, &L->wo, QLM_LORA_WO);
 }
 
 int qlm_t5_encode(const qlm_t5_model *m, qlm_t5_state *s, int slot, const int *ids, int n) {
@@ -151,18 +157,17 @@ int qlm_t5_encode(const qlm_t5_model *m, qlm_t5_state *s, int slot, const int *i
     int stack = 0;
     for (int l = 0; l < c->n_layers; l++) {
         const qlm_t5_layer *L = &m->enc[l];
-        be->add_rmsnorm(s->xb, s->x, l > 0 ? s->xb : NULL, L->attn_norm, n, c->d_model, c->norm_eps);
         if (qkv_forward(m, L, s, n, slots, slot, stack, l) != 0) return -1;
         be->attention(s->att, s->q, s->k, s->v, n, s->pos, &self);
-        if (PROJ(s->xb, s->att, &L->o, QLM_LORA_O)) return -1;
+        if (PROJ_ADD(s->att, NULL, &L->o, QLM_LORA_O)) return -1;
         if (ffn_forward(m, L, s, n, slots, slot, stack, l) != 0) return -1;
     }
-    be->add_rmsnorm(s->enc_out, s->x, c->n_layers > 0 ? s->xb : NULL, m->enc_final_norm, n, c->d_model, c->norm_eps);
+    be->rmsnorm(s->enc_out, s->x, m->enc_final_norm, n, c->d_model, c->norm_eps);
     stack = 1; /* the cross-attention keys and values are the decoder's projections */
     for (int l = 0; l < c->n_dec_layers; l++) {
-        const qlm_matmul_out kv[] = {{s->k, &m->dec[l].ck, NULL}, {s->v, &m->dec[l].cv, NULL}};
+        const qlm_matmul_out kv[] = {{s->k, &m->dec[l].ck, NULL, 0}, {s->v, &m->dec[l].cv, NULL, 0}};
         static const int kv_targets[] = {QLM_LORA_CROSS_K, QLM_LORA_CROSS_V};
-        if (PROJ_GROUP(kv, kv_targets, 2, s->enc_out)) return -1;
+        if (PROJ_GROUP(kv, kv_targets, 2, s->enc_out, NULL)) return -1;
         /* Into the slot's region as slot 0 of caches with n positions a head: its heads packed back
          * to back (qlm_attn_shape.heads_packed). */
         size_t at = (size_t)slot * c->n_heads * s->max_src * c->d_kv * qlm_kv_elem_size(s->kv_dtype);
@@ -197,22 +202,21 @@ static int decode_chunk(const qlm_t5_model *m, qlm_t5_state *s, const int *token
     be->embedding(s->x, &m->shared, tokens, n);
     for (int l = 0; l < c->n_dec_layers; l++) {
         const qlm_t5_layer *L = &m->dec[l];
-        be->add_rmsnorm(s->xb, s->x, l > 0 ? s->xb : NULL, L->attn_norm, n, c->d_model, c->norm_eps);
         if (qkv_forward(m, L, s, n, slots, slot, stack, l) != 0) return -1;
         be->kv_store(s->k_cache[l], s->v_cache[l], s->kv_dtype, s->k, s->v, n, slots, 0, pos, c->n_heads, c->d_kv,
                      s->max_tgt);
         slot_attention(m, s, s->k_cache, s->v_cache, l, s->max_tgt, pos, slots, n, 0);
-        if (PROJ(s->xb, s->att, &L->o, QLM_LORA_O)) return -1;
+        if (PROJ_ADD(s->att, NULL, &L->o, QLM_LORA_O)) return -1;
 
-        be->add_rmsnorm(s->xb, s->x, s->xb, L->cross_norm, n, c->d_model, c->norm_eps);
-        if (PROJ(s->q, s->xb, &L->cq, QLM_LORA_CROSS_Q)) return -1;
+        const qlm_x_step cross_norm = norm_step(m, s, L->cross_norm);
+        const qlm_matmul_out cq = {s->q, &L->cq, NULL, 0};
+        if (PROJ_GROUP(&cq, &(int){QLM_LORA_CROSS_Q}, 1, NULL, &cross_norm)) return -1;
         slot_attention(m, s, s->cross_k, s->cross_v, l, s->max_src, pos, slots, n, 1);
-        if (PROJ(s->xb, s->att, &L->co, QLM_LORA_CROSS_O)) return -1;
+        if (PROJ_ADD(s->att, NULL, &L->co, QLM_LORA_CROSS_O)) return -1;
 
         if (ffn_forward(m, L, s, n, slots, slot, stack, l) != 0) return -1;
     }
     if (n_rows == 0) return 0;
-    if (c->n_dec_layers > 0) be->add(s->x, s->xb, (long)n * c->d_model); /* the last sub-block's output */
     for (int r = 0; r < n_rows; r++)
         be->copy(s->xb + (size_t)r * c->d_model, s->x + (size_t)rows[r] * c->d_model, c->d_model);
     be->rmsnorm(s->xb, s->xb, m->head_norm, n_rows, c->d_model, c->norm_eps);
@@ -220,8 +224,8 @@ static int decode_chunk(const qlm_t5_model *m, qlm_t5_state *s, const int *token
     return 0;
 }
 
-#undef PROJ
 #undef PROJ_GROUP
+#undef PROJ_ADD
 
 int qlm_t5_decode(const qlm_t5_model *m, qlm_t5_state *s, const int *tokens, const int *pos, const int *slots,
                   int n, const int *logit_rows, int n_logit_rows, float *logits) {

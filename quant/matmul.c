@@ -345,7 +345,7 @@ static void scalar_stored(float *y, const float *x, int n, const qlm_weight *w, 
 }
 
 void qlm_matmul_scalar(float *y, const float *x, int n, const qlm_weight *w, const float *bias) {
-    const qlm_matmul_out out = {y, w, bias};
+    const qlm_matmul_out out = {y, w, bias, 0};
     scalar_stored(y, x, n, w, w->rope_heads ? NULL : bias);
     if (w->rope_heads && w->rows > 0) rope_rows_to_half(&out, n);
 }
@@ -504,19 +504,38 @@ static void rope_rows_to_half(const qlm_matmul_out *o, int n) {
 enum { GROUP_MAX = 8 };
 static void matmul_stored(const qlm_matmul_out *outs, int count, const float *x, int n);
 
-void qlm_matmul_group(const qlm_matmul_out *outs, int count, const float *x, int n) {
-    if (n <= 0 || count <= 0) return;
+/* The calling thread's buffer for the products that add, kept across calls: the kernels store. */
+static _Thread_local qlm_cpu_scratch t_sums;
+
+int qlm_matmul_group(const qlm_matmul_out *outs, int count, const float *x, int n) {
+    if (n <= 0 || count <= 0) return 0;
     for (int c0 = 0; c0 < count; c0 += GROUP_MAX) {
         int m = count - c0 < GROUP_MAX ? count - c0 : GROUP_MAX;
         qlm_matmul_out stored[GROUP_MAX];
+        size_t sums = 0;
+        for (int p = 0; p < m; p++)
+            if (outs[c0 + p].add && outs[c0 + p].w->rows > 0) sums += (size_t)n * (size_t)outs[c0 + p].w->rows;
+        float *sum = sums ? qlm_cpu_scratch_get(&t_sums, sums) : NULL;
+        if (sums && !sum) return qlm_errorf("out of memory for the sums of a product that adds (%zu floats)", sums);
         for (int p = 0; p < m; p++) {
             stored[p] = outs[c0 + p];
-            if (stored[p].w->rope_heads) stored[p].bias = NULL;
+            if (stored[p].add && stored[p].w->rows > 0) {
+                stored[p].y = sum;
+                sum += (size_t)n * (size_t)stored[p].w->rows;
+            }
         }
-        matmul_stored(stored, m, x, n);
         for (int p = 0; p < m; p++)
-            if (outs[c0 + p].w->rope_heads && outs[c0 + p].w->rows > 0) rope_rows_to_half(&outs[c0 + p], n);
+            if (stored[p].w->rope_heads) stored[p].bias = NULL;
+        matmul_stored(stored, m, x, n);
+        for (int p = 0; p < m; p++) {
+            const qlm_matmul_out *o = &outs[c0 + p];
+            if (o->w->rows <= 0) continue;
+            if (o->w->rope_heads) rope_rows_to_half(&(qlm_matmul_out){stored[p].y, o->w, o->bias, 0}, n);
+            if (o->add)
+                for (size_t i = 0; i < (size_t)n * (size_t)o->w->rows; i++) o->y[i] += stored[p].y[i];
+        }
     }
+    return 0;
 }
 
 static void matmul_stored(const qlm_matmul_out *outs, int count, const float *x, int n) {
@@ -551,6 +570,6 @@ static void matmul_stored(const qlm_matmul_out *outs, int count, const float *x,
 }
 
 void qlm_matmul(float *y, const float *x, int n, const qlm_weight *w, const float *bias) {
-    qlm_matmul_out out = {y, w, bias};
-    qlm_matmul_group(&out, 1, x, n);
+    qlm_matmul_out out = {y, w, bias, 0};
+    (void)qlm_matmul_group(&out, 1, x, n); /* fails only for products that add */
 }

@@ -16,8 +16,10 @@ void qlm_matmul(float *y, const float *x, int n, const qlm_weight *w, const floa
 /* qlm_matmul for each of count weights that multiply the same x (q/k/v, gate/up), with the same
  * results, in one parallel region whose threads split the rows of all of them, and x put in its
  * activation form once: one region instead of count saves their fork/join and each thread
- * streams one run of rows (decode). Weights of different dtypes or widths go one by one. */
-void qlm_matmul_group(const qlm_matmul_out *outs, int count, const float *x, int n);
+ * streams one run of rows (decode). Weights of different dtypes or widths go one by one. Products
+ * that add (qlm_matmul_out.add) go through a per-thread buffer and then add to y; -1 (message
+ * set) when that buffer cannot be had, else 0. */
+int qlm_matmul_group(const qlm_matmul_out *outs, int count, const float *x, int n);
 
 /* y[i * ldy + o] = dot(w + o * w_stride, x + i * cols) over cols, for i < n, o < rows: rows of dt
  * (F32, F16, or BF16 with x in BF16 too) at any stride in elements (one head's keys in a KV cache),

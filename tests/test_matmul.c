@@ -254,7 +254,8 @@ static void test_block_shapes(void **state) {
 
 /* qlm_matmul_group gives each product exactly what qlm_matmul gives it (the shared region splits
  * rows differently, and results must not depend on the split), for q/k/v-like shapes in every
- * kind, and falls back to one call each when widths or dtypes differ. */
+ * kind, and falls back to one call each when widths or dtypes differ; the product that adds (the
+ * second) gives what y held plus that product. */
 static void matmul_group_width(int cols) {
     static const int rows[] = {576, 192, 190};
     const int n_max = 7;
@@ -272,12 +273,15 @@ static void matmul_group_width(int cols) {
         for (int p = 0; p < 3; p++) {
             /* The last weight is F32 in one round, so that the group mixes dtypes. */
             make_weight(&t[p], &k_kinds[p == 2 && ki == NKINDS - 1 ? 0 : ki], src, rows[p], cols);
-            outs[p] = (qlm_matmul_out){y[p], &t[p].w, p == 1 ? bias : NULL};
+            outs[p] = (qlm_matmul_out){y[p], &t[p].w, p == 1 ? bias : NULL, p == 1};
         }
         for (int n = 1; n <= n_max; n += 3) {
-            qlm_matmul_group(outs, 3, x, n);
+            for (int i = 0; i < n * rows[1]; i++) y[1][i] = (float)i;
+            assert_int_equal(qlm_matmul_group(outs, 3, x, n), 0);
             for (int p = 0; p < 3; p++) {
                 qlm_matmul(ref, x, n, &t[p].w, outs[p].bias);
+                if (outs[p].add)
+                    for (int i = 0; i < n * rows[p]; i++) ref[i] += (float)i;
                 assert_memory_equal(y[p], ref, (size_t)n * rows[p] * sizeof *ref);
             }
         }
@@ -325,9 +329,9 @@ static void test_rope_rows(void **state) {
             qlm_matmul(yb, x, N, &b.w, bi);
             assert_memory_equal(ya, yb, (size_t)N * ROWS * sizeof *ya);
             qlm_matmul(yv_ref, x, N, &v.w, bi);
-            const qlm_matmul_out outs[2] = {{yb, &b.w, bi}, {yv, &v.w, bi}};
+            const qlm_matmul_out outs[2] = {{yb, &b.w, bi, 0}, {yv, &v.w, bi, 0}};
             memset(yb, 0, (size_t)N * ROWS * sizeof *yb);
-            qlm_matmul_group(outs, 2, x, N);
+            assert_int_equal(qlm_matmul_group(outs, 2, x, N), 0);
             assert_memory_equal(ya, yb, (size_t)N * ROWS * sizeof *ya);
             assert_memory_equal(yv, yv_ref, (size_t)N * 192 * sizeof *yv);
             qlm_matmul_scalar(ya, x, N, &a.w, bi);

@@ -245,11 +245,11 @@ static void check_group(const qlm_dtype *dts, const int *per_channel, const floa
             make_int_weight(&t[k], dts[k], per_channel[k], rows[k], cols, 40u + (unsigned)k);
         else
             make_weight_amp(&t[k], dts[k], per_channel[k], rows[k], cols, 40u + (unsigned)k, amp[k]);
-        outs[k] = (qlm_matmul_out){gpu->alloc((size_t)n * rows[k] * sizeof(float)), &t[k].dev, NULL};
+        outs[k] = (qlm_matmul_out){gpu->alloc((size_t)n * rows[k] * sizeof(float)), &t[k].dev, NULL, 0};
         solo[k] = gpu->alloc((size_t)n * rows[k] * sizeof(float));
         gpu->matmul(solo[k], dx, n, &t[k].dev, NULL);
     }
-    gpu->matmul_group(outs, count, dx, n);
+    assert_int_equal(gpu->matmul_group(outs, count, dx, n), 0);
     double worst = 0;
     long inexact = 0;
     for (int k = 0; k < count; k++) {
@@ -302,23 +302,86 @@ static void test_matmul_group(void **state) {
             }
 }
 
-/* add_rmsnorm on the GPU, out over delta as the models call it, against add then rmsnorm on the
- * CPU: the residual x must come back with delta added, out normed. */
-static void check_add_rmsnorm(int n, int dim) {
-    const long nd = (long)n * dim;
-    float *x = randv(nd, 21u, 3.0f), *delta = randv(nd, 22u, 2.0f), *w = randv(dim, 23u, 1.0f);
-    float *want = malloc((size_t)nd * sizeof *want);
-    assert_non_null(want);
-    float *dx = to_gpu(x, (size_t)nd * sizeof *x), *dd = to_gpu(delta, (size_t)nd * sizeof *delta);
-    float *dw = to_gpu(w, (size_t)dim * sizeof *w);
-    gpu->add_rmsnorm(dd, dx, dd, dw, n, dim, 1e-6f);
-    cpu->add(x, delta, nd);
-    cpu->rmsnorm(want, x, w, n, dim, 1e-6f);
-    float *got_x = from_gpu(dx, nd), *got = from_gpu(dd, nd);
-    assert_true(rel_diff(got_x, x, nd) == 0);
-    assert_true(rel_diff(got, want, nd) <= 1e-6);
-    free(x), free(delta), free(w), free(want), free(got_x), free(got);
-    gpu->free(dx), gpu->free(dd), gpu->free(dw);
+/* One step_matmul_group of count weights of dtype dt (rows[k] x cols) on the GPU, the last
+ * product adding to what its y holds (with a bias), against the step's op and then matmul_group on
+ * the GPU (the same kernels' path for n > 8 or widths the fused GEMV does not take): x written as
+ * the op writes it and every y within 1e-5 of sum |w x| (the formed x in its own kernel's order of
+ * operations; printed: how many outputs differ at all). The product that adds equals what y held
+ * plus the same product into a fresh y, bit for bit. */
+static void check_step(qlm_x_kind kind, qlm_act act, qlm_dtype dt, int per_channel, const int *rows, int count,
+                       int cols, int n) {
+    const long nx = (long)n * cols;
+    float *a = randv(nx, 61u + (unsigned)n, 3.0f), *b = randv(nx, 62u, 1.5f), *nw = randv(cols, 63u, 1.0f);
+    float *da = to_gpu(a, (size_t)nx * sizeof *a), *db = to_gpu(b, (size_t)nx * sizeof *b);
+    float *dnw = to_gpu(nw, (size_t)cols * sizeof *nw), *dx = nan_gpu(nx), *dx_ref = gpu->alloc((size_t)nx * sizeof(float));
+    float *bias = randv(rows[count - 1], 64u, 0.5f), *dbias = to_gpu(bias, (size_t)rows[count - 1] * sizeof *bias);
+    test_weight t[3];
+    qlm_matmul_out outs[3], refs[3], plain;
+    float *y0 = randv((long)n * rows[count - 1], 65u, 2.0f);
+    assert_true(count <= 3);
+    for (int k = 0; k < count; k++) {
+        const int last = k == count - 1;
+        const size_t bytes = (size_t)n * rows[k] * sizeof(float);
+        make_weight(&t[k], dt, per_channel, rows[k], cols, 70u + (unsigned)k);
+        outs[k] = (qlm_matmul_out){last ? to_gpu(y0, bytes) : nan_gpu((long)n * rows[k]), &t[k].dev,
+                                   last ? dbias : NULL, last};
+        refs[k] = outs[k];
+        refs[k].y = last ? to_gpu(y0, bytes) : nan_gpu((long)n * rows[k]);
+    }
+    const qlm_x_step step = {kind, dx, da, kind == QLM_X_GLU ? db : NULL, kind == QLM_X_RMSNORM ? dnw : NULL, 1e-5f, act};
+    assert_int_equal(gpu->step_matmul_group(outs, count, &step, n), 0);
+    if (kind == QLM_X_RMSNORM)
+        gpu->rmsnorm(dx_ref, da, dnw, n, cols, 1e-5f);
+    else
+        gpu->glu(dx_ref, da, db, nx, act);
+    assert_int_equal(gpu->matmul_group(refs, count, dx_ref, n), 0);
+    plain = outs[count - 1];
+    plain.y = nan_gpu((long)n * rows[count - 1]);
+    plain.add = 0;
+    assert_int_equal(gpu->matmul_group(&plain, 1, dx_ref, n), 0);
+
+    float *x = from_gpu(dx, nx), *x_ref = from_gpu(dx_ref, nx);
+    assert_true(rel_diff(x, x_ref, nx) <= 1e-6);
+    long differ = 0;
+    double worst = 0;
+    for (int k = 0; k < count; k++) {
+        float *got = from_gpu(outs[k].y, (long)n * rows[k]), *want = from_gpu(refs[k].y, (long)n * rows[k]);
+        long d = 0;
+        worst = fmax(worst, rows_diff(&t[k], x_ref, n, got, want, &d));
+        differ += d;
+        if (k == count - 1) {
+            float *alone = from_gpu(plain.y, (long)n * rows[k]);
+            for (long i = 0; i < (long)n * rows[k]; i++) assert_true(want[i] == y0[i] + alone[i]);
+            free(alone);
+        }
+        free(got), free(want);
+        gpu->free(outs[k].y), gpu->free(refs[k].y);
+        free_weight(&t[k]);
+    }
+    print_message("%s %s%s x %d, %d rows: x %s, y max |diff| / sum|w x| %.2e, %ld outputs differ\n",
+                  kind == QLM_X_RMSNORM ? "rmsnorm" : "glu", qlm_dtype_name(dt), per_channel ? "-pc" : "", cols, n,
+                  rel_diff(x, x_ref, nx) == 0 ? "equal" : "within 1e-6", worst, differ);
+    assert_true(worst <= 1e-5);
+    free(a), free(b), free(nw), free(bias), free(y0), free(x), free(x_ref);
+    gpu->free(da), gpu->free(db), gpu->free(dnw), gpu->free(dx), gpu->free(dx_ref), gpu->free(dbias), gpu->free(plain.y);
+}
+
+/* A block's norm inside its q/k/v group and the GLU inside the down projection (the decode step's
+ * fused GEMV: BF16 and INT8 per tensor and per channel, 1 to 8 rows), and the shapes it leaves to
+ * the op and then the product: 9 rows (cuBLAS), and a width of 100 BF16 columns (not whole
+ * vectors). */
+static void test_step_matmul_group(void **state) {
+    (void)state;
+    const int qkv[3] = {96, 32, 48}, down[1] = {80};
+    const int ns[] = {1, 2, 3, 8, 9};
+    for (size_t j = 0; j < sizeof ns / sizeof ns[0]; j++) {
+        check_step(QLM_X_RMSNORM, QLM_ACT_SILU, QLM_BF16, 0, qkv, 3, 576, ns[j]);
+        check_step(QLM_X_RMSNORM, QLM_ACT_SILU, QLM_I8, 1, qkv, 3, 256, ns[j]);
+        check_step(QLM_X_GLU, QLM_ACT_SILU, QLM_BF16, 0, down, 1, 1536, ns[j]);
+        check_step(QLM_X_GLU, QLM_ACT_GELU_TANH, QLM_I8, 0, down, 1, 512, ns[j]);
+    }
+    check_step(QLM_X_RMSNORM, QLM_ACT_SILU, QLM_BF16, 0, qkv, 3, 100, 2);
+    check_step(QLM_X_GLU, QLM_ACT_SILU, QLM_F32, 0, down, 1, 256, 1);
 }
 
 /* The same op on the CPU and the GPU over the same inputs. */
@@ -332,8 +395,16 @@ static void test_rows_ops(void **state) {
     float *got = from_gpu(dx, (long)n * dim);
     assert_true(rel_diff(got, want, (long)n * dim) <= 1e-6);
     free(got);
-    check_add_rmsnorm(n, dim);
-    check_add_rmsnorm(2, 5000); /* wider than the rows the kernel holds in registers */
+    /* wider than the rows the kernel holds in registers */
+    const int wide = 5000;
+    float *xw = randv(2L * wide, 21u, 3.0f), *ww = randv(wide, 23u, 1.0f), *want_w = malloc(2 * wide * sizeof *want_w);
+    float *dxw = to_gpu(xw, 2 * wide * sizeof *xw), *dww = to_gpu(ww, wide * sizeof *ww);
+    cpu->rmsnorm(want_w, xw, ww, 2, wide, 1e-6f);
+    gpu->rmsnorm(dxw, dxw, dww, 2, wide, 1e-6f);
+    got = from_gpu(dxw, 2L * wide);
+    assert_true(rel_diff(got, want_w, 2L * wide) <= 1e-6);
+    free(got), free(xw), free(ww), free(want_w);
+    gpu->free(dxw), gpu->free(dww);
 
     int pos[5] = {0, 7, 100, 2047, 31};
     const int kv_heads = 2;
@@ -580,7 +651,7 @@ int main(void) {
     printf("%s\n", line);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_matmul),          cmocka_unit_test(test_matmul_exact),
-        cmocka_unit_test(test_matmul_group),
+        cmocka_unit_test(test_matmul_group),    cmocka_unit_test(test_step_matmul_group),
         cmocka_unit_test(test_rows_ops),        cmocka_unit_test(test_embedding_and_kv_store),
         cmocka_unit_test(test_attention),       cmocka_unit_test(test_lora),
         cmocka_unit_test(test_out_of_memory),

@@ -7,7 +7,8 @@
 // and blind to timing: it checks what kernels compute, not how fast.
 #include "cuda/cuda_internal.h"
 #define W __attribute__((weak))
-#define OPS(X) X(matmul, qlm_cuda_matmul) X(matmul_group, qlm_cuda_matmul_group) X(lora, qlm_cuda_lora) \
+#define OPS(X) X(matmul, qlm_cuda_matmul) X(matmul_group, qlm_cuda_matmul_group) \
+    X(step_matmul_group, qlm_cuda_step_matmul_group) X(lora, qlm_cuda_lora) \
     X(rmsnorm, qlm_cuda_rmsnorm) X(rope, qlm_cuda_rope) X(attention, qlm_cuda_attention) \
     X(attention_backward, qlm_cuda_attention_backward) X(glu, qlm_cuda_glu) X(activate, qlm_cuda_activate) \
     X(add, qlm_cuda_add) X(embedding, qlm_cuda_embedding) X(copy, qlm_cuda_copy) X(kv_store, qlm_cuda_kv_store) \
@@ -18,7 +19,7 @@
     X(cross_entropy, qlm_cuda_cross_entropy) X(sum_squares, qlm_cuda_sum_squares) X(dropout, qlm_cuda_dropout) \
     X(adamw, qlm_cuda_adamw) X(store_weight, qlm_cuda_store_weight) \
     X(fake_quant_forward, qlm_cuda_fake_quant_forward) X(fake_quant_backward, qlm_cuda_fake_quant_backward) \
-    X(fake_quant_clamp_scales, qlm_cuda_fake_quant_clamp_scales) X(add_rmsnorm, qlm_cuda_add_rmsnorm) \
+    X(fake_quant_clamp_scales, qlm_cuda_fake_quant_clamp_scales) \
     X(rope_store, qlm_cuda_rope_store)
 #define WEAK(field, fn) extern __typeof__(fn) fn W;
 OPS(WEAK)
