@@ -239,12 +239,16 @@ typedef struct qlm_backend {
     void (*fake_quant_clamp_scales)(float *scales, long n);
 } qlm_backend;
 
-/* logits[n][vocab] (host memory) = x lm_head^T, through dev ([n][vocab] of device memory) where
- * the backend's memory is not host memory (dev NULL: straight into logits). */
-static inline void qlm_logits_out(const qlm_backend *be, float *logits, float *dev, const float *x, int n,
-                                  const qlm_weight *lm_head) {
-    be->matmul(dev ? dev : logits, x, n, lm_head, NULL);
+/* logits[n][vocab] (host memory) = x lm_head^T for the x that the final norm makes (a step, run
+ * in the head's own pass where the backend can), through dev ([n][vocab] of device memory) where
+ * the backend's memory is not host memory (dev NULL: straight into logits). -1 (message set) when
+ * scratch memory cannot be had. */
+static inline int qlm_logits_out(const qlm_backend *be, float *logits, float *dev, const qlm_x_step *norm, int n,
+                                 const qlm_weight *lm_head) {
+    const qlm_matmul_out out = {dev ? dev : logits, lm_head, NULL, 0};
+    if (be->step_matmul_group(&out, 1, norm, n) != 0) return -1;
     if (dev) be->to_host(logits, dev, (size_t)n * lm_head->rows * sizeof(float));
+    return 0;
 }
 
 /* step_matmul_group as its op and then matmul_group: the CPU's, and a GPU's where its GEMV does

@@ -362,8 +362,9 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32, gemv_min_blocks<DT, VEC, NR>(
     const int s0 = warp * steps / GEMV_WARPS, s1 = (warp + 1) * steps / GEMV_WARPS;
     // Launched to overlap the kernel before (qlm_cuda_pdl), the warp's weights head for L2 while
     // that kernel finishes x: the 128-byte lines of its steps of both rows, split among lanes t.
-    // Its own instances, so that the others' registers are not spent on it.
-    if (VEC && PDL)
+    // Its own instances, so that the others' registers are not spent on it. A norm's sums of
+    // squares come before the first weight load: they too have the weights on their way.
+    if (VEC && (PDL || FORM == X_RMSNORM))
         for (int line = s0 / 2 + t; line <= (s1 - 1) / 2; line += 4) {
             prefetch_l2(wa + (size_t)line * 128);
             prefetch_l2(wb + (size_t)line * 128);
@@ -491,7 +492,10 @@ static void gemv(const qlm_matmul_out *outs, int count, const float *x, int n, c
         a.vec = a.vec && (uintptr_t)w->data % 16 == 0;
     }
     if (a.tile0[count] == 0) return;
-    qlm_cuda_submit(a.n == 1 ? "gemv" : "gemv (2-8 rows)", launch_gemv, &a, sizeof a);
+    static const char *const names[3][2] = {{"gemv", "gemv (2-8 rows)"},
+                                            {"gemv + norm", "gemv + norm (2-8 rows)"},
+                                            {"gemv + glu", "gemv + glu (2-8 rows)"}};
+    qlm_cuda_submit(names[a.form][a.n > 1], launch_gemv, &a, sizeof a);
 }
 
 // ---- many rows: cuBLAS ----

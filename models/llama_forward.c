@@ -214,18 +214,17 @@ static int forward_chunk(const qlm_model *m, qlm_kv_state *s, const int *tokens,
     /* Sharded, every rank gathers the head in every pass, whether it wants logits or not. */
     if (n_rows == 0 && !h) return 0;
     if (qlm_unit_use(h, 0) != 0) return -1;
-    /* Every row's logits in order (decode): the rows are normed straight from x. */
+    /* Every row's logits in order (decode): the head norms x's rows where they are; else the rows
+     * that want logits are gathered into xb first. */
     int each_row = n_rows == n;
     for (int r = 0; each_row && r < n_rows; r++) each_row = rows[r] == r;
-    if (each_row) {
-        be->rmsnorm(s->logits_rows, s->x, m->final_norm, n, c->dim, c->norm_eps);
-    } else {
+    if (!each_row)
         for (int r = 0; r < n_rows; r++)
-            be->copy(s->logits_rows + (size_t)r * c->dim, s->x + (size_t)rows[r] * c->dim, c->dim);
-        if (n_rows) be->rmsnorm(s->logits_rows, s->logits_rows, m->final_norm, n_rows, c->dim, c->norm_eps);
-    }
+            be->copy(s->xb + (size_t)r * c->dim, s->x + (size_t)rows[r] * c->dim, c->dim);
     if (n_rows) {
-        qlm_logits_out(be, logits, s->logits_dev, s->logits_rows, n_rows, &m->lm_head);
+        const qlm_x_step norm = {QLM_X_RMSNORM, s->logits_rows, each_row ? s->x : s->xb, NULL, m->final_norm,
+                                 c->norm_eps, QLM_ACT_SILU};
+        if (qlm_logits_out(be, logits, s->logits_dev, &norm, n_rows, &m->lm_head) != 0) return -1;
         /* the logits are host memory by now */
         if (c->final_softcap > 0)
             for (size_t i = 0; i < (size_t)n_rows * c->vocab_size; i++)

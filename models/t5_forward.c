@@ -113,9 +113,9 @@ static qlm_attn_shape attn_shape(const qlm_t5_model *m, int n_keys, const float 
     qlm_matmul_lora_group(be, &s->lora, &(qlm_matmul_out){s->x, w, NULL, 1}, &(int){target}, 1, in, step, n, slots, \
                           slot, stack, l)
 
-/* A sub-block's norm of x into xb, run inside its first products (step_matmul_group). */
-static qlm_x_step norm_step(const qlm_t5_model *m, qlm_t5_state *s, const float *weight) {
-    return (qlm_x_step){QLM_X_RMSNORM, s->xb, s->x, NULL, weight, m->cfg.norm_eps, QLM_ACT_RELU};
+/* A norm of in into out, run inside the products after it (step_matmul_group). */
+static qlm_x_step norm_step(const qlm_t5_model *m, float *out, const float *in, const float *weight) {
+    return (qlm_x_step){QLM_X_RMSNORM, out, in, NULL, weight, m->cfg.norm_eps, QLM_ACT_RELU};
 }
 
 /* q, k and v of layer L's self-attention, of its norm of x. */
@@ -124,7 +124,7 @@ static int qkv_forward(const qlm_t5_model *m, const qlm_t5_layer *L, qlm_t5_stat
     const qlm_backend *be = m->be;
     const qlm_matmul_out outs[] = {{s->q, &L->q, NULL, 0}, {s->k, &L->k, NULL, 0}, {s->v, &L->v, NULL, 0}};
     static const int targets[] = {QLM_LORA_Q, QLM_LORA_K, QLM_LORA_V};
-    const qlm_x_step norm = norm_step(m, s, L->attn_norm);
+    const qlm_x_step norm = norm_step(m, s->xb, s->x, L->attn_norm);
     return PROJ_GROUP(outs, targets, 3, NULL, &norm);
 }
 
@@ -136,7 +136,7 @@ static int ffn_forward(const qlm_t5_model *m, const qlm_t5_layer *L, qlm_t5_stat
     const qlm_backend *be = m->be;
     const qlm_matmul_out wi[] = {{s->hb, &L->wi0, NULL, 0}, {s->hb2, &L->wi1, NULL, 0}};
     static const int wi_targets[] = {QLM_LORA_WI0, QLM_LORA_WI1};
-    const qlm_x_step norm = norm_step(m, s, L->ffn_norm);
+    const qlm_x_step norm = norm_step(m, s->xb, s->x, L->ffn_norm);
     if (PROJ_GROUP(wi, wi_targets, c->gated ? 2 : 1, NULL, &norm)) return -1;
     const qlm_x_step act = {QLM_X_GLU, s->hg, s->hb, c->gated ? s->hb2 : NULL, NULL, 0.0f, (qlm_act)c->act};
     return PROJ_ADD(NULL, &act, &L->wo, QLM_LORA_WO);
@@ -208,7 +208,7 @@ static int decode_chunk(const qlm_t5_model *m, qlm_t5_state *s, const int *token
         slot_attention(m, s, s->k_cache, s->v_cache, l, s->max_tgt, pos, slots, n, 0);
         if (PROJ_ADD(s->att, NULL, &L->o, QLM_LORA_O)) return -1;
 
-        const qlm_x_step cross_norm = norm_step(m, s, L->cross_norm);
+        const qlm_x_step cross_norm = norm_step(m, s->xb, s->x, L->cross_norm);
         const qlm_matmul_out cq = {s->q, &L->cq, NULL, 0};
         if (PROJ_GROUP(&cq, &(int){QLM_LORA_CROSS_Q}, 1, NULL, &cross_norm)) return -1;
         slot_attention(m, s, s->cross_k, s->cross_v, l, s->max_src, pos, slots, n, 1);
@@ -219,9 +219,9 @@ static int decode_chunk(const qlm_t5_model *m, qlm_t5_state *s, const int *token
     if (n_rows == 0) return 0;
     for (int r = 0; r < n_rows; r++)
         be->copy(s->xb + (size_t)r * c->d_model, s->x + (size_t)rows[r] * c->d_model, c->d_model);
-    be->rmsnorm(s->xb, s->xb, m->head_norm, n_rows, c->d_model, c->norm_eps);
-    qlm_logits_out(be, logits, s->logits_dev, s->xb, n_rows, &m->lm_head);
-    return 0;
+    /* The head's norm inside its products, into x: the residual stream's last use was the copy. */
+    const qlm_x_step norm = norm_step(m, s->x, s->xb, m->head_norm);
+    return qlm_logits_out(be, logits, s->logits_dev, &norm, n_rows, &m->lm_head);
 }
 
 #undef PROJ_GROUP
