@@ -84,9 +84,8 @@ typedef enum {
 
 /* The op before a product that makes its x, run by step_matmul_group in the product's own pass
  * where the backend can: x = rmsnorm(a) * weight (RMSNORM, eps), or act(a) * b (GLU; act(a) alone
- * with b NULL). x ([n][cols],
- * cols the weights' width) is written either way, for what reads it next (LoRA); it aliases
- * neither a nor b. */
+ * with b NULL). x ([n][cols], cols the weights' width) is written either way, for what reads it
+ * next (LoRA); it aliases neither a nor b. */
 typedef enum { QLM_X_RMSNORM, QLM_X_GLU } qlm_x_kind;
 typedef struct {
     qlm_x_kind kind;

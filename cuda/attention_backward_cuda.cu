@@ -44,11 +44,6 @@ struct attn_bwd_args {
     float scale, softcap;
 };
 
-static __device__ __forceinline__ float warp_sum(float v) {
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v; // the same value on every lane (each step adds the same two numbers on both sides)
-}
-
 // Keys [*first, return value) of the row at position p: the causal prefix or the fixed count, less
 // what a window leaves out.
 static __device__ __forceinline__ int row_keys(const attn_bwd_args &a, int p, int *first) {
@@ -611,7 +606,7 @@ template <int ND> static __device__ __forceinline__ float dot_rows(const float (
     float s = 0;
 #pragma unroll
     for (int k = 0; k < ND; k++) s += x[k] * y[k];
-    return warp_sum(s);
+    return qlm_warp_sum(s);
 }
 
 template <int ND>

@@ -40,11 +40,6 @@ __device__ __forceinline__ float warp_max(float v) {
     return v;
 }
 
-__device__ __forceinline__ float warp_sum(float v) {
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
-}
-
 // q . key row, 16 bytes of the key (8 BF16 or 4 F32 values) a load, with every load of the row
 // issued before the first is used; q is read through the cache (every lane reads the same q).
 template <int ND, int BF>
@@ -162,7 +157,7 @@ __global__ void __launch_bounds__(ATTN_WARPS * 32) attention_kernel(attn_args a)
         const float m_new = fmaxf(m, warp_max(s));
         const float corr = m == -INFINITY ? 0.0f : expf(m - m_new);
         const float e = t < nk ? expf(s - m_new) : 0.0f;
-        l = l * corr + warp_sum(e);
+        l = l * corr + qlm_warp_sum(e);
 #pragma unroll
         for (int k = 0; k < 2 * P; k++) acc[k] *= corr;
         add_values<P, VU>(acc, vv, e, 0);

@@ -102,15 +102,18 @@ __device__ __forceinline__ float qlm_act_of(float x, qlm_act a) {
     }
 }
 
+// v (float or double) summed over a warp: the butterfly's order is fixed, and every lane gets the
+// same bits (each step adds the same two numbers on both sides).
+template <typename T> __device__ __forceinline__ T qlm_warp_sum(T v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
 // RMSNorm's sum of squares, in one order wherever it runs (rmsnorm_kernel, and the GEMV that norms
 // its x), so that both give the same bits: QLM_RMS_THREADS threads, thread t summing the squares of
 // x[t + QLM_RMS_THREADS k] in k order, the sum over each warp by qlm_warp_sum, then qlm_rms_inv
 // over the warps' sums in warp order.
 enum { QLM_RMS_THREADS = 256, QLM_RMS_WARPS = QLM_RMS_THREADS / 32 };
-__device__ __forceinline__ float qlm_warp_sum(float v) {
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
-}
 __device__ __forceinline__ float qlm_rms_inv(const float *warp_sums, int dim, float eps) {
     float total = 0;
 #pragma unroll

@@ -42,16 +42,10 @@ static __device__ __forceinline__ float fq_term(float *dw, const float *dout, co
     return __fmul_rn(__fmul_rn(__fmul_rn(g, d), inv), gf);
 }
 
-// A double summed over a warp; the butterfly's order is fixed, and every lane gets the same bits.
-static __device__ __forceinline__ double warp_sum(double v) {
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
-}
-
 // A double summed over a block of THREADS threads in a fixed order: the warps' sums, in warp order.
 static __device__ double block_sum(double v) {
     __shared__ double part[WARPS];
-    v = warp_sum(v);
+    v = qlm_warp_sum(v);
     if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = v;
     __syncthreads();
     double total = 0;
@@ -70,7 +64,7 @@ __global__ void __launch_bounds__(THREADS) fake_quant_backward_rows_kernel(float
     const float s = scales[r], inv = __fdiv_rn(1.0f, s);
     double sum = 0;
     for (int c = lane; c < cols; c += 32) sum += fq_term(dw, dout, w, o + c, s, inv, lo, hi, gf);
-    sum = warp_sum(sum);
+    sum = qlm_warp_sum(sum);
     if (lane == 0 && dscales) dscales[r] = __fadd_rn(dscales[r], __double2float_rn(sum));
 }
 

@@ -27,7 +27,7 @@ __global__ void lora_down_kernel(lora_args a) {
     float sum = 0;
     const bool bf16 = a.a.dtype == QLM_BF16; // BF16 weights meet BF16 inputs, as in every matmul
     for (int c = lane; c < in; c += 32) sum += lora_weight(a.a, (long)j * in + c) * (bf16 ? qlm_bf16_round(xr[c]) : xr[c]);
-    for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+    sum = qlm_warp_sum(sum);
     if (lane == 0) a.u[(size_t)k * r + j] = sum;
 }
 

@@ -55,7 +55,8 @@ int qlm_state_init_slots(qlm_kv_state *s, const qlm_model *m, int max_seq, int n
     s->hb2 = state_alloc(s, be, B * c->hidden_dim * sizeof(float));
     s->hg = state_alloc(s, be, B * c->hidden_dim * sizeof(float));
     s->logits_rows = state_alloc(s, be, B * c->dim * sizeof(float));
-    if (!s->x || !s->xb || !s->q || !s->k || !s->v || !s->att || !s->hb || !s->hb2 || !s->hg || !s->logits_rows) goto oom;
+    if (!s->x || !s->xb || !s->q || !s->k || !s->v || !s->att || !s->hb || !s->hb2 || !s->hg || !s->logits_rows)
+        goto oom;
     if (!be->host_memory && !(s->logits_dev = state_alloc(s, be, B * c->vocab_size * sizeof(float)))) goto oom;
     if (qlm_lora_slots_init(&s->lora, n_slots, max_batch) != 0 || qlm_rope_dynamic_init(&s->rope, m) != 0) goto oom;
     return 0;
@@ -137,7 +138,8 @@ int qlm_state_copy_prefix(const qlm_model *m, qlm_kv_state *s, int dst, int src,
 /* A block's output joins the residual stream x: its last product adds to x as it is made. A model
  * that norms a block's output first (post_norm: Gemma) takes it in xb and adds it after. */
 static int block_out(const qlm_model *m, qlm_kv_state *s, int l, const int *slots, int n, const float *in,
-                     const qlm_x_step *step, const qlm_weight *w, const float *bias, const float *post_norm, int target) {
+                     const qlm_x_step *step, const qlm_weight *w, const float *bias, const float *post_norm,
+                     int target) {
     const qlm_llama_config *c = &m->cfg;
     const qlm_backend *be = m->be;
     const qlm_matmul_out out = {post_norm ? s->xb : s->x, w, bias, !post_norm};
@@ -156,7 +158,7 @@ static int attention_forward(const qlm_model *m, const qlm_layer *L, qlm_kv_stat
                              const int *slots, int n, const float *call_freq) {
     const qlm_llama_config *c = &m->cfg;
     const qlm_backend *be = m->be;
-    const qlm_x_step norm = {QLM_X_RMSNORM, s->xb, s->x, NULL, L->attn_norm, c->norm_eps, QLM_ACT_SILU};
+    const qlm_x_step norm = {.kind = QLM_X_RMSNORM, .x = s->xb, .a = s->x, .weight = L->attn_norm, .eps = c->norm_eps};
     const qlm_matmul_out qkv[] = {{s->q, &L->wq, L->bq, 0}, {s->k, &L->wk, L->bk, 0}, {s->v, &L->wv, L->bv, 0}};
     static const int qkv_targets[] = {QLM_LORA_Q, QLM_LORA_K, QLM_LORA_V};
     if (PROJ_GROUP(qkv, qkv_targets, 3, NULL, &norm)) return -1;
@@ -185,11 +187,11 @@ static int attention_forward(const qlm_model *m, const qlm_layer *L, qlm_kv_stat
 static int mlp_forward(const qlm_model *m, const qlm_layer *L, qlm_kv_state *s, int l, const int *slots, int n) {
     const qlm_llama_config *c = &m->cfg;
     const qlm_backend *be = m->be;
-    const qlm_x_step norm = {QLM_X_RMSNORM, s->xb, s->x, NULL, L->ffn_norm, c->norm_eps, QLM_ACT_SILU};
+    const qlm_x_step norm = {.kind = QLM_X_RMSNORM, .x = s->xb, .a = s->x, .weight = L->ffn_norm, .eps = c->norm_eps};
     const qlm_matmul_out gate_up[] = {{s->hb, &L->w_gate, L->b_gate, 0}, {s->hb2, &L->w_up, L->b_up, 0}};
     static const int gate_up_targets[] = {QLM_LORA_GATE, QLM_LORA_UP};
     if (PROJ_GROUP(gate_up, gate_up_targets, 2, NULL, &norm)) return -1;
-    const qlm_x_step glu = {QLM_X_GLU, s->hg, s->hb, s->hb2, NULL, 0.0f, (qlm_act)c->act};
+    const qlm_x_step glu = {.kind = QLM_X_GLU, .x = s->hg, .a = s->hb, .b = s->hb2, .act = (qlm_act)c->act};
     return block_out(m, s, l, slots, n, NULL, &glu, &L->w_down, L->b_down, L->ffn_post_norm, QLM_LORA_DOWN);
 }
 
@@ -222,8 +224,8 @@ static int forward_chunk(const qlm_model *m, qlm_kv_state *s, const int *tokens,
         for (int r = 0; r < n_rows; r++)
             be->copy(s->xb + (size_t)r * c->dim, s->x + (size_t)rows[r] * c->dim, c->dim);
     if (n_rows) {
-        const qlm_x_step norm = {QLM_X_RMSNORM, s->logits_rows, each_row ? s->x : s->xb, NULL, m->final_norm,
-                                 c->norm_eps, QLM_ACT_SILU};
+        const qlm_x_step norm = {.kind = QLM_X_RMSNORM, .x = s->logits_rows, .a = each_row ? s->x : s->xb,
+                                 .weight = m->final_norm, .eps = c->norm_eps};
         if (qlm_logits_out(be, logits, s->logits_dev, &norm, n_rows, &m->lm_head) != 0) return -1;
         /* the logits are host memory by now */
         if (c->final_softcap > 0)

@@ -70,8 +70,8 @@ int qlm_t5_state_init(qlm_t5_state *s, const qlm_t5_model *m, int max_src, int m
     s->hg = be->alloc(R * c->d_ff * sizeof(float));
     s->enc_bias = bias_by_delta(m, m->enc_rel_bias, max_src, 1, &s->enc_span);
     s->dec_bias = bias_by_delta(m, m->dec_rel_bias, max_tgt, 0, &s->dec_span);
-    if (!s->enc_out || !s->x || !s->xb || !s->q || !s->k || !s->v || !s->att || !s->hb || !s->hb2 || !s->hg || !s->enc_bias ||
-        !s->dec_bias)
+    if (!s->enc_out || !s->x || !s->xb || !s->q || !s->k || !s->v || !s->att || !s->hb || !s->hb2 || !s->hg ||
+        !s->enc_bias || !s->dec_bias)
         goto oom;
     if (!be->host_memory && !(s->logits_dev = be->alloc(R * c->vocab_size * sizeof(float)))) goto oom;
     if (qlm_lora_slots_init(&s->lora, n_slots, s->rows) != 0) goto oom;
@@ -115,7 +115,7 @@ static qlm_attn_shape attn_shape(const qlm_t5_model *m, int n_keys, const float 
 
 /* A norm of in into out, run inside the products after it (step_matmul_group). */
 static qlm_x_step norm_step(const qlm_t5_model *m, float *out, const float *in, const float *weight) {
-    return (qlm_x_step){QLM_X_RMSNORM, out, in, NULL, weight, m->cfg.norm_eps, QLM_ACT_RELU};
+    return (qlm_x_step){.kind = QLM_X_RMSNORM, .x = out, .a = in, .weight = weight, .eps = m->cfg.norm_eps};
 }
 
 /* q, k and v of layer L's self-attention, of its norm of x. */
@@ -138,7 +138,8 @@ static int ffn_forward(const qlm_t5_model *m, const qlm_t5_layer *L, qlm_t5_stat
     static const int wi_targets[] = {QLM_LORA_WI0, QLM_LORA_WI1};
     const qlm_x_step norm = norm_step(m, s->xb, s->x, L->ffn_norm);
     if (PROJ_GROUP(wi, wi_targets, c->gated ? 2 : 1, NULL, &norm)) return -1;
-    const qlm_x_step act = {QLM_X_GLU, s->hg, s->hb, c->gated ? s->hb2 : NULL, NULL, 0.0f, (qlm_act)c->act};
+    const qlm_x_step act = {.kind = QLM_X_GLU, .x = s->hg, .a = s->hb, .b = c->gated ? s->hb2 : NULL,
+                            .act = (qlm_act)c->act};
     return PROJ_ADD(NULL, &act, &L->wo, QLM_LORA_WO);
 }
 
