@@ -66,12 +66,13 @@ typedef struct {
     int count, n;
     const float *x;
     const qlm_x_step *step; /* NULL: x as given */
+    const qlm_kv_step *kv;  /* NULL: none */
 } mm_ctx;
 
 static void run_mm(void *p) {
     mm_ctx *c = p;
     if (c->step)
-        (void)gpu->step_matmul_group(c->outs, c->count, c->step, c->n);
+        (void)gpu->step_matmul_group(c->outs, c->count, c->step, c->kv, c->n);
     else if (c->count == 1)
         gpu->matmul(c->outs[0].y, c->x, c->n, c->outs[0].w, NULL);
     else
@@ -93,8 +94,10 @@ static void run_kv_store(void *p) {
 }
 static void run_rope_store(void *p) {
     step_ctx *c = p;
-    gpu->rope_store(c->q, c->x, c->out, 1, &c->pos, c->heads, c->kv_heads, c->hd, c->inv, c->kc, c->vc,
-                    (qlm_dtype)c->kv_dtype, NULL, &c->pos, c->max_pos);
+    const qlm_kv_step kv = {.pos = &c->pos, .inv_freq = c->inv, .n_heads = c->heads, .n_kv_heads = c->kv_heads,
+                            .head_dim = c->hd, .k_cache = c->kc, .v_cache = c->vc, .kv = (qlm_dtype)c->kv_dtype,
+                            .store_pos = &c->pos, .max_pos = c->max_pos};
+    gpu->rope_store(c->q, c->x, c->out, 1, &kv);
 }
 static void run_attention(void *p) { step_ctx *c = p; gpu->attention(c->out, c->q, c->kc, c->vc, 1, &c->pos, &c->sh); }
 static void run_add(void *p) { step_ctx *c = p; gpu->add(c->x, c->out, c->dim); }
@@ -113,26 +116,42 @@ int main(int argc, char **argv) {
     printf("%s\ndevice-to-device copy: %.0f GB/s (read + write)\n\n", line, bw);
     printf("| op | shape | dtype | us/op | GB/s | of copy bw |\n| --- | --- | --- | ---: | ---: | ---: |\n");
     /* n rows of x (1 in decode; the GEMV takes up to 8, a batch of sequences); step: 1 the norm
-     * before the products, 2 the GLU, formed as the GEMV loads x (step_matmul_group), 0 none. */
+     * before the products, 2 the GLU, formed as the GEMV loads x (step_matmul_group), 0 none; kv:
+     * RoPE on q and k (heads of 64) and k and v into BF16 caches as the products are made. */
     const struct {
         const char *name;
-        int rows[3], count, cols, n, step;
+        int rows[3], count, cols, n, step, kv;
     } mms[] = {
-        {"q_proj", {2048}, 1, 2048, 1, 0},          {"gate+up", {5632, 5632}, 2, 2048, 1, 0},
-        {"down", {2048}, 1, 5632, 1, 0},            {"q+k+v", {2048, 256, 256}, 3, 2048, 1, 0},
-        {"norm + q+k+v", {2048, 256, 256}, 3, 2048, 1, 1}, {"glu + down", {2048}, 1, 5632, 1, 2},
-        {"smol q", {576}, 1, 576, 1, 0},            {"smol down", {576}, 1, 1536, 1, 0},
-        {"smol norm + q+k+v", {576, 192, 192}, 3, 576, 1, 1}, {"smol glu + down", {576}, 1, 1536, 1, 2},
-        {"q_proj, 8 rows", {2048}, 1, 2048, 8, 0}, {"smol q, 4 rows", {576}, 1, 576, 4, 0},
+        {"q_proj", {2048}, 1, 2048, 1, 0, 0},
+        {"gate+up", {5632, 5632}, 2, 2048, 1, 0, 0},
+        {"down", {2048}, 1, 5632, 1, 0, 0},
+        {"q+k+v", {2048, 256, 256}, 3, 2048, 1, 0, 0},
+        {"norm + q+k+v", {2048, 256, 256}, 3, 2048, 1, 1, 0},
+        {"norm + q+k+v + rope_store", {2048, 256, 256}, 3, 2048, 1, 1, 1},
+        {"glu + down", {2048}, 1, 5632, 1, 2, 0},
+        {"smol q", {576}, 1, 576, 1, 0, 0},
+        {"smol down", {576}, 1, 1536, 1, 0, 0},
+        {"smol norm + q+k+v", {576, 192, 192}, 3, 576, 1, 1, 0},
+        {"smol norm + q+k+v + rope_store", {576, 192, 192}, 3, 576, 1, 1, 1},
+        {"smol glu + down", {576}, 1, 1536, 1, 2, 0},
+        {"q_proj, 8 rows", {2048}, 1, 2048, 8, 0, 0},
+        {"smol q, 4 rows", {576}, 1, 576, 4, 0, 0},
     };
     const qlm_dtype dts[] = {QLM_BF16, QLM_I8};
     float *x = dev_floats(8 * 8192, 1.0f), *x2 = dev_floats(8 * 8192, 1.0f), *formed = dev_floats(8 * 8192, 1.0f);
-    float *norm_w = dev_floats(8192, 1.0f);
+    float *norm_w = dev_floats(8192, 1.0f), *inv_freq = dev_floats(32, 0.1f);
     const qlm_x_step steps[] = {{QLM_X_RMSNORM, formed, x, NULL, norm_w, 1e-5f, QLM_ACT_SILU},
                                 {QLM_X_GLU, formed, x, x2, NULL, 0.0f, QLM_ACT_SILU}};
+    const int kv_pos = 100, kv_max_pos = 2048;
+    void *kv_cache[2] = {dev_floats(4L * kv_max_pos * 64 / 2, 1.0f), dev_floats(4L * kv_max_pos * 64 / 2, 1.0f)};
     for (size_t d = 0; d < 2; d++)
         for (size_t i = 0; i < sizeof mms / sizeof mms[0]; i++) {
-            mm_ctx c = {.count = mms[i].count, .n = mms[i].n, .x = x, .step = mms[i].step ? &steps[mms[i].step - 1] : NULL};
+            const qlm_kv_step kv = {.pos = &kv_pos, .inv_freq = inv_freq, .n_heads = mms[i].rows[0] / 64,
+                                    .n_kv_heads = mms[i].rows[1] / 64, .head_dim = 64, .k_cache = kv_cache[0],
+                                    .v_cache = kv_cache[1], .kv = QLM_BF16, .store_pos = &kv_pos,
+                                    .max_pos = kv_max_pos};
+            mm_ctx c = {.count = mms[i].count, .n = mms[i].n, .x = x, .step = mms[i].step ? &steps[mms[i].step - 1] : NULL,
+                        .kv = mms[i].kv ? &kv : NULL};
             qlm_weight w[3];
             double bytes = 0;
             for (int k = 0; k < c.count; k++) {

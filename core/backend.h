@@ -95,6 +95,21 @@ typedef struct {
     qlm_act act;
 } qlm_x_step;
 
+/* What follows the products of q, k and v (one group, in that order) in a step of attention:
+ * RoPE (rotate-half over inv_freq's head_dim/2 frequencies; NULL: none) on q and k, row i at
+ * position pos[i], then row i of k and v into the caches at position store_pos[i] of slot slots[i]
+ * (slots NULL: slot 0) as kv_store lays them out, in the caches' dtype kv; max_pos positions a slot.
+ * rope_store runs it alone; step_matmul_group in the products' own pass where the backend can. */
+typedef struct {
+    const int *pos;
+    const float *inv_freq;
+    int n_heads, n_kv_heads, head_dim;
+    void *k_cache, *v_cache;
+    qlm_dtype kv;
+    const int *slots, *store_pos;
+    int max_pos;
+} qlm_kv_step;
+
 /* One AdamW update as torch.optim.AdamW computes it (decoupled weight decay, bias correction). */
 typedef struct {
     float lr, beta1, beta2, eps, weight_decay;
@@ -130,10 +145,12 @@ typedef struct qlm_backend {
      * region on the CPU); products that add (qlm_matmul_out.add) add to y. Returns -1 (message
      * set) only when scratch memory cannot be had. */
     int (*matmul_group)(const qlm_matmul_out *outs, int count, const float *x, int n);
-    /* The step's op, then matmul_group over its x, as one operation: a GPU's GEMV forms each value
-     * of x as it loads it, one kernel instead of two (decode on a GPU is bound by its count of
-     * kernels). The same values as the op and the products one after the other. */
-    int (*step_matmul_group)(const qlm_matmul_out *outs, int count, const qlm_x_step *step, int n);
+    /* The step's op, then matmul_group over its x, then (kv not NULL; outs are q, k and v) the kv
+     * step, as one operation: a GPU's GEMV forms each value of x as it loads it and rotates and
+     * stores its outputs as it makes them, one kernel instead of three (decode on a GPU is bound
+     * by its count of kernels). The same values as the ops one after the other. */
+    int (*step_matmul_group)(const qlm_matmul_out *outs, int count, const qlm_x_step *step, const qlm_kv_step *kv,
+                             int n);
     /* Unmerged LoRA on top of a matmul's output: y[i] += scale B (A x[i]) with row i's own pair
      * (per_row[i]; NULL: none), so one call serves a batch that mixes adapters. Returns -1
      * (message set) only when scratch memory cannot be had. */
@@ -165,11 +182,8 @@ typedef struct qlm_backend {
      * kv (F32, or BF16 or F16 rounded to nearest even; F16 held within its finite range). */
     void (*kv_store)(void *k_cache, void *v_cache, qlm_dtype kv, const float *k, const float *v, int n, const int *slots,
                      int slot, const int *pos, int heads, int hd, int max_pos);
-    /* rope (positions pos) on q and k, then kv_store of k and v into slots (NULL: slot 0) at
-     * store_pos, in one op: a decode step on a GPU launches one kernel for both. */
-    void (*rope_store)(float *q, float *k, const float *v, int n, const int *pos, int n_heads, int n_kv_heads,
-                       int head_dim, const float *inv_freq, void *k_cache, void *v_cache, qlm_dtype kv,
-                       const int *slots, const int *store_pos, int max_pos);
+    /* The kv step (rope on q and k, then k and v into the caches) on n rows, as one op. */
+    void (*rope_store)(float *q, float *k, const float *v, int n, const qlm_kv_step *kv);
     /* Copies bytes from host memory into device memory (tables computed on the host). */
     void (*to_device)(void *dst, const void *src, size_t bytes);
     /* Copies bytes from device memory into host memory. */
@@ -245,15 +259,15 @@ typedef struct qlm_backend {
 static inline int qlm_logits_out(const qlm_backend *be, float *logits, float *dev, const qlm_x_step *norm, int n,
                                  const qlm_weight *lm_head) {
     const qlm_matmul_out out = {dev ? dev : logits, lm_head, NULL, 0};
-    if (be->step_matmul_group(&out, 1, norm, n) != 0) return -1;
+    if (be->step_matmul_group(&out, 1, norm, NULL, n) != 0) return -1;
     if (dev) be->to_host(logits, dev, (size_t)n * lm_head->rows * sizeof(float));
     return 0;
 }
 
-/* step_matmul_group as its op and then matmul_group: the CPU's, and a GPU's where its GEMV does
- * not take the shapes. */
+/* step_matmul_group as its ops one after the other: the CPU's, and a GPU's where its GEMV does not
+ * take the shapes. */
 static inline int qlm_step_then_matmul_group(const qlm_backend *be, const qlm_matmul_out *outs, int count,
-                                             const qlm_x_step *step, int n) {
+                                             const qlm_x_step *step, const qlm_kv_step *kv, int n) {
     const int cols = outs[0].w->cols;
     const long values = (long)n * cols;
     if (step->kind == QLM_X_RMSNORM) {
@@ -264,7 +278,9 @@ static inline int qlm_step_then_matmul_group(const qlm_backend *be, const qlm_ma
         be->copy(step->x, step->a, values);
         be->activate(step->x, values, step->act);
     }
-    return be->matmul_group(outs, count, step->x, n);
+    if (be->matmul_group(outs, count, step->x, n) != 0) return -1;
+    if (kv) be->rope_store(outs[0].y, outs[1].y, outs[2].y, n, kv);
+    return 0;
 }
 
 const qlm_backend *qlm_backend_cpu(void);

@@ -111,11 +111,10 @@ static void cpu_rope(float *q, float *k, int n, const int *pos, int n_heads, int
     qlm_cpu_rope_rotate(q, k, n, pos, n_heads, n_kv_heads, head_dim, inv_freq, 1.0f);
 }
 
-static void cpu_rope_store(float *q, float *k, const float *v, int n, const int *pos, int n_heads, int n_kv_heads,
-                           int head_dim, const float *inv_freq, void *k_cache, void *v_cache, qlm_dtype kv,
-                           const int *slots, const int *store_pos, int max_pos) {
-    cpu_rope(q, k, n, pos, n_heads, n_kv_heads, head_dim, inv_freq);
-    cpu_kv_store(k_cache, v_cache, kv, k, v, n, slots, 0, store_pos, n_kv_heads, head_dim, max_pos);
+static void cpu_rope_store(float *q, float *k, const float *v, int n, const qlm_kv_step *kv) {
+    if (kv->inv_freq) cpu_rope(q, k, n, kv->pos, kv->n_heads, kv->n_kv_heads, kv->head_dim, kv->inv_freq);
+    cpu_kv_store(kv->k_cache, kv->v_cache, kv->kv, k, v, n, kv->slots, 0, kv->store_pos, kv->n_kv_heads, kv->head_dim,
+                 kv->max_pos);
 }
 
 static _Thread_local qlm_cpu_scratch t_lora_x, t_lora_t, t_lora_u;
@@ -220,8 +219,9 @@ static void cpu_copy(float *dst, const float *src, long n) { memmove(dst, src, (
 
 static void cpu_memcpy(void *dst, const void *src, size_t bytes) { memcpy(dst, src, bytes); }
 
-static int cpu_step_matmul_group(const qlm_matmul_out *outs, int count, const qlm_x_step *step, int n) {
-    return qlm_step_then_matmul_group(qlm_backend_cpu(), outs, count, step, n);
+static int cpu_step_matmul_group(const qlm_matmul_out *outs, int count, const qlm_x_step *step, const qlm_kv_step *kv,
+                                 int n) {
+    return qlm_step_then_matmul_group(qlm_backend_cpu(), outs, count, step, kv, n);
 }
 
 static const qlm_backend cpu_backend = {

@@ -121,6 +121,37 @@ __device__ __forceinline__ float qlm_rms_inv(const float *warp_sums, int dim, fl
     return 1.0f / sqrtf(total / dim + eps);
 }
 
+// Where a step's keys and values go: the decode caches as kv_store lays them out (core/kv_cache.h),
+// row i at position pos[i] of slot slots[i] (slots absent: of slot).
+struct qlm_kv_dst {
+    void *k_cache, *v_cache;
+    qlm_cuda_ints slots, pos;
+    int slot, bf16, heads, hd, max_pos;
+};
+// A kv step's destination (ops_cuda.cu): its slots and store positions in scratch areas which and
+// which + 1 (see qlm_cuda_ints_of).
+qlm_kv_dst qlm_cuda_kv_dst(const qlm_kv_step *kv, int n, int which);
+
+// Element e of head h of row i's keys or values into cache, in the cache's dtype.
+__device__ __forceinline__ void qlm_kv_put(const qlm_kv_dst &d, void *cache, int i, int h, int e, float x) {
+    const size_t at = ((size_t)(d.slots.present ? qlm_ints_at(d.slots, i) : d.slot) * d.heads + h) * d.max_pos * d.hd +
+                      (size_t)qlm_ints_at(d.pos, i) * d.hd + e;
+    if (d.bf16)
+        ((unsigned short *)cache)[at] = qlm_f32_to_bf16(x);
+    else
+        ((float *)cache)[at] = x;
+}
+
+// Rotate-half RoPE of one pair (a, b) = (x[j], x[j + head_dim / 2]) by angle (direction -1: by
+// -angle, the backward), rounded as qlm_cpu_rope_rotate computes it, for every kernel that rotates
+// (rope_kernel, and the GEMV that rotates q and k as it makes them): the same bits from both.
+__device__ __forceinline__ void qlm_rope_pair(float &a, float &b, float angle, float direction) {
+    const float c = cosf(angle), s = direction * sinf(angle);
+    const float ra = __fsub_rn(__fmul_rn(a, c), __fmul_rn(b, s)), rb = __fadd_rn(__fmul_rn(b, c), __fmul_rn(a, s));
+    a = ra;
+    b = rb;
+}
+
 static inline unsigned qlm_cuda_blocks(long n, int threads) { return (unsigned)((n + threads - 1) / threads); }
 
 // Programmatic dependent launch (QLM_CUDA_PDL=1, compute 9.0 and newer): the GEMV is launched to
@@ -144,7 +175,8 @@ __device__ __forceinline__ void qlm_pdl_wait() {
 // matmul_cuda.cu
 void qlm_cuda_matmul(float *y, const float *x, int n, const qlm_weight *w, const float *bias);
 int qlm_cuda_matmul_group(const qlm_matmul_out *outs, int count, const float *x, int n);
-int qlm_cuda_step_matmul_group(const qlm_matmul_out *outs, int count, const qlm_x_step *step, int n);
+int qlm_cuda_step_matmul_group(const qlm_matmul_out *outs, int count, const qlm_x_step *step, const qlm_kv_step *kv,
+                               int n);
 // attention_cuda.cu
 void qlm_cuda_attention(float *out, const float *q, const void *k, const void *v, int n, const int *pos,
                         const qlm_attn_shape *shape);
@@ -166,9 +198,7 @@ void qlm_cuda_copy(float *dst, const float *src, long n);
 void qlm_cuda_embedding(float *out, const qlm_weight *table, const int *ids, int n);
 void qlm_cuda_kv_store(void *k_cache, void *v_cache, qlm_dtype kv, const float *k, const float *v, int n,
                        const int *slots, int slot, const int *pos, int heads, int hd, int max_pos);
-void qlm_cuda_rope_store(float *q, float *k, const float *v, int n, const int *pos, int n_heads, int n_kv_heads,
-                         int head_dim, const float *inv_freq, void *k_cache, void *v_cache, qlm_dtype kv,
-                         const int *slots, const int *store_pos, int max_pos);
+void qlm_cuda_rope_store(float *q, float *k, const float *v, int n, const qlm_kv_step *kv);
 void qlm_cuda_rope_backward(float *dq, float *dk, int n, const int *pos, int n_heads, int n_kv_heads, int head_dim,
                             const float *inv_freq);
 // matmul_backward_cuda.cu

@@ -33,6 +33,10 @@ struct gemv_part {
     const float *bias, *row_scales;
     float scale;
     int rows, add; // add: y += the product
+    // A tile's 16 rows are two runs of 8, pair rows apart: 8, or half a head where the outputs are
+    // rotated (rope: q and k under a kv step), so that each rotated pair meets in one tile.
+    int pair, rope;
+    void *cache; // the kv step's cache this part's outputs also go to (NULL: none)
 };
 
 // How the kernel forms x from its inputs (qlm_x_step): as given, or by the step's op as it loads.
@@ -49,6 +53,12 @@ struct gemv_args {
     const float *x;           // x as given, RMSNORM's input, or the GLU's gate
     const float *up, *norm;   // the GLU's up; RMSNORM's weight
     float *x_out;             // the formed x, which the first block writes (X_RMSNORM, X_GLU)
+    // The kv step after q, k and v (parts with rope or a cache): RoPE at rope_pos, frequencies
+    // inv_freq, heads of head_dim; the caches' layout and positions.
+    qlm_cuda_ints rope_pos;
+    const float *inv_freq;
+    int head_dim;
+    qlm_kv_dst kv;
 };
 
 template <int DT> struct wtraits;
@@ -339,6 +349,20 @@ __device__ __forceinline__ void rows_rms_inv(float *inv, const float *x, int n, 
     __syncthreads();
 }
 
+// Row i (0 .. GEMV_TILE - 1) of the tile whose rows start at r0, two runs of 8 pair rows apart.
+__device__ __forceinline__ int tile_row(int r0, int pair, int i) { return r0 + (i & 7) + (i >> 3) * pair; }
+
+// Output j of the tile's row `row`: the warps' sums in warp order, scaled (INT8) and biased.
+template <int DT>
+__device__ __forceinline__ float tile_output(const float (&sums)[GEMV_WARPS][GEMV_TILE][GEMV_MAX_ROWS], int row, int j,
+                                             const gemv_part &P, const float *row_scale, const float *row_bias) {
+    float v = 0;
+#pragma unroll
+    for (int w = 0; w < GEMV_WARPS; w++) v += sums[w][row][j];
+    const float scale = DT == QLM_I8 ? (P.row_scales ? row_scale[row] : P.scale) : 1.0f;
+    return __fmaf_rn(v, scale, P.bias ? row_bias[row] : 0.0f);
+}
+
 // NR: n rounded up to a power of 2 for the mma kernels, GEMV_MAX_ROWS (unused) for the others.
 // FORM: how x is formed (X_GIVEN but for the mma kernels).
 template <int DT, bool VEC, int NR, bool PDL, int FORM>
@@ -352,11 +376,12 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32, gemv_min_blocks<DT, VEC, NR>(
     int k = 0;
     while (tile >= a.tile0[k + 1]) k++;
     const gemv_part &P = a.part[k];
-    const int r0 = (tile - a.tile0[k]) * GEMV_TILE, cols = a.cols, n = a.n;
+    const int runs = P.pair / 8, ti = tile - a.tile0[k];
+    const int r0 = ti / runs * 2 * P.pair + ti % runs * 8, cols = a.cols, n = a.n;
     // Rows past the weight's last read that row instead; their sums are never stored.
     const size_t row_bytes = (size_t)cols * wtraits<DT>::size;
     const char *wa = (const char *)P.w + (size_t)min(r0 + g, P.rows - 1) * row_bytes;
-    const char *wb = (const char *)P.w + (size_t)min(r0 + g + 8, P.rows - 1) * row_bytes;
+    const char *wb = (const char *)P.w + (size_t)min(r0 + g + P.pair, P.rows - 1) * row_bytes;
     // The row's steps (4 vectors or 4 columns, one per lane t), split evenly among the warps.
     const int nvec = (int)(row_bytes / 16), steps = VEC ? (nvec + 3) / 4 : (cols + 3) / 4;
     const int s0 = warp * steps / GEMV_WARPS, s1 = (warp + 1) * steps / GEMV_WARPS;
@@ -372,11 +397,12 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32, gemv_min_blocks<DT, VEC, NR>(
     qlm_pdl_wait();
     qlm_pdl_trigger();
     // The tile's row scales and biases start on their way to shared memory now (no registers held
-    // through the loads), for thread i < 128, which finishes output j = i % 8 of row i / 8.
+    // through the loads), for thread i < 128, which finishes output j = i % 8 of the tile's row i / 8.
     __shared__ float row_scale[GEMV_TILE], row_bias[GEMV_TILE];
-    if (threadIdx.x < GEMV_TILE && r0 + (int)threadIdx.x < P.rows) {
-        if (DT == QLM_I8 && P.row_scales) cp_async4(&row_scale[threadIdx.x], P.row_scales + r0 + threadIdx.x);
-        if (P.bias) cp_async4(&row_bias[threadIdx.x], P.bias + r0 + threadIdx.x);
+    const int scale_row = tile_row(r0, P.pair, threadIdx.x);
+    if (threadIdx.x < GEMV_TILE && scale_row < P.rows) {
+        if (DT == QLM_I8 && P.row_scales) cp_async4(&row_scale[threadIdx.x], P.row_scales + scale_row);
+        if (P.bias) cp_async4(&row_bias[threadIdx.x], P.bias + scale_row);
     }
     float c[4];
     if constexpr (VEC && (DT == QLM_BF16 || DT == QLM_I8)) {
@@ -391,15 +417,20 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32, gemv_min_blocks<DT, VEC, NR>(
     *(float2 *)&sums[warp][g + 8][2 * t] = make_float2(c[2], c[3]);
     asm volatile("cp.async.wait_all;" ::: "memory");
     __syncthreads();
-    const int j = threadIdx.x % GEMV_MAX_ROWS, row = threadIdx.x / GEMV_MAX_ROWS;
-    if (threadIdx.x >= GEMV_TILE * GEMV_MAX_ROWS || j >= n || r0 + row >= P.rows) return;
-    float v = 0;
-#pragma unroll
-    for (int w = 0; w < GEMV_WARPS; w++) v += sums[w][row][j];
-    const float scale = DT == QLM_I8 ? (P.row_scales ? row_scale[row] : P.scale) : 1.0f;
-    float *y = P.y + (size_t)j * P.rows + r0 + row;
-    const float out = v * scale + (P.bias ? row_bias[row] : 0.0f);
+    const int j = threadIdx.x % GEMV_MAX_ROWS, row = threadIdx.x / GEMV_MAX_ROWS, r = tile_row(r0, P.pair, row);
+    if (threadIdx.x >= GEMV_TILE * GEMV_MAX_ROWS || j >= n || r >= P.rows) return;
+    float out = tile_output<DT>(sums, row, j, P, row_scale, row_bias);
+    if (P.rope) {
+        // Tile rows row and row ^ 8 are a pair (x[e], x[e + half]) of a head: each thread makes the
+        // other's output too and keeps its own side of the rotation, as rope_kernel rotates.
+        const float other = tile_output<DT>(sums, row ^ 8, j, P, row_scale, row_bias);
+        float lo = row < 8 ? out : other, hi = row < 8 ? other : out;
+        qlm_rope_pair(lo, hi, (float)qlm_ints_at(a.rope_pos, j) * a.inv_freq[r % a.head_dim % P.pair], 1.0f);
+        out = row < 8 ? lo : hi;
+    }
+    float *y = P.y + (size_t)j * P.rows + r;
     *y = P.add ? *y + out : out;
+    if (P.cache) qlm_kv_put(a.kv, P.cache, j, r / a.head_dim, r % a.head_dim, out);
 }
 
 template <int DT, bool VEC, int NR, int FORM> static void gemv_launch_kernel(const gemv_args &a) {
@@ -456,8 +487,9 @@ static void launch_gemv(const void *p) {
 }
 
 // One launch for count (<= GROUP_MAX) weights of one dtype and width multiplying the same x, or
-// the x that step forms (NULL: x as given; else gemv_forms holds).
-static void gemv(const qlm_matmul_out *outs, int count, const float *x, int n, const qlm_x_step *step) {
+// the x that step forms (NULL: x as given; else gemv_forms holds), then the kv step (NULL: none).
+static void gemv(const qlm_matmul_out *outs, int count, const float *x, int n, const qlm_x_step *step,
+                 const qlm_kv_step *kv) {
     gemv_args a;
     memset(&a, 0, sizeof a);
     if (step) {
@@ -488,14 +520,27 @@ static void gemv(const qlm_matmul_out *outs, int count, const float *x, int n, c
         a.part[k].scale = w->scale;
         a.part[k].rows = w->rows;
         a.part[k].add = outs[k].add;
+        a.part[k].pair = GEMV_TILE / 2;
         a.tile0[k + 1] = a.tile0[k] + (w->rows + GEMV_TILE - 1) / GEMV_TILE;
         a.vec = a.vec && (uintptr_t)w->data % 16 == 0;
     }
     if (a.tile0[count] == 0) return;
-    static const char *const names[3][2] = {{"gemv", "gemv (2-8 rows)"},
+    if (kv) {
+        a.head_dim = kv->head_dim;
+        a.kv = qlm_cuda_kv_dst(kv, n, 1);
+        a.part[1].cache = kv->k_cache;
+        a.part[2].cache = kv->v_cache;
+        if (kv->inv_freq) {
+            a.rope_pos = qlm_cuda_ints_of(kv->pos, n, 0);
+            a.inv_freq = kv->inv_freq;
+            for (int k = 0; k < 2; k++) a.part[k].rope = 1, a.part[k].pair = kv->head_dim / 2;
+        }
+    }
+    static const char *const names[4][2] = {{"gemv", "gemv (2-8 rows)"},
                                             {"gemv + norm", "gemv + norm (2-8 rows)"},
-                                            {"gemv + glu", "gemv + glu (2-8 rows)"}};
-    qlm_cuda_submit(names[a.form][a.n > 1], launch_gemv, &a, sizeof a);
+                                            {"gemv + glu", "gemv + glu (2-8 rows)"},
+                                            {"gemv + norm + rope_store", "gemv + norm + rope_store (2-8 rows)"}};
+    qlm_cuda_submit(names[kv ? 3 : a.form][a.n > 1], launch_gemv, &a, sizeof a);
 }
 
 // ---- many rows: cuBLAS ----
@@ -629,7 +674,7 @@ int qlm_cuda_matmul_group(const qlm_matmul_out *outs, int count, const float *x,
     for (int k = 0; k < count;) {
         const int m = n <= GEMV_MAX_ROWS ? gemv_run(outs, count, k) : 1;
         if (n <= GEMV_MAX_ROWS)
-            gemv(outs + k, m, x, n, NULL);
+            gemv(outs + k, m, x, n, NULL, NULL);
         else if (outs[k].w->rows > 0)
             gemm_matmul(&outs[k], x, n);
         k += m;
@@ -639,13 +684,25 @@ int qlm_cuda_matmul_group(const qlm_matmul_out *outs, int count, const float *x,
 
 static bool aligned16(const void *p) { return (uintptr_t)p % 16 == 0; }
 
-// Whether one GEMV launch can take the whole group with the step forming x: the mma kernels (BF16
-// or INT8 weights, rows of whole 16-byte vectors) over at most GEMV_MAX_ROWS rows, every vector the
-// step reads or writes aligned.
-static bool gemv_forms(const qlm_matmul_out *outs, int count, const qlm_x_step *step, int n) {
+// Whether a kv step fits the products q, k and v as their GEMV makes them: heads of whole tiles
+// when they are rotated (each pair of a head's halves in one tile), q of n_heads heads and k and v
+// of n_kv_heads, none adding.
+static bool gemv_takes_kv(const qlm_matmul_out *outs, int count, const qlm_kv_step *kv) {
+    const int hd = kv->head_dim;
+    if (count != 3 || hd <= 0 || (kv->inv_freq && hd % GEMV_TILE != 0)) return false;
+    const int rows[3] = {kv->n_heads * hd, kv->n_kv_heads * hd, kv->n_kv_heads * hd};
+    for (int k = 0; k < 3; k++)
+        if (outs[k].w->rows != rows[k] || outs[k].add) return false;
+    return true;
+}
+
+// Whether one GEMV launch can take the whole group with the step forming x and the kv step (NULL:
+// none) after it: the mma kernels (BF16 or INT8 weights, rows of whole 16-byte vectors) over at
+// most GEMV_MAX_ROWS rows, every vector the step reads or writes aligned.
+static bool gemv_forms(const qlm_matmul_out *outs, int count, const qlm_x_step *step, const qlm_kv_step *kv, int n) {
     const qlm_weight *w = outs[0].w;
     if (n > GEMV_MAX_ROWS || gemv_run(outs, count, 0) != count || (w->dtype != QLM_BF16 && w->dtype != QLM_I8) ||
-        ((size_t)w->cols * qlm_dtype_size(w->dtype)) % 16 != 0)
+        ((size_t)w->cols * qlm_dtype_size(w->dtype)) % 16 != 0 || (kv && !gemv_takes_kv(outs, count, kv)))
         return false;
     for (int k = 0; k < count; k++)
         if (!aligned16(outs[k].w->data) || outs[k].w->rows <= 0) return false;
@@ -653,9 +710,11 @@ static bool gemv_forms(const qlm_matmul_out *outs, int count, const qlm_x_step *
     return aligned16(step->x) && aligned16(step->a) && aligned16(second);
 }
 
-int qlm_cuda_step_matmul_group(const qlm_matmul_out *outs, int count, const qlm_x_step *step, int n) {
+int qlm_cuda_step_matmul_group(const qlm_matmul_out *outs, int count, const qlm_x_step *step, const qlm_kv_step *kv,
+                               int n) {
     if (n <= 0 || count <= 0) return 0;
-    if (!gemv_forms(outs, count, step, n)) return qlm_step_then_matmul_group(qlm_backend_cuda(), outs, count, step, n);
-    gemv(outs, count, NULL, n, step);
+    if (!gemv_forms(outs, count, step, kv, n))
+        return qlm_step_then_matmul_group(qlm_backend_cuda(), outs, count, step, kv, n);
+    gemv(outs, count, NULL, n, step, kv);
     return 0;
 }

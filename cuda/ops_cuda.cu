@@ -63,21 +63,15 @@ void qlm_cuda_rmsnorm(float *out, const float *x, const float *weight, int n, in
     qlm_cuda_submit("rmsnorm", launch_rmsnorm, &a, sizeof a);
 }
 
-// Where a step's keys and values go: the decode caches as kv_store lays them out (core/kv_cache.h),
-// row i at position pos[i] of slot slots[i] (slots absent: of slot).
-struct kv_dst {
-    void *k_cache, *v_cache;
-    qlm_cuda_ints slots, pos;
-    int slot, bf16, heads, hd, max_pos;
-};
-
-__device__ __forceinline__ void kv_put(const kv_dst &d, void *cache, int i, int h, int e, float x) {
-    const size_t at = ((size_t)(d.slots.present ? qlm_ints_at(d.slots, i) : d.slot) * d.heads + h) * d.max_pos * d.hd +
-                      (size_t)qlm_ints_at(d.pos, i) * d.hd + e;
-    if (d.bf16)
-        ((unsigned short *)cache)[at] = qlm_f32_to_bf16(x);
-    else
-        ((float *)cache)[at] = x;
+qlm_kv_dst qlm_cuda_kv_dst(const qlm_kv_step *kv, int n, int which) {
+    if (kv->kv == QLM_F16) qlm_cuda_fail("kv step", "F16 caches are not a CUDA form", __FILE__, __LINE__);
+    qlm_kv_dst d;
+    memset(&d, 0, sizeof d);
+    d.k_cache = kv->k_cache, d.v_cache = kv->v_cache, d.bf16 = kv->kv == QLM_BF16, d.heads = kv->n_kv_heads;
+    d.hd = kv->head_dim, d.max_pos = kv->max_pos;
+    d.slots = qlm_cuda_ints_of(kv->slots, n, which);
+    d.pos = qlm_cuda_ints_of(kv->store_pos, n, which + 1);
+    return d;
 }
 
 // Thread per (row, frequency, head) over the query heads then the key heads: rotate-half RoPE by
@@ -85,26 +79,25 @@ __device__ __forceinline__ void kv_put(const kv_dst &d, void *cache, int i, int 
 // dst.k_cache (rope_store), a key head's rotated pair also goes into the cache, and n * heads * hd
 // more threads put the values there: rope and kv_store in one launch.
 __global__ void rope_kernel(float *q, float *k, int n, qlm_cuda_ints pos, int n_heads, int n_kv_heads, int head_dim,
-                            const float *inv_freq, float direction, kv_dst dst, const float *v_rows) {
+                            const float *inv_freq, float direction, qlm_kv_dst dst, const float *v_rows) {
     int half = head_dim / 2, heads = n_heads + n_kv_heads;
     long t = (long)blockIdx.x * blockDim.x + threadIdx.x, total = (long)n * half * heads;
     if (t >= total) {
         t -= total;
         if (!dst.k_cache || t >= (long)n * n_kv_heads * head_dim) return;
-        kv_put(dst, dst.v_cache, (int)(t / head_dim / n_kv_heads), (int)(t / head_dim % n_kv_heads),
-               (int)(t % head_dim), v_rows[t]);
+        qlm_kv_put(dst, dst.v_cache, (int)(t / head_dim / n_kv_heads), (int)(t / head_dim % n_kv_heads),
+                   (int)(t % head_dim), v_rows[t]);
         return;
     }
     int h = (int)(t % heads), j = (int)(t / heads % half), i = (int)(t / heads / half);
-    float angle = (float)qlm_ints_at(pos, i) * inv_freq[j];
-    float c = cosf(angle), s = direction * sinf(angle);
     float *v = h < n_heads ? q + ((size_t)i * n_heads + h) * head_dim : k + ((size_t)i * n_kv_heads + h - n_heads) * head_dim;
     float a = v[j], b = v[j + half];
-    v[j] = a * c - b * s;
-    v[j + half] = b * c + a * s;
+    qlm_rope_pair(a, b, (float)qlm_ints_at(pos, i) * inv_freq[j], direction);
+    v[j] = a;
+    v[j + half] = b;
     if (dst.k_cache && h >= n_heads) {
-        kv_put(dst, dst.k_cache, i, h - n_heads, j, v[j]);
-        kv_put(dst, dst.k_cache, i, h - n_heads, j + half, v[j + half]);
+        qlm_kv_put(dst, dst.k_cache, i, h - n_heads, j, a);
+        qlm_kv_put(dst, dst.k_cache, i, h - n_heads, j + half, b);
     }
 }
 
@@ -114,7 +107,7 @@ struct rope_args {
     qlm_cuda_ints pos;
     const float *inv_freq;
     float direction;
-    kv_dst dst;
+    qlm_kv_dst dst;
     const float *v;
 };
 
@@ -129,7 +122,7 @@ static void launch_rope(const void *p) {
 
 // dst NULL: rope alone.
 static void submit_rope(const char *name, float *q, float *k, int n, const int *pos, int n_heads, int n_kv_heads,
-                        int head_dim, const float *inv_freq, float direction, const kv_dst *dst, const float *v) {
+                        int head_dim, const float *inv_freq, float direction, const qlm_kv_dst *dst, const float *v) {
     if ((long)n * (head_dim / 2) * (n_heads + n_kv_heads) <= 0) return;
     rope_args a;
     memset(&a, 0, sizeof a);
@@ -145,17 +138,14 @@ void qlm_cuda_rope(float *q, float *k, int n, const int *pos, int n_heads, int n
     submit_rope("rope", q, k, n, pos, n_heads, n_kv_heads, head_dim, inv_freq, 1.0f, NULL, NULL);
 }
 
-void qlm_cuda_rope_store(float *q, float *k, const float *v, int n, const int *pos, int n_heads, int n_kv_heads,
-                         int head_dim, const float *inv_freq, void *k_cache, void *v_cache, qlm_dtype kv,
-                         const int *slots, const int *store_pos, int max_pos) {
-    if (kv == QLM_F16) qlm_cuda_fail("rope_store", "F16 caches are not a CUDA form", __FILE__, __LINE__);
-    kv_dst d;
-    memset(&d, 0, sizeof d);
-    d.k_cache = k_cache, d.v_cache = v_cache, d.bf16 = kv == QLM_BF16, d.heads = n_kv_heads, d.hd = head_dim;
-    d.max_pos = max_pos;
-    d.slots = qlm_cuda_ints_of(slots, n, 1);
-    d.pos = qlm_cuda_ints_of(store_pos, n, 2);
-    submit_rope("rope_store", q, k, n, pos, n_heads, n_kv_heads, head_dim, inv_freq, 1.0f, &d, v);
+void qlm_cuda_rope_store(float *q, float *k, const float *v, int n, const qlm_kv_step *kv) {
+    if (!kv->inv_freq) {
+        qlm_cuda_kv_store(kv->k_cache, kv->v_cache, kv->kv, k, v, n, kv->slots, 0, kv->store_pos, kv->n_kv_heads,
+                          kv->head_dim, kv->max_pos);
+        return;
+    }
+    const qlm_kv_dst d = qlm_cuda_kv_dst(kv, n, 1);
+    submit_rope("rope_store", q, k, n, kv->pos, kv->n_heads, kv->n_kv_heads, kv->head_dim, kv->inv_freq, 1.0f, &d, v);
 }
 
 // A rotation's inverse is the backward of rope.
@@ -266,17 +256,17 @@ void qlm_cuda_embedding(float *out, const qlm_weight *table, const int *ids, int
 }
 
 // Thread per (keys or values, row, head, element).
-__global__ void kv_store_kernel(kv_dst d, const float *k, const float *v, int n) {
+__global__ void kv_store_kernel(qlm_kv_dst d, const float *k, const float *v, int n) {
     long t = (long)blockIdx.x * blockDim.x + threadIdx.x, per = (long)n * d.heads * d.hd;
     if (t >= 2 * per) return;
     const bool is_v = t >= per;
     if (is_v) t -= per;
-    kv_put(d, is_v ? d.v_cache : d.k_cache, (int)(t / d.hd / d.heads), (int)(t / d.hd % d.heads), (int)(t % d.hd),
-           (is_v ? v : k)[t]);
+    qlm_kv_put(d, is_v ? d.v_cache : d.k_cache, (int)(t / d.hd / d.heads), (int)(t / d.hd % d.heads), (int)(t % d.hd),
+               (is_v ? v : k)[t]);
 }
 
 struct kv_store_args {
-    kv_dst d;
+    qlm_kv_dst d;
     const float *k, *v;
     int n;
 };
@@ -290,13 +280,14 @@ static void launch_kv_store(const void *p) {
 void qlm_cuda_kv_store(void *k_cache, void *v_cache, qlm_dtype kv, const float *k, const float *v, int n,
                        const int *slots, int slot, const int *pos, int heads, int hd, int max_pos) {
     if ((long)n * heads * hd <= 0) return;
-    if (kv == QLM_F16) qlm_cuda_fail("kv_store", "F16 caches are not a CUDA form", __FILE__, __LINE__);
+    qlm_kv_step step;
+    memset(&step, 0, sizeof step);
+    step.n_kv_heads = heads, step.head_dim = hd, step.k_cache = k_cache, step.v_cache = v_cache, step.kv = kv;
+    step.slots = slots, step.store_pos = pos, step.max_pos = max_pos;
     kv_store_args a;
     memset(&a, 0, sizeof a);
-    a.d.k_cache = k_cache, a.d.v_cache = v_cache, a.d.bf16 = kv == QLM_BF16, a.d.slot = slot, a.d.heads = heads;
-    a.d.hd = hd, a.d.max_pos = max_pos;
-    a.d.slots = qlm_cuda_ints_of(slots, n, 0);
-    a.d.pos = qlm_cuda_ints_of(pos, n, 1);
+    a.d = qlm_cuda_kv_dst(&step, n, 0);
+    a.d.slot = slot;
     a.k = k, a.v = v, a.n = n;
     qlm_cuda_submit("kv_store", launch_kv_store, &a, sizeof a);
 }

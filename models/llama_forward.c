@@ -131,9 +131,9 @@ int qlm_state_copy_prefix(const qlm_model *m, qlm_kv_state *s, int dst, int src,
 }
 
 /* A projection of layer l with each row's LoRA update, and the same for several of one x, made
- * by a step or given (see qlm_matmul_lora_group). */
-#define PROJ_GROUP(outs, targets, count, x, step) \
-    qlm_matmul_lora_group(be, &s->lora, outs, targets, count, x, step, n, slots, 0, 0, l)
+ * by a step or given, and q, k and v with the kv step after them (see qlm_matmul_lora_group). */
+#define PROJ_GROUP(outs, targets, count, x, step, kv) \
+    qlm_matmul_lora_group(be, &s->lora, outs, targets, count, x, step, kv, n, slots, 0, 0, l)
 
 /* A block's output joins the residual stream x: its last product adds to x as it is made. A model
  * that norms a block's output first (post_norm: Gemma) takes it in xb and adds it after. */
@@ -143,7 +143,7 @@ static int block_out(const qlm_model *m, qlm_kv_state *s, int l, const int *slot
     const qlm_llama_config *c = &m->cfg;
     const qlm_backend *be = m->be;
     const qlm_matmul_out out = {post_norm ? s->xb : s->x, w, bias, !post_norm};
-    if (PROJ_GROUP(&out, &target, 1, in, step)) return -1;
+    if (PROJ_GROUP(&out, &target, 1, in, step, NULL)) return -1;
     if (post_norm) {
         be->rmsnorm(s->xb, s->xb, post_norm, n, c->dim, c->norm_eps);
         be->add(s->x, s->xb, (long)n * c->dim);
@@ -152,8 +152,9 @@ static int block_out(const qlm_model *m, qlm_kv_state *s, int l, const int *slot
 }
 
 /* Each row attends over its own slot's cache. Each block's input norm runs inside its first
- * products (step_matmul_group) and its last product adds to x: a decode step on a GPU is bound by
- * its count of kernels. */
+ * products (step_matmul_group), so do RoPE and the cache stores after q, k and v (unless q and k
+ * have norms of their own), and its last product adds to x: a decode step on a GPU is bound by its
+ * count of kernels. */
 static int attention_forward(const qlm_model *m, const qlm_layer *L, qlm_kv_state *s, int l, const int *pos,
                              const int *slots, int n, const float *call_freq) {
     const qlm_llama_config *c = &m->cfg;
@@ -161,20 +162,22 @@ static int attention_forward(const qlm_model *m, const qlm_layer *L, qlm_kv_stat
     const qlm_x_step norm = {.kind = QLM_X_RMSNORM, .x = s->xb, .a = s->x, .weight = L->attn_norm, .eps = c->norm_eps};
     const qlm_matmul_out qkv[] = {{s->q, &L->wq, L->bq, 0}, {s->k, &L->wk, L->bk, 0}, {s->v, &L->wv, L->bv, 0}};
     static const int qkv_targets[] = {QLM_LORA_Q, QLM_LORA_K, QLM_LORA_V};
-    if (PROJ_GROUP(qkv, qkv_targets, 3, NULL, &norm)) return -1;
-    if (L->q_norm) {
-        be->rmsnorm(s->q, s->q, L->q_norm, n * c->n_heads, c->head_dim, c->norm_eps);
-        be->rmsnorm(s->k, s->k, L->k_norm, n * c->n_kv_heads, c->head_dim, c->norm_eps);
-    }
     int rows = s->cache_rows[l];
     const int *store_pos = pos;
     if (rows < s->max_seq) {
         for (int i = 0; i < n; i++) s->ring_pos[i] = pos[i] % rows;
         store_pos = s->ring_pos;
     }
-    be->rope_store(s->q, s->k, s->v, n, pos, c->n_heads, c->n_kv_heads, c->head_dim,
-                   qlm_llama_layer_freq(m, l, call_freq), s->k_cache[l], s->v_cache[l], s->kv_dtype, slots, store_pos,
-                   rows);
+    const qlm_kv_step kv = {.pos = pos, .inv_freq = qlm_llama_layer_freq(m, l, call_freq), .n_heads = c->n_heads,
+                            .n_kv_heads = c->n_kv_heads, .head_dim = c->head_dim, .k_cache = s->k_cache[l],
+                            .v_cache = s->v_cache[l], .kv = s->kv_dtype, .slots = slots, .store_pos = store_pos,
+                            .max_pos = rows};
+    if (PROJ_GROUP(qkv, qkv_targets, 3, NULL, &norm, L->q_norm ? NULL : &kv)) return -1;
+    if (L->q_norm) {
+        be->rmsnorm(s->q, s->q, L->q_norm, n * c->n_heads, c->head_dim, c->norm_eps);
+        be->rmsnorm(s->k, s->k, L->k_norm, n * c->n_kv_heads, c->head_dim, c->norm_eps);
+        be->rope_store(s->q, s->k, s->v, n, &kv);
+    }
     qlm_attn_shape shape = qlm_llama_attn_shape(c, l);
     shape.slots = slots;
     qlm_kv_shape(&shape, rows, s->kv_dtype);
@@ -190,7 +193,7 @@ static int mlp_forward(const qlm_model *m, const qlm_layer *L, qlm_kv_state *s, 
     const qlm_x_step norm = {.kind = QLM_X_RMSNORM, .x = s->xb, .a = s->x, .weight = L->ffn_norm, .eps = c->norm_eps};
     const qlm_matmul_out gate_up[] = {{s->hb, &L->w_gate, L->b_gate, 0}, {s->hb2, &L->w_up, L->b_up, 0}};
     static const int gate_up_targets[] = {QLM_LORA_GATE, QLM_LORA_UP};
-    if (PROJ_GROUP(gate_up, gate_up_targets, 2, NULL, &norm)) return -1;
+    if (PROJ_GROUP(gate_up, gate_up_targets, 2, NULL, &norm, NULL)) return -1;
     const qlm_x_step glu = {.kind = QLM_X_GLU, .x = s->hg, .a = s->hb, .b = s->hb2, .act = (qlm_act)c->act};
     return block_out(m, s, l, slots, n, NULL, &glu, &L->w_down, L->b_down, L->ffn_post_norm, QLM_LORA_DOWN);
 }

@@ -22,11 +22,12 @@ void qlm_lora_slots_set(qlm_lora_slots *l, int slot, const struct qlm_lora_adapt
 /* outs[p].y = x W_p^T (+ bias) for count projections of the same x and n <= max_rows rows (or +=
  * for a product that adds, outs[p].add), plus each row's adapter update for projection targets[p]
  * (stack, layer, targets: see lora/lora.h), through the backend's matmul_group; or with a step
- * (NULL: none) through its step_matmul_group, x then the step's, which the adapters read too. Row
- * i belongs to slots[i], or to `slot` when slots is NULL. Returns -1 only when the backend cannot
- * get scratch memory. */
+ * (NULL: none) through its step_matmul_group, x then the step's, which the adapters read too; then
+ * the kv step (NULL: none; outs are q, k and v), inside the products when no row has an adapter
+ * whose update would come between. Row i belongs to slots[i], or to `slot` when slots is NULL.
+ * Returns -1 only when the backend cannot get scratch memory. */
 int qlm_matmul_lora_group(const qlm_backend *be, qlm_lora_slots *l, const qlm_matmul_out *outs, const int *targets,
-                          int count, const float *x, const qlm_x_step *step, int n, const int *slots, int slot,
-                          int stack, int layer);
+                          int count, const float *x, const qlm_x_step *step, const qlm_kv_step *kv, int n,
+                          const int *slots, int slot, int stack, int layer);
 
 #endif

@@ -107,25 +107,26 @@ static qlm_attn_shape attn_shape(const qlm_t5_model *m, int n_keys, const float 
 /* A projection with each row's LoRA update: rows in slots[i] (or all in `slot`), the stack's layer l;
  * the same for several projections of one x, given or made by a step; and a sub-block's last
  * product, which adds its output to the residual stream x as it is made. */
-#define PROJ_GROUP(outs, targets, count, x, step) \
-    qlm_matmul_lora_group(be, &s->lora, outs, targets, count, x, step, n, slots, slot, stack, l)
+#define PROJ_GROUP(outs, targets, count, x, step, kv) \
+    qlm_matmul_lora_group(be, &s->lora, outs, targets, count, x, step, kv, n, slots, slot, stack, l)
 #define PROJ_ADD(in, step, w, target) \
-    qlm_matmul_lora_group(be, &s->lora, &(qlm_matmul_out){s->x, w, NULL, 1}, &(int){target}, 1, in, step, n, slots, \
-                          slot, stack, l)
+    qlm_matmul_lora_group(be, &s->lora, &(qlm_matmul_out){s->x, w, NULL, 1}, &(int){target}, 1, in, step, NULL, n, \
+                          slots, slot, stack, l)
 
 /* A norm of in into out, run inside the products after it (step_matmul_group). */
 static qlm_x_step norm_step(const qlm_t5_model *m, float *out, const float *in, const float *weight) {
     return (qlm_x_step){.kind = QLM_X_RMSNORM, .x = out, .a = in, .weight = weight, .eps = m->cfg.norm_eps};
 }
 
-/* q, k and v of layer L's self-attention, of its norm of x. */
+/* q, k and v of layer L's self-attention, of its norm of x, and k and v into the caches after
+ * them (kv; NULL: not kept, the encoder's). */
 static int qkv_forward(const qlm_t5_model *m, const qlm_t5_layer *L, qlm_t5_state *s, int n, const int *slots,
-                       int slot, int stack, int l) {
+                       int slot, int stack, int l, const qlm_kv_step *kv) {
     const qlm_backend *be = m->be;
     const qlm_matmul_out outs[] = {{s->q, &L->q, NULL, 0}, {s->k, &L->k, NULL, 0}, {s->v, &L->v, NULL, 0}};
     static const int targets[] = {QLM_LORA_Q, QLM_LORA_K, QLM_LORA_V};
     const qlm_x_step norm = norm_step(m, s->xb, s->x, L->attn_norm);
-    return PROJ_GROUP(outs, targets, 3, NULL, &norm);
+    return PROJ_GROUP(outs, targets, 3, NULL, &norm, kv);
 }
 
 /* The feed-forward sub-block: its norm inside wi's products, the activation (of the gate, times
@@ -137,7 +138,7 @@ static int ffn_forward(const qlm_t5_model *m, const qlm_t5_layer *L, qlm_t5_stat
     const qlm_matmul_out wi[] = {{s->hb, &L->wi0, NULL, 0}, {s->hb2, &L->wi1, NULL, 0}};
     static const int wi_targets[] = {QLM_LORA_WI0, QLM_LORA_WI1};
     const qlm_x_step norm = norm_step(m, s->xb, s->x, L->ffn_norm);
-    if (PROJ_GROUP(wi, wi_targets, c->gated ? 2 : 1, NULL, &norm)) return -1;
+    if (PROJ_GROUP(wi, wi_targets, c->gated ? 2 : 1, NULL, &norm, NULL)) return -1;
     const qlm_x_step act = {.kind = QLM_X_GLU, .x = s->hg, .a = s->hb, .b = c->gated ? s->hb2 : NULL,
                             .act = (qlm_act)c->act};
     return PROJ_ADD(NULL, &act, &L->wo, QLM_LORA_WO);
@@ -158,7 +159,7 @@ int qlm_t5_encode(const qlm_t5_model *m, qlm_t5_state *s, int slot, const int *i
     int stack = 0;
     for (int l = 0; l < c->n_layers; l++) {
         const qlm_t5_layer *L = &m->enc[l];
-        if (qkv_forward(m, L, s, n, slots, slot, stack, l) != 0) return -1;
+        if (qkv_forward(m, L, s, n, slots, slot, stack, l, NULL) != 0) return -1;
         be->attention(s->att, s->q, s->k, s->v, n, s->pos, &self);
         if (PROJ_ADD(s->att, NULL, &L->o, QLM_LORA_O)) return -1;
         if (ffn_forward(m, L, s, n, slots, slot, stack, l) != 0) return -1;
@@ -168,7 +169,7 @@ int qlm_t5_encode(const qlm_t5_model *m, qlm_t5_state *s, int slot, const int *i
     for (int l = 0; l < c->n_dec_layers; l++) {
         const qlm_matmul_out kv[] = {{s->k, &m->dec[l].ck, NULL, 0}, {s->v, &m->dec[l].cv, NULL, 0}};
         static const int kv_targets[] = {QLM_LORA_CROSS_K, QLM_LORA_CROSS_V};
-        if (PROJ_GROUP(kv, kv_targets, 2, s->enc_out, NULL)) return -1;
+        if (PROJ_GROUP(kv, kv_targets, 2, s->enc_out, NULL, NULL)) return -1;
         /* Into the slot's region as slot 0 of caches with n positions a head: its heads packed back
          * to back (qlm_attn_shape.heads_packed). */
         size_t at = (size_t)slot * c->n_heads * s->max_src * c->d_kv * qlm_kv_elem_size(s->kv_dtype);
@@ -203,15 +204,16 @@ static int decode_chunk(const qlm_t5_model *m, qlm_t5_state *s, const int *token
     be->embedding(s->x, &m->shared, tokens, n);
     for (int l = 0; l < c->n_dec_layers; l++) {
         const qlm_t5_layer *L = &m->dec[l];
-        if (qkv_forward(m, L, s, n, slots, slot, stack, l) != 0) return -1;
-        be->kv_store(s->k_cache[l], s->v_cache[l], s->kv_dtype, s->k, s->v, n, slots, 0, pos, c->n_heads, c->d_kv,
-                     s->max_tgt);
+        const qlm_kv_step kv = {.pos = pos, .n_heads = c->n_heads, .n_kv_heads = c->n_heads, .head_dim = c->d_kv,
+                                .k_cache = s->k_cache[l], .v_cache = s->v_cache[l], .kv = s->kv_dtype,
+                                .slots = slots, .store_pos = pos, .max_pos = s->max_tgt};
+        if (qkv_forward(m, L, s, n, slots, slot, stack, l, &kv) != 0) return -1;
         slot_attention(m, s, s->k_cache, s->v_cache, l, s->max_tgt, pos, slots, n, 0);
         if (PROJ_ADD(s->att, NULL, &L->o, QLM_LORA_O)) return -1;
 
         const qlm_x_step cross_norm = norm_step(m, s->xb, s->x, L->cross_norm);
         const qlm_matmul_out cq = {s->q, &L->cq, NULL, 0};
-        if (PROJ_GROUP(&cq, &(int){QLM_LORA_CROSS_Q}, 1, NULL, &cross_norm)) return -1;
+        if (PROJ_GROUP(&cq, &(int){QLM_LORA_CROSS_Q}, 1, NULL, &cross_norm, NULL)) return -1;
         slot_attention(m, s, s->cross_k, s->cross_v, l, s->max_src, pos, slots, n, 1);
         if (PROJ_ADD(s->att, NULL, &L->co, QLM_LORA_CROSS_O)) return -1;
 

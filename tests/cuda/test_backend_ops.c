@@ -329,7 +329,7 @@ static void check_step(qlm_x_kind kind, qlm_act act, qlm_dtype dt, int per_chann
         refs[k].y = last ? to_gpu(y0, bytes) : nan_gpu((long)n * rows[k]);
     }
     const qlm_x_step step = {kind, dx, da, kind == QLM_X_GLU ? db : NULL, kind == QLM_X_RMSNORM ? dnw : NULL, 1e-5f, act};
-    assert_int_equal(gpu->step_matmul_group(outs, count, &step, n), 0);
+    assert_int_equal(gpu->step_matmul_group(outs, count, &step, NULL, n), 0);
     if (kind == QLM_X_RMSNORM)
         gpu->rmsnorm(dx_ref, da, dnw, n, cols, 1e-5f);
     else
@@ -382,6 +382,133 @@ static void test_step_matmul_group(void **state) {
     }
     check_step(QLM_X_RMSNORM, QLM_ACT_SILU, QLM_BF16, 0, qkv, 3, 100, 2);
     check_step(QLM_X_GLU, QLM_ACT_SILU, QLM_F32, 0, down, 1, 256, 1);
+}
+
+/* n floats from a cache of dtype kv (F32 or BF16). */
+static float *cache_floats(const void *cache, qlm_dtype kv, long n) {
+    float *f = malloc((size_t)n * sizeof *f);
+    assert_non_null(f);
+    for (long i = 0; i < n; i++)
+        f[i] = kv == QLM_BF16 ? qlm_bf16_to_f32(((const uint16_t *)cache)[i]) : ((const float *)cache)[i];
+    return f;
+}
+
+/* A decode step's q, k and v with the kv step after them: heads and kv_heads of hd, RoPE or not
+ * (T5), caches of dtype kv, rows in slot i % 2 (slots) or all in slot 0, biases on the three
+ * (Qwen2) or none. */
+typedef struct {
+    int heads, kv_heads, hd, rope, slots, bias;
+    qlm_dtype kv;
+} kv_case;
+
+/* step_matmul_group with the norm inside and the kv step after the products (n rows at positions
+ * 5 + 3i, stored at those modulo the caches' 16 positions), against the norm, matmul_group and
+ * rope_store one after the other on the GPU, caches starting from the same random bytes: q, k and
+ * v within 1e-5 of their largest value, the caches within that or, BF16, a unit in their last
+ * place (printed: how many values differ at all). Whatever the reference, the fused caches hold
+ * the fused k and v exactly, in their dtype, at their rows' places. */
+static void check_step_kv(qlm_dtype dt, int per_channel, int cols, int n, const kv_case *c) {
+    const int max_pos = 16, n_slots = 2, hd = c->hd, rows[3] = {c->heads * hd, c->kv_heads * hd, c->kv_heads * hd};
+    const long nx = (long)n * cols, cells = (long)n_slots * c->kv_heads * max_pos * hd;
+    const size_t esize = c->kv == QLM_BF16 ? 2 : 4, cache_bytes = (size_t)cells * esize;
+    int pos[9], store_pos[9], slots[9];
+    assert_true(n <= 9);
+    for (int i = 0; i < n; i++) pos[i] = 5 + 3 * i, store_pos[i] = pos[i] % max_pos, slots[i] = i % 2;
+    float *a = randv(nx, 81u + (unsigned)n, 3.0f), *nw = randv(cols, 82u, 1.0f), *inv = randv(hd / 2, 83u, 0.5f);
+    for (int j = 0; j < hd / 2; j++) inv[j] = fabsf(inv[j]);
+    float *da = to_gpu(a, (size_t)nx * sizeof *a), *dnw = to_gpu(nw, (size_t)cols * sizeof *nw);
+    float *dinv = to_gpu(inv, (size_t)hd / 2 * sizeof *inv), *dx = nan_gpu(nx), *dx_ref = nan_gpu(nx);
+    float *start = randv(cells, 84u, 1.0f);
+    void *start_bytes = malloc(cache_bytes), *dcache[2][2]; /* [fused, reference][k, v] */
+    assert_non_null(start_bytes);
+    qlm_convert_from_f32(start_bytes, c->kv, start, cells);
+    for (int f = 0; f < 2; f++)
+        for (int kv = 0; kv < 2; kv++) dcache[f][kv] = to_gpu(start_bytes, cache_bytes);
+    test_weight t[3];
+    float *bias[3] = {NULL, NULL, NULL};
+    qlm_matmul_out outs[3], refs[3];
+    for (int k = 0; k < 3; k++) {
+        make_weight(&t[k], dt, per_channel, rows[k], cols, 90u + (unsigned)k);
+        if (c->bias) {
+            float *b = randv(rows[k], 95u + (unsigned)k, 0.5f);
+            bias[k] = to_gpu(b, (size_t)rows[k] * sizeof *b);
+            free(b);
+        }
+        outs[k] = (qlm_matmul_out){nan_gpu((long)n * rows[k]), &t[k].dev, bias[k], 0};
+        refs[k] = outs[k];
+        refs[k].y = nan_gpu((long)n * rows[k]);
+    }
+    qlm_kv_step kv = {.pos = pos, .inv_freq = c->rope ? dinv : NULL, .n_heads = c->heads, .n_kv_heads = c->kv_heads,
+                      .head_dim = hd, .k_cache = dcache[0][0], .v_cache = dcache[0][1], .kv = c->kv,
+                      .slots = c->slots ? slots : NULL, .store_pos = store_pos, .max_pos = max_pos};
+    const qlm_x_step step = {.kind = QLM_X_RMSNORM, .x = dx, .a = da, .weight = dnw, .eps = 1e-5f};
+    assert_int_equal(gpu->step_matmul_group(outs, 3, &step, &kv, n), 0);
+    gpu->rmsnorm(dx_ref, da, dnw, n, cols, 1e-5f);
+    assert_int_equal(gpu->matmul_group(refs, 3, dx_ref, n), 0);
+    kv.k_cache = dcache[1][0], kv.v_cache = dcache[1][1];
+    gpu->rope_store(refs[0].y, refs[1].y, refs[2].y, n, &kv);
+
+    long differ = 0;
+    double worst = 0;
+    float *y[3];
+    for (int k = 0; k < 3; k++) {
+        const long m = (long)n * rows[k];
+        float *want = from_gpu(refs[k].y, m);
+        y[k] = from_gpu(outs[k].y, m);
+        worst = fmax(worst, rel_diff(y[k], want, m));
+        for (long i = 0; i < m; i++) differ += y[k][i] != want[i];
+        free(want);
+    }
+    void *raw = malloc(cache_bytes);
+    assert_non_null(raw);
+    for (int kv_i = 0; kv_i < 2; kv_i++) {
+        gpu->to_host(raw, dcache[1][kv_i], cache_bytes);
+        float *want = cache_floats(raw, c->kv, cells);
+        gpu->to_host(raw, dcache[0][kv_i], cache_bytes);
+        float *got = cache_floats(raw, c->kv, cells);
+        assert_true(rel_diff(got, want, cells) <= (c->kv == QLM_BF16 ? 1.0 / 256 : 1e-5));
+        for (long i = 0; i < cells; i++) differ += got[i] != want[i];
+        /* each row's k or v at its place, as the cache's dtype holds it */
+        for (int i = 0; i < n; i++)
+            for (int h = 0; h < c->kv_heads; h++)
+                for (int e = 0; e < hd; e++) {
+                    const size_t at = (((size_t)(c->slots ? slots[i] : 0) * c->kv_heads + h) * max_pos + store_pos[i]) * hd + e;
+                    const float v = y[1 + kv_i][((size_t)i * c->kv_heads + h) * hd + e];
+                    assert_true(got[at] == (c->kv == QLM_BF16 ? bf16_round(v) : v));
+                }
+        free(want), free(got);
+    }
+    print_message("norm + q+k+v + %s, %s%s x %d, %d rows, %d/%d heads of %d, %s cache%s%s: max diff %.2e, %ld values differ\n",
+                  c->rope ? "rope_store" : "kv_store", qlm_dtype_name(dt), per_channel ? "-pc" : "", cols, n, c->heads,
+                  c->kv_heads, hd, qlm_dtype_name(c->kv), c->slots ? ", slots" : "", c->bias ? ", biases" : "", worst,
+                  differ);
+    assert_true(worst <= 1e-5);
+    for (int k = 0; k < 3; k++) {
+        free(y[k]);
+        gpu->free(outs[k].y), gpu->free(refs[k].y), gpu->free(bias[k]);
+        free_weight(&t[k]);
+    }
+    for (int f = 0; f < 2; f++)
+        for (int kv_i = 0; kv_i < 2; kv_i++) gpu->free(dcache[f][kv_i]);
+    free(a), free(nw), free(inv), free(start), free(start_bytes), free(raw);
+    gpu->free(da), gpu->free(dnw), gpu->free(dinv), gpu->free(dx), gpu->free(dx_ref);
+}
+
+/* The kv step inside the q/k/v GEMV (SmolLM2's heads, BF16 and F32 caches, slots, INT8 per channel,
+ * Qwen2's biases, T5's store without RoPE; 1 to 8 rows) and the shapes it leaves to the ops one
+ * after the other: 9 rows, and heads of 8 (a rotated pair would straddle two tiles' halves). */
+static void test_step_matmul_group_kv(void **state) {
+    (void)state;
+    const kv_case smol = {9, 3, 64, 1, 1, 0, QLM_BF16}, qwen = {4, 2, 32, 1, 0, 1, QLM_F32};
+    const kv_case t5 = {2, 2, 64, 0, 1, 0, QLM_F32}, narrow = {4, 4, 8, 1, 0, 0, QLM_BF16};
+    const int ns[] = {1, 2, 3, 8, 9};
+    for (size_t j = 0; j < sizeof ns / sizeof ns[0]; j++) {
+        check_step_kv(QLM_BF16, 0, 576, ns[j], &smol);
+        check_step_kv(QLM_I8, 1, 256, ns[j], &qwen);
+    }
+    check_step_kv(QLM_BF16, 0, 128, 2, &t5);
+    check_step_kv(QLM_I8, 0, 128, 1, &t5);
+    check_step_kv(QLM_BF16, 0, 64, 3, &narrow);
 }
 
 /* The same op on the CPU and the GPU over the same inputs. */
@@ -441,15 +568,6 @@ static void test_rows_ops(void **state) {
     gpu->free(dx), gpu->free(dw), gpu->free(dr), gpu->free(dinv), gpu->free(dg), gpu->free(du), gpu->free(dout);
 }
 
-/* n floats from a cache of dtype kv (F32 or BF16). */
-static float *cache_floats(const void *cache, qlm_dtype kv, long n) {
-    float *f = malloc((size_t)n * sizeof *f);
-    assert_non_null(f);
-    for (long i = 0; i < n; i++)
-        f[i] = kv == QLM_BF16 ? qlm_bf16_to_f32(((const uint16_t *)cache)[i]) : ((const float *)cache)[i];
-    return f;
-}
-
 /* rope_store on the GPU against rope then kv_store on the CPU: q and k rotated at pos, k and v
  * stored at other positions (a rolling cache's) of slots (NULL: slot 0). A BF16 cache may round a
  * key the other way after the two backends' sines differ in the last bit: 2^-8 relative. */
@@ -464,8 +582,13 @@ static void check_rope_store(qlm_dtype kv, const int *slots) {
     float *dv = to_gpu(v, (size_t)nk * sizeof *v), *dinv = to_gpu(inv, (size_t)hd / 2 * sizeof *inv);
     void *want_k = calloc(1, bytes), *want_v = calloc(1, bytes), *got = malloc(bytes);
     void *dkc = to_gpu(want_k, bytes), *dvc = to_gpu(want_v, bytes);
-    cpu->rope_store(q, k, v, n, pos, q_heads, heads, hd, inv, want_k, want_v, kv, slots, store_pos, max_pos);
-    gpu->rope_store(dq, dk, dv, n, pos, q_heads, heads, hd, dinv, dkc, dvc, kv, slots, store_pos, max_pos);
+    const qlm_kv_step on_cpu = {.pos = pos, .inv_freq = inv, .n_heads = q_heads, .n_kv_heads = heads, .head_dim = hd,
+                                .k_cache = want_k, .v_cache = want_v, .kv = kv, .slots = slots, .store_pos = store_pos,
+                                .max_pos = max_pos};
+    qlm_kv_step on_gpu = on_cpu;
+    on_gpu.inv_freq = dinv, on_gpu.k_cache = dkc, on_gpu.v_cache = dvc;
+    cpu->rope_store(q, k, v, n, &on_cpu);
+    gpu->rope_store(dq, dk, dv, n, &on_gpu);
     float *got_q = from_gpu(dq, nq), *got_k = from_gpu(dk, nk);
     assert_true(rel_diff(got_q, q, nq) <= 1e-5);
     assert_true(rel_diff(got_k, k, nk) <= 1e-5);
@@ -652,6 +775,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_matmul),          cmocka_unit_test(test_matmul_exact),
         cmocka_unit_test(test_matmul_group),    cmocka_unit_test(test_step_matmul_group),
+        cmocka_unit_test(test_step_matmul_group_kv),
         cmocka_unit_test(test_rows_ops),        cmocka_unit_test(test_embedding_and_kv_store),
         cmocka_unit_test(test_attention),       cmocka_unit_test(test_lora),
         cmocka_unit_test(test_out_of_memory),
