@@ -3,7 +3,8 @@
 // softmax carried online, so no score matrix is ever stored; the warps' partial sums meet in shared
 // memory. When few (row, head) blocks would each walk many keys (decode over a long context), the
 // keys are split into up to MAX_SPLITS spans of at least SPLIT_KEYS, each block writes its running max, sum and weighted
-// values, and a second kernel merges the spans (as flash-decoding does).
+// values, and the span's block that finishes last merges them (as flash-decoding does, without
+// its second kernel: decode on a GPU is bound by its count of kernels).
 // Covers every shape of qlm_attn_shape: causal or fixed key counts, GQA, T5's relative-position
 // bias, a batch of slots, F32 or BF16 caches.
 #include <math.h>
@@ -24,6 +25,7 @@ struct attn_args {
     int vec; // every key row starts 16-byte aligned and head_dim fills whole 16-byte loads
     float scale, softcap;
     float *part; // splits > 1: [n][n_heads][splits][head_dim + 2] (max, sum, weighted values)
+    int *done;   // splits > 1: [n][n_heads] spans finished, back to 0 after the merge
     int splits, keys_per_split;
     const float *bias;
     int span, offset;
@@ -117,6 +119,29 @@ __device__ __forceinline__ void add_values(float (&acc)[2 * P], const float2 (&v
     }
 }
 
+// The spans of one (row, head) merged into its output, each span's sums rescaled to the largest
+// max, in span order whichever block runs it. The spans come from other blocks: read from L2.
+__device__ void merge_spans(const attn_args &a, int i, int h) {
+    const int hd = a.head_dim;
+    const float *part = a.part + ((size_t)i * a.n_heads + h) * a.splits * (hd + 2);
+    float mx = -INFINITY;
+    for (int z = 0; z < a.splits; z++) mx = fmaxf(mx, __ldcg(part + z * (hd + 2)));
+    float total = 0;
+    for (int z = 0; z < a.splits; z++) {
+        const float m = __ldcg(part + z * (hd + 2));
+        if (m != -INFINITY) total += expf(m - mx) * __ldcg(part + z * (hd + 2) + 1);
+    }
+    float *oi = a.out + ((size_t)i * a.n_heads + h) * hd;
+    for (int d = threadIdx.x; d < hd; d += blockDim.x) {
+        float sum = 0;
+        for (int z = 0; z < a.splits; z++) {
+            const float m = __ldcg(part + z * (hd + 2));
+            if (m != -INFINITY) sum += expf(m - mx) * __ldcg(part + z * (hd + 2) + 2 + d);
+        }
+        oi[d] = total > 0 ? sum / total : 0.0f;
+    }
+}
+
 // ND: head_dim <= 32 * ND; BF: BF16 caches. Each warp walks 32 keys at a time: a lane per key for
 // the score, then a lane per pair of elements for the values. A tile's key row and the values of
 // its first VU keys are loaded together, before the score needs them, so that a tile costs one
@@ -190,35 +215,24 @@ __global__ void __launch_bounds__(ATTN_WARPS * 32) attention_kernel(attn_args a)
             part[2 + d] = sum;
         }
         if (threadIdx.x == 0) part[0] = mx, part[1] = total;
+        // The block that counts the last span done merges them: its count comes after every
+        // span's writes (each block's fence before its count).
+        __shared__ int last;
+        __threadfence();
+        __syncthreads();
+        int *done = a.done + (size_t)i * a.n_heads + h;
+        if (threadIdx.x == 0) last = atomicAdd(done, 1) == a.splits - 1;
+        __syncthreads();
+        if (!last) return;
+        __threadfence();
+        merge_spans(a, i, h);
+        if (threadIdx.x == 0) *done = 0;
         return;
     }
     float *oi = a.out + ((size_t)i * a.n_heads + h) * hd;
     for (int d = threadIdx.x; d < hd; d += blockDim.x) {
         float sum = 0;
         for (int u = 0; u < ATTN_WARPS; u++) sum += wt[u] * s_acc[u * hd + d];
-        oi[d] = total > 0 ? sum / total : 0.0f;
-    }
-}
-
-// The spans of one (row, head) merged: each span's sums rescaled to the largest max.
-__global__ void attention_merge_kernel(attn_args a) {
-    qlm_pdl_trigger();
-    const int h = blockIdx.x, i = blockIdx.y, hd = a.head_dim;
-    const float *part = a.part + ((size_t)i * a.n_heads + h) * a.splits * (hd + 2);
-    float mx = -INFINITY;
-    for (int z = 0; z < a.splits; z++) mx = fmaxf(mx, part[z * (hd + 2)]);
-    float total = 0;
-    for (int z = 0; z < a.splits; z++) {
-        float m = part[z * (hd + 2)];
-        if (m != -INFINITY) total += expf(m - mx) * part[z * (hd + 2) + 1];
-    }
-    float *oi = a.out + ((size_t)i * a.n_heads + h) * hd;
-    for (int d = threadIdx.x; d < hd; d += blockDim.x) {
-        float sum = 0;
-        for (int z = 0; z < a.splits; z++) {
-            float m = part[z * (hd + 2)];
-            if (m != -INFINITY) sum += expf(m - mx) * part[z * (hd + 2) + 2 + d];
-        }
         oi[d] = total > 0 ? sum / total : 0.0f;
     }
 }
@@ -247,14 +261,24 @@ static void launch_attention(const void *p) {
         launch_attention_kernel<1>(a, grid, smem);
     else
         launch_attention_kernel<0>(a, grid, smem);
-    if (a.splits > 1) {
-        LAUNCH_CHECK();
-        attention_merge_kernel<<<dim3(a.n_heads, a.n), 128, 0, qlm_cuda_stream>>>(a);
-    }
 }
 
 static void *g_part;
 static size_t g_part_cap;
+// The spans' counts: splits > 1 only below SPLIT_ROW_HEADS (row, head) pairs. Zero from the start
+// (set once, before any kernel uses them) and after every merge.
+enum { SPLIT_ROW_HEADS = 256 };
+static int *g_done;
+
+static int *split_counts(void) {
+    if (!g_done) {
+        g_done = (int *)qlm_cuda_alloc(SPLIT_ROW_HEADS * sizeof(int));
+        if (!g_done) qlm_cuda_fail("attention", qlm_last_error(), __FILE__, __LINE__);
+        CUDA_CHECK(cudaMemsetAsync(g_done, 0, SPLIT_ROW_HEADS * sizeof(int), qlm_cuda_stream));
+        CUDA_CHECK(cudaStreamSynchronize(qlm_cuda_stream));
+    }
+    return g_done;
+}
 
 void qlm_cuda_attention(float *out, const float *q, const void *k, const void *v, int n, const int *pos,
                         const qlm_attn_shape *sh) {
@@ -299,14 +323,16 @@ void qlm_cuda_attention(float *out, const float *q, const void *k, const void *v
         if (nk > max_keys) max_keys = nk;
     }
     a.splits = 1;
-    if ((long)n * sh->n_heads < 256 && max_keys > 2 * SPLIT_KEYS) {
+    if ((long)n * sh->n_heads < SPLIT_ROW_HEADS && max_keys > 2 * SPLIT_KEYS) {
         a.splits = (max_keys + SPLIT_KEYS - 1) / SPLIT_KEYS;
         if (a.splits > MAX_SPLITS) a.splits = MAX_SPLITS;
         a.keys_per_split = ((max_keys + a.splits - 1) / a.splits + 31) & ~31;
     }
-    if (a.splits > 1)
+    if (a.splits > 1) {
         a.part = (float *)qlm_cuda_scratch(&g_part, &g_part_cap,
                                            (size_t)n * sh->n_heads * a.splits * (hd + 2) * sizeof(float));
+        a.done = split_counts();
+    }
     size_t esize = a.bf16 ? 2 : 4;
     a.vec = (hd * esize) % 16 == 0 && (a.row_stride * esize) % 16 == 0 && (a.head_stride * esize) % 16 == 0 &&
             (a.slot_stride * esize) % 16 == 0 && (uintptr_t)k % 16 == 0 && (uintptr_t)v % 16 == 0;

@@ -55,6 +55,7 @@ int emu_syncthreads_or(int p);
 static inline int __syncthreads_or(int p) { return emu_syncthreads_or(p); }
 
 static inline void __syncwarp(unsigned = 0xffffffffu) {}
+static inline void __threadfence() { std::atomic_thread_fence(std::memory_order_seq_cst); }
 template <class T> static inline T emu_shfl(T v, int src) {
     uint64_t in = 0, out;
     memcpy(&in, &v, sizeof v);
