@@ -148,6 +148,7 @@ __device__ void merge_spans(const attn_args &a, int i, int h) {
 // memory latency rather than one per step (decode reads caches that have just left L2).
 template <int ND, int BF>
 __global__ void __launch_bounds__(ATTN_WARPS * 32) attention_kernel(attn_args a) {
+    qlm_pdl_wait();
     qlm_pdl_trigger();
     constexpr int P = (ND + 1) / 2, VU = P == 1 ? 32 : 16 / P;
     extern __shared__ float smem[];
@@ -237,20 +238,17 @@ __global__ void __launch_bounds__(ATTN_WARPS * 32) attention_kernel(attn_args a)
     }
 }
 
+// Launched to overlap the kernel before it (qlm_cuda_pdl), its blocks are in place when that one
+// ends: a decode step's attention follows the GEMV that stores its keys.
 template <int BF> static void launch_attention_kernel(const attn_args &a, dim3 grid, size_t smem) {
     const int nd = (a.head_dim + 31) / 32;
-    if (nd <= 1)
-        attention_kernel<1, BF><<<grid, ATTN_WARPS * 32, smem, qlm_cuda_stream>>>(a);
-    else if (nd <= 2)
-        attention_kernel<2, BF><<<grid, ATTN_WARPS * 32, smem, qlm_cuda_stream>>>(a);
-    else if (nd <= 4)
-        attention_kernel<4, BF><<<grid, ATTN_WARPS * 32, smem, qlm_cuda_stream>>>(a);
-    else if (nd <= 8)
-        attention_kernel<8, BF><<<grid, ATTN_WARPS * 32, smem, qlm_cuda_stream>>>(a);
-    else if (nd <= 16)
-        attention_kernel<16, BF><<<grid, ATTN_WARPS * 32, smem, qlm_cuda_stream>>>(a);
-    else
-        attention_kernel<32, BF><<<grid, ATTN_WARPS * 32, smem, qlm_cuda_stream>>>(a);
+    void (*const kernel)(attn_args) = nd <= 1   ? attention_kernel<1, BF>
+                                      : nd <= 2 ? attention_kernel<2, BF>
+                                      : nd <= 4 ? attention_kernel<4, BF>
+                                      : nd <= 8 ? attention_kernel<8, BF>
+                                      : nd <= 16 ? attention_kernel<16, BF>
+                                                 : attention_kernel<32, BF>;
+    qlm_cuda_launch(kernel, grid, dim3(ATTN_WARPS * 32), smem, qlm_cuda_pdl(), a);
 }
 
 static void launch_attention(const void *p) {

@@ -154,11 +154,12 @@ __device__ __forceinline__ void qlm_rope_pair(float &a, float &b, float angle, f
 
 static inline unsigned qlm_cuda_blocks(long n, int threads) { return (unsigned)((n + threads - 1) / threads); }
 
-// Programmatic dependent launch (QLM_CUDA_PDL=1, compute 9.0 and newer): the GEMV is launched to
-// start while the kernel before it is still running, streams its weights (which no kernel writes)
-// towards L2, and waits for that kernel's end before it reads x. 1 when the GEMV launches so.
+// Programmatic dependent launch (QLM_CUDA_PDL=1, compute 9.0 and newer): the GEMV and attention
+// are launched to start while the kernel before them is still running; the GEMV streams its
+// weights (which no kernel writes) towards L2, and each waits for that kernel's end before it
+// reads what the kernel wrote. 1 when they launch so.
 int qlm_cuda_pdl(void);
-// In a kernel a GEMV may follow: lets the GEMV's blocks start now. A no-op for any other successor.
+// In a kernel a GEMV or attention may follow: lets its blocks start now. A no-op for any other successor.
 __device__ __forceinline__ void qlm_pdl_trigger() {
 #if __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.launch_dependents;");
@@ -170,6 +171,22 @@ __device__ __forceinline__ void qlm_pdl_wait() {
 #if __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.wait;" ::: "memory");
 #endif
+}
+// Launches kernel(args) on the stream, to overlap the kernel before it when pdl (the kernel waits
+// with qlm_pdl_wait before it reads what that one writes).
+template <typename... Params, typename... Args>
+static void qlm_cuda_launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, bool pdl, Args &&...args) {
+    cudaLaunchAttribute overlap;
+    overlap.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    overlap.val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid;
+    cfg.blockDim = block;
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = qlm_cuda_stream;
+    cfg.attrs = &overlap;
+    cfg.numAttrs = pdl ? 1 : 0;
+    CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, static_cast<Args &&>(args)...));
 }
 
 // matmul_cuda.cu

@@ -434,21 +434,11 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32, gemv_min_blocks<DT, VEC, NR>(
 }
 
 template <int DT, bool VEC, int NR, int FORM> static void gemv_launch_kernel(const gemv_args &a) {
-    if (a.pdl) {
-        cudaLaunchAttribute overlap;
-        overlap.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-        overlap.val.programmaticStreamSerializationAllowed = 1;
-        cudaLaunchConfig_t cfg = {};
-        cfg.gridDim = dim3((unsigned)a.tile0[a.count]);
-        cfg.blockDim = dim3(GEMV_WARPS * 32);
-        cfg.stream = qlm_cuda_stream;
-        cfg.attrs = &overlap;
-        cfg.numAttrs = 1;
-        CUDA_CHECK(cudaLaunchKernelEx(&cfg, gemv_kernel<DT, VEC, NR, true, FORM>, a));
-    } else {
-        gemv_kernel<DT, VEC, NR, false, FORM><<<(unsigned)a.tile0[a.count], GEMV_WARPS * 32, 0, qlm_cuda_stream>>>(a);
-        LAUNCH_CHECK();
-    }
+    const dim3 grid((unsigned)a.tile0[a.count]), block(GEMV_WARPS * 32);
+    if (a.pdl)
+        qlm_cuda_launch(gemv_kernel<DT, VEC, NR, true, FORM>, grid, block, 0, true, a);
+    else
+        qlm_cuda_launch(gemv_kernel<DT, VEC, NR, false, FORM>, grid, block, 0, false, a);
 }
 
 template <int DT, int FORM> static void gemv_launch_mma(const gemv_args &a) {

@@ -110,8 +110,8 @@ for m in smollm2 tinyllama; do
 done
 llama_section || echo "(llama.cpp's section stopped: its error is in the log above.)"
 echo
-echo "The same decode with each GEMV launched to overlap the kernel before it (\`QLM_CUDA_PDL=1\`: programmatic"
-echo "dependent launch; the GEMV's weights head for L2 while that kernel finishes), and whether 48 greedy tokens"
+echo "The same decode with each GEMV and attention launched to overlap the kernel before it (\`QLM_CUDA_PDL=1\`:"
+echo "programmatic dependent launch; the GEMV's weights head for L2 while that kernel finishes), and whether 48 greedy tokens"
 echo "(\`qlm generate --temp 0\`) come out the same with it as without:"
 echo
 echo "| model | dtype | tg128 tok/s | with QLM_CUDA_PDL=1 | same tokens |"
