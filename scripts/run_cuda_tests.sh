@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs the GPU tests built by `make test-cuda-build` (BUILD_DIR holds them): every program with
-# QLM_TEST_DEVICE=cuda, the GEMV-heavy ones again with the GEMV launched to overlap the kernel before
-# it (QLM_CUDA_PDL=1, which needs compute 9.0), then the op tests under compute-sanitizer's memcheck
+# QLM_TEST_DEVICE=cuda, the decode-heavy ones again with the GEMV and attention launched to overlap
+# the kernel before them (QLM_CUDA_PDL=1, which needs compute 9.0), then the op tests under
+# compute-sanitizer's memcheck
 # when it is installed.
 # Usage: scripts/run_cuda_tests.sh BUILD_DIR TEST...
 set -u
