@@ -213,6 +213,15 @@ void qlm_cuda_flush_and_record(cudaEvent_t after) {
     if (after) CUDA_CHECK(cudaEventRecord(after, qlm_cuda_stream));
 }
 
+int qlm_cuda_fused(void) {
+    static int on = -1;
+    if (on < 0) {
+        const char *e = getenv("QLM_CUDA_FUSE");
+        on = !(e && strcmp(e, "0") == 0);
+    }
+    return on;
+}
+
 int qlm_cuda_pdl(void) {
     static int on = -1;
     if (on < 0) {

@@ -154,6 +154,11 @@ __device__ __forceinline__ void qlm_rope_pair(float &a, float &b, float angle, f
 
 static inline unsigned qlm_cuda_blocks(long n, int threads) { return (unsigned)((n + threads - 1) / threads); }
 
+// 0 when QLM_CUDA_FUSE=0: step_matmul_group runs its ops one after the other (each its own kernel)
+// instead of inside the GEMV, for measuring what the fused kernels save and for telling a fault in
+// them from one elsewhere; the results are the same bits either way.
+int qlm_cuda_fused(void);
+
 // Programmatic dependent launch (QLM_CUDA_PDL=1, compute 9.0 and newer): the GEMV and attention
 // are launched to start while the kernel before them is still running; the GEMV streams its
 // weights (which no kernel writes) towards L2, and each waits for that kernel's end before it

@@ -703,7 +703,7 @@ static bool gemv_forms(const qlm_matmul_out *outs, int count, const qlm_x_step *
 int qlm_cuda_step_matmul_group(const qlm_matmul_out *outs, int count, const qlm_x_step *step, const qlm_kv_step *kv,
                                int n) {
     if (n <= 0 || count <= 0) return 0;
-    if (!gemv_forms(outs, count, step, kv, n))
+    if (!qlm_cuda_fused() || !gemv_forms(outs, count, step, kv, n))
         return qlm_step_then_matmul_group(qlm_backend_cuda(), outs, count, step, kv, n);
     gemv(outs, count, NULL, n, step, kv);
     return 0;

@@ -90,7 +90,8 @@ echo "weight bytes per token / device-to-device copy bandwidth (read + write) me
 echo
 echo "| model | dtype | pp512 tok/s | tg128 tok/s | copy GB/s | bound tok/s | of bound |"
 echo "| --- | --- | ---: | ---: | ---: | ---: | ---: |"
-# Each model and dtype also runs with QLM_CUDA_PDL=1, its rows kept for the table after llama.cpp's.
+# Each model and dtype also runs with QLM_CUDA_PDL=1 and with QLM_CUDA_FUSE=0, its rows kept for the
+# table after llama.cpp's.
 : >"$work/pdl.md"
 for m in smollm2 tinyllama; do
     dir=$(model_dir $m)
@@ -100,22 +101,26 @@ for m in smollm2 tinyllama; do
         printf '| %s | %s | %.0f | %.1f | %.0f | %.0f | %.0f%% |\n' $m $d "$(field pp_tps <<<"$j")" "$(field tg_tps <<<"$j")" \
             "$(field bandwidth_gbs <<<"$j")" "$(field tg_bound_tps <<<"$j")" "$(python3 -c "print(100*$(field tg_fraction_of_bound <<<"$j"))")"
         p=$(QLM_CUDA_PDL=1 "$bin/qlm" bench -m "$dir" --random-weights --device cuda --dtype $d --pp 512 --tg 128 --reps 3 --json)
+        u=$(QLM_CUDA_FUSE=0 "$bin/qlm" bench -m "$dir" --random-weights --device cuda --dtype $d --pp 512 --tg 128 --reps 3 --json)
         gen() {
             "$bin/qlm" generate -m "$([ $m = smollm2 ] && echo "$smol" || echo "$assets/tinyllama-1.1b-chat-v1.0-tokenizer")" \
                 --random-weights --device cuda --dtype $d --temp 0 -n 48 -p "Once upon a time" 2>/dev/null
         }
-        same=$([ "$(gen)" = "$(QLM_CUDA_PDL=1 gen)" ] && echo yes || echo NO)
-        printf '| %s | %s | %.1f | %.1f | %s |\n' $m $d "$(field tg_tps <<<"$j")" "$(field tg_tps <<<"$p")" "$same" >>"$work/pdl.md"
+        g=$(gen)
+        same="$([ "$g" = "$(QLM_CUDA_PDL=1 gen)" ] && echo yes || echo NO), $([ "$g" = "$(QLM_CUDA_FUSE=0 gen)" ] && echo yes || echo NO)"
+        printf '| %s | %s | %.1f | %.1f | %.1f | %s |\n' $m $d "$(field tg_tps <<<"$j")" "$(field tg_tps <<<"$p")" \
+            "$(field tg_tps <<<"$u")" "$same" >>"$work/pdl.md"
     done
 done
 llama_section || echo "(llama.cpp's section stopped: its error is in the log above.)"
 echo
 echo "The same decode with each GEMV and attention launched to overlap the kernel before it (\`QLM_CUDA_PDL=1\`:"
-echo "programmatic dependent launch; the GEMV's weights head for L2 while that kernel finishes), and whether 48 greedy tokens"
-echo "(\`qlm generate --temp 0\`) come out the same with it as without:"
+echo "programmatic dependent launch; the GEMV's weights head for L2 while that kernel finishes), and with the norms,"
+echo "activations, RoPE and cache stores as kernels of their own instead of inside the GEMVs (\`QLM_CUDA_FUSE=0\`);"
+echo "whether 48 greedy tokens (\`qlm generate --temp 0\`) come out the same with each as without:"
 echo
-echo "| model | dtype | tg128 tok/s | with QLM_CUDA_PDL=1 | same tokens |"
-echo "| --- | --- | ---: | ---: | --- |"
+echo "| model | dtype | tg128 tok/s | with QLM_CUDA_PDL=1 | with QLM_CUDA_FUSE=0 | same tokens (PDL, unfused) |"
+echo "| --- | --- | ---: | ---: | ---: | --- |"
 cat "$work/pdl.md"
 echo
 echo "Where a TinyLlama BF16 decode step's GPU time goes (\`QLM_CUDA_PROFILE=1 qlm bench ... --pp 0 --tg 64 --reps 1\`,"

@@ -119,6 +119,10 @@ void *qlm_cuda_scratch_try(void **buf, size_t *cap, size_t bytes) { return qlm_c
 void qlm_cuda_submit(const char *, qlm_cuda_launcher fn, const void *args, size_t) { fn(args); }
 void qlm_cuda_flush(void) {}
 int qlm_cuda_pdl(void) { return 0; }
+int qlm_cuda_fused(void) {
+    const char *e = getenv("QLM_CUDA_FUSE");
+    return !(e && strcmp(e, "0") == 0);
+}
 static int g_ints[4][1 << 16];
 qlm_cuda_ints qlm_cuda_ints_of(const int *host, int n, int which) {
     qlm_cuda_ints a;
