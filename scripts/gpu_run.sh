@@ -7,7 +7,8 @@
 # bring home.
 # Usage: scripts/gpu_run.sh STAGE...
 #   parts      only unpack and join (a call that carries a part and runs nothing)
-#   tests      the CUDA tests with compute-sanitizer (scripts/run_cuda_tests.sh)
+#   tests      the CUDA tests with compute-sanitizer (scripts/run_cuda_tests.sh), and their training
+#              fixtures' comparisons with PyTorch as docs/benchmarks.md's gpu-grads block
 #   bench      kernels, decode, summarization vs transformers, and llama.cpp's llama-bench when its
 #              part (llama.tar.xz) has been joined (scripts/bench_gpu.sh)
 #   train      LoRA and full fine-tuning vs transformers + peft (scripts/bench_gpu_train.sh)
@@ -55,6 +56,8 @@ for stage in "$@"; do
         tests=$(cd "$g/bin" && ls tests/cuda/test_* tests/test_*)
         # shellcheck disable=SC2086
         scripts/run_cuda_tests.sh "$g/bin" $tests >"$out/tests.log" 2>&1 || rc=1
+        scripts/train_equality_table.sh "$out/tests.log" "$(nvidia-smi --query-gpu=name --format=csv,noheader | head -n1)" \
+            >"$g/grads.md" && (. scripts/doc_block.sh && doc_block gpu-grads "$g/grads.md")
         tail -n 25 "$out/tests.log" ;;
     bench)
         llama=()
