@@ -43,17 +43,21 @@ static int add_lora(const qlm_backend *be, qlm_lora_slots *l, float *y, const fl
     return any ? be->lora(y, x, n, l->row) : 0;
 }
 
-/* Whether any of rows 0 .. n - 1 belongs to a slot with an adapter. */
-static int rows_adapted(const qlm_lora_slots *l, int n, const int *slots, int slot) {
-    for (int i = 0; l->active && i < n; i++)
-        if (l->slot[slots ? slots[i] : slot]) return 1;
+/* Whether any of rows 0 .. n - 1 has an adapter with an update for one of the count targets. */
+static int rows_adapted(const qlm_lora_slots *l, const int *targets, int count, int n, const int *slots, int slot,
+                        int stack, int layer) {
+    for (int i = 0; l->active && i < n; i++) {
+        const qlm_lora_adapter *a = l->slot[slots ? slots[i] : slot];
+        for (int p = 0; a && p < count; p++)
+            if (qlm_lora_find(a, stack, layer, (qlm_lora_target)targets[p])) return 1;
+    }
     return 0;
 }
 
 int qlm_matmul_lora_group(const qlm_backend *be, qlm_lora_slots *l, const qlm_matmul_out *outs, const int *targets,
                           int count, const float *x, const qlm_x_step *step, const qlm_kv_step *kv, int n,
                           const int *slots, int slot, int stack, int layer) {
-    const int adapted = rows_adapted(l, n, slots, slot);
+    const int adapted = rows_adapted(l, targets, count, n, slots, slot, stack, layer);
     const qlm_kv_step *inside = step && !adapted ? kv : NULL;
     if ((step ? be->step_matmul_group(outs, count, step, inside, n) : be->matmul_group(outs, count, x, n)) != 0)
         return -1;
