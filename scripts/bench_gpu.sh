@@ -146,6 +146,5 @@ for b in 32 64; do
     printf '| %d | %.2f | %.2f | %.2fx |\n' $b "$q" "$h" "$(python3 -c "print($q/$h)")"
 done
 echo "<!-- /gpu -->"
-} >"$work/block.md"
-cat "$work/block.md"
+} | tee "$work/block.md" # as it comes: a run cut short still shows the rows it made
 cd "$here" && . scripts/doc_block.sh && doc_block gpu "$work/block.md"

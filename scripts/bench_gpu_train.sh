@@ -72,6 +72,5 @@ for mode in lora full; do
         "$(python3 -c "print(6*$params*$h_tps/1e12)")"
 done
 echo "<!-- /gpu-train -->"
-} >"$work/block.md"
-cat "$work/block.md"
+} | tee "$work/block.md" # as it comes: a run cut short still shows the rows it made
 cd "$here" && . scripts/doc_block.sh && doc_block gpu-train "$work/block.md"
