@@ -138,14 +138,15 @@ void qlm_cuda_rope(float *q, float *k, int n, const int *pos, int n_heads, int n
     submit_rope("rope", q, k, n, pos, n_heads, n_kv_heads, head_dim, inv_freq, 1.0f, NULL, NULL);
 }
 
+static void submit_kv_store(const qlm_kv_dst &d, const float *k, const float *v, int n);
+
+// Without frequencies (T5) the step is kv_store alone.
 void qlm_cuda_rope_store(float *q, float *k, const float *v, int n, const qlm_kv_step *kv) {
-    if (!kv->inv_freq) {
-        qlm_cuda_kv_store(kv->k_cache, kv->v_cache, kv->kv, k, v, n, kv->slots, 0, kv->store_pos, kv->n_kv_heads,
-                          kv->head_dim, kv->max_pos);
-        return;
-    }
     const qlm_kv_dst d = qlm_cuda_kv_dst(kv, n, 1);
-    submit_rope("rope_store", q, k, n, kv->pos, kv->n_heads, kv->n_kv_heads, kv->head_dim, kv->inv_freq, 1.0f, &d, v);
+    if (kv->inv_freq)
+        submit_rope("rope_store", q, k, n, kv->pos, kv->n_heads, kv->n_kv_heads, kv->head_dim, kv->inv_freq, 1.0f, &d, v);
+    else
+        submit_kv_store(d, k, v, n);
 }
 
 // A rotation's inverse is the backward of rope.
@@ -277,6 +278,14 @@ static void launch_kv_store(const void *p) {
     kv_store_kernel<<<qlm_cuda_blocks(total, 256), 256, 0, qlm_cuda_stream>>>(a->d, a->k, a->v, a->n);
 }
 
+static void submit_kv_store(const qlm_kv_dst &d, const float *k, const float *v, int n) {
+    if ((long)n * d.heads * d.hd <= 0) return;
+    kv_store_args a;
+    memset(&a, 0, sizeof a);
+    a.d = d, a.k = k, a.v = v, a.n = n;
+    qlm_cuda_submit("kv_store", launch_kv_store, &a, sizeof a);
+}
+
 void qlm_cuda_kv_store(void *k_cache, void *v_cache, qlm_dtype kv, const float *k, const float *v, int n,
                        const int *slots, int slot, const int *pos, int heads, int hd, int max_pos) {
     if ((long)n * heads * hd <= 0) return;
@@ -284,10 +293,7 @@ void qlm_cuda_kv_store(void *k_cache, void *v_cache, qlm_dtype kv, const float *
     memset(&step, 0, sizeof step);
     step.n_kv_heads = heads, step.head_dim = hd, step.k_cache = k_cache, step.v_cache = v_cache, step.kv = kv;
     step.slots = slots, step.store_pos = pos, step.max_pos = max_pos;
-    kv_store_args a;
-    memset(&a, 0, sizeof a);
-    a.d = qlm_cuda_kv_dst(&step, n, 0);
-    a.d.slot = slot;
-    a.k = k, a.v = v, a.n = n;
-    qlm_cuda_submit("kv_store", launch_kv_store, &a, sizeof a);
+    qlm_kv_dst d = qlm_cuda_kv_dst(&step, n, 0);
+    d.slot = slot;
+    submit_kv_store(d, k, v, n);
 }
