@@ -8,12 +8,7 @@
 #include <stdint.h>
 
 #include "backend.h"
-
-#ifdef __CUDACC__
-#define QLM_HD __host__ __device__
-#else
-#define QLM_HD
-#endif
+#include "host_device.h"
 
 /* act(x) into *value, and act'(x). */
 static inline QLM_HD float qlm_act_grad(float x, qlm_act a, float *value) {

@@ -11,19 +11,26 @@
 // warp a contiguous range of the columns (split-K inside the block: 2048 rows are 128 blocks, each
 // with its 64 KB of BF16 in flight at once; 576 rows still issue every load at once). Lane
 // (g, t) = (lane / 4, lane % 4) loads 16 bytes of rows g and g + 8 per 64-byte step, GEMV_STEPS
-// steps before using any. BF16 and INT8 weights go to the tensor cores, mma m16n8k16 with F32
-// accumulation: the loaded registers are the A fragment as they are (INT8 bytes made exact BF16
-// pairs, 2.5 instructions a byte), x rounded to BF16 the B fragment with the rows of x as its 8
-// columns, so a row's result does not depend on n; that k runs in another order than in memory
-// does not matter to a dot product, as long as A and B share it. The warp loads x coalesced and
-// shuffles it to the lanes that need it (xshare), so that for one row of x the kernel fits 64
-// registers and two blocks share an SM (a 2560-row q+k+v group, 160 tiles, runs in one wave). F32
-// and F16 weights (x stays F32 for them) and widths that do not fill 16-byte vectors take FMA
-// loops with the same lane layout. Each warp's 16x8 partial sums meet in shared memory and are
-// added in warp order (the same bits for any n and in any group), then scaled (INT8) and biased.
+// steps before using any. The loaded registers are the tensor cores' A fragment as they are, with
+// the rows of x as the 8 columns of B, so a row's result does not depend on n; that k runs in
+// another order than in memory does not matter to a dot product, as long as A and B share it.
+// BF16 weights: mma m16n8k16 against x rounded to BF16, F32 sums. INT8 weights: mma m16n8k32 on
+// the bytes as stored against x in the I16 form, as the CPU takes it (quant/x_int_form.h: per row
+// of x, q = round(x / s), |q| <= 32767, s = max|x| / 32767, found by each block in a pass over x
+// first), split into its signed high and unsigned low bytes, one integer mma each: the sums are
+// exact, so INT8 decode gives the CPU's scalar reference bit for bit (and the weights need no
+// conversion: the old BF16 path spent 2.5 instructions a byte on it and ran at 36-44% of the
+// bandwidth). The warp loads x coalesced and shuffles it to the lanes that need it (xshare), so
+// that for one row of x the kernel fits 64 registers and two blocks share an SM (a 2560-row
+// q+k+v group, 160 tiles, runs in one wave). F32 and F16 weights (x stays F32 for them) and widths
+// that do not fill 16-byte vectors take FMA loops with the same lane layout (INT8 there in int64
+// against the I16 form: the same sums). Each warp's 16x8 partial sums meet in shared memory and
+// are added in warp order (the same bits for any n and in any group), then scaled (INT8: by x's
+// scale, then the weight's, as the CPU) and biased.
 #include <string.h>
 
 #include "cuda_internal.h"
+#include "../quant/x_int_form.h"
 
 enum { GEMV_MAX_ROWS = 8, GEMV_WARPS = 16, GEMV_TILE = 16, GEMV_STEPS = 4, GROUP_MAX = 4 };
 
@@ -61,11 +68,13 @@ struct gemv_args {
     qlm_kv_dst kv;
 };
 
+// A weight dtype's bytes per value, and what a tile's partial sums are: F32, or for INT8 the exact
+// integer sums against x's I16 form.
 template <int DT> struct wtraits;
-template <> struct wtraits<QLM_F32> { static constexpr int size = 4; };
-template <> struct wtraits<QLM_F16> { static constexpr int size = 2; };
-template <> struct wtraits<QLM_BF16> { static constexpr int size = 2; };
-template <> struct wtraits<QLM_I8> { static constexpr int size = 1; };
+template <> struct wtraits<QLM_F32> { static constexpr int size = 4; using sum = float; };
+template <> struct wtraits<QLM_F16> { static constexpr int size = 2; using sum = float; };
+template <> struct wtraits<QLM_BF16> { static constexpr int size = 2; using sum = float; };
+template <> struct wtraits<QLM_I8> { static constexpr int size = 1; using sum = long long; };
 
 template <int DT> __device__ __forceinline__ float w_scalar(const void *row, int c) {
     if (DT == QLM_F32) return ((const float *)row)[c];
@@ -114,15 +123,6 @@ __device__ __forceinline__ unsigned bf16x2(float lo, float hi) {
     return *reinterpret_cast<const unsigned *>(&h);
 }
 
-// Bytes 2 * half and 2 * half + 1 of w, INT8, as a BF16 pair (exact). Each byte, its sign bit
-// flipped (q + 128), becomes the low mantissa byte of 2^23; subtracting 2^23 + 128 leaves q.
-__device__ __forceinline__ unsigned i8x2_bf16x2(unsigned w, int half) {
-    const unsigned biased = w ^ 0x80808080u;
-    const float lo = __uint_as_float(__byte_perm(biased, 0x4B000000u, 0x7440 + 2 * half)) - 8388736.0f;
-    const float hi = __uint_as_float(__byte_perm(biased, 0x4B000000u, 0x7441 + 2 * half)) - 8388736.0f;
-    return bf16x2(lo, hi);
-}
-
 // c (16x8, F32) += A (16x16) B (16x8), BF16 operands: a0 and a2 from row g, a1 and a3 from row
 // g + 8, each pair's k matching b0 (a0, a1) and b1 (a2, a3); c0, c1 row g, c2, c3 row g + 8, at
 // columns 2t and 2t + 1. The mma sums its 16 products from zero and the result joins c in an F32
@@ -136,6 +136,37 @@ __device__ __forceinline__ void mma_bf16(float c[4], unsigned a0, unsigned a1, u
                  : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1), "f"(0.0f));
 #pragma unroll
     for (int k = 0; k < 4; k++) c[k] += d[k];
+}
+
+// c (16x8, int32) += A (16x32, INT8) B (32x8, INT8): a0 and a2 from row g, a1 and a3 from row
+// g + 8, each pair's k matching b0 (a0, a1) and b1 (a2, a3); B's bytes signed (the I16 form's
+// high bytes) or unsigned (its low bytes). Integer sums: exact, in any order.
+template <bool B_UNSIGNED>
+__device__ __forceinline__ void mma_i8(int c[4], unsigned a0, unsigned a1, unsigned a2, unsigned a3, unsigned b0,
+                                       unsigned b1) {
+    if constexpr (B_UNSIGNED)
+        asm volatile("mma.sync.aligned.m16n8k32.row.col.s32.s8.u8.s32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+                     "{%0, %1, %2, %3};"
+                     : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
+                     : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+    else
+        asm volatile("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+                     "{%0, %1, %2, %3};"
+                     : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
+                     : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// x in the I16 form (quant/x_int_form.h), as the CPU's quantize_i16 makes it: round(x * inv), 0
+// where inv is (x not finite, or all of its row below 1e-30).
+__device__ __forceinline__ int i16_of(float x, float inv) { return inv == 0 ? 0 : __float2int_rn(__fmul_rn(x, inv)); }
+
+// Four values of x in the I16 form as the bytes the integer mma takes: *hi their high bytes
+// (signed), *lo their low bytes (unsigned), so that q = 256 hi + lo.
+__device__ __forceinline__ void i16_bytes(float4 v, float inv, unsigned *hi, unsigned *lo) {
+    const unsigned p01 = __byte_perm(i16_of(v.x, inv), i16_of(v.y, inv), 0x5410);
+    const unsigned p23 = __byte_perm(i16_of(v.z, inv), i16_of(v.w, inv), 0x5410);
+    *lo = __byte_perm(p01, p23, 0x6420);
+    *hi = __byte_perm(p01, p23, 0x7531);
 }
 
 // Lane t's vector of steps s .. s + GEMV_STEPS - 1 of rows wa and wb, all loads issued before any
@@ -181,51 +212,62 @@ template <int FORM> struct x_source {
 };
 
 // Per batch of GEMV_STEPS steps, a warp's mma need the batch's columns of NR rows of x (NR: n
-// rounded up to a power of 2), lane (g, t) those of row g for its vectors. The warp loads them
-// spread evenly, SLOTS float4 a lane, and passes each to the lane that needs it by shuffles: for
-// n = 1, one coalesced load a lane instead of eight in four lanes, so that 64 registers hold every
-// weight load of the batch and two blocks fit on an SM.
+// rounded up to a power of 2), lane (g, t) those of row g for its vectors, 4 columns a round (Q
+// rounds a 16-byte vector of weights). The warp loads them spread evenly, SLOTS float4 a lane, and
+// passes each to the lane that needs it by shuffles: for n = 1, one coalesced load a lane instead
+// of eight in four lanes, so that 64 registers hold every weight load of the batch and two blocks
+// fit on an SM. Round r of lane d = 4 g + t < 4 NR takes slot r / RPS of lane (r % RPS) 4 NR + d:
+// x row g, columns 4q .. 4q + 3 of its vector (s + u) 4 + t (r = u Q + q). So slot k of a lane
+// holds what lane d = lane % 4 NR needs in round r = k RPS + lane / 4 NR.
 template <int DT, int NR> struct xshare {
-    static constexpr int Q = 16 / wtraits<DT>::size / 4; // mma per 16-byte vector
-    static constexpr int ROUNDS = GEMV_STEPS * Q;        // mma per batch
-    static constexpr int RPS = 8 / NR;                   // rounds that take their x from one slot
-    static constexpr int SLOTS = ROUNDS / RPS;           // float4 of x each lane loads per batch
+    static constexpr int V = 16 / wtraits<DT>::size; // columns per vector
+    static constexpr int Q = V / 4;                  // rounds per vector
+    static constexpr int ROUNDS = GEMV_STEPS * Q;    // rounds per batch
+    static constexpr int RPS = 8 / NR;               // rounds that take their x from one slot
+    static constexpr int SLOTS = ROUNDS / RPS;       // float4 of x each lane loads per batch
+
+    int off[SLOTS], col[SLOTS], step[SLOTS], vec[SLOTS], row[SLOTS];
+
+    __device__ __forceinline__ xshare(int lane, int cols) {
+#pragma unroll
+        for (int k = 0; k < SLOTS; k++) {
+            const int r = k * RPS + lane / (4 * NR), d = lane % (4 * NR), u = r / Q, q = r % Q;
+            step[k] = u;
+            vec[k] = u * 4 + (d & 3); // relative to the batch's first vector, 4 s
+            row[k] = d / 4;
+            col[k] = vec[k] * V + 4 * q;
+            off[k] = row[k] * cols + col[k];
+        }
+    }
+    // Slot k of the batch at step s: zero wherever the weights are (past the warp's steps or the
+    // row) and for rows of x past n.
+    template <int FORM>
+    __device__ __forceinline__ float4 load(const x_source<FORM> &x, int k, int s, int s1, int nvec, int n) const {
+        const bool ok = row[k] < n && s + step[k] < s1 && s * 4 + vec[k] < nvec;
+        const int batch_col = s * 4 * V;
+        return ok ? x.load((size_t)batch_col + off[k], batch_col + col[k], row[k]) : make_float4(0, 0, 0, 0);
+    }
+    // Where this lane finds round r's x: the slot, and the lane holding it.
+    static __device__ __forceinline__ int slot(int r) { return r / RPS; }
+    static __device__ __forceinline__ int source(int r, int lane) { return ((r % RPS) * 4 * NR + lane) & 31; }
 };
 
-// BF16 or INT8 weights, whole vectors: the warp's steps [s0, s1) of rows wa (g) and wb (g + 8)
-// against rows 0 .. n - 1 of x on the tensor cores.
-template <int DT, int NR, int FORM>
+// BF16 weights, whole vectors: the warp's steps [s0, s1) of rows wa (g) and wb (g + 8) against rows
+// 0 .. n - 1 of x rounded to BF16, on the tensor cores.
+template <int NR, int FORM>
 __device__ __forceinline__ void tile_mma(float c[4], const char *wa, const char *wb, const x_source<FORM> &x, int n,
                                          int cols, int nvec, int s0, int s1, int lane) {
-    using X = xshare<DT, NR>;
-    constexpr int V = 16 / wtraits<DT>::size; // columns per vector
+    using X = xshare<QLM_BF16, NR>;
+    const X xs(lane, cols);
     const int t = lane & 3;
-    // Round r (mma q of step u, r = u Q + q) of lane d = 4 g + t < 4 NR takes slot r / RPS of lane
-    // (r % RPS) 4 NR + d: x row g, columns 4q .. 4q + 3 of its vector (s + u) 4 + t. So slot k of
-    // this lane holds what lane d = lane % 4 NR needs in round r = k RPS + lane / 4 NR.
-    int xoff[X::SLOTS], xcol[X::SLOTS], xstep[X::SLOTS], xvec[X::SLOTS], xr[X::SLOTS];
-    bool xrow[X::SLOTS];
-#pragma unroll
-    for (int k = 0; k < X::SLOTS; k++) {
-        const int r = k * X::RPS + lane / (4 * NR), d = lane % (4 * NR), u = r / X::Q, q = r % X::Q;
-        xstep[k] = u;
-        xvec[k] = u * 4 + (d & 3); // relative to the batch's first vector, 4 s
-        xr[k] = d / 4;
-        xrow[k] = xr[k] < n;
-        xcol[k] = xvec[k] * V + 4 * q;
-        xoff[k] = xr[k] * cols + xcol[k];
-    }
     c[0] = c[1] = c[2] = c[3] = 0;
     for (int s = s0; s < s1; s += GEMV_STEPS) {
         uint4 ra[GEMV_STEPS], rb[GEMV_STEPS];
         load_steps(ra, rb, wa, wb, s, s1, t, nvec);
-        // x is zero wherever the weights are (past the warp's steps or the row).
         unsigned px[X::SLOTS][2];
-        const int batch_col = s * 4 * V;
 #pragma unroll
         for (int k = 0; k < X::SLOTS; k++) {
-            const bool ok = xrow[k] && s + xstep[k] < s1 && s * 4 + xvec[k] < nvec;
-            const float4 xv = ok ? x.load((size_t)batch_col + xoff[k], batch_col + xcol[k], xr[k]) : make_float4(0, 0, 0, 0);
+            const float4 xv = xs.load(x, k, s, s1, nvec, n);
             px[k][0] = bf16x2(xv.x, xv.y);
             px[k][1] = bf16x2(xv.z, xv.w);
         }
@@ -235,28 +277,99 @@ __device__ __forceinline__ void tile_mma(float c[4], const char *wa, const char 
             // Each mma takes 4 of the vector's columns: x's 4 values there and the weights'.
 #pragma unroll
             for (int q = 0; q < X::Q; q++) {
-                const int r = u * X::Q + q, k = r / X::RPS, src = (r % X::RPS) * 4 * NR + lane;
-                unsigned x0 = __shfl_sync(0xffffffffu, px[k][0], src & 31);
-                unsigned x1 = __shfl_sync(0xffffffffu, px[k][1], src & 31);
-                if (lane >= 4 * NR) x0 = x1 = 0; // columns NR.. of B, never stored
-                if (DT == QLM_BF16)
-                    mma_bf16(c, a[2 * q], b[2 * q], a[2 * q + 1], b[2 * q + 1], x0, x1);
-                else
-                    mma_bf16(c, i8x2_bf16x2(a[q], 0), i8x2_bf16x2(b[q], 0), i8x2_bf16x2(a[q], 1),
-                             i8x2_bf16x2(b[q], 1), x0, x1);
+                const int r = u * X::Q + q, k = X::slot(r), src = X::source(r, lane);
+                // Lanes past 4 NR get some other lane's x: columns NR.. of B, whose sums are never stored.
+                const unsigned x0 = __shfl_sync(0xffffffffu, px[k][0], src);
+                const unsigned x1 = __shfl_sync(0xffffffffu, px[k][1], src);
+                mma_bf16(c, a[2 * q], b[2 * q], a[2 * q + 1], b[2 * q + 1], x0, x1);
             }
         }
     }
 }
 
-// Any dtype with F32 FMAs (x rounded to BF16 for BF16 and INT8 weights): steps [s0, s1) of rows wa
-// and wb against the n rows of x, 16 bytes per lane and step when vec, else one column. The four
-// lanes of a row then split its sums so that c has tile_mma's layout.
+// max(m, |v|), infinite once v is not a number.
+__device__ __forceinline__ float absmax_of(float m, float v) { return v == v ? fmaxf(m, fabsf(v)) : INFINITY; }
+
+// The I16 form's factor inv[j] and scale[j] of rows j < n of x as the source forms them (the
+// largest |x| of each whole row, found by the whole block; non-finite x makes it infinite, which
+// qlm_x_int_scale turns into NaN products), whole vectors when VEC (the source forms x then; the
+// block that writes the formed x writes it here).
+template <bool VEC, int FORM>
+__device__ __forceinline__ void rows_i16_scales(float *inv, float *scale, const x_source<FORM> &x, int n, int cols) {
+    __shared__ float warp_max[GEMV_MAX_ROWS][GEMV_WARPS];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    for (int j = 0; j < n; j++) {
+        float m = 0;
+        if constexpr (VEC) {
+            for (int c = 4 * (int)threadIdx.x; c < cols; c += 4 * GEMV_WARPS * 32) {
+                const float4 v = x.load((size_t)j * cols + c, c, j);
+                m = absmax_of(absmax_of(absmax_of(absmax_of(m, v.x), v.y), v.z), v.w);
+            }
+        } else {
+            for (int c = threadIdx.x; c < cols; c += GEMV_WARPS * 32) m = absmax_of(m, x.x[(size_t)j * cols + c]);
+        }
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+        if (lane == 0) warp_max[j][warp] = m;
+    }
+    __syncthreads();
+    if (threadIdx.x < n) {
+        float m = 0;
+        for (int w = 0; w < GEMV_WARPS; w++) m = fmaxf(m, warp_max[threadIdx.x][w]);
+        scale[threadIdx.x] = qlm_x_int_scale(m, 0, QLM_I16_MAX, &inv[threadIdx.x]);
+    }
+    __syncthreads();
+}
+
+// INT8 weights, whole vectors: the warp's steps [s0, s1) of rows wa (g) and wb (g + 8) against rows
+// 0 .. n - 1 of x in the I16 form (inv: each row's factor) on the integer tensor cores, as the
+// products of x's high bytes and of its low bytes (mma_i8; two rounds of x a product): c gets the
+// exact integer sums, 256 hi + lo. The weights' bytes are the A fragments as loaded, no conversion.
+template <int NR, int FORM>
+__device__ __forceinline__ void tile_imma(long long c[4], const char *wa, const char *wb, const x_source<FORM> &x,
+                                          const float *inv, int n, int cols, int nvec, int s0, int s1, int lane) {
+    using X = xshare<QLM_I8, NR>;
+    const X xs(lane, cols);
+    const int t = lane & 3;
+    int hi[4] = {0, 0, 0, 0}, lo[4] = {0, 0, 0, 0};
+    for (int s = s0; s < s1; s += GEMV_STEPS) {
+        uint4 ra[GEMV_STEPS], rb[GEMV_STEPS];
+        load_steps(ra, rb, wa, wb, s, s1, t, nvec);
+        unsigned px[X::SLOTS][2]; // high bytes, low bytes
+#pragma unroll
+        for (int k = 0; k < X::SLOTS; k++)
+            i16_bytes(xs.load(x, k, s, s1, nvec, n), xs.row[k] < n ? inv[xs.row[k]] : 0.0f, &px[k][0], &px[k][1]);
+#pragma unroll
+        for (int u = 0; u < GEMV_STEPS; u++) {
+            const unsigned a[4] = {ra[u].x, ra[u].y, ra[u].z, ra[u].w}, b[4] = {rb[u].x, rb[u].y, rb[u].z, rb[u].w};
+#pragma unroll
+            for (int q = 0; q < X::Q; q += 2) {
+                const int r = u * X::Q + q;
+                unsigned xh[2], xl[2];
+#pragma unroll
+                for (int i = 0; i < 2; i++) {
+                    xh[i] = __shfl_sync(0xffffffffu, px[X::slot(r + i)][0], X::source(r + i, lane));
+                    xl[i] = __shfl_sync(0xffffffffu, px[X::slot(r + i)][1], X::source(r + i, lane));
+                }
+                mma_i8<false>(hi, a[q], b[q], a[q + 1], b[q + 1], xh[0], xh[1]);
+                mma_i8<true>(lo, a[q], b[q], a[q + 1], b[q + 1], xl[0], xl[1]);
+            }
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < 4; i++) c[i] = 256 * (long long)hi[i] + lo[i];
+}
+
+// Any dtype with F32 FMAs (x rounded to BF16 for BF16 weights), but INT8 with exact int64 sums
+// against x's I16 form (inv: each row's factor; only where the rows fill no vectors): steps
+// [s0, s1) of rows wa and wb against the n rows of x, 16 bytes per lane and step when vec, else one
+// column. The four lanes of a row then split its sums so that c has tile_mma's layout.
 template <int DT, bool VEC>
-__device__ __forceinline__ void tile_fma(float c[4], const char *wa, const char *wb, const float *x, int n, int cols,
-                                         int nvec, int s0, int s1, int t) {
-    constexpr bool ROUND = DT == QLM_BF16 || DT == QLM_I8;
-    float acc[2 * GEMV_MAX_ROWS]; // [j] row g, [GEMV_MAX_ROWS + j] row g + 8, against row j of x
+__device__ __forceinline__ void tile_fma(typename wtraits<DT>::sum c[4], const char *wa, const char *wb, const float *x,
+                                         const float *inv, int n, int cols, int nvec, int s0, int s1, int t) {
+    using T = typename wtraits<DT>::sum;
+    static_assert(DT != QLM_I8 || !VEC, "INT8 vectors go to tile_imma");
+    T acc[2 * GEMV_MAX_ROWS]; // [j] row g, [GEMV_MAX_ROWS + j] row g + 8, against row j of x
 #pragma unroll
     for (int j = 0; j < 2 * GEMV_MAX_ROWS; j++) acc[j] = 0;
     if constexpr (VEC) {
@@ -293,32 +406,38 @@ __device__ __forceinline__ void tile_fma(float c[4], const char *wa, const char 
         for (int s = s0; s < s1; s++) {
             const int col = s * 4 + t;
             if (col >= cols) continue;
-            const float fa = w_scalar<DT>(wa, col), fb = w_scalar<DT>(wb, col);
 #pragma unroll
             for (int j = 0; j < GEMV_MAX_ROWS; j++) {
                 if (j >= n) break;
-                const float xv = ROUND ? qlm_bf16_round(x[(size_t)j * cols + col]) : x[(size_t)j * cols + col];
-                acc[j] = fmaf(fa, xv, acc[j]);
-                acc[GEMV_MAX_ROWS + j] = fmaf(fb, xv, acc[GEMV_MAX_ROWS + j]);
+                const float xv = x[(size_t)j * cols + col];
+                if constexpr (DT == QLM_I8) {
+                    const long long q = i16_of(xv, inv[j]);
+                    acc[j] += ((const signed char *)wa)[col] * q;
+                    acc[GEMV_MAX_ROWS + j] += ((const signed char *)wb)[col] * q;
+                } else {
+                    const float xr = DT == QLM_BF16 ? qlm_bf16_round(xv) : xv;
+                    acc[j] = fmaf(w_scalar<DT>(wa, col), xr, acc[j]);
+                    acc[GEMV_MAX_ROWS + j] = fmaf(w_scalar<DT>(wb, col), xr, acc[GEMV_MAX_ROWS + j]);
+                }
             }
         }
     }
     // Lanes t ^ 2 swap halves of j (t & 2 keeps 4..7), then lanes t ^ 1 (t & 1 keeps the upper
     // pair): lane t ends with j = 2t and 2t + 1 of both rows.
     const bool hi2 = t & 2, hi1 = t & 1;
-    float h[8];
+    T h[8];
 #pragma unroll
     for (int r = 0; r < 2; r++)
 #pragma unroll
         for (int i = 0; i < 4; i++) {
-            const float lo = acc[r * GEMV_MAX_ROWS + i], up = acc[r * GEMV_MAX_ROWS + 4 + i];
+            const T lo = acc[r * GEMV_MAX_ROWS + i], up = acc[r * GEMV_MAX_ROWS + 4 + i];
             h[r * 4 + i] = (hi2 ? up : lo) + __shfl_xor_sync(0xffffffffu, hi2 ? lo : up, 2);
         }
 #pragma unroll
     for (int r = 0; r < 2; r++)
 #pragma unroll
         for (int i = 0; i < 2; i++) {
-            const float lo = h[r * 4 + i], up = h[r * 4 + 2 + i];
+            const T lo = h[r * 4 + i], up = h[r * 4 + 2 + i];
             c[r * 2 + i] = (hi1 ? up : lo) + __shfl_xor_sync(0xffffffffu, hi1 ? lo : up, 1);
         }
 }
@@ -352,15 +471,21 @@ __device__ __forceinline__ void rows_rms_inv(float *inv, const float *x, int n, 
 // Row i (0 .. GEMV_TILE - 1) of the tile whose rows start at r0, two runs of 8 pair rows apart.
 __device__ __forceinline__ int tile_row(int r0, int pair, int i) { return r0 + (i & 7) + (i >> 3) * pair; }
 
-// Output j of the tile's row `row`: the warps' sums in warp order, scaled (INT8) and biased.
+// Output j of the tile's row `row`: the warps' sums in warp order (INT8: the exact integer sum,
+// times x's I16 scale xscale[j], then the weight's, as the CPU's qlm_gemv_finish), biased.
 template <int DT>
-__device__ __forceinline__ float tile_output(const float (&sums)[GEMV_WARPS][GEMV_TILE][GEMV_MAX_ROWS], int row, int j,
-                                             const gemv_part &P, const float *row_scale, const float *row_bias) {
-    float v = 0;
+__device__ __forceinline__ float tile_output(const typename wtraits<DT>::sum (&sums)[GEMV_WARPS][GEMV_TILE][GEMV_MAX_ROWS],
+                                             int row, int j, const gemv_part &P, const float *row_scale,
+                                             const float *row_bias, const float *xscale) {
+    typename wtraits<DT>::sum v = 0;
 #pragma unroll
     for (int w = 0; w < GEMV_WARPS; w++) v += sums[w][row][j];
-    const float scale = DT == QLM_I8 ? (P.row_scales ? row_scale[row] : P.scale) : 1.0f;
-    return __fmaf_rn(v, scale, P.bias ? row_bias[row] : 0.0f);
+    float out;
+    if constexpr (DT == QLM_I8)
+        out = __fmul_rn(__fmul_rn(__ll2float_rn(v), xscale[j]), P.row_scales ? row_scale[row] : P.scale);
+    else
+        out = v;
+    return P.bias ? __fadd_rn(out, row_bias[row]) : out;
 }
 
 // NR: n rounded up to a power of 2 for the mma kernels, GEMV_MAX_ROWS (unused) for the others.
@@ -369,8 +494,8 @@ template <int DT, bool VEC, int NR, bool PDL, int FORM>
 __global__ void __launch_bounds__(GEMV_WARPS * 32, gemv_min_blocks<DT, VEC, NR>())
     gemv_kernel(const __grid_constant__ gemv_args a) {
     static_assert(GEMV_MAX_ROWS == 8 && GEMV_TILE == 16, "the mma's n and m");
-    // float2 stores below: aligned for them (the declaration alone promises 4 bytes).
-    __shared__ __align__(16) float sums[GEMV_WARPS][GEMV_TILE][GEMV_MAX_ROWS];
+    using T = typename wtraits<DT>::sum;
+    __shared__ T sums[GEMV_WARPS][GEMV_TILE][GEMV_MAX_ROWS];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     const int tile = blockIdx.x;
     int k = 0;
@@ -388,8 +513,9 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32, gemv_min_blocks<DT, VEC, NR>(
     // Launched to overlap the kernel before (qlm_cuda_pdl), the warp's weights head for L2 while
     // that kernel finishes x: the 128-byte lines of its steps of both rows, split among lanes t.
     // Its own instances, so that the others' registers are not spent on it. A norm's sums of
-    // squares come before the first weight load: they too have the weights on their way.
-    if (VEC && (PDL || FORM == X_RMSNORM))
+    // squares and INT8's pass for x's scales come before the first weight load: they too have the
+    // weights on their way.
+    if (VEC && (PDL || FORM == X_RMSNORM || DT == QLM_I8))
         for (int line = s0 / 2 + t; line <= (s1 - 1) / 2; line += 4) {
             prefetch_l2(wa + (size_t)line * 128);
             prefetch_l2(wb + (size_t)line * 128);
@@ -404,26 +530,34 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32, gemv_min_blocks<DT, VEC, NR>(
         if (DT == QLM_I8 && P.row_scales) cp_async4(&row_scale[threadIdx.x], P.row_scales + scale_row);
         if (P.bias) cp_async4(&row_bias[threadIdx.x], P.bias + scale_row);
     }
-    float c[4];
+    __shared__ float xinv[GEMV_MAX_ROWS], xscale[GEMV_MAX_ROWS]; // INT8: x's I16 form, per row
+    T c[4];
     if constexpr (VEC && (DT == QLM_BF16 || DT == QLM_I8)) {
         __shared__ float inv[GEMV_MAX_ROWS];
         if (FORM == X_RMSNORM) rows_rms_inv(inv, a.x, n, cols, a.eps);
-        const x_source<FORM> x = {a.x, a.up, a.norm, inv, blockIdx.x == 0 ? a.x_out : NULL, (qlm_act)a.act};
-        tile_mma<DT, NR, FORM>(c, wa, wb, x, n, cols, nvec, s0, s1, lane);
+        x_source<FORM> x = {a.x, a.up, a.norm, inv, blockIdx.x == 0 ? a.x_out : NULL, (qlm_act)a.act};
+        if constexpr (DT == QLM_I8) {
+            rows_i16_scales<true>(xinv, xscale, x, n, cols);
+            x.out = NULL; // the scales' pass wrote it whole
+            tile_imma<NR, FORM>(c, wa, wb, x, xinv, n, cols, nvec, s0, s1, lane);
+        } else {
+            tile_mma<NR, FORM>(c, wa, wb, x, n, cols, nvec, s0, s1, lane);
+        }
     } else {
-        tile_fma<DT, VEC>(c, wa, wb, a.x, n, cols, nvec, s0, s1, t);
+        if constexpr (DT == QLM_I8) rows_i16_scales<false>(xinv, xscale, x_source<X_GIVEN>{a.x}, n, cols);
+        tile_fma<DT, VEC>(c, wa, wb, a.x, xinv, n, cols, nvec, s0, s1, t);
     }
-    *(float2 *)&sums[warp][g][2 * t] = make_float2(c[0], c[1]);
-    *(float2 *)&sums[warp][g + 8][2 * t] = make_float2(c[2], c[3]);
+#pragma unroll
+    for (int i = 0; i < 4; i++) sums[warp][g + 8 * (i >> 1)][2 * t + (i & 1)] = c[i];
     asm volatile("cp.async.wait_all;" ::: "memory");
     __syncthreads();
     const int j = threadIdx.x % GEMV_MAX_ROWS, row = threadIdx.x / GEMV_MAX_ROWS, r = tile_row(r0, P.pair, row);
     if (threadIdx.x >= GEMV_TILE * GEMV_MAX_ROWS || j >= n || r >= P.rows) return;
-    float out = tile_output<DT>(sums, row, j, P, row_scale, row_bias);
+    float out = tile_output<DT>(sums, row, j, P, row_scale, row_bias, xscale);
     if (P.rope) {
         // Tile rows row and row ^ 8 are a pair (x[e], x[e + half]) of a head: each thread makes the
         // other's output too and keeps its own side of the rotation, as rope_kernel rotates.
-        const float other = tile_output<DT>(sums, row ^ 8, j, P, row_scale, row_bias);
+        const float other = tile_output<DT>(sums, row ^ 8, j, P, row_scale, row_bias, xscale);
         float lo = row < 8 ? out : other, hi = row < 8 ? other : out;
         qlm_rope_pair(lo, hi, (float)qlm_ints_at(a.rope_pos, j) * a.inv_freq[r % a.head_dim % P.pair], 1.0f);
         out = row < 8 ? lo : hi;

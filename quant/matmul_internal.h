@@ -10,6 +10,7 @@
 
 #include "../core/weight.h"
 #include "half.h"
+#include "x_int_form.h"
 
 typedef struct {
     const char *name;
@@ -158,33 +159,12 @@ static inline long qlm_x_row_stride(long cols, size_t esize) {
     return (size_t)cols * esize % 4096 == 0 ? cols + (long)(64 / esize) : cols;
 }
 
-/* Largest |q| of the I16 form and of the I8 form: symmetric, so -q is always representable. */
-#define QLM_I16_MAX 32767.0f
-#define QLM_X8_MAX 127.0f
 /* Values of the I8 form that share a scale: a run of a block type's values. */
 #define QLM_X8_BLOCK 32
 /* Columns of an I8 row whose integer products one int32 lane sums before they are added up in
  * F32: with |q| <= 32767 and |w| <= 128, a lane of 8 (AVX2) holding 2 products per 16 columns
  * stays below 2^31 over 2048 / 8 = 256 products; a multiple of every kernel's step. */
 #define QLM_I8_BLOCK 2048L
-
-/* The scale s = max|x| / qmax of an integer form (I16: qmax QLM_I16_MAX per row; I8: QLM_X8_MAX
- * per run) of values whose largest magnitude is absmax (NaN if they hold a NaN or infinity, so
- * that their products are NaN as with F32 x), and in *inv the factor that maps x to
- * q = round(x * inv); *inv = 0 (all q = 0) for values that are not finite or whose largest
- * magnitude is below 1e-30 (their products, under 1e-30 |w|, are dropped). */
-static inline float qlm_x_int_scale(float absmax, int has_nan, float qmax, float *inv) {
-    if (has_nan || !(absmax <= FLT_MAX)) {
-        *inv = 0;
-        return NAN;
-    }
-    if (absmax < 1e-30f) {
-        *inv = 0;
-        return 0;
-    }
-    *inv = qmax / absmax;
-    return absmax / qmax;
-}
 
 /* The bytes before a block's values (its F16 scale, and Q4_1's F16 offset) and those of each run
  * of 32 values. */

@@ -6,6 +6,8 @@
 
 #include "../../core/kv_cache.h"
 #include "../../quant/half.h"
+#include "../../quant/matmul.h"
+#include "../../quant/x_int_form.h"
 #include "gpu_test_util.h"
 
 static float bf16_round(float x) { return qlm_bf16_to_f32(qlm_f32_to_bf16(x)); }
@@ -60,20 +62,38 @@ static float *exact_x(int n, int cols, unsigned seed) {
     return x;
 }
 
+/* Whether the product takes x in the I16 form (quant/x_int_form.h: per row of x, q = round(x / s)
+ * with |q| <= 32767, as the CPU takes it): INT8 weights in the GEMV (n <= 8), whose integer sums
+ * are exact; cuBLAS (n > 8) takes x rounded to BF16, as it does for BF16 weights. */
+static int takes_i16(const qlm_weight *w, int n) { return w->dtype == QLM_I8 && n <= 8; }
+
 /* How y (the device's [n][rows]) meets y = x W^T + bias computed in double from the stored values
- * (x rounded to BF16 for BF16 and INT8 weights, INT8's scale applied to the integer sum). */
+ * (x in the form the path takes it, INT8's scales applied to the integer sum). */
 typedef struct {
     double worst; /* max |y - ref| / (sum |w x| + |bias|) */
-    long inexact; /* outputs other than ref rounded to F32 (without a bias: one rounding after an exact sum) */
+    /* outputs other than ref rounded to F32 (without a bias: one rounding after an exact sum); for
+     * the I16 form, other than the CPU's scalar reference (qlm_matmul_scalar, the same integer sum
+     * scaled in the same float operations), bias or not */
+    long inexact;
 } matmul_err;
 
 static matmul_err matmul_check(const test_weight *t, const float *x, int n, const float *bias, const float *y) {
     const qlm_weight *w = &t->host;
-    const int rows = w->rows, cols = w->cols, rounds_x = w->dtype == QLM_BF16 || w->dtype == QLM_I8;
+    const int rows = w->rows, cols = w->cols, i16 = takes_i16(w, n), rounds_x = w->dtype == QLM_BF16 || w->dtype == QLM_I8;
     double *wv = malloc((size_t)cols * sizeof *wv), *xr = malloc((size_t)n * cols * sizeof *xr);
-    float *wrow = malloc((size_t)cols * sizeof *wrow);
-    assert_true(wv && xr && wrow);
-    for (long i = 0; i < (long)n * cols; i++) xr[i] = rounds_x ? bf16_round(x[i]) : x[i];
+    double *xscale = malloc((size_t)n * sizeof *xscale);
+    float *wrow = malloc((size_t)cols * sizeof *wrow), *cpu_y = malloc((size_t)n * rows * sizeof *cpu_y);
+    assert_true(wv && xr && xscale && wrow && cpu_y);
+    for (int i = 0; i < n; i++) {
+        const float *xi = x + (size_t)i * cols;
+        float inv = 1, absmax = 0;
+        int nan = 0;
+        for (int c = 0; c < cols; c++) nan |= isnan(xi[c]), absmax = fmaxf(absmax, fabsf(xi[c]));
+        xscale[i] = i16 ? qlm_x_int_scale(absmax, nan, QLM_I16_MAX, &inv) : 1;
+        for (int c = 0; c < cols; c++)
+            xr[(size_t)i * cols + c] = i16 ? (inv == 0 ? 0 : lrintf(xi[c] * inv)) : rounds_x ? bf16_round(xi[c]) : xi[c];
+    }
+    if (i16) qlm_matmul_scalar(cpu_y, x, n, w, bias);
     matmul_err e = {0, 0};
     for (int r = 0; r < rows; r++) {
         double scale = 1;
@@ -90,12 +110,16 @@ static matmul_err matmul_check(const test_weight *t, const float *x, int n, cons
                 sum += wv[c] * xr[(size_t)i * cols + c];
                 mag += fabs(wv[c] * xr[(size_t)i * cols + c]);
             }
-            double b = bias ? bias[r] : 0, ref = sum * scale + b, got = y[(size_t)i * rows + r];
-            e.worst = fmax(e.worst, fabs(got - ref) / (mag * scale + fabs(b) + 1e-30));
-            if (!bias && got != (float)ref) e.inexact++;
+            const double s = scale * xscale[i], b = bias ? bias[r] : 0, ref = sum * s + b;
+            const float got = y[(size_t)i * rows + r];
+            e.worst = fmax(e.worst, fabs(got - ref) / (mag * s + fabs(b) + 1e-30));
+            if (i16)
+                e.inexact += memcmp(&got, &cpu_y[(size_t)i * rows + r], sizeof got) != 0;
+            else if (!bias)
+                e.inexact += got != (float)ref;
         }
     }
-    free(wv), free(xr), free(wrow);
+    free(wv), free(xr), free(xscale), free(wrow), free(cpu_y);
     return e;
 }
 
@@ -147,6 +171,9 @@ static double check_matmul(qlm_dtype dt, int per_channel, int rows, int cols, in
     if (e.worst > 1e-5)
         fail_msg("matmul %s%s %d x %d, %d rows%s: max |diff| / sum|w x| = %.2e", qlm_dtype_name(dt),
                  per_channel ? "-pc" : "", rows, cols, n, with_bias ? " + bias" : "", e.worst);
+    if (takes_i16(&t.host, n) && e.inexact)
+        fail_msg("matmul %s%s %d x %d, %d rows%s: %ld outputs differ from the CPU's scalar reference",
+                 qlm_dtype_name(dt), per_channel ? "-pc" : "", rows, cols, n, with_bias ? " + bias" : "", e.inexact);
     *vs_gemm = 0, *gemm_differ = 0;
     if (n <= 8) {
         float *y9 = gpu_matmul(&t, dx, 9, with_bias ? db : NULL);
@@ -192,7 +219,8 @@ static void test_matmul(void **state) {
 
 /* Products that sum exactly in F32 (exact_x, make_int_weight) come out of the GEMV (n <= 8) as the
  * correctly rounded result, bit for bit, in every dtype and corner (partial steps, 2-7 rows of 8,
- * rows not filling a tile). The cuBLAS rows (n > 8) are reported, not asserted. */
+ * rows not filling a tile); INT8, whose sums over x's I16 form are exact for any x, as the CPU's
+ * scalar reference. The cuBLAS rows (n > 8) are reported, not asserted. */
 static void test_matmul_exact(void **state) {
     (void)state;
     const struct {

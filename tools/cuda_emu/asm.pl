@@ -4,6 +4,7 @@ s/(__device__ __forceinline__ uint4 ld_weights\(const char \*p\) \{).*?\n\}/$1 r
 s/(__device__ __forceinline__ void cp_async4\(float \*dst, const float \*src\) \{).*?\n\}/$1 *dst = *src; }/s;
 s/asm volatile\("cp\.async\.wait_all;" ::: "memory"\);//g;
 s/(unsigned b1\) \{)\s*float d\[4\];\s*asm volatile\(.*?\);/$1\n    float d[4];\n    emu_mma_bf16(d, a0, a1, a2, a3, b0, b1);/s;
+s/(__device__ __forceinline__ void mma_i8\(int c\[4\].*?unsigned b1\) \{).*?\n\}/$1\n    emu_mma_i8(c, a0, a1, a2, a3, b0, b1, B_UNSIGNED);\n}/s;
 s/(__device__ __forceinline__ void prefetch_l2\(const char \*p\)) \{.*?\}/$1 {}/;
 s/__grid_constant__//g;
 s/([\w:]+(?:<[^<>;]*>)?)\s*<<<(.+?)>>>\s*\((.*?)\);/emu_launch([&] { $1($3); }, $2);/gs;

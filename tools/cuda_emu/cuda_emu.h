@@ -112,6 +112,8 @@ static inline float __double2float_rn(double a) { return (float)a; }
 static inline float __fdiv_rn(float a, float b) { return a / b; }
 static inline float __fsqrt_rn(float a) { return sqrtf(a); }
 static inline float __fmul_rn(float a, float b) { return a * b; }
+static inline int __float2int_rn(float x) { return (int)lrintf(x); }
+static inline float __ll2float_rn(long long x) { return (float)x; }
 static inline float __saturatef(float x) { return x < 0 ? 0 : x > 1 ? 1 : x; }
 static inline int __popc(unsigned x) { return __builtin_popcount(x); }
 static inline float atomicAdd(float *p, float v) { static std::mutex m; std::lock_guard<std::mutex> g(m); float o = *p; *p = o + v; return o; }
@@ -173,6 +175,8 @@ template <class F> static inline int cudaFuncSetAttribute(F, int, int) { return 
 static inline int cudaDeviceGetAttribute(int *v, int, int) { *v = 132; return 0; }
 // mma.sync.m16n8k16.row.col.f32.bf16.bf16.f32 with C = 0, from the PTX ISA's fragment layout.
 void emu_mma_bf16(float d[4], unsigned a0, unsigned a1, unsigned a2, unsigned a3, unsigned b0, unsigned b1);
+// mma.sync.m16n8k32.row.col.s32.s8.{s8,u8}.s32 with C = D, likewise.
+void emu_mma_i8(int c[4], unsigned a0, unsigned a1, unsigned a2, unsigned a3, unsigned b0, unsigned b1, bool b_unsigned);
 template <class... P, class... A> static inline int cudaLaunchKernelEx(const cudaLaunchConfig_t *c, void (*k)(P...), A &&...args) {
     emu_launch([&] { k(args...); }, c->gridDim, c->blockDim, c->dynamicSmemBytes);
     return 0;

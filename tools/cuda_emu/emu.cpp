@@ -171,3 +171,27 @@ void emu_mma_bf16(float d[4], unsigned a0, unsigned a1, unsigned a2, unsigned a3
     }
     g_warp_bar[w]->arrive_and_wait();
 }
+void emu_mma_i8(int c[4], unsigned a0, unsigned a1, unsigned a2, unsigned a3, unsigned b0, unsigned b1, bool b_unsigned) {
+    int t = linear_tid(), w = t >> 5, lane = t & 31;
+    unsigned *f = g_frag[w][lane];
+    f[0] = a0, f[1] = a1, f[2] = a2, f[3] = a3, f[4] = b0, f[5] = b1;
+    g_warp_bar[w]->arrive_and_wait();
+    auto byte = [](unsigned r, int k) { return (r >> (8 * (k & 3))) & 0xff; };
+    auto A = [&](int row, int k) { // row g: regs 0 (k 0-15), 2 (k 16-31); row g + 8: regs 1, 3
+        int g = row & 7, hi8 = row >> 3, tt = (k & 15) >> 2, reg = hi8 + 2 * (k >> 4);
+        return (int)(signed char)byte(g_frag[w][4 * g + tt][reg], k);
+    };
+    auto B = [&](int k, int col) {
+        unsigned v = byte(g_frag[w][4 * col + ((k & 15) >> 2)][4 + (k >> 4)], k);
+        return b_unsigned ? (int)v : (int)(signed char)v;
+    };
+    int g = lane >> 2, tq = lane & 3, d[4];
+    for (int i = 0; i < 4; i++) {
+        int row = g + 8 * (i >> 1), col = 2 * tq + (i & 1);
+        long long s = c[i];
+        for (int k = 0; k < 32; k++) s += (long long)A(row, k) * B(k, col);
+        d[i] = (int)(unsigned)s;
+    }
+    g_warp_bar[w]->arrive_and_wait();
+    for (int i = 0; i < 4; i++) c[i] = d[i];
+}
