@@ -49,7 +49,8 @@ echo "torch $(python3 -c 'import torch; print(torch.__version__)'). SmolLM2-135M
 echo "DialogSum training dialogues cut to $seq tokens, batch $batch, $steps steps, F32 (TF32 off on both sides), AdamW; LoRA rank 16,"
 echo "alpha 32, dropout 0.05 on all linear layers. Peak GPU memory: nvidia-smi's used memory, sampled every 100 ms,"
 echo "less what was in use before the run (torch's own count of its allocator's peak plus the context beside it)."
-echo "Model FLOP/s count 6 N per token (N = 134.5M; a frozen base does ~4 N of it)."
+echo "Model FLOP/s count 6 N per token (N = 134.5M; a frozen base does ~4 N of it). Reproduce:"
+echo "\`scripts/bench_gpu_train.sh BIN ASSETS SMOLLM2 $steps\` (BIN: build/cuda or gpu_bundle.sh's gpu/bin)."
 echo
 echo "| mode | engine | tokens/s | peak GPU MiB | model TFLOP/s (6 N tokens/s) | qlm / transformers |"
 echo "| --- | --- | ---: | ---: | ---: | --- |"
