@@ -273,6 +273,7 @@ __device__ __forceinline__ void tile_mma(float c[4], const char *wa, const char 
         }
 #pragma unroll
         for (int u = 0; u < GEMV_STEPS; u++) {
+            if (s + u >= s1) break; // the warp's last batch (the same for all its lanes)
             const unsigned a[4] = {ra[u].x, ra[u].y, ra[u].z, ra[u].w}, b[4] = {rb[u].x, rb[u].y, rb[u].z, rb[u].w};
             // Each mma takes 4 of the vector's columns: x's 4 values there and the weights'.
 #pragma unroll
@@ -341,6 +342,7 @@ __device__ __forceinline__ void tile_imma(long long c[4], const char *wa, const 
             i16_bytes(xs.load(x, k, s, s1, nvec, n), xs.row[k] < n ? inv[xs.row[k]] : 0.0f, &px[k][0], &px[k][1]);
 #pragma unroll
         for (int u = 0; u < GEMV_STEPS; u++) {
+            if (s + u >= s1) break; // the warp's last batch (the same for all its lanes)
             const unsigned a[4] = {ra[u].x, ra[u].y, ra[u].z, ra[u].w}, b[4] = {rb[u].x, rb[u].y, rb[u].z, rb[u].w};
 #pragma unroll
             for (int q = 0; q < X::Q; q += 2) {
