@@ -1539,6 +1539,17 @@ static int raw_answer(int fd, int *complete) {
     return reset ? -1 : status;
 }
 
+/* Request i's connect or send failed with errno e: allowed only for a request after SIGTERM
+ * (i >= before) meeting the listener as it closes (refused, reset, or a broken pipe); counted in
+ * *closed, its socket closed. */
+static void closed_after_sigterm(int i, int before, const char *what, int e, int *fd, int *closed) {
+    if (i < before || (e != ECONNREFUSED && e != ECONNRESET && e != EPIPE))
+        fail_msg("request %d (%s SIGTERM): %s failed: %s", i, i < before ? "before" : "after", what, strerror(e));
+    close(*fd);
+    *fd = -1;
+    (*closed)++;
+}
+
 /* SIGTERM while a hundred requests are queued or running, and more arrive after it: each request
  * gets a whole 200 (taken before the drain began), a 429 (the queue was full) or a 503 (it came
  * during the drain), or finds the port closed (the drain was over); none sent before the signal an
@@ -1564,12 +1575,7 @@ static void test_serve_sigterm_under_load(void **state) {
         struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)s.port)};
         a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
         if (connect(fds[i], (struct sockaddr *)&a, sizeof a) != 0) {
-            const int e = errno;
-            if (i < BEFORE || (e != ECONNREFUSED && e != ECONNRESET))
-                fail_msg("connection %d (%s SIGTERM) failed: %s", i, i < BEFORE ? "before" : "after", strerror(e));
-            close(fds[i]);
-            fds[i] = -1;
-            counts[3]++;
+            closed_after_sigterm(i, BEFORE, "connect", errno, &fds[i], &counts[3]);
             continue;
         }
         char body[160], req[512];
@@ -1578,14 +1584,8 @@ static void test_serve_sigterm_under_load(void **state) {
         int m = snprintf(req, sizeof req,
                          "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
                          "Connection: close\r\nContent-Length: %d\r\n\r\n%s", n, body);
-        if (send(fds[i], req, (size_t)m, MSG_NOSIGNAL) != m) {
-            const int e = errno;
-            if (i < BEFORE || (e != EPIPE && e != ECONNRESET))
-                fail_msg("request %d (%s SIGTERM) not sent: %s", i, i < BEFORE ? "before" : "after", strerror(e));
-            close(fds[i]);
-            fds[i] = -1;
-            counts[3]++;
-        }
+        if (send(fds[i], req, (size_t)m, MSG_NOSIGNAL) != m)
+            closed_after_sigterm(i, BEFORE, "send", errno, &fds[i], &counts[3]);
     }
     for (int i = 0; i < BEFORE + AFTER; i++) {
         if (fds[i] < 0) continue;
