@@ -157,7 +157,7 @@ __device__ __forceinline__ void mma_i8(int c[4], unsigned a0, unsigned a1, unsig
 }
 
 // x in the I16 form (quant/x_int_form.h), as the CPU's quantize_i16 makes it: round(x * inv), 0
-// where inv is (x not finite, or all of its row below 1e-30).
+// where inv is 0 (its row holds a value that is not finite, or all of it is below 1e-30).
 __device__ __forceinline__ int i16_of(float x, float inv) { return inv == 0 ? 0 : __float2int_rn(__fmul_rn(x, inv)); }
 
 // Four values of x in the I16 form as the bytes the integer mma takes: *hi their high bytes
@@ -325,7 +325,8 @@ __device__ __forceinline__ void rows_i16_scales(float *inv, float *scale, const 
 // INT8 weights, whole vectors: the warp's steps [s0, s1) of rows wa (g) and wb (g + 8) against rows
 // 0 .. n - 1 of x in the I16 form (inv: each row's factor) on the integer tensor cores, as the
 // products of x's high bytes and of its low bytes (mma_i8; two rounds of x a product): c gets the
-// exact integer sums, 256 hi + lo. The weights' bytes are the A fragments as loaded, no conversion.
+// exact integer sums, 256 hi + lo (int32 within a warp's share of the columns: exact up to a
+// million columns). The weights' bytes are the A fragments as loaded, no conversion.
 template <int NR, int FORM>
 __device__ __forceinline__ void tile_imma(long long c[4], const char *wa, const char *wb, const x_source<FORM> &x,
                                           const float *inv, int n, int cols, int nvec, int s0, int s1, int lane) {
