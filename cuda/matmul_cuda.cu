@@ -33,6 +33,9 @@
 #include "../quant/x_int_form.h"
 
 enum { GEMV_MAX_ROWS = 8, GEMV_WARPS = 16, GEMV_TILE = 16, GEMV_STEPS = 4, GROUP_MAX = 4 };
+// INT8 rows longer than this go to cuBLAS: a warp's int32 sums of 1/16 of them stay exact (|q x| <
+// 128 * 256 per byte product of the I16 form's high and low bytes).
+enum { GEMV_I8_MAX_COLS = 1 << 20 };
 
 struct gemv_part {
     const void *w;
@@ -325,8 +328,8 @@ __device__ __forceinline__ void rows_i16_scales(float *inv, float *scale, const 
 // INT8 weights, whole vectors: the warp's steps [s0, s1) of rows wa (g) and wb (g + 8) against rows
 // 0 .. n - 1 of x in the I16 form (inv: each row's factor) on the integer tensor cores, as the
 // products of x's high bytes and of its low bytes (mma_i8; two rounds of x a product): c gets the
-// exact integer sums, 256 hi + lo (int32 within a warp's share of the columns: exact up to a
-// million columns). The weights' bytes are the A fragments as loaded, no conversion.
+// exact integer sums, 256 hi + lo (int32 within a warp's share of the columns: GEMV_I8_MAX_COLS).
+// The weights' bytes are the A fragments as loaded, no conversion.
 template <int NR, int FORM>
 __device__ __forceinline__ void tile_imma(long long c[4], const char *wa, const char *wb, const x_source<FORM> &x,
                                           const float *inv, int n, int cols, int nvec, int s0, int s1, int lane) {
@@ -796,11 +799,17 @@ static int gemv_run(const qlm_matmul_out *outs, int count, int k) {
     return m;
 }
 
+// Whether the GEMV takes n rows of x against w.
+static bool gemv_takes(const qlm_weight *w, int n) {
+    return n <= GEMV_MAX_ROWS && (w->dtype != QLM_I8 || w->cols <= GEMV_I8_MAX_COLS);
+}
+
 int qlm_cuda_matmul_group(const qlm_matmul_out *outs, int count, const float *x, int n) {
     if (n <= 0) return 0;
     for (int k = 0; k < count;) {
-        const int m = n <= GEMV_MAX_ROWS ? gemv_run(outs, count, k) : 1;
-        if (n <= GEMV_MAX_ROWS)
+        const bool gemv_ok = gemv_takes(outs[k].w, n);
+        const int m = gemv_ok ? gemv_run(outs, count, k) : 1;
+        if (gemv_ok)
             gemv(outs + k, m, x, n, NULL, NULL);
         else if (outs[k].w->rows > 0)
             gemm_matmul(&outs[k], x, n);
@@ -828,7 +837,7 @@ static bool gemv_takes_kv(const qlm_matmul_out *outs, int count, const qlm_kv_st
 // most GEMV_MAX_ROWS rows, every vector the step reads or writes aligned.
 static bool gemv_forms(const qlm_matmul_out *outs, int count, const qlm_x_step *step, const qlm_kv_step *kv, int n) {
     const qlm_weight *w = outs[0].w;
-    if (n > GEMV_MAX_ROWS || gemv_run(outs, count, 0) != count || (w->dtype != QLM_BF16 && w->dtype != QLM_I8) ||
+    if (!gemv_takes(w, n) || gemv_run(outs, count, 0) != count || (w->dtype != QLM_BF16 && w->dtype != QLM_I8) ||
         ((size_t)w->cols * qlm_dtype_size(w->dtype)) % 16 != 0 || (kv && !gemv_takes_kv(outs, count, kv)))
         return false;
     for (int k = 0; k < count; k++)
