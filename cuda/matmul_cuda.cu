@@ -669,7 +669,7 @@ static void gemv(const qlm_matmul_out *outs, int count, const float *x, int n, c
     static const char *const names[4][2] = {{"gemv", "gemv (2-8 rows)"},
                                             {"gemv + norm", "gemv + norm (2-8 rows)"},
                                             {"gemv + glu", "gemv + glu (2-8 rows)"},
-                                            {"gemv + norm + rope_store", "gemv + norm + rope_store (2-8 rows)"}};
+                                            {"gemv + norm + kv step", "gemv + norm + kv step (2-8 rows)"}};
     qlm_cuda_submit(names[kv ? 3 : a.form][a.n > 1], launch_gemv, &a, sizeof a);
 }
 
