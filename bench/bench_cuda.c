@@ -3,7 +3,8 @@
  * each op queued `reps` times, flushed and synchronized, three rounds (the third replays the CUDA
  * graph the second captured, as decode does); prints microseconds per op and, for the matmuls
  * (one row of x, and two GEMVs of 8 and 4 rows), the weight bytes streamed per second against the
- * device-to-device copy bandwidth.
+ * device-to-device copy bandwidth; then 512-row prefill products (cuBLAS's BF16 GEMM, INT8's
+ * integer GEMM) in TFLOP/s.
  * Usage: bench_cuda [reps]   (built by `make CUDA=1 build/cuda/bench/bench_cuda`) */
 #include <stdio.h>
 #include <stdlib.h>
@@ -189,5 +190,29 @@ int main(int argc, char **argv) {
         }
         gpu->free(c.kc), gpu->free(c.vc);
     }
+    /* Prefill: 512 rows of x through the many-row path (cuBLAS; INT8 its integer GEMM over x's I16
+     * form, x made into bytes first), in multiply-adds (x 2) per second. */
+    printf("\n| prefill product | shape | dtype | us/op | TFLOP/s |\n| --- | --- | --- | ---: | ---: |\n");
+    const struct {
+        const char *name;
+        int rows, count, cols;
+    } pre[] = {{"q_proj", 2048, 1, 2048}, {"gate+up", 5632, 2, 2048}, {"down", 2048, 1, 5632}};
+    enum { PREFILL_ROWS = 512 };
+    float *xp = dev_floats((long)PREFILL_ROWS * 5632, 1.0f);
+    for (size_t d = 0; d < 2; d++)
+        for (size_t i = 0; i < sizeof pre / sizeof pre[0]; i++) {
+            mm_ctx m = {.count = pre[i].count, .n = PREFILL_ROWS, .x = xp};
+            qlm_weight w[2];
+            for (int k = 0; k < m.count; k++) {
+                w[k] = dev_weight(dts[d], pre[i].rows, pre[i].cols);
+                m.outs[k] = (qlm_matmul_out){gpu->alloc((size_t)PREFILL_ROWS * pre[i].rows * sizeof(float)), &w[k], NULL, 0};
+            }
+            double us = time_op(run_mm, &m, reps / 4 + 1, m.outs[0].y);
+            double flop = 2.0 * PREFILL_ROWS * pre[i].rows * m.count * pre[i].cols;
+            printf("| %s | %d x %dx%d | %s | %.2f | %.1f |\n", pre[i].name, PREFILL_ROWS, pre[i].rows * m.count,
+                   pre[i].cols, qlm_dtype_name(dts[d]), us, flop / us * 1e-6);
+            for (int k = 0; k < m.count; k++) gpu->free((void *)w[k].data), gpu->free(m.outs[k].y);
+        }
+    gpu->free(xp);
     return 0;
 }

@@ -1,8 +1,8 @@
 // y = x W^T on the GPU. Up to GEMV_MAX_ROWS rows of x (decode) take one GEMV launch, which also
 // serves a whole matmul_group, streaming the weights once in their storage dtype. More rows
 // (prefill, batches) go through cuBLAS: F32 weights as SGEMM (no TF32), BF16 as a BF16 GEMM with x
-// rounded to BF16 and F32 accumulation, INT8 as exact BF16 copies of the integers (|q| <= 127 fits
-// BF16's 8-bit significand) in a BF16 GEMM with the scales applied after, F16 widened to F32 for
+// rounded to BF16 and F32 accumulation, INT8 as an integer GEMM against x in the I16 form (as the
+// GEMV and the CPU take it: the same outputs bit for bit; launch_gemm_i8), F16 widened to F32 for
 // SGEMM (F16 x could overflow on T5).
 //
 // The GEMV is bound by weight bytes, but a 2048-row matrix is only ~60 KB per SM: unless an SM has
@@ -477,8 +477,14 @@ __device__ __forceinline__ void rows_rms_inv(float *inv, const float *x, int n, 
 // Row i (0 .. GEMV_TILE - 1) of the tile whose rows start at r0, two runs of 8 pair rows apart.
 __device__ __forceinline__ int tile_row(int r0, int pair, int i) { return r0 + (i & 7) + (i >> 3) * pair; }
 
-// Output j of the tile's row `row`: the warps' sums in warp order (INT8: the exact integer sum,
-// times x's I16 scale xscale[j], then the weight's, as the CPU's qlm_gemv_finish), biased.
+// An INT8 product's output before its bias: the exact integer sum against x's I16 form times x's
+// scale, then the weight's, as the CPU's qlm_gemv_finish.
+__device__ __forceinline__ float i8_output(long long sum, float xscale, float wscale) {
+    return __fmul_rn(__fmul_rn(__ll2float_rn(sum), xscale), wscale);
+}
+
+// Output j of the tile's row `row`: the warps' sums in warp order (INT8: i8_output with x's
+// scale xscale[j]), biased.
 template <int DT>
 __device__ __forceinline__ float tile_output(const typename wtraits<DT>::sum (&sums)[GEMV_WARPS][GEMV_TILE][GEMV_MAX_ROWS],
                                              int row, int j, const gemv_part &P, const float *row_scale,
@@ -488,7 +494,7 @@ __device__ __forceinline__ float tile_output(const typename wtraits<DT>::sum (&s
     for (int w = 0; w < GEMV_WARPS; w++) v += sums[w][row][j];
     float out;
     if constexpr (DT == QLM_I8)
-        out = __fmul_rn(__fmul_rn(__ll2float_rn(v), xscale[j]), P.row_scales ? row_scale[row] : P.scale);
+        out = i8_output(v, xscale[j], P.row_scales ? row_scale[row] : P.scale);
     else
         out = v;
     return P.bias ? __fadd_rn(out, row_bias[row]) : out;
@@ -675,9 +681,9 @@ static void gemv(const qlm_matmul_out *outs, int count, const float *x, int n, c
 
 // ---- many rows: cuBLAS ----
 
-static void *g_xconv, *g_wconv;
-static size_t g_xconv_cap, g_wconv_cap;
-// Rows of a converted weight chunk: at most this many elements at a time.
+static void *g_xconv, *g_wconv, *g_sum;
+static size_t g_xconv_cap, g_wconv_cap, g_sum_cap;
+// Rows of a widened F16 weight chunk: at most this many elements at a time.
 enum { WCONV_ELEMS = 32 << 20 };
 
 __global__ void to_bf16_kernel(unsigned short *out, const float *x, long n) {
@@ -685,25 +691,17 @@ __global__ void to_bf16_kernel(unsigned short *out, const float *x, long n) {
     if (i < n) out[i] = qlm_f32_to_bf16(x[i]);
 }
 
-// Rows [0, rows) of an INT8 weight as BF16 (exact), or of an F16 one as F32 (exact).
-__global__ void widen_kernel(void *out, const void *w, int dt, long n) {
+__global__ void widen_f16_kernel(float *out, const __half *w, long n) {
     long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= n) return;
-    if (dt == QLM_I8)
-        ((__nv_bfloat16 *)out)[i] = __float2bfloat16_rn((float)((const signed char *)w)[i]);
-    else
-        ((float *)out)[i] = __half2float(((const __half *)w)[i]);
+    if (i < n) out[i] = __half2float(w[i]);
 }
 
-// y[j][r] = (y[j][r] with add) + sum[j][r] * row_scales[r] + bias[r], either part absent (sum may be y).
-__global__ void epilogue_kernel(float *y, const float *sum, int add, int n, int rows, const float *row_scales,
-                                const float *bias) {
+// y[j][r] = (y[j][r] with add) + sum[j][r] + bias[r], the bias absent or not.
+__global__ void epilogue_kernel(float *y, const float *sum, int add, int n, int rows, const float *bias) {
     long t = (long)blockIdx.x * blockDim.x + threadIdx.x;
     if (t >= (long)n * rows) return;
-    int r = (int)(t % rows);
     float v = sum[t];
-    if (row_scales) v *= row_scales[r];
-    if (bias) v += bias[r];
+    if (bias) v += bias[(int)(t % rows)];
     y[t] = add ? y[t] + v : v;
 }
 
@@ -716,73 +714,178 @@ static void gemm(float *y, int ldy, const void *w, cudaDataType wt, const void *
                               &beta, y, CUDA_R_32F, ldy, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
 }
 
+// INT8 weights against more rows of x than the GEMV takes: cuBLAS's integer GEMM (signed bytes,
+// int32 sums, on the tensor cores) over x in the I16 form, as the CPU and the GEMV take it, so that
+// prefill too gives the CPU's scalar reference bit for bit and the weights are read as stored. q
+// needs 16 bits, so x's n rows go in as 2n + 1 rows of bytes: rows [0, n) q >> 8, rows [n, 2n)
+// (q & 255) - 128, row 2n ones (each weight row's own sum), and sum w q = 256 sum w hi +
+// sum w lo + 128 sum w. Columns go I8_GEMM_K at a time (each int32 sum below 2^30), weight rows a
+// block whose sums fit I8_SUMS_ELEMS.
+enum { I8_GEMM_K = 1 << 16, I8_SUMS_ELEMS = 16 << 20 };
+
+// Block n writes the ones row; block i < n row i's scale and its two rows of bytes.
+__global__ void i16_planes_kernel(signed char *planes, float *xscale, const float *x, int n, int cols) {
+    const int i = blockIdx.x;
+    if (i == n) {
+        for (int c = threadIdx.x; c < cols; c += blockDim.x) planes[(size_t)2 * n * cols + c] = 1;
+        return;
+    }
+    __shared__ float warp_max[32], inv;
+    const float *xi = x + (size_t)i * cols;
+    float m = 0;
+    for (int c = threadIdx.x; c < cols; c += blockDim.x) m = absmax_of(m, xi[c]);
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+    if ((threadIdx.x & 31) == 0) warp_max[threadIdx.x >> 5] = m;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        for (int w = 1; w < (int)(blockDim.x >> 5); w++) m = fmaxf(m, warp_max[w]);
+        xscale[i] = qlm_x_int_scale(m, 0, QLM_I16_MAX, &inv);
+    }
+    __syncthreads();
+    signed char *hi = planes + (size_t)i * cols, *lo = planes + (size_t)(n + i) * cols;
+    for (int c = threadIdx.x; c < cols; c += blockDim.x) {
+        const int q = i16_of(xi[c], inv);
+        hi[c] = (signed char)(q >> 8);
+        lo[c] = (signed char)((q & 255) - 128);
+    }
+}
+
+struct i8_fold {
+    float *y;
+    long long *acc;   // the sums of the column chunks before (n x rc)
+    const int *sums;  // this chunk's: 2n + 1 rows of rc
+    const float *xscale, *row_scales, *bias;
+    float scale;
+    int n, rows, r0, rc, first, last, add;
+};
+
+// Outputs [r0, r0 + rc) of x's n rows: a column chunk's sums made back into sum w q and added to
+// the chunks' before; after the last, scaled and biased as the GEMV's outputs into y.
+__global__ void i8_fold_kernel(const i8_fold f) {
+    const long t = (long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (t >= (long)f.n * f.rc) return;
+    const int i = (int)(t / f.rc), r = (int)(t % f.rc);
+    const int *s = f.sums + r;
+    long long v = 256LL * s[(size_t)i * f.rc] + s[(size_t)(f.n + i) * f.rc] + 128LL * s[(size_t)2 * f.n * f.rc];
+    if (!f.first) v += f.acc[t];
+    if (!f.last) {
+        f.acc[t] = v;
+        return;
+    }
+    const int o = f.r0 + r;
+    float out = i8_output(v, f.xscale[i], f.row_scales ? f.row_scales[o] : f.scale);
+    if (f.bias) out = __fadd_rn(out, f.bias[o]);
+    float *y = f.y + (size_t)i * f.rows + o;
+    *y = f.add ? *y + out : out;
+}
+
 struct gemm_args {
     float *y, *sum; // sum: where the product goes before it adds to y (add), else y
     const float *x, *bias;
     qlm_weight w;
-    void *xb, *wconv; // scratch: x as BF16, a chunk of converted weight rows
-    int n, chunk, add;
+    void *xform, *wconv; // scratch: x as BF16 or INT8's planes and scales; widened F16 rows or INT8's sums
+    long long *acc;      // INT8: the column chunks' sums so far
+    int n, chunk, add;   // chunk: weight rows at a time (F16, INT8)
 };
+
+static void launch_gemm_i8(const gemm_args &a) {
+    const qlm_weight *w = &a.w;
+    const int rows = w->rows, cols = w->cols, n = a.n, nb = 2 * n + 1, one = 1, zero = 0;
+    signed char *planes = (signed char *)a.xform;
+    float *xscale = (float *)(planes + (((size_t)nb * cols + 15) & ~(size_t)15));
+    i16_planes_kernel<<<n + 1, 256, 0, qlm_cuda_stream>>>(planes, xscale, a.x, n, cols);
+    LAUNCH_CHECK();
+    i8_fold f = {a.y, a.acc, (const int *)a.wconv, xscale, w->row_scales, a.bias, w->scale, n, rows, 0, 0, 0, 0, a.add};
+    for (f.r0 = 0; f.r0 < rows; f.r0 += a.chunk) {
+        f.rc = rows - f.r0 < a.chunk ? rows - f.r0 : a.chunk;
+        const signed char *wr = (const signed char *)w->data + (size_t)f.r0 * cols;
+        for (int k0 = 0; k0 < cols; k0 += I8_GEMM_K) {
+            const int kc = cols - k0 < I8_GEMM_K ? cols - k0 : I8_GEMM_K;
+            CUBLAS_CHECK(cublasGemmEx(qlm_cuda_blas, CUBLAS_OP_T, CUBLAS_OP_N, f.rc, nb, kc, &one, wr + k0, CUDA_R_8I,
+                                      cols, planes + k0, CUDA_R_8I, cols, &zero, a.wconv, CUDA_R_32I, f.rc,
+                                      CUBLAS_COMPUTE_32I, CUBLAS_GEMM_DEFAULT));
+            f.first = k0 == 0, f.last = k0 + kc >= cols;
+            i8_fold_kernel<<<qlm_cuda_blocks((long)n * f.rc, 256), 256, 0, qlm_cuda_stream>>>(f);
+            LAUNCH_CHECK();
+        }
+    }
+}
 
 static void launch_gemm(const void *p) {
     const gemm_args &a = *(const gemm_args *)p;
     const qlm_weight *w = &a.w;
     const int rows = w->rows, cols = w->cols, n = a.n;
-    const float *row_scales = NULL;
+    if (w->dtype == QLM_I8) {
+        launch_gemm_i8(a);
+        return;
+    }
     float *y = a.sum;
     if (w->dtype == QLM_F32) {
         gemm(y, rows, w->data, CUDA_R_32F, a.x, CUDA_R_32F, rows, n, cols, 1.0f);
-    } else if (w->dtype == QLM_BF16 || w->dtype == QLM_I8) {
+    } else if (w->dtype == QLM_BF16) {
         long nx = (long)n * cols;
-        to_bf16_kernel<<<qlm_cuda_blocks(nx, 256), 256, 0, qlm_cuda_stream>>>((unsigned short *)a.xb, a.x, nx);
+        to_bf16_kernel<<<qlm_cuda_blocks(nx, 256), 256, 0, qlm_cuda_stream>>>((unsigned short *)a.xform, a.x, nx);
         LAUNCH_CHECK();
-        if (w->dtype == QLM_BF16) {
-            gemm(y, rows, w->data, CUDA_R_16BF, a.xb, CUDA_R_16BF, rows, n, cols, 1.0f);
-        } else {
-            for (int r0 = 0; r0 < rows; r0 += a.chunk) {
-                int rc = rows - r0 < a.chunk ? rows - r0 : a.chunk;
-                long ne = (long)rc * cols;
-                widen_kernel<<<qlm_cuda_blocks(ne, 256), 256, 0, qlm_cuda_stream>>>(
-                    a.wconv, (const signed char *)w->data + (size_t)r0 * cols, QLM_I8, ne);
-                LAUNCH_CHECK();
-                gemm(y + r0, rows, a.wconv, CUDA_R_16BF, a.xb, CUDA_R_16BF, rc, n, cols, w->row_scales ? 1.0f : w->scale);
-            }
-            row_scales = w->row_scales;
-        }
+        gemm(y, rows, w->data, CUDA_R_16BF, a.xform, CUDA_R_16BF, rows, n, cols, 1.0f);
     } else {
         for (int r0 = 0; r0 < rows; r0 += a.chunk) {
             int rc = rows - r0 < a.chunk ? rows - r0 : a.chunk;
             long ne = (long)rc * cols;
-            widen_kernel<<<qlm_cuda_blocks(ne, 256), 256, 0, qlm_cuda_stream>>>(
-                a.wconv, (const __half *)w->data + (size_t)r0 * cols, QLM_F16, ne);
+            widen_f16_kernel<<<qlm_cuda_blocks(ne, 256), 256, 0, qlm_cuda_stream>>>(
+                (float *)a.wconv, (const __half *)w->data + (size_t)r0 * cols, ne);
             LAUNCH_CHECK();
             gemm(y + r0, rows, a.wconv, CUDA_R_32F, a.x, CUDA_R_32F, rc, n, cols, 1.0f);
         }
     }
-    if (row_scales || a.bias || a.add) {
+    if (a.bias || a.add) {
         long ny = (long)n * rows;
-        epilogue_kernel<<<qlm_cuda_blocks(ny, 256), 256, 0, qlm_cuda_stream>>>(a.y, y, a.add, n, rows, row_scales,
-                                                                                 a.bias);
+        epilogue_kernel<<<qlm_cuda_blocks(ny, 256), 256, 0, qlm_cuda_stream>>>(a.y, y, a.add, n, rows, a.bias);
         LAUNCH_CHECK();
     }
 }
 
-static void *g_sum;
-static size_t g_sum_cap;
+// Whether cuBLAS's integer GEMM can read an INT8 weight: 4-byte aligned rows.
+static bool i8_gemm_takes(const qlm_weight *w) { return w->cols % 4 == 0 && (uintptr_t)w->data % 4 == 0; }
+
+// Rows of per_row elements each that fit cap elements: at least one, at most rows.
+static int rows_within(long cap, long per_row, int rows) {
+    long r = cap / per_row;
+    return r < 1 ? 1 : r < rows ? (int)r : rows;
+}
 
 static void gemm_matmul(const qlm_matmul_out *out, const float *x, int n) {
     const qlm_weight *w = out->w;
+    const size_t cols = (size_t)w->cols;
     gemm_args a;
     memset(&a, 0, sizeof a);
     a.y = out->y, a.x = x, a.bias = out->bias, a.w = *w, a.n = n, a.add = out->add;
+    if (w->dtype == QLM_I8) {
+        const size_t nb = 2 * (size_t)n + 1;
+        a.chunk = rows_within(I8_SUMS_ELEMS, (long)nb, w->rows);
+        a.xform = qlm_cuda_scratch(&g_xconv, &g_xconv_cap, ((nb * cols + 15) & ~(size_t)15) + n * sizeof(float));
+        a.wconv = qlm_cuda_scratch(&g_wconv, &g_wconv_cap, nb * a.chunk * sizeof(int));
+        if (cols > I8_GEMM_K) a.acc = (long long *)qlm_cuda_scratch(&g_sum, &g_sum_cap, (size_t)n * a.chunk * 8);
+        qlm_cuda_submit("gemm (cuBLAS, int8)", launch_gemm, &a, sizeof a);
+        return;
+    }
     a.sum = a.add ? (float *)qlm_cuda_scratch(&g_sum, &g_sum_cap, (size_t)n * w->rows * sizeof(float)) : a.y;
-    a.chunk = WCONV_ELEMS / w->cols > 0 ? WCONV_ELEMS / w->cols : 1;
-    if (a.chunk > w->rows) a.chunk = w->rows;
-    if (w->dtype == QLM_BF16 || w->dtype == QLM_I8)
-        a.xb = qlm_cuda_scratch(&g_xconv, &g_xconv_cap, (size_t)n * w->cols * 2);
-    if (w->dtype == QLM_I8 || w->dtype == QLM_F16)
-        a.wconv = qlm_cuda_scratch(&g_wconv, &g_wconv_cap, (size_t)a.chunk * w->cols * (w->dtype == QLM_I8 ? 2 : 4));
+    if (w->dtype == QLM_BF16) a.xform = qlm_cuda_scratch(&g_xconv, &g_xconv_cap, (size_t)n * cols * 2);
+    if (w->dtype == QLM_F16) {
+        a.chunk = rows_within(WCONV_ELEMS, (long)cols, w->rows);
+        a.wconv = qlm_cuda_scratch(&g_wconv, &g_wconv_cap, (size_t)a.chunk * cols * sizeof(float));
+    }
     qlm_cuda_submit("gemm (cuBLAS)", launch_gemm, &a, sizeof a);
+}
+
+// The GEMV over rows of x GEMV_MAX_ROWS at a time: INT8 weights that cuBLAS's integer GEMM cannot
+// read (rows that fill no 16-byte vectors, where the GEMV's sums are int64: any width).
+static void gemv_rows(const qlm_matmul_out *out, const float *x, int n) {
+    for (int i = 0; i < n; i += GEMV_MAX_ROWS) {
+        qlm_matmul_out o = *out;
+        o.y += (size_t)i * out->w->rows;
+        gemv(&o, 1, x + (size_t)i * out->w->cols, n - i < GEMV_MAX_ROWS ? n - i : GEMV_MAX_ROWS, NULL, NULL);
+    }
 }
 
 void qlm_cuda_matmul(float *y, const float *x, int n, const qlm_weight *w, const float *bias) {
@@ -812,7 +915,7 @@ int qlm_cuda_matmul_group(const qlm_matmul_out *outs, int count, const float *x,
         if (gemv_ok)
             gemv(outs + k, m, x, n, NULL, NULL);
         else if (outs[k].w->rows > 0)
-            gemm_matmul(&outs[k], x, n);
+            (outs[k].w->dtype == QLM_I8 && !i8_gemm_takes(outs[k].w) ? gemv_rows : gemm_matmul)(&outs[k], x, n);
         k += m;
     }
     return 0;

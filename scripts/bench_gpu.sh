@@ -81,7 +81,7 @@ echo "depend on the values). Reproduce on a machine with a GPU, PyTorch and tran
 echo "scripts/bench_gpu.sh build/cuda ../shared/assets SMOLLM2_FOLDER\` (on one without qlm's Debian libraries, unpack"
 echo "what \`scripts/gpu_bundle.sh\` packs and pass its gpu/bin, gpu/assets and gpu/smollm2)."
 echo
-echo "Kernels, one TinyLlama-1.1B / SmolLM2-135M decode step's operands (\`$bin/bench_cuda\`):"
+echo "Kernels, one TinyLlama-1.1B / SmolLM2-135M decode step's operands, then 512-row prefill products (\`$bin/bench_cuda\`):"
 echo
 "$bin/bench_cuda" 200 | sed -n '/^| op/,$p'
 echo

@@ -417,8 +417,9 @@ static void mixed_batch(qlm_dtype base_dtype) {
         for (int i = 0; i < SEQ; i++) tokens[q][i] = 3 + (q * 37 + i * 11) % (vocab - 3);
     /* Alone: each sequence in its own state, with the batch's row counts (its prompt at once, then a
      * row a step), so that on a GPU both sides take the same matmul kernels. A many-row matmul
-     * (cuBLAS) sums in another order than the few-row GEMV, and where the matmuls round x to BF16
-     * (an INT8 base) such a difference of 1e-7 can flip one rounding and move logits by 1e-2. */
+     * (cuBLAS) sums F32 weights in another order than the few-row GEMV (an INT8 base's integer sums
+     * are exact either way), and where a later matmul rounds x to BF16 such a difference of 1e-7
+     * can flip one rounding and move logits by 1e-2. */
     float *alone = malloc((size_t)4 * SEQ * vocab * sizeof *alone);
     int pos[SEQ], last = PROMPT - 1, first = 0;
     for (int i = 0; i < SEQ; i++) pos[i] = i;

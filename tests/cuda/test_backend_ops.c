@@ -63,9 +63,9 @@ static float *exact_x(int n, int cols, unsigned seed) {
 }
 
 /* Whether the product takes x in the I16 form (quant/x_int_form.h: per row of x, q = round(x / s)
- * with |q| <= 32767, as the CPU takes it): INT8 weights in the GEMV (n <= 8), whose integer sums
- * are exact; cuBLAS (n > 8) takes x rounded to BF16, as it does for BF16 weights. */
-static int takes_i16(const qlm_weight *w, int n) { return w->dtype == QLM_I8 && n <= 8; }
+ * with |q| <= 32767, as the CPU takes it): INT8 weights, in the GEMV (n <= 8) and in cuBLAS's
+ * integer GEMM (n > 8), whose integer sums are exact. */
+static int takes_i16(const qlm_weight *w) { return w->dtype == QLM_I8; }
 
 /* How y (the device's [n][rows]) meets y = x W^T + bias computed in double from the stored values
  * (x in the form the path takes it, INT8's scales applied to the integer sum). */
@@ -79,7 +79,7 @@ typedef struct {
 
 static matmul_err matmul_check(const test_weight *t, const float *x, int n, const float *bias, const float *y) {
     const qlm_weight *w = &t->host;
-    const int rows = w->rows, cols = w->cols, i16 = takes_i16(w, n), rounds_x = w->dtype == QLM_BF16 || w->dtype == QLM_I8;
+    const int rows = w->rows, cols = w->cols, i16 = takes_i16(w), rounds_x = w->dtype == QLM_BF16;
     double *wv = malloc((size_t)cols * sizeof *wv), *xr = malloc((size_t)n * cols * sizeof *xr);
     double *xscale = malloc((size_t)n * sizeof *xscale);
     float *wrow = malloc((size_t)cols * sizeof *wrow), *cpu_y = malloc((size_t)n * rows * sizeof *cpu_y);
@@ -127,7 +127,7 @@ static matmul_err matmul_check(const test_weight *t, const float *x, int n, cons
 
 /* The largest |a - b| / sum |w x| and how many of the n rows x rows outputs differ at all. */
 static double rows_diff(const test_weight *t, const float *x, int n, const float *a, const float *b, long *differ) {
-    const int rows = t->host.rows, cols = t->host.cols, rounds_x = t->host.dtype == QLM_BF16 || t->host.dtype == QLM_I8;
+    const int rows = t->host.rows, cols = t->host.cols, rounds_x = t->host.dtype == QLM_BF16;
     float *wrow = malloc((size_t)cols * sizeof *wrow);
     assert_non_null(wrow);
     double worst = 0;
@@ -158,9 +158,10 @@ static float *gpu_matmul(const test_weight *t, const float *dx, int n, const flo
 }
 
 /* The GPU's y for n rows against the double reference (x in the form each path documents):
- * within 1e-5 of sum |w x|. For n <= 8 (the GEMV) also the same rows inside a 9-row call (cuBLAS),
- * which the model tests compare when a batch's rows run alone: *vs_gemm and *gemm_differ get how far
- * apart the two paths are and in how many outputs (reported, not asserted: they sum in other orders). */
+ * within 1e-5 of sum |w x|; INT8, the CPU's scalar reference bit for bit. For n <= 8 (the GEMV)
+ * also the same rows inside a 9-row call (cuBLAS), which the model tests compare when a batch's
+ * rows run alone: *vs_gemm and *gemm_differ get how far apart the two paths are and in how many
+ * outputs (reported, as floating-point paths sum in other orders; for INT8 none may differ). */
 static double check_matmul(qlm_dtype dt, int per_channel, int rows, int cols, int n, int with_bias, double *vs_gemm,
                            long *gemm_differ) {
     test_weight t;
@@ -173,13 +174,17 @@ static double check_matmul(qlm_dtype dt, int per_channel, int rows, int cols, in
     if (e.worst > 1e-5)
         fail_msg("matmul %s%s %d x %d, %d rows%s: max |diff| / sum|w x| = %.2e", qlm_dtype_name(dt),
                  per_channel ? "-pc" : "", rows, cols, n, with_bias ? " + bias" : "", e.worst);
-    if (takes_i16(&t.host, n) && e.inexact)
+    if (takes_i16(&t.host) && e.inexact)
         fail_msg("matmul %s%s %d x %d, %d rows%s: %ld outputs differ from the CPU's scalar reference",
                  qlm_dtype_name(dt), per_channel ? "-pc" : "", rows, cols, n, with_bias ? " + bias" : "", e.inexact);
     *vs_gemm = 0, *gemm_differ = 0;
     if (n <= 8) {
         float *y9 = gpu_matmul(&t, dx, 9, with_bias ? db : NULL);
         *vs_gemm = rows_diff(&t, x, n, y, y9, gemm_differ);
+        if (takes_i16(&t.host) && *gemm_differ)
+            fail_msg("matmul %s%s %d x %d, %d rows%s: %ld outputs differ between the GEMV and the 9-row GEMM",
+                     qlm_dtype_name(dt), per_channel ? "-pc" : "", rows, cols, n, with_bias ? " + bias" : "",
+                     *gemm_differ);
         free(y9);
     }
     free(x), free(bias), free(y);
@@ -222,7 +227,8 @@ static void test_matmul(void **state) {
 /* Products that sum exactly in F32 (exact_x, make_int_weight) come out of the GEMV (n <= 8) as the
  * correctly rounded result, bit for bit, in every dtype and corner (partial steps, 2-7 rows of 8,
  * rows not filling a tile); INT8, whose sums over x's I16 form are exact for any x, as the CPU's
- * scalar reference. The cuBLAS rows (n > 8) are reported, not asserted. */
+ * scalar reference, in the GEMV and in cuBLAS (n > 8). The other cuBLAS rows are reported, not
+ * asserted. */
 static void test_matmul_exact(void **state) {
     (void)state;
     const struct {
@@ -242,7 +248,7 @@ static void test_matmul_exact(void **state) {
                 float *x = exact_x(n, cols, 17u + (unsigned)n), *dx = to_gpu(x, (size_t)n * cols * sizeof *x);
                 float *y = gpu_matmul(&t, dx, n, NULL);
                 matmul_err e = matmul_check(&t, x, n, NULL, y);
-                if (n <= 8 && e.inexact)
+                if ((n <= 8 || takes_i16(&t.host)) && e.inexact)
                     fail_msg("exact matmul %s%s %d x %d, %d rows: %ld of %ld outputs inexact (max |diff| / sum|w x| "
                              "%.2e)",
                              qlm_dtype_name(kinds[k].dt), kinds[k].pc ? "-pc" : "", rows, cols, n, e.inexact,
@@ -259,36 +265,65 @@ static void test_matmul_exact(void **state) {
         }
 }
 
-/* INT8 in the GEMV takes x as the CPU does where a row of x is not ordinary too: a NaN or an
- * infinity in it (the row's outputs NaN), all zeros, all below 1e-30 (dropped: zeros), one huge
- * value beside small ones (which the I16 form rounds to 0): the CPU's scalar reference, bit for
- * bit, over whole 16-byte vectors (64 columns) and not (203), scales per tensor and per row (with
- * a bias). */
+/* INT8 takes x as the CPU does where a row of x is not ordinary too: a NaN or an infinity in it
+ * (the row's outputs NaN), all zeros, all below 1e-30 (dropped: zeros), one huge value beside small
+ * ones (which the I16 form rounds to 0): the CPU's scalar reference, bit for bit, in the GEMV (the
+ * six rows) and in cuBLAS (twice them), over whole 16-byte vectors (64 columns) and not (203),
+ * scales per tensor and per row (with a bias). */
 static void test_matmul_int8_special_x(void **state) {
     (void)state;
-    const int widths[2] = {64, 203}, n = 6, rows = 37;
+    const int widths[2] = {64, 203}, kinds = 6, rows = 37;
     for (int c = 0; c < 2; c++)
-        for (int pc = 0; pc < 2; pc++) {
-            const int cols = widths[c];
+        for (int pc = 0; pc < 2; pc++)
+            for (int n = kinds; n <= 2 * kinds; n += kinds) {
+                const int cols = widths[c];
+                test_weight t;
+                make_weight(&t, QLM_I8, pc, rows, cols, 7u + (unsigned)(2 * c + pc));
+                float *x = randv((long)n * cols, 21u, 2.0f), *bias = randv(rows, 3u, 1.0f);
+                for (int i = 0; i < n; i += kinds) {
+                    float *xi = x + (size_t)i * cols;
+                    xi[5] = NAN;
+                    xi[2 * cols - 1] = -INFINITY;
+                    for (int k = 0; k < cols; k++) xi[2 * cols + k] = 0, xi[3 * cols + k] *= 1e-32f;
+                    xi[4 * cols + 3] = 1e35f;
+                }
+                float *dx = to_gpu(x, (size_t)n * cols * sizeof *x), *db = to_gpu(bias, (size_t)rows * sizeof *bias);
+                float *y = gpu_matmul(&t, dx, n, pc ? db : NULL);
+                matmul_err e = matmul_check(&t, x, n, pc ? bias : NULL, y);
+                print_message("int8%s %d x %d, %2d rows of x with NaN, -inf, zeros, 1e-32, 1e35, none: %ld of %d "
+                              "outputs differ from the CPU's\n",
+                              pc ? "-pc + bias" : "", rows, cols, n, e.inexact, n * rows);
+                assert_int_equal(e.inexact, 0);
+                for (int i = 0; i < n; i += kinds)
+                    for (int r = 0; r < rows; r++) {
+                        const float *yi = y + (size_t)i * rows + r;
+                        assert_true(isnan(yi[0]) && isnan(yi[rows]));
+                        assert_true(isfinite(yi[4 * rows]) && isfinite(yi[5 * rows]));
+                        if (!pc) assert_true(yi[2 * rows] == 0 && yi[3 * rows] == 0);
+                    }
+                free(x), free(bias), free(y);
+                gpu->free(dx), gpu->free(db);
+                free_weight(&t);
+            }
+}
+
+/* INT8 rows wider than one column chunk of cuBLAS's integer GEMM (launch_gemm_i8 adds chunks of
+ * 2^16 columns in int64), per tensor and per row with a bias: the CPU's scalar reference, bit for
+ * bit, for 9 rows of x (the GEMM) and for one (the GEMV). */
+static void test_matmul_int8_wide(void **state) {
+    (void)state;
+    const int rows = 6, cols = (1 << 17) + 64;
+    for (int pc = 0; pc < 2; pc++)
+        for (int n = 1; n <= 9; n += 8) {
             test_weight t;
-            make_weight(&t, QLM_I8, pc, rows, cols, 7u + (unsigned)(2 * c + pc));
-            float *x = randv((long)n * cols, 21u, 2.0f), *bias = randv(rows, 3u, 1.0f);
-            x[5] = NAN;
-            x[2 * cols - 1] = -INFINITY;
-            for (int k = 0; k < cols; k++) x[2 * cols + k] = 0, x[3 * cols + k] *= 1e-32f;
-            x[4 * cols + 3] = 1e35f;
+            make_weight(&t, QLM_I8, pc, rows, cols, 11u + (unsigned)pc);
+            float *x = randv((long)n * cols, 5u + (unsigned)n, 2.0f), *bias = randv(rows, 9u, 1.0f);
             float *dx = to_gpu(x, (size_t)n * cols * sizeof *x), *db = to_gpu(bias, (size_t)rows * sizeof *bias);
             float *y = gpu_matmul(&t, dx, n, pc ? db : NULL);
             matmul_err e = matmul_check(&t, x, n, pc ? bias : NULL, y);
-            print_message("int8%s %d x %d, rows of x with NaN, -inf, zeros, 1e-32, 1e35, none: %ld of %d outputs "
-                          "differ from the CPU's\n",
-                          pc ? "-pc + bias" : "", rows, cols, e.inexact, n * rows);
+            print_message("int8%s %d x %d, %d rows of x: %ld of %d outputs differ from the CPU's\n", pc ? "-pc + bias" : "",
+                          rows, cols, n, e.inexact, n * rows);
             assert_int_equal(e.inexact, 0);
-            for (int r = 0; r < rows; r++) {
-                assert_true(isnan(y[r]) && isnan(y[rows + r]));
-                assert_true(isfinite(y[4 * rows + r]) && isfinite(y[5 * rows + r]));
-                if (!pc) assert_true(y[2 * rows + r] == 0 && y[3 * rows + r] == 0);
-            }
             free(x), free(bias), free(y);
             gpu->free(dx), gpu->free(db);
             free_weight(&t);
@@ -841,6 +876,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_matmul),          cmocka_unit_test(test_matmul_exact),
         cmocka_unit_test(test_matmul_int8_special_x),
+        cmocka_unit_test(test_matmul_int8_wide),
         cmocka_unit_test(test_matmul_group),    cmocka_unit_test(test_step_matmul_group),
         cmocka_unit_test(test_step_matmul_group_kv),
         cmocka_unit_test(test_rows_ops),        cmocka_unit_test(test_embedding_and_kv_store),

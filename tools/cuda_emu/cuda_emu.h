@@ -158,17 +158,20 @@ typedef void *cublasHandle_t;
 typedef int cublasStatus_t;
 enum { CUBLAS_STATUS_SUCCESS = 0 };
 typedef enum { CUBLAS_OP_N, CUBLAS_OP_T } cublasOperation_t;
-typedef enum { CUDA_R_32F, CUDA_R_16BF, CUDA_R_16F } cudaDataType;
-enum { CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT };
+typedef enum { CUDA_R_32F, CUDA_R_16BF, CUDA_R_16F, CUDA_R_8I, CUDA_R_32I } cudaDataType;
+enum { CUBLAS_COMPUTE_32F, CUBLAS_COMPUTE_32I, CUBLAS_GEMM_DEFAULT };
 static inline const char *cublasGetStatusString(int) { return "emu"; }
+// CUBLAS_COMPUTE_32I: alpha and beta are int, C int32 (exact sums, wrapped as the hardware's).
 cublasStatus_t cublasGemmEx(cublasHandle_t, cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k,
-                            const float *alpha, const void *A, cudaDataType at, int lda, const void *B,
-                            cudaDataType bt, int ldb, const float *beta, void *C, cudaDataType ct, int ldc, int, int);
+                            const void *alpha, const void *A, cudaDataType at, int lda, const void *B,
+                            cudaDataType bt, int ldb, const void *beta, void *C, cudaDataType ct, int ldc, int compute,
+                            int);
 
 static inline cublasStatus_t cublasSgemm(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k,
                                          const float *alpha, const float *A, int lda, const float *B, int ldb,
                                          const float *beta, float *C, int ldc) {
-    return cublasGemmEx(h, ta, tb, m, n, k, alpha, A, CUDA_R_32F, lda, B, CUDA_R_32F, ldb, beta, C, CUDA_R_32F, ldc, 0, 0);
+    return cublasGemmEx(h, ta, tb, m, n, k, alpha, A, CUDA_R_32F, lda, B, CUDA_R_32F, ldb, beta, C, CUDA_R_32F, ldc,
+                        CUBLAS_COMPUTE_32F, 0);
 }
 enum { cudaFuncAttributeMaxDynamicSharedMemorySize, cudaDevAttrMultiProcessorCount };
 template <class F> static inline int cudaFuncSetAttribute(F, int, int) { return 0; }

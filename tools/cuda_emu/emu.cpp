@@ -87,20 +87,32 @@ void emu_launch(std::function<void()> fn, dim3 grid, dim3 block, size_t smem, cu
 
 static double elem(const void *p, cudaDataType t, size_t i) {
     if (t == CUDA_R_32F) return ((const float *)p)[i];
+    if (t == CUDA_R_8I) return ((const signed char *)p)[i];
     if (t == CUDA_R_16BF) return __uint_as_float((unsigned)((const unsigned short *)p)[i] << 16);
     return (float)((const _Float16 *)p)[i];
 }
 cublasStatus_t cublasGemmEx(cublasHandle_t, cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k,
-                            const float *alpha, const void *A, cudaDataType at, int lda, const void *B,
-                            cudaDataType bt, int ldb, const float *beta, void *C, cudaDataType, int ldc, int, int) {
+                            const void *alpha, const void *A, cudaDataType at, int lda, const void *B,
+                            cudaDataType bt, int ldb, const void *beta, void *C, cudaDataType ct, int ldc, int compute,
+                            int) {
+    if (compute == CUBLAS_COMPUTE_32I && (at != CUDA_R_8I || bt != CUDA_R_8I || ct != CUDA_R_32I || lda % 4 ||
+                                          ldb % 4 || (uintptr_t)A % 4 || (uintptr_t)B % 4))
+        return 1; // what cuBLAS's integer GEMM does not take
     for (int j = 0; j < n; j++)
         for (int i = 0; i < m; i++) {
             double s = 0;
             for (int p = 0; p < k; p++)
                 s += elem(A, at, ta == CUBLAS_OP_T ? p + (size_t)i * lda : i + (size_t)p * lda) *
                      elem(B, bt, tb == CUBLAS_OP_N ? p + (size_t)j * ldb : j + (size_t)p * ldb);
-            float *c = (float *)C + i + (size_t)j * ldc;
-            *c = (float)(*alpha * s + (*beta != 0 ? *beta * *c : 0));
+            const size_t c = i + (size_t)j * ldc;
+            if (compute == CUBLAS_COMPUTE_32I) {
+                const long long v = *(const int *)alpha * (long long)s +
+                                    (*(const int *)beta ? *(const int *)beta * (long long)((int *)C)[c] : 0);
+                ((int *)C)[c] = (int)(unsigned)v;
+            } else {
+                float *y = (float *)C + c;
+                *y = (float)(*(const float *)alpha * s + (*(const float *)beta != 0 ? *(const float *)beta * *y : 0));
+            }
         }
     return 0;
 }
