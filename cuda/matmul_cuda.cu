@@ -717,17 +717,43 @@ static void gemm(float *y, int ldy, const void *w, cudaDataType wt, const void *
 // INT8 weights against more rows of x than the GEMV takes: cuBLAS's integer GEMM (signed bytes,
 // int32 sums, on the tensor cores) over x in the I16 form, as the CPU and the GEMV take it, so that
 // prefill too gives the CPU's scalar reference bit for bit and the weights are read as stored. q
-// needs 16 bits, so x's n rows go in as 2n + 1 rows of bytes: rows [0, n) q >> 8, rows [n, 2n)
-// (q & 255) - 128, row 2n ones (each weight row's own sum), and sum w q = 256 sum w hi +
-// sum w lo + 128 sum w. Columns go I8_GEMM_K at a time (each int32 sum below 2^30), weight rows a
-// block whose sums fit I8_SUMS_ELEMS.
-enum { I8_GEMM_K = 1 << 16, I8_SUMS_ELEMS = 16 << 20 };
+// needs 16 bits, so x's n rows go in as rows of bytes: rows [0, n) q >> 8, rows [n, 2n)
+// (q & 255) - 128, row 2n ones (each weight row's own sum), zeros up to a multiple of 16 (the
+// GEMM's m, which its tensor-core kernels want a multiple of 4, as they do k and the leading
+// dimensions; the weight rows are its n, any count), and sum w q = 256 sum w hi + sum w lo +
+// 128 sum w. Columns go I8_GEMM_K at a time (each int32 sum below 2^30), weight rows a block whose
+// sums fit I8_SUMS_ELEMS.
+enum { I8_GEMM_K = 1 << 16, I8_SUMS_ELEMS = 16 << 20, I8_PLANE_ALIGN = 16 };
 
-// Block n writes the ones row; block i < n row i's scale and its two rows of bytes.
-__global__ void i16_planes_kernel(signed char *planes, float *xscale, const float *x, int n, int cols) {
+struct i8_planes {
+    signed char *b; // nb rows of ld bytes
+    float *xscale;  // x's n scales
+    long ld;
+    int nb;
+};
+
+static size_t round_up(size_t v, size_t m) { return (v + m - 1) / m * m; }
+
+static i8_planes i8_planes_of(void *scratch, int n, int cols) {
+    i8_planes p;
+    p.b = (signed char *)scratch;
+    p.ld = (long)round_up((size_t)cols, I8_PLANE_ALIGN);
+    p.nb = (int)round_up(2 * (size_t)n + 1, I8_PLANE_ALIGN);
+    p.xscale = (float *)(p.b + (size_t)p.nb * p.ld);
+    return p;
+}
+
+static size_t i8_planes_bytes(int n, int cols) {
+    const i8_planes p = i8_planes_of(NULL, n, cols);
+    return (size_t)p.nb * p.ld + n * sizeof(float);
+}
+
+// Block i < n: row i's scale and its two rows of bytes; block n: the ones row and the zero rows.
+__global__ void i16_planes_kernel(i8_planes p, const float *x, int n, int cols) {
     const int i = blockIdx.x;
     if (i == n) {
-        for (int c = threadIdx.x; c < cols; c += blockDim.x) planes[(size_t)2 * n * cols + c] = 1;
+        for (int r = 2 * n; r < p.nb; r++)
+            for (int c = threadIdx.x; c < cols; c += blockDim.x) p.b[(size_t)r * p.ld + c] = r == 2 * n;
         return;
     }
     __shared__ float warp_max[32], inv;
@@ -740,10 +766,10 @@ __global__ void i16_planes_kernel(signed char *planes, float *xscale, const floa
     __syncthreads();
     if (threadIdx.x == 0) {
         for (int w = 1; w < (int)(blockDim.x >> 5); w++) m = fmaxf(m, warp_max[w]);
-        xscale[i] = qlm_x_int_scale(m, 0, QLM_I16_MAX, &inv);
+        p.xscale[i] = qlm_x_int_scale(m, 0, QLM_I16_MAX, &inv);
     }
     __syncthreads();
-    signed char *hi = planes + (size_t)i * cols, *lo = planes + (size_t)(n + i) * cols;
+    signed char *hi = p.b + (size_t)i * p.ld, *lo = p.b + (size_t)(n + i) * p.ld;
     for (int c = threadIdx.x; c < cols; c += blockDim.x) {
         const int q = i16_of(xi[c], inv);
         hi[c] = (signed char)(q >> 8);
@@ -753,31 +779,43 @@ __global__ void i16_planes_kernel(signed char *planes, float *xscale, const floa
 
 struct i8_fold {
     float *y;
-    long long *acc;   // the sums of the column chunks before (n x rc)
-    const int *sums;  // this chunk's: 2n + 1 rows of rc
+    long long *acc;  // the sums of the column chunks before: rc rows of n
+    const int *sums; // this chunk's: rc rows (weight rows) of nb (the planes' rows)
     const float *xscale, *row_scales, *bias;
     float scale;
-    int n, rows, r0, rc, first, last, add;
+    int n, nb, rows, r0, rc, first, last, add;
 };
 
-// Outputs [r0, r0 + rc) of x's n rows: a column chunk's sums made back into sum w q and added to
-// the chunks' before; after the last, scaled and biased as the GEMV's outputs into y.
-__global__ void i8_fold_kernel(const i8_fold f) {
-    const long t = (long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (t >= (long)f.n * f.rc) return;
-    const int i = (int)(t / f.rc), r = (int)(t % f.rc);
-    const int *s = f.sums + r;
-    long long v = 256LL * s[(size_t)i * f.rc] + s[(size_t)(f.n + i) * f.rc] + 128LL * s[(size_t)2 * f.n * f.rc];
-    if (!f.first) v += f.acc[t];
-    if (!f.last) {
-        f.acc[t] = v;
-        return;
+enum { FOLD_TILE = 32, FOLD_ROWS = 8 };
+
+// A tile of FOLD_TILE rows of x by FOLD_TILE outputs of [r0, r0 + rc): a column chunk's sums made
+// back into sum w q (read along x's rows) and added to the chunks' before; after the last, scaled
+// and biased as the GEMV's outputs and written along the outputs (through shared memory).
+__global__ void __launch_bounds__(FOLD_TILE *FOLD_ROWS) i8_fold_kernel(const i8_fold f) {
+    __shared__ long long tile[FOLD_TILE][FOLD_TILE + 1];
+    const int i0 = blockIdx.x * FOLD_TILE, o0 = blockIdx.y * FOLD_TILE, tx = threadIdx.x, ty = threadIdx.y;
+    for (int k = ty; k < FOLD_TILE; k += FOLD_ROWS) {
+        const int i = i0 + tx, r = o0 + k;
+        if (i >= f.n || r >= f.rc) continue;
+        const int *s = f.sums + (size_t)r * f.nb;
+        long long v = 256LL * s[i] + s[f.n + i] + 128LL * s[2 * f.n];
+        long long *acc = f.acc + (size_t)r * f.n + i;
+        if (!f.first) v += *acc;
+        if (f.last)
+            tile[k][tx] = v;
+        else
+            *acc = v;
     }
-    const int o = f.r0 + r;
-    float out = i8_output(v, f.xscale[i], f.row_scales ? f.row_scales[o] : f.scale);
-    if (f.bias) out = __fadd_rn(out, f.bias[o]);
-    float *y = f.y + (size_t)i * f.rows + o;
-    *y = f.add ? *y + out : out;
+    if (!f.last) return;
+    __syncthreads();
+    for (int k = ty; k < FOLD_TILE; k += FOLD_ROWS) {
+        const int i = i0 + k, r = o0 + tx, o = f.r0 + r;
+        if (i >= f.n || r >= f.rc) continue;
+        float out = i8_output(tile[tx][k], f.xscale[i], f.row_scales ? f.row_scales[o] : f.scale);
+        if (f.bias) out = __fadd_rn(out, f.bias[o]);
+        float *y = f.y + (size_t)i * f.rows + o;
+        *y = f.add ? *y + out : out;
+    }
 }
 
 struct gemm_args {
@@ -791,22 +829,22 @@ struct gemm_args {
 
 static void launch_gemm_i8(const gemm_args &a) {
     const qlm_weight *w = &a.w;
-    const int rows = w->rows, cols = w->cols, n = a.n, nb = 2 * n + 1, one = 1, zero = 0;
-    signed char *planes = (signed char *)a.xform;
-    float *xscale = (float *)(planes + (((size_t)nb * cols + 15) & ~(size_t)15));
-    i16_planes_kernel<<<n + 1, 256, 0, qlm_cuda_stream>>>(planes, xscale, a.x, n, cols);
+    const int rows = w->rows, cols = w->cols, n = a.n, one = 1, zero = 0;
+    const i8_planes p = i8_planes_of(a.xform, n, cols);
+    i16_planes_kernel<<<n + 1, 256, 0, qlm_cuda_stream>>>(p, a.x, n, cols);
     LAUNCH_CHECK();
-    i8_fold f = {a.y, a.acc, (const int *)a.wconv, xscale, w->row_scales, a.bias, w->scale, n, rows, 0, 0, 0, 0, a.add};
+    i8_fold f = {a.y, a.acc, (const int *)a.wconv, p.xscale, w->row_scales, a.bias, w->scale, n, p.nb, rows, 0, 0, 0, 0, a.add};
     for (f.r0 = 0; f.r0 < rows; f.r0 += a.chunk) {
         f.rc = rows - f.r0 < a.chunk ? rows - f.r0 : a.chunk;
         const signed char *wr = (const signed char *)w->data + (size_t)f.r0 * cols;
+        const dim3 grid((unsigned)((n + FOLD_TILE - 1) / FOLD_TILE), (unsigned)((f.rc + FOLD_TILE - 1) / FOLD_TILE));
         for (int k0 = 0; k0 < cols; k0 += I8_GEMM_K) {
             const int kc = cols - k0 < I8_GEMM_K ? cols - k0 : I8_GEMM_K;
-            CUBLAS_CHECK(cublasGemmEx(qlm_cuda_blas, CUBLAS_OP_T, CUBLAS_OP_N, f.rc, nb, kc, &one, wr + k0, CUDA_R_8I,
-                                      cols, planes + k0, CUDA_R_8I, cols, &zero, a.wconv, CUDA_R_32I, f.rc,
+            CUBLAS_CHECK(cublasGemmEx(qlm_cuda_blas, CUBLAS_OP_T, CUBLAS_OP_N, p.nb, f.rc, kc, &one, p.b + k0, CUDA_R_8I,
+                                      (int)p.ld, wr + k0, CUDA_R_8I, cols, &zero, a.wconv, CUDA_R_32I, p.nb,
                                       CUBLAS_COMPUTE_32I, CUBLAS_GEMM_DEFAULT));
             f.first = k0 == 0, f.last = k0 + kc >= cols;
-            i8_fold_kernel<<<qlm_cuda_blocks((long)n * f.rc, 256), 256, 0, qlm_cuda_stream>>>(f);
+            i8_fold_kernel<<<grid, dim3(FOLD_TILE, FOLD_ROWS), 0, qlm_cuda_stream>>>(f);
             LAUNCH_CHECK();
         }
     }
@@ -861,10 +899,10 @@ static void gemm_matmul(const qlm_matmul_out *out, const float *x, int n) {
     memset(&a, 0, sizeof a);
     a.y = out->y, a.x = x, a.bias = out->bias, a.w = *w, a.n = n, a.add = out->add;
     if (w->dtype == QLM_I8) {
-        const size_t nb = 2 * (size_t)n + 1;
-        a.chunk = rows_within(I8_SUMS_ELEMS, (long)nb, w->rows);
-        a.xform = qlm_cuda_scratch(&g_xconv, &g_xconv_cap, ((nb * cols + 15) & ~(size_t)15) + n * sizeof(float));
-        a.wconv = qlm_cuda_scratch(&g_wconv, &g_wconv_cap, nb * a.chunk * sizeof(int));
+        const int nb = i8_planes_of(NULL, n, w->cols).nb;
+        a.chunk = rows_within(I8_SUMS_ELEMS, nb, w->rows);
+        a.xform = qlm_cuda_scratch(&g_xconv, &g_xconv_cap, i8_planes_bytes(n, w->cols));
+        a.wconv = qlm_cuda_scratch(&g_wconv, &g_wconv_cap, (size_t)nb * a.chunk * sizeof(int));
         if (cols > I8_GEMM_K) a.acc = (long long *)qlm_cuda_scratch(&g_sum, &g_sum_cap, (size_t)n * a.chunk * 8);
         qlm_cuda_submit("gemm (cuBLAS, int8)", launch_gemm, &a, sizeof a);
         return;

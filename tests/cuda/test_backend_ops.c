@@ -307,27 +307,33 @@ static void test_matmul_int8_special_x(void **state) {
             }
 }
 
-/* INT8 rows wider than one column chunk of cuBLAS's integer GEMM (launch_gemm_i8 adds chunks of
- * 2^16 columns in int64), per tensor and per row with a bias: the CPU's scalar reference, bit for
- * bit, for 9 rows of x (the GEMM) and for one (the GEMV). */
-static void test_matmul_int8_wide(void **state) {
+/* INT8 products larger than one GEMM call of launch_gemm_i8: rows wider than its column chunk
+ * (2^16 columns, whose sums it adds in int64), and more weight rows than one block of its int32
+ * sums holds (2^24 sums: 2^19 rows for 9 rows of x, the planes' 32 rows), per tensor and per row
+ * with a bias: the CPU's scalar reference, bit for bit, for 9 rows of x (the GEMM) and, for the
+ * wide rows, one (the GEMV). */
+static void test_matmul_int8_large(void **state) {
     (void)state;
-    const int rows = 6, cols = (1 << 17) + 64;
-    for (int pc = 0; pc < 2; pc++)
-        for (int n = 1; n <= 9; n += 8) {
-            test_weight t;
-            make_weight(&t, QLM_I8, pc, rows, cols, 11u + (unsigned)pc);
-            float *x = randv((long)n * cols, 5u + (unsigned)n, 2.0f), *bias = randv(rows, 9u, 1.0f);
-            float *dx = to_gpu(x, (size_t)n * cols * sizeof *x), *db = to_gpu(bias, (size_t)rows * sizeof *bias);
-            float *y = gpu_matmul(&t, dx, n, pc ? db : NULL);
-            matmul_err e = matmul_check(&t, x, n, pc ? bias : NULL, y);
-            print_message("int8%s %d x %d, %d rows of x: %ld of %d outputs differ from the CPU's\n", pc ? "-pc + bias" : "",
-                          rows, cols, n, e.inexact, n * rows);
-            assert_int_equal(e.inexact, 0);
-            free(x), free(bias), free(y);
-            gpu->free(dx), gpu->free(db);
-            free_weight(&t);
-        }
+    const struct {
+        int rows, cols, n_min;
+    } shapes[] = {{6, (1 << 17) + 64, 1}, {(1 << 19) + 37, 32, 9}};
+    for (size_t k = 0; k < sizeof shapes / sizeof shapes[0]; k++)
+        for (int pc = 0; pc < 2; pc++)
+            for (int n = shapes[k].n_min; n <= 9; n += 8) {
+                const int rows = shapes[k].rows, cols = shapes[k].cols;
+                test_weight t;
+                make_weight(&t, QLM_I8, pc, rows, cols, 11u + (unsigned)pc);
+                float *x = randv((long)n * cols, 5u + (unsigned)n, 2.0f), *bias = randv(rows, 9u, 1.0f);
+                float *dx = to_gpu(x, (size_t)n * cols * sizeof *x), *db = to_gpu(bias, (size_t)rows * sizeof *bias);
+                float *y = gpu_matmul(&t, dx, n, pc ? db : NULL);
+                matmul_err e = matmul_check(&t, x, n, pc ? bias : NULL, y);
+                print_message("int8%s %d x %d, %d rows of x: %ld of %ld outputs differ from the CPU's\n",
+                              pc ? "-pc + bias" : "", rows, cols, n, e.inexact, (long)n * rows);
+                assert_int_equal(e.inexact, 0);
+                free(x), free(bias), free(y);
+                gpu->free(dx), gpu->free(db);
+                free_weight(&t);
+            }
 }
 
 /* One group of count weights (per_channel[k], amp[k] the range of their F32 values, so per-tensor
@@ -876,7 +882,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_matmul),          cmocka_unit_test(test_matmul_exact),
         cmocka_unit_test(test_matmul_int8_special_x),
-        cmocka_unit_test(test_matmul_int8_wide),
+        cmocka_unit_test(test_matmul_int8_large),
         cmocka_unit_test(test_matmul_group),    cmocka_unit_test(test_step_matmul_group),
         cmocka_unit_test(test_step_matmul_group_kv),
         cmocka_unit_test(test_rows_ops),        cmocka_unit_test(test_embedding_and_kv_store),

@@ -95,9 +95,12 @@ cublasStatus_t cublasGemmEx(cublasHandle_t, cublasOperation_t ta, cublasOperatio
                             const void *alpha, const void *A, cudaDataType at, int lda, const void *B,
                             cudaDataType bt, int ldb, const void *beta, void *C, cudaDataType ct, int ldc, int compute,
                             int) {
-    if (compute == CUBLAS_COMPUTE_32I && (at != CUDA_R_8I || bt != CUDA_R_8I || ct != CUDA_R_32I || lda % 4 ||
-                                          ldb % 4 || (uintptr_t)A % 4 || (uintptr_t)B % 4))
-        return 1; // what cuBLAS's integer GEMM does not take
+    // The integer GEMM's tensor-core requirements: 4-byte aligned pointers; m, k and the leading
+    // dimensions multiples of 4.
+    if (compute == CUBLAS_COMPUTE_32I && (at != CUDA_R_8I || bt != CUDA_R_8I || ct != CUDA_R_32I || m % 4 || k % 4 ||
+                                          lda % 4 || ldb % 4 || ldc % 4 || (uintptr_t)A % 4 || (uintptr_t)B % 4 ||
+                                          (uintptr_t)C % 4))
+        return 1;
     for (int j = 0; j < n; j++)
         for (int i = 0; i < m; i++) {
             double s = 0;
