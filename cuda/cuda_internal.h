@@ -76,8 +76,8 @@ __device__ __forceinline__ unsigned short qlm_f32_to_bf16(float f) {
     return __bfloat16_as_ushort(__float2bfloat16_rn(f)); // nearest even; NaN stays NaN
 }
 
-// x as BF16 and INT8 weights meet it on every path (cuBLAS takes x rounded to BF16 for them, so the
-// GEMV kernels round it too: a row's result does not depend on how many rows share the call).
+// x as BF16 weights meet it on every path (cuBLAS takes x rounded to BF16 for them, so the GEMV
+// kernels round it too: a row's result does not depend on how many rows share the call).
 __device__ __forceinline__ float qlm_bf16_round(float f) { return qlm_bf16_to_f32(qlm_f32_to_bf16(f)); }
 
 // Element c of row r of a weight in its storage dtype (not a block type), as F32.

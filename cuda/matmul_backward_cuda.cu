@@ -1,13 +1,21 @@
 // The matmul's backward on the GPU, as cpu/backend_cpu_train.c computes it: dx = dy W and
-// dw += dy^T x as cuBLAS SGEMMs in the default math mode (no TF32, so F32 sums as the CPU's),
-// weights of other dtypes widened to F32 a block of rows at a time. cuBLAS is column-major: a
-// row-major [r][c] matrix is its transpose there, [c][r] with leading dimension c.
+// dw += dy^T x in F32. F32 weights (and dw) as cuBLAS SGEMMs in the default math mode (no TF32, so
+// F32 sums as the CPU's); F16 weights widened to F32 a block of rows at a time for the same SGEMM.
+// BF16 and INT8 weights are exact in BF16 (INT8's integers; their scales go into dy), so dx takes
+// the BF16 tensor cores at F32's precision: dy (times the scales) is split into three BF16 planes,
+// hi + mid + lo, each holding the next 8 bits of what the planes before left (exactly, as F32
+// subtractions of nearby values are), dy to within 2^-24 of itself, and three BF16 GEMMs with F32
+// sums add W^T lo, W^T mid, W^T hi into dx: the SGEMM's product to F32 rounding at several times
+// its rate, without an F32 copy of the weights. cuBLAS is column-major: a row-major [r][c] matrix
+// is its transpose there, [c][r] with leading dimension c.
 #include <string.h>
 
 #include "cuda_internal.h"
 
-// Rows of a non-F32 weight widened at a time: at most BLOCK_ROWS, and at most BLOCK_ELEMS floats.
+// Rows of a widened weight at a time: at most BLOCK_ROWS, and at most BLOCK_ELEMS values.
 enum { BLOCK_ROWS = 4096, BLOCK_ELEMS = 16 << 20 };
+// Values of dy split into planes at a time (rows of dy as many as fit).
+enum { SPLIT_ELEMS = 16 << 20, PLANES = 3 };
 
 // out[t] = element t of rows r0.. of w as F32, over ne elements.
 __global__ void widen_rows_kernel(float *out, qlm_weight w, int r0, long ne) {
@@ -15,41 +23,101 @@ __global__ void widen_rows_kernel(float *out, qlm_weight w, int r0, long ne) {
     if (t < ne) out[t] = qlm_weight_at(w, r0 + t / w.cols, t % w.cols);
 }
 
+// INT8 integers as BF16 (exact).
+__global__ void i8_to_bf16_kernel(unsigned short *out, const signed char *q, long ne) {
+    long t = (long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (t < ne) out[t] = qlm_f32_to_bf16((float)q[t]);
+}
+
+// The PLANES BF16 planes (plane elements apart) of v = dy[t] times its weight row's scale, for ne
+// values in rows of `rows`; a value that is not finite stays whole in hi.
+__global__ void split_bf16_kernel(unsigned short *planes, long plane, const float *dy, long ne, int rows,
+                                  const float *row_scales, float scale) {
+    long t = (long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (t >= ne) return;
+    float v = __fmul_rn(dy[t], row_scales ? row_scales[t % rows] : scale);
+    const bool finite = fabsf(v) < INFINITY;
+#pragma unroll
+    for (int p = 0; p < PLANES; p++) {
+        const unsigned short b = qlm_f32_to_bf16(v);
+        planes[p * plane + t] = b;
+        v = finite ? __fsub_rn(v, qlm_bf16_to_f32(b)) : 0.0f;
+    }
+}
+
 struct backward_x_args {
-    float *dx, *wf; // wf: scratch for block_rows widened rows
+    float *dx;
+    void *wf;              // scratch: block_rows widened rows (F16: F32; INT8: BF16)
+    unsigned short *split; // scratch: dy's planes, split_rows rows of dy each (BF16, INT8)
     const float *dy;
     qlm_weight w;
-    int n, accumulate, block_rows;
+    int n, accumulate, block_rows, split_rows;
 };
 
-// dx (col-major [cols][n]) = beta dx + rows r0..r1 of W (F32 [r1-r0][cols] at block) times the
-// same columns of dy (col-major [rows][n], ld rows).
-static void gemm_dx(float *dx, const float *dy, int n, int rows, int cols, const float *block, int r0, int r1,
-                    float beta) {
+// dx (col-major [cols][n]) = beta dx + rows r0..r1 of W ([r1-r0][cols] at block, of type t: F32 or
+// BF16) times the same columns of dy (col-major [rows][n], ld rows, of type t).
+static void gemm_dx(float *dx, const void *dy, cudaDataType t, int n, int rows, int cols, const void *block, int r0,
+                    int r1, float beta) {
     const float one = 1.0f;
-    CUBLAS_CHECK(cublasSgemm(qlm_cuda_blas, CUBLAS_OP_N, CUBLAS_OP_N, cols, n, r1 - r0, &one, block, cols, dy + r0, rows,
-                             &beta, dx, cols));
+    const size_t esize = t == CUDA_R_32F ? 4 : 2;
+    CUBLAS_CHECK(cublasGemmEx(qlm_cuda_blas, CUBLAS_OP_N, CUBLAS_OP_N, cols, n, r1 - r0, &one, block, t, cols,
+                              (const char *)dy + r0 * esize, t, rows, &beta, dx, CUDA_R_32F, cols, CUBLAS_COMPUTE_32F,
+                              CUBLAS_GEMM_DEFAULT));
+}
+
+// Through the BF16 tensor cores (BF16 and INT8 weights): split_rows rows of dy at a time, split
+// into planes, then each block of weight rows (INT8: widened to BF16) against the planes, lo first.
+static void backward_x_bf16(const backward_x_args &a) {
+    const int rows = a.w.rows, cols = a.w.cols;
+    const bool i8 = a.w.dtype == QLM_I8;
+    for (int i0 = 0; i0 < a.n; i0 += a.split_rows) {
+        const int nc = a.n - i0 < a.split_rows ? a.n - i0 : a.split_rows;
+        const long ne = (long)nc * rows, plane = (long)a.split_rows * rows;
+        split_bf16_kernel<<<qlm_cuda_blocks(ne, 256), 256, 0, qlm_cuda_stream>>>(
+            a.split, plane, a.dy + (size_t)i0 * rows, ne, rows, i8 ? a.w.row_scales : NULL, i8 ? a.w.scale : 1.0f);
+        LAUNCH_CHECK();
+        float *dx = a.dx + (size_t)i0 * cols;
+        for (int r0 = 0; r0 < rows; r0 += a.block_rows) {
+            const int r1 = rows - r0 < a.block_rows ? rows : r0 + a.block_rows;
+            const void *block = a.wf;
+            if (i8) {
+                const long nw = (long)(r1 - r0) * cols;
+                i8_to_bf16_kernel<<<qlm_cuda_blocks(nw, 256), 256, 0, qlm_cuda_stream>>>(
+                    (unsigned short *)a.wf, (const signed char *)a.w.data + (size_t)r0 * cols, nw);
+                LAUNCH_CHECK();
+            } else {
+                block = (const unsigned short *)a.w.data + (size_t)r0 * cols;
+            }
+            for (int p = PLANES - 1; p >= 0; p--)
+                gemm_dx(dx, a.split + p * plane, CUDA_R_16BF, nc, rows, cols, block, r0, r1,
+                        (a.accumulate || r0 > 0 || p < PLANES - 1) ? 1.0f : 0.0f);
+        }
+    }
 }
 
 static void launch_backward_x(const void *p) {
     const backward_x_args &a = *(const backward_x_args *)p;
     const int rows = a.w.rows, cols = a.w.cols;
+    if (a.w.dtype == QLM_BF16 || a.w.dtype == QLM_I8) {
+        backward_x_bf16(a);
+        return;
+    }
     if (a.w.dtype == QLM_F32) {
-        gemm_dx(a.dx, a.dy, a.n, rows, cols, (const float *)a.w.data, 0, rows, a.accumulate ? 1.0f : 0.0f);
+        gemm_dx(a.dx, a.dy, CUDA_R_32F, a.n, rows, cols, a.w.data, 0, rows, a.accumulate ? 1.0f : 0.0f);
         return;
     }
     // One scratch block: stream order runs each SGEMM before the next block overwrites it.
     for (int r0 = 0; r0 < rows; r0 += a.block_rows) {
         int r1 = rows - r0 < a.block_rows ? rows : r0 + a.block_rows;
         long ne = (long)(r1 - r0) * cols;
-        widen_rows_kernel<<<qlm_cuda_blocks(ne, 256), 256, 0, qlm_cuda_stream>>>(a.wf, a.w, r0, ne);
+        widen_rows_kernel<<<qlm_cuda_blocks(ne, 256), 256, 0, qlm_cuda_stream>>>((float *)a.wf, a.w, r0, ne);
         LAUNCH_CHECK();
-        gemm_dx(a.dx, a.dy, a.n, rows, cols, a.wf, r0, r1, (a.accumulate || r0 > 0) ? 1.0f : 0.0f);
+        gemm_dx(a.dx, a.dy, CUDA_R_32F, a.n, rows, cols, a.wf, r0, r1, (a.accumulate || r0 > 0) ? 1.0f : 0.0f);
     }
 }
 
-static void *g_wf;
-static size_t g_wf_cap;
+static void *g_wf, *g_split;
+static size_t g_wf_cap, g_split_cap;
 
 int qlm_cuda_matmul_backward_x(float *dx, const float *dy, int n, const qlm_weight *w, int accumulate) {
     if (w->dtype != QLM_F32 && w->dtype != QLM_F16 && w->dtype != QLM_BF16 && w->dtype != QLM_I8)
@@ -62,12 +130,22 @@ int qlm_cuda_matmul_backward_x(float *dx, const float *dy, int n, const qlm_weig
     backward_x_args a;
     memset(&a, 0, sizeof a);
     a.dx = dx, a.dy = dy, a.w = *w, a.n = n, a.accumulate = accumulate;
-    if (w->dtype != QLM_F32) {
+    if (w->dtype == QLM_F16 || w->dtype == QLM_I8) {
+        const size_t esize = w->dtype == QLM_F16 ? sizeof(float) : 2;
         int rows = BLOCK_ELEMS / w->cols > 0 ? BLOCK_ELEMS / w->cols : 1;
         a.block_rows = rows < BLOCK_ROWS ? rows : BLOCK_ROWS;
         if (a.block_rows > w->rows) a.block_rows = w->rows;
-        a.wf = (float *)qlm_cuda_scratch_try(&g_wf, &g_wf_cap, (size_t)a.block_rows * w->cols * sizeof(float));
-        if (!a.wf) return qlm_error_context("matmul_backward_x: %d x %d weight rows as F32", a.block_rows, w->cols);
+        a.wf = qlm_cuda_scratch_try(&g_wf, &g_wf_cap, (size_t)a.block_rows * w->cols * esize);
+        if (!a.wf) return qlm_error_context("matmul_backward_x: %d x %d weight rows widened", a.block_rows, w->cols);
+    } else {
+        a.block_rows = w->rows;
+    }
+    if (w->dtype == QLM_BF16 || w->dtype == QLM_I8) {
+        a.split_rows = SPLIT_ELEMS / w->rows > 0 ? SPLIT_ELEMS / w->rows : 1;
+        if (a.split_rows > n) a.split_rows = n;
+        a.split = (unsigned short *)qlm_cuda_scratch_try(&g_split, &g_split_cap,
+                                                         (size_t)PLANES * a.split_rows * w->rows * 2);
+        if (!a.split) return qlm_error_context("matmul_backward_x: %d rows of dy in BF16 planes", a.split_rows);
     }
     qlm_cuda_submit("matmul_backward_x", launch_backward_x, &a, sizeof a);
     return 0;

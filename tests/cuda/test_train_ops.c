@@ -28,15 +28,16 @@ static void check_repeats(const char *what, const float *again, const float *fir
     free(want);
 }
 
-/* Every weight form, with more rows than one widened block (4096) so the blocks' sums chain, and
- * accumulate 0 (dx NaN on the GPU) and 1. */
+/* Every weight form, with more rows than one widened block (4096) so the blocks' sums chain, more
+ * values of dy than one split into BF16 planes takes (2^24: BF16 and INT8 weights, whose dy goes in
+ * runs of rows), and accumulate 0 (dx NaN on the GPU) and 1. */
 static void test_matmul_backward_x(void **state) {
     (void)state;
     const struct {
         qlm_dtype dt;
         int pc;
     } kinds[] = {{QLM_F32, 0}, {QLM_F16, 0}, {QLM_BF16, 0}, {QLM_I8, 0}, {QLM_I8, 1}};
-    const int shapes[][3] = {{37, 64, 5}, {4100, 96, 9}}; /* rows, cols, n */
+    const int shapes[][3] = {{37, 64, 5}, {4100, 96, 9}, {(1 << 20) + 5, 4, 17}}; /* rows, cols, n */
     for (size_t k = 0; k < sizeof kinds / sizeof kinds[0]; k++)
         for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
             for (int acc = 0; acc < 2; acc++) {
@@ -50,7 +51,7 @@ static void test_matmul_backward_x(void **state) {
                 assert_int_equal(cpu->matmul_backward_x(want, dy, n, &t.host, acc), 0);
                 assert_int_equal(gpu->matmul_backward_x(ddx, ddy, n, &t.dev, acc), 0);
                 char what[96];
-                snprintf(what, sizeof what, "matmul_backward_x %s%s %4d x %3d, %d rows, accumulate %d",
+                snprintf(what, sizeof what, "matmul_backward_x %s%s %7d x %3d, %2d rows, accumulate %d",
                          qlm_dtype_name(kinds[k].dt), kinds[k].pc ? "-pc" : "", rows, cols, n, acc);
                 check_close(what, ddx, want, (long)n * cols, 1e-5);
                 free(dy), free(want);
