@@ -153,6 +153,11 @@ __device__ __forceinline__ void qlm_rope_pair(float &a, float &b, float angle, f
 }
 
 static inline unsigned qlm_cuda_blocks(long n, int threads) { return (unsigned)((n + threads - 1) / threads); }
+// Rows of per_row elements each that fit cap elements (a scratch buffer's): at least one, at most rows.
+static inline int qlm_cuda_rows_within(long cap, long per_row, int rows) {
+    long r = cap / per_row;
+    return r < 1 ? 1 : r < rows ? (int)r : rows;
+}
 
 // 0 when QLM_CUDA_FUSE=0: step_matmul_group runs its ops one after the other (each its own kernel)
 // instead of inside the GEMV, for measuring what the fused kernels save and for telling a fault in

@@ -132,17 +132,14 @@ int qlm_cuda_matmul_backward_x(float *dx, const float *dy, int n, const qlm_weig
     a.dx = dx, a.dy = dy, a.w = *w, a.n = n, a.accumulate = accumulate;
     if (w->dtype == QLM_F16 || w->dtype == QLM_I8) {
         const size_t esize = w->dtype == QLM_F16 ? sizeof(float) : 2;
-        int rows = BLOCK_ELEMS / w->cols > 0 ? BLOCK_ELEMS / w->cols : 1;
-        a.block_rows = rows < BLOCK_ROWS ? rows : BLOCK_ROWS;
-        if (a.block_rows > w->rows) a.block_rows = w->rows;
+        a.block_rows = qlm_cuda_rows_within(BLOCK_ELEMS, w->cols, w->rows < BLOCK_ROWS ? w->rows : BLOCK_ROWS);
         a.wf = qlm_cuda_scratch_try(&g_wf, &g_wf_cap, (size_t)a.block_rows * w->cols * esize);
         if (!a.wf) return qlm_error_context("matmul_backward_x: %d x %d weight rows widened", a.block_rows, w->cols);
     } else {
         a.block_rows = w->rows;
     }
     if (w->dtype == QLM_BF16 || w->dtype == QLM_I8) {
-        a.split_rows = SPLIT_ELEMS / w->rows > 0 ? SPLIT_ELEMS / w->rows : 1;
-        if (a.split_rows > n) a.split_rows = n;
+        a.split_rows = qlm_cuda_rows_within(SPLIT_ELEMS, w->rows, n);
         a.split = (unsigned short *)qlm_cuda_scratch_try(&g_split, &g_split_cap,
                                                          (size_t)PLANES * a.split_rows * w->rows * 2);
         if (!a.split) return qlm_error_context("matmul_backward_x: %d rows of dy in BF16 planes", a.split_rows);

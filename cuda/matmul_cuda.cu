@@ -748,7 +748,8 @@ static size_t i8_planes_bytes(int n, int cols) {
     return (size_t)p.nb * p.ld + n * sizeof(float);
 }
 
-// Block i < n: row i's scale and its two rows of bytes; block n: the ones row and the zero rows.
+// Block i < n (GEMV_WARPS warps, as the GEMV's scale pass wants): row i's scale, found as the GEMV
+// finds it, and its two rows of bytes; block n: the ones row and the zero rows.
 __global__ void i16_planes_kernel(i8_planes p, const float *x, int n, int cols) {
     const int i = blockIdx.x;
     if (i == n) {
@@ -756,19 +757,10 @@ __global__ void i16_planes_kernel(i8_planes p, const float *x, int n, int cols) 
             for (int c = threadIdx.x; c < cols; c += blockDim.x) p.b[(size_t)r * p.ld + c] = r == 2 * n;
         return;
     }
-    __shared__ float warp_max[32], inv;
+    __shared__ float inv, scale;
     const float *xi = x + (size_t)i * cols;
-    float m = 0;
-    for (int c = threadIdx.x; c < cols; c += blockDim.x) m = absmax_of(m, xi[c]);
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
-    if ((threadIdx.x & 31) == 0) warp_max[threadIdx.x >> 5] = m;
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        for (int w = 1; w < (int)(blockDim.x >> 5); w++) m = fmaxf(m, warp_max[w]);
-        p.xscale[i] = qlm_x_int_scale(m, 0, QLM_I16_MAX, &inv);
-    }
-    __syncthreads();
+    rows_i16_scales<false>(&inv, &scale, x_source<X_GIVEN>{xi}, 1, cols);
+    if (threadIdx.x == 0) p.xscale[i] = scale;
     signed char *hi = p.b + (size_t)i * p.ld, *lo = p.b + (size_t)(n + i) * p.ld;
     for (int c = threadIdx.x; c < cols; c += blockDim.x) {
         const int q = i16_of(xi[c], inv);
@@ -831,7 +823,7 @@ static void launch_gemm_i8(const gemm_args &a) {
     const qlm_weight *w = &a.w;
     const int rows = w->rows, cols = w->cols, n = a.n, one = 1, zero = 0;
     const i8_planes p = i8_planes_of(a.xform, n, cols);
-    i16_planes_kernel<<<n + 1, 256, 0, qlm_cuda_stream>>>(p, a.x, n, cols);
+    i16_planes_kernel<<<n + 1, GEMV_WARPS * 32, 0, qlm_cuda_stream>>>(p, a.x, n, cols);
     LAUNCH_CHECK();
     i8_fold f = {a.y, a.acc, (const int *)a.wconv, p.xscale, w->row_scales, a.bias, w->scale, n, p.nb, rows, 0, 0, 0, 0, a.add};
     for (f.r0 = 0; f.r0 < rows; f.r0 += a.chunk) {
@@ -886,12 +878,6 @@ static void launch_gemm(const void *p) {
 // Whether cuBLAS's integer GEMM can read an INT8 weight: 4-byte aligned rows.
 static bool i8_gemm_takes(const qlm_weight *w) { return w->cols % 4 == 0 && (uintptr_t)w->data % 4 == 0; }
 
-// Rows of per_row elements each that fit cap elements: at least one, at most rows.
-static int rows_within(long cap, long per_row, int rows) {
-    long r = cap / per_row;
-    return r < 1 ? 1 : r < rows ? (int)r : rows;
-}
-
 static void gemm_matmul(const qlm_matmul_out *out, const float *x, int n) {
     const qlm_weight *w = out->w;
     const size_t cols = (size_t)w->cols;
@@ -900,7 +886,7 @@ static void gemm_matmul(const qlm_matmul_out *out, const float *x, int n) {
     a.y = out->y, a.x = x, a.bias = out->bias, a.w = *w, a.n = n, a.add = out->add;
     if (w->dtype == QLM_I8) {
         const int nb = i8_planes_of(NULL, n, w->cols).nb;
-        a.chunk = rows_within(I8_SUMS_ELEMS, nb, w->rows);
+        a.chunk = qlm_cuda_rows_within(I8_SUMS_ELEMS, nb, w->rows);
         a.xform = qlm_cuda_scratch(&g_xconv, &g_xconv_cap, i8_planes_bytes(n, w->cols));
         a.wconv = qlm_cuda_scratch(&g_wconv, &g_wconv_cap, (size_t)nb * a.chunk * sizeof(int));
         if (cols > I8_GEMM_K) a.acc = (long long *)qlm_cuda_scratch(&g_sum, &g_sum_cap, (size_t)n * a.chunk * 8);
@@ -910,7 +896,7 @@ static void gemm_matmul(const qlm_matmul_out *out, const float *x, int n) {
     a.sum = a.add ? (float *)qlm_cuda_scratch(&g_sum, &g_sum_cap, (size_t)n * w->rows * sizeof(float)) : a.y;
     if (w->dtype == QLM_BF16) a.xform = qlm_cuda_scratch(&g_xconv, &g_xconv_cap, (size_t)n * cols * 2);
     if (w->dtype == QLM_F16) {
-        a.chunk = rows_within(WCONV_ELEMS, (long)cols, w->rows);
+        a.chunk = qlm_cuda_rows_within(WCONV_ELEMS, (long)cols, w->rows);
         a.wconv = qlm_cuda_scratch(&g_wconv, &g_wconv_cap, (size_t)a.chunk * cols * sizeof(float));
     }
     qlm_cuda_submit("gemm (cuBLAS)", launch_gemm, &a, sizeof a);
