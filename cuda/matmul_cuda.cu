@@ -11,20 +11,23 @@
 // warp a contiguous range of the columns (split-K inside the block: 2048 rows are 128 blocks, each
 // with its 64 KB of BF16 in flight at once; 576 rows still issue every load at once). Lane
 // (g, t) = (lane / 4, lane % 4) loads 16 bytes of rows g and g + 8 per 64-byte step, GEMV_STEPS
-// steps before using any. The loaded registers are the tensor cores' A fragment as they are, with
-// the rows of x as the 8 columns of B, so a row's result does not depend on n; that k runs in
-// another order than in memory does not matter to a dot product, as long as A and B share it.
-// BF16 weights: mma m16n8k16 against x rounded to BF16, F32 sums. INT8 weights: mma m16n8k32 on
-// the bytes as stored against x in the I16 form, as the CPU takes it (quant/x_int_form.h: per row
-// of x, q = round(x / s), |q| <= 32767, s = max|x| / 32767, found by each block in a pass over x
-// first), split into its signed high and unsigned low bytes, one integer mma each: the sums are
-// exact, so INT8 decode gives the CPU's scalar reference bit for bit (and the weights need no
-// conversion: the old BF16 path spent 2.5 instructions a byte on it and ran at 36-44% of the
-// bandwidth). The warp loads x coalesced and shuffles it to the lanes that need it (xshare), so
-// that for one row of x the kernel fits 64 registers and two blocks share an SM (a 2560-row
-// q+k+v group, 160 tiles, runs in one wave). F32 and F16 weights (x stays F32 for them) and widths
-// that do not fill 16-byte vectors take FMA loops with the same lane layout (INT8 there in int64
-// against the I16 form: the same sums). Each warp's 16x8 partial sums meet in shared memory and
+// steps before using any. BF16 weights: the loaded registers are the tensor cores' A fragment as
+// they are, with the rows of x as the 8 columns of B, so a row's result does not depend on n; that
+// k runs in another order than in memory does not matter to a dot product, as long as A and B
+// share it. mma m16n8k16 against x rounded to BF16, F32 sums; the warp loads x coalesced and
+// shuffles it to the lanes that need it (xshare), so that for one row of x the kernel fits 64
+// registers and two blocks share an SM (a 2560-row q+k+v group, 160 tiles, runs in one wave).
+// INT8 weights: mma m16n8k32 on the bytes as stored, which are B's fragments as loaded (8 rows an
+// mma), against x in the I16 form as A, as the CPU takes it (quant/x_int_form.h: per row of x,
+// q = round(x / s), |q| <= 32767, s = max|x| / 32767, found by each block in a pass over x first),
+// its high bytes and its low bytes in one mma, laid out by each warp in shared memory as the
+// fragments want them (tile_imma): the sums are exact, so INT8 decode gives the CPU's scalar
+// reference bit for bit, and no weight is converted and no register moved to make a fragment (the
+// old BF16 conversion spent 2.5 instructions a byte and ran at 36-44% of the bandwidth; shuffling
+// x to the lanes and moving the weight registers into A fragments took ~292 instructions a warp's
+// 4 KB batch, this ~216). F32 and F16 weights (x stays F32 for them) and widths that do not fill
+// 16-byte vectors take FMA loops with the same lane layout (INT8 there in int64 against the I16
+// form: the same sums). Each warp's 16x8 partial sums meet in shared memory and
 // are added in warp order (the same bits for any n and in any group), then scaled (INT8: by x's
 // scale, then the weight's, as the CPU) and biased.
 #include <string.h>
@@ -33,8 +36,8 @@
 #include "../quant/x_int_form.h"
 
 enum { GEMV_MAX_ROWS = 8, GEMV_WARPS = 16, GEMV_TILE = 16, GEMV_STEPS = 4, GROUP_MAX = 4 };
-// INT8 rows longer than this go to cuBLAS: a warp's int32 sums of 1/16 of them stay exact (|q x| <
-// 128 * 256 per byte product of the I16 form's high and low bytes).
+// INT8 rows longer than this go to cuBLAS: a warp's int32 sums of 1/16 of them stay exact (a
+// weight byte times a byte of x's I16 form, both signed, is at most 2^14; 2^16 of them 2^30).
 enum { GEMV_I8_MAX_COLS = 1 << 20 };
 
 struct gemv_part {
@@ -111,6 +114,14 @@ __device__ __forceinline__ uint4 ld_weights(const char *p) {
     return v;
 }
 
+// The same where ok; elsewhere nothing is read and v keeps what it held.
+__device__ __forceinline__ void ld_weights_if(uint4 &v, const char *p, bool ok) {
+    asm volatile("{\n .reg .pred p;\n setp.ne.b32 p, %5, 0;\n"
+                 " @p ld.global.cs.nc.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];\n}"
+                 : "+r"(v.x), "+r"(v.y), "+r"(v.z), "+r"(v.w)
+                 : "l"(p), "r"((int)ok));
+}
+
 // The 128-byte line at p towards L2, holding no register.
 __device__ __forceinline__ void prefetch_l2(const char *p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
 
@@ -141,47 +152,45 @@ __device__ __forceinline__ void mma_bf16(float c[4], unsigned a0, unsigned a1, u
     for (int k = 0; k < 4; k++) c[k] += d[k];
 }
 
-// c (16x8, int32) += A (16x32, INT8) B (32x8, INT8): a0 and a2 from row g, a1 and a3 from row
-// g + 8, each pair's k matching b0 (a0, a1) and b1 (a2, a3); B's bytes signed (the I16 form's
-// high bytes) or unsigned (its low bytes). Integer sums: exact, in any order.
-template <bool B_UNSIGNED>
-__device__ __forceinline__ void mma_i8(int c[4], unsigned a0, unsigned a1, unsigned a2, unsigned a3, unsigned b0,
-                                       unsigned b1) {
-    if constexpr (B_UNSIGNED)
-        asm volatile("mma.sync.aligned.m16n8k32.row.col.s32.s8.u8.s32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-                     "{%0, %1, %2, %3};"
-                     : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
-                     : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-    else
-        asm volatile("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-                     "{%0, %1, %2, %3};"
-                     : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
-                     : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+// c (16x8, int32) += A (16x32, INT8) B (32x8, INT8), both signed: a0 and a2 from row g, a1 and a3
+// from row g + 8 (a.x .. a.w), each pair's k matching b0 (a0, a1) and b1 (a2, a3). Integer sums:
+// exact, in any order.
+__device__ __forceinline__ void mma_i8(int c[4], uint4 a, unsigned b0, unsigned b1) {
+    asm volatile("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+                 "{%0, %1, %2, %3};"
+                 : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
+                 : "r"(a.x), "r"(a.y), "r"(a.z), "r"(a.w), "r"(b0), "r"(b1));
 }
 
 // x in the I16 form (quant/x_int_form.h), as the CPU's quantize_i16 makes it: round(x * inv), 0
 // where inv is 0 (its row holds a value that is not finite, or all of it is below 1e-30).
 __device__ __forceinline__ int i16_of(float x, float inv) { return inv == 0 ? 0 : __float2int_rn(__fmul_rn(x, inv)); }
 
-// Four values of x in the I16 form as the bytes the integer mma takes: *hi their high bytes
-// (signed), *lo their low bytes (unsigned), so that q = 256 hi + lo.
-__device__ __forceinline__ void i16_bytes(float4 v, float inv, unsigned *hi, unsigned *lo) {
+// Four values of x in the I16 form as the bytes the integer mma takes: their high bytes, then their
+// low bytes less 128 (q = 256 hi + lo, lo in 0 .. 255), both signed.
+__device__ __forceinline__ uint2 i16_bytes(float4 v, float inv) {
     const unsigned p01 = __byte_perm(i16_of(v.x, inv), i16_of(v.y, inv), 0x5410);
     const unsigned p23 = __byte_perm(i16_of(v.z, inv), i16_of(v.w, inv), 0x5410);
-    *lo = __byte_perm(p01, p23, 0x6420);
-    *hi = __byte_perm(p01, p23, 0x7531);
+    return make_uint2(__byte_perm(p01, p23, 0x7531), __byte_perm(p01, p23, 0x6420) ^ 0x80808080u);
 }
 
 // Lane t's vector of steps s .. s + GEMV_STEPS - 1 of rows wa and wb, all loads issued before any
-// is used; zero past step s1 or the row's nvec vectors.
+// is used; past step s1 or the row's nvec vectors zero, or with KEEP what the registers held (for
+// the integer mma, whose x is 0 there).
+template <bool KEEP = false>
 __device__ __forceinline__ void load_steps(uint4 (&ra)[GEMV_STEPS], uint4 (&rb)[GEMV_STEPS], const char *wa,
                                            const char *wb, int s, int s1, int t, int nvec) {
 #pragma unroll
     for (int u = 0; u < GEMV_STEPS; u++) {
         const int v = (s + u) * 4 + t;
         const bool ok = s + u < s1 && v < nvec;
-        ra[u] = ok ? ld_weights(wa + (size_t)v * 16) : make_uint4(0, 0, 0, 0);
-        rb[u] = ok ? ld_weights(wb + (size_t)v * 16) : make_uint4(0, 0, 0, 0);
+        if constexpr (KEEP) {
+            ld_weights_if(ra[u], wa + (size_t)v * 16, ok);
+            ld_weights_if(rb[u], wb + (size_t)v * 16, ok);
+        } else {
+            ra[u] = ok ? ld_weights(wa + (size_t)v * 16) : make_uint4(0, 0, 0, 0);
+            rb[u] = ok ? ld_weights(wb + (size_t)v * 16) : make_uint4(0, 0, 0, 0);
+        }
     }
 }
 
@@ -222,8 +231,8 @@ template <int FORM> struct x_source {
 // fit on an SM. Round r of lane d = 4 g + t < 4 NR takes slot r / RPS of lane (r % RPS) 4 NR + d:
 // x row g, columns 4q .. 4q + 3 of its vector (s + u) 4 + t (r = u Q + q). So slot k of a lane
 // holds what lane d = lane % 4 NR needs in round r = k RPS + lane / 4 NR.
-template <int DT, int NR> struct xshare {
-    static constexpr int V = 16 / wtraits<DT>::size; // columns per vector
+template <int NR> struct xshare {
+    static constexpr int V = 8;                      // BF16 columns per vector
     static constexpr int Q = V / 4;                  // rounds per vector
     static constexpr int ROUNDS = GEMV_STEPS * Q;    // rounds per batch
     static constexpr int RPS = 8 / NR;               // rounds that take their x from one slot
@@ -260,7 +269,7 @@ template <int DT, int NR> struct xshare {
 template <int NR, int FORM>
 __device__ __forceinline__ void tile_mma(float c[4], const char *wa, const char *wb, const x_source<FORM> &x, int n,
                                          int cols, int nvec, int s0, int s1, int lane) {
-    using X = xshare<QLM_BF16, NR>;
+    using X = xshare<NR>;
     const X xs(lane, cols);
     const int t = lane & 3;
     c[0] = c[1] = c[2] = c[3] = 0;
@@ -325,45 +334,89 @@ __device__ __forceinline__ void rows_i16_scales(float *inv, float *scale, const 
     __syncthreads();
 }
 
+// The integer GEMV's x: each warp writes x's bytes for I8_IMAGE_STEPS steps at a time into an image
+// of its own in shared memory, a row of I8_IMAGE_STRIDE bytes for each row of x and one for the mask
+// (1 for a valid column, as high bytes; 0 as low bytes), a 32-byte record a step and vector t: for
+// each 4 columns, their 4 high bytes then 4 low bytes less 128. So lane (g, t)'s two 16-byte reads
+// of its record are its A fragments of the step as they are. 16 bytes more than a row's records put
+// the next row on other banks.
+enum { I8_IMAGE_STEPS = 2, I8_IMAGE_STRIDE = I8_IMAGE_STEPS * 4 * 32 + 16 };
+template <int NR> __host__ __device__ constexpr int i8_image_bytes() {
+    return GEMV_WARPS * (NR + 1) * I8_IMAGE_STRIDE;
+}
+
 // INT8 weights, whole vectors: the warp's steps [s0, s1) of rows wa (g) and wb (g + 8) against rows
-// 0 .. n - 1 of x in the I16 form (inv: each row's factor) on the integer tensor cores, as the
-// products of x's high bytes and of its low bytes (mma_i8; two rounds of x a product): c gets the
-// exact integer sums, 256 hi + lo (int32 within a warp's share of the columns: GEMV_I8_MAX_COLS).
-// The weights' bytes are the A fragments as loaded, no conversion.
+// 0 .. n - 1 of x in the I16 form (inv: each row's factor) on the integer tensor cores, exactly: c
+// gets x row g's sums of tile rows 2t, 2t + 1, 8 + 2t and 9 + 2t. The weights are the mma's B as
+// loaded (a lane's 16 bytes of a row are two B fragments; an mma takes 8 rows of the tile) and x is
+// A: A row j holds x row j's high bytes and A row j + 8 its low bytes less 128 (image: the warp's,
+// above), both signed, so one mma takes both halves of q and no register is moved to make a
+// fragment. The 128 taken off each low byte comes back as 128 times each weight row's sum over the
+// valid columns, an mma's product with the mask: A row 7 where x has at most 4 rows, else a second
+// mma. sum w q = 256 hi + lo' + 128 sum w, each int32 exact within a warp's share of the columns
+// (GEMV_I8_MAX_COLS), added in int64.
 template <int NR, int FORM>
-__device__ __forceinline__ void tile_imma(long long c[4], const char *wa, const char *wb, const x_source<FORM> &x,
-                                          const float *inv, int n, int cols, int nvec, int s0, int s1, int lane) {
-    using X = xshare<QLM_I8, NR>;
-    const X xs(lane, cols);
-    const int t = lane & 3;
-    int hi[4] = {0, 0, 0, 0}, lo[4] = {0, 0, 0, 0};
+__device__ __forceinline__ void tile_imma(long long c[4], unsigned char *image, const char *wa, const char *wb,
+                                          const x_source<FORM> &x, const float *inv, int n, int cols, int nvec, int s0,
+                                          int s1, int lane) {
+    constexpr int MASK = NR;            // the image's mask row
+    constexpr bool MASK_IN_A = NR <= 4; // A row 7 is free for it
+    static_assert(I8_IMAGE_STEPS * 16 == 32, "a lane's 4 columns of x a step");
+    const int g = lane >> 2, t = lane & 3;
+    // Lanes of rows past n read row 0: their sums are never stored.
+    const int row = g < n ? g : MASK_IN_A && g == 7 ? MASK : 0;
+    const unsigned char *mine = image + row * I8_IMAGE_STRIDE + t * 32;
+    const unsigned char *mask = image + MASK * I8_IMAGE_STRIDE + t * 32;
+    int da[4] = {0, 0, 0, 0}, db[4] = {0, 0, 0, 0}, wsa[4] = {0, 0, 0, 0}, wsb[4] = {0, 0, 0, 0};
+    // Weights past the warp's steps or the row are not loaded: x and the mask are 0 there, so
+    // whatever the registers hold adds 0.
+    uint4 ra[GEMV_STEPS] = {}, rb[GEMV_STEPS] = {};
     for (int s = s0; s < s1; s += GEMV_STEPS) {
-        uint4 ra[GEMV_STEPS], rb[GEMV_STEPS];
-        load_steps(ra, rb, wa, wb, s, s1, t, nvec);
-        unsigned px[X::SLOTS][2]; // high bytes, low bytes
+        load_steps<true>(ra, rb, wa, wb, s, s1, t, nvec);
 #pragma unroll
-        for (int k = 0; k < X::SLOTS; k++)
-            i16_bytes(xs.load(x, k, s, s1, nvec, n), xs.row[k] < n ? inv[xs.row[k]] : 0.0f, &px[k][0], &px[k][1]);
+        for (int h = 0; h < GEMV_STEPS; h += I8_IMAGE_STEPS) {
+            const int sh = s + h;
+            if (sh >= s1) break; // the warp's last batch (the same for all its lanes)
+            // Lane L forms columns 4 L .. 4 L + 3 of these steps: step L / 16, vector L / 4 % 4.
+            const int col = sh * 64 + 4 * lane;
+            const bool ok = col < cols && sh + lane / 16 < s1;
+            const int at = ok ? col : 0;
 #pragma unroll
-        for (int u = 0; u < GEMV_STEPS; u++) {
-            if (s + u >= s1) break; // the warp's last batch (the same for all its lanes)
-            const unsigned a[4] = {ra[u].x, ra[u].y, ra[u].z, ra[u].w}, b[4] = {rb[u].x, rb[u].y, rb[u].z, rb[u].w};
-#pragma unroll
-            for (int q = 0; q < X::Q; q += 2) {
-                const int r = u * X::Q + q;
-                unsigned xh[2], xl[2];
-#pragma unroll
-                for (int i = 0; i < 2; i++) {
-                    xh[i] = __shfl_sync(0xffffffffu, px[X::slot(r + i)][0], X::source(r + i, lane));
-                    xl[i] = __shfl_sync(0xffffffffu, px[X::slot(r + i)][1], X::source(r + i, lane));
-                }
-                mma_i8<false>(hi, a[q], b[q], a[q + 1], b[q + 1], xh[0], xh[1]);
-                mma_i8<true>(lo, a[q], b[q], a[q + 1], b[q + 1], xl[0], xl[1]);
+            for (int j = 0; j < NR; j++) {
+                if (j >= n) break;
+                const uint2 v = i16_bytes(x.load((size_t)j * cols + at, at, j), inv[j]);
+                *(uint2 *)(image + j * I8_IMAGE_STRIDE + 8 * lane) = ok ? v : make_uint2(0, 0);
             }
+            *(uint2 *)(image + MASK * I8_IMAGE_STRIDE + 8 * lane) = make_uint2(ok ? 0x01010101u : 0, 0);
+            __syncwarp();
+#pragma unroll
+            for (int u = 0; u < I8_IMAGE_STEPS; u++) {
+                const uint4 wr = ra[h + u], wr8 = rb[h + u];
+                const uint4 a0 = *(const uint4 *)(mine + u * 128), a1 = *(const uint4 *)(mine + u * 128 + 16);
+                mma_i8(da, a0, wr.x, wr.y);
+                mma_i8(db, a0, wr8.x, wr8.y);
+                mma_i8(da, a1, wr.z, wr.w);
+                mma_i8(db, a1, wr8.z, wr8.w);
+                if constexpr (!MASK_IN_A) {
+                    const uint4 m0 = *(const uint4 *)(mask + u * 128), m1 = *(const uint4 *)(mask + u * 128 + 16);
+                    mma_i8(wsa, m0, wr.x, wr.y);
+                    mma_i8(wsb, m0, wr8.x, wr8.y);
+                    mma_i8(wsa, m1, wr.z, wr.w);
+                    mma_i8(wsb, m1, wr8.z, wr8.w);
+                }
+            }
+            __syncwarp(); // before the next steps' x overwrites these
         }
     }
+    // Lane (g, t) holds x row g's sums of tile rows 2t + e (da) and 8 + 2t + e (db): the high bytes'
+    // in [e], the low bytes' in [2 + e]; the weight rows' sums are lane (7, t)'s [e], or wsa / wsb's.
 #pragma unroll
-    for (int i = 0; i < 4; i++) c[i] = 256 * (long long)hi[i] + lo[i];
+    for (int e = 0; e < 2; e++) {
+        const int sa = MASK_IN_A ? __shfl_sync(0xffffffffu, da[e], 28 + t) : wsa[e];
+        const int sb = MASK_IN_A ? __shfl_sync(0xffffffffu, db[e], 28 + t) : wsb[e];
+        c[e] = 256 * (long long)da[e] + da[2 + e] + 128 * (long long)sa;
+        c[2 + e] = 256 * (long long)db[e] + db[2 + e] + 128 * (long long)sb;
+    }
 }
 
 // Any dtype with F32 FMAs (x rounded to BF16 for BF16 weights), but INT8 with exact int64 sums
@@ -507,7 +560,13 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32, gemv_min_blocks<DT, VEC, NR>(
     gemv_kernel(const __grid_constant__ gemv_args a) {
     static_assert(GEMV_MAX_ROWS == 8 && GEMV_TILE == 16, "the mma's n and m");
     using T = typename wtraits<DT>::sum;
-    __shared__ T sums[GEMV_WARPS][GEMV_TILE][GEMV_MAX_ROWS];
+    using tile_sums = T[GEMV_WARPS][GEMV_TILE][GEMV_MAX_ROWS];
+    // The integer kernels' x images (tile_imma) and the warps' partial sums share the memory.
+    constexpr bool IMAGE = VEC && DT == QLM_I8;
+    constexpr size_t IMAGES = IMAGE ? i8_image_bytes<NR>() : 0;
+    constexpr size_t SMEM = IMAGES > sizeof(tile_sums) ? IMAGES : sizeof(tile_sums);
+    __shared__ __align__(16) unsigned char smem[SMEM];
+    tile_sums &sums = *reinterpret_cast<tile_sums *>(smem);
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     const int tile = blockIdx.x;
     int k = 0;
@@ -551,7 +610,8 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32, gemv_min_blocks<DT, VEC, NR>(
         if constexpr (DT == QLM_I8) {
             rows_i16_scales<true>(xinv, xscale, x, n, cols);
             x.out = NULL; // the scales' pass wrote it whole
-            tile_imma<NR, FORM>(c, wa, wb, x, xinv, n, cols, nvec, s0, s1, lane);
+            tile_imma<NR, FORM>(c, smem + warp * (NR + 1) * I8_IMAGE_STRIDE, wa, wb, x, xinv, n, cols, nvec, s0, s1,
+                                lane);
         } else {
             tile_mma<NR, FORM>(c, wa, wb, x, n, cols, nvec, s0, s1, lane);
         }
@@ -559,8 +619,15 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32, gemv_min_blocks<DT, VEC, NR>(
         if constexpr (DT == QLM_I8) rows_i16_scales<false>(xinv, xscale, x_source<X_GIVEN>{a.x}, n, cols);
         tile_fma<DT, VEC>(c, wa, wb, a.x, xinv, n, cols, nvec, s0, s1, t);
     }
+    if constexpr (IMAGE) {
+        __syncthreads(); // every warp done with its image
+        if (g < n)
 #pragma unroll
-    for (int i = 0; i < 4; i++) sums[warp][g + 8 * (i >> 1)][2 * t + (i & 1)] = c[i];
+            for (int i = 0; i < 4; i++) sums[warp][2 * t + (i & 1) + 8 * (i >> 1)][g] = c[i];
+    } else {
+#pragma unroll
+        for (int i = 0; i < 4; i++) sums[warp][g + 8 * (i >> 1)][2 * t + (i & 1)] = c[i];
+    }
     asm volatile("cp.async.wait_all;" ::: "memory");
     __syncthreads();
     const int j = threadIdx.x % GEMV_MAX_ROWS, row = threadIdx.x / GEMV_MAX_ROWS, r = tile_row(r0, P.pair, row);

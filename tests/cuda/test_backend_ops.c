@@ -201,8 +201,11 @@ static void test_matmul(void **state) {
     } kinds[] = {{QLM_F32, 0}, {QLM_F16, 0}, {QLM_BF16, 0}, {QLM_I8, 0}, {QLM_I8, 1}};
     /* 176 columns: INT8 rows of 11 16-byte vectors (the last 4-vector step partial), BF16 of 22;
      * 176 rows: 11 tiles of 16. 203 columns fill no vectors (the scalar loop). 5632 columns (the
-     * FFN's down projection): every warp of a tile takes more than one batch of steps. */
-    const int shapes[][2] = {{37, 64}, {96, 203}, {130, 1536}, {176, 176}, {64, 176}, {176, 64}, {24, 5632}};
+     * FFN's down projection): every warp of a tile takes more than one batch of steps; 5648, a
+     * vector more, ends its rows in a partial step after several batches (INT8 lanes past the row
+     * keep the last batch's weights, which x's zeros there must cancel). */
+    const int shapes[][2] = {{37, 64},  {96, 203},  {130, 1536}, {176, 176},
+                             {64, 176}, {176, 64}, {24, 5632},  {24, 5648}};
     const int ns[] = {1, 2, 3, 4, 5, 7, 8, 9, 40};
     for (size_t k = 0; k < sizeof kinds / sizeof kinds[0]; k++)
         for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {

@@ -33,6 +33,7 @@ struct float4 { float x, y, z, w; };
 struct float2 { float x, y; };
 struct int4 { int x, y, z, w; };
 static inline uint4 make_uint4(unsigned a, unsigned b, unsigned c, unsigned d) { return {a, b, c, d}; }
+static inline uint2 make_uint2(unsigned a, unsigned b) { return {a, b}; }
 static inline float4 make_float4(float a, float b, float c, float d) { return {a, b, c, d}; }
 static inline float2 make_float2(float a, float b) { return {a, b}; }
 extern thread_local dim3 threadIdx, blockIdx;
@@ -54,7 +55,8 @@ static inline void __syncthreads() { emu_syncthreads(); }
 int emu_syncthreads_or(int p);
 static inline int __syncthreads_or(int p) { return emu_syncthreads_or(p); }
 
-static inline void __syncwarp(unsigned = 0xffffffffu) {}
+void emu_syncwarp();
+static inline void __syncwarp(unsigned = 0xffffffffu) { emu_syncwarp(); }
 static inline void __threadfence() { std::atomic_thread_fence(std::memory_order_seq_cst); }
 template <class T> static inline T emu_shfl(T v, int src) {
     uint64_t in = 0, out;
@@ -178,8 +180,8 @@ template <class F> static inline int cudaFuncSetAttribute(F, int, int) { return 
 static inline int cudaDeviceGetAttribute(int *v, int, int) { *v = 132; return 0; }
 // mma.sync.m16n8k16.row.col.f32.bf16.bf16.f32 with C = 0, from the PTX ISA's fragment layout.
 void emu_mma_bf16(float d[4], unsigned a0, unsigned a1, unsigned a2, unsigned a3, unsigned b0, unsigned b1);
-// mma.sync.m16n8k32.row.col.s32.s8.{s8,u8}.s32 with C = D, likewise.
-void emu_mma_i8(int c[4], unsigned a0, unsigned a1, unsigned a2, unsigned a3, unsigned b0, unsigned b1, bool b_unsigned);
+// mma.sync.m16n8k32.row.col.s32.s8.s8.s32 with C = D, likewise.
+void emu_mma_i8(int c[4], unsigned a0, unsigned a1, unsigned a2, unsigned a3, unsigned b0, unsigned b1);
 template <class... P, class... A> static inline int cudaLaunchKernelEx(const cudaLaunchConfig_t *c, void (*k)(P...), A &&...args) {
     emu_launch([&] { k(args...); }, c->gridDim, c->blockDim, c->dynamicSmemBytes);
     return 0;

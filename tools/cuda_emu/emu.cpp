@@ -53,6 +53,8 @@ void emu_warp_xchg(uint64_t v, uint64_t *out, int src) {
     g_warp_bar[w]->arrive_and_wait();
 }
 
+void emu_syncwarp() { g_warp_bar[linear_tid() >> 5]->arrive_and_wait(); }
+
 void emu_launch(std::function<void()> fn, dim3 grid, dim3 block, size_t smem, cudaStream_t) {
     const int nt = block.x * block.y * block.z;
     if (nt <= 0 || nt > 1024) { fprintf(stderr, "emu: block of %d threads\n", nt); abort(); }
@@ -186,7 +188,7 @@ void emu_mma_bf16(float d[4], unsigned a0, unsigned a1, unsigned a2, unsigned a3
     }
     g_warp_bar[w]->arrive_and_wait();
 }
-void emu_mma_i8(int c[4], unsigned a0, unsigned a1, unsigned a2, unsigned a3, unsigned b0, unsigned b1, bool b_unsigned) {
+void emu_mma_i8(int c[4], unsigned a0, unsigned a1, unsigned a2, unsigned a3, unsigned b0, unsigned b1) {
     int t = linear_tid(), w = t >> 5, lane = t & 31;
     unsigned *f = g_frag[w][lane];
     f[0] = a0, f[1] = a1, f[2] = a2, f[3] = a3, f[4] = b0, f[5] = b1;
@@ -197,8 +199,7 @@ void emu_mma_i8(int c[4], unsigned a0, unsigned a1, unsigned a2, unsigned a3, un
         return (int)(signed char)byte(g_frag[w][4 * g + tt][reg], k);
     };
     auto B = [&](int k, int col) {
-        unsigned v = byte(g_frag[w][4 * col + ((k & 15) >> 2)][4 + (k >> 4)], k);
-        return b_unsigned ? (int)v : (int)(signed char)v;
+        return (int)(signed char)byte(g_frag[w][4 * col + ((k & 15) >> 2)][4 + (k >> 4)], k);
     };
     int g = lane >> 2, tq = lane & 3, d[4];
     for (int i = 0; i < 4; i++) {
