@@ -55,6 +55,14 @@ struct gemv_part {
 // How the kernel forms x from its inputs (qlm_x_step): as given, or by the step's op as it loads.
 enum { X_GIVEN, X_RMSNORM, X_GLU };
 
+// The steps of a warp's first batch that a kernel with a pass over x before its products (a norm's
+// sums of squares, INT8's scales) loads before it: as many as a 2048-column warp has, in 16
+// registers (more spill where one row of x leaves 64 a thread, and so does a GLU's activation).
+enum { GEMV_PRELOAD = 2 };
+template <int DT, int FORM> __host__ __device__ constexpr int gemv_preload() {
+    return FORM == X_RMSNORM || (DT == QLM_I8 && FORM == X_GIVEN) ? GEMV_PRELOAD : 0;
+}
+
 struct gemv_args {
     gemv_part part[GROUP_MAX];
     int tile0[GROUP_MAX + 1]; // first tile (block) of each part; tile0[count] tiles in all
@@ -174,14 +182,14 @@ __device__ __forceinline__ uint2 i16_bytes(float4 v, float inv) {
     return make_uint2(__byte_perm(p01, p23, 0x7531), __byte_perm(p01, p23, 0x6420) ^ 0x80808080u);
 }
 
-// Lane t's vector of steps s .. s + GEMV_STEPS - 1 of rows wa and wb, all loads issued before any
+// Lane t's vector of steps s + FROM .. s + TO - 1 of rows wa and wb, all loads issued before any
 // is used; past step s1 or the row's nvec vectors zero, or with KEEP what the registers held (for
 // the integer mma, whose x is 0 there).
-template <bool KEEP = false>
+template <bool KEEP = false, int FROM = 0, int TO = GEMV_STEPS>
 __device__ __forceinline__ void load_steps(uint4 (&ra)[GEMV_STEPS], uint4 (&rb)[GEMV_STEPS], const char *wa,
                                            const char *wb, int s, int s1, int t, int nvec) {
 #pragma unroll
-    for (int u = 0; u < GEMV_STEPS; u++) {
+    for (int u = FROM; u < TO; u++) {
         const int v = (s + u) * 4 + t;
         const bool ok = s + u < s1 && v < nvec;
         if constexpr (KEEP) {
@@ -265,17 +273,21 @@ template <int NR> struct xshare {
 };
 
 // BF16 weights, whole vectors: the warp's steps [s0, s1) of rows wa (g) and wb (g + 8) against rows
-// 0 .. n - 1 of x rounded to BF16, on the tensor cores.
-template <int NR, int FORM>
-__device__ __forceinline__ void tile_mma(float c[4], const char *wa, const char *wb, const x_source<FORM> &x, int n,
-                                         int cols, int nvec, int s0, int s1, int lane) {
+// 0 .. n - 1 of x rounded to BF16, on the tensor cores; ra and rb hold the first batch's first PRE
+// steps, loaded before the kernel's passes over x.
+template <int NR, int FORM, int PRE>
+__device__ __forceinline__ void tile_mma(float c[4], uint4 (&ra)[GEMV_STEPS], uint4 (&rb)[GEMV_STEPS], const char *wa,
+                                         const char *wb, const x_source<FORM> &x, int n, int cols, int nvec, int s0,
+                                         int s1, int lane) {
     using X = xshare<NR>;
     const X xs(lane, cols);
     const int t = lane & 3;
     c[0] = c[1] = c[2] = c[3] = 0;
     for (int s = s0; s < s1; s += GEMV_STEPS) {
-        uint4 ra[GEMV_STEPS], rb[GEMV_STEPS];
-        load_steps(ra, rb, wa, wb, s, s1, t, nvec);
+        if (PRE == 0 || s != s0)
+            load_steps(ra, rb, wa, wb, s, s1, t, nvec);
+        else
+            load_steps<false, PRE>(ra, rb, wa, wb, s, s1, t, nvec);
         unsigned px[X::SLOTS][2];
 #pragma unroll
         for (int k = 0; k < X::SLOTS; k++) {
@@ -354,9 +366,11 @@ template <int NR> __host__ __device__ constexpr int i8_image_bytes() {
 // fragment. The 128 taken off each low byte comes back as 128 times each weight row's sum over the
 // valid columns, an mma's product with the mask: A row 7 where x has at most 4 rows, else a second
 // mma. sum w q = 256 hi + lo' + 128 sum w, each int32 exact within a warp's share of the columns
-// (GEMV_I8_MAX_COLS), added in int64.
-template <int NR, int FORM>
-__device__ __forceinline__ void tile_imma(long long c[4], unsigned char *image, const char *wa, const char *wb,
+// (GEMV_I8_MAX_COLS), added in int64. ra and rb hold the first batch's first PRE steps, loaded
+// before the kernel's passes over x.
+template <int NR, int FORM, int PRE>
+__device__ __forceinline__ void tile_imma(long long c[4], unsigned char *image, uint4 (&ra)[GEMV_STEPS],
+                                          uint4 (&rb)[GEMV_STEPS], const char *wa, const char *wb,
                                           const x_source<FORM> &x, const float *inv, int n, int cols, int nvec, int s0,
                                           int s1, int lane) {
     constexpr int MASK = NR;            // the image's mask row
@@ -368,11 +382,13 @@ __device__ __forceinline__ void tile_imma(long long c[4], unsigned char *image, 
     const unsigned char *mine = image + row * I8_IMAGE_STRIDE + t * 32;
     const unsigned char *mask = image + MASK * I8_IMAGE_STRIDE + t * 32;
     int da[4] = {0, 0, 0, 0}, db[4] = {0, 0, 0, 0}, wsa[4] = {0, 0, 0, 0}, wsb[4] = {0, 0, 0, 0};
-    // Weights past the warp's steps or the row are not loaded: x and the mask are 0 there, so
-    // whatever the registers hold adds 0.
-    uint4 ra[GEMV_STEPS] = {}, rb[GEMV_STEPS] = {};
     for (int s = s0; s < s1; s += GEMV_STEPS) {
-        load_steps<true>(ra, rb, wa, wb, s, s1, t, nvec);
+        // Weights past the warp's steps or the row are not loaded: x and the mask are 0 there, so
+        // whatever the registers hold adds 0.
+        if (PRE == 0 || s != s0)
+            load_steps<true>(ra, rb, wa, wb, s, s1, t, nvec);
+        else
+            load_steps<true, PRE>(ra, rb, wa, wb, s, s1, t, nvec);
 #pragma unroll
         for (int h = 0; h < GEMV_STEPS; h += I8_IMAGE_STEPS) {
             const int sh = s + h;
@@ -584,8 +600,8 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32, gemv_min_blocks<DT, VEC, NR>(
     // Launched to overlap the kernel before (qlm_cuda_pdl), the warp's weights head for L2 while
     // that kernel finishes x: the 128-byte lines of its steps of both rows, split among lanes t.
     // Its own instances, so that the others' registers are not spent on it. A norm's sums of
-    // squares and INT8's pass for x's scales come before the first weight load: they too have the
-    // weights on their way.
+    // squares and INT8's pass for x's scales come before the products: they too have the weights
+    // on their way (the first batch's into registers, below).
     if (VEC && (PDL || FORM == X_RMSNORM || DT == QLM_I8))
         for (int line = s0 / 2 + t; line <= (s1 - 1) / 2; line += 4) {
             prefetch_l2(wa + (size_t)line * 128);
@@ -604,16 +620,21 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32, gemv_min_blocks<DT, VEC, NR>(
     __shared__ float xinv[GEMV_MAX_ROWS], xscale[GEMV_MAX_ROWS]; // INT8: x's I16 form, per row
     T c[4];
     if constexpr (VEC && (DT == QLM_BF16 || DT == QLM_I8)) {
+        // The first batch's first steps are on their way to registers through the norm's sums and
+        // the INT8 scales' pass (zero past the warp's steps, as load_steps leaves them).
+        constexpr int PRE = gemv_preload<DT, FORM>();
+        uint4 ra[GEMV_STEPS] = {}, rb[GEMV_STEPS] = {};
+        if (s0 < s1) load_steps<true, 0, PRE>(ra, rb, wa, wb, s0, s1, t, nvec);
         __shared__ float inv[GEMV_MAX_ROWS];
         if (FORM == X_RMSNORM) rows_rms_inv(inv, a.x, n, cols, a.eps);
         x_source<FORM> x = {a.x, a.up, a.norm, inv, blockIdx.x == 0 ? a.x_out : NULL, (qlm_act)a.act};
         if constexpr (DT == QLM_I8) {
             rows_i16_scales<true>(xinv, xscale, x, n, cols);
             x.out = NULL; // the scales' pass wrote it whole
-            tile_imma<NR, FORM>(c, smem + warp * (NR + 1) * I8_IMAGE_STRIDE, wa, wb, x, xinv, n, cols, nvec, s0, s1,
-                                lane);
+            tile_imma<NR, FORM, PRE>(c, smem + warp * (NR + 1) * I8_IMAGE_STRIDE, ra, rb, wa, wb, x, xinv, n, cols, nvec,
+                                s0, s1, lane);
         } else {
-            tile_mma<NR, FORM>(c, wa, wb, x, n, cols, nvec, s0, s1, lane);
+            tile_mma<NR, FORM, PRE>(c, ra, rb, wa, wb, x, n, cols, nvec, s0, s1, lane);
         }
     } else {
         if constexpr (DT == QLM_I8) rows_i16_scales<false>(xinv, xscale, x_source<X_GIVEN>{a.x}, n, cols);

@@ -477,9 +477,10 @@ static void check_step(qlm_x_kind kind, qlm_act act, qlm_dtype dt, int per_chann
 }
 
 /* A block's norm inside its q/k/v group and the GLU inside the down projection (the decode step's
- * fused GEMV: BF16 and INT8 per tensor and per channel, 1 to 8 rows), and the shapes it leaves to
- * the op and then the product: 9 rows (cuBLAS), and a width of 100 BF16 columns (not whole
- * vectors). */
+ * fused GEMV: BF16 and INT8 per tensor and per channel, 1 to 8 rows), rows of 5632 under the norm
+ * (several batches of steps a warp, the first batch's first steps loaded before the norm's sums),
+ * and the shapes it leaves to the op and then the product: 9 rows (cuBLAS), and a width of 100
+ * BF16 columns (not whole vectors). */
 static void test_step_matmul_group(void **state) {
     (void)state;
     const int qkv[3] = {96, 32, 48}, down[1] = {80};
@@ -489,6 +490,10 @@ static void test_step_matmul_group(void **state) {
         check_step(QLM_X_RMSNORM, QLM_ACT_SILU, QLM_I8, 1, qkv, 3, 256, ns[j]);
         check_step(QLM_X_GLU, QLM_ACT_SILU, QLM_BF16, 0, down, 1, 1536, ns[j]);
         check_step(QLM_X_GLU, QLM_ACT_GELU_TANH, QLM_I8, 0, down, 1, 512, ns[j]);
+    }
+    for (int n = 1; n <= 3; n += 2) {
+        check_step(QLM_X_RMSNORM, QLM_ACT_SILU, QLM_BF16, 0, qkv, 3, 5632, n);
+        check_step(QLM_X_RMSNORM, QLM_ACT_SILU, QLM_I8, 1, qkv, 3, 5632, n);
     }
     check_step(QLM_X_RMSNORM, QLM_ACT_SILU, QLM_BF16, 0, qkv, 3, 100, 2);
     check_step(QLM_X_GLU, QLM_ACT_SILU, QLM_F32, 0, down, 1, 256, 1);
