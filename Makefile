@@ -114,7 +114,7 @@ test-cuda-build:
 	@$(MAKE) --no-print-directory CUDA=1 BUILD=build/cuda build/cuda/qlm build/cuda/bench/bench_cuda $(CUDA_TESTS:%=build/cuda/%)
 
 test-cuda: setup-test test-cuda-build
-	@scripts/run_cuda_tests.sh build/cuda $(CUDA_TESTS)
+	@scripts/run_cuda_tests.sh build/cuda $(CUDA_TESTS); rc=$$?; scripts/memcheck_cuda.sh build/cuda && exit $$rc
 
 run: setup $(BUILD)/qlm
 	@scripts/run_main_job.sh $(BUILD)/qlm

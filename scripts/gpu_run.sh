@@ -7,8 +7,9 @@
 # bring home.
 # Usage: scripts/gpu_run.sh STAGE...
 #   parts      only unpack and join (a call that carries a part and runs nothing)
-#   tests      the CUDA tests with compute-sanitizer (scripts/run_cuda_tests.sh), and their training
-#              fixtures' comparisons with PyTorch as docs/benchmarks.md's gpu-grads block
+#   tests      the CUDA tests (scripts/run_cuda_tests.sh), and their training fixtures' comparisons
+#              with PyTorch as docs/benchmarks.md's gpu-grads block
+#   memcheck   compute-sanitizer's memcheck of the op tests (scripts/memcheck_cuda.sh)
 #   bench      kernels, decode, summarization vs transformers, and llama.cpp's llama-bench when its
 #              part (llama.tar.xz) has been joined (scripts/bench_gpu.sh)
 #   train      LoRA and full fine-tuning vs transformers + peft (scripts/bench_gpu_train.sh)
@@ -59,6 +60,10 @@ for stage in "$@"; do
         scripts/train_equality_table.sh "$out/tests.log" "$(nvidia-smi --query-gpu=name --format=csv,noheader | head -n1)" \
             >"$g/grads.md" && (. scripts/doc_block.sh && doc_block gpu-grads "$g/grads.md")
         tail -n 25 "$out/tests.log" ;;
+    memcheck)
+        scripts/memcheck_cuda.sh "$g/bin" >"$out/memcheck.log" 2>&1 || rc=1
+        cp "$g"/bin/memcheck_*.log "$out/" 2>/dev/null
+        tail -n 20 "$out/memcheck.log" ;;
     bench)
         llama=()
         [ -x "$g/llama/llama-bench" ] && llama=(QLM_LLAMA_BENCH="$g/llama/llama-bench" QLM_LLAMA_CPP_SRC="$g/llama")
