@@ -113,16 +113,8 @@ template <int DT> __device__ __forceinline__ void w_unpack(uint4 raw, float *f) 
 }
 
 // Weights are read once: streaming (evict-first, as __ldcs), with L2 fetching whole 256-byte
-// blocks from memory. Volatile keeps the loads in program order, ahead of their use.
-__device__ __forceinline__ uint4 ld_weights(const char *p) {
-    uint4 v;
-    asm volatile("ld.global.cs.nc.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"
-                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                 : "l"(p));
-    return v;
-}
-
-// The same where ok; elsewhere nothing is read and v keeps what it held.
+// blocks from memory, where ok; elsewhere nothing is read and v keeps what it held. Volatile keeps
+// the loads in program order, ahead of their use.
 __device__ __forceinline__ void ld_weights_if(uint4 &v, const char *p, bool ok) {
     asm volatile("{\n .reg .pred p;\n setp.ne.b32 p, %5, 0;\n"
                  " @p ld.global.cs.nc.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];\n}"
@@ -183,22 +175,18 @@ __device__ __forceinline__ uint2 i16_bytes(float4 v, float inv) {
 }
 
 // Lane t's vector of steps s + FROM .. s + TO - 1 of rows wa and wb, all loads issued before any
-// is used; past step s1 or the row's nvec vectors zero, or with KEEP what the registers held (for
-// the integer mma, whose x is 0 there).
-template <bool KEEP = false, int FROM = 0, int TO = GEMV_STEPS>
+// is used. Steps past s1 are not loaded (their registers keep what they held: the loops stop before
+// them). A lane past the row's nvec vectors reads the row's last vector again: x is 0 there, and
+// the weights are finite (a weight that is not leaves the row's product not finite anyway), so it
+// adds 0 with no register zeroed.
+template <int FROM = 0, int TO = GEMV_STEPS>
 __device__ __forceinline__ void load_steps(uint4 (&ra)[GEMV_STEPS], uint4 (&rb)[GEMV_STEPS], const char *wa,
                                            const char *wb, int s, int s1, int t, int nvec) {
 #pragma unroll
     for (int u = FROM; u < TO; u++) {
-        const int v = (s + u) * 4 + t;
-        const bool ok = s + u < s1 && v < nvec;
-        if constexpr (KEEP) {
-            ld_weights_if(ra[u], wa + (size_t)v * 16, ok);
-            ld_weights_if(rb[u], wb + (size_t)v * 16, ok);
-        } else {
-            ra[u] = ok ? ld_weights(wa + (size_t)v * 16) : make_uint4(0, 0, 0, 0);
-            rb[u] = ok ? ld_weights(wb + (size_t)v * 16) : make_uint4(0, 0, 0, 0);
-        }
+        const size_t v = (size_t)min((s + u) * 4 + t, nvec - 1);
+        ld_weights_if(ra[u], wa + v * 16, s + u < s1);
+        ld_weights_if(rb[u], wb + v * 16, s + u < s1);
     }
 }
 
@@ -287,7 +275,7 @@ __device__ __forceinline__ void tile_mma(float c[4], uint4 (&ra)[GEMV_STEPS], ui
         if (PRE == 0 || s != s0)
             load_steps(ra, rb, wa, wb, s, s1, t, nvec);
         else
-            load_steps<false, PRE>(ra, rb, wa, wb, s, s1, t, nvec);
+            load_steps<PRE>(ra, rb, wa, wb, s, s1, t, nvec);
         unsigned px[X::SLOTS][2];
 #pragma unroll
         for (int k = 0; k < X::SLOTS; k++) {
@@ -383,12 +371,10 @@ __device__ __forceinline__ void tile_imma(long long c[4], unsigned char *image, 
     const unsigned char *mask = image + MASK * I8_IMAGE_STRIDE + t * 32;
     int da[4] = {0, 0, 0, 0}, db[4] = {0, 0, 0, 0}, wsa[4] = {0, 0, 0, 0}, wsb[4] = {0, 0, 0, 0};
     for (int s = s0; s < s1; s += GEMV_STEPS) {
-        // Weights past the warp's steps or the row are not loaded: x and the mask are 0 there, so
-        // whatever the registers hold adds 0.
         if (PRE == 0 || s != s0)
-            load_steps<true>(ra, rb, wa, wb, s, s1, t, nvec);
+            load_steps(ra, rb, wa, wb, s, s1, t, nvec);
         else
-            load_steps<true, PRE>(ra, rb, wa, wb, s, s1, t, nvec);
+            load_steps<PRE>(ra, rb, wa, wb, s, s1, t, nvec);
 #pragma unroll
         for (int h = 0; h < GEMV_STEPS; h += I8_IMAGE_STEPS) {
             const int sh = s + h;
@@ -449,8 +435,8 @@ __device__ __forceinline__ void tile_fma(typename wtraits<DT>::sum c[4], const c
     for (int j = 0; j < 2 * GEMV_MAX_ROWS; j++) acc[j] = 0;
     if constexpr (VEC) {
         constexpr int U = GEMV_STEPS, V = 16 / wtraits<DT>::size;
+        uint4 ra[U] = {}, rb[U] = {};
         for (int s = s0; s < s1; s += U) {
-            uint4 ra[U], rb[U];
             load_steps(ra, rb, wa, wb, s, s1, t, nvec);
 #pragma unroll
             for (int u = 0; u < U; u++) {
@@ -621,10 +607,10 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32, gemv_min_blocks<DT, VEC, NR>(
     T c[4];
     if constexpr (VEC && (DT == QLM_BF16 || DT == QLM_I8)) {
         // The first batch's first steps are on their way to registers through the norm's sums and
-        // the INT8 scales' pass (zero past the warp's steps, as load_steps leaves them).
+        // the INT8 scales' pass.
         constexpr int PRE = gemv_preload<DT, FORM>();
         uint4 ra[GEMV_STEPS] = {}, rb[GEMV_STEPS] = {};
-        if (s0 < s1) load_steps<true, 0, PRE>(ra, rb, wa, wb, s0, s1, t, nvec);
+        if (s0 < s1) load_steps<0, PRE>(ra, rb, wa, wb, s0, s1, t, nvec);
         __shared__ float inv[GEMV_MAX_ROWS];
         if (FORM == X_RMSNORM) rows_rms_inv(inv, a.x, n, cols, a.eps);
         x_source<FORM> x = {a.x, a.up, a.norm, inv, blockIdx.x == 0 ? a.x_out : NULL, (qlm_act)a.act};

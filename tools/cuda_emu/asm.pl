@@ -1,6 +1,5 @@
 # Perl substitutions (perl -0p) that give the kernels' inline-PTX helpers host bodies with the same
 # meaning, and the launch syntax a host call: tools/cuda_emu/build.sh applies them to each .cu file.
-s/(__device__ __forceinline__ uint4 ld_weights\(const char \*p\) \{).*?\n\}/$1 return *(const uint4 *)p; }/s;
 s/(__device__ __forceinline__ void ld_weights_if\(uint4 &v, const char \*p, bool ok\) \{).*?\n\}/$1 if (ok) v = *(const uint4 *)p; }/s;
 s/(__device__ __forceinline__ void cp_async4\(float \*dst, const float \*src\) \{).*?\n\}/$1 *dst = *src; }/s;
 s/asm volatile\("cp\.async\.wait_all;" ::: "memory"\);//g;
