@@ -165,9 +165,9 @@ static inline int qlm_cuda_rows_within(long cap, long per_row, int rows) {
 int qlm_cuda_fused(void);
 
 // Programmatic dependent launch (QLM_CUDA_PDL=1, compute 9.0 and newer): the GEMV and attention
-// are launched to start while the kernel before them is still running; the GEMV streams its
-// weights (which no kernel writes) towards L2, and each waits for that kernel's end before it
-// reads what the kernel wrote. 1 when they launch so.
+// are launched to start while the kernel before them is still running; the GEMV loads its first
+// weights (which no kernel writes) and streams the rest towards L2, and each waits for that
+// kernel's end before it reads what the kernel wrote. 1 when they launch so.
 int qlm_cuda_pdl(void);
 // In a kernel a GEMV or attention may follow: lets its blocks start now. A no-op for any other successor.
 __device__ __forceinline__ void qlm_pdl_trigger() {

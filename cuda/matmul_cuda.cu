@@ -55,12 +55,14 @@ struct gemv_part {
 // How the kernel forms x from its inputs (qlm_x_step): as given, or by the step's op as it loads.
 enum { X_GIVEN, X_RMSNORM, X_GLU };
 
-// The steps of a warp's first batch that a kernel with a pass over x before its products (a norm's
-// sums of squares, INT8's scales) loads before it: as many as a 2048-column warp has, in 16
-// registers (more spill where one row of x leaves 64 a thread, and so does a GLU's activation).
+// The steps of a warp's first batch that an mma kernel with something before its products (a norm's
+// sums of squares, INT8's pass for x's scales, the wait for the kernel before under PDL) loads
+// first: as many as a 2048-column warp has, in 16 registers (more spill where one row of x leaves
+// 64 a thread, and so does a GLU's activation).
 enum { GEMV_PRELOAD = 2 };
-template <int DT, int FORM> __host__ __device__ constexpr int gemv_preload() {
-    return FORM == X_RMSNORM || (DT == QLM_I8 && FORM == X_GIVEN) ? GEMV_PRELOAD : 0;
+template <int DT, bool VEC, int FORM, bool PDL> __host__ __device__ constexpr int gemv_preload() {
+    const bool mma = VEC && (DT == QLM_BF16 || DT == QLM_I8);
+    return mma && FORM != X_GLU && (FORM == X_RMSNORM || DT == QLM_I8 || PDL) ? GEMV_PRELOAD : 0;
 }
 
 struct gemv_args {
@@ -587,12 +589,16 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32, gemv_min_blocks<DT, VEC, NR>(
     // that kernel finishes x: the 128-byte lines of its steps of both rows, split among lanes t.
     // Its own instances, so that the others' registers are not spent on it. A norm's sums of
     // squares and INT8's pass for x's scales come before the products: they too have the weights
-    // on their way (the first batch's into registers, below).
+    // on their way. The first batch's first steps go to registers (PRE: gemv_preload); no kernel
+    // that lets this one start early writes weights.
     if (VEC && (PDL || FORM == X_RMSNORM || DT == QLM_I8))
         for (int line = s0 / 2 + t; line <= (s1 - 1) / 2; line += 4) {
             prefetch_l2(wa + (size_t)line * 128);
             prefetch_l2(wb + (size_t)line * 128);
         }
+    constexpr int PRE = gemv_preload<DT, VEC, FORM, PDL>();
+    uint4 ra[GEMV_STEPS] = {}, rb[GEMV_STEPS] = {};
+    if (PRE && s0 < s1) load_steps<0, PRE>(ra, rb, wa, wb, s0, s1, t, nvec);
     qlm_pdl_wait();
     qlm_pdl_trigger();
     // The tile's row scales and biases start on their way to shared memory now (no registers held
@@ -606,11 +612,6 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32, gemv_min_blocks<DT, VEC, NR>(
     __shared__ float xinv[GEMV_MAX_ROWS], xscale[GEMV_MAX_ROWS]; // INT8: x's I16 form, per row
     T c[4];
     if constexpr (VEC && (DT == QLM_BF16 || DT == QLM_I8)) {
-        // The first batch's first steps are on their way to registers through the norm's sums and
-        // the INT8 scales' pass.
-        constexpr int PRE = gemv_preload<DT, FORM>();
-        uint4 ra[GEMV_STEPS] = {}, rb[GEMV_STEPS] = {};
-        if (s0 < s1) load_steps<0, PRE>(ra, rb, wa, wb, s0, s1, t, nvec);
         __shared__ float inv[GEMV_MAX_ROWS];
         if (FORM == X_RMSNORM) rows_rms_inv(inv, a.x, n, cols, a.eps);
         x_source<FORM> x = {a.x, a.up, a.norm, inv, blockIdx.x == 0 ? a.x_out : NULL, (qlm_act)a.act};

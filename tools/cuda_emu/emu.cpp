@@ -135,7 +135,11 @@ void *qlm_cuda_scratch(void **buf, size_t *cap, size_t bytes) {
 void *qlm_cuda_scratch_try(void **buf, size_t *cap, size_t bytes) { return qlm_cuda_scratch(buf, cap, bytes); }
 void qlm_cuda_submit(const char *, qlm_cuda_launcher fn, const void *args, size_t) { fn(args); }
 void qlm_cuda_flush(void) {}
-int qlm_cuda_pdl(void) { return 0; }
+// QLM_CUDA_PDL=1 picks the kernels' overlapping instances, which run here as plain launches.
+int qlm_cuda_pdl(void) {
+    const char *e = getenv("QLM_CUDA_PDL");
+    return e && strcmp(e, "1") == 0;
+}
 int qlm_cuda_fused(void) {
     const char *e = getenv("QLM_CUDA_FUSE");
     return !(e && strcmp(e, "0") == 0);
