@@ -264,7 +264,7 @@ template <int NR> struct xshare {
 
 // BF16 weights, whole vectors: the warp's steps [s0, s1) of rows wa (g) and wb (g + 8) against rows
 // 0 .. n - 1 of x rounded to BF16, on the tensor cores; ra and rb hold the first batch's first PRE
-// steps, loaded before the kernel's passes over x.
+// steps, loaded first thing (gemv_preload).
 template <int NR, int FORM, int PRE>
 __device__ __forceinline__ void tile_mma(float c[4], uint4 (&ra)[GEMV_STEPS], uint4 (&rb)[GEMV_STEPS], const char *wa,
                                          const char *wb, const x_source<FORM> &x, int n, int cols, int nvec, int s0,
@@ -357,7 +357,7 @@ template <int NR> __host__ __device__ constexpr int i8_image_bytes() {
 // valid columns, an mma's product with the mask: A row 7 where x has at most 4 rows, else a second
 // mma. sum w q = 256 hi + lo' + 128 sum w, each int32 exact within a warp's share of the columns
 // (GEMV_I8_MAX_COLS), added in int64. ra and rb hold the first batch's first PRE steps, loaded
-// before the kernel's passes over x.
+// first thing (gemv_preload).
 template <int NR, int FORM, int PRE>
 __device__ __forceinline__ void tile_imma(long long c[4], unsigned char *image, uint4 (&ra)[GEMV_STEPS],
                                           uint4 (&rb)[GEMV_STEPS], const char *wa, const char *wb,
@@ -618,8 +618,8 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32, gemv_min_blocks<DT, VEC, NR>(
         if constexpr (DT == QLM_I8) {
             rows_i16_scales<true>(xinv, xscale, x, n, cols);
             x.out = NULL; // the scales' pass wrote it whole
-            tile_imma<NR, FORM, PRE>(c, smem + warp * (NR + 1) * I8_IMAGE_STRIDE, ra, rb, wa, wb, x, xinv, n, cols, nvec,
-                                s0, s1, lane);
+            unsigned char *image = smem + warp * (NR + 1) * I8_IMAGE_STRIDE;
+            tile_imma<NR, FORM, PRE>(c, image, ra, rb, wa, wb, x, xinv, n, cols, nvec, s0, s1, lane);
         } else {
             tile_mma<NR, FORM, PRE>(c, ra, rb, wa, wb, x, n, cols, nvec, s0, s1, lane);
         }
