@@ -29,13 +29,15 @@ __global__ void i8_to_bf16_kernel(unsigned short *out, const signed char *q, lon
     if (t < ne) out[t] = qlm_f32_to_bf16((float)q[t]);
 }
 
-// The PLANES BF16 planes (plane elements apart) of v = dy[t] times its weight row's scale, for ne
-// values in rows of `rows`; a value that is not finite stays whole in hi.
-__global__ void split_bf16_kernel(unsigned short *planes, long plane, const float *dy, long ne, int rows,
-                                  const float *row_scales, float scale) {
+// The PLANES BF16 planes (plane elements apart) of v = dy[i][r0 + c] times weight row r0 + c's
+// scale, for ne values of rows i of bc columns (dy's rows have `rows`); a value that is not finite
+// stays whole in hi.
+__global__ void split_bf16_kernel(unsigned short *planes, long plane, const float *dy, long ne, int rows, int r0,
+                                  int bc, const float *row_scales, float scale) {
     long t = (long)blockIdx.x * blockDim.x + threadIdx.x;
     if (t >= ne) return;
-    float v = __fmul_rn(dy[t], row_scales ? row_scales[t % rows] : scale);
+    const int c = (int)(t % bc);
+    float v = __fmul_rn(dy[t / bc * rows + r0 + c], row_scales ? row_scales[r0 + c] : scale);
     const bool finite = fabsf(v) < INFINITY;
 #pragma unroll
     for (int p = 0; p < PLANES; p++) {
@@ -48,48 +50,47 @@ __global__ void split_bf16_kernel(unsigned short *planes, long plane, const floa
 struct backward_x_args {
     float *dx;
     void *wf;              // scratch: block_rows widened rows (F16: F32; INT8: BF16)
-    unsigned short *split; // scratch: dy's planes, split_rows rows of dy each (BF16, INT8)
+    unsigned short *split; // scratch: dy's planes, split_rows rows of dy by block_rows columns (BF16, INT8)
     const float *dy;
     qlm_weight w;
     int n, accumulate, block_rows, split_rows;
 };
 
-// dx (col-major [cols][n]) = beta dx + rows r0..r1 of W ([r1-r0][cols] at block, of type t: F32 or
-// BF16) times the same columns of dy (col-major [rows][n], ld rows, of type t).
-static void gemm_dx(float *dx, const void *dy, cudaDataType t, int n, int rows, int cols, const void *block, int r0,
-                    int r1, float beta) {
+// dx (col-major [cols][n]) = beta dx + k weight rows (block: [k][cols], of type t: F32 or BF16)
+// times the same k columns of dy (col-major [k][n] at dy, leading dimension ld, of type t).
+static void gemm_dx(float *dx, const void *dy, cudaDataType t, int ld, int n, int cols, const void *block, int k,
+                    float beta) {
     const float one = 1.0f;
-    const size_t esize = t == CUDA_R_32F ? 4 : 2;
-    CUBLAS_CHECK(cublasGemmEx(qlm_cuda_blas, CUBLAS_OP_N, CUBLAS_OP_N, cols, n, r1 - r0, &one, block, t, cols,
-                              (const char *)dy + r0 * esize, t, rows, &beta, dx, CUDA_R_32F, cols, CUBLAS_COMPUTE_32F,
-                              CUBLAS_GEMM_DEFAULT));
+    CUBLAS_CHECK(cublasGemmEx(qlm_cuda_blas, CUBLAS_OP_N, CUBLAS_OP_N, cols, n, k, &one, block, t, cols, dy, t, ld,
+                              &beta, dx, CUDA_R_32F, cols, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
 }
 
-// Through the BF16 tensor cores (BF16 and INT8 weights): split_rows rows of dy at a time, split
-// into planes, then each block of weight rows (INT8: widened to BF16) against the planes, lo first.
+// Through the BF16 tensor cores (BF16 and INT8 weights): each block of weight rows (INT8: widened
+// to BF16 once), against dy's columns of those rows split into planes split_rows rows at a time,
+// lo first.
 static void backward_x_bf16(const backward_x_args &a) {
     const int rows = a.w.rows, cols = a.w.cols;
     const bool i8 = a.w.dtype == QLM_I8;
-    for (int i0 = 0; i0 < a.n; i0 += a.split_rows) {
-        const int nc = a.n - i0 < a.split_rows ? a.n - i0 : a.split_rows;
-        const long ne = (long)nc * rows, plane = (long)a.split_rows * rows;
-        split_bf16_kernel<<<qlm_cuda_blocks(ne, 256), 256, 0, qlm_cuda_stream>>>(
-            a.split, plane, a.dy + (size_t)i0 * rows, ne, rows, i8 ? a.w.row_scales : NULL, i8 ? a.w.scale : 1.0f);
-        LAUNCH_CHECK();
-        float *dx = a.dx + (size_t)i0 * cols;
-        for (int r0 = 0; r0 < rows; r0 += a.block_rows) {
-            const int r1 = rows - r0 < a.block_rows ? rows : r0 + a.block_rows;
-            const void *block = a.wf;
-            if (i8) {
-                const long nw = (long)(r1 - r0) * cols;
-                i8_to_bf16_kernel<<<qlm_cuda_blocks(nw, 256), 256, 0, qlm_cuda_stream>>>(
-                    (unsigned short *)a.wf, (const signed char *)a.w.data + (size_t)r0 * cols, nw);
-                LAUNCH_CHECK();
-            } else {
-                block = (const unsigned short *)a.w.data + (size_t)r0 * cols;
-            }
+    for (int r0 = 0; r0 < rows; r0 += a.block_rows) {
+        const int bc = rows - r0 < a.block_rows ? rows - r0 : a.block_rows;
+        const void *block = a.wf;
+        if (i8) {
+            const long nw = (long)bc * cols;
+            i8_to_bf16_kernel<<<qlm_cuda_blocks(nw, 256), 256, 0, qlm_cuda_stream>>>(
+                (unsigned short *)a.wf, (const signed char *)a.w.data + (size_t)r0 * cols, nw);
+            LAUNCH_CHECK();
+        } else {
+            block = (const unsigned short *)a.w.data + (size_t)r0 * cols;
+        }
+        for (int i0 = 0; i0 < a.n; i0 += a.split_rows) {
+            const int nc = a.n - i0 < a.split_rows ? a.n - i0 : a.split_rows;
+            const long ne = (long)nc * bc, plane = (long)a.split_rows * a.block_rows;
+            split_bf16_kernel<<<qlm_cuda_blocks(ne, 256), 256, 0, qlm_cuda_stream>>>(
+                a.split, plane, a.dy + (size_t)i0 * rows, ne, rows, r0, bc, i8 ? a.w.row_scales : NULL,
+                i8 ? a.w.scale : 1.0f);
+            LAUNCH_CHECK();
             for (int p = PLANES - 1; p >= 0; p--)
-                gemm_dx(dx, a.split + p * plane, CUDA_R_16BF, nc, rows, cols, block, r0, r1,
+                gemm_dx(a.dx + (size_t)i0 * cols, a.split + p * plane, CUDA_R_16BF, bc, nc, cols, block, bc,
                         (a.accumulate || r0 > 0 || p < PLANES - 1) ? 1.0f : 0.0f);
         }
     }
@@ -103,7 +104,7 @@ static void launch_backward_x(const void *p) {
         return;
     }
     if (a.w.dtype == QLM_F32) {
-        gemm_dx(a.dx, a.dy, CUDA_R_32F, a.n, rows, cols, a.w.data, 0, rows, a.accumulate ? 1.0f : 0.0f);
+        gemm_dx(a.dx, a.dy, CUDA_R_32F, rows, a.n, cols, a.w.data, rows, a.accumulate ? 1.0f : 0.0f);
         return;
     }
     // One scratch block: stream order runs each SGEMM before the next block overwrites it.
@@ -112,7 +113,7 @@ static void launch_backward_x(const void *p) {
         long ne = (long)(r1 - r0) * cols;
         widen_rows_kernel<<<qlm_cuda_blocks(ne, 256), 256, 0, qlm_cuda_stream>>>((float *)a.wf, a.w, r0, ne);
         LAUNCH_CHECK();
-        gemm_dx(a.dx, a.dy, CUDA_R_32F, a.n, rows, cols, a.wf, r0, r1, (a.accumulate || r0 > 0) ? 1.0f : 0.0f);
+        gemm_dx(a.dx, a.dy + r0, CUDA_R_32F, rows, a.n, cols, a.wf, r1 - r0, (a.accumulate || r0 > 0) ? 1.0f : 0.0f);
     }
 }
 
@@ -139,9 +140,9 @@ int qlm_cuda_matmul_backward_x(float *dx, const float *dy, int n, const qlm_weig
         a.block_rows = w->rows;
     }
     if (w->dtype == QLM_BF16 || w->dtype == QLM_I8) {
-        a.split_rows = qlm_cuda_rows_within(SPLIT_ELEMS, w->rows, n);
+        a.split_rows = qlm_cuda_rows_within(SPLIT_ELEMS, a.block_rows, n);
         a.split = (unsigned short *)qlm_cuda_scratch_try(&g_split, &g_split_cap,
-                                                         (size_t)PLANES * a.split_rows * w->rows * 2);
+                                                         (size_t)PLANES * a.split_rows * a.block_rows * 2);
         if (!a.split) return qlm_error_context("matmul_backward_x: %d rows of dy in BF16 planes", a.split_rows);
     }
     qlm_cuda_submit("matmul_backward_x", launch_backward_x, &a, sizeof a);

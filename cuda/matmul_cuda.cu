@@ -192,6 +192,17 @@ __device__ __forceinline__ void load_steps(uint4 (&ra)[GEMV_STEPS], uint4 (&rb)[
     }
 }
 
+// The batch of steps from s: whole, but for the warp's first (s0), whose first PRE steps the kernel
+// loaded first thing (gemv_preload).
+template <int PRE>
+__device__ __forceinline__ void load_batch(uint4 (&ra)[GEMV_STEPS], uint4 (&rb)[GEMV_STEPS], const char *wa,
+                                           const char *wb, int s, int s0, int s1, int t, int nvec) {
+    if (PRE == 0 || s != s0)
+        load_steps(ra, rb, wa, wb, s, s1, t, nvec);
+    else
+        load_steps<PRE>(ra, rb, wa, wb, s, s1, t, nvec);
+}
+
 // Where a GEMV's x comes from: x as given, or formed as it is loaded from the step's inputs, the
 // same float4 the step's own kernel would have written (rmsnorm_kernel: a * inv * weight; glu_kernel:
 // act(gate) * up, or act(gate) without an up), which the first block also stores for what reads x
@@ -274,10 +285,7 @@ __device__ __forceinline__ void tile_mma(float c[4], uint4 (&ra)[GEMV_STEPS], ui
     const int t = lane & 3;
     c[0] = c[1] = c[2] = c[3] = 0;
     for (int s = s0; s < s1; s += GEMV_STEPS) {
-        if (PRE == 0 || s != s0)
-            load_steps(ra, rb, wa, wb, s, s1, t, nvec);
-        else
-            load_steps<PRE>(ra, rb, wa, wb, s, s1, t, nvec);
+        load_batch<PRE>(ra, rb, wa, wb, s, s0, s1, t, nvec);
         unsigned px[X::SLOTS][2];
 #pragma unroll
         for (int k = 0; k < X::SLOTS; k++) {
@@ -373,10 +381,7 @@ __device__ __forceinline__ void tile_imma(long long c[4], unsigned char *image, 
     const unsigned char *mask = image + MASK * I8_IMAGE_STRIDE + t * 32;
     int da[4] = {0, 0, 0, 0}, db[4] = {0, 0, 0, 0}, wsa[4] = {0, 0, 0, 0}, wsb[4] = {0, 0, 0, 0};
     for (int s = s0; s < s1; s += GEMV_STEPS) {
-        if (PRE == 0 || s != s0)
-            load_steps(ra, rb, wa, wb, s, s1, t, nvec);
-        else
-            load_steps<PRE>(ra, rb, wa, wb, s, s1, t, nvec);
+        load_batch<PRE>(ra, rb, wa, wb, s, s0, s1, t, nvec);
 #pragma unroll
         for (int h = 0; h < GEMV_STEPS; h += I8_IMAGE_STEPS) {
             const int sh = s + h;
