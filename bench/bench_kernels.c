@@ -125,9 +125,14 @@ static int weights_make(weights *wt, const shape *s, const variant *v, long copi
 }
 
 static qlm_weight weights_copy(const weights *wt, const shape *s, const variant *v, long c) {
-    qlm_weight w = {v->dtype, s->rows, s->cols, (const char *)wt->data + (size_t)c * wt->bytes, wt->scale, wt->row_scales,
-                    v->group, v->act8, 0};
-    return w;
+    return (qlm_weight){.dtype = v->dtype,
+                        .rows = s->rows,
+                        .cols = s->cols,
+                        .data = (const char *)wt->data + (size_t)c * wt->bytes,
+                        .scale = wt->scale,
+                        .row_scales = wt->row_scales,
+                        .group = v->group,
+                        .act8 = v->act8};
 }
 
 static int cmp_double(const void *a, const void *b) {

@@ -227,11 +227,17 @@ static const qlm_kernel_table scalar_table = {
 };
 
 #if defined(__x86_64__)
-/* CPUID leaf 1, ECX bit 29. Asked directly because not every compiler's
- * __builtin_cpu_supports knows "f16c". */
+/* Features asked of CPUID directly because not every compiler's __builtin_cpu_supports knows
+ * them (clang 14 knows neither "f16c" nor "avxvnni"): F16C is leaf 1, ECX bit 29; AVX-VNNI leaf 7
+ * subleaf 1, EAX bit 4. */
 static int cpu_has_f16c(void) {
     unsigned a, b, c, d;
     return __get_cpuid(1, &a, &b, &c, &d) && (c >> 29 & 1u);
+}
+
+static int cpu_has_avxvnni(void) {
+    unsigned a, b, c, d;
+    return __get_cpuid_count(7, 1, &a, &b, &c, &d) && (a >> 4 & 1u);
 }
 #endif
 
@@ -242,7 +248,7 @@ static const qlm_kernel_table *table_named(const char *name) {
     __builtin_cpu_init();
     int avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && cpu_has_f16c();
     if (strcmp(name, "avx2") == 0 && avx2) return &qlm_kernels_avx2;
-    if (strcmp(name, "avxvnni") == 0 && avx2 && __builtin_cpu_supports("avxvnni")) return &qlm_kernels_avxvnni;
+    if (strcmp(name, "avxvnni") == 0 && avx2 && cpu_has_avxvnni()) return &qlm_kernels_avxvnni;
     int avx512 = avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                  __builtin_cpu_supports("avx512vl");
     if (strcmp(name, "avx512") == 0 && avx512) return &qlm_kernels_avx512;

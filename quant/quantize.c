@@ -15,12 +15,14 @@
 #include "half.h"
 #include "matmul_internal.h"
 
-/* One clone per instruction set: these passes run over every weight a load converts to INT8. */
+/* One clone per instruction set: these passes run over every weight a load converts to INT8. The
+ * clones are static behind plain entry points: clang 14 gives an external target_clones function
+ * no symbol of its own name, so other files could not link to it. */
 #define PER_ISA __attribute__((target_clones("arch=x86-64-v4", "avx2", "default")))
 
 /* On the bits: |w| of finite floats orders as their magnitudes' bits do, a max reduction the
  * compiler vectorizes where a float one with a finiteness test stays scalar. */
-PER_ISA float qlm_absmax_finite(const float *w, long n) {
+PER_ISA static float absmax_finite(const float *w, long n) {
     uint32_t m = 0;
     for (long i = 0; i < n; i++) {
         uint32_t u;
@@ -36,12 +38,14 @@ PER_ISA float qlm_absmax_finite(const float *w, long n) {
     return r.f;
 }
 
+float qlm_absmax_finite(const float *w, long n) { return absmax_finite(w, n); }
+
 float qlm_i8_scale(float absmax) {
     float s = absmax / 127.0f;
     return s > 0 ? s : 1.0f;
 }
 
-PER_ISA void qlm_quantize_i8_run(int8_t *q, const float *w, long n, float s) {
+PER_ISA static void quantize_i8_run(int8_t *q, const float *w, long n, float s) {
     enum { CHUNK = 256 };
     float held[CHUNK];
     for (long i0 = 0; i0 < n; i0 += CHUNK) {
@@ -50,6 +54,8 @@ PER_ISA void qlm_quantize_i8_run(int8_t *q, const float *w, long n, float s) {
         for (long i = 0; i < m; i++) q[i0 + i] = (int8_t)qlm_round_clamp_held(held[i], -127, 127);
     }
 }
+
+void qlm_quantize_i8_run(int8_t *q, const float *w, long n, float s) { quantize_i8_run(q, w, n, s); }
 
 float qlm_quantize_i8(int8_t *q, const float *w, long rows, long cols) {
     float m = 0;

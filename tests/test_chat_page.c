@@ -956,8 +956,8 @@ static void test_chat_page_key_markdown(void **state) {
     static const char *const pieces[] = {
         "## Ste", "ps\nUse **bold** and *ital", "ic* and `x = 1`, see [the docs](https://example.com/docs).\n\n",
         "- first\n- second\n\n3. three\n4. four\n\n> quoted <b>text</b>\n\n```c\nint main(void) {\n",
-        "  return 0;\n}\n```\n<img src=x onerror=\"window.qlmPwned=1\"> [bad](javascript:window.qlmPwned=2) "
-        "snake_case_name stays.",
+        ("  return 0;\n}\n```\n<img src=x onerror=\"window.qlmPwned=1\"> [bad](javascript:window.qlmPwned=2) "
+         "snake_case_name stays."),
     };
     char *canned = sse_body(pieces, (int)(sizeof pieces / sizeof *pieces));
     b->canned = canned;

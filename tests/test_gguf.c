@@ -617,7 +617,7 @@ static void test_block_heads_checked(void **state) {
     };
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
         qlm_tensor_store *s = qlm_store_new();
-        void *data;
+        void *data = NULL;
         const int rows = 1250, cols = 1024; /* 40,000 blocks of 32 */
         qlm_tensor_entry *e = s ? qlm_store_add_owned_blocks(s, "w", cases[c].dt, 32, rows, cols, &data) : NULL;
         assert_non_null(e);

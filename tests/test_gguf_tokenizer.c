@@ -86,10 +86,10 @@ static qlm_gguf *write_gguf(const char *path, const wbuf *kvs) {
     return g;
 }
 
-static const char *const BYTE_TOKENS[] = {"<|endoftext|>", "a", "b", "ab", "\xC4\xA0", "\xC4\xA0" "ab"};
-static const char *const BYTE_MERGES[] = {"a b", "\xC4\xA0 ab"};
+static const char *const BYTE_TOKENS[] = {"<|endoftext|>", "a", "b", "ab", "\u0120", "\u0120ab"};
+static const char *const BYTE_MERGES[] = {"a b", "\u0120 ab"};
 static const int BYTE_TYPES[] = {3, 1, 1, 1, 1, 1};
-static const char *const SPM_TOKENS[] = {"<unk>", "<s>", "</s>", "\xE2\x96\x81", "a", "\xE2\x96\x81" "a"};
+static const char *const SPM_TOKENS[] = {"<unk>", "<s>", "</s>", "\u2581", "a", "\u2581a"};
 static const float SPM_SCORES[] = {0, 0, 0, -1, -2, -0.5f};
 static const int SPM_TYPES[] = {2, 3, 3, 1, 1, 1};
 

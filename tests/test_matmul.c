@@ -76,7 +76,7 @@ static void make_weight(test_weight *t, const kind *k, const float *src, int row
     t->row_scales = malloc(rows * sizeof(float));
     t->deq = malloc(n * sizeof(double));
     assert_true(t->data && t->row_scales && t->deq);
-    t->w = (qlm_weight){k->dtype, rows, cols, t->data, 1.0f, NULL, k->group, k->act8, 0};
+    t->w = (qlm_weight){.dtype = k->dtype, .rows = rows, .cols = cols, .data = t->data, .scale = 1.0f, .group = k->group, .act8 = k->act8};
     switch (k->dtype) {
     case QLM_Q8_0:
     case QLM_Q4_0:

@@ -240,12 +240,12 @@ static void test_weight_row(void **state) {
     int8_t q[R * C];
     float rs[R];
     for (int i = 0; i < R * C; i++) w[i] = frand();
-    qlm_weight wt = {QLM_F32, R, C, w, 0, NULL};
+    qlm_weight wt = {.dtype = QLM_F32, .rows = R, .cols = C, .data = w};
     qlm_weight_row_f32(&wt, 2, out);
     assert_memory_equal(out, w + 2 * C, sizeof out);
 
     qlm_convert_from_f32(h, QLM_F16, w, R * C);
-    wt = (qlm_weight){QLM_F16, R, C, h, 0, NULL};
+    wt = (qlm_weight){.dtype = QLM_F16, .rows = R, .cols = C, .data = h};
     qlm_weight_row_f32(&wt, 1, out);
     for (int k = 0; k < C; k++) assert_true(out[k] == qlm_f16_to_f32(h[C + k]));
 
@@ -255,7 +255,7 @@ static void test_weight_row(void **state) {
     for (int k = 0; k < C; k++) assert_true(out[k] == qlm_bf16_to_f32(h[2 * C + k]));
 
     float s = qlm_quantize_i8(q, w, R, C);
-    wt = (qlm_weight){QLM_I8, R, C, q, s, NULL};
+    wt = (qlm_weight){.dtype = QLM_I8, .rows = R, .cols = C, .data = q, .scale = s};
     qlm_weight_row_f32(&wt, 1, out);
     for (int k = 0; k < C; k++) assert_true(out[k] == (float)q[C + k] * s);
 
