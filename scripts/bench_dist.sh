@@ -65,7 +65,7 @@ done
 # Interleaved rounds, each setting's fastest kept: the step time of this VM moves by 20% from run to run.
 overlap_rounds=${QLM_BENCH_DIST_ROUNDS:-3}
 declare -A fastest=()
-for round in $(seq "$overlap_rounds"); do
+for _ in $(seq "$overlap_rounds"); do
     for k in 1 0; do
         run "overlap-$k" 2 "--shard fsdp --prefetch $k" "--full" 4
         s="$tmp/overlap-$k/summary.json"

@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # Sourced by run_main_job.sh and bench.sh: the default model as a safetensors folder, converted
 # once from the GGUF that setup.sh fetched. Sets $gguf and $model; needs $qlm.
 cache="${QLM_CACHE:-$HOME/.cache/qlm}"

@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # Sourced by the scripts that record results in docs/benchmarks.md.
 # doc_block NAME FILE puts FILE's lines (which start with <!-- NAME --> and end with <!-- /NAME -->)
 # in place of that block of docs/benchmarks.md, or at its end when the block is not there yet.

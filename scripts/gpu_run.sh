@@ -16,7 +16,7 @@
 #   dialogsum  LoRA on all DialogSum training dialogues, ROUGE before and after, on the real
 #              SmolLM2-135M-Instruct (its GGUF part joined; scripts/train_dialogsum.sh at lab scale)
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 1
 g=/tmp/gpu
 out=${OUT:-$g/out}
 mkdir -p "$g/parts" "$out"

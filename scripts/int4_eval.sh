@@ -26,7 +26,6 @@ mkdir -p "$dir"
 # model ends its turn), examples each.
 examples="${QLM_INT4_EXAMPLES:-500}"
 awk 'BEGIN { RS = "" } { gsub(/\n/, " "); print }' "$assets/tinystories-text/tinystories_val.txt" > "$dir/paragraphs.txt"
-total=$(wc -l < "$dir/paragraphs.txt")
 tail -n 200 "$dir/paragraphs.txt" | awk 'NR > 1 { print "<|endoftext|>" } { print }' > "$dir/heldout.txt"
 head -n "$examples" "$dir/paragraphs.txt" | jq -R -c '{prompt: "", completion: .}' > "$dir/stories.jsonl"
 head -n "$examples" "$assets/dialogsum/dialogsum.train.from_zip_2021-05.jsonl" > "$dir/dialogues.jsonl"
