@@ -4,7 +4,11 @@
 # libFuzzer on every loader (FUZZ_SECONDS each, scripts/fuzz.sh);
 # `make CUDA=1` also compiles the CUDA backend with nvcc; `make run` runs the main job.
 
-CC      ?= gcc
+# GCC unless CC names another compiler (make's own default, cc, may be clang): the CPU kernels'
+# register tiles rely on GCC's unrolling (a clang 14 build keeps them in memory: prefill 2-5x slower).
+ifeq ($(origin CC),default)
+CC      := gcc
+endif
 NVCC    ?= nvcc
 BUILD   ?= build
 # GCC's -O2 vectorizes only loops whose trip count the vector width divides; the "cheap" model
