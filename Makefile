@@ -4,8 +4,8 @@
 # libFuzzer on every loader (FUZZ_SECONDS each, scripts/fuzz.sh);
 # `make CUDA=1` also compiles the CUDA backend with nvcc; `make run` runs the main job.
 
-# GCC unless CC names another compiler (make's own default, cc, may be clang): the CPU kernels'
-# register tiles rely on GCC's unrolling (a clang 14 build keeps them in memory: prefill 2-5x slower).
+# GCC unless CC names another compiler (make's own default is cc, whatever that is here): the
+# compiler docs/benchmarks.md measures; `make build-clang` checks clang's build.
 ifeq ($(origin CC),default)
 CC      := gcc
 endif

@@ -13,9 +13,13 @@
 
 /* acc + the sums of four products of a's unsigned and b's signed bytes, in 32-bit lanes. */
 AVX512_INLINE __m512i dot_u8i8(__m512i acc, __m512i a, __m512i b) {
-    /* As asm with the accumulator tied, for the reason given at dot_i16. */
+#if defined(__clang__)
+    return _mm512_dpbusd_epi32(acc, a, b);
+#else
+    /* As asm with the accumulator tied, for the reasons given at dot_i16. */
     __asm__("vpdpbusd %2, %1, %0" : "+v"(acc) : "v"(a), "vm"(b));
     return acc;
+#endif
 }
 
 /* Four bytes of x from p in every 32-bit lane. */
@@ -46,7 +50,7 @@ AVX512_INLINE void w8a8_panel(float *y, long ldy, const int8_t *x, long ldx, con
     const char *vals = panel + nb * sb;
     const __m512i low4 = _mm512_set1_epi8(15), flip = _mm512_set1_epi8((char)0x80);
     __m512 acc[W8A8_TILE_X];
-#pragma GCC unroll 8
+QLM_UNROLL(8)
     for (int i = 0; i < nx; i++) acc[i] = _mm512_setzero_ps();
     for (long b = 0; b < nb; b++) {
         if (pf)
@@ -59,28 +63,28 @@ AVX512_INLINE void w8a8_panel(float *y, long ldy, const int8_t *x, long ldx, con
             const char *v = vals + run * vb;
             const int8_t *xr = x + run * QLM_X8_BLOCK;
             __m512i isum[W8A8_TILE_X];
-#pragma GCC unroll 8
+QLM_UNROLL(8)
             for (int i = 0; i < nx; i++) isum[i] = _mm512_set1_epi32(-excess * xsum[i * runs_ld + run]);
             if (dt == QLM_Q8_0) {
-#pragma GCC unroll 8
+QLM_UNROLL(8)
                 for (int c = 0; c < 8; c++) {
                     const __m512i w = _mm512_xor_si512(_mm512_loadu_si512(v + 64 * c), flip);
-#pragma GCC unroll 8
+QLM_UNROLL(8)
                     for (int i = 0; i < nx; i++) isum[i] = dot_u8i8(isum[i], w, x4(xr + i * ldx + 4 * c));
                 }
             } else {
-#pragma GCC unroll 4
+QLM_UNROLL(4)
                 for (int c = 0; c < 4; c++) {
                     const __m512i z = _mm512_loadu_si512(v + 64 * c);
                     const __m512i lo = _mm512_and_si512(z, low4), hi = _mm512_and_si512(_mm512_srli_epi16(z, 4), low4);
-#pragma GCC unroll 8
+QLM_UNROLL(8)
                     for (int i = 0; i < nx; i++) {
                         isum[i] = dot_u8i8(isum[i], lo, x4(xr + i * ldx + 4 * c));
                         isum[i] = dot_u8i8(isum[i], hi, x4(xr + i * ldx + 16 + 4 * c));
                     }
                 }
             }
-#pragma GCC unroll 8
+QLM_UNROLL(8)
             for (int i = 0; i < nx; i++) {
                 const float dx = xs[i * runs_ld + run];
                 acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[i]), _mm512_mul_ps(d, _mm512_set1_ps(dx)), acc[i]);
@@ -89,7 +93,7 @@ AVX512_INLINE void w8a8_panel(float *y, long ldy, const int8_t *x, long ldx, con
             }
         }
     }
-#pragma GCC unroll 8
+QLM_UNROLL(8)
     for (int i = 0; i < nx; i++) _mm512_storeu_ps(y + i * ldy, acc[i]);
 }
 

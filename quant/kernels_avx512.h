@@ -26,9 +26,12 @@
 
 /* acc + the sums of adjacent pairs of 16-bit products of a and b, in 32-bit lanes. */
 AVX512_INLINE __m512i dot_i16(__m512i acc, __m512i a, __m512i b) {
-#if AVX512_VNNI
+#if AVX512_VNNI && defined(__clang__)
+    return _mm512_dpwssd_epi32(acc, a, b);
+#elif AVX512_VNNI
     /* As asm with the accumulator tied: GCC 12 copies every _mm512_dpwssd_epi32 accumulator
-     * through another register and spills the copies in a tile of 24 (measured: half speed). */
+     * through another register and spills the copies in a tile of 24 (measured: half speed).
+     * Not for clang, which takes the "m" of "vm" and so stores b to the stack for each. */
     __asm__("vpdpwssd %2, %1, %0" : "+v"(acc) : "v"(a), "vm"(b));
     return acc;
 #else
@@ -80,12 +83,12 @@ AVX512_INLINE void gemm_step(__m512 acc[8][TILE_X], const char *x, long ldx, con
                              const int nr, const int nx, qlm_dtype dt, __mmask32 m) {
     if (dt == QLM_I8) {
         __m512i wv[8];
-#pragma GCC unroll 8
+QLM_UNROLL(8)
         for (int r = 0; r < nr; r++) wv[r] = _mm512_cvtepi8_epi16(_mm256_maskz_loadu_epi8(m, (const int8_t *)(w + r * stride) + k));
-#pragma GCC unroll 6
+QLM_UNROLL(6)
         for (int i = 0; i < nx; i++) {
             __m512i xv = _mm512_maskz_loadu_epi16(m, (const int16_t *)x + i * ldx + k);
-#pragma GCC unroll 8
+QLM_UNROLL(8)
             for (int r = 0; r < nr; r++) acc[r][i] = _mm512_castsi512_ps(dot_i16(_mm512_castps_si512(acc[r][i]), wv[r], xv));
         }
         return;
@@ -93,12 +96,12 @@ AVX512_INLINE void gemm_step(__m512 acc[8][TILE_X], const char *x, long ldx, con
 #if AVX512_BF16DP
     if (USES_DP(dt)) {
         __m512i wv[8];
-#pragma GCC unroll 8
+QLM_UNROLL(8)
         for (int r = 0; r < nr; r++) wv[r] = _mm512_maskz_loadu_epi16(m, (const uint16_t *)(w + r * stride) + k);
-#pragma GCC unroll 6
+QLM_UNROLL(6)
         for (int i = 0; i < nx; i++) {
             __m512bh xv = (__m512bh)_mm512_maskz_loadu_epi16(m, (const uint16_t *)x + i * ldx + k);
-#pragma GCC unroll 8
+QLM_UNROLL(8)
             for (int r = 0; r < nr; r++) acc[r][i] = _mm512_dpbf16_ps(acc[r][i], (__m512bh)wv[r], xv);
         }
         return;
@@ -107,12 +110,12 @@ AVX512_INLINE void gemm_step(__m512 acc[8][TILE_X], const char *x, long ldx, con
     const qlm_dtype xdt = qlm_x_dtype(dt);
     const long x_row = ldx * (long)qlm_weight_elem_size(xdt);
     __m512 wv[8];
-#pragma GCC unroll 8
+QLM_UNROLL(8)
     for (int r = 0; r < nr; r++) wv[r] = load16(w + r * stride, k, dt, (__mmask16)m);
-#pragma GCC unroll 6
+QLM_UNROLL(6)
     for (int i = 0; i < nx; i++) {
         __m512 xv = load16(x + i * x_row, k, xdt, (__mmask16)m);
-#pragma GCC unroll 8
+QLM_UNROLL(8)
         for (int r = 0; r < nr; r++) acc[r][i] = _mm512_fmadd_ps(wv[r], xv, acc[r][i]);
     }
 }
@@ -130,9 +133,9 @@ AVX512_INLINE void gemm_tile(float *y, long ldy, const char *x, long ldx, const 
                              const int nr, const int nx, qlm_dtype dt, const char *pf, int add) {
     const long esize = (long)qlm_weight_elem_size(dt), ks = STEP_COLS(dt);
     __m512 acc[8][TILE_X];
-#pragma GCC unroll 8
+QLM_UNROLL(8)
     for (int r = 0; r < nr; r++)
-#pragma GCC unroll 6
+QLM_UNROLL(6)
         for (int i = 0; i < nx; i++) acc[r][i] = _mm512_setzero_ps();
     long k = 0;
     for (; k + ks <= cols; k += ks) {
@@ -143,17 +146,17 @@ AVX512_INLINE void gemm_tile(float *y, long ldy, const char *x, long ldx, const 
     }
     if (k < cols) gemm_step(acc, x, ldx, w, stride, k, nr, nx, dt, (__mmask32)((1u << (cols - k)) - 1u));
     if (dt == QLM_I8)
-#pragma GCC unroll 8
+QLM_UNROLL(8)
         for (int r = 0; r < nr; r++)
-#pragma GCC unroll 6
+QLM_UNROLL(6)
             for (int i = 0; i < nx; i++) acc[r][i] = _mm512_cvtepi32_ps(_mm512_castps_si512(acc[r][i]));
-#pragma GCC unroll 6
+QLM_UNROLL(6)
     for (int i = 0; i < nx; i++) {
         float *yi = y + i * ldy;
         if (nr == 1)
             yi[0] = (add ? yi[0] : 0.0f) + _mm512_reduce_add_ps(acc[0][i]);
         else
-#pragma GCC unroll 2
+QLM_UNROLL(2)
             for (int r = 0; r < nr; r += 4) {
                 __m128 h = hsum4(acc[r][i], acc[r + 1][i], acc[r + 2][i], acc[r + 3][i]);
                 _mm_storeu_ps(yi + r, add ? _mm_add_ps(_mm_loadu_ps(yi + r), h) : h);
@@ -309,7 +312,7 @@ AVX512_INLINE void weighted_sum_dt(float *o, const float *p, int g, long ldp, co
         for (long d = 0; d < hd; d += 64) {
             __mmask16 mk[4];
             __m512 a[4];
-#pragma GCC unroll 4
+QLM_UNROLL(4)
             for (int c = 0; c < 4; c++) {
                 long at = d + 16 * c;
                 mk[c] = at >= hd ? 0 : block_mask(at, hd);
@@ -317,13 +320,13 @@ AVX512_INLINE void weighted_sum_dt(float *o, const float *p, int g, long ldp, co
             }
             /* Odd value rows go to a second set of sums: twice the FMA chains in flight. */
             __m512 b[4];
-#pragma GCC unroll 4
+QLM_UNROLL(4)
             for (int c = 0; c < 4; c++) b[c] = _mm512_setzero_ps();
             int t = 0;
             for (; t + 2 <= m; t += 2) {
                 __m512 pa = _mm512_set1_ps(p[(size_t)j * ldp + t]), pb = _mm512_set1_ps(p[(size_t)j * ldp + t + 1]);
                 const char *va = (const char *)v + (size_t)t * row, *vb = va + row;
-#pragma GCC unroll 4
+QLM_UNROLL(4)
                 for (int c = 0; c < 4; c++) {
                     a[c] = _mm512_fmadd_ps(pa, load16(va, d + 16 * c, dt, mk[c]), a[c]);
                     b[c] = _mm512_fmadd_ps(pb, load16(vb, d + 16 * c, dt, mk[c]), b[c]);
@@ -332,10 +335,10 @@ AVX512_INLINE void weighted_sum_dt(float *o, const float *p, int g, long ldp, co
             if (t < m) {
                 __m512 pa = _mm512_set1_ps(p[(size_t)j * ldp + t]);
                 const char *va = (const char *)v + (size_t)t * row;
-#pragma GCC unroll 4
+QLM_UNROLL(4)
                 for (int c = 0; c < 4; c++) a[c] = _mm512_fmadd_ps(pa, load16(va, d + 16 * c, dt, mk[c]), a[c]);
             }
-#pragma GCC unroll 4
+QLM_UNROLL(4)
             for (int c = 0; c < 4; c++)
                 _mm512_mask_storeu_ps(o + (size_t)j * hd + d + 16 * c, mk[c], _mm512_add_ps(a[c], b[c]));
         }
