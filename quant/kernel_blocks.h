@@ -60,9 +60,9 @@ KERNEL_INLINE void block_tile(float *y, long ldy, const int16_t *x, long ldx, co
     const int head = qlm_block_head(dt), runs = group / 32;
     const __m256i ones[2] = {_mm256_set1_epi16(1), _mm256_set1_epi16(1)};
     __m256 acc[4][BLOCK_TILE_X];
-QLM_UNROLL(4)
+    QLM_UNROLL(4)
     for (int r = 0; r < nr; r++)
-QLM_UNROLL(4)
+        QLM_UNROLL(4)
         for (int i = 0; i < nx; i++) acc[r][i] = _mm256_setzero_ps();
     for (long k = 0, b = 0; k < cols; k += group, b++) {
         const char *blk = w + (size_t)b * bb;
@@ -71,36 +71,36 @@ QLM_UNROLL(4)
         __m256i xsum[BLOCK_TILE_X];
         __m256 xsum_f[BLOCK_TILE_X];
         if (dt != QLM_Q8_0)
-QLM_UNROLL(4)
+            QLM_UNROLL(4)
             for (int i = 0; i < nx; i++) {
                 xsum[i] = _mm256_setzero_si256();
                 for (int s = 0; s < runs; s++) xsum[i] = _mm256_add_epi32(xsum[i], run_dot(ones, x + i * ldx + k + 32 * s));
                 if (dt == QLM_Q4_0) xsum[i] = _mm256_slli_epi32(xsum[i], 3);
                 else xsum_f[i] = _mm256_cvtepi32_ps(xsum[i]);
             }
-QLM_UNROLL(4)
+        QLM_UNROLL(4)
         for (int r = 0; r < nr; r++) {
             __m256i isum[BLOCK_TILE_X];
-QLM_UNROLL(4)
+            QLM_UNROLL(4)
             for (int i = 0; i < nx; i++) isum[i] = dt == QLM_Q4_0 ? _mm256_sub_epi32(_mm256_setzero_si256(), xsum[i])
                                                                   : _mm256_setzero_si256();
             for (int s = 0; s < runs; s++) {
                 __m256i wv[2];
                 block_run(wv, blk + r * stride + head, s, dt);
-QLM_UNROLL(4)
+                QLM_UNROLL(4)
                 for (int i = 0; i < nx; i++) isum[i] = _mm256_add_epi32(isum[i], run_dot(wv, x + i * ldx + k + 32 * s));
             }
             const __m256 d = block_scale(blk + r * stride);
-QLM_UNROLL(4)
+            QLM_UNROLL(4)
             for (int i = 0; i < nx; i++) acc[r][i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[i]), d, acc[r][i]);
             if (dt == QLM_Q4_1) {
                 const __m256 m = block_scale(blk + r * stride + 2);
-QLM_UNROLL(4)
+                QLM_UNROLL(4)
                 for (int i = 0; i < nx; i++) acc[r][i] = _mm256_fmadd_ps(xsum_f[i], m, acc[r][i]);
             }
         }
     }
-QLM_UNROLL(4)
+    QLM_UNROLL(4)
     for (int i = 0; i < nx; i++) {
         if (nr == 1)
             y[i * ldy] = hsum_ps256(acc[0][i]);

@@ -75,7 +75,7 @@ KERNEL_FN void quantize_i8(int8_t *q, float *scales, int32_t *sums, const float 
     const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
     for (long b = 0; b < n; b += QLM_X8_BLOCK) {
         __m256 v[4], mx = _mm256_setzero_ps(), nan = _mm256_setzero_ps();
-QLM_UNROLL(4)
+        QLM_UNROLL(4)
         for (int j = 0; j < 4; j++) {
             v[j] = _mm256_loadu_ps(x + b + 8 * j);
             nan = _mm256_or_ps(nan, _mm256_cmp_ps(v[j], v[j], _CMP_UNORD_Q));
@@ -88,7 +88,7 @@ QLM_UNROLL(4)
         scales[b / QLM_X8_BLOCK] = qlm_x_int_scale(_mm_cvtss_f32(m), _mm256_movemask_ps(nan) != 0, QLM_X8_MAX, &inv);
         const __m256 f = _mm256_set1_ps(inv);
         __m256i a[4];
-QLM_UNROLL(4)
+        QLM_UNROLL(4)
         for (int j = 0; j < 4; j++) a[j] = _mm256_cvtps_epi32(_mm256_mul_ps(v[j], f));
         const __m256i s = _mm256_add_epi32(_mm256_add_epi32(a[0], a[1]), _mm256_add_epi32(a[2], a[3]));
         __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));

@@ -50,7 +50,7 @@ AVX512_INLINE void w8a8_panel(float *y, long ldy, const int8_t *x, long ldx, con
     const char *vals = panel + nb * sb;
     const __m512i low4 = _mm512_set1_epi8(15), flip = _mm512_set1_epi8((char)0x80);
     __m512 acc[W8A8_TILE_X];
-QLM_UNROLL(8)
+    QLM_UNROLL(8)
     for (int i = 0; i < nx; i++) acc[i] = _mm512_setzero_ps();
     for (long b = 0; b < nb; b++) {
         if (pf)
@@ -63,28 +63,28 @@ QLM_UNROLL(8)
             const char *v = vals + run * vb;
             const int8_t *xr = x + run * QLM_X8_BLOCK;
             __m512i isum[W8A8_TILE_X];
-QLM_UNROLL(8)
+            QLM_UNROLL(8)
             for (int i = 0; i < nx; i++) isum[i] = _mm512_set1_epi32(-excess * xsum[i * runs_ld + run]);
             if (dt == QLM_Q8_0) {
-QLM_UNROLL(8)
+                QLM_UNROLL(8)
                 for (int c = 0; c < 8; c++) {
                     const __m512i w = _mm512_xor_si512(_mm512_loadu_si512(v + 64 * c), flip);
-QLM_UNROLL(8)
+                    QLM_UNROLL(8)
                     for (int i = 0; i < nx; i++) isum[i] = dot_u8i8(isum[i], w, x4(xr + i * ldx + 4 * c));
                 }
             } else {
-QLM_UNROLL(4)
+                QLM_UNROLL(4)
                 for (int c = 0; c < 4; c++) {
                     const __m512i z = _mm512_loadu_si512(v + 64 * c);
                     const __m512i lo = _mm512_and_si512(z, low4), hi = _mm512_and_si512(_mm512_srli_epi16(z, 4), low4);
-QLM_UNROLL(8)
+                    QLM_UNROLL(8)
                     for (int i = 0; i < nx; i++) {
                         isum[i] = dot_u8i8(isum[i], lo, x4(xr + i * ldx + 4 * c));
                         isum[i] = dot_u8i8(isum[i], hi, x4(xr + i * ldx + 16 + 4 * c));
                     }
                 }
             }
-QLM_UNROLL(8)
+            QLM_UNROLL(8)
             for (int i = 0; i < nx; i++) {
                 const float dx = xs[i * runs_ld + run];
                 acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[i]), _mm512_mul_ps(d, _mm512_set1_ps(dx)), acc[i]);
@@ -93,7 +93,7 @@ QLM_UNROLL(8)
             }
         }
     }
-QLM_UNROLL(8)
+    QLM_UNROLL(8)
     for (int i = 0; i < nx; i++) _mm512_storeu_ps(y + i * ldy, acc[i]);
 }
 

@@ -42,13 +42,13 @@ KERNEL_INLINE void w8a8_panel(float *y, long ldy, const int8_t *x, long ldx, con
     const char *vals = panel + nb * sb;
     const __m256i low4 = _mm256_set1_epi8(15);
     __m256 acc[W8A8_TILE_X][2];
-QLM_UNROLL(8)
+    QLM_UNROLL(8)
     for (int i = 0; i < nx; i++) acc[i][0] = acc[i][1] = _mm256_setzero_ps();
     for (long b = 0; b < nb; b++) {
         if (pf)
             for (size_t o = 0; o < block_bytes; o += 64) _mm_prefetch(pf + b * block_bytes + o, _MM_HINT_T1);
         __m256 d[2], m[2];
-QLM_UNROLL(2)
+        QLM_UNROLL(2)
         for (int h = 0; h < 2; h++) {
             d[h] = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(panel + b * sb + 16 * h)));
             m[h] = dt == QLM_Q4_1 ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(panel + b * sb + 32 + 16 * h)))
@@ -60,17 +60,17 @@ QLM_UNROLL(2)
             const int8_t *xr = x + run * QLM_X8_BLOCK;
             __m256i isum[W8A8_TILE_X][2];
             if (dt == QLM_Q8_0) {
-QLM_UNROLL(8)
+                QLM_UNROLL(8)
                 for (int i = 0; i < nx; i++) isum[i][0] = isum[i][1] = _mm256_setzero_si256();
-QLM_UNROLL(8)
+                QLM_UNROLL(8)
                 for (int c = 0; c < 8; c++) {
                     const __m256i w[2] = {_mm256_loadu_si256((const __m256i *)(v + 64 * c)),
                                           _mm256_loadu_si256((const __m256i *)(v + 64 * c + 32))};
                     const __m256i a[2] = {_mm256_abs_epi8(w[0]), _mm256_abs_epi8(w[1])};
-QLM_UNROLL(8)
+                    QLM_UNROLL(8)
                     for (int i = 0; i < nx; i++) {
                         const __m256i xb = x4_ymm(xr + i * ldx + 4 * c);
-QLM_UNROLL(2)
+                        QLM_UNROLL(2)
                         for (int h = 0; h < 2; h++)
                             isum[i][h] = dot_u8i8_ymm(isum[i][h], a[h], _mm256_sign_epi8(xb, w[h]));
                     }
@@ -79,25 +79,25 @@ QLM_UNROLL(2)
 #if !W8A8_YMM_VNNI
                 /* Without VNNI a 16-bit lane adds the run's pairs, then one VPMADDWD widens them. */
                 __m256i s16[W8A8_TILE_X][2];
-QLM_UNROLL(8)
+                QLM_UNROLL(8)
                 for (int i = 0; i < nx; i++) s16[i][0] = s16[i][1] = _mm256_setzero_si256();
 #endif
-QLM_UNROLL(8)
+                QLM_UNROLL(8)
                 for (int i = 0; i < nx; i++)
                     isum[i][0] = isum[i][1] = _mm256_set1_epi32(dt == QLM_Q4_0 ? -8 * xsum[i * runs_ld + run] : 0);
-QLM_UNROLL(4)
+                QLM_UNROLL(4)
                 for (int c = 0; c < 4; c++) {
                     __m256i lo[2], hi[2];
-QLM_UNROLL(2)
+                    QLM_UNROLL(2)
                     for (int h = 0; h < 2; h++) {
                         const __m256i z = _mm256_loadu_si256((const __m256i *)(v + 64 * c + 32 * h));
                         lo[h] = _mm256_and_si256(z, low4);
                         hi[h] = _mm256_and_si256(_mm256_srli_epi16(z, 4), low4);
                     }
-QLM_UNROLL(8)
+                    QLM_UNROLL(8)
                     for (int i = 0; i < nx; i++) {
                         const __m256i xa = x4_ymm(xr + i * ldx + 4 * c), xb = x4_ymm(xr + i * ldx + 16 + 4 * c);
-QLM_UNROLL(2)
+                        QLM_UNROLL(2)
                         for (int h = 0; h < 2; h++) {
 #if W8A8_YMM_VNNI
                             isum[i][h] = dot_u8i8_ymm(dot_u8i8_ymm(isum[i][h], lo[h], xa), hi[h], xb);
@@ -109,17 +109,17 @@ QLM_UNROLL(2)
                     }
                 }
 #if !W8A8_YMM_VNNI
-QLM_UNROLL(8)
+                QLM_UNROLL(8)
                 for (int i = 0; i < nx; i++)
-QLM_UNROLL(2)
+                    QLM_UNROLL(2)
                     for (int h = 0; h < 2; h++)
                         isum[i][h] = _mm256_add_epi32(isum[i][h], _mm256_madd_epi16(s16[i][h], _mm256_set1_epi16(1)));
 #endif
             }
-QLM_UNROLL(8)
+            QLM_UNROLL(8)
             for (int i = 0; i < nx; i++) {
                 const float dx = xs[i * runs_ld + run];
-QLM_UNROLL(2)
+                QLM_UNROLL(2)
                 for (int h = 0; h < 2; h++) {
                     acc[i][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[i][h]), _mm256_mul_ps(d[h], _mm256_set1_ps(dx)),
                                                 acc[i][h]);
@@ -129,7 +129,7 @@ QLM_UNROLL(2)
             }
         }
     }
-QLM_UNROLL(8)
+    QLM_UNROLL(8)
     for (int i = 0; i < nx; i++) {
         _mm256_storeu_ps(y + i * ldy, acc[i][0]);
         _mm256_storeu_ps(y + i * ldy + 8, acc[i][1]);

@@ -58,13 +58,13 @@ AVX2_INLINE void gemm_step(__m256 acc[4][TILE_X], const char *x, long ldx, const
                            const int nr, const int nx, qlm_dtype dt) {
     if (dt == QLM_I8) {
         __m256i wv[4];
-QLM_UNROLL(4)
+        QLM_UNROLL(4)
         for (int r = 0; r < nr; r++)
             wv[r] = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)((const int8_t *)(w + r * stride) + k)));
-QLM_UNROLL(2)
+        QLM_UNROLL(2)
         for (int i = 0; i < nx; i++) {
             __m256i xv = _mm256_loadu_si256((const __m256i *)((const int16_t *)x + i * ldx + k));
-QLM_UNROLL(4)
+            QLM_UNROLL(4)
             for (int r = 0; r < nr; r++)
                 acc[r][i] = _mm256_castsi256_ps(_mm256_add_epi32(_mm256_castps_si256(acc[r][i]), _mm256_madd_epi16(wv[r], xv)));
         }
@@ -73,12 +73,12 @@ QLM_UNROLL(4)
     const qlm_dtype xdt = qlm_x_dtype(dt);
     const long x_row = ldx * (long)qlm_weight_elem_size(xdt);
     __m256 wv[4];
-QLM_UNROLL(4)
+    QLM_UNROLL(4)
     for (int r = 0; r < nr; r++) wv[r] = load8(w + r * stride, k, dt);
-QLM_UNROLL(2)
+    QLM_UNROLL(2)
     for (int i = 0; i < nx; i++) {
         __m256 xv = load8(x + i * x_row, k, xdt);
-QLM_UNROLL(4)
+        QLM_UNROLL(4)
         for (int r = 0; r < nr; r++) acc[r][i] = _mm256_fmadd_ps(wv[r], xv, acc[r][i]);
     }
 }
@@ -104,9 +104,9 @@ AVX2_INLINE void gemm_tile(float *y, long ldy, const char *x, long ldx, const ch
     const long esize = (long)qlm_weight_elem_size(dt), ks = STEP_COLS(dt);
     const long x_row = ldx * (long)qlm_x_elem_size(dt);
     __m256 acc[4][TILE_X];
-QLM_UNROLL(4)
+    QLM_UNROLL(4)
     for (int r = 0; r < nr; r++)
-QLM_UNROLL(2)
+        QLM_UNROLL(2)
         for (int i = 0; i < nx; i++) acc[r][i] = _mm256_setzero_ps();
     long k = 0;
     for (; k + ks <= cols; k += ks) {
@@ -116,9 +116,9 @@ QLM_UNROLL(2)
         gemm_step(acc, x, ldx, w, stride, k, nr, nx, dt);
     }
     if (dt == QLM_I8)
-QLM_UNROLL(4)
+        QLM_UNROLL(4)
         for (int r = 0; r < nr; r++)
-QLM_UNROLL(2)
+            QLM_UNROLL(2)
             for (int i = 0; i < nx; i++) acc[r][i] = _mm256_cvtepi32_ps(_mm256_castps_si256(acc[r][i]));
     for (int i = 0; i < nx; i++) {
         float s[4];

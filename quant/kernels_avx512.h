@@ -83,12 +83,12 @@ AVX512_INLINE void gemm_step(__m512 acc[8][TILE_X], const char *x, long ldx, con
                              const int nr, const int nx, qlm_dtype dt, __mmask32 m) {
     if (dt == QLM_I8) {
         __m512i wv[8];
-QLM_UNROLL(8)
+        QLM_UNROLL(8)
         for (int r = 0; r < nr; r++) wv[r] = _mm512_cvtepi8_epi16(_mm256_maskz_loadu_epi8(m, (const int8_t *)(w + r * stride) + k));
-QLM_UNROLL(6)
+        QLM_UNROLL(6)
         for (int i = 0; i < nx; i++) {
             __m512i xv = _mm512_maskz_loadu_epi16(m, (const int16_t *)x + i * ldx + k);
-QLM_UNROLL(8)
+            QLM_UNROLL(8)
             for (int r = 0; r < nr; r++) acc[r][i] = _mm512_castsi512_ps(dot_i16(_mm512_castps_si512(acc[r][i]), wv[r], xv));
         }
         return;
@@ -96,12 +96,12 @@ QLM_UNROLL(8)
 #if AVX512_BF16DP
     if (USES_DP(dt)) {
         __m512i wv[8];
-QLM_UNROLL(8)
+        QLM_UNROLL(8)
         for (int r = 0; r < nr; r++) wv[r] = _mm512_maskz_loadu_epi16(m, (const uint16_t *)(w + r * stride) + k);
-QLM_UNROLL(6)
+        QLM_UNROLL(6)
         for (int i = 0; i < nx; i++) {
             __m512bh xv = (__m512bh)_mm512_maskz_loadu_epi16(m, (const uint16_t *)x + i * ldx + k);
-QLM_UNROLL(8)
+            QLM_UNROLL(8)
             for (int r = 0; r < nr; r++) acc[r][i] = _mm512_dpbf16_ps(acc[r][i], (__m512bh)wv[r], xv);
         }
         return;
@@ -110,12 +110,12 @@ QLM_UNROLL(8)
     const qlm_dtype xdt = qlm_x_dtype(dt);
     const long x_row = ldx * (long)qlm_weight_elem_size(xdt);
     __m512 wv[8];
-QLM_UNROLL(8)
+    QLM_UNROLL(8)
     for (int r = 0; r < nr; r++) wv[r] = load16(w + r * stride, k, dt, (__mmask16)m);
-QLM_UNROLL(6)
+    QLM_UNROLL(6)
     for (int i = 0; i < nx; i++) {
         __m512 xv = load16(x + i * x_row, k, xdt, (__mmask16)m);
-QLM_UNROLL(8)
+        QLM_UNROLL(8)
         for (int r = 0; r < nr; r++) acc[r][i] = _mm512_fmadd_ps(wv[r], xv, acc[r][i]);
     }
 }
@@ -133,9 +133,9 @@ AVX512_INLINE void gemm_tile(float *y, long ldy, const char *x, long ldx, const 
                              const int nr, const int nx, qlm_dtype dt, const char *pf, int add) {
     const long esize = (long)qlm_weight_elem_size(dt), ks = STEP_COLS(dt);
     __m512 acc[8][TILE_X];
-QLM_UNROLL(8)
+    QLM_UNROLL(8)
     for (int r = 0; r < nr; r++)
-QLM_UNROLL(6)
+        QLM_UNROLL(6)
         for (int i = 0; i < nx; i++) acc[r][i] = _mm512_setzero_ps();
     long k = 0;
     for (; k + ks <= cols; k += ks) {
@@ -146,17 +146,17 @@ QLM_UNROLL(6)
     }
     if (k < cols) gemm_step(acc, x, ldx, w, stride, k, nr, nx, dt, (__mmask32)((1u << (cols - k)) - 1u));
     if (dt == QLM_I8)
-QLM_UNROLL(8)
+        QLM_UNROLL(8)
         for (int r = 0; r < nr; r++)
-QLM_UNROLL(6)
+            QLM_UNROLL(6)
             for (int i = 0; i < nx; i++) acc[r][i] = _mm512_cvtepi32_ps(_mm512_castps_si512(acc[r][i]));
-QLM_UNROLL(6)
+    QLM_UNROLL(6)
     for (int i = 0; i < nx; i++) {
         float *yi = y + i * ldy;
         if (nr == 1)
             yi[0] = (add ? yi[0] : 0.0f) + _mm512_reduce_add_ps(acc[0][i]);
         else
-QLM_UNROLL(2)
+            QLM_UNROLL(2)
             for (int r = 0; r < nr; r += 4) {
                 __m128 h = hsum4(acc[r][i], acc[r + 1][i], acc[r + 2][i], acc[r + 3][i]);
                 _mm_storeu_ps(yi + r, add ? _mm_add_ps(_mm_loadu_ps(yi + r), h) : h);
@@ -312,7 +312,7 @@ AVX512_INLINE void weighted_sum_dt(float *o, const float *p, int g, long ldp, co
         for (long d = 0; d < hd; d += 64) {
             __mmask16 mk[4];
             __m512 a[4];
-QLM_UNROLL(4)
+            QLM_UNROLL(4)
             for (int c = 0; c < 4; c++) {
                 long at = d + 16 * c;
                 mk[c] = at >= hd ? 0 : block_mask(at, hd);
@@ -320,13 +320,13 @@ QLM_UNROLL(4)
             }
             /* Odd value rows go to a second set of sums: twice the FMA chains in flight. */
             __m512 b[4];
-QLM_UNROLL(4)
+            QLM_UNROLL(4)
             for (int c = 0; c < 4; c++) b[c] = _mm512_setzero_ps();
             int t = 0;
             for (; t + 2 <= m; t += 2) {
                 __m512 pa = _mm512_set1_ps(p[(size_t)j * ldp + t]), pb = _mm512_set1_ps(p[(size_t)j * ldp + t + 1]);
                 const char *va = (const char *)v + (size_t)t * row, *vb = va + row;
-QLM_UNROLL(4)
+                QLM_UNROLL(4)
                 for (int c = 0; c < 4; c++) {
                     a[c] = _mm512_fmadd_ps(pa, load16(va, d + 16 * c, dt, mk[c]), a[c]);
                     b[c] = _mm512_fmadd_ps(pb, load16(vb, d + 16 * c, dt, mk[c]), b[c]);
@@ -335,10 +335,10 @@ QLM_UNROLL(4)
             if (t < m) {
                 __m512 pa = _mm512_set1_ps(p[(size_t)j * ldp + t]);
                 const char *va = (const char *)v + (size_t)t * row;
-QLM_UNROLL(4)
+                QLM_UNROLL(4)
                 for (int c = 0; c < 4; c++) a[c] = _mm512_fmadd_ps(pa, load16(va, d + 16 * c, dt, mk[c]), a[c]);
             }
-QLM_UNROLL(4)
+            QLM_UNROLL(4)
             for (int c = 0; c < 4; c++)
                 _mm512_mask_storeu_ps(o + (size_t)j * hd + d + 16 * c, mk[c], _mm512_add_ps(a[c], b[c]));
         }

@@ -228,16 +228,12 @@ static const qlm_kernel_table scalar_table = {
 
 #if defined(__x86_64__)
 /* Features asked of CPUID directly because not every compiler's __builtin_cpu_supports knows
- * them (clang 14 knows neither "f16c" nor "avxvnni"): F16C is leaf 1, ECX bit 29; AVX-VNNI leaf 7
- * subleaf 1, EAX bit 4. */
-static int cpu_has_f16c(void) {
-    unsigned a, b, c, d;
-    return __get_cpuid(1, &a, &b, &c, &d) && (c >> 29 & 1u);
-}
+ * them (clang 14 knows neither "f16c" nor "avxvnni"): bit `bit` of register reg of leaf/subleaf. */
+enum { CPUID_EAX, CPUID_EBX, CPUID_ECX, CPUID_EDX };
 
-static int cpu_has_avxvnni(void) {
-    unsigned a, b, c, d;
-    return __get_cpuid_count(7, 1, &a, &b, &c, &d) && (a >> 4 & 1u);
+static int cpuid_bit(unsigned leaf, unsigned subleaf, int reg, int bit) {
+    unsigned r[4];
+    return __get_cpuid_count(leaf, subleaf, &r[0], &r[1], &r[2], &r[3]) && (r[reg] >> bit & 1u);
 }
 #endif
 
@@ -246,9 +242,10 @@ static const qlm_kernel_table *table_named(const char *name) {
     if (strcmp(name, "scalar") == 0) return &scalar_table;
 #if defined(__x86_64__)
     __builtin_cpu_init();
-    int avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && cpu_has_f16c();
+    const int f16c = cpuid_bit(1, 0, CPUID_ECX, 29), avxvnni = cpuid_bit(7, 1, CPUID_EAX, 4);
+    int avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && f16c;
     if (strcmp(name, "avx2") == 0 && avx2) return &qlm_kernels_avx2;
-    if (strcmp(name, "avxvnni") == 0 && avx2 && cpu_has_avxvnni()) return &qlm_kernels_avxvnni;
+    if (strcmp(name, "avxvnni") == 0 && avx2 && avxvnni) return &qlm_kernels_avxvnni;
     int avx512 = avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                  __builtin_cpu_supports("avx512vl");
     if (strcmp(name, "avx512") == 0 && avx512) return &qlm_kernels_avx512;
