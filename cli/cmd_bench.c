@@ -161,8 +161,8 @@ int cmd_bench(int argc, char **argv) {
         if (tg > 0) mean_sd(tgs, reps, &tg_mean, &tg_sd);
         double wbytes = (double)qlm_model_weight_bytes(m);
         double bound = bw > 0 ? bw * 1e9 / wbytes : 0;
-        const char *dt = qlm_dtype_name(m->dtype);
-        const char *pc = m->per_channel ? "-pc" : "";
+        const char *dt = qlm_dtype_name(m->fmt.dtype);
+        const char *pc = m->fmt.per_channel ? "-pc" : "";
         if (json) {
             printf("{\"model\": \"%s\", \"dtype\": \"%s%s\", \"threads\": %d, \"params\": %lld, \"weight_bytes\": %.0f, "
                    "\"model_bytes\": %zu, \"state_bytes\": %zu, \"pp\": %d, \"pp_tps\": %.3f, \"pp_sd\": %.3f, \"tg\": %d, \"tg_tps\": %.3f, \"tg_sd\": %.3f, "

@@ -158,11 +158,7 @@ static int load_weights(const char *path, const char *tokenizer, loaded_weights 
     o.device = "cpu";
     cli_model cm;
     if (cli_load_model(&o, &cm, 0, 1) != 0) return -1;
-    const int t5 = cm.src.is_t5;
-    const qlm_dtype dt = t5 ? cm.t5.dtype : cm.model.dtype;
-    snprintf(lw->desc, sizeof lw->desc, "%s%s%s", qlm_dtype_name(dt),
-             (t5 ? cm.t5.per_channel : cm.model.per_channel) ? " per-channel" : "",
-             (t5 ? cm.t5.act8 : cm.model.act8) ? " w8a8" : "");
+    cli_format_words(cli_model_format(&cm), lw->desc, sizeof lw->desc);
     cli_weight_bytes(&cm, &lw->file, &lw->cache, &lw->owned);
     cli_free_model(&cm);
     return 0;

@@ -225,7 +225,7 @@ static int lora_merge(int argc, char **argv) {
         rc = t5 ? qlm_lora_merge_t5(&cm.t5, &a, 1) : qlm_lora_merge(&cm.model, &a, 1);
         if (rc == 0)
             fprintf(stderr, "qlm lora merge: merged %d modules (%lld parameters) of %s; writing %s (%s weights)\n",
-                    a.n_stored, (long long)a.n_params, lora, out, qlm_dtype_name(t5 ? cm.t5.dtype : cm.model.dtype));
+                    a.n_stored, (long long)a.n_params, lora, out, qlm_dtype_name(cli_model_format(&cm)->dtype));
         qlm_lora_free(&a);
     }
     if (rc == 0) rc = cli_write_model_folder(&cm, out);

@@ -89,10 +89,10 @@ int cmd_perplexity(int argc, char **argv) {
     double nll = acc.nll_sum / acc.n_predicted;
     if (json)
         printf("{\"nll\": %.6f, \"perplexity\": %.6f, \"tokens\": %ld, \"documents\": %d, \"dtype\": \"%s\"}\n", nll,
-               exp(nll), acc.n_predicted, n_docs, qlm_dtype_name(cm.model.dtype));
+               exp(nll), acc.n_predicted, n_docs, qlm_dtype_name(cm.model.fmt.dtype));
     else
         printf("mean NLL %.4f nats/token, perplexity %.4f (%ld tokens, %d documents, %s weights)\n", nll, exp(nll),
-               acc.n_predicted, n_docs, qlm_dtype_name(cm.model.dtype));
+               acc.n_predicted, n_docs, qlm_dtype_name(cm.model.fmt.dtype));
     rc = 0;
 out:
     qlm_state_free(&st, &cm.model);

@@ -47,16 +47,15 @@ enum { OPT_FROM_QAT = 1300 };
 /* What --json prints when the folder is written. */
 static int print_result(const cli_model *cm, const char *out, double seconds) {
     int t5 = cm->src.is_t5;
-    qlm_dtype dt = t5 ? cm->t5.dtype : cm->model.dtype;
+    const qlm_weight_format *f = cli_model_format(cm);
     char file[4200];
     snprintf(file, sizeof file, "%s/model.safetensors", out);
     struct stat st;
     cJSON *j = cJSON_CreateObject();
     int ok = j && stat(file, &st) == 0 && cJSON_AddStringToObject(j, "out", out) &&
-             cJSON_AddStringToObject(j, "dtype", qlm_dtype_name(dt)) &&
-             (qlm_dtype_is_block(dt) ? cJSON_AddNumberToObject(j, "group", t5 ? cm->t5.group : cm->model.group) != NULL
-                                     : cJSON_AddBoolToObject(j, "per_channel", t5 ? cm->t5.per_channel
-                                                                                  : cm->model.per_channel) != NULL) &&
+             cJSON_AddStringToObject(j, "dtype", qlm_dtype_name(f->dtype)) &&
+             (qlm_dtype_is_block(f->dtype) ? cJSON_AddNumberToObject(j, "group", f->group) != NULL
+                                           : cJSON_AddBoolToObject(j, "per_channel", f->per_channel) != NULL) &&
              cJSON_AddNumberToObject(j, "parameters",
                                      (double)(t5 ? qlm_t5_param_count(&cm->t5) : qlm_model_param_count(&cm->model))) &&
              cJSON_AddNumberToObject(j, "bytes", (double)st.st_size) && cJSON_AddNumberToObject(j, "seconds", seconds);
@@ -145,7 +144,7 @@ static int apply_qat_scales(cli_model *cm, const char *dir) {
     char path[4200];
     snprintf(path, sizeof path, "%s/qat_scales.safetensors", dir);
     int t5 = cm->src.is_t5;
-    if ((t5 ? cm->t5.dtype : cm->model.dtype) != QLM_F32)
+    if (cli_model_format(cm)->dtype != QLM_F32)
         return qlm_errorf("%s: a QAT model folder holds F32 latent weights", dir);
     qlm_tensor_store *scales = qlm_store_new(), *store = qlm_store_new();
     qlm_param *p = NULL;
@@ -247,12 +246,11 @@ static int run(int argc, char **argv, const char *cmd, const char *usage, int re
         cli_free_model(&cm);
         return cli_fail(cmd);
     }
-    qlm_dtype dt = cm.src.is_t5 ? cm.t5.dtype : cm.model.dtype;
-    int pc = cm.src.is_t5 ? cm.t5.per_channel : cm.model.per_channel, group = cm.src.is_t5 ? cm.t5.group : cm.model.group;
+    const qlm_weight_format *f = cli_model_format(&cm);
     char what[48] = "";
-    if (qlm_dtype_is_block(dt)) snprintf(what, sizeof what, ", groups of %d", group);
-    else if (pc) snprintf(what, sizeof what, ", per-channel scales");
-    fprintf(stderr, "qlm %s: writing %s (%s%s weights)\n", cmd, out, qlm_dtype_name(dt), what);
+    if (qlm_dtype_is_block(f->dtype)) snprintf(what, sizeof what, ", groups of %d", f->group);
+    else if (f->per_channel) snprintf(what, sizeof what, ", per-channel scales");
+    fprintf(stderr, "qlm %s: writing %s (%s%s weights)\n", cmd, out, qlm_dtype_name(f->dtype), what);
     int rc = cli_write_model_folder(&cm, out);
     if (rc == 0 && json) rc = print_result(&cm, out, qlm_now_s() - t0);
     cli_free_model(&cm);

@@ -300,19 +300,23 @@ void cli_weight_bytes(cli_model *cm, size_t *file, size_t *cache, size_t *owned)
 }
 
 /* The load line (and each adapter's). */
+void cli_format_words(const qlm_weight_format *f, char *buf, size_t cap) {
+    snprintf(buf, cap, "%s%s%s", qlm_dtype_name(f->dtype), f->per_channel ? " per-channel" : "", f->act8 ? " w8a8" : "");
+}
+
 static void print_loaded(const cli_model_opts *o, cli_model *cm, const qlm_backend *be, double secs) {
+    char words[48];
+    cli_format_words(cli_model_format(cm), words, sizeof words);
     if (cm->src.is_t5) {
         const qlm_t5_model *m = &cm->t5;
-        fprintf(stderr, "qlm: loaded %s (%s, t5) in %.2f s: %d+%d layers, d_model %d, %.1fM params, %s%s%s weights, %s backend, %d threads\n",
+        fprintf(stderr, "qlm: loaded %s (%s, t5) in %.2f s: %d+%d layers, d_model %d, %.1fM params, %s weights, %s backend, %d threads\n",
                 o->model, qlm_format_name(cm->src.format), secs, m->cfg.n_layers, m->cfg.n_dec_layers, m->cfg.d_model,
-                qlm_t5_param_count(m) / 1e6, qlm_dtype_name(m->dtype), m->per_channel ? " per-channel" : "",
-                m->act8 ? " w8a8" : "", be->name, omp_get_max_threads());
+                qlm_t5_param_count(m) / 1e6, words, be->name, omp_get_max_threads());
     } else {
         const qlm_model *m = &cm->model;
-        fprintf(stderr, "qlm: loaded %s (%s, %s) in %.2f s: %d layers, dim %d, %.1fM params, %s%s%s weights, %s backend, %d threads\n",
+        fprintf(stderr, "qlm: loaded %s (%s, %s) in %.2f s: %d layers, dim %d, %.1fM params, %s weights, %s backend, %d threads\n",
                 o->model, qlm_format_name(cm->src.format), m->cfg.arch[0] ? m->cfg.arch : "llama", secs,
-                m->cfg.n_layers, m->cfg.dim, qlm_model_param_count(m) / 1e6, qlm_dtype_name(m->dtype),
-                m->per_channel ? " per-channel" : "", m->act8 ? " w8a8" : "", be->name, omp_get_max_threads());
+                m->cfg.n_layers, m->cfg.dim, qlm_model_param_count(m) / 1e6, words, be->name, omp_get_max_threads());
     }
     size_t file, cache, owned;
     cli_weight_bytes(cm, &file, &cache, &owned);
@@ -413,7 +417,7 @@ static int panel_cache_path(const cli_model_opts *o, const qlm_model_options *mo
         snprintf(label, label_cap, "%s%s", qlm_dtype_name(mo->dtype),
                  mo->dtype == QLM_I8 && mo->per_channel ? "/per-channel" : "");
     else
-        snprintf(label, label_cap, "%s/%d", qlm_dtype_name(mo->dtype), qlm_options_group(mo));
+        snprintf(label, label_cap, "%s/%d", qlm_dtype_name(mo->dtype), qlm_model_format(mo).group);
     char dir[4096];
     cache_dir(dir, sizeof dir);
     return qlm_panel_cache_path(dir, o->model, label, path, cap) == 1;

@@ -195,6 +195,12 @@ int cli_load_model(const cli_model_opts *o, cli_model *cm, int need_tokenizer, i
  * buffers qlm allocated (converted, repacked or copied). */
 void cli_weight_bytes(cli_model *cm, size_t *file, size_t *cache, size_t *owned);
 void cli_free_model(cli_model *cm);
+/* How the loaded model (decoder or T5) stores its matrices. */
+static inline const qlm_weight_format *cli_model_format(const cli_model *cm) {
+    return cm->src.is_t5 ? &cm->t5.fmt : &cm->model.fmt;
+}
+/* "dtype[ per-channel][ w8a8]": the load line's and `qlm info`'s words for the weights. */
+void cli_format_words(const qlm_weight_format *f, char *buf, size_t cap);
 /* cli_fail, and with several ranks the whole job's end (the others would wait for this one). */
 int cli_model_fail(cli_model *cm, const char *cmd);
 /* Whether this process is the job's first rank (the one that reads requests and prints). */

@@ -42,9 +42,9 @@ int cli_write_model_folder(cli_model *cm, const char *out_dir) {
     char path[4200];
     char quant[64];
     int t5 = cm->src.is_t5;
-    qlm_dtype dt = t5 ? cm->t5.dtype : cm->model.dtype;
-    int per_channel = t5 ? cm->t5.per_channel : cm->model.per_channel;
-    int group = t5 ? cm->t5.group : cm->model.group;
+    const qlm_weight_format *f = cli_model_format(cm);
+    qlm_dtype dt = f->dtype;
+    int per_channel = f->per_channel, group = f->group;
     if (qlm_dtype_is_block(dt))
         snprintf(quant, sizeof quant, "%s-group-%d", qlm_dtype_name(dt), group);
     else

@@ -74,16 +74,11 @@ static int shared_params(qlm_model *m, const char *embed_name, qlm_param p[N_SHA
     return c->tie_embeddings ? 2 : 3;
 }
 
-static qlm_weight_format weight_format(const qlm_model *m) {
-    return (qlm_weight_format){m->dtype, m->per_channel, m->group, m->as_stored, m->act8, m->in_place, m->panels,
-                               m->check_values};
-}
-
 static int build_layer(qlm_model *m, const qlm_tensor_store *store, int l) {
     qlm_param p[MAX_LAYER_PARAMS];
     int n = layer_params(m, l, p);
     qlm_layer *L = &m->layers[l];
-    return qlm_params_pack(p, n, store, weight_format(m), m->be, &L->buffer, &L->buffer_bytes, &m->in_place_bytes);
+    return qlm_params_pack(p, n, store, m->fmt, m->be, &L->buffer, &L->buffer_bytes, &m->in_place_bytes);
 }
 
 static int build_shared(qlm_model *m, const qlm_tensor_store *store) {
@@ -94,7 +89,7 @@ static int build_shared(qlm_model *m, const qlm_tensor_store *store) {
     if (!has_head) m->cfg.tie_embeddings = 1;
     qlm_param p[N_SHARED_PARAMS];
     int n = shared_params(m, embed, p);
-    if (qlm_params_pack(p, n, store, weight_format(m), m->be, &m->shared_buffer, &m->shared_bytes, &m->in_place_bytes) !=
+    if (qlm_params_pack(p, n, store, m->fmt, m->be, &m->shared_buffer, &m->shared_bytes, &m->in_place_bytes) !=
         0)
         return -1;
     if (m->cfg.tie_embeddings) m->lm_head = m->tok_embed;
@@ -221,14 +216,7 @@ int qlm_model_build(qlm_model *m, const qlm_llama_config *cfg, const qlm_tensor_
     memset(m, 0, sizeof *m);
     if (qlm_config_validate(cfg, "model config") != 0) return -1;
     m->cfg = *cfg;
-    m->dtype = opts->dtype;
-    m->per_channel = opts->dtype == QLM_I8 && opts->per_channel;
-    m->group = qlm_options_group(opts);
-    m->as_stored = opts->as_stored;
-    m->act8 = opts->act8;
-    m->in_place = opts->in_place;
-    m->panels = opts->panels;
-    m->check_values = opts->check_values;
+    m->fmt = qlm_model_format(opts);
     m->be = opts->backend ? opts->backend : qlm_backend_cpu();
     m->layers = calloc((size_t)cfg->n_layers, sizeof *m->layers);
     if (!m->layers) return qlm_errorf("out of memory");
@@ -335,8 +323,8 @@ int qlm_model_param_list(qlm_model *m, qlm_param **out) {
 
 int qlm_model_f32_twin(qlm_model *twin, const qlm_model *m) {
     *twin = *m;
-    twin->dtype = QLM_F32;
-    twin->per_channel = 0;
+    twin->fmt = (qlm_weight_format){.dtype = QLM_F32};
+    twin->in_place_bytes = 0;
     twin->inv_freq = twin->inv_freq_local = twin->inv_freq_long = NULL; /* the twin owns its buffers only */
     twin->hooks = NULL;
     twin->shared_buffer = NULL;

@@ -29,7 +29,7 @@ int qlm_state_init_slots(qlm_kv_state *s, const qlm_model *m, int max_seq, int n
     s->max_batch = max_batch;
     size_t kv_dim = (size_t)c->n_kv_heads * c->head_dim, q_dim = (size_t)c->n_heads * c->head_dim;
     size_t B = (size_t)max_batch;
-    s->kv_dtype = qlm_kv_dtype(m->dtype, m->be);
+    s->kv_dtype = qlm_kv_dtype(m->fmt.dtype, m->be);
     size_t row_bytes = (size_t)n_slots * kv_dim * qlm_kv_elem_size(s->kv_dtype), kv_bytes = 0;
     s->k_cache = calloc((size_t)c->n_layers, sizeof *s->k_cache);
     s->v_cache = calloc((size_t)c->n_layers, sizeof *s->v_cache);

@@ -12,6 +12,7 @@
 #include "../core/backend.h"
 #include "config.h"
 #include "lora_rows.h"
+#include "param_pack.h"
 #include "units.h"
 #include "../core/weight.h"
 
@@ -27,15 +28,10 @@ typedef struct {
 
 typedef struct {
     qlm_llama_config cfg;
-    qlm_dtype dtype;  /* storage dtype of the linear weights (as_stored: the attention's) */
-    int per_channel;  /* INT8 with per-row scales */
-    int group;        /* block types: weights per block */
-    int as_stored;    /* each matrix kept in its stored dtype (qlm_weight_format) */
-    int act8;         /* block weights take 8-bit activations (W8A8, qlm_weight) */
-    int in_place;     /* matrices read where the store holds them (qlm_model_options) */
-    size_t in_place_bytes; /* of those matrices */
-    const qlm_tensor_store *panels; /* W8A8 panels read in place (qlm_model_options) */
-    int check_values;               /* values checked as they are read (qlm_model_options) */
+    /* How the matrices are stored (qlm_model_format of the options); fmt.dtype names the linear
+     * weights' dtype (with fmt.as_stored: the attention's). */
+    qlm_weight_format fmt;
+    size_t in_place_bytes; /* of the matrices read where the store holds them */
     const qlm_backend *be;
     qlm_weight tok_embed;
     qlm_weight lm_head; /* same data as tok_embed when tied */
@@ -73,9 +69,17 @@ typedef struct {
     void *on_layer_user;
 } qlm_model_options;
 
-/* The group a block dtype of the options takes (0 for the others). */
-static inline int qlm_options_group(const qlm_model_options *o) {
-    return qlm_dtype_is_block(o->dtype) ? (o->group ? o->group : 32) : 0;
+/* How a model built with these options stores its matrices: per-channel scales for INT8 only, the
+ * block group a block dtype takes (0 for the others). */
+static inline qlm_weight_format qlm_model_format(const qlm_model_options *o) {
+    return (qlm_weight_format){.dtype = o->dtype,
+                               .per_channel = o->dtype == QLM_I8 && o->per_channel,
+                               .group = qlm_dtype_is_block(o->dtype) ? (o->group ? o->group : 32) : 0,
+                               .as_stored = o->as_stored,
+                               .act8 = o->act8,
+                               .in_place = o->in_place,
+                               .panels = o->panels,
+                               .check_values = o->check_values};
 }
 
 /* The softmax scale of attention: 1/sqrt(head_dim) (or the configured query scale), times the

@@ -76,11 +76,6 @@ static int shared_params(qlm_t5_model *m, const char *embed_name, qlm_param p[N_
     return n;
 }
 
-static qlm_weight_format weight_format(const qlm_t5_model *m) {
-    return (qlm_weight_format){m->dtype, m->per_channel, m->group, m->as_stored, m->act8, m->in_place, m->panels,
-                               m->check_values};
-}
-
 static int build_shared(qlm_t5_model *m, const qlm_tensor_store *store) {
     /* Checkpoints store the shared embedding as "shared.weight"; some only as one stack's copy. */
     const char *embed = "shared.weight";
@@ -88,7 +83,7 @@ static int build_shared(qlm_t5_model *m, const qlm_tensor_store *store) {
         embed = "encoder.embed_tokens.weight";
     qlm_param p[N_SHARED_PARAMS];
     int n = shared_params(m, embed, p);
-    if (qlm_params_pack(p, n, store, weight_format(m), m->be, &m->shared_buffer, &m->shared_bytes, &m->in_place_bytes) !=
+    if (qlm_params_pack(p, n, store, m->fmt, m->be, &m->shared_buffer, &m->shared_bytes, &m->in_place_bytes) !=
         0)
         return -1;
     if (m->cfg.tie_embeddings) m->lm_head = m->shared;
@@ -103,14 +98,7 @@ int qlm_t5_build(qlm_t5_model *m, const qlm_t5_config *cfg, const qlm_tensor_sto
     memset(m, 0, sizeof *m);
     if (qlm_t5_config_validate(cfg, "model config") != 0) return -1;
     m->cfg = *cfg;
-    m->dtype = opts->dtype;
-    m->per_channel = opts->dtype == QLM_I8 && opts->per_channel;
-    m->group = qlm_options_group(opts);
-    m->as_stored = opts->as_stored;
-    m->act8 = opts->act8;
-    m->in_place = opts->in_place;
-    m->panels = opts->panels;
-    m->check_values = opts->check_values;
+    m->fmt = qlm_model_format(opts);
     m->be = opts->backend ? opts->backend : qlm_backend_cpu();
     m->enc = calloc((size_t)cfg->n_layers, sizeof *m->enc);
     m->dec = calloc((size_t)cfg->n_dec_layers, sizeof *m->dec);
@@ -124,7 +112,7 @@ int qlm_t5_build(qlm_t5_model *m, const qlm_t5_config *cfg, const qlm_tensor_sto
             qlm_param p[MAX_BLOCK_PARAMS];
             int n = block_params(m, dec, b, p);
             qlm_t5_layer *L = dec ? &m->dec[b] : &m->enc[b];
-            if (qlm_params_pack(p, n, store, weight_format(m), m->be, &L->buffer, &L->buffer_bytes, &m->in_place_bytes) != 0)
+            if (qlm_params_pack(p, n, store, m->fmt, m->be, &L->buffer, &L->buffer_bytes, &m->in_place_bytes) != 0)
                 goto fail;
             if (opts->on_layer)
                 opts->on_layer(opts->on_layer_user, (dec ? cfg->n_layers : 0) + b + 1, cfg->n_layers + cfg->n_dec_layers);
@@ -269,8 +257,8 @@ int qlm_t5_param_list(qlm_t5_model *m, qlm_param **out) {
 
 int qlm_t5_f32_twin(qlm_t5_model *twin, const qlm_t5_model *m) {
     *twin = *m;
-    twin->dtype = QLM_F32;
-    twin->per_channel = 0;
+    twin->fmt = (qlm_weight_format){.dtype = QLM_F32};
+    twin->in_place_bytes = 0;
     twin->shared_buffer = twin->head_norm = NULL;
     twin->hooks = NULL;
     twin->enc = calloc((size_t)m->cfg.n_layers, sizeof *twin->enc);

@@ -28,15 +28,8 @@ typedef struct {
 
 typedef struct {
     qlm_t5_config cfg;
-    qlm_dtype dtype;
-    int per_channel;
-    int group;     /* block types: weights per block */
-    int as_stored; /* each matrix kept in its stored dtype (qlm_weight_format) */
-    int act8;      /* block weights take 8-bit activations (W8A8, qlm_weight) */
-    int in_place;  /* matrices read where the store holds them (qlm_model_options) */
-    size_t in_place_bytes; /* of those matrices */
-    const qlm_tensor_store *panels; /* W8A8 panels read in place (qlm_model_options) */
-    int check_values;               /* values checked as they are read (qlm_model_options) */
+    qlm_weight_format fmt; /* how the matrices are stored (qlm_model_format of the options) */
+    size_t in_place_bytes; /* of the matrices read where the store holds them */
     const qlm_backend *be;
     qlm_weight shared;    /* token embedding of both stacks */
     qlm_weight lm_head;   /* the shared embedding when tied */

@@ -48,7 +48,7 @@ int qlm_t5_state_init(qlm_t5_state *s, const qlm_t5_model *m, int max_src, int m
     s->pos = malloc(R * sizeof *s->pos);
     s->n_src = calloc((size_t)n_slots, sizeof *s->n_src);
     if (!s->n_src || !s->cross_k || !s->cross_v || !s->k_cache || !s->v_cache || !s->pos) goto oom;
-    s->kv_dtype = qlm_kv_dtype(m->dtype, m->be);
+    s->kv_dtype = qlm_kv_dtype(m->fmt.dtype, m->be);
     size_t esize = qlm_kv_elem_size(s->kv_dtype);
     for (size_t l = 0; l < nd; l++) {
         s->cross_k[l] = be->alloc((size_t)n_slots * max_src * inner * esize);

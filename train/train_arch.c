@@ -12,7 +12,7 @@ static int llama_units(void *m, qlm_param **p, int *n, qlm_unit **u) { return ql
 static int llama_twin(void *twin, const void *m) { return qlm_model_f32_twin(twin, m); }
 static void llama_twin_free(void *twin) { qlm_model_twin_free(twin); }
 static void llama_free(void *m) { qlm_model_free(m); }
-static qlm_dtype llama_dtype(const void *m) { return ((const qlm_model *)m)->dtype; }
+static qlm_dtype llama_dtype(const void *m) { return ((const qlm_model *)m)->fmt.dtype; }
 static int llama_vocab(const void *m) { return ((const qlm_model *)m)->cfg.vocab_size; }
 static const qlm_backend *llama_backend(const void *m) { return ((const qlm_model *)m)->be; }
 static void llama_refresh(void *m) { (void)m; }
@@ -55,7 +55,7 @@ static int t5_units(void *m, qlm_param **p, int *n, qlm_unit **u) { return qlm_t
 static int t5_twin(void *twin, const void *m) { return qlm_t5_f32_twin(twin, m); }
 static void t5_twin_free(void *twin) { qlm_t5_twin_free(twin); }
 static void t5_free(void *m) { qlm_t5_free(m); }
-static qlm_dtype t5_dtype(const void *m) { return ((const qlm_t5_model *)m)->dtype; }
+static qlm_dtype t5_dtype(const void *m) { return ((const qlm_t5_model *)m)->fmt.dtype; }
 static int t5_vocab(const void *m) { return ((const qlm_t5_model *)m)->cfg.vocab_size; }
 static const qlm_backend *t5_backend(const void *m) { return ((const qlm_t5_model *)m)->be; }
 static void t5_refresh(void *m) { qlm_t5_refresh_head_norm(m); }
