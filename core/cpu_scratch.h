@@ -1,20 +1,30 @@
 /* Growable per-thread scratch of the CPU backend's ops: allocated on first use and reused, so
- * steady decoding and training allocate nothing once the largest shape has been seen. */
+ * steady decoding and training allocate nothing once the largest shape has been seen. A thread's
+ * regions are freed when it ends (an OpenMP team that shrinks ends threads). */
 #ifndef QLM_CPU_SCRATCH_H
 #define QLM_CPU_SCRATCH_H
 
 #include <stdlib.h>
 
-typedef struct {
+typedef struct qlm_cpu_scratch {
     void *p;
-    size_t cap; /* bytes */
+    size_t cap;                   /* bytes */
+    struct qlm_cpu_scratch *next; /* the thread's region allocated before this one */
 } qlm_cpu_scratch;
+
+/* Adds s (a _Thread_local region getting its first bytes) to those its thread frees when it ends.
+ * Returns -1 (nothing added) when the thread's list cannot be kept. */
+int qlm_cpu_scratch_track(qlm_cpu_scratch *s);
 
 /* Room for the given bytes (contents not kept when it grows), or NULL when out of memory. */
 static inline void *qlm_cpu_scratch_bytes(qlm_cpu_scratch *s, size_t bytes) {
     if (bytes <= s->cap) return s->p;
     void *p = realloc(s->p, bytes);
     if (!p) return NULL;
+    if (!s->p && qlm_cpu_scratch_track(s) != 0) {
+        free(p);
+        return NULL;
+    }
     s->p = p;
     s->cap = bytes;
     return p;
