@@ -1,8 +1,8 @@
 /* OpenBLAS as Debian builds it (DYNAMIC_ARCH) picks its kernels by the CPU's family and model when
  * the library loads, and a model newer than the library falls back to Prescott's SSE3 kernels:
- * Debian 12's 0.3.21 on Emerald Rapids (model 207) does, and prompt processing, whose attention
- * products are OpenBLAS sgemm calls, ran 1.45x slower for it (SmolLM2-135M Q4_0 W8A8 pp512, 2
- * threads). Its only switch is the environment variable OPENBLAS_CORETYPE, read before main, so
+ * Debian 12's 0.3.21 on Emerald Rapids (model 207) does: prompt processing ran 1.45x slower for it
+ * when attention's products were OpenBLAS sgemm calls (SmolLM2-135M Q4_0 W8A8 pp512, 2 threads),
+ * and training's backward products still are. Its only switch is the environment variable OPENBLAS_CORETYPE, read before main, so
  * qlm names the kernels the CPU's features allow and runs itself again, once: the variable set
  * (by qlm, or by a user who wants other kernels) makes the check a no-op. */
 #include "blas_core.h"

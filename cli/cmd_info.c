@@ -28,7 +28,7 @@ static const char *k_usage =
 static void print_devices(void) {
     printf("cpu: %d threads, matmul kernels: %s (this CPU runs: %s; QLM_ISA picks one)\n", omp_get_max_threads(),
            qlm_matmul_isa(), qlm_matmul_isas());
-    printf("  W8A8 for block weights: %s; OpenBLAS kernels (attention's products): %s\n",
+    printf("  W8A8 for block weights: %s; OpenBLAS kernels (training's backward products): %s\n",
            qlm_matmul_w8a8() ? "on by default (byte dot products; --no-w8a8 keeps 16-bit activations)"
                              : "off (these kernels have no byte dot products)",
            openblas_get_corename());

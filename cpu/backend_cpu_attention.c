@@ -1,12 +1,15 @@
-/* Attention on the CPU. Few query rows of a sequence (decode) take a per-row loop over the keys,
- * with the softmax computed online over chunks of keys, and every (row, head) pair of the batch
- * in one parallel loop. Many rows of one sequence (prefill, encoders) take, per head, two
- * single-threaded sgemm calls, scores = Q K^T and out = softmax(scores) V, with the heads spread
- * over the threads: the loop form left prefill spending most of its time here. One call may mix
- * both (a prefill beside decode rows). */
+/* Attention on the CPU. One algorithm serves every call (a batch's decode rows, a prefill, an
+ * encoder, a prompt beside decode rows): a work item takes a block of consecutive query rows of one
+ * sequence and the query heads that share a KV head, and walks the keys in chunks whose bounds are
+ * fixed key positions (multiples of KEY_CHUNK, and where a rolling cache wraps). Per chunk one
+ * qlm_dot_rows call gives the block's scores, each row carries its softmax online from chunk to
+ * chunk, and one qlm_weighted_sum call adds the values, with weight 0 on the keys a row does not
+ * see. Every score and every output adds its terms in an order that depends on neither the block
+ * nor the call (quant/matmul.h), so a row's result is the same bits whatever else its call holds:
+ * a prompt gives the same logits evaluated whole, in chunks, after a copied prefix or beside
+ * other sequences' decode rows. */
 #include "backend_cpu_attention.h"
 
-#include <cblas.h>
 #include <limits.h>
 #include <math.h>
 #include <omp.h>
@@ -101,219 +104,178 @@ static float exp_sum(float *s, int n, float mx) {
     return lane_sum(s, n);
 }
 
-/* Softmax of scores[0..len) in place after the bias. */
-static void softmax_row(float *scores, int len, const float *bias) {
-    float inv = 1.0f / exp_sum(scores, len, scale_bias_max(scores, len, 1.0f, bias));
-    for (int t = 0; t < len; t++) scores[t] *= inv;
-}
-
 /* The bias of head h's query at position p from key `from` on (NULL: none). */
 static const float *bias_row(const qlm_attn_shape *sh, int h, int p, int from) {
     return sh->pos_bias ? sh->pos_bias + (size_t)h * sh->pos_bias_span + sh->pos_bias_offset - p + from : NULL;
 }
 
-/* Keys are taken in chunks of this many, with the softmax carried across chunks (running max and
- * sum), so any context length works from a stack buffer and nothing is allocated. */
+/* Keys a chunk holds at most; chunks start at multiples of it (and where a rolling cache wraps). */
 #define KEY_CHUNK 512
-/* Most query heads one work item takes together (those sharing a KV head, under GQA). */
-#define MAX_GROUP 8
+/* Query vectors (rows x heads) one work item takes at most, and rows of a block at most: the
+ * block's keys and values are read once per chunk for all of them. */
+#define BLOCK_VECTORS 128
+#define BLOCK_ROWS 64
 
-/* Query elements rounded to BF16 that attend holds on its stack (head_dim is at most 4096). */
-#define Q_BF16_CAP 4096
+typedef struct {
+    float *out;
+    const float *q;
+    const void *k_cache, *v_cache;
+    const int *pos;
+    const qlm_attn_shape *sh;
+} attn_call;
 
-/* Query heads [h0, h0 + g) of row i, which share KV head kvh, over keys [first, len): for each chunk of keys, the scores
- * as one small product and the weighted sum of the values, both by the matmul kernels of the
- * CPU's instruction set (this file is built for the baseline ISA), around the online softmax.
+/* A work item's buffers, for cap query vectors. */
+typedef struct {
+    void *q;         /* [cap][head_dim]: F32, or BF16 for BF16 keys */
+    float *s;        /* [cap][KEY_CHUNK] scores, then weights */
+    float *o;        /* [cap][head_dim] weighted sums */
+    float *mx, *sum; /* [cap] running maxima and sums */
+} attend_buffers;
+
+/* The end of the key chunk that starts at t0, before `end`. */
+static int chunk_end(const qlm_attn_shape *sh, int t0, int end) {
+    int t1 = (t0 / KEY_CHUNK + 1) * KEY_CHUNK;
+    if (sh->ring && t0 - t0 % sh->ring + sh->ring < t1) t1 = t0 - t0 % sh->ring + sh->ring;
+    return t1 < end ? t1 : end;
+}
+
+/* Rows [i0, i0 + nr) of the call (one sequence's) and query heads [h0, h0 + g) (one KV head's).
  * BF16 keys meet the query rounded to BF16, as in a BF16 matmul; F16 and F32 ones the F32 query. */
-static void attend(float *out, const float *q, const void *kc, const void *vc, const qlm_attn_shape *sh, int h0,
-                  int g, int kvh, int first, int len, int p) {
-    int hd = sh->head_dim;
-    size_t rs = row_stride(sh);
+static void attend(const attn_call *c, int i0, int nr, int h0, int g, const attend_buffers *b) {
+    const qlm_attn_shape *sh = c->sh;
+    const int hd = sh->head_dim, nq = nr * g, kvh = h0 / (sh->n_heads / sh->n_kv_heads);
+    const size_t rs = row_stride(sh), q_dim = (size_t)sh->n_heads * hd;
     const qlm_dtype dt = sh->kv_dtype;
-    const int q_bf16 = dt == QLM_BF16;
-    kc = kv_at(kc, head_offset(sh, kvh, len), sh);
-    vc = kv_at(vc, head_offset(sh, kvh, len), sh);
-    uint16_t qb[Q_BF16_CAP];
-    int gb = q_bf16 && g * hd > Q_BF16_CAP ? Q_BF16_CAP / hd : g; /* heads per scores call */
-    /* All heads' rounded query fits (the usual case): rounded once, not per chunk of keys. */
-    const int round_per_chunk = q_bf16 && gb < g;
-    if (q_bf16 && !round_per_chunk) qlm_convert_from_f32(qb, QLM_BF16, q + (size_t)h0 * hd, (long)g * hd);
-    float scores[MAX_GROUP][KEY_CHUNK], mx[MAX_GROUP], sum[MAX_GROUP];
-    float *o = out + (size_t)h0 * hd;
-    for (int j = 0; j < g; j++) mx[j] = -INFINITY, sum[j] = 0;
-    memset(o, 0, (size_t)g * hd * sizeof *o);
-    for (int t0 = first, m; t0 < len; t0 += m) {
-        m = len - t0 < KEY_CHUNK ? len - t0 : KEY_CHUNK;
-        /* A rolling cache: the chunk ends where the rows wrap around. */
-        size_t row = sh->ring ? (size_t)(t0 % sh->ring) : (size_t)t0;
-        if (sh->ring && (int)row + m > sh->ring) m = sh->ring - (int)row;
-        for (int j0 = 0; j0 < g; j0 += gb) {
-            int nj = g - j0 < gb ? g - j0 : gb;
-            const float *qj = q + (size_t)(h0 + j0) * hd;
-            if (round_per_chunk) qlm_convert_from_f32(qb, QLM_BF16, qj, (long)nj * hd);
-            qlm_dot_rows(scores[j0], KEY_CHUNK, q_bf16 ? (const void *)qb : qj, nj, kv_at(kc, row * rs, sh),
-                         rs, m, hd, dt);
-        }
-        for (int j = 0; j < g; j++) {
-            float cmx = scale_bias_max(scores[j], m, sh->scale, bias_row(sh, h0 + j, p, t0));
-            if (sh->softcap > 0) {
-                /* tanh keeps the order: the capped maximum is the cap of the maximum */
-                qlm_cpu_softcap(scores[j], m, sh->softcap);
-                cmx = sh->softcap * tanhf(cmx / sh->softcap);
-            }
-            if (cmx > mx[j]) {
-                /* A new maximum: what was summed so far shrinks by exp(old - new). */
-                float shrink = expf(mx[j] - cmx);
-                sum[j] *= shrink;
-                for (int d = 0; d < hd; d++) o[(size_t)j * hd + d] *= shrink;
-                mx[j] = cmx;
-            }
-            sum[j] += exp_sum(scores[j], m, mx[j]);
-        }
-        qlm_weighted_sum(o, scores[0], g, KEY_CHUNK, kv_at(vc, row * rs, sh), rs, m, hd, dt);
+    const size_t at = cache_base(sh, i0) + head_offset(sh, kvh, keys_of(sh, c->pos, i0));
+    const void *kc = kv_at(c->k_cache, at, sh), *vc = kv_at(c->v_cache, at, sh);
+    int lo = INT_MAX, hi = 0;
+    for (int r = 0; r < nr; r++) {
+        const float *qr = c->q + (size_t)(i0 + r) * q_dim + (size_t)h0 * hd;
+        if (dt == QLM_BF16)
+            qlm_convert_from_f32((uint16_t *)b->q + (size_t)r * g * hd, QLM_BF16, qr, (long)g * hd);
+        else
+            memcpy((float *)b->q + (size_t)r * g * hd, qr, (size_t)g * hd * sizeof(float));
+        if (first_key(sh, c->pos, i0 + r) < lo) lo = first_key(sh, c->pos, i0 + r);
+        if (keys_of(sh, c->pos, i0 + r) > hi) hi = keys_of(sh, c->pos, i0 + r);
     }
-    for (int j = 0; j < g; j++) {
-        float inv = 1.0f / sum[j];
-        for (int d = 0; d < hd; d++) o[(size_t)j * hd + d] *= inv;
-    }
-}
-
-/* Every (listed row, group of query heads) in one parallel loop; rows NULL lists rows 0..n-1. Heads
- * sharing a KV head go together when that still leaves a few items per thread; a row's result is
- * the same either way. With a few rows per thread, a thread takes a whole row's heads at a time:
- * it then reads one sequence's caches in order (one run when heads_packed), which memory streams
- * faster than heads dealt out to the threads in turn. */
-static void attention_rows(float *out, const float *q, const void *k_cache, const void *v_cache, const int *rows,
-                           int n, const int *pos, const qlm_attn_shape *sh) {
-    int hd = sh->head_dim, group = sh->n_heads / sh->n_kv_heads, threads = omp_get_max_threads();
-    int g = group <= MAX_GROUP && n * sh->n_kv_heads >= 2 * threads ? group : 1;
-    int per_row = sh->n_heads / g, chunk = n >= 2 * threads ? per_row : 1;
-#pragma omp parallel for schedule(dynamic, chunk) if (n * per_row > 1)
-    for (int it = 0; it < n * per_row; it++) {
-        int i = rows ? rows[it / per_row] : it / per_row, h0 = it % per_row * g;
-        size_t base = cache_base(sh, i), row = (size_t)i * sh->n_heads * hd;
-        attend(out + row, q + row, kv_at(k_cache, base, sh), kv_at(v_cache, base, sh), sh, h0, g, h0 / group,
-               first_key(sh, pos, i), keys_of(sh, pos, i), pos[i]);
-    }
-}
-
-/* Per-thread score matrices, and F32 copies of a head's 16-bit keys and values, kept across calls
- * so steady-state prefill does not allocate. */
-static _Thread_local qlm_cpu_scratch t_scores, t_kv_f32;
-
-/* Query rows one pair of sgemm calls takes: a causal block sees only the keys up to its last
- * row, so the masked half of the score matrix is mostly never computed. */
-#define ROW_BLOCK 64
-
-static void attention_sgemm(float *out, const float *q, const void *k_cache, const void *v_cache, int n,
-                            const int *pos, const qlm_attn_shape *sh, int max_len) {
-    int hd = sh->head_dim, q_dim = sh->n_heads * hd;
-    int group = sh->n_heads / sh->n_kv_heads;
-    size_t rs = row_stride(sh);
-    int blas_threads = omp_in_parallel() ? 1 : openblas_get_num_threads();
-    if (blas_threads != 1) openblas_set_num_threads(1);
-    int failed = 0;
-#pragma omp parallel for schedule(dynamic, 1) reduction(| : failed)
-    for (int h = 0; h < sh->n_heads; h++) {
-        float *s = qlm_cpu_scratch_get(&t_scores, (size_t)ROW_BLOCK * max_len);
-        if (!s) {
-            failed = 1;
-            continue;
-        }
-        const void *kc = kv_at(k_cache, head_offset(sh, h / group, max_len), sh);
-        const void *vc = kv_at(v_cache, head_offset(sh, h / group, max_len), sh);
-        const float *kh = kc, *vh = vc;
-        int ld = (int)rs;
-        if (sh->kv_dtype != QLM_F32) {
-            /* sgemm takes F32: the head's keys and values widened, rows hd apart. */
-            float *kf = qlm_cpu_scratch_get(&t_kv_f32, (size_t)2 * max_len * hd);
-            if (!kf) {
-                failed = 1;
+    for (int v = 0; v < nq; v++) b->mx[v] = -INFINITY, b->sum[v] = 0;
+    memset(b->o, 0, (size_t)nq * hd * sizeof *b->o);
+    for (int t0 = lo, t1; t0 < hi; t0 = t1) {
+        t1 = chunk_end(sh, t0, hi);
+        const int m = t1 - t0;
+        const size_t row = (size_t)(sh->ring ? t0 % sh->ring : t0) * rs;
+        qlm_dot_rows(b->s, KEY_CHUNK, b->q, nq, kv_at(kc, row, sh), rs, m, hd, dt);
+        for (int v = 0; v < nq; v++) {
+            const int i = i0 + v / g, h = h0 + v % g;
+            int from = first_key(sh, c->pos, i), to = keys_of(sh, c->pos, i);
+            from = from > t0 ? from : t0;
+            to = to < t1 ? to : t1;
+            float *s = b->s + (size_t)v * KEY_CHUNK, *o = b->o + (size_t)v * hd;
+            if (from >= to) {
+                memset(s, 0, (size_t)m * sizeof *s);
                 continue;
             }
-            int stored = sh->ring && sh->ring < max_len ? sh->ring : max_len; /* rows the caches hold */
-            for (int t = 0; t < stored; t++) {
-                qlm_convert_to_f32(kf + (size_t)t * hd, kv_at(kc, (size_t)t * rs, sh), sh->kv_dtype, hd);
-                qlm_convert_to_f32(kf + (size_t)(max_len + t) * hd, kv_at(vc, (size_t)t * rs, sh), sh->kv_dtype,
-                                   hd);
+            float *seen = s + (from - t0);
+            float cmx = scale_bias_max(seen, to - from, sh->scale, bias_row(sh, h, c->pos[i], from));
+            if (sh->softcap > 0) {
+                /* tanh keeps the order: the capped maximum is the cap of the maximum */
+                qlm_cpu_softcap(seen, to - from, sh->softcap);
+                cmx = sh->softcap * tanhf(cmx / sh->softcap);
             }
-            kh = kf;
-            vh = kf + (size_t)max_len * hd;
-            ld = hd;
+            if (cmx > b->mx[v]) {
+                /* A new maximum: what was summed so far shrinks by exp(old - new). */
+                float shrink = expf(b->mx[v] - cmx);
+                b->sum[v] *= shrink;
+                for (int d = 0; d < hd; d++) o[d] *= shrink;
+                b->mx[v] = cmx;
+            }
+            b->sum[v] += exp_sum(seen, to - from, b->mx[v]);
+            /* the causal mask and the window */
+            memset(s, 0, (size_t)(from - t0) * sizeof *s);
+            memset(s + (to - t0), 0, (size_t)(t1 - to) * sizeof *s);
         }
-        for (int b = 0; b < n; b += ROW_BLOCK) {
-            /* The block's keys [k0, len): a sliding window leaves out those before every row's. */
-            int rows = n - b < ROW_BLOCK ? n - b : ROW_BLOCK, len = 0, k0 = INT_MAX;
-            for (int i = b; i < b + rows; i++) {
-                if (keys_of(sh, pos, i) > len) len = keys_of(sh, pos, i);
-                if (first_key(sh, pos, i) < k0) k0 = first_key(sh, pos, i);
-            }
-            /* In a rolling cache the span starts at row r0 and may wrap once: its first `head` keys, then
-             * the rest from row 0 (a block's rows are one step's, so the span fits in the ring). */
-            int span = len - k0, r0 = sh->ring ? k0 % sh->ring : k0;
-            int head = sh->ring && r0 + span > sh->ring ? sh->ring - r0 : span;
-            const float *qb = q + (size_t)b * q_dim + h * hd;
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, head, hd, sh->scale, qb, q_dim,
-                        kh + (size_t)r0 * ld, ld, 0.0f, s, span);
-            if (head < span)
-                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, span - head, hd, sh->scale, qb, q_dim, kh,
-                            ld, 0.0f, s + head, span);
-            for (int i = 0; i < rows; i++) {
-                float *row = s + (size_t)i * span;
-                int from = first_key(sh, pos, b + i) - k0, keys = keys_of(sh, pos, b + i) - k0;
-                if (sh->softcap > 0) qlm_cpu_softcap(row + from, keys - from, sh->softcap);
-                softmax_row(row + from, keys - from, bias_row(sh, h, pos[b + i], k0 + from));
-                /* the causal mask and the window */
-                memset(row, 0, (size_t)from * sizeof *row);
-                memset(row + keys, 0, (size_t)(span - keys) * sizeof *row);
-            }
-            float *ob = out + (size_t)b * q_dim + h * hd;
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, hd, head, 1.0f, s, span, vh + (size_t)r0 * ld,
-                        ld, 0.0f, ob, q_dim);
-            if (head < span)
-                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, hd, span - head, 1.0f, s + head, span, vh,
-                            ld, 1.0f, ob, q_dim);
-        }
+        qlm_weighted_sum(b->o, b->s, nq, KEY_CHUNK, kv_at(vc, row, sh), rs, m, hd, dt);
     }
-    if (blas_threads != 1) openblas_set_num_threads(blas_threads);
-    /* Out of memory for a score matrix: the row form needs only a row of it. */
-    if (failed) attention_rows(out, q, k_cache, v_cache, NULL, n, pos, sh);
+    for (int v = 0; v < nq; v++) {
+        float inv = 1.0f / b->sum[v], *dst = c->out + (size_t)(i0 + v / g) * q_dim + (size_t)(h0 + v % g) * hd;
+        for (int d = 0; d < hd; d++) dst[d] = b->o[(size_t)v * hd + d] * inv;
+    }
 }
 
-/* The calling thread's list of rows for the loop form, kept across calls like the score matrices. */
-static _Thread_local qlm_cpu_scratch t_loose;
+/* Per-thread buffers, kept across calls so that steady decoding and prefill allocate nothing. */
+static _Thread_local qlm_cpu_scratch t_buffers;
 
-/* The sgemm form over rows [r0, r1), which are all of one sequence. */
-static void sequence_sgemm(float *out, const float *q, const void *k_cache, const void *v_cache, int r0, int r1,
-                           const int *pos, const qlm_attn_shape *sh) {
-    qlm_attn_shape seq = *sh;
-    seq.slots = NULL;
-    if (sh->n_keys) seq.n_keys = keys_of(sh, pos, r0);
-    int max_len = seq.n_keys;
-    for (int i = r0; i < r1 && !seq.n_keys; i++)
-        if (pos[i] + 1 > max_len) max_len = pos[i] + 1;
-    size_t base = cache_base(sh, r0), q_row = (size_t)sh->n_heads * sh->head_dim;
-    attention_sgemm(out + r0 * q_row, q + r0 * q_row, kv_at(k_cache, base, sh), kv_at(v_cache, base, sh), r1 - r0,
-                    pos + r0, &seq, max_len);
+/* Buffers for nq query vectors from the thread's scratch; 0 when out of memory. */
+static int scratch_buffers(attend_buffers *b, int nq, int hd) {
+    const size_t vec = (size_t)nq * hd;
+    float *p = qlm_cpu_scratch_get(&t_buffers, 2 * vec + (size_t)nq * (KEY_CHUNK + 2));
+    if (!p) return 0;
+    *b = (attend_buffers){.q = p, .o = p + vec, .s = p + 2 * vec, .mx = p + 2 * vec + (size_t)nq * KEY_CHUNK};
+    b->sum = b->mx + nq;
+    return 1;
 }
 
-/* Runs of at least SGEMM_MIN_ROWS consecutive rows of one sequence (a prefill, alone or beside
- * decode rows) take the sgemm form, the other rows the loop form together: a row gets the form it
- * would get with its sequence alone in the call, and so the same result. */
-void qlm_cpu_attention(float *out, const float *q, const void *k_cache, const void *v_cache, int n, const int *pos,
-                       const qlm_attn_shape *sh) {
-    int *loose = qlm_cpu_scratch_bytes(&t_loose, (size_t)n * sizeof(int)), n_loose = 0;
-    if (!loose) {
-        /* Out of memory for the row list: every row in the loop form, still correct. */
-        attention_rows(out, q, k_cache, v_cache, NULL, n, pos, sh);
+/* One work item; out of memory for its buffers, its vectors one at a time from the stack (the
+ * same results: a row's result does not depend on its block). */
+static void attend_item(const attn_call *c, int i0, int nr, int h0, int g) {
+    attend_buffers b;
+    if (scratch_buffers(&b, nr * g, c->sh->head_dim)) {
+        attend(c, i0, nr, h0, g, &b);
         return;
     }
-    for (int r0 = 0, r1; r0 < n; r0 = r1) {
-        for (r1 = r0 + 1; r1 < n && (!sh->slots || sh->slots[r1] == sh->slots[r0]); r1++) {}
-        if (r1 - r0 >= SGEMM_MIN_ROWS)
-            sequence_sgemm(out, q, k_cache, v_cache, r0, r1, pos, sh);
-        else
-            for (int i = r0; i < r1; i++) loose[n_loose++] = i;
+    float q[QLM_MAX_HEAD_DIM], s[KEY_CHUNK], o[QLM_MAX_HEAD_DIM], mx, sum;
+    b = (attend_buffers){.q = q, .s = s, .o = o, .mx = &mx, .sum = &sum};
+    for (int i = i0; i < i0 + nr; i++)
+        for (int h = h0; h < h0 + g; h++) attend(c, i, 1, h, 1, &b);
+}
+
+/* Cuts the call's rows into blocks of at most `rows` consecutive rows of one sequence: block k is
+ * rows [start[k], start[k + 1]). Returns the number of blocks. */
+static int cut_blocks(int *start, int n, const qlm_attn_shape *sh, int rows) {
+    int k = 0;
+    for (int i = 0; i < n; k++) {
+        start[k] = i;
+        int e = i + 1;
+        while (e < n && e - i < rows && (!sh->slots || sh->slots[e] == sh->slots[i])) e++;
+        i = e;
     }
-    if (n_loose) attention_rows(out, q, k_cache, v_cache, n_loose == n ? NULL : loose, n_loose, pos, sh);
+    start[k] = n;
+    return k;
+}
+
+static _Thread_local qlm_cpu_scratch t_blocks;
+
+/* Rows of a block whose items take g heads each. */
+static int block_rows(int g) {
+    int rows = BLOCK_VECTORS / g;
+    return rows < 1 ? 1 : rows > BLOCK_ROWS ? BLOCK_ROWS : rows;
+}
+
+/* Every (block, query heads sharing a KV head) in one parallel loop. The heads of a KV head go
+ * together when that still leaves a few items per thread (else one head an item); with a few
+ * blocks per thread, a thread takes a whole block's heads at a time: it then reads one sequence's
+ * caches in order (one run when heads_packed), which memory streams faster than heads dealt out to
+ * the threads in turn. */
+void qlm_cpu_attention(float *out, const float *q, const void *k_cache, const void *v_cache, int n, const int *pos,
+                       const qlm_attn_shape *sh) {
+    const attn_call c = {.out = out, .q = q, .k_cache = k_cache, .v_cache = v_cache, .pos = pos, .sh = sh};
+    const int group = sh->n_heads / sh->n_kv_heads, threads = omp_get_max_threads();
+    int *start = qlm_cpu_scratch_bytes(&t_blocks, (size_t)(n + 1) * sizeof(int));
+    if (!start) {
+        /* Out of memory for the block list: every row a block of its own, the same results. */
+#pragma omp parallel for schedule(dynamic, 1) if (n * sh->n_heads > 1)
+        for (int it = 0; it < n * sh->n_heads; it++) attend_item(&c, it / sh->n_heads, 1, it % sh->n_heads, 1);
+        return;
+    }
+    int g = group, blocks = cut_blocks(start, n, sh, block_rows(g));
+    if (g > 1 && blocks * sh->n_kv_heads < 2 * threads) {
+        g = 1;
+        blocks = cut_blocks(start, n, sh, block_rows(g));
+    }
+    const int per_block = sh->n_heads / g, chunk = blocks >= 2 * threads ? per_block : 1;
+#pragma omp parallel for schedule(dynamic, chunk) if (blocks * per_block > 1)
+    for (int it = 0; it < blocks * per_block; it++) {
+        int k = it / per_block;
+        attend_item(&c, start[k], start[k + 1] - start[k], it % per_block * g, g);
+    }
 }

@@ -1,4 +1,5 @@
-/* The CPU backend's attention op (core/backend.h), in its own file for its two paths. */
+/* The CPU backend's attention op (core/backend.h): one algorithm for every call, a row's result the
+ * same whatever else its call holds (backend_cpu_attention.c). */
 #ifndef QLM_BACKEND_CPU_ATTENTION_H
 #define QLM_BACKEND_CPU_ATTENTION_H
 

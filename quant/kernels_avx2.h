@@ -125,7 +125,7 @@ AVX2_INLINE void gemm_tile(float *y, long ldy, const char *x, long ldx, const ch
         if (nr == 4)
             _mm_storeu_ps(s, hsum4_ps256(acc[0][i], acc[1][i], acc[2][i], acc[3][i]));
         else
-            s[0] = hsum_ps256(acc[0][i]);
+            s[0] = _mm_cvtss_f32(hsum4_ps256(acc[0][i], acc[0][i], acc[0][i], acc[0][i])); /* the same tree */
         for (int r = 0; r < nr; r++) {
             s[r] += tail_dot(w + r * stride, x + i * x_row, k, cols, dt);
             y[i * ldy + r] = (add ? y[i * ldy + r] : 0.0f) + s[r];

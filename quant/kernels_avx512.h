@@ -128,7 +128,8 @@ AVX512_INLINE void gemm_step(__m512 acc[8][TILE_X], const char *x, long ldx, con
  * the next rows) is prefetched as this step consumes the current ones: the hardware prefetchers
  * lose track of several short interleaved row streams. nr, nx and dt are constants at each call
  * site, so the accumulator arrays become registers. Each (row, x row) sum runs over k in the
- * same order whatever nr and nx are. */
+ * same order whatever nr and nx are, and its lanes are added up by the same tree (a lone row's by
+ * hsum4 too): attention's scores for a key then do not depend on how many keys a call takes. */
 AVX512_INLINE void gemm_tile(float *y, long ldy, const char *x, long ldx, const char *w, size_t stride, long cols,
                              const int nr, const int nx, qlm_dtype dt, const char *pf, int add) {
     const long esize = (long)qlm_weight_elem_size(dt), ks = STEP_COLS(dt);
@@ -154,7 +155,7 @@ AVX512_INLINE void gemm_tile(float *y, long ldy, const char *x, long ldx, const 
     for (int i = 0; i < nx; i++) {
         float *yi = y + i * ldy;
         if (nr == 1)
-            yi[0] = (add ? yi[0] : 0.0f) + _mm512_reduce_add_ps(acc[0][i]);
+            yi[0] = (add ? yi[0] : 0.0f) + _mm_cvtss_f32(hsum4(acc[0][i], acc[0][i], acc[0][i], acc[0][i]));
         else
             QLM_UNROLL(2)
             for (int r = 0; r < nr; r += 4) {
@@ -303,45 +304,57 @@ AVX512_FN void exp_f32(float *x, long n) {
     }
 }
 
-/* Up to 64 outputs of one row held in registers across all m weighted value rows (of dt, F32 or
- * BF16). */
+/* Outputs d..d+63 of nj (a constant, 1 to 4) rows of o held in registers across all m weighted
+ * value rows (of dt): each value vector is loaded once for the nj rows, whose 4 nj FMA chains are
+ * in flight together. */
+AVX512_INLINE void weighted_sum_tile(float *o, const float *p, long ldp, const char *v, size_t row, int m, long hd,
+                                     long d, const int nj, qlm_dtype dt) {
+    __mmask16 mk[4];
+    __m512 a[4][4];
+    QLM_UNROLL(4)
+    for (int c = 0; c < 4; c++) mk[c] = d + 16 * c >= hd ? 0 : block_mask(d + 16 * c, hd);
+    QLM_UNROLL(4)
+    for (int j = 0; j < nj; j++)
+        QLM_UNROLL(4)
+        for (int c = 0; c < 4; c++) a[j][c] = _mm512_maskz_loadu_ps(mk[c], o + (size_t)j * hd + d + 16 * c);
+    for (int t = 0; t < m; t++) {
+        __m512 vt[4];
+        if (t + 8 < m) _mm_prefetch(v + (size_t)(t + 8) * row + d * (long)qlm_weight_elem_size(dt), _MM_HINT_T0);
+        QLM_UNROLL(4)
+        for (int c = 0; c < 4; c++) vt[c] = load16(v + (size_t)t * row, d + 16 * c, dt, mk[c]);
+        QLM_UNROLL(4)
+        for (int j = 0; j < nj; j++) {
+            __m512 pj = _mm512_set1_ps(p[(size_t)j * ldp + t]);
+            QLM_UNROLL(4)
+            for (int c = 0; c < 4; c++) a[j][c] = _mm512_fmadd_ps(pj, vt[c], a[j][c]);
+        }
+    }
+    QLM_UNROLL(4)
+    for (int j = 0; j < nj; j++)
+        QLM_UNROLL(4)
+        for (int c = 0; c < 4; c++) _mm512_mask_storeu_ps(o + (size_t)j * hd + d + 16 * c, mk[c], a[j][c]);
+}
+
+/* Rows of o in fours, then the last one to three, 64 outputs at a time. Each output adds its m
+ * products in order, one FMA after another, whatever g and m are: a weight of 0 leaves it as it
+ * was, so attention may pass a key a row does not see with weight 0 and get the row's own sum. */
 AVX512_INLINE void weighted_sum_dt(float *o, const float *p, int g, long ldp, const void *v, size_t v_stride, int m,
                                    long hd, qlm_dtype dt) {
     const size_t row = v_stride * qlm_weight_elem_size(dt);
-    for (int j = 0; j < g; j++)
+    for (int j = 0; j < g;) {
+        int nj = g - j >= 4 ? 4 : g - j;
         for (long d = 0; d < hd; d += 64) {
-            __mmask16 mk[4];
-            __m512 a[4];
-            QLM_UNROLL(4)
-            for (int c = 0; c < 4; c++) {
-                long at = d + 16 * c;
-                mk[c] = at >= hd ? 0 : block_mask(at, hd);
-                a[c] = _mm512_maskz_loadu_ps(mk[c], o + (size_t)j * hd + at);
+            float *oj = o + (size_t)j * hd;
+            const float *pj = p + (size_t)j * ldp;
+            switch (nj) {
+            case 4: weighted_sum_tile(oj, pj, ldp, v, row, m, hd, d, 4, dt); break;
+            case 3: weighted_sum_tile(oj, pj, ldp, v, row, m, hd, d, 3, dt); break;
+            case 2: weighted_sum_tile(oj, pj, ldp, v, row, m, hd, d, 2, dt); break;
+            default: weighted_sum_tile(oj, pj, ldp, v, row, m, hd, d, 1, dt); break;
             }
-            /* Odd value rows go to a second set of sums: twice the FMA chains in flight. */
-            __m512 b[4];
-            QLM_UNROLL(4)
-            for (int c = 0; c < 4; c++) b[c] = _mm512_setzero_ps();
-            int t = 0;
-            for (; t + 2 <= m; t += 2) {
-                __m512 pa = _mm512_set1_ps(p[(size_t)j * ldp + t]), pb = _mm512_set1_ps(p[(size_t)j * ldp + t + 1]);
-                const char *va = (const char *)v + (size_t)t * row, *vb = va + row;
-                QLM_UNROLL(4)
-                for (int c = 0; c < 4; c++) {
-                    a[c] = _mm512_fmadd_ps(pa, load16(va, d + 16 * c, dt, mk[c]), a[c]);
-                    b[c] = _mm512_fmadd_ps(pb, load16(vb, d + 16 * c, dt, mk[c]), b[c]);
-                }
-            }
-            if (t < m) {
-                __m512 pa = _mm512_set1_ps(p[(size_t)j * ldp + t]);
-                const char *va = (const char *)v + (size_t)t * row;
-                QLM_UNROLL(4)
-                for (int c = 0; c < 4; c++) a[c] = _mm512_fmadd_ps(pa, load16(va, d + 16 * c, dt, mk[c]), a[c]);
-            }
-            QLM_UNROLL(4)
-            for (int c = 0; c < 4; c++)
-                _mm512_mask_storeu_ps(o + (size_t)j * hd + d + 16 * c, mk[c], _mm512_add_ps(a[c], b[c]));
         }
+        j += nj;
+    }
 }
 
 #include "kernel_rows.h"

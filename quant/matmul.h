@@ -23,13 +23,16 @@ int qlm_matmul_group(const qlm_matmul_out *outs, int count, const float *x, int 
 
 /* y[i * ldy + o] = dot(w + o * w_stride, x + i * cols) over cols, for i < n, o < rows: rows of dt
  * (F32, F16, or BF16 with x in BF16 too) at any stride in elements (one head's keys in a KV cache),
- * with the kernels of qlm_matmul. Single-threaded, for callers that spread work over threads. */
+ * with the kernels of qlm_matmul. Single-threaded, for callers that spread work over threads. Each
+ * result is the same bits whatever n and rows are (the products of an x row and a w row are added
+ * in one order). */
 void qlm_dot_rows(float *y, long ldy, const void *x, int n, const void *w, size_t w_stride, int rows, long cols,
                   qlm_dtype dt);
 
 /* o[j * hd + d] += sum over t < m of p[j * ldp + t] * v[t * v_stride + d], for j < g, d < hd:
  * attention's weighted sum of value rows of dt (F32, F16 or BF16; any stride in elements) for g
- * heads. Single-threaded. */
+ * rows. Each output adds its m products in order of t, whatever g is, so a weight of 0 (on finite
+ * values) leaves it unchanged. Single-threaded. */
 void qlm_weighted_sum(float *o, const float *p, int g, long ldp, const void *v, size_t v_stride, int m, long hd,
                       qlm_dtype dt);
 

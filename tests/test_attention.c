@@ -1,11 +1,13 @@
-/* The CPU attention op against a double-precision reference: causal and fixed-key forms, GQA,
- * a relative-position bias, few rows (the loop form, with contexts longer than one key chunk)
- * and many rows (the sgemm form); a batch of sequences with one cache each (slots) against
- * each row attending alone; a prefill beside decode rows in one call; the head-by-head cache
- * layout against the default one; and BF16 keys and values (INT8 models' caches), which the
- * reference reads rounded as well, with the query rounded to BF16 in the loop form (fewer than
- * 16 rows of a sequence) and kept F32 in the sgemm form. */
+/* The CPU attention op against a double-precision reference: causal and fixed-key attention,
+ * GQA, a relative-position bias, few rows (decode, with contexts longer than one key chunk) and
+ * many (prefill blocks); BF16 and F16 keys and values, which the reference reads rounded as well
+ * (and the query rounded to BF16 with BF16 keys). And a row's result bit for bit whatever else
+ * its call holds: a sequence evaluated whole or in steps of any size (with windows, rolling
+ * caches, soft caps and biases), on any number of threads, a batch of sequences with one cache
+ * each (slots) against each row attending alone, a prefill beside decode rows; and the head-by-head
+ * cache layouts against the default one. */
 #include <math.h>
+#include <omp.h>
 #include <string.h>
 
 #include "../core/backend.h"
@@ -49,8 +51,8 @@ static void round_to(float *x, long n, qlm_dtype dt) {
         x[i] = dt == QLM_BF16 ? qlm_bf16_to_f32(qlm_f32_to_bf16(x[i])) : qlm_f16_to_f32(qlm_f32_to_f16(x[i]));
 }
 
-/* Caches of dtype kv: the reference takes the stored values widened (and the query rounded as the
- * BF16 row form rounds it). */
+/* Caches of dtype kv: the reference takes the stored values widened (and the query rounded to
+ * BF16 with BF16 keys, as the op rounds it). */
 static void check(int n, int keys, int first_pos, int n_keys_mode, int with_bias, qlm_dtype kv) {
     qlm_attn_shape sh = {.n_heads = 4, .n_kv_heads = 2, .head_dim = 16, .scale = 0.25f};
     int q_dim = sh.n_heads * sh.head_dim, kv_dim = sh.n_kv_heads * sh.head_dim;
@@ -81,7 +83,7 @@ static void check(int n, int keys, int first_pos, int n_keys_mode, int with_bias
         free(kb), free(vb);
         round_to(k, (long)keys * kv_dim, kv);
         round_to(v, (long)keys * kv_dim, kv);
-        if (kv == QLM_BF16 && n < 16) round_to(q, (long)n * q_dim, QLM_BF16);
+        if (kv == QLM_BF16) round_to(q, (long)n * q_dim, QLM_BF16);
     } else {
         qlm_backend_cpu()->attention(out, q, k, v, n, pos, &sh);
     }
@@ -119,7 +121,7 @@ static void test_many_rows(void **state) {
 
 /* Rows of three sequences in mixed order, each slot with its own cache, position and key count:
  * every row equals the same row attending over its own cache alone, bit for bit. All rows of
- * one slot (past the sgemm threshold) equal the call on that slot's cache without slots. */
+ * one slot equal the call on that slot's cache without slots. */
 static void check_slots(int n_keys_mode) {
     enum { SLOTS = 3, MAX_SEQ = 40, N = 20 };
     qlm_attn_shape sh = {.n_heads = 4, .n_kv_heads = 2, .head_dim = 16, .scale = 0.25f};
@@ -164,9 +166,8 @@ static void test_slots(void **state) {
     check_slots(1);
 }
 
-/* One call with a decode row of slot 0, a 20-row prefill of slot 1 (the sgemm form) and a decode
- * row of slot 2, as a batch step that admits a prompt: each part equals the call with it alone,
- * bit for bit. */
+/* One call with a decode row of slot 0, a 20-row prefill of slot 1 and a decode row of slot 2, as
+ * a batch step that admits a prompt: each part equals the call with it alone, bit for bit. */
 static void test_prefill_beside_decode(void **state) {
     (void)state;
     enum { SLOTS = 3, MAX_SEQ = 40, P = 20, N = P + 2 };
@@ -197,8 +198,8 @@ static void test_prefill_beside_decode(void **state) {
 }
 
 /* The same keys and values laid out head by head ([kv_head][cap][head_dim], as a decode cache
- * holds them) give bit for bit the default layout's result, in the loop form and the sgemm form,
- * causal and over fixed keys, and for a batch of slots; so do they with each slot's heads packed
+ * holds them) give bit for bit the default layout's result, for few rows and many, causal and over
+ * fixed keys, and for a batch of slots; so do they with each slot's heads packed
  * back to back after its own key count (heads_packed, T5's cross-attention), over fixed keys. */
 static void test_head_major_layout(void **state) {
     (void)state;
@@ -224,7 +225,7 @@ static void test_head_major_layout(void **state) {
     for (int i = 0; i < KEYS; i++) pos[i] = i, slots[i] = i % SLOTS;
     const qlm_backend *be = qlm_backend_cpu();
     for (int form = 0; form < 4; form++) {
-        /* 0: 3 causal rows, 1: all rows causal (sgemm), 2: all rows over fixed keys, 3: slots */
+        /* 0: 3 causal rows, 1: all rows causal, 2: all rows over fixed keys, 3: slots */
         int n = form == 0 ? 3 : KEYS;
         qlm_attn_shape def = sh;
         if (form == 2) def.n_keys = KEYS;
@@ -247,7 +248,7 @@ static void test_head_major_layout(void **state) {
                 memcpy(vh + to, v + from, hd * sizeof *v);
             }
     for (int form = 0; form < 3; form++) {
-        /* 0: all rows over slot 0's keys (sgemm), 1: 3 rows (loop), 2: rows of both slots */
+        /* 0: all rows over slot 0's keys, 1: 3 rows, 2: rows of both slots */
         int n = form == 1 ? 3 : KEYS;
         qlm_attn_shape def = sh;
         def.n_keys = KEYS;
@@ -260,6 +261,71 @@ static void test_head_major_layout(void **state) {
         assert_memory_equal(a, b, (size_t)n * q_dim * sizeof *a);
     }
     free(k), free(v), free(kh), free(vh), free(q), free(a), free(b);
+}
+
+/* A sequence of L positions (GQA 6/2, head_dim 64) whose rows are evaluated `step` at a time, as a
+ * prompt in chunks and then decode steps would be: each step's keys and values are stored first
+ * (row t % ring of a rolling cache), then its rows attend. */
+enum { SEQ_L = 1100, SEQ_HEADS = 6, SEQ_KV_HEADS = 2, SEQ_HD = 64 };
+
+static void sequence_in_steps(float *out, const float *q, const float *k, const float *v, int step,
+                              const qlm_attn_shape *sh) {
+    const int q_dim = SEQ_HEADS * SEQ_HD, kv_dim = SEQ_KV_HEADS * SEQ_HD, rows = sh->ring ? sh->ring : SEQ_L;
+    const size_t es = sh->kv_dtype == QLM_F32 ? sizeof(float) : sizeof(uint16_t);
+    char *kc = malloc((size_t)rows * kv_dim * es), *vc = malloc((size_t)rows * kv_dim * es);
+    int *pos = malloc(SEQ_L * sizeof *pos);
+    assert_true(kc && vc && pos);
+    for (int i = 0; i < SEQ_L; i++) pos[i] = i;
+    for (int i0 = 0; i0 < SEQ_L; i0 += step) {
+        int n = SEQ_L - i0 < step ? SEQ_L - i0 : step;
+        for (int t = i0; t < i0 + n; t++) {
+            size_t to = (size_t)(t % rows) * kv_dim * es;
+            qlm_convert_from_f32(kc + to, sh->kv_dtype, k + (size_t)t * kv_dim, kv_dim);
+            qlm_convert_from_f32(vc + to, sh->kv_dtype, v + (size_t)t * kv_dim, kv_dim);
+        }
+        qlm_backend_cpu()->attention(out + (size_t)i0 * q_dim, q + (size_t)i0 * q_dim, kc, vc, n, pos + i0, sh);
+    }
+    free(kc), free(vc), free(pos);
+}
+
+/* The sequence's rows give the same bits in steps of 1, 7, 64 and 100 rows as whole (rolling
+ * caches: the largest step), and whole on 1 and 3 threads: causal over three key chunks, with a
+ * 300-key window, with that window in a rolling cache, with a soft cap; in each cache dtype. */
+static void test_rows_whatever_the_call(void **state) {
+    (void)state;
+    const int q_dim = SEQ_HEADS * SEQ_HD, kv_dim = SEQ_KV_HEADS * SEQ_HD, steps[] = {1, 7, 64, 100};
+    float *q = malloc((size_t)SEQ_L * q_dim * sizeof *q), *k = malloc((size_t)SEQ_L * kv_dim * sizeof *k);
+    float *v = malloc((size_t)SEQ_L * kv_dim * sizeof *v);
+    float *whole = malloc((size_t)SEQ_L * q_dim * sizeof *whole), *got = malloc((size_t)SEQ_L * q_dim * sizeof *got);
+    assert_true(q && k && v && whole && got);
+    unsigned seed = 41u;
+    for (int i = 0; i < SEQ_L * q_dim; i++) q[i] = 2 * frand(&seed);
+    for (int i = 0; i < SEQ_L * kv_dim; i++) k[i] = frand(&seed), v[i] = frand(&seed);
+    const int threads = omp_get_max_threads();
+    for (size_t d = 0; d < sizeof kv_dtypes / sizeof kv_dtypes[0]; d++)
+        for (int kind = 0; kind < 4; kind++) {
+            /* 0: causal, 1: window, 2: window in a rolling cache, 3: soft cap */
+            qlm_attn_shape sh = {.n_heads = SEQ_HEADS, .n_kv_heads = SEQ_KV_HEADS, .head_dim = SEQ_HD,
+                                 .scale = 0.125f, .kv_dtype = kv_dtypes[d]};
+            if (kind == 1 || kind == 2) sh.window = 300;
+            if (kind == 2) sh.ring = 300 + 100 - 1;
+            if (kind == 3) sh.softcap = 2.5f;
+            sequence_in_steps(whole, q, k, v, kind == 2 ? 100 : SEQ_L, &sh);
+            for (size_t s = 0; s < sizeof steps / sizeof steps[0]; s++) {
+                sequence_in_steps(got, q, k, v, steps[s], &sh);
+                assert_memory_equal(got, whole, (size_t)SEQ_L * q_dim * sizeof *got);
+            }
+            for (int t = 1; t <= 3; t += 2) {
+                omp_set_num_threads(t);
+                sequence_in_steps(got, q, k, v, kind == 2 ? 100 : SEQ_L, &sh);
+                omp_set_num_threads(threads);
+                assert_memory_equal(got, whole, (size_t)SEQ_L * q_dim * sizeof *got);
+            }
+            print_message("%s keys, %s: the same bits in steps of 1, 7, 64, 100 and whole, on 1 and 3 threads\n",
+                          qlm_dtype_name(kv_dtypes[d]),
+                          kind == 0 ? "causal" : kind == 1 ? "window 300" : kind == 2 ? "window in a rolling cache" : "soft cap");
+        }
+    free(q), free(k), free(v), free(whole), free(got);
 }
 
 /* kv_store into each cache dtype, at position 1 of slot 1: the element read back is the value
@@ -309,6 +375,7 @@ int main(void) {
         cmocka_unit_test(test_many_rows),
         cmocka_unit_test(test_slots),
         cmocka_unit_test(test_prefill_beside_decode),
+        cmocka_unit_test(test_rows_whatever_the_call),
         cmocka_unit_test(test_head_major_layout),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
