@@ -198,23 +198,58 @@ AVX2_FN void f32_to_bf16(uint16_t *dst, const float *src, long n) {
     for (; i < n; i++) dst[i] = qlm_f32_to_bf16(src[i]);
 }
 
-/* Eight outputs of one row held in a register across all m weighted value rows (of dt, F32 or
- * BF16); the last hd % 8 in scalar code. */
+/* Outputs d..d+8nc-1 (nc 8-float chunks, 1 or 4) of nj (1 or 2) rows of o held in registers across
+ * all m weighted value rows (of dt): each value vector is loaded once for the nj rows. */
+AVX2_INLINE void weighted_sum_tile(float *o, const float *p, long ldp, const char *v, size_t row, int m, long hd,
+                                   long d, const int nj, const int nc, qlm_dtype dt) {
+    __m256 a[2][4];
+    QLM_UNROLL(2)
+    for (int j = 0; j < nj; j++)
+        QLM_UNROLL(4)
+        for (int c = 0; c < nc; c++) a[j][c] = _mm256_loadu_ps(o + (size_t)j * hd + d + 8 * c);
+    for (int t = 0; t < m; t++) {
+        __m256 vt[4];
+        if (t + 8 < m) _mm_prefetch(v + (size_t)(t + 8) * row + d * (long)qlm_weight_elem_size(dt), _MM_HINT_T0);
+        QLM_UNROLL(4)
+        for (int c = 0; c < nc; c++) vt[c] = load8(v + (size_t)t * row, d + 8 * c, dt);
+        QLM_UNROLL(2)
+        for (int j = 0; j < nj; j++) {
+            __m256 pj = _mm256_set1_ps(p[(size_t)j * ldp + t]);
+            QLM_UNROLL(4)
+            for (int c = 0; c < nc; c++) a[j][c] = _mm256_fmadd_ps(pj, vt[c], a[j][c]);
+        }
+    }
+    QLM_UNROLL(2)
+    for (int j = 0; j < nj; j++)
+        QLM_UNROLL(4)
+        for (int c = 0; c < nc; c++) _mm256_storeu_ps(o + (size_t)j * hd + d + 8 * c, a[j][c]);
+}
+
+/* Rows of o in pairs, 32 outputs at a time, then 8, then the last hd % 8 in scalar code. Each output
+ * adds its m products in order whatever g and m are (see the AVX-512 file's). */
 AVX2_INLINE void weighted_sum_dt(float *o, const float *p, int g, long ldp, const void *v, size_t v_stride, int m,
                                  long hd, qlm_dtype dt) {
     const size_t row = v_stride * qlm_weight_elem_size(dt);
-    for (int j = 0; j < g; j++) {
+    for (int j = 0; j < g;) {
+        const int nj = g - j >= 2 ? 2 : 1;
         float *oj = o + (size_t)j * hd;
         const float *pj = p + (size_t)j * ldp;
         long d = 0;
-        for (; d + 8 <= hd; d += 8) {
-            __m256 a = _mm256_loadu_ps(oj + d);
-            for (int t = 0; t < m; t++)
-                a = _mm256_fmadd_ps(_mm256_set1_ps(pj[t]), load8((const char *)v + (size_t)t * row, d, dt), a);
-            _mm256_storeu_ps(oj + d, a);
-        }
-        for (; d < hd; d++)
-            for (int t = 0; t < m; t++) oj[d] += pj[t] * qlm_weight_at((const char *)v + (size_t)t * row, d, dt);
+        for (; d + 32 <= hd; d += 32)
+            if (nj == 2)
+                weighted_sum_tile(oj, pj, ldp, v, row, m, hd, d, 2, 4, dt);
+            else
+                weighted_sum_tile(oj, pj, ldp, v, row, m, hd, d, 1, 4, dt);
+        for (; d + 8 <= hd; d += 8)
+            if (nj == 2)
+                weighted_sum_tile(oj, pj, ldp, v, row, m, hd, d, 2, 1, dt);
+            else
+                weighted_sum_tile(oj, pj, ldp, v, row, m, hd, d, 1, 1, dt);
+        for (int r = 0; r < nj; r++)
+            for (long e = d; e < hd; e++)
+                for (int t = 0; t < m; t++)
+                    oj[(size_t)r * hd + e] += pj[(size_t)r * ldp + t] * qlm_weight_at((const char *)v + (size_t)t * row, e, dt);
+        j += nj;
     }
 }
 
