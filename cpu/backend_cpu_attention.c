@@ -215,18 +215,22 @@ static int scratch_buffers(attend_buffers *b, int nq, int hd) {
     return 1;
 }
 
-/* One work item; out of memory for its buffers, its vectors one at a time from the stack (the
- * same results: a row's result does not depend on its block). */
-static void attend_item(const attn_call *c, int i0, int nr, int h0, int g) {
-    attend_buffers b;
-    if (scratch_buffers(&b, nr * g, c->sh->head_dim)) {
-        attend(c, i0, nr, h0, g, &b);
-        return;
-    }
+/* A work item's vectors one at a time from buffers on the stack, for when its scratch cannot be had
+ * (the same results: a row's result does not depend on its block). Kept out of line so that the
+ * usual path does not carry its 34 KB frame. */
+__attribute__((noinline)) static void attend_from_stack(const attn_call *c, int i0, int nr, int h0, int g) {
     float q[QLM_MAX_HEAD_DIM], s[KEY_CHUNK], o[QLM_MAX_HEAD_DIM], mx, sum;
-    b = (attend_buffers){.q = q, .s = s, .o = o, .mx = &mx, .sum = &sum};
+    const attend_buffers b = {.q = q, .s = s, .o = o, .mx = &mx, .sum = &sum};
     for (int i = i0; i < i0 + nr; i++)
         for (int h = h0; h < h0 + g; h++) attend(c, i, 1, h, 1, &b);
+}
+
+static void attend_item(const attn_call *c, int i0, int nr, int h0, int g) {
+    attend_buffers b;
+    if (scratch_buffers(&b, nr * g, c->sh->head_dim))
+        attend(c, i0, nr, h0, g, &b);
+    else
+        attend_from_stack(c, i0, nr, h0, g);
 }
 
 /* Cuts the call's rows into blocks of at most `rows` consecutive rows of one sequence: block k is

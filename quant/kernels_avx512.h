@@ -342,10 +342,10 @@ AVX512_INLINE void weighted_sum_dt(float *o, const float *p, int g, long ldp, co
                                    long hd, qlm_dtype dt) {
     const size_t row = v_stride * qlm_weight_elem_size(dt);
     for (int j = 0; j < g;) {
-        int nj = g - j >= 4 ? 4 : g - j;
+        const int nj = g - j >= 4 ? 4 : g - j;
+        float *oj = o + (size_t)j * hd;
+        const float *pj = p + (size_t)j * ldp;
         for (long d = 0; d < hd; d += 64) {
-            float *oj = o + (size_t)j * hd;
-            const float *pj = p + (size_t)j * ldp;
             switch (nj) {
             case 4: weighted_sum_tile(oj, pj, ldp, v, row, m, hd, d, 4, dt); break;
             case 3: weighted_sum_tile(oj, pj, ldp, v, row, m, hd, d, 3, dt); break;
