@@ -16,15 +16,18 @@ typedef struct qlm_cpu_scratch {
  * Returns -1 (nothing added) when the thread's list cannot be kept. */
 int qlm_cpu_scratch_track(qlm_cpu_scratch *s);
 
-/* Room for the given bytes (contents not kept when it grows), or NULL when out of memory. */
+/* Room for the given bytes (contents not kept when it grows), or NULL when out of memory. The
+ * room starts on a cache line, as the kernels' rows then do: a 64-byte vector load from malloc's
+ * 16-byte alignment would straddle two lines. */
 static inline void *qlm_cpu_scratch_bytes(qlm_cpu_scratch *s, size_t bytes) {
     if (bytes <= s->cap) return s->p;
-    void *p = realloc(s->p, bytes);
-    if (!p) return NULL;
+    void *p;
+    if (posix_memalign(&p, 64, bytes) != 0) return NULL;
     if (!s->p && qlm_cpu_scratch_track(s) != 0) {
         free(p);
         return NULL;
     }
+    free(s->p);
     s->p = p;
     s->cap = bytes;
     return p;

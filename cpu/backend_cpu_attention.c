@@ -126,7 +126,7 @@ typedef struct {
 
 /* A work item's buffers, for cap query vectors. */
 typedef struct {
-    void *q;         /* [cap][head_dim]: F32, or BF16 for BF16 keys */
+    void *q;         /* [cap][head_dim]: F32, or for BF16 keys qlm_bf16_x_form's form (4 bytes or less) */
     float *s;        /* [cap][KEY_CHUNK] scores, then weights */
     float *o;        /* [cap][head_dim] weighted sums */
     float *mx, *sum; /* [cap] running maxima and sums */
@@ -146,13 +146,15 @@ static void attend(const attn_call *c, int i0, int nr, int h0, int g, const atte
     const int hd = sh->head_dim, nq = nr * g, kvh = h0 / (sh->n_heads / sh->n_kv_heads);
     const size_t rs = row_stride(sh), q_dim = (size_t)sh->n_heads * hd;
     const qlm_dtype dt = sh->kv_dtype;
+    const size_t xsize = dt == QLM_BF16 ? qlm_bf16_x_size() : sizeof(float);
     const size_t at = cache_base(sh, i0) + head_offset(sh, kvh, keys_of(sh, c->pos, i0));
     const void *kc = kv_at(c->k_cache, at, sh), *vc = kv_at(c->v_cache, at, sh);
     int lo = INT_MAX, hi = 0;
     for (int r = 0; r < nr; r++) {
         const float *qr = c->q + (size_t)(i0 + r) * q_dim + (size_t)h0 * hd;
         if (dt == QLM_BF16)
-            qlm_convert_from_f32((uint16_t *)b->q + (size_t)r * g * hd, QLM_BF16, qr, (long)g * hd);
+            for (int j = 0; j < g; j++)
+                qlm_bf16_x_form((char *)b->q + ((size_t)r * g + j) * hd * xsize, qr + (size_t)j * hd, hd);
         else
             memcpy((float *)b->q + (size_t)r * g * hd, qr, (size_t)g * hd * sizeof(float));
         if (first_key(sh, c->pos, i0 + r) < lo) lo = first_key(sh, c->pos, i0 + r);

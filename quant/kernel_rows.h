@@ -1,15 +1,16 @@
 /* The row drivers shared by the SIMD kernel files: y = x W^T for n rows of x (in the activation
  * form of W, qlm_x_dtype) over the output rows [r0, r1) (gemm), the same over F32 or BF16 rows at
- * any stride (dot_rows: attention scores), and the dtype dispatch of weighted_sum. W goes in tiles of TILE_W rows, each multiplied with blocks
- * of TILE_X rows of x
- * by the file's gemm_tile_x while it stays in cache (one x row is the GEMV of decode), then the
+ * any stride (dot_rows: attention scores), and the dtype dispatch of weighted_sum. W goes in tiles
+ * of TILE_W rows, each multiplied with blocks of TILE_X rows of x by the file's gemm_tile_x while it
+ * stays in cache (one x row is the GEMV of decode), then the
  * I8 scales and the bias. A row's result depends on neither n nor the thread split, so a
  * sequence decodes the same alone and in a batch. Block weights go the same way through the
  * file's block_tile_x. Included once by each of kernels_avx2.h and kernels_avx512.h after they
- * define KERNEL_FN and KERNEL_INLINE (their target attributes), TILE_X, GROUP_ROWS, gemm_tile_x,
- * BLOCK_TILE_X, block_tile_g and weighted_sum_dt, so one text serves each instruction set. */
-#ifndef KERNEL_FN
-#error "define KERNEL_FN, KERNEL_INLINE, TILE_X, GROUP_ROWS, gemm_tile_x and weighted_sum_dt before including kernel_rows.h"
+ * define KERNEL_FN and KERNEL_INLINE (their target attributes), TILE_X, GROUP_ROWS, X_SIZE (bytes of
+ * an element of x in its form), gemm_tile_x, BLOCK_TILE_X, block_tile_g and weighted_sum_dt, so one
+ * text serves each instruction set. */
+#if !defined(KERNEL_FN) || !defined(X_SIZE)
+#error "define KERNEL_FN, KERNEL_INLINE, TILE_X, GROUP_ROWS, X_SIZE, gemm_tile_x and weighted_sum_dt before including kernel_rows.h"
 #endif
 
 /* Weight rows multiplied with every block of x while they stay in L1/L2. */
@@ -21,7 +22,7 @@
 KERNEL_INLINE void tile_group(float *y, long ldy, const char *x, long ldx, int nx, const char *w, size_t stride,
                               long cols, const int nr, qlm_dtype dt, const char *pf) {
     const long block = dt == QLM_I8 ? QLM_I8_BLOCK : cols;
-    const size_t xsize = qlm_x_elem_size(dt), esize = qlm_weight_elem_size(dt);
+    const size_t xsize = X_SIZE(dt), esize = qlm_weight_elem_size(dt);
     long k0 = 0;
     do {
         long kc = cols - k0 < block ? cols - k0 : block;
@@ -35,7 +36,7 @@ KERNEL_INLINE void tile_group(float *y, long ldy, const char *x, long ldx, int n
  * from base, x rows ldx elements apart. Rows up to r1 exist (for the prefetch). */
 KERNEL_INLINE void tile_rows(float *y, long ldy, const void *x, long ldx, int n, const char *base, size_t stride,
                              long cols, int t, int te, int r1, qlm_dtype dt) {
-    const size_t x_row = (size_t)ldx * qlm_x_elem_size(dt);
+    const size_t x_row = (size_t)ldx * X_SIZE(dt);
     for (int i = 0; i < n; i += TILE_X) {
         int nx = n - i < TILE_X ? n - i : TILE_X;
         const char *xi = (const char *)x + (size_t)i * x_row;
@@ -106,8 +107,8 @@ KERNEL_INLINE void gemm_blocks_dt(float *y, const int16_t *x, long ldx, const fl
     }
 }
 
-/* Rows of dt F32, F16 (x in F32) or BF16 (x then in BF16 too); the branches make dt a constant in
- * each tile_rows. */
+/* Rows of dt F32, F16 (x in F32) or BF16 (x then in bf16_x_form's form); the branches make dt a
+ * constant in each tile_rows. */
 KERNEL_FN void dot_rows(float *y, long ldy, const void *x, int n, const void *w, size_t w_stride, int rows, long cols,
                         qlm_dtype dt) {
     const size_t stride = w_stride * qlm_weight_elem_size(dt);

@@ -49,8 +49,17 @@ AVX2_INLINE __m256 load8(const void *row, long k, qlm_dtype dt) {
 /* Weight rows a tile takes: 4 for any nx (8 would not fit the registers). */
 #define GROUP_ROWS(nx) 4
 
-/* Columns one step takes: 16 for I8 (pairs of 16-bit products per 32-bit lane), else 8. */
-#define STEP_COLS(dt) ((dt) == QLM_I8 ? 16 : 8)
+/* BF16 weights take x as F32 with each step's even and odd columns apart (bf16_x_form). */
+#define SPLIT_BF16(dt) ((dt) == QLM_BF16)
+/* Bytes of an element of x in the activation form of dt on this table. */
+#define X_SIZE(dt) (SPLIT_BF16(dt) ? 4 : qlm_x_elem_size(dt))
+#define BF16_X_SIZE 4
+/* The dtype of the elements of x where they are not integers. */
+#define X_DTYPE(dt) (SPLIT_BF16(dt) ? QLM_F32 : qlm_x_dtype(dt))
+
+/* Columns one step takes: 16 for I8 (pairs of 16-bit products per 32-bit lane) and BF16 (one load
+ * of pairs split into even and odd columns), else 8. */
+#define STEP_COLS(dt) ((dt) == QLM_I8 || SPLIT_BF16(dt) ? 16 : 8)
 
 /* One step of gemm_tile: STEP_COLS(dt) columns from k; x rows ldx elements apart. I8 sums are
  * int32 lanes held in acc's bits. */
@@ -67,6 +76,40 @@ AVX2_INLINE void gemm_step(__m256 acc[4][TILE_X], const char *x, long ldx, const
             QLM_UNROLL(4)
             for (int r = 0; r < nr; r++)
                 acc[r][i] = _mm256_castsi256_ps(_mm256_add_epi32(_mm256_castps_si256(acc[r][i]), _mm256_madd_epi16(wv[r], xv)));
+        }
+        return;
+    }
+    if (SPLIT_BF16(dt)) {
+        /* 16 BF16 weights are 8 lanes of pairs: shifted left, the even columns as F32; masked,
+         * the odd ones; x holds the step's even columns, then its odd ones. */
+        const __m256i high = _mm256_set1_epi32((int)0xffff0000u);
+        if (nx == 1) {
+            /* One x row (decode): a row's pairs loaded once, both halves taken from the register
+             * (the empty asm keeps GCC from folding the load into both uses, loading twice). */
+            const __m256 xe = _mm256_loadu_ps((const float *)x + k), xo = _mm256_loadu_ps((const float *)x + k + 8);
+            QLM_UNROLL(4)
+            for (int r = 0; r < nr; r++) {
+                __m256i pairs = _mm256_loadu_si256((const __m256i *)((const uint16_t *)(w + r * stride) + k));
+                __asm__("" : "+x"(pairs));
+                acc[r][0] = _mm256_fmadd_ps(_mm256_castsi256_ps(_mm256_slli_epi32(pairs, 16)), xe, acc[r][0]);
+                acc[r][0] = _mm256_fmadd_ps(_mm256_castsi256_ps(_mm256_and_si256(pairs, high)), xo, acc[r][0]);
+            }
+            return;
+        }
+        __m256 wv[4];
+        QLM_UNROLL(2)
+        for (int half = 0; half < 2; half++) {
+            QLM_UNROLL(4)
+            for (int r = 0; r < nr; r++) {
+                __m256i pairs = _mm256_loadu_si256((const __m256i *)((const uint16_t *)(w + r * stride) + k));
+                wv[r] = _mm256_castsi256_ps(half ? _mm256_and_si256(pairs, high) : _mm256_slli_epi32(pairs, 16));
+            }
+            QLM_UNROLL(2)
+            for (int i = 0; i < nx; i++) {
+                __m256 xv = _mm256_loadu_ps((const float *)x + i * ldx + k + 8 * half);
+                QLM_UNROLL(4)
+                for (int r = 0; r < nr; r++) acc[r][i] = _mm256_fmadd_ps(wv[r], xv, acc[r][i]);
+            }
         }
         return;
     }
@@ -92,7 +135,7 @@ AVX2_INLINE float tail_dot(const char *w, const char *x, long k, long k1, qlm_dt
         return (float)s;
     }
     float s = 0;
-    for (; k < k1; k++) s += qlm_weight_at(w, k, dt) * qlm_weight_at(x, k, qlm_x_dtype(dt));
+    for (; k < k1; k++) s += qlm_weight_at(w, k, dt) * qlm_weight_at(x, k, X_DTYPE(dt));
     return s;
 }
 
@@ -102,7 +145,7 @@ AVX2_INLINE float tail_dot(const char *w, const char *x, long k, long k1, qlm_dt
 AVX2_INLINE void gemm_tile(float *y, long ldy, const char *x, long ldx, const char *w, size_t stride, long cols,
                            const int nr, const int nx, qlm_dtype dt, const char *pf, int add) {
     const long esize = (long)qlm_weight_elem_size(dt), ks = STEP_COLS(dt);
-    const long x_row = ldx * (long)qlm_x_elem_size(dt);
+    const long x_row = ldx * (long)X_SIZE(dt);
     __m256 acc[4][TILE_X];
     QLM_UNROLL(4)
     for (int r = 0; r < nr; r++)
@@ -196,6 +239,20 @@ AVX2_FN void f32_to_bf16(uint16_t *dst, const float *src, long n) {
         _mm256_storeu_si256((__m256i *)(dst + i), p);
     }
     for (; i < n; i++) dst[i] = qlm_f32_to_bf16(src[i]);
+}
+
+/* See qlm_kernel_table.bf16_x_form. */
+AVX2_FN void bf16_x_form(void *dst, const float *x, long n) {
+    float *d = dst;
+    long i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m256 a = _mm256_castsi256_ps(_mm256_slli_epi32(bf16_round(_mm256_loadu_ps(x + i)), 16));
+        __m256 b = _mm256_castsi256_ps(_mm256_slli_epi32(bf16_round(_mm256_loadu_ps(x + i + 8)), 16));
+        /* shuffle_ps picks within 128-bit lanes; the permute puts the lanes' halves in order. */
+        _mm256_storeu_ps(d + i, _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(a, b, 0x88)), 0xd8)));
+        _mm256_storeu_ps(d + i + 8, _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(a, b, 0xdd)), 0xd8)));
+    }
+    for (; i < n; i++) d[i] = qlm_bf16_to_f32(qlm_f32_to_bf16(x[i]));
 }
 
 /* Outputs d..d+8nc-1 (nc 8-float chunks, 1 or 4) of nj (1 or 2) rows of o held in registers across

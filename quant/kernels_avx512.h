@@ -21,8 +21,14 @@
 
 /* Whether weights of dtype dt take the BF16 dot product (a constant at every call site). */
 #define USES_DP(dt) (AVX512_BF16DP && (dt) == QLM_BF16)
-/* Columns one step takes: 32 for the dot products (BF16 pairs, I8 through 16-bit pairs). */
-#define STEP_COLS(dt) (USES_DP(dt) || (dt) == QLM_I8 ? 32 : 16)
+/* Whether they take x as F32 with each step's even and odd columns apart (bf16_x_form). */
+#define SPLIT_BF16(dt) (!AVX512_BF16DP && (dt) == QLM_BF16)
+/* Bytes of an element of x in the activation form of dt on this table. */
+#define X_SIZE(dt) (SPLIT_BF16(dt) ? 4 : qlm_x_elem_size(dt))
+#define BF16_X_SIZE (AVX512_BF16DP ? 2 : 4)
+/* Columns one step takes: 32 for the dot products (BF16 pairs, I8 through 16-bit pairs) and for
+ * BF16 weights split into even and odd columns. */
+#define STEP_COLS(dt) (USES_DP(dt) || SPLIT_BF16(dt) || (dt) == QLM_I8 ? 32 : 16)
 
 /* acc + the sums of adjacent pairs of 16-bit products of a and b, in 32-bit lanes. */
 AVX512_INLINE __m512i dot_i16(__m512i acc, __m512i a, __m512i b) {
@@ -77,6 +83,21 @@ AVX512_INLINE __m128 hsum4(__m512 a, __m512 b, __m512 c, __m512 d) {
  * enough independent FMA chains in flight to hide the FMA latency. */
 #define GROUP_ROWS(nx) ((nx) <= 2 ? 8 : 4)
 
+/* 16 columns from k of weights of dtype dt converted to F32 against x of dtype xdt (rows x_row
+ * bytes apart); lanes outside m read nothing. */
+AVX512_INLINE void gemm_step16(__m512 acc[8][TILE_X], const char *x, long x_row, qlm_dtype xdt, const char *w,
+                               size_t stride, long k, const int nr, const int nx, qlm_dtype dt, __mmask16 m) {
+    __m512 wv[8];
+    QLM_UNROLL(8)
+    for (int r = 0; r < nr; r++) wv[r] = load16(w + r * stride, k, dt, m);
+    QLM_UNROLL(6)
+    for (int i = 0; i < nx; i++) {
+        __m512 xv = load16(x + i * x_row, k, xdt, m);
+        QLM_UNROLL(8)
+        for (int r = 0; r < nr; r++) acc[r][i] = _mm512_fmadd_ps(wv[r], xv, acc[r][i]);
+    }
+}
+
 /* One step of gemm_tile: STEP_COLS(dt) columns from k, lanes outside m read nothing. x rows are
  * ldx elements apart, in the activation form of dt. I8 sums are int32 lanes held in acc's bits. */
 AVX512_INLINE void gemm_step(__m512 acc[8][TILE_X], const char *x, long ldx, const char *w, size_t stride, long k,
@@ -106,18 +127,58 @@ AVX512_INLINE void gemm_step(__m512 acc[8][TILE_X], const char *x, long ldx, con
         }
         return;
     }
+#else
+    if (SPLIT_BF16(dt)) {
+        if (m != 0xffffffffu) {
+            /* The row's last columns (up to 31), as they come, x in F32. */
+            gemm_step16(acc, x, ldx * 4, QLM_F32, w, stride, k, nr, nx, dt, (__mmask16)m);
+            gemm_step16(acc, x, ldx * 4, QLM_F32, w, stride, k + 16, nr, nx, dt, (__mmask16)(m >> 16));
+            return;
+        }
+        /* 32 BF16 weights are 16 lanes of pairs: shifted left, the even columns as F32; loaded
+         * with the even ones masked off, the odd ones. x holds the step's even columns, then its
+         * odd ones; every sum takes the even products before the odd ones. (Two loads of the
+         * weights rather than one and an AND: GCC merges two plain loads of the same vector
+         * and then spills it, short of general registers for eight row addresses.) */
+        if (nx == 1) {
+            /* One x row (decode): a row's pairs loaded once, both halves taken from the register.
+             * In two 32-byte loads, which GCC keeps in that register (a 64-byte load it folds into
+             * both uses, loading twice), and of which at most one straddles two cache lines
+             * however the rows lie (weights read in place from a safetensors file start 40 bytes
+             * past a line). */
+            const __m512i high = _mm512_set1_epi32((int)0xffff0000u);
+            const __m512 xe = _mm512_loadu_ps((const float *)x + k), xo = _mm512_loadu_ps((const float *)x + k + 16);
+            QLM_UNROLL(8)
+            for (int r = 0; r < nr; r++) {
+                const __m256i *row = (const __m256i *)((const uint16_t *)(w + r * stride) + k);
+                const __m512i pairs = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256(row)),
+                                                         _mm256_loadu_si256(row + 1), 1);
+                acc[r][0] = _mm512_fmadd_ps(_mm512_castsi512_ps(_mm512_slli_epi32(pairs, 16)), xe, acc[r][0]);
+                acc[r][0] = _mm512_fmadd_ps(_mm512_castsi512_ps(_mm512_and_si512(pairs, high)), xo, acc[r][0]);
+            }
+            return;
+        }
+        __m512 wv[8];
+        QLM_UNROLL(2)
+        for (int half = 0; half < 2; half++) {
+            QLM_UNROLL(8)
+            for (int r = 0; r < nr; r++) {
+                const uint16_t *pairs = (const uint16_t *)(w + r * stride) + k;
+                wv[r] = _mm512_castsi512_ps(half ? _mm512_maskz_loadu_epi16((__mmask32)0xaaaaaaaau, pairs)
+                                                 : _mm512_slli_epi32(_mm512_loadu_si512(pairs), 16));
+            }
+            QLM_UNROLL(6)
+            for (int i = 0; i < nx; i++) {
+                __m512 xv = _mm512_loadu_ps((const float *)x + i * ldx + k + 16 * half);
+                QLM_UNROLL(8)
+                for (int r = 0; r < nr; r++) acc[r][i] = _mm512_fmadd_ps(wv[r], xv, acc[r][i]);
+            }
+        }
+        return;
+    }
 #endif
     const qlm_dtype xdt = qlm_x_dtype(dt);
-    const long x_row = ldx * (long)qlm_weight_elem_size(xdt);
-    __m512 wv[8];
-    QLM_UNROLL(8)
-    for (int r = 0; r < nr; r++) wv[r] = load16(w + r * stride, k, dt, (__mmask16)m);
-    QLM_UNROLL(6)
-    for (int i = 0; i < nx; i++) {
-        __m512 xv = load16(x + i * x_row, k, xdt, (__mmask16)m);
-        QLM_UNROLL(8)
-        for (int r = 0; r < nr; r++) acc[r][i] = _mm512_fmadd_ps(wv[r], xv, acc[r][i]);
-    }
+    gemm_step16(acc, x, ldx * (long)qlm_weight_elem_size(xdt), xdt, w, stride, k, nr, nx, dt, (__mmask16)m);
 }
 
 /* nr (1, 4 or 8) weight rows (stride bytes apart, storage dtype dt) against nx (1..TILE_X) rows
@@ -247,18 +308,47 @@ AVX512_FN void f32_to_f16(uint16_t *dst, const float *src, long n) {
     }
 }
 
-/* Round to nearest even on the upper 16 bits; NaNs are quieted like qlm_f32_to_bf16. */
+/* v rounded to BF16, in the low 16 bits of each lane: to nearest even, NaNs quieted like
+ * qlm_f32_to_bf16. */
+AVX512_INLINE __m512i bf16_round(__m512 v) {
+    __m512i u = _mm512_castps_si512(v);
+    __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+    __m512i r = _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7fff)), lsb), 16);
+    __m512i nan = _mm512_or_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x40));
+    return _mm512_mask_blend_epi32(_mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), r, nan);
+}
+
 AVX512_FN void f32_to_bf16(uint16_t *dst, const float *src, long n) {
     for (long i = 0; i < n; i += 16) {
         __mmask16 m = block_mask(i, n);
-        __m512 v = _mm512_maskz_loadu_ps(m, src + i);
-        __m512i u = _mm512_castps_si512(v);
-        __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
-        __m512i r = _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7fff)), lsb), 16);
-        __m512i nan = _mm512_or_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x40));
-        r = _mm512_mask_blend_epi32(_mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), r, nan);
-        _mm256_mask_storeu_epi16(dst + i, m, _mm512_cvtepi32_epi16(r));
+        _mm256_mask_storeu_epi16(dst + i, m, _mm512_cvtepi32_epi16(bf16_round(_mm512_maskz_loadu_ps(m, src + i))));
     }
+}
+
+/* The BF16 rounding of v as F32. */
+AVX512_INLINE __m512 bf16_rounded(__m512 v) {
+    return _mm512_castsi512_ps(_mm512_slli_epi32(bf16_round(v), 16));
+}
+
+/* See qlm_kernel_table.bf16_x_form. */
+AVX512_FN void bf16_x_form(void *dst, const float *x, long n) {
+#if AVX512_BF16DP
+    f32_to_bf16(dst, x, n);
+#else
+    float *d = dst;
+    const __m512i even = _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
+    const __m512i odd = _mm512_add_epi32(even, _mm512_set1_epi32(1));
+    long i = 0;
+    for (; i + 32 <= n; i += 32) {
+        __m512 a = bf16_rounded(_mm512_loadu_ps(x + i)), b = bf16_rounded(_mm512_loadu_ps(x + i + 16));
+        _mm512_storeu_ps(d + i, _mm512_permutex2var_ps(a, even, b));
+        _mm512_storeu_ps(d + i + 16, _mm512_permutex2var_ps(a, odd, b));
+    }
+    for (; i < n; i += 16) {
+        __mmask16 m = block_mask(i, n);
+        _mm512_mask_storeu_ps(d + i, m, bf16_rounded(_mm512_maskz_loadu_ps(m, x + i)));
+    }
+#endif
 }
 
 AVX512_FN float quantize_i16(int16_t *q, const float *x, long n) {

@@ -208,6 +208,10 @@ static void scalar_f32_to_bf16(uint16_t *dst, const float *src, long n) {
     for (long i = 0; i < n; i++) dst[i] = qlm_f32_to_bf16(src[i]);
 }
 
+static void scalar_bf16_x_form(void *dst, const float *x, long n) {
+    scalar_f32_to_bf16(dst, x, n);
+}
+
 static void scalar_i8_to_f32(float *dst, const int8_t *src, long n, float scale) {
     for (long i = 0; i < n; i++) dst[i] = (float)src[i] * scale;
 }
@@ -223,6 +227,8 @@ static const qlm_kernel_table scalar_table = {
     .bf16_to_f32 = scalar_bf16_to_f32,
     .f32_to_f16 = scalar_f32_to_f16,
     .f32_to_bf16 = scalar_f32_to_bf16,
+    .bf16_x_form = scalar_bf16_x_form,
+    .bf16_x_size = 2,
     .i8_to_f32 = scalar_i8_to_f32,
 };
 
@@ -384,8 +390,8 @@ static form_kind form_for(const qlm_weight *w) {
     return w->act8 && qlm_dtype_is_block(w->dtype) ? FORM_I8 : FORM_I16;
 }
 
-static size_t form_elem_size(form_kind k) {
-    return k == FORM_F32 ? 4 : k == FORM_I8 ? 1 : 2;
+static size_t form_elem_size(form_kind k, const qlm_kernel_table *kt) {
+    return k == FORM_F32 ? 4 : k == FORM_I8 ? 1 : k == FORM_BF16 ? (size_t)kt->bf16_x_size : 2;
 }
 
 /* x in the activation form of W: the BF16, I16 or I8 rows xf, ldx elements apart (and for I16
@@ -402,12 +408,12 @@ typedef struct {
 
 /* Rows [i0, i1) of x into their activation form. */
 static void form_rows(const x_form *f, int i0, int i1, const qlm_weight *w, const qlm_kernel_table *kt) {
-    const size_t cols = (size_t)w->cols, row = (size_t)f->ldx * form_elem_size(f->kind);
+    const size_t cols = (size_t)w->cols, row = (size_t)f->ldx * form_elem_size(f->kind, kt);
     for (int i = i0; i < i1; i++) {
         void *xi = (char *)f->xf + i * row;
         const float *x = f->x + i * cols;
         switch (f->kind) {
-        case FORM_BF16: kt->f32_to_bf16(xi, x, (long)cols); break;
+        case FORM_BF16: kt->bf16_x_form(xi, x, (long)cols); break;
         case FORM_I16: f->xs[i] = kt->quantize_i16(xi, x, (long)cols); break;
         case FORM_I8: {
             const size_t at = i * (cols / QLM_X8_BLOCK);
@@ -459,6 +465,14 @@ static void rows_parallel(const qlm_matmul_out *outs, int count, const x_form *f
 void qlm_dot_rows(float *y, long ldy, const void *x, int n, const void *w, size_t w_stride, int rows, long cols,
                   qlm_dtype dt) {
     if (n > 0 && rows > 0) qlm_kernels()->dot_rows(y, ldy, x, n, w, w_stride, rows, cols, dt);
+}
+
+size_t qlm_bf16_x_size(void) {
+    return (size_t)qlm_kernels()->bf16_x_size;
+}
+
+void qlm_bf16_x_form(void *dst, const float *x, long n) {
+    if (n > 0) qlm_kernels()->bf16_x_form(dst, x, n);
 }
 
 void qlm_weighted_sum(float *o, const float *p, int g, long ldp, const void *v, size_t v_stride, int m, long hd,
@@ -555,7 +569,7 @@ static void matmul_stored(const qlm_matmul_out *outs, int count, const float *x,
     if (f.kind != FORM_F32) {
         /* x is put in its form once per call rather than in every thread's kernel; the scales
          * follow the rows, 4-byte aligned. */
-        const size_t esize = form_elem_size(f.kind);
+        const size_t esize = form_elem_size(f.kind, kt);
         const size_t scales = f.kind == FORM_I8 ? (size_t)w->cols / QLM_X8_BLOCK : 1;
         f.ldx = qlm_x_row_stride(w->cols, esize);
         size_t rows_bytes = ((size_t)n * (size_t)f.ldx * esize + 3) & ~(size_t)3;

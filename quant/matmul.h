@@ -21,13 +21,20 @@ void qlm_matmul(float *y, const float *x, int n, const qlm_weight *w, const floa
  * set) when that buffer cannot be had, else 0. */
 int qlm_matmul_group(const qlm_matmul_out *outs, int count, const float *x, int n);
 
-/* y[i * ldy + o] = dot(w + o * w_stride, x + i * cols) over cols, for i < n, o < rows: rows of dt
- * (F32, F16, or BF16 with x in BF16 too) at any stride in elements (one head's keys in a KV cache),
- * with the kernels of qlm_matmul. Single-threaded, for callers that spread work over threads. Each
- * result is the same bits whatever n and rows are (the products of an x row and a w row are added
- * in one order). */
+/* y[i * ldy + o] = dot(w + o * w_stride, x row i) over cols, for i < n, o < rows: rows of dt
+ * (F32, F16, or BF16) at any stride in elements (one head's keys in a KV cache), with the kernels
+ * of qlm_matmul. x holds n rows of cols elements one after the other: F32, or for BF16 rows each
+ * row in the form qlm_bf16_x_form makes (qlm_bf16_x_size bytes an element). Single-threaded, for
+ * callers that spread work over threads. Each result is the same bits whatever n and rows are (the
+ * products of an x row and a w row are added in one order). */
 void qlm_dot_rows(float *y, long ldy, const void *x, int n, const void *w, size_t w_stride, int rows, long cols,
                   qlm_dtype dt);
+
+/* One row of x (n elements) as qlm_dot_rows multiplies it with BF16 rows, on the kernels in use:
+ * rounded to BF16 (as a BF16 matmul rounds its activations), in the layout those kernels read. */
+void qlm_bf16_x_form(void *dst, const float *x, long n);
+/* Bytes of an element of that form: 2 or 4. */
+size_t qlm_bf16_x_size(void);
 
 /* o[j * hd + d] += sum over t < m of p[j * ldp + t] * v[t * v_stride + d], for j < g, d < hd:
  * attention's weighted sum of value rows of dt (F32, F16 or BF16; any stride in elements) for g

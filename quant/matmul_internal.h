@@ -44,6 +44,14 @@ typedef struct {
     void (*bf16_to_f32)(float *dst, const uint16_t *src, long n);
     void (*f32_to_f16)(uint16_t *dst, const float *src, long n);
     void (*f32_to_bf16)(uint16_t *dst, const float *src, long n);
+    /* BF16 weights' activation form of x[0..n) (one row), bf16_x_size bytes an element: BF16
+     * where the CPU has a BF16 dot product; elsewhere the F32 values of x rounded to BF16, each
+     * whole step of the kernels' columns (32 for AVX-512, 16 for AVX2) as its even-indexed then
+     * its odd-indexed values (the rest as they come): a vector load of BF16 weights splits into
+     * its even and odd halves as F32 by one shift and one AND, where widening it in order takes
+     * two instructions per half, on the ports the FMAs use. */
+    void (*bf16_x_form)(void *dst, const float *x, long n);
+    int bf16_x_size;
     /* dst[i] = src[i] * scale */
     void (*i8_to_f32)(float *dst, const int8_t *src, long n, float scale);
 } qlm_kernel_table;
@@ -74,6 +82,8 @@ typedef struct {
                                     .bf16_to_f32 = bf16_to_f32,                                                 \
                                     .f32_to_f16 = f32_to_f16,                                                   \
                                     .f32_to_bf16 = f32_to_bf16,                                                 \
+                                    .bf16_x_form = bf16_x_form,                                                 \
+                                    .bf16_x_size = BF16_X_SIZE,                                                 \
                                     .i8_to_f32 = i8_to_f32}
 
 extern const qlm_kernel_table qlm_kernels_avx2;
@@ -127,7 +137,8 @@ static inline size_t qlm_weight_elem_size(qlm_dtype dt) {
 /* The activations weights of dtype w multiply (their activation form), the same on every path:
  * - BF16 weights take x rounded to BF16 (round to nearest even, as PyTorch's bf16 matmul does),
  *   so that CPUs with a BF16 dot product (two products per lane and instruction, no conversion
- *   of W) and those without give the same products; sums are F32.
+ *   of W) and those without give the same products; sums are F32. Those without keep it as F32
+ *   in their own order (qlm_kernel_table.bf16_x_form).
  * - I8 weights take x in the I16 form: 16-bit integers q with one scale s per row of x,
  *   x ~ q s (qlm_x_i16_scale), so W x is a sum of exact integer products, two per lane and
  *   instruction (AVX-512 VNNI's VPDPWSSD, or VPMADDWD), and memory rather than converting W to
