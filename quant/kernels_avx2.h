@@ -241,13 +241,17 @@ AVX2_FN void f32_to_bf16(uint16_t *dst, const float *src, long n) {
     for (; i < n; i++) dst[i] = qlm_f32_to_bf16(src[i]);
 }
 
+/* The BF16 rounding of v as F32. */
+AVX2_INLINE __m256 bf16_rounded(__m256 v) {
+    return _mm256_castsi256_ps(_mm256_slli_epi32(bf16_round(v), 16));
+}
+
 /* See qlm_kernel_table.bf16_x_form. */
 AVX2_FN void bf16_x_form(void *dst, const float *x, long n) {
     float *d = dst;
     long i = 0;
     for (; i + 16 <= n; i += 16) {
-        __m256 a = _mm256_castsi256_ps(_mm256_slli_epi32(bf16_round(_mm256_loadu_ps(x + i)), 16));
-        __m256 b = _mm256_castsi256_ps(_mm256_slli_epi32(bf16_round(_mm256_loadu_ps(x + i + 8)), 16));
+        __m256 a = bf16_rounded(_mm256_loadu_ps(x + i)), b = bf16_rounded(_mm256_loadu_ps(x + i + 8));
         /* shuffle_ps picks within 128-bit lanes; the permute puts the lanes' halves in order. */
         _mm256_storeu_ps(d + i, _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(a, b, 0x88)), 0xd8)));
         _mm256_storeu_ps(d + i + 8, _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(a, b, 0xdd)), 0xd8)));

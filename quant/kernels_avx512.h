@@ -135,11 +135,9 @@ AVX512_INLINE void gemm_step(__m512 acc[8][TILE_X], const char *x, long ldx, con
             gemm_step16(acc, x, ldx * 4, QLM_F32, w, stride, k + 16, nr, nx, dt, (__mmask16)(m >> 16));
             return;
         }
-        /* 32 BF16 weights are 16 lanes of pairs: shifted left, the even columns as F32; loaded
-         * with the even ones masked off, the odd ones. x holds the step's even columns, then its
-         * odd ones; every sum takes the even products before the odd ones. (Two loads of the
-         * weights rather than one and an AND: GCC merges two plain loads of the same vector
-         * and then spills it, short of general registers for eight row addresses.) */
+        /* 32 BF16 weights are 16 lanes of pairs: shifted left, the even columns as F32; with the
+         * even ones masked off, the odd ones. x holds the step's even columns, then its odd
+         * ones; every sum takes the even products before the odd ones. */
         if (nx == 1) {
             /* One x row (decode): a row's pairs loaded once, both halves taken from the register.
              * In two 32-byte loads, which GCC keeps in that register (a 64-byte load it folds into
@@ -158,6 +156,9 @@ AVX512_INLINE void gemm_step(__m512 acc[8][TILE_X], const char *x, long ldx, con
             }
             return;
         }
+        /* Several x rows: the two halves one after the other, each row's pairs loaded for each
+         * (the odd ones by a masked load: GCC merges two plain loads of one vector and then
+         * spills it, short of general registers for eight row addresses). */
         __m512 wv[8];
         QLM_UNROLL(2)
         for (int half = 0; half < 2; half++) {
