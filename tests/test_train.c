@@ -103,7 +103,12 @@ static void check_full(const char *name, int recompute) {
     }
     char path[600];
     snprintf(path, sizeof path, "%s/adamw_final.safetensors", f.dir);
-    if (test_path_exists(path)) compare_tensors(&t, f.dir, "adamw_final.safetensors", 'p', 1, 2e-4);
+    /* AdamW moves a weight by up to lr a step however small its gradient is, so a weight whose
+     * gradients lie near float32's rounding ends wherever the rounding led (gqa_tied's
+     * layers.0.mlp.up_proj[5978]: 0.0420883 in float64, 0.0421105 and 0.0421309 in torch's float32 on
+     * two machines, 0.0420306 and 0.0418909 with qlm's AVX2 and AVX-512 kernels). Such rare weights
+     * may lie up to one step away; every other within 1e-4. */
+    if (test_path_exists(path)) compare_tensors_outliers(&t, f.dir, "adamw_final.safetensors", 'p', 1, 1e-4, o.lr);
     close_case(&t, &m, &src, &f);
 }
 

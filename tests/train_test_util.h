@@ -37,14 +37,17 @@ static inline double ref_at(const cJSON *ref, const char *key, int i) {
 }
 
 /* Every trainable tensor's value (what = 'p') or gradient times grad_factor ('g') against dir/file's
- * tensor of the same name, which must hold exactly those tensors: max |diff| <= tol * max(1, max |ref|). */
-static inline void compare_tensors(const qlm_trainer *t, const char *dir, const char *file, char what,
-                                   double grad_factor, double tol) {
+ * tensor of the same name, which must hold exactly those tensors: |diff| <= tol * max(1, max |ref|)
+ * for each element, except that one in 10,000 of the file's elements (rounded down) may lie up to
+ * outlier_tol * that scale away. */
+static inline void compare_tensors_outliers(const qlm_trainer *t, const char *dir, const char *file, char what,
+                                            double grad_factor, double tol, double outlier_tol) {
     char path[600];
     snprintf(path, sizeof path, "%s/%s", dir, file);
     qlm_tensor_store *store = qlm_store_new();
     if (qlm_safetensors_load(path, store) != 0) fail_msg("%s", qlm_last_error());
     double worst = 0;
+    long total = 0, outliers = 0;
     const char *worst_name = "";
     const qlm_backend *be = t->arch->backend(t->model);
     for (int i = 0; i < t->n_t; i++) {
@@ -56,19 +59,30 @@ static inline void compare_tensors(const qlm_trainer *t, const char *dir, const 
         float *ours = malloc((size_t)e->n * sizeof *ours);
         assert_non_null(ours);
         be->to_host(ours, what == 'p' ? e->p : e->g, (size_t)e->n * sizeof *ours);
-        double max_ref = 1, diff = 0;
+        double max_ref = 1;
+        for (long k = 0; k < e->n; k++)
+            if (fabs(ref[k]) > max_ref) max_ref = fabs(ref[k]);
         for (long k = 0; k < e->n; k++) {
             double got = what == 'p' ? ours[k] : ours[k] * grad_factor;
-            if (fabs(ref[k]) > max_ref) max_ref = fabs(ref[k]);
-            if (fabs(ref[k] - got) > diff) diff = fabs(ref[k] - got);
+            double d = fabs(ref[k] - got) / max_ref;
+            outliers += d > tol;
+            if (d > worst) worst = d, worst_name = e->name;
         }
+        total += e->n;
         free(ours);
-        if (diff / max_ref > worst) worst = diff / max_ref, worst_name = e->name;
     }
-    print_message("%s: %d tensors, worst max|diff|/scale %.3g (%s)\n", path, t->n_t, worst, worst_name);
+    print_message("%s: %d tensors, worst |diff|/scale %.3g (%s), %ld of %ld elements beyond %.3g\n", path, t->n_t,
+                  worst, worst_name, outliers, total, tol);
     assert_int_equal(t->n_t, qlm_store_count(store));
-    assert_true(worst <= tol);
+    assert_true(outliers <= total / 10000);
+    assert_true(worst <= fmax(tol, outlier_tol));
     qlm_store_free(store);
+}
+
+/* The same with no element beyond tol. */
+static inline void compare_tensors(const qlm_trainer *t, const char *dir, const char *file, char what,
+                                   double grad_factor, double tol) {
+    compare_tensors_outliers(t, dir, file, what, grad_factor, tol, tol);
 }
 
 #endif
