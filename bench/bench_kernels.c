@@ -6,7 +6,7 @@
  * decode does (a whole model never fits in L3), so GB/s is comparable with the measured
  * bandwidth. --hot reuses one copy instead. GEMM reuses one copy (it is compute-bound).
  *
- * usage: bench_kernels [--isa scalar|avx2|avxvnni|avx512|avx512vnni|avx512bf16] [--hot] [--n N] [--quick] [--only gemv|gemm|attention] */
+ * usage: bench_kernels [--isa scalar|avx2|avxvnni|avx512|avx512vnni|avx512bf16|amx] [--hot] [--n N] [--quick] [--only gemv|gemm|attention] */
 #include <cblas.h>
 #include <omp.h>
 #include <stdint.h>
@@ -215,7 +215,7 @@ static int parse_args(int argc, char **argv, options *o) {
                 return -1;
             }
         } else {
-            fprintf(stderr, "usage: bench_kernels [--isa scalar|avx2|avxvnni|avx512|avx512vnni|avx512bf16] [--hot] [--n N] [--quick] [--only gemv|gemm|attention]\n");
+            fprintf(stderr, "usage: bench_kernels [--isa scalar|avx2|avxvnni|avx512|avx512vnni|avx512bf16|amx] [--hot] [--n N] [--quick] [--only gemv|gemm|attention]\n");
             return -1;
         }
     }

@@ -8,12 +8,21 @@
 #endif
 
 /* The panel tile for dt with group as a constant where the caller makes it one, and the tile's
- * rows of x: W8A8_TILE_X at a time, then 4, 2 and 1 below that (a row's result is the same in any
- * of them); the first tile prefetches pf (NULL: none). */
+ * rows of x: W8A8_AMX_ROWS at a time for Q8_0 where the table has AMX, W8A8_TILE_X at a time, then 4, 2 and 1
+ * below that (a row's result is the same in any of them); the first tile prefetches pf (NULL: none). */
 KERNEL_INLINE void w8a8_panel_rows(float *y, long ldy, const int8_t *x, long ldx, const float *xs,
                                    const int32_t *xsum, long runs_ld, int n, const char *panel, long cols, qlm_dtype dt,
                                    const int group, const char *pf) {
     int i = 0;
+#ifdef W8A8_AMX_ROWS
+    if (dt == QLM_Q8_0 && n >= W8A8_AMX_ROWS) {
+        amx_configure();
+        for (; i + W8A8_AMX_ROWS <= n; i += W8A8_AMX_ROWS)
+            w8a8_panel_amx(y + i * ldy, ldy, x + i * ldx, ldx, xs + i * runs_ld, runs_ld, panel, cols, group);
+        _tile_release();
+        pf = NULL;
+    }
+#endif
     for (; i + W8A8_TILE_X <= n; i += W8A8_TILE_X, pf = NULL)
         w8a8_panel(y + i * ldy, ldy, x + i * ldx, ldx, xs + i * runs_ld, xsum + i * runs_ld, runs_ld, panel, cols,
                    W8A8_TILE_X, dt, group, pf);

@@ -6,8 +6,9 @@
  * integer dot products multiply 16-bit integers (VPDPWSSD, I8 weights with x in the I16 form)
  * 32 columns per instruction and bytes (VPDPBUSD, W8A8 for block weights, kernel_w8a8.h) 64,
  * and AVX512_BF16DP: 1 where it also has AVX512_BF16, whose dot product multiplies
- * BF16 weights with BF16 activations (VDPBF16PS) without converting W to F32. matmul.c only
- * selects a table when the CPU (and the OS, for the ZMM state) supports its target. */
+ * BF16 weights with BF16 activations (VDPBF16PS) without converting W to F32; matmul_amx.c
+ * also defines AVX512_AMX (W8A8 through AMX tiles). matmul.c only selects a table when the CPU
+ * (and the OS, for the ZMM and tile state) supports its target. */
 #include "block_pack.h"
 #include "matmul_internal.h"
 
@@ -266,6 +267,9 @@ AVX512_INLINE void block_tile_g(float *y, long ldy, const int16_t *x, long ldx, 
 
 #if AVX512_VNNI
 #include "kernel_w8a8_vnni.h"
+#ifdef AVX512_AMX
+#include "kernel_w8a8_amx.h"
+#endif
 #else
 /* Rows of x a W8A8 tile takes: 4 x 2 accumulators and 4 x 2 16-bit sums, with the weights, in the
  * 32 registers. */

@@ -17,6 +17,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#if defined(__x86_64__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
 
 #include "../core/cpu_scratch.h"
 #include "../core/error.h"
@@ -241,6 +245,21 @@ static int cpuid_bit(unsigned leaf, unsigned subleaf, int reg, int bit) {
     unsigned r[4];
     return __get_cpuid_count(leaf, subleaf, &r[0], &r[1], &r[2], &r[3]) && (r[reg] >> bit & 1u);
 }
+
+/* Whether Linux lets this process use AMX's tile data (asked once; the grant covers every thread):
+ * without it the first tile instruction is an illegal instruction. */
+static int g_amx_permitted;
+
+static void ask_amx_permission(void) {
+    enum { ARCH_REQ_XCOMP_PERM = 0x1023, XFEATURE_XTILEDATA = 18 };
+    g_amx_permitted = syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0;
+}
+
+static int amx_permitted(void) {
+    static pthread_once_t once = PTHREAD_ONCE_INIT;
+    pthread_once(&once, ask_amx_permission);
+    return g_amx_permitted;
+}
 #endif
 
 /* The table for name if this CPU can run it, else NULL. */
@@ -257,18 +276,21 @@ static const qlm_kernel_table *table_named(const char *name) {
     if (strcmp(name, "avx512") == 0 && avx512) return &qlm_kernels_avx512;
     int vnni = avx512 && __builtin_cpu_supports("avx512vnni");
     if (strcmp(name, "avx512vnni") == 0 && vnni) return &qlm_kernels_avx512vnni;
-    if (strcmp(name, "avx512bf16") == 0 && vnni && __builtin_cpu_supports("avx512bf16"))
-        return &qlm_kernels_avx512bf16;
+    int bf16 = vnni && __builtin_cpu_supports("avx512bf16");
+    if (strcmp(name, "avx512bf16") == 0 && bf16) return &qlm_kernels_avx512bf16;
+    if (strcmp(name, "amx") == 0 && bf16 && cpuid_bit(7, 0, CPUID_EDX, 24) && cpuid_bit(7, 0, CPUID_EDX, 25) &&
+        amx_permitted())
+        return &qlm_kernels_amx;
 #endif
     return NULL;
 }
 
 static _Atomic(const qlm_kernel_table *) g_table;
 
-static const char *const k_isas[] = {"scalar", "avx2", "avxvnni", "avx512", "avx512vnni", "avx512bf16"};
+static const char *const k_isas[] = {"scalar", "avx2", "avxvnni", "avx512", "avx512vnni", "avx512bf16", "amx"};
 
 const char *qlm_matmul_isas(void) {
-    static char list[64];
+    static char list[96];
     if (!list[0])
         for (size_t i = 0; i < sizeof k_isas / sizeof k_isas[0]; i++)
             if (table_named(k_isas[i]))

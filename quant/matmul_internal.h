@@ -91,6 +91,7 @@ extern const qlm_kernel_table qlm_kernels_avxvnni;
 extern const qlm_kernel_table qlm_kernels_avx512;
 extern const qlm_kernel_table qlm_kernels_avx512vnni;
 extern const qlm_kernel_table qlm_kernels_avx512bf16;
+extern const qlm_kernel_table qlm_kernels_amx;
 #endif
 
 /* The table in use: the best the CPU supports, or the one forced by qlm_matmul_force_isa. */

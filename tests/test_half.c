@@ -12,7 +12,7 @@
 #define F16_TABLE "tests/fixtures/quant/f16_to_f32.bin"
 #define F32_CASES "tests/fixtures/quant/f32_cases.txt"
 
-static const char *const k_isas[] = {"scalar", "avx2", "avxvnni", "avx512", "avx512vnni", "avx512bf16"};
+static const char *const k_isas[] = {"scalar", "avx2", "avxvnni", "avx512", "avx512vnni", "avx512bf16", "amx"};
 
 static uint32_t fbits(float f) {
     uint32_t u;
