@@ -8,20 +8,17 @@
 #endif
 
 /* The panel tile for dt with group as a constant where the caller makes it one, and the tile's
- * rows of x: W8A8_AMX_ROWS at a time for Q8_0 where the table has AMX, W8A8_TILE_X at a time, then 4, 2 and 1
- * below that (a row's result is the same in any of them); the first tile prefetches pf (NULL: none). */
+ * rows of x: W8A8_AMX_ROWS at a time for Q8_0 where the table has AMX (gemm_w8a8_dt has configured
+ * the tiles), W8A8_TILE_X at a time, then 4, 2 and 1 below that (a row's result is the same in any
+ * of them); the first tile prefetches pf (NULL: none). */
 KERNEL_INLINE void w8a8_panel_rows(float *y, long ldy, const int8_t *x, long ldx, const float *xs,
                                    const int32_t *xsum, long runs_ld, int n, const char *panel, long cols, qlm_dtype dt,
                                    const int group, const char *pf) {
     int i = 0;
 #ifdef W8A8_AMX_ROWS
-    if (dt == QLM_Q8_0 && n >= W8A8_AMX_ROWS) {
-        amx_configure();
-        for (; i + W8A8_AMX_ROWS <= n; i += W8A8_AMX_ROWS)
+    if (dt == QLM_Q8_0)
+        for (; i + W8A8_AMX_ROWS <= n; i += W8A8_AMX_ROWS, pf = NULL)
             w8a8_panel_amx(y + i * ldy, ldy, x + i * ldx, ldx, xs + i * runs_ld, runs_ld, panel, cols, group);
-        _tile_release();
-        pf = NULL;
-    }
 #endif
     for (; i + W8A8_TILE_X <= n; i += W8A8_TILE_X, pf = NULL)
         w8a8_panel(y + i * ldy, ldy, x + i * ldx, ldx, xs + i * runs_ld, xsum + i * runs_ld, runs_ld, panel, cols,
@@ -52,6 +49,11 @@ KERNEL_INLINE void gemm_w8a8_dt(float *y, const int8_t *x, long ldx, const float
     const long runs = w->cols / QLM_X8_BLOCK;
     const size_t panel_bytes = QLM_PANEL_ROWS * qlm_dtype_row_bytes(dt, w->cols, w->group);
     const int p1 = r1 < qlm_panel_rows(w->rows) ? r1 : qlm_panel_rows(w->rows);
+#ifdef W8A8_AMX_ROWS
+    /* One tile configuration for this thread's panels. */
+    const int amx = dt == QLM_Q8_0 && n >= W8A8_AMX_ROWS && r0 < p1;
+    if (amx) amx_configure();
+#endif
     for (int p = r0; p < p1; p += QLM_PANEL_ROWS) {
         const char *panel = (const char *)w->data + (size_t)(p / QLM_PANEL_ROWS) * panel_bytes;
         const char *pf = p + QLM_PANEL_ROWS < p1 ? panel + panel_bytes : NULL;
@@ -63,6 +65,9 @@ KERNEL_INLINE void gemm_w8a8_dt(float *y, const int8_t *x, long ldx, const float
             for (int i = 0; i < n; i++)
                 for (int r = p; r < p + QLM_PANEL_ROWS; r++) y[(size_t)i * w->rows + r] += bias[r];
     }
+#ifdef W8A8_AMX_ROWS
+    if (amx) _tile_release();
+#endif
     if (p1 < r1) qlm_w8a8_rows(y, x, ldx, xs, xsum, n, w, p1 > r0 ? p1 : r0, r1, bias);
 }
 
