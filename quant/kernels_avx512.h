@@ -7,8 +7,9 @@
  * 32 columns per instruction and bytes (VPDPBUSD, W8A8 for block weights, kernel_w8a8.h) 64,
  * and AVX512_BF16DP: 1 where it also has AVX512_BF16, whose dot product multiplies
  * BF16 weights with BF16 activations (VDPBF16PS) without converting W to F32; matmul_amx.c
- * also defines AVX512_AMX (W8A8 through AMX tiles). matmul.c only selects a table when the CPU
- * (and the OS, for the ZMM and tile state) supports its target. */
+ * also defines AVX512_AMX (W8A8's Q8_0 and BF16 weights through AMX tiles). matmul.c only
+ * selects a table when the CPU (and the OS, for the ZMM and tile state) supports its target. */
+#include "../core/cpu_scratch.h"
 #include "block_pack.h"
 #include "matmul_internal.h"
 
@@ -454,6 +455,11 @@ AVX512_INLINE void weighted_sum_dt(float *o, const float *p, int g, long ldp, co
 
 #include "kernel_rows.h"
 
-QLM_SIMD_KERNEL_TABLE(AVX512_TABLE, AVX512_NAME);
+#ifdef AVX512_AMX
+#include "kernel_bf16_amx.h"
+QLM_SIMD_KERNEL_TABLE(AVX512_TABLE, AVX512_NAME, gemm_amx);
+#else
+QLM_SIMD_KERNEL_TABLE(AVX512_TABLE, AVX512_NAME, gemm);
+#endif
 
 #endif

@@ -278,8 +278,9 @@ static const qlm_kernel_table *table_named(const char *name) {
     if (strcmp(name, "avx512vnni") == 0 && vnni) return &qlm_kernels_avx512vnni;
     int bf16 = vnni && __builtin_cpu_supports("avx512bf16");
     if (strcmp(name, "avx512bf16") == 0 && bf16) return &qlm_kernels_avx512bf16;
-    if (strcmp(name, "amx") == 0 && bf16 && cpuid_bit(7, 0, CPUID_EDX, 24) && cpuid_bit(7, 0, CPUID_EDX, 25) &&
-        amx_permitted())
+    /* AMX-BF16, AMX-TILE and AMX-INT8, and the tile state granted. */
+    if (strcmp(name, "amx") == 0 && bf16 && cpuid_bit(7, 0, CPUID_EDX, 22) && cpuid_bit(7, 0, CPUID_EDX, 24) &&
+        cpuid_bit(7, 0, CPUID_EDX, 25) && amx_permitted())
         return &qlm_kernels_amx;
 #endif
     return NULL;

@@ -68,10 +68,10 @@ typedef struct {
 #endif
 
 #if defined(__x86_64__)
-/* A SIMD file's table: every one names its kernels alike. */
-#define QLM_SIMD_KERNEL_TABLE(table, table_name)                                                               \
+/* A SIMD file's table: every one names its kernels alike (its gemm may be another's front). */
+#define QLM_SIMD_KERNEL_TABLE(table, table_name, gemm_fn)                                                      \
     const qlm_kernel_table table = {.name = table_name,                                                         \
-                                    .gemm = gemm,                                                               \
+                                    .gemm = gemm_fn,                                                            \
                                     .quantize_i16 = quantize_i16,                                               \
                                     .quantize_i8 = quantize_i8,                                                 \
                                     .gemm_w8a8 = gemm_w8a8,                                                     \

@@ -526,6 +526,53 @@ static void test_thread_count_invariance(void **state) {
     thread_count_width(128);
 }
 
+/* A row of x gets the same floats whatever rows share its call (a sequence decodes the same alone
+ * and in a batch, and a prompt's last row as its decode would), on every ISA and dtype: x's rows
+ * alone, in a call of 17 from row 3, and all 40 in one. Widths of whole 32 columns take BF16
+ * through AMX's tiles where the CPU has them, with fewer than 16 rows of x and with more (two
+ * layouts), over weights that end inside a block of 16 rows. */
+static void batch_width(const int rows, const int cols) {
+    const int n = 40, part = 17, from = 3;
+    float *src = malloc((size_t)rows * cols * sizeof(float)), *x = malloc((size_t)n * cols * sizeof(float));
+    float *all = malloc((size_t)n * rows * sizeof(float)), *some = malloc((size_t)part * rows * sizeof(float));
+    float *one = malloc((size_t)rows * sizeof(float));
+    assert_true(src && x && all && some && one);
+    for (long i = 0; i < (long)rows * cols; i++) src[i] = frand();
+    for (long i = 0; i < (long)n * cols; i++) x[i] = frand();
+    const char *orig = qlm_matmul_isa();
+    for (size_t ii = 0; ii < sizeof k_isas / sizeof k_isas[0]; ii++) {
+        if (qlm_matmul_force_isa(k_isas[ii]) != 0) continue;
+        for (int ki = 0; ki < NKINDS; ki++) {
+            if (!kind_fits(&k_kinds[ki], cols)) continue;
+            test_weight t;
+            make_weight(&t, &k_kinds[ki], src, rows, cols);
+            qlm_matmul(all, x, n, &t.w, NULL);
+            qlm_matmul(some, x + (size_t)from * cols, part, &t.w, NULL);
+            for (int i = 0; i < n; i++) {
+                qlm_matmul(one, x + (size_t)i * cols, 1, &t.w, NULL);
+                if (memcmp(one, all + (size_t)i * rows, rows * sizeof *one) != 0)
+                    fail_msg("%s %dx%d %s: row %d alone differs from the call of %d", k_kinds[ki].name, rows, cols, k_isas[ii], i, n);
+                if (i >= from && i < from + part && memcmp(one, some + (size_t)(i - from) * rows, rows * sizeof *one) != 0)
+                    fail_msg("%s %dx%d %s: row %d alone differs from the call of %d", k_kinds[ki].name, rows, cols, k_isas[ii], i, part);
+            }
+            free_weight(&t);
+        }
+    }
+    assert_int_equal(qlm_matmul_force_isa(orig), 0);
+    free(src);
+    free(x);
+    free(all);
+    free(some);
+    free(one);
+}
+
+static void test_batch_invariance(void **state) {
+    (void)state;
+    batch_width(37, 64);
+    batch_width(100, 576);
+    batch_width(21, 40);
+}
+
 /* The attention kernels on every ISA: scores of n query rows against strided key rows, and the
  * weighted sum of strided value rows, for head sizes that are not multiples of the vector width,
  * with F32 keys and values and with BF16 ones (the queries then rounded to BF16 as well). */
@@ -780,6 +827,7 @@ int main(void) {
         cmocka_unit_test(test_panels_round_trip), cmocka_unit_test(test_w8a8_extreme_bytes),
         cmocka_unit_test(test_matmul_group), cmocka_unit_test(test_rope_rows),   cmocka_unit_test(test_odd_shapes),
         cmocka_unit_test(test_threaded_shapes), cmocka_unit_test(test_block_shapes), cmocka_unit_test(test_thread_count_invariance),
+        cmocka_unit_test(test_batch_invariance),
         cmocka_unit_test(test_vs_torch),
         cmocka_unit_test(test_attention_kernels),
         cmocka_unit_test(test_exp),
