@@ -20,9 +20,6 @@
 #include "../quant/quantize.h"
 #include "../core/cpu_scratch.h"
 
-/* From this many query rows of one sequence on, the sgemm form is faster. */
-#define SGEMM_MIN_ROWS 16
-
 /* Keys row i of the call sees: its sequence's fixed count, or the causal prefix 0..pos[i]. */
 static int keys_of(const qlm_attn_shape *sh, const int *pos, int i) {
     if (!sh->n_keys) return pos[i] + 1;

@@ -118,18 +118,27 @@ AVX512_INLINE void bf16_amx_tiles(const uint16_t *xa, long lda, const uint16_t *
     }
 }
 
-/* Rows [r0, r1) of y = x W^T (+ bias) for BF16 W with cols a multiple of BF16_AMX_COLS, x in BF16
- * rows ldx elements apart; pad: room for the panels and 16 padded rows of x. */
-AVX512_INLINE void gemm_bf16_amx(float *y, const uint16_t *x, long ldx, int n, const qlm_weight *w, int r0, int r1,
-                                 const float *bias, uint16_t *room) {
-    const long cols = w->cols, chunks = cols / BF16_AMX_COLS, ldy = w->rows;
-    const size_t stride = (size_t)cols;
+/* The BF16 rows W the tiles multiply: rows of cols elements (a multiple of BF16_AMX_COLS), stride
+ * elements apart, of which there are rows (a weight's, or a chunk of attention's keys). */
+typedef struct {
+    const uint16_t *data;
+    size_t stride;
+    int rows;
+    long cols;
+} bf16_rows;
+
+/* Rows [r0, r1) of y = x W^T (+ bias), y's rows ldy floats apart, x in BF16 rows ldx elements
+ * apart; room: the two panels and 16 padded rows of x. */
+AVX512_INLINE void gemm_bf16_amx(float *y, long ldy, const uint16_t *x, long ldx, int n, const bf16_rows *w, int r0,
+                                 int r1, const float *bias, uint16_t *room) {
+    const long cols = w->cols, chunks = cols / BF16_AMX_COLS;
+    const size_t stride = w->stride;
     const uint16_t *wd = w->data;
     uint16_t *pa = room, *pb = room + chunks * BF16_AMX_CHUNK, *xpad = pb + chunks * BF16_AMX_CHUNK;
     const int whole = n - n % BF16_AMX_ROWS;
     if (whole < n) {
-        for (int i = whole; i < n; i++) memcpy(xpad + (i - whole) * stride, x + i * ldx, stride * sizeof *x);
-        memset(xpad + (n - whole) * stride, 0, (size_t)(BF16_AMX_ROWS - (n - whole)) * stride * sizeof *x);
+        for (int i = whole; i < n; i++) memcpy(xpad + (i - whole) * cols, x + i * ldx, (size_t)cols * sizeof *x);
+        memset(xpad + (n - whole) * cols, 0, (size_t)(BF16_AMX_ROWS - (n - whole)) * cols * sizeof *x);
     }
     bf16_amx_configure();
     for (int t = r0; t < r1; t += 2 * BF16_AMX_ROWS) {
@@ -185,30 +194,31 @@ AVX512_INLINE void bf16_amx_configure_few(int n) {
     _tile_loadconfig(&c);
 }
 
-/* The sums of 16 weight rows from w (stride bytes from row to row) with the n columns of xp over
- * all chunks, in tile 0, prefetching BF16_AMX_AHEAD chunks ahead in these rows or, past their end,
- * in the npf rows at pf. */
-AVX512_INLINE void bf16_amx_few_tile(const uint16_t *w, long stride, const uint32_t *xp, int n, long chunks,
-                                     const uint16_t *pf, int npf) {
-    const long row = stride / 2;
+/* The sums of 16 weight rows from w (ld elements from row to row) with the n columns of xp over all
+ * chunks, in tile 0, prefetching BF16_AMX_AHEAD chunks ahead in these rows or, past their end, in
+ * the npf rows at pf (pf_ld elements apart). */
+AVX512_INLINE void bf16_amx_few_tile(const uint16_t *w, long ld, const uint32_t *xp, int n, long chunks,
+                                     const uint16_t *pf, long pf_ld, int npf) {
     _tile_zero(0);
     for (long c = 0; c < chunks; c++) {
         const long ahead = c + BF16_AMX_AHEAD;
         if (ahead < chunks)
-            for (int j = 0; j < BF16_AMX_ROWS; j++) _mm_prefetch((const char *)(w + j * row + ahead * BF16_AMX_COLS), _MM_HINT_T0);
+            for (int j = 0; j < BF16_AMX_ROWS; j++) _mm_prefetch((const char *)(w + j * ld + ahead * BF16_AMX_COLS), _MM_HINT_T0);
         else
-            for (int j = 0; j < npf; j++) _mm_prefetch((const char *)(pf + j * row + (ahead - chunks) * BF16_AMX_COLS), _MM_HINT_T0);
+            for (int j = 0; j < npf; j++)
+                _mm_prefetch((const char *)(pf + j * pf_ld + (ahead - chunks) * BF16_AMX_COLS), _MM_HINT_T0);
         _tile_loadd(2, xp + c * BF16_AMX_ROWS * n, 4 * n);
-        _tile_loadd(1, w + c * BF16_AMX_COLS, stride);
+        _tile_loadd(1, w + c * BF16_AMX_COLS, ld * 2);
         _tile_dpbf16ps(0, 1, 2);
     }
 }
 
 /* gemm_bf16_amx for n < BF16_AMX_ROWS; room: n cols elements for x's columns (n > 1) and 16 cols
- * for the matrix's last rows, zero-padded to a whole block. */
-AVX512_INLINE void gemm_bf16_amx_few(float *y, const uint16_t *x, long ldx, int n, const qlm_weight *w, int r0, int r1,
-                                     const float *bias, uint16_t *room) {
-    const long cols = w->cols, chunks = cols / BF16_AMX_COLS, ldy = w->rows, pairs = cols / 2;
+ * for W's last rows, zero-padded to a whole block. */
+AVX512_INLINE void gemm_bf16_amx_few(float *y, long ldy, const uint16_t *x, long ldx, int n, const bf16_rows *w, int r0,
+                                     int r1, const float *bias, uint16_t *room) {
+    const long cols = w->cols, chunks = cols / BF16_AMX_COLS, pairs = cols / 2;
+    const size_t stride = w->stride;
     const uint16_t *wd = w->data;
     const uint32_t *xp = (const uint32_t *)x;
     uint16_t *wpad = room + (n > 1 ? n * cols : 0);
@@ -224,14 +234,16 @@ AVX512_INLINE void gemm_bf16_amx_few(float *y, const uint16_t *x, long ldx, int 
     for (int t = r0; t < r1; t += BF16_AMX_ROWS) {
         const int nw = r1 - t < BF16_AMX_ROWS ? r1 - t : BF16_AMX_ROWS;
         const int npf = r1 - t - nw < BF16_AMX_ROWS ? r1 - t - nw : BF16_AMX_ROWS;
-        const uint16_t *wt = wd + (size_t)t * cols;
+        const uint16_t *wt = wd + (size_t)t * stride;
+        long ld = (long)stride;
         if (t + BF16_AMX_ROWS > w->rows) {
-            /* The matrix ends within this block: its rows from a zero-padded copy. */
-            memcpy(wpad, wt, (size_t)(w->rows - t) * cols * sizeof *wpad);
+            /* W ends within this block: its rows from a zero-padded copy. */
+            for (int r = 0; r < w->rows - t; r++) memcpy(wpad + r * cols, wt + r * stride, (size_t)cols * sizeof *wpad);
             memset(wpad + (w->rows - t) * cols, 0, (size_t)(t + BF16_AMX_ROWS - w->rows) * cols * sizeof *wpad);
             wt = wpad;
+            ld = cols;
         }
-        bf16_amx_few_tile(wt, cols * 2, xp, n, chunks, wd + (size_t)(t + nw) * cols, npf);
+        bf16_amx_few_tile(wt, ld, xp, n, chunks, wd + (size_t)(t + nw) * stride, (long)stride, npf);
         float stage[BF16_AMX_ROWS * BF16_AMX_ROWS];
         float *dst = n == 1 && nw == BF16_AMX_ROWS ? y + t : stage;
         _tile_stored(0, dst, 4 * n);
@@ -245,22 +257,34 @@ AVX512_INLINE void gemm_bf16_amx_few(float *y, const uint16_t *x, long ldx, int 
     _tile_release();
 }
 
-/* The AMX table's gemm: BF16 weights with whole chunks of columns through the tiles, every other
- * product through the vector kernels. Without room for the panels it takes the vector kernel
- * too: correct, but rounded as VDPBF16PS rounds. */
+/* y = x W^T (+ bias) through the tiles for rows [r0, r1) of W, in the layout n asks for; 0, or -1
+ * without room for the panels. */
+AVX512_INLINE int bf16_amx(float *y, long ldy, const uint16_t *x, long ldx, int n, const bf16_rows *w, int r0, int r1,
+                           const float *bias) {
+    /* Two panels and 16 padded rows, or n - 1 < 16 rows of x's columns and 16 padded rows. */
+    uint16_t *room = qlm_cpu_scratch_bytes(&t_bf16_amx, (size_t)w->cols * (2 + 1) * BF16_AMX_ROWS * 2);
+    if (!room) return -1;
+    if (n < BF16_AMX_ROWS)
+        gemm_bf16_amx_few(y, ldy, x, ldx, n, w, r0, r1, bias, room);
+    else
+        gemm_bf16_amx(y, ldy, x, ldx, n, w, r0, r1, bias, room);
+    return 0;
+}
+
+/* The AMX table's gemm and dot_rows: BF16 rows with whole chunks of columns through the tiles,
+ * every other product through the vector kernels. Without room for the panels they take the
+ * vector kernel too: correct, but rounded as VDPBF16PS rounds. */
 AVX512_FN void gemm_amx(float *y, const void *x, long ldx, const float *x_scale, int n, const qlm_weight *w, int r0,
                         int r1, const float *bias) {
-    if (w->dtype == QLM_BF16 && w->cols % BF16_AMX_COLS == 0 && r0 < r1) {
-        /* Two panels and 16 padded rows, or n - 1 < 16 rows of x's columns and 16 padded rows. */
-        uint16_t *room = qlm_cpu_scratch_bytes(&t_bf16_amx, (size_t)w->cols * (2 + 1) * BF16_AMX_ROWS * 2);
-        if (room && n < BF16_AMX_ROWS) {
-            gemm_bf16_amx_few(y, x, ldx, n, w, r0, r1, bias, room);
-            return;
-        }
-        if (room) {
-            gemm_bf16_amx(y, x, ldx, n, w, r0, r1, bias, room);
-            return;
-        }
-    }
-    gemm(y, x, ldx, x_scale, n, w, r0, r1, bias);
+    const bf16_rows rows = {w->data, (size_t)w->cols, w->rows, w->cols};
+    if (w->dtype != QLM_BF16 || w->cols % BF16_AMX_COLS != 0 || r0 >= r1 ||
+        bf16_amx(y, w->rows, x, ldx, n, &rows, r0, r1, bias) != 0)
+        gemm(y, x, ldx, x_scale, n, w, r0, r1, bias);
+}
+
+AVX512_FN void dot_rows_amx(float *y, long ldy, const void *x, int n, const void *w, size_t w_stride, int rows,
+                            long cols, qlm_dtype dt) {
+    const bf16_rows r = {w, w_stride, rows, cols};
+    if (dt != QLM_BF16 || cols % BF16_AMX_COLS != 0 || bf16_amx(y, ldy, x, cols, n, &r, 0, rows, NULL) != 0)
+        dot_rows(y, ldy, x, n, w, w_stride, rows, cols, dt);
 }

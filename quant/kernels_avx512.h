@@ -457,9 +457,9 @@ AVX512_INLINE void weighted_sum_dt(float *o, const float *p, int g, long ldp, co
 
 #ifdef AVX512_AMX
 #include "kernel_bf16_amx.h"
-QLM_SIMD_KERNEL_TABLE(AVX512_TABLE, AVX512_NAME, gemm_amx);
+QLM_SIMD_KERNEL_TABLE(AVX512_TABLE, AVX512_NAME, gemm_amx, dot_rows_amx);
 #else
-QLM_SIMD_KERNEL_TABLE(AVX512_TABLE, AVX512_NAME, gemm);
+QLM_SIMD_KERNEL_TABLE(AVX512_TABLE, AVX512_NAME, gemm, dot_rows);
 #endif
 
 #endif

@@ -68,14 +68,15 @@ typedef struct {
 #endif
 
 #if defined(__x86_64__)
-/* A SIMD file's table: every one names its kernels alike (its gemm may be another's front). */
-#define QLM_SIMD_KERNEL_TABLE(table, table_name, gemm_fn)                                                      \
+/* A SIMD file's table: every one names its kernels alike (its gemm and dot_rows may be fronts of
+ * them). */
+#define QLM_SIMD_KERNEL_TABLE(table, table_name, gemm_fn, dot_rows_fn)                                         \
     const qlm_kernel_table table = {.name = table_name,                                                         \
                                     .gemm = gemm_fn,                                                            \
                                     .quantize_i16 = quantize_i16,                                               \
                                     .quantize_i8 = quantize_i8,                                                 \
                                     .gemm_w8a8 = gemm_w8a8,                                                     \
-                                    .dot_rows = dot_rows,                                                       \
+                                    .dot_rows = dot_rows_fn,                                                    \
                                     .weighted_sum = weighted_sum,                                               \
                                     .exp = exp_f32,                                                             \
                                     .f16_to_f32 = f16_to_f32,                                                   \

@@ -573,9 +573,10 @@ static void test_batch_invariance(void **state) {
     batch_width(21, 40);
 }
 
-/* The attention kernels on every ISA: scores of n query rows against strided key rows, and the
- * weighted sum of strided value rows, for head sizes that are not multiples of the vector width,
- * with F32 keys and values and with BF16 ones (the queries then rounded to BF16 as well). */
+/* The attention kernels on every ISA: scores of n query rows (5, and 20: AMX's two layouts)
+ * against strided key rows, each row's the same alone, and the weighted sum of strided value rows,
+ * for head sizes that are not multiples of the vector width, with F32 keys and values and with
+ * BF16 ones (the queries then rounded to BF16 as well). */
 static double round_to(float v, qlm_dtype dt) {
     return dt == QLM_BF16 ? qlm_bf16_to_f32(qlm_f32_to_bf16(v)) : v;
 }
@@ -583,17 +584,18 @@ static double round_to(float v, qlm_dtype dt) {
 static void test_attention_kernels(void **state) {
     (void)state;
     static const int dims[] = {1, 7, 16, 17, 48, 55, 64, 70, 128};
-    const int n = 5, rows = 37, stride = 300;
-    float *kv = malloc((size_t)rows * stride * sizeof *kv), *x = malloc((size_t)n * 128 * sizeof *x);
+    const int most = 20, rows = 37, stride = 300;
+    float *kv = malloc((size_t)rows * stride * sizeof *kv), *x = malloc((size_t)most * 128 * sizeof *x);
     uint16_t *kvb = malloc((size_t)rows * stride * sizeof *kvb);
-    float *xb = malloc((size_t)n * 128 * sizeof *xb);
-    float *y = malloc((size_t)n * rows * sizeof *y), *o = malloc((size_t)n * 128 * sizeof *o);
-    double *ref = malloc((size_t)n * 128 * sizeof *ref), *mag = malloc((size_t)n * 128 * sizeof *mag); /* rows < 128 */
-    assert_true(kv && x && kvb && xb && y && o && ref && mag);
+    float *xb = malloc((size_t)most * 128 * sizeof *xb), *one = malloc((size_t)rows * sizeof *one);
+    float *y = malloc((size_t)most * rows * sizeof *y), *o = malloc((size_t)most * 128 * sizeof *o);
+    double *ref = malloc((size_t)most * 128 * sizeof *ref), *mag = malloc((size_t)most * 128 * sizeof *mag); /* rows < 128 */
+    assert_true(kv && x && kvb && xb && one && y && o && ref && mag);
     for (int i = 0; i < rows * stride; i++) kv[i] = frand();
     qlm_convert_from_f32(kvb, QLM_BF16, kv, (long)rows * stride);
     const char *orig = qlm_matmul_isa();
-    for (int bf = 0; bf < 2; bf++) {
+    for (int pass = 0; pass < 4; pass++) {
+        const int n = pass < 2 ? 5 : most, bf = pass % 2;
         const qlm_dtype dt = bf ? QLM_BF16 : QLM_F32;
         const void *keys = bf ? (const void *)(kvb + 3) : kv + 3, *values = bf ? (const void *)(kvb + 5) : kv + 5;
         for (size_t di = 0; di < sizeof dims / sizeof dims[0]; di++) {
@@ -605,7 +607,14 @@ static void test_attention_kernels(void **state) {
                 /* BF16 keys meet x in the form of the kernels in use. */
                 for (int i = 0; bf && i < n; i++)
                     qlm_bf16_x_form((char *)xb + (size_t)i * hd * qlm_bf16_x_size(), x + i * hd, hd);
+                const size_t x_row = bf ? hd * qlm_bf16_x_size() : hd * sizeof(float);
                 qlm_dot_rows(y, rows, bf ? (const void *)xb : x, n, keys, stride, rows, hd, dt);
+                for (int i = 0; i < n; i++) {
+                    qlm_dot_rows(one, rows, (const char *)(bf ? (const void *)xb : x) + i * x_row, 1, keys, stride, rows, hd, dt);
+                    if (memcmp(one, y + (size_t)i * rows, rows * sizeof *one) != 0)
+                        fail_msg("dot_rows %s hd=%d %s: query %d alone differs from the call of %d", qlm_dtype_name(dt), hd,
+                                 k_isas[ii], i, n);
+                }
                 for (int i = 0; i < n; i++)
                     for (int r = 0; r < rows; r++) {
                         double s = 0, m = 0;
@@ -637,7 +646,7 @@ static void test_attention_kernels(void **state) {
         }
     }
     assert_int_equal(qlm_matmul_force_isa(orig), 0);
-    free(kv), free(x), free(kvb), free(xb), free(y), free(o), free(ref), free(mag);
+    free(kv), free(x), free(kvb), free(xb), free(one), free(y), free(o), free(ref), free(mag);
 }
 
 /* Units in the last place between a and the double b, at b's scale. */
