@@ -18,7 +18,8 @@
 /* BF16 elements of one chunk of a panel: a B tile. */
 #define BF16_AMX_CHUNK (BF16_AMX_ROWS * BF16_AMX_COLS)
 
-/* The calling thread's two panels and its padded rows of x, kept across calls. */
+/* The calling thread's room for what the tiles read repacked (panels, padded rows, x's columns),
+ * kept across calls. */
 static _Thread_local qlm_cpu_scratch t_bf16_amx;
 
 /* Tiles 0-3: the 2 x 2 blocks of 16 x 16 F32 sums; 4-5: two blocks of 16 rows of x; 6-7: a chunk
