@@ -25,11 +25,8 @@ static _Thread_local qlm_cpu_scratch t_bf16_amx;
 /* Tiles 0-3: the 2 x 2 blocks of 16 x 16 F32 sums; 4-5: two blocks of 16 rows of x; 6-7: a chunk
  * of each of two panels. All are 16 rows of 64 bytes. */
 AVX512_INLINE void bf16_amx_configure(void) {
-    amx_tile_config c;
-    memset(&c, 0, sizeof c);
-    c.palette = 1;
-    for (int t = 0; t < 8; t++) c.rows[t] = BF16_AMX_ROWS, c.colsb[t] = 64;
-    _tile_loadconfig(&c);
+    amx_load_tiles(8, (const uint8_t[]){16, 16, 16, 16, 16, 16, 16, 16},
+                   (const uint16_t[]){64, 64, 64, 64, 64, 64, 64, 64});
 }
 
 /* r[i] lane j <- r[j] lane i, for 16 x 16 32-bit lanes: pairs within 128-bit lanes, then their
@@ -188,11 +185,8 @@ AVX512_INLINE void gemm_bf16_amx(float *y, long ldy, const uint16_t *x, long ldx
 #define BF16_AMX_AHEAD 4
 
 AVX512_INLINE void bf16_amx_configure_few(int n) {
-    amx_tile_config c;
-    memset(&c, 0, sizeof c);
-    c.palette = 1;
-    for (int t = 0; t < 3; t++) c.rows[t] = BF16_AMX_ROWS, c.colsb[t] = (uint16_t)(t == 1 ? 64 : 4 * n);
-    _tile_loadconfig(&c);
+    const uint16_t x_bytes = (uint16_t)(4 * n);
+    amx_load_tiles(3, (const uint8_t[]){16, 16, 16}, (const uint16_t[]){x_bytes, 64, x_bytes});
 }
 
 /* The sums of 16 weight rows from w (ld elements from row to row) with the n columns of xp over all

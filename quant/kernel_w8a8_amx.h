@@ -12,22 +12,24 @@
 /* Rows of x one AMX panel tile takes. */
 #define W8A8_AMX_ROWS 16
 
-/* The tile configuration: tile 0 the 16 x 16 int32 sums, tile 1 16 rows of 32 bytes of x, tile 2
- * the 8 rows of 64 bytes of one run of the panel. */
-typedef struct {
-    uint8_t palette, start_row, reserved[14];
-    uint16_t colsb[16];
-    uint8_t rows[16];
-} amx_tile_config;
-
-AVX512_INLINE void amx_configure(void) {
-    amx_tile_config c;
+/* Configures tiles 0..count-1 (palette 1): tile t rows[t] rows of colsb[t] bytes. Every AMX
+ * kernel (this file's and kernel_bf16_amx.h's) loads its own at the start of a call. */
+AVX512_INLINE void amx_load_tiles(int count, const uint8_t *rows, const uint16_t *colsb) {
+    struct {
+        uint8_t palette, start_row, reserved[14];
+        uint16_t colsb[16];
+        uint8_t rows[16];
+    } c;
     memset(&c, 0, sizeof c);
     c.palette = 1;
-    c.rows[0] = 16, c.colsb[0] = 64;
-    c.rows[1] = 16, c.colsb[1] = QLM_X8_BLOCK;
-    c.rows[2] = 8, c.colsb[2] = 64;
+    for (int t = 0; t < count; t++) c.rows[t] = rows[t], c.colsb[t] = colsb[t];
     _tile_loadconfig(&c);
+}
+
+/* Tile 0 the 16 x 16 int32 sums, tile 1 16 rows of 32 bytes of x, tile 2 the 8 rows of 64 bytes of
+ * one run of the panel. */
+AVX512_INLINE void amx_configure(void) {
+    amx_load_tiles(3, (const uint8_t[]){16, 16, 8}, (const uint16_t[]){64, QLM_X8_BLOCK, 64});
 }
 
 /* One Q8_0 panel against W8A8_AMX_ROWS rows of x, as w8a8_panel with nx = 16 computes it. */
