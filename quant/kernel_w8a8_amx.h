@@ -13,7 +13,7 @@
 #define W8A8_AMX_ROWS 16
 
 /* Configures tiles 0..count-1 (palette 1): tile t rows[t] rows of colsb[t] bytes. Every AMX
- * kernel (this file's and kernel_bf16_amx.h's) loads its own at the start of a call. */
+ * kernel (this file's and kernel_amx.h's) loads its own at the start of a call. */
 AVX512_INLINE void amx_load_tiles(int count, const uint8_t *rows, const uint16_t *colsb) {
     struct {
         uint8_t palette, start_row, reserved[14];

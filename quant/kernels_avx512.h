@@ -7,7 +7,7 @@
  * 32 columns per instruction and bytes (VPDPBUSD, W8A8 for block weights, kernel_w8a8.h) 64,
  * and AVX512_BF16DP: 1 where it also has AVX512_BF16, whose dot product multiplies
  * BF16 weights with BF16 activations (VDPBF16PS) without converting W to F32; matmul_amx.c
- * also defines AVX512_AMX (W8A8's Q8_0 and BF16 weights through AMX tiles). matmul.c only
+ * also defines AVX512_AMX (W8A8's Q8_0, BF16 and INT8 weights through AMX tiles). matmul.c only
  * selects a table when the CPU (and the OS, for the ZMM and tile state) supports its target. */
 #include "../core/cpu_scratch.h"
 #include "block_pack.h"
@@ -456,7 +456,7 @@ AVX512_INLINE void weighted_sum_dt(float *o, const float *p, int g, long ldp, co
 #include "kernel_rows.h"
 
 #ifdef AVX512_AMX
-#include "kernel_bf16_amx.h"
+#include "kernel_amx.h"
 QLM_SIMD_KERNEL_TABLE(AVX512_TABLE, AVX512_NAME, gemm_amx, dot_rows_amx);
 #else
 QLM_SIMD_KERNEL_TABLE(AVX512_TABLE, AVX512_NAME, gemm, dot_rows);

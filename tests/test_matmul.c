@@ -366,37 +366,105 @@ static void test_rope_rows(void **state) {
 }
 
 /* The largest products the I16 form makes (|q| = 32767 against |w| = 127, all of one sign) over
- * a long row: integer partial sums must not overflow on any path. */
+ * long rows, one width for the vector kernels and one for AMX's tiles (a multiple of 64), one row
+ * of x and 17 (the tiles' two layouts), rows of x of both signs (the tiles' high byte -128 and low
+ * byte 255 of q = -32767 and 32767): integer partial sums must not overflow on any path. */
 static void test_i8_extreme_sums(void **state) {
     (void)state;
-    const int rows = 5, cols = 12000;
-    float *src = malloc((size_t)rows * cols * sizeof *src), *x = malloc(cols * sizeof *x), y[5];
-    assert_true(src && x);
-    for (long i = 0; i < (long)rows * cols; i++) src[i] = i / cols == 2 ? -1.0f : 1.0f;
-    for (int k = 0; k < cols; k++) x[k] = 3.0f;
-    test_weight t;
-    make_weight(&t, &k_kinds[3], src, rows, cols);
+    enum { ROWS = 5, N = 17 };
+    static const int widths[] = {12000, 12032};
+    for (int wi = 0; wi < 2; wi++) {
+        const int cols = widths[wi];
+        float *src = malloc((size_t)ROWS * cols * sizeof *src), *x = malloc((size_t)N * cols * sizeof *x), y[N * ROWS];
+        assert_true(src && x);
+        for (long i = 0; i < (long)ROWS * cols; i++) src[i] = i / cols == 2 ? -1.0f : 1.0f;
+        for (long i = 0; i < (long)N * cols; i++) x[i] = i / cols % 2 ? -3.0f : 3.0f;
+        test_weight t;
+        make_weight(&t, &k_kinds[3], src, ROWS, cols);
+        const char *orig = qlm_matmul_isa();
+        for (size_t ii = 0; ii < sizeof k_isas / sizeof k_isas[0]; ii++) {
+            if (qlm_matmul_force_isa(k_isas[ii]) != 0) continue;
+            for (int n = 1; n <= N; n += N - 1) {
+                qlm_matmul(y, x, n, &t.w, NULL);
+                for (int i = 0; i < n; i++)
+                    for (int o = 0; o < ROWS; o++) {
+                        double want = (o == 2 ? -3.0 : 3.0) * (i % 2 ? -1 : 1) * cols;
+                        if (!(fabs(y[i * ROWS + o] - want) <= 1e-5 * fabs(want)))
+                            fail_msg("%s %d cols n=%d: y[%d][%d] = %.9g, want %.9g", k_isas[ii], cols, n, i, o, y[i * ROWS + o], want);
+                    }
+            }
+            /* A NaN or infinity in x makes every product NaN, as it would with F32 x. */
+            for (int bad = 0; bad < 2; bad++) {
+                x[cols - 3] = bad ? INFINITY : NAN;
+                qlm_matmul(y, x, 1, &t.w, NULL);
+                for (int o = 0; o < ROWS; o++)
+                    if (!isnan(y[o])) fail_msg("%s: y[%d] = %.9g with x[%d] = %g, want NaN", k_isas[ii], o, y[o], cols - 3, x[cols - 3]);
+                x[cols - 3] = 3.0f;
+            }
+        }
+        assert_int_equal(qlm_matmul_force_isa(orig), 0);
+        free_weight(&t);
+        free(src);
+        free(x);
+    }
+}
+
+/* On the amx table, I8 weights whose rows are whole 64 columns (up to 65,536) take the tiles, and
+ * each output is the exact integer dot product of x's I16 form and W, rounded once to F32, times
+ * x's scale and then W's (per tensor or per row), plus the bias: checked bit for bit against that
+ * sum in 64-bit integers, for both layouts of the tiles (1, 5, 16 and 21 rows of x) and outputs
+ * that end inside a block of 16. */
+static void test_i8_tiles_exact(void **state) {
+    (void)state;
     const char *orig = qlm_matmul_isa();
-    for (size_t ii = 0; ii < sizeof k_isas / sizeof k_isas[0]; ii++) {
-        if (qlm_matmul_force_isa(k_isas[ii]) != 0) continue;
-        qlm_matmul(y, x, 1, &t.w, NULL);
-        for (int o = 0; o < rows; o++) {
-            double want = (o == 2 ? -3.0 : 3.0) * cols;
-            if (!(fabs(y[o] - want) <= 1e-5 * fabs(want))) fail_msg("%s: y[%d] = %.9g, want %.9g", k_isas[ii], o, y[o], want);
+    if (qlm_matmul_force_isa("amx") != 0) {
+        print_message("no AMX here: the I8 tiles are not tested\n");
+        return;
+    }
+    enum { ROWS = 37 };
+    static const int widths[] = {64, 576, 12032}, ns[] = {1, 5, 16, 21};
+    for (int wi = 0; wi < 3; wi++) {
+        const int cols = widths[wi], nmax = 21;
+        float *src = malloc((size_t)ROWS * cols * sizeof *src), *x = malloc((size_t)nmax * cols * sizeof *x);
+        float *y = malloc((size_t)nmax * ROWS * sizeof *y), bias[ROWS];
+        int16_t *q = malloc((size_t)nmax * cols * sizeof *q);
+        float xs[21];
+        assert_true(src && x && y && q);
+        for (long i = 0; i < (long)ROWS * cols; i++) src[i] = frand();
+        for (long i = 0; i < (long)nmax * cols; i++) x[i] = frand() * 5.0f;
+        for (int o = 0; o < ROWS; o++) bias[o] = frand();
+        for (int i = 0; i < nmax; i++) {
+            float absmax = 0;
+            for (int k = 0; k < cols; k++) absmax = fmaxf(absmax, fabsf(x[(long)i * cols + k]));
+            const float inv = 32767.0f / absmax;
+            xs[i] = absmax / 32767.0f;
+            for (int k = 0; k < cols; k++) q[(long)i * cols + k] = (int16_t)rintf(x[(long)i * cols + k] * inv);
         }
-        /* A NaN or infinity in x makes every product NaN, as it would with F32 x. */
-        for (int bad = 0; bad < 2; bad++) {
-            x[cols - 3] = bad ? INFINITY : NAN;
-            qlm_matmul(y, x, 1, &t.w, NULL);
-            for (int o = 0; o < rows; o++)
-                if (!isnan(y[o])) fail_msg("%s: y[%d] = %.9g with x[%d] = %g, want NaN", k_isas[ii], o, y[o], cols - 3, x[cols - 3]);
-            x[cols - 3] = 3.0f;
+        for (int per_row = 0; per_row < 2; per_row++) {
+            test_weight t;
+            make_weight(&t, &k_kinds[3 + per_row], src, ROWS, cols);
+            for (size_t a = 0; a < sizeof ns / sizeof ns[0]; a++)
+                for (int b = 0; b < 2; b++) {
+                    qlm_matmul(y, x, ns[a], &t.w, b ? bias : NULL);
+                    for (int i = 0; i < ns[a]; i++)
+                        for (int o = 0; o < ROWS; o++) {
+                            int64_t sum = 0;
+                            for (int k = 0; k < cols; k++) sum += (int64_t)q[(long)i * cols + k] * ((int8_t *)t.data)[(long)o * cols + k];
+                            float want = (float)sum * xs[i] * (per_row ? t.row_scales[o] : t.w.scale);
+                            if (b) want += bias[o];
+                            if (y[(long)i * ROWS + o] != want)
+                                fail_msg("%s %d cols n=%d bias=%d: y[%d][%d] = %.9g, want %.9g", k_kinds[3 + per_row].name, cols,
+                                         ns[a], b, i, o, y[(long)i * ROWS + o], want);
+                        }
+                }
+            free_weight(&t);
         }
+        free(src);
+        free(x);
+        free(y);
+        free(q);
     }
     assert_int_equal(qlm_matmul_force_isa(orig), 0);
-    free_weight(&t);
-    free(src);
-    free(x);
 }
 
 /* W8A8 at its extremes: Q8_0 values of -128 and 127 and Q4 nibbles of 0 and 15 against x of
@@ -832,7 +900,7 @@ static void test_isa_selection(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_isa_selection), cmocka_unit_test(test_i8_extreme_sums),
+        cmocka_unit_test(test_isa_selection), cmocka_unit_test(test_i8_extreme_sums), cmocka_unit_test(test_i8_tiles_exact),
         cmocka_unit_test(test_panels_round_trip), cmocka_unit_test(test_w8a8_extreme_bytes),
         cmocka_unit_test(test_matmul_group), cmocka_unit_test(test_rope_rows),   cmocka_unit_test(test_odd_shapes),
         cmocka_unit_test(test_threaded_shapes), cmocka_unit_test(test_block_shapes), cmocka_unit_test(test_thread_count_invariance),
