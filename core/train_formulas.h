@@ -62,19 +62,30 @@ static inline QLM_HD float qlm_cross_entropy_grad(float l, float mx, float inv, 
     return g;
 }
 
+/* splitmix64's finalizer on z in place, written once for a uint64_t and for the vectors of them
+ * of the SIMD dropout (quant/kernel_dropout.h). */
+#define QLM_MIX64_IN_PLACE(z)                              \
+    do {                                                   \
+        (z) = ((z) ^ ((z) >> 30)) * 0xbf58476d1ce4e5b9ULL; \
+        (z) = ((z) ^ ((z) >> 27)) * 0x94d049bb133111ebULL; \
+        (z) ^= (z) >> 31;                                  \
+    } while (0)
+
 /* splitmix64's finalizer: a counter-based generator, so element i's draw needs no state. */
 static inline QLM_HD uint64_t qlm_mix64(uint64_t z) {
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-    return z ^ (z >> 31);
+    QLM_MIX64_IN_PLACE(z);
+    return z;
 }
+
+/* The step from one element's counter to the next (the golden ratio's fraction of 2^64). */
+#define QLM_DROPOUT_STEP 0x9e3779b97f4a7c15ULL
 
 /* Dropout with probability p: the draws below threshold drop. */
 static inline QLM_HD uint64_t qlm_dropout_threshold(float p) { return (uint64_t)((double)p * 18446744073709551616.0); }
 
 /* Whether element `index` drops, base = qlm_mix64(seed). */
 static inline QLM_HD int qlm_dropout_drops(uint64_t base, long index, uint64_t threshold) {
-    return qlm_mix64(base + (uint64_t)index * 0x9e3779b97f4a7c15ULL) < threshold;
+    return qlm_mix64(base + (uint64_t)index * QLM_DROPOUT_STEP) < threshold;
 }
 
 #endif

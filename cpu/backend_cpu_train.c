@@ -9,6 +9,7 @@
 
 #include "../quant/fake_quant.h"
 #include "../quant/half.h"
+#include "../quant/matmul.h"
 #include "../quant/quantize.h"
 #include "backend_cpu_train.h"
 #include "../core/train_formulas.h"
@@ -325,10 +326,12 @@ void qlm_cpu_scale(float *x, long n, float s) {
 void qlm_cpu_zero(float *x, long n) { memset(x, 0, (size_t)n * sizeof *x); }
 
 void qlm_cpu_dropout(float *out, const float *x, long n, float p, uint64_t seed, long first) {
-    uint64_t threshold = qlm_dropout_threshold(p), base = qlm_mix64(seed);
-    float keep_scale = 1.0f / (1.0f - p);
-#pragma omp parallel for if (n > 65536)
-    for (long i = 0; i < n; i++) out[i] = qlm_dropout_drops(base, first + i, threshold) ? 0.0f : x[i] * keep_scale;
+#pragma omp parallel if (n > 65536)
+    {
+        const int t = omp_get_thread_num(), nt = omp_get_num_threads();
+        const long i0 = n * t / nt, i1 = n * (t + 1) / nt;
+        qlm_dropout_f32(out + i0, x + i0, i1 - i0, p, seed, first + i0);
+    }
 }
 
 void qlm_cpu_adamw(float *p, const float *g, float *m, float *v, long n, const qlm_adamw_step *h) {

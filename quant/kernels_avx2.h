@@ -383,6 +383,9 @@ AVX2_FN void exp_f32(float *x, long n) {
 #include "kernel_w8a8_ymm.h"
 #include "kernel_w8a8.h"
 
+#define DROPOUT_LANES 4
+#include "kernel_dropout.h"
+
 QLM_SIMD_KERNEL_TABLE(AVX2_TABLE, AVX2_NAME, gemm, dot_rows);
 
 #endif

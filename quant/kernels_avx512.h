@@ -455,6 +455,9 @@ AVX512_INLINE void weighted_sum_dt(float *o, const float *p, int g, long ldp, co
 
 #include "kernel_rows.h"
 
+#define DROPOUT_LANES 8
+#include "kernel_dropout.h"
+
 #ifdef AVX512_AMX
 #include "kernel_amx.h"
 QLM_SIMD_KERNEL_TABLE(AVX512_TABLE, AVX512_NAME, gemm_amx, dot_rows_amx);

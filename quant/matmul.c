@@ -24,6 +24,7 @@
 
 #include "../core/cpu_scratch.h"
 #include "../core/error.h"
+#include "../core/train_formulas.h"
 #include "block_pack.h"
 #include "block_quant.h"
 #include "matmul_internal.h"
@@ -220,6 +221,11 @@ static void scalar_i8_to_f32(float *dst, const int8_t *src, long n, float scale)
     for (long i = 0; i < n; i++) dst[i] = (float)src[i] * scale;
 }
 
+static void scalar_dropout(float *out, const float *x, long n, float keep_scale, uint64_t base, uint64_t threshold,
+                           long first) {
+    for (long i = 0; i < n; i++) out[i] = qlm_dropout_drops(base, first + i, threshold) ? 0.0f : x[i] * keep_scale;
+}
+
 static const qlm_kernel_table scalar_table = {
     .name = "scalar",
     .gemm = scalar_gemm,
@@ -234,6 +240,7 @@ static const qlm_kernel_table scalar_table = {
     .bf16_x_form = scalar_bf16_x_form,
     .bf16_x_size = 2,
     .i8_to_f32 = scalar_i8_to_f32,
+    .dropout = scalar_dropout,
 };
 
 #if defined(__x86_64__)
@@ -508,6 +515,10 @@ static _Thread_local qlm_cpu_scratch t_x_form;
 
 void qlm_exp_f32(float *x, long n) {
     if (n > 0) qlm_kernels()->exp(x, n);
+}
+
+void qlm_dropout_f32(float *out, const float *x, long n, float p, uint64_t seed, long first) {
+    if (n > 0) qlm_kernels()->dropout(out, x, n, 1.0f / (1.0f - p), qlm_mix64(seed), qlm_dropout_threshold(p), first);
 }
 
 /* Whether the count products can share x's activation form and one region. */

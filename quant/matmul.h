@@ -47,6 +47,11 @@ void qlm_weighted_sum(float *o, const float *p, int g, long ldp, const void *v, 
  * NaN staying NaN; results below 3e-38 may be 0. Single-threaded. */
 void qlm_exp_f32(float *x, long n);
 
+/* Dropout with probability p (below 1) of elements first..first+n-1 of a tensor whose draws come
+ * from seed: out[i] = 0 where element first + i drops (core/train_formulas.h's qlm_dropout_drops,
+ * as the CUDA backend draws), else x[i] / (1 - p). out may be x. Single-threaded. */
+void qlm_dropout_f32(float *out, const float *x, long n, float p, uint64_t seed, long first);
+
 /* The scalar reference, for tests. */
 void qlm_matmul_scalar(float *y, const float *x, int n, const qlm_weight *w, const float *bias);
 

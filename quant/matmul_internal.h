@@ -54,6 +54,10 @@ typedef struct {
     int bf16_x_size;
     /* dst[i] = src[i] * scale */
     void (*i8_to_f32)(float *dst, const int8_t *src, long n, float scale);
+    /* out[i] = 0 where element first + i drops (qlm_dropout_drops with base and threshold), else
+     * x[i] * keep_scale, for i < n (out may be x). */
+    void (*dropout)(float *out, const float *x, long n, float keep_scale, uint64_t base, uint64_t threshold,
+                    long first);
 } qlm_kernel_table;
 
 /* Unrolls a tile's loop n times (its count, once the call site's constants are inlined) under GCC,
@@ -85,7 +89,8 @@ typedef struct {
                                     .f32_to_bf16 = f32_to_bf16,                                                 \
                                     .bf16_x_form = bf16_x_form,                                                 \
                                     .bf16_x_size = BF16_X_SIZE,                                                 \
-                                    .i8_to_f32 = i8_to_f32}
+                                    .i8_to_f32 = i8_to_f32,                                                     \
+                                    .dropout = dropout}
 
 extern const qlm_kernel_table qlm_kernels_avx2;
 extern const qlm_kernel_table qlm_kernels_avxvnni;

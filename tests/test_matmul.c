@@ -17,6 +17,7 @@
 #include "test_util.h"
 
 #include "core/backend.h"
+#include "core/train_formulas.h"
 #include "quant/block_pack.h"
 #include "quant/block_quant.h"
 #include "quant/half.h"
@@ -771,6 +772,51 @@ static void test_exp(void **state) {
     free(y);
 }
 
+/* Dropout on every ISA against core/train_formulas.h's draw element by element, bit for bit (x
+ * with NaN and infinities too), for every length up to 40 and long ones, offsets into a tensor
+ * past 2^32, in place as well; and the formula drops about p of the elements. */
+static void test_dropout(void **state) {
+    (void)state;
+    enum { N = 4099 };
+    static const float ps[] = {0.05f, 0.5f, 0.999f};
+    static const long firsts[] = {0, 5, 3L << 32};
+    float *x = malloc(N * sizeof *x), *want = malloc(N * sizeof *want), *got = malloc(N * sizeof *got);
+    assert_true(x && want && got);
+    for (int i = 0; i < N; i++) x[i] = i % 97 == 3 ? NAN : i % 89 == 5 ? -INFINITY : frand() * 4.0f;
+    const char *orig = qlm_matmul_isa();
+    for (size_t pi = 0; pi < sizeof ps / sizeof ps[0]; pi++)
+        for (size_t fi = 0; fi < sizeof firsts / sizeof firsts[0]; fi++) {
+            const uint64_t seed = 0x1234567ull + pi * 7 + fi, base = qlm_mix64(seed);
+            const uint64_t threshold = qlm_dropout_threshold(ps[pi]);
+            long dropped = 0;
+            for (int i = 0; i < N; i++) {
+                const int drops = qlm_dropout_drops(base, firsts[fi] + i, threshold);
+                want[i] = drops ? 0.0f : x[i] * (1.0f / (1.0f - ps[pi]));
+                dropped += drops;
+            }
+            const double mean = ps[pi] * N, sd = sqrt(N * ps[pi] * (1.0 - ps[pi]));
+            if (fabs(dropped - mean) > 5 * sd + 1) fail_msg("p=%g: %ld of %d dropped", ps[pi], dropped, N);
+            for (size_t ii = 0; ii < sizeof k_isas / sizeof k_isas[0]; ii++) {
+                if (qlm_matmul_force_isa(k_isas[ii]) != 0) continue;
+                for (int n = 0; n <= N; n = n < 40 ? n + 1 : n == 40 ? 1000 : n == 1000 ? N : N + 1) {
+                    for (int at = 0; at < 3 && n + at <= N; at++) {
+                        memset(got, 0x55, N * sizeof *got);
+                        qlm_dropout_f32(got, x + at, n, ps[pi], seed, firsts[fi] + at);
+                        if (memcmp(got, want + at, (size_t)n * sizeof *got) != 0 || (n + at < N && got[n] == want[n + at]))
+                            fail_msg("%s p=%g first=%ld n=%d at=%d: not the formula's floats", k_isas[ii], ps[pi], firsts[fi], n, at);
+                    }
+                }
+                memcpy(got, x, N * sizeof *got);
+                qlm_dropout_f32(got, got, N, ps[pi], seed, firsts[fi]);
+                if (memcmp(got, want, N * sizeof *got) != 0) fail_msg("%s p=%g in place: not the formula's floats", k_isas[ii], ps[pi]);
+            }
+        }
+    assert_int_equal(qlm_matmul_force_isa(orig), 0);
+    free(x);
+    free(want);
+    free(got);
+}
+
 static void read_hex(FILE *f, const char *key, float *out, long count) {
     char k[32];
     assert_int_equal(fscanf(f, "%31s", k), 1);
@@ -908,6 +954,7 @@ int main(void) {
         cmocka_unit_test(test_vs_torch),
         cmocka_unit_test(test_attention_kernels),
         cmocka_unit_test(test_exp),
+        cmocka_unit_test(test_dropout),
         cmocka_unit_test(test_backward_x_blocks),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
