@@ -71,14 +71,16 @@ AVX512_INLINE void transpose_16x16(__m512i r[16]) {
 }
 
 /* The rows W the tiles multiply: rows of chunks x AMX_ROW_BYTES bytes (BF16 or I8), stride bytes
- * apart, of which there are rows (a weight's, or a chunk of attention's keys); scales: the
- * weight whose I8 scales its outputs take, else NULL. */
+ * apart, of which there are rows (a weight's, or a chunk of attention's keys). I8's outputs are
+ * scaled by row_scales[o], or by scale where that is NULL, and with add go onto y's values. */
 typedef struct {
     const char *data;
     size_t stride;
     int rows;
     long chunks;
-    const qlm_weight *scales;
+    const float *row_scales;
+    float scale;
+    int add;
 } amx_rows;
 
 /* nr (<= 16) rows from w (stride bytes apart; the panel's other rows zero) into panel, chunk c at
@@ -95,6 +97,26 @@ AVX512_INLINE void amx_pack(char *panel, const char *w, size_t stride, int nr, l
         QLM_UNROLL(16)
         for (int p = 0; p < AMX_ROWS; p++) _mm512_store_si512(panel + c * AMX_CHUNK + p * AMX_ROW_BYTES, r[p]);
     }
+}
+
+/* The panel of x W (amx_gemm_xw) for outputs k0..k0+nk-1 (nk <= 16): chunk c holds W's rows 64c to
+ * 64c + 63 (stride bytes apart), tile row p bytes 4p..4p+3 of each output's column, so four rows'
+ * 16 bytes from k0 interleaved (the other columns zero). */
+AVX512_INLINE void amx_pack_t(char *panel, const char *w, size_t stride, int k0, int nk, long chunks) {
+    const __mmask16 m = tail_mask(nk);
+    for (long c = 0; c < chunks; c++)
+        for (int p = 0; p < AMX_ROWS; p++) {
+            const char *r = w + (size_t)(AMX_ROW_BYTES * c + 4 * p) * stride + k0;
+            const __m128i r0 = _mm_maskz_loadu_epi8(m, r), r1 = _mm_maskz_loadu_epi8(m, r + stride);
+            const __m128i r2 = _mm_maskz_loadu_epi8(m, r + 2 * stride), r3 = _mm_maskz_loadu_epi8(m, r + 3 * stride);
+            const __m128i a = _mm_unpacklo_epi8(r0, r1), b = _mm_unpackhi_epi8(r0, r1);
+            const __m128i d = _mm_unpacklo_epi8(r2, r3), e = _mm_unpackhi_epi8(r2, r3);
+            __m128i *dst = (__m128i *)(panel + c * AMX_CHUNK + p * AMX_ROW_BYTES);
+            _mm_store_si128(dst, _mm_unpacklo_epi16(a, d));
+            _mm_store_si128(dst + 1, _mm_unpackhi_epi16(a, d));
+            _mm_store_si128(dst + 2, _mm_unpacklo_epi16(b, e));
+            _mm_store_si128(dst + 3, _mm_unpackhi_epi16(b, e));
+        }
 }
 
 /* Tile `tile` (0-3) to dst, rows ld bytes apart. */
@@ -119,35 +141,41 @@ AVX512_INLINE void amx_store_f32(const int tile, float *y, long ldy, int mi, int
     for (int i = 0; i < mi; i++) memcpy(y + i * ldy, stage[i], (size_t)nw * sizeof(float));
 }
 
-/* The outputs of weight rows t..t+nw-1 (nw <= 16) for one row of x, whose I16 form has the scale
- * xs, into y[0..nw): the exact sums hi 256 + lo rounded once to F32, then times xs and W's scale
- * and plus the bias, in qlm_gemv_finish's order. */
-AVX512_INLINE void amx_i8_finish(float *y, __m512i hi, __m512i lo, float xs, const qlm_weight *w, int t, int nw,
-                                 const float *bias) {
-    const __m512d f = _mm512_set1_pd(256.0);
-    /* Exact in double (below 2^41), so the conversion to F32 is the one rounding. */
-    const __m512d s0 = _mm512_fmadd_pd(_mm512_cvtepi32_pd(_mm512_castsi512_si256(hi)), f,
-                                       _mm512_cvtepi32_pd(_mm512_castsi512_si256(lo)));
-    const __m512d s1 = _mm512_fmadd_pd(_mm512_cvtepi32_pd(_mm512_extracti64x4_epi64(hi, 1)), f,
-                                       _mm512_cvtepi32_pd(_mm512_extracti64x4_epi64(lo, 1)));
+/* 65536 h + 256 m + l for 8 lanes of each, exact in double (below 2^47). */
+AVX512_INLINE __m512d amx_i8_total(__m256i h, __m256i m, __m256i l) {
+    const __m512d mid = _mm512_fmadd_pd(_mm512_cvtepi32_pd(m), _mm512_set1_pd(256.0), _mm512_cvtepi32_pd(l));
+    return _mm512_fmadd_pd(_mm512_cvtepi32_pd(h), _mm512_set1_pd(65536.0), mid);
+}
+
+/* The outputs t..t+nw-1 (nw <= 16) for one row of x, whose integer form has the scale xs, into
+ * y[0..nw): the exact sums of its byte planes (I16: hi 256 + lo, with top zero; I24: top 65536 +
+ * hi 256 + lo) rounded once to F32, then times xs and W's scale and plus the bias, in
+ * qlm_gemv_finish's order (and onto y's values with w->add). */
+AVX512_INLINE void amx_i8_finish(float *y, __m512i top, __m512i hi, __m512i lo, float xs, const amx_rows *w, int t,
+                                 int nw, const float *bias) {
+    const __m512d s0 = amx_i8_total(_mm512_castsi512_si256(top), _mm512_castsi512_si256(hi), _mm512_castsi512_si256(lo));
+    const __m512d s1 = amx_i8_total(_mm512_extracti64x4_epi64(top, 1), _mm512_extracti64x4_epi64(hi, 1),
+                                    _mm512_extracti64x4_epi64(lo, 1));
     __m512 s = _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castps_pd(_mm512_castps256_ps512(_mm512_cvtpd_ps(s0))),
                                                    _mm256_castps_pd(_mm512_cvtpd_ps(s1)), 1));
     const __mmask16 m = tail_mask(nw);
     s = _mm512_mul_ps(s, _mm512_set1_ps(xs));
     s = _mm512_mul_ps(s, w->row_scales ? _mm512_maskz_loadu_ps(m, w->row_scales + t) : _mm512_set1_ps(w->scale));
     if (bias) s = _mm512_add_ps(s, _mm512_maskz_loadu_ps(m, bias + t));
+    if (w->add) s = _mm512_add_ps(_mm512_maskz_loadu_ps(m, y), s);
     _mm512_mask_storeu_ps(y, m, s);
 }
 
 /* I8's sums of 16 rows of x by 16 weight rows from t, high bytes' in tile hi and low bytes' in
  * tile lo, into the mi x nw outputs at y (rows ldy floats apart; x's scales xs). */
 AVX512_INLINE void amx_i8_store(const int hi, const int lo, float *y, long ldy, int mi, int nw, const float *xs,
-                                const qlm_weight *w, int t, const float *bias) {
+                                const amx_rows *w, int t, const float *bias) {
     int32_t h[AMX_ROWS][AMX_ROWS], l[AMX_ROWS][AMX_ROWS];
     amx_store_tile(hi, h, sizeof h[0]);
     amx_store_tile(lo, l, sizeof l[0]);
     for (int i = 0; i < mi; i++)
-        amx_i8_finish(y + i * ldy, _mm512_loadu_si512(h[i]), _mm512_loadu_si512(l[i]), xs[i], w, t, nw, bias);
+        amx_i8_finish(y + i * ldy, _mm512_setzero_si512(), _mm512_loadu_si512(h[i]), _mm512_loadu_si512(l[i]), xs[i], w,
+                      t, nw, bias);
 }
 
 /* The sums over all chunks of the A tiles at xa and xb (lda, ldb bytes from row to row) by the
@@ -221,8 +249,8 @@ AVX512_INLINE void amx_gemm_panels(float *y, long ldy, const char *x, const char
                 float *yi = y + i * ldy + t;
                 if (nb > 0) amx_tiles(x + i * ldx, ldx, xlo + i * ldx, ldx, pa, pb, chunks, 2, 2, 1);
                 else amx_tiles(x + i * ldx, ldx, xlo + i * ldx, ldx, pa, pb, chunks, 2, 1, 1);
-                amx_i8_store(0, 2, yi, ldy, mi, na, xs + i, w->scales, t, bias);
-                if (nb > 0) amx_i8_store(1, 3, yi + AMX_ROWS, ldy, mi, nb, xs + i, w->scales, t + AMX_ROWS, bias);
+                amx_i8_store(0, 2, yi, ldy, mi, na, xs + i, w, t, bias);
+                if (nb > 0) amx_i8_store(1, 3, yi + AMX_ROWS, ldy, mi, nb, xs + i, w, t + AMX_ROWS, bias);
             }
             continue;
         }
@@ -302,7 +330,7 @@ AVX512_INLINE void amx_few_tile(const char *w, long ld, const char *xh, const ch
 /* The block's sums (16 weight rows from t by n rows of x) into the n x nw outputs at y (output t of
  * x's first row; rows ldy floats apart): as they are plus the bias (BF16), or through
  * amx_i8_finish with x's scales xs. */
-AVX512_INLINE void amx_few_store(float *y, long ldy, int n, int nw, const float *xs, const qlm_weight *w, int t,
+AVX512_INLINE void amx_few_store(float *y, long ldy, int n, int nw, const float *xs, const amx_rows *w, int t,
                                  const float *bias, const int i8) {
     int32_t stage[AMX_ROWS][AMX_ROWS];
     __m512i s[AMX_ROWS], l[AMX_ROWS];
@@ -330,7 +358,7 @@ AVX512_INLINE void amx_few_store(float *y, long ldy, int n, int nw, const float 
     const __mmask16 m = tail_mask(nw);
     for (int i = 0; i < n; i++) {
         if (i8) {
-            amx_i8_finish(y + i * ldy, s[i], l[i], xs[i], w, t, nw, bias);
+            amx_i8_finish(y + i * ldy, _mm512_setzero_si512(), s[i], l[i], xs[i], w, t, nw, bias);
             continue;
         }
         __m512 v = _mm512_castsi512_ps(s[i]);
@@ -358,7 +386,7 @@ AVX512_INLINE void amx_gemm_few(float *y, long ldy, const char *xh, const char *
             ld = bytes;
         }
         amx_few_tile(wt, ld, xh, xl, n, chunks, w->data + (size_t)(t + nw) * stride, (long)stride, npf, i8);
-        amx_few_store(y + t, ldy, n, nw, xs, w->scales, t, bias, i8);
+        amx_few_store(y + t, ldy, n, nw, xs, w, t, bias, i8);
     }
     _tile_release();
 }
@@ -409,10 +437,10 @@ AVX512_INLINE int amx_gemm(float *y, long ldy, const void *x, long ldx, const fl
 AVX512_FN void gemm_amx(float *y, const void *x, long ldx, const float *x_scale, int n, const qlm_weight *w, int r0,
                         int r1, const float *bias) {
     if (r0 < r1 && w->dtype == QLM_BF16 && w->cols % 32 == 0) {
-        const amx_rows rows = {w->data, (size_t)w->cols * 2, w->rows, w->cols / 32, NULL};
+        const amx_rows rows = {w->data, (size_t)w->cols * 2, w->rows, w->cols / 32, NULL, 1.0f, 0};
         if (amx_gemm(y, w->rows, x, ldx, NULL, n, &rows, r0, r1, bias, 0) == 0) return;
     } else if (r0 < r1 && w->dtype == QLM_I8 && w->cols % 64 == 0 && w->cols <= AMX_I8_MAX_COLS) {
-        const amx_rows rows = {w->data, (size_t)w->cols, w->rows, w->cols / 64, w};
+        const amx_rows rows = {w->data, (size_t)w->cols, w->rows, w->cols / 64, w->row_scales, w->scale, 0};
         if (amx_gemm(y, w->rows, x, ldx, x_scale, n, &rows, r0, r1, bias, 1) == 0) return;
     }
     gemm(y, x, ldx, x_scale, n, w, r0, r1, bias);
@@ -420,7 +448,100 @@ AVX512_FN void gemm_amx(float *y, const void *x, long ldx, const float *x_scale,
 
 AVX512_FN void dot_rows_amx(float *y, long ldy, const void *x, int n, const void *w, size_t w_stride, int rows,
                             long cols, qlm_dtype dt) {
-    const amx_rows r = {w, w_stride * 2, rows, cols / 32, NULL};
+    const amx_rows r = {w, w_stride * 2, rows, cols / 32, NULL, 1.0f, 0};
     if (dt != QLM_BF16 || cols % 32 != 0 || amx_gemm(y, ldy, x, cols, NULL, n, &r, 0, rows, NULL, 0) != 0)
         dot_rows(y, ldy, x, n, w, w_stride, rows, cols, dt);
+}
+
+/* The product x W of an I8 weight's backward (qlm_matmul_i8_xw): x in the I24 form as three planes
+ * of bytes (q = 65536 t + 256 h + l: a signed top byte and unsigned high and low ones; each plane's
+ * rows ld bytes apart, the planes plane bytes apart, rows of zeros up to a whole 16), whose three
+ * sums are each exact in 32 bits as I16's two are. One panel at a time (amx_pack_t): three sums, an
+ * x tile per plane and the panel fill the eight tiles. */
+
+/* The sums of one block of x's three planes (from x, plane bytes apart) by the panel over all
+ * chunks, in tiles 0 (top), 1 (high) and 2 (low). */
+AVX512_INLINE void amx_tiles_i24(const char *x, long ld, long plane, const char *panel, long chunks) {
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_zero(2);
+    for (long c = 0; c < chunks; c++) {
+        _tile_loadd(6, panel + c * AMX_CHUNK, AMX_ROW_BYTES);
+        _tile_loadd(4, x + c * AMX_ROW_BYTES, ld);
+        _tile_dpbssd(0, 4, 6);
+        _tile_loadd(5, x + plane + c * AMX_ROW_BYTES, ld);
+        _tile_dpbusd(1, 5, 6);
+        _tile_loadd(7, x + 2 * plane + c * AMX_ROW_BYTES, ld);
+        _tile_dpbusd(2, 7, 6);
+    }
+}
+
+/* Outputs [k0, k1) of y = x W (rows of y ldy floats apart) for n rows of x; panel: room for one. */
+AVX512_INLINE void amx_gemm_xw(float *y, long ldy, const char *x, long ld, long plane, const float *xs, int n,
+                               const amx_rows *w, int k0, int k1, char *panel) {
+    amx_configure_panels();
+    for (int t = k0; t < k1; t += AMX_ROWS) {
+        const int nw = k1 - t < AMX_ROWS ? k1 - t : AMX_ROWS;
+        amx_pack_t(panel, w->data, w->stride, t, nw, w->chunks);
+        for (int i = 0; i < n; i += AMX_ROWS) {
+            const int mi = n - i < AMX_ROWS ? n - i : AMX_ROWS;
+            int32_t top[AMX_ROWS][AMX_ROWS], hi[AMX_ROWS][AMX_ROWS], lo[AMX_ROWS][AMX_ROWS];
+            amx_tiles_i24(x + i * ld, ld, plane, panel, w->chunks);
+            _tile_stored(0, top, sizeof top[0]);
+            _tile_stored(1, hi, sizeof hi[0]);
+            _tile_stored(2, lo, sizeof lo[0]);
+            for (int r = 0; r < mi; r++)
+                amx_i8_finish(y + (i + r) * ldy + t, _mm512_loadu_si512(top[r]), _mm512_loadu_si512(hi[r]),
+                              _mm512_loadu_si512(lo[r]), xs[i + r], w, t, nw, NULL);
+        }
+    }
+    _tile_release();
+}
+
+/* See qlm_kernel_table.i24_planes. */
+AVX512_FN float i24_planes(int8_t *top, uint8_t *hi, uint8_t *lo, const float *x, const float *scales, long n) {
+    __m512 mx = _mm512_setzero_ps();
+    __mmask16 nan = 0;
+    for (long k = 0; k < n; k += 16) {
+        __m512 v = _mm512_loadu_ps(x + k);
+        if (scales) v = _mm512_mul_ps(v, _mm512_loadu_ps(scales + k));
+        nan |= _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+        mx = _mm512_max_ps(mx, _mm512_abs_ps(v));
+    }
+    float inv, s = qlm_x_int_scale(_mm512_reduce_max_ps(mx), nan != 0, QLM_I24_MAX, &inv);
+    const __m512 f = _mm512_set1_ps(inv);
+    for (long k = 0; k < n; k += 16) {
+        __m512 v = _mm512_loadu_ps(x + k);
+        if (scales) v = _mm512_mul_ps(v, _mm512_loadu_ps(scales + k));
+        /* Round to nearest even, as lrintf; inv = 0 (not finite, or tiny) gives all zeros. */
+        const __m512i q = _mm512_cvtps_epi32(_mm512_mul_ps(v, f));
+        _mm_storeu_si128((__m128i *)(top + k), _mm512_cvtepi32_epi8(_mm512_srai_epi32(q, 16)));
+        _mm_storeu_si128((__m128i *)(hi + k), _mm512_cvtepi32_epi8(_mm512_srai_epi32(q, 8)));
+        _mm_storeu_si128((__m128i *)(lo + k), _mm512_cvtepi32_epi8(q));
+    }
+    return s;
+}
+
+/* See qlm_kernel_table.gemm_i8_xw. Without room for the panel, the same exact sums one at a time
+ * (the same floats, slowly). */
+AVX512_FN void gemm_i8_xw(float *y, const char *x, long ld, long plane, const float *xs, int n, const qlm_weight *w,
+                          float scale, int k0, int k1, int add) {
+    const amx_rows t = {w->data, (size_t)w->cols, w->cols, w->rows / AMX_ROW_BYTES, NULL, scale, add};
+    char *panel = k0 < k1 ? qlm_cpu_scratch_bytes(&t_amx, (size_t)t.chunks * AMX_CHUNK) : NULL;
+    if (panel) {
+        amx_gemm_xw(y, w->cols, x, ld, plane, xs, n, &t, k0, k1, panel);
+        return;
+    }
+    const int8_t *wd = w->data;
+    for (int i = 0; i < n; i++)
+        for (int k = k0; k < k1; k++) {
+            int64_t sum = 0;
+            for (int o = 0; o < w->rows; o++) {
+                const char *xo = x + i * ld + o;
+                const int32_t q = (int8_t)xo[0] * 65536 + (uint8_t)xo[plane] * 256 + (uint8_t)xo[2 * plane];
+                sum += (int64_t)q * wd[(size_t)o * w->cols + k];
+            }
+            float *yo = y + (size_t)i * w->cols + k, v = (float)sum * xs[i] * scale;
+            *yo = add ? *yo + v : v;
+        }
 }

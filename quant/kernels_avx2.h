@@ -386,6 +386,6 @@ AVX2_FN void exp_f32(float *x, long n) {
 #define DROPOUT_LANES 4
 #include "kernel_dropout.h"
 
-QLM_SIMD_KERNEL_TABLE(AVX2_TABLE, AVX2_NAME, gemm, dot_rows);
+QLM_SIMD_KERNEL_TABLE(AVX2_TABLE, AVX2_NAME, gemm, dot_rows, NULL, NULL);
 
 #endif

@@ -460,9 +460,9 @@ AVX512_INLINE void weighted_sum_dt(float *o, const float *p, int g, long ldp, co
 
 #ifdef AVX512_AMX
 #include "kernel_amx.h"
-QLM_SIMD_KERNEL_TABLE(AVX512_TABLE, AVX512_NAME, gemm_amx, dot_rows_amx);
+QLM_SIMD_KERNEL_TABLE(AVX512_TABLE, AVX512_NAME, gemm_amx, dot_rows_amx, i24_planes, gemm_i8_xw);
 #else
-QLM_SIMD_KERNEL_TABLE(AVX512_TABLE, AVX512_NAME, gemm, dot_rows);
+QLM_SIMD_KERNEL_TABLE(AVX512_TABLE, AVX512_NAME, gemm, dot_rows, NULL, NULL);
 #endif
 
 #endif

@@ -624,3 +624,35 @@ void qlm_matmul(float *y, const float *x, int n, const qlm_weight *w, const floa
     qlm_matmul_out out = {y, w, bias, 0};
     (void)qlm_matmul_group(&out, 1, x, n); /* fails only for products that add */
 }
+
+int qlm_matmul_i8_xw(float *y, const float *x, int n, const qlm_weight *w, int accumulate) {
+    const qlm_kernel_table *kt = qlm_kernels();
+    if (!kt->gemm_i8_xw || w->dtype != QLM_I8 || w->rope_heads || n < QLM_I8_XW_MIN_ROWS || w->rows <= 0 ||
+        w->rows % 64 != 0 || w->rows > 65536 || w->cols <= 0)
+        return -1;
+    /* Three planes of whole blocks of 16 rows (the last ones zero), then the row scales. */
+    const long rows = w->rows, ld = qlm_x_row_stride(rows, 1), npad = (n + 15) / 16 * 16, plane = npad * ld;
+    char *planes = qlm_cpu_scratch_bytes(&t_x_form, (size_t)(3 * plane) + (size_t)n * sizeof(float));
+    if (!planes) return -1;
+    float *xs = (float *)(planes + 3 * plane);
+    /* Per-channel scales go onto x before its integer form (output o's scale multiplies x's column
+     * o); a tensor's scale multiplies the sums. */
+    const float scale = w->row_scales ? 1.0f : w->scale;
+    const int nth = threads_for((double)n * (double)rows * w->cols);
+#pragma omp parallel num_threads(nth) if (nth > 1)
+    {
+        const int t = omp_get_thread_num(), nt = omp_get_num_threads();
+        for (int i = (int)((long)n * t / nt); i < (int)((long)n * (t + 1) / nt); i++) {
+            char *p = planes + i * ld;
+            xs[i] = kt->i24_planes((int8_t *)p, (uint8_t *)p + plane, (uint8_t *)p + 2 * plane, x + (size_t)i * rows,
+                                   w->row_scales, rows);
+        }
+        if (t == 0)
+            for (int c = 0; c < 3; c++) memset(planes + c * plane + n * ld, 0, (size_t)((npad - n) * ld));
+#pragma omp barrier
+        int k0, k1;
+        thread_rows(w->cols, 16, t, nt, &k0, &k1);
+        kt->gemm_i8_xw(y, planes, ld, plane, xs, n, w, scale, k0, k1, accumulate);
+    }
+    return 0;
+}

@@ -47,6 +47,18 @@ void qlm_weighted_sum(float *o, const float *p, int g, long ldp, const void *v, 
  * NaN staying NaN; results below 3e-38 may be 0. Single-threaded. */
 void qlm_exp_f32(float *x, long n);
 
+/* Rows of x from which qlm_matmul_i8_xw takes a product. */
+#define QLM_I8_XW_MIN_ROWS 16
+
+/* y = x W, or with accumulate y += x W (x: n rows of w->rows; y: n rows of w->cols), for an INT8
+ * weight on CPUs with AMX (the backward through a frozen INT8 base): x (times per-channel scales)
+ * in a 24-bit integer form with one scale per row (relative error 6e-8 of the row's largest
+ * magnitude), each sum exact and rounded once, then times x's row scale and W's tensor scale.
+ * Returns -1, writing nothing, where it does not apply (no AMX, rows interleaved for RoPE,
+ * fewer than QLM_I8_XW_MIN_ROWS rows, W's rows not a multiple of 64 up to 65,536, out of memory):
+ * the caller then multiplies another way. Multi-threaded. */
+int qlm_matmul_i8_xw(float *y, const float *x, int n, const qlm_weight *w, int accumulate);
+
 /* Dropout with probability p (below 1) of elements first..first+n-1 of a tensor whose draws come
  * from seed: out[i] = 0 where element first + i drops (core/train_formulas.h's qlm_dropout_drops,
  * as the CUDA backend draws), else x[i] / (1 - p). out may be x. Single-threaded. */

@@ -54,6 +54,17 @@ typedef struct {
     int bf16_x_size;
     /* dst[i] = src[i] * scale */
     void (*i8_to_f32)(float *dst, const int8_t *src, long n, float scale);
+    /* Where the CPU has AMX (else NULL): x[0..n) (n a multiple of 16), times scales[k] where scales
+     * is not NULL, in the I24 form q = x / s rounded (qlm_x_int_scale with QLM_I24_MAX), as three
+     * planes of bytes q = 65536 top + 256 hi + lo (top signed, hi and lo unsigned); returns s. */
+    float (*i24_planes)(int8_t *top, uint8_t *hi, uint8_t *lo, const float *x, const float *scales, long n);
+    /* Where the CPU has AMX (else NULL): y[i][k] = scale sum_o q[i][o] W[o][k] (with add: y[i][k]
+     * plus that) for the outputs k0 <= k < k1 of an I8 weight whose rows count is a multiple of 64
+     * up to 65,536, and n rows of x in i24_planes' planes (each row of each plane ld bytes from the
+     * next, the planes plane bytes apart, zero rows up to a whole 16; row scales xs), y's rows
+     * w->cols apart: each sum exact, rounded once to F32, then times xs[i] and scale. */
+    void (*gemm_i8_xw)(float *y, const char *x, long ld, long plane, const float *xs, int n, const qlm_weight *w,
+                       float scale, int k0, int k1, int add);
     /* out[i] = 0 where element first + i drops (qlm_dropout_drops with base and threshold), else
      * x[i] * keep_scale, for i < n (out may be x). */
     void (*dropout)(float *out, const float *x, long n, float keep_scale, uint64_t base, uint64_t threshold,
@@ -73,8 +84,8 @@ typedef struct {
 
 #if defined(__x86_64__)
 /* A SIMD file's table: every one names its kernels alike (its gemm and dot_rows may be fronts of
- * them). */
-#define QLM_SIMD_KERNEL_TABLE(table, table_name, gemm_fn, dot_rows_fn)                                         \
+ * them; i24_planes_fn and gemm_i8_xw_fn are NULL where it has none). */
+#define QLM_SIMD_KERNEL_TABLE(table, table_name, gemm_fn, dot_rows_fn, i24_planes_fn, gemm_i8_xw_fn)           \
     const qlm_kernel_table table = {.name = table_name,                                                         \
                                     .gemm = gemm_fn,                                                            \
                                     .quantize_i16 = quantize_i16,                                               \
@@ -90,6 +101,8 @@ typedef struct {
                                     .bf16_x_form = bf16_x_form,                                                 \
                                     .bf16_x_size = BF16_X_SIZE,                                                 \
                                     .i8_to_f32 = i8_to_f32,                                                     \
+                                    .i24_planes = i24_planes_fn,                                                \
+                                    .gemm_i8_xw = gemm_i8_xw_fn,                                                \
                                     .dropout = dropout}
 
 extern const qlm_kernel_table qlm_kernels_avx2;

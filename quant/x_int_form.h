@@ -11,6 +11,12 @@
 
 /* Largest |q| of the I16 form and of the I8 form: symmetric, so -q is always representable. */
 #define QLM_I16_MAX 32767.0f
+/* Largest |q| of the I24 form (one scale per row, three planes of bytes): the dy of an INT8
+ * weight's backward on AMX, whose rows (softmax probabilities at the LM head) span more than 16
+ * bits' worth of magnitudes. 2^23 - 2, not - 1: the largest |x| times inv = qmax / max|x|, both
+ * rounded to F32, may come out up to one above qmax at this size, and q must stay below 2^23 (its
+ * top byte signed). */
+#define QLM_I24_MAX 8388606.0f
 #define QLM_X8_MAX 127.0f
 
 /* The scale s = max|x| / qmax of an integer form (I16: qmax QLM_I16_MAX per row; I8: QLM_X8_MAX

@@ -23,6 +23,7 @@
 #include "quant/half.h"
 #include "quant/matmul.h"
 #include "quant/quantize.h"
+#include "quant/x_int_form.h"
 
 #define MATMUL_FIXTURE "tests/fixtures/quant/matmul.txt"
 #define REL_TOL 1e-5
@@ -772,6 +773,88 @@ static void test_exp(void **state) {
     free(y);
 }
 
+/* qlm_matmul_i8_xw, the product x W of an INT8 weight's backward, on the amx table: each output
+ * the exact integer sum of x's 24-bit form (after per-channel scales) and W's column, rounded once,
+ * times x's row scale and W's tensor scale (and added onto y with accumulate), bit for bit against
+ * that sum in 64-bit integers, for W's rows of one and several 64-row chunks, outputs that end
+ * inside a block of 16, and 16 or more rows of x, one of them spanning 2^-20..1 as the head's
+ * softmax probabilities do. Elsewhere, and where it does not apply (15 rows of x, 100 rows of W),
+ * it returns -1 and writes nothing. */
+static void test_i8_xw_exact(void **state) {
+    (void)state;
+    static const int rows_of[] = {64, 576, 1088}, cols_of[] = {40, 128, 577}, ns[] = {16, 21, 64};
+    const char *orig = qlm_matmul_isa();
+    const int amx = qlm_matmul_force_isa("amx") == 0;
+    if (!amx) print_message("no AMX here: only the refusal of qlm_matmul_i8_xw is tested\n");
+    for (int ri = 0; ri < 3; ri++)
+        for (int ci = 0; ci < 3; ci++) {
+            const int R = rows_of[ri], C = cols_of[ci], nmax = 64;
+            float *src = malloc((size_t)R * C * sizeof *src), *x = malloc((size_t)nmax * R * sizeof *x);
+            float *y = malloc((size_t)nmax * C * sizeof *y), *old = malloc((size_t)nmax * C * sizeof *old);
+            float *xr = malloc((size_t)R * sizeof *xr);
+            int32_t *q = malloc((size_t)R * sizeof *q);
+            assert_true(src && x && y && old && xr && q);
+            for (long i = 0; i < (long)R * C; i++) src[i] = frand();
+            for (long i = 0; i < (long)nmax * R; i++) x[i] = frand() * 3.0f;
+            for (int o = 0; o < R; o++) x[R + o] = ldexpf(frand(), -(o % 21));
+            for (long i = 0; i < (long)nmax * C; i++) old[i] = frand();
+            for (int per_row = 0; per_row < 2; per_row++) {
+                test_weight t;
+                make_weight(&t, &k_kinds[3 + per_row], src, R, C);
+                const int8_t *wq = t.data;
+                for (size_t a = 0; a < sizeof ns / sizeof ns[0]; a++)
+                    for (int acc = 0; acc < 2; acc++) {
+                        const int n = ns[a];
+                        memcpy(y, old, (size_t)n * C * sizeof *y);
+                        if (!amx) {
+                            assert_int_equal(qlm_matmul_i8_xw(y, x, n, &t.w, acc), -1);
+                            assert_memory_equal(y, old, (size_t)n * C * sizeof *y);
+                            continue;
+                        }
+                        assert_int_equal(qlm_matmul_i8_xw(y, x, n, &t.w, acc), 0);
+                        for (int i = 0; i < n; i++) {
+                            float absmax = 0;
+                            for (int o = 0; o < R; o++) {
+                                xr[o] = per_row ? x[(long)i * R + o] * t.row_scales[o] : x[(long)i * R + o];
+                                absmax = fmaxf(absmax, fabsf(xr[o]));
+                            }
+                            const float inv = QLM_I24_MAX / absmax, xs = absmax / QLM_I24_MAX;
+                            for (int o = 0; o < R; o++) q[o] = (int32_t)rintf(xr[o] * inv);
+                            for (int k = 0; k < C; k++) {
+                                int64_t sum = 0;
+                                for (int o = 0; o < R; o++) sum += (int64_t)q[o] * wq[(long)o * C + k];
+                                float want = (float)sum * xs * (per_row ? 1.0f : t.w.scale);
+                                if (acc) want = old[(long)i * C + k] + want;
+                                if (y[(long)i * C + k] != want)
+                                    fail_msg("%s %dx%d n=%d acc=%d: y[%d][%d] = %.9g, want %.9g", k_kinds[3 + per_row].name, R,
+                                             C, n, acc, i, k, y[(long)i * C + k], want);
+                            }
+                        }
+                    }
+                memcpy(y, old, (size_t)15 * C * sizeof *y);
+                assert_int_equal(qlm_matmul_i8_xw(y, x, 15, &t.w, 1), -1);
+                assert_memory_equal(y, old, (size_t)15 * C * sizeof *y);
+                free_weight(&t);
+            }
+            free(src), free(x), free(y), free(old), free(xr), free(q);
+        }
+    /* W's rows not whole chunks of 64, and a table without the tiles. */
+    test_weight t;
+    float *src = malloc(100 * 64 * sizeof *src), *x = malloc(16 * 100 * sizeof *x), y[16 * 64];
+    assert_true(src && x);
+    for (int i = 0; i < 100 * 64; i++) src[i] = frand();
+    for (int i = 0; i < 16 * 100; i++) x[i] = frand();
+    make_weight(&t, &k_kinds[3], src, 100, 64);
+    assert_int_equal(qlm_matmul_i8_xw(y, x, 16, &t.w, 0), -1);
+    free_weight(&t);
+    make_weight(&t, &k_kinds[3], src, 64, 100);
+    if (qlm_matmul_force_isa("avx512bf16") == 0) assert_int_equal(qlm_matmul_i8_xw(y, x, 16, &t.w, 0), -1);
+    if (qlm_matmul_force_isa("scalar") == 0) assert_int_equal(qlm_matmul_i8_xw(y, x, 16, &t.w, 0), -1);
+    free_weight(&t);
+    free(src), free(x);
+    assert_int_equal(qlm_matmul_force_isa(orig), 0);
+}
+
 /* Dropout on every ISA against core/train_formulas.h's draw element by element, bit for bit (x
  * with NaN and infinities too), for every length up to 40 and long ones, offsets into a tensor
  * past 2^32, in place as well; and the formula drops about p of the elements. */
@@ -946,7 +1029,7 @@ static void test_isa_selection(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_isa_selection), cmocka_unit_test(test_i8_extreme_sums), cmocka_unit_test(test_i8_tiles_exact),
+        cmocka_unit_test(test_isa_selection), cmocka_unit_test(test_i8_extreme_sums), cmocka_unit_test(test_i8_tiles_exact), cmocka_unit_test(test_i8_xw_exact),
         cmocka_unit_test(test_panels_round_trip), cmocka_unit_test(test_w8a8_extreme_bytes),
         cmocka_unit_test(test_matmul_group), cmocka_unit_test(test_rope_rows),   cmocka_unit_test(test_odd_shapes),
         cmocka_unit_test(test_threaded_shapes), cmocka_unit_test(test_block_shapes), cmocka_unit_test(test_thread_count_invariance),
