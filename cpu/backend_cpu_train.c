@@ -54,8 +54,8 @@ int qlm_cpu_matmul_backward_x(float *dx, const float *dy, int n, const qlm_weigh
         gemm_dx_block(dx, dy, n, rows, cols, w->data, 0, rows, accumulate ? 1.0f : 0.0f);
         return 0;
     }
-    /* INT8 through AMX's integer tiles where the CPU has them (dy in the I16 form, as the forward
-     * takes x), else converted to F32 block by block. */
+    /* INT8 through AMX's integer tiles where the CPU has them (dy in a 24-bit integer form), else
+     * converted to F32 block by block. */
     if (qlm_matmul_i8_xw(dx, dy, n, w, accumulate) == 0) return 0;
     float *wf = qlm_cpu_scratch_get(&t_wf, (size_t)DEQUANT_BLOCK_ROWS * cols);
     if (!wf) return qlm_errorf("out of memory for a %d x %d weight block", DEQUANT_BLOCK_ROWS, cols);
