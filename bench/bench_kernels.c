@@ -390,8 +390,10 @@ static int bench_attention(const options *o) {
 int main(int argc, char **argv) {
     options o = {0, 0, 128, NULL};
     if (parse_args(argc, argv, &o) != 0) return 2;
-    printf("isa %s, %d OpenMP threads, OpenBLAS %d threads\n", qlm_matmul_isa(), omp_get_max_threads(),
-           openblas_get_num_threads());
+    /* The (blas) rows run the kernels OpenBLAS picked for this CPU, which qlm itself overrides where
+     * they are its generic ones (cli/blas_core.c): OPENBLAS_CORETYPE sets them here. */
+    printf("isa %s, %d OpenMP threads, OpenBLAS %d threads (%s kernels)\n", qlm_matmul_isa(), omp_get_max_threads(),
+           openblas_get_num_threads(), openblas_get_corename());
     double bw = qlm_measure_bandwidth_gbs();
     if (bw <= 0) {
         fprintf(stderr, "bench_kernels: %s\n", qlm_last_error());
