@@ -5,12 +5,13 @@
 # If the Python package llama_cpp (llama-cpp-python) is importable, llama.cpp is measured on the
 # same model converted to Q8_0 for comparison; if QLM_LLAMA_BENCH names a llama-bench binary (built
 # outside the repository from the llama-cpp-python sdist's vendored sources, with llama-quantize
-# beside it), both engines run the same GGUF files: the default Q4_1 and its Q8_0 and Q4_0
+# beside it: `scripts/build_llama_bench.sh DIR native` makes DIR/llama-bench, and DIR is then
+# QLM_LLAMA_CPP_SRC below), both engines run the same GGUF files: the default Q4_1 and its Q8_0 and Q4_0
 # requantizations (dev-time only; never part of qlm). With QLM_LLAMA_CPP_SRC (those sources'
 # llama.cpp folder) and QLM_LLAMA_PYTHON (a Python that runs its convert_hf_to_gguf.py) too, both
 # also run a model of TinyLlama-1.1B's shape with random weights; QLM_BENCH_ONLY=llama1b runs that
 # section alone and prints it instead of writing docs/benchmarks.md. QLM_LLAMA_BENCH_AVX2 names a
-# llama-bench built for AVX2 alone (cmake -DGGML_NATIVE=OFF -DGGML_AVX512=OFF -DGGML_AVX_VNNI=OFF):
+# llama-bench built for AVX2 alone (`scripts/build_llama_bench.sh DIR avx2`):
 # both engines then also run the default model's GGUFs with only AVX2, as a CPU without AVX-512
 # would (QLM_BENCH_ONLY=avx2 prints that section alone).
 set -euo pipefail

@@ -9,8 +9,9 @@
 # tokens per dialogue. Prints the block and puts it in docs/benchmarks.md (between <!-- gpu -->
 # markers, which `make bench` keeps).
 # With QLM_LLAMA_BENCH (llama.cpp's llama-bench built with CUDA, outside the repository, from the
-# llama-cpp-python sdist's vendored sources) and QLM_LLAMA_CPP_SRC (a folder holding that source's
-# convert_hf_to_gguf.py and gguf-py/), the same random-weight models converted to BF16 and Q8_0
+# llama-cpp-python sdist's vendored sources: `scripts/build_llama_bench.sh DIR cuda`) and
+# QLM_LLAMA_CPP_SRC (a folder holding that source's convert_hf_to_gguf.py and its modules: that
+# DIR), the same random-weight models converted to BF16 and Q8_0
 # GGUFs also run under llama-bench on the same GPU (all layers offloaded): its pp512 and tg128
 # next to qlm's BF16 and INT8.
 # Usage: scripts/bench_gpu.sh BIN ASSETS SMOLLM2 [DIALOGUES]
