@@ -303,7 +303,10 @@ static void click(browser *b, const char *id) {
              " return document.elementFromPoint(x, y) === e ? [x, y] : null; })()",
              id);
     cJSON *xy = eval(b, js);
-    if (cJSON_GetArraySize(xy) != 2) browser_fail(b, "#%s cannot be clicked: not on the screen, or covered", id);
+    if (cJSON_GetArraySize(xy) != 2) {
+        cJSON_Delete(xy);
+        browser_fail(b, "#%s cannot be clicked: not on the screen, or covered", id);
+    }
     double x = cJSON_GetArrayItem(xy, 0)->valuedouble, y = cJSON_GetArrayItem(xy, 1)->valuedouble;
     cJSON_Delete(xy);
     const char *types[] = {"mouseMoved", "mousePressed", "mouseReleased"};
@@ -871,7 +874,10 @@ static void test_chat_page_stop(void **state) {
                   generated);
     free(said_shown);
     free(partial);
-    click(b, "stop");
+    /* The second answer ends here, by Stop or on its own: its length follows from where Stop cut the
+     * first, which depends on timing (under ASan it was over before a user's click could reach Stop).
+     * Stop's click is checked above; this one is cleanup and goes through the element. */
+    assert_true(eval_true(b, "(document.getElementById('stop').hidden || document.getElementById('stop').click(), true)"));
     free(wait_status(b, "['done', 'stopped']", 10));
     close_page(b);
 }
