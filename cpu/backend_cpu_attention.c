@@ -132,7 +132,7 @@ typedef struct {
     float *s;        /* [cap][KEY_CHUNK] scores, then weights */
     float *o;        /* [cap][head_dim] weighted sums */
     float *mx, *sum; /* [cap] running maxima and sums */
-    float *vw;       /* [KEY_CHUNK][head_dim] a chunk's value rows in F32, or NULL */
+    float *vw;       /* [KEY_CHUNK][head_dim] a chunk's value rows in F32; NULL below WIDEN_MIN_VECTORS */
 } attend_buffers;
 
 /* The end of the key chunk that starts at t0, before `end`. */
@@ -200,14 +200,9 @@ static void attend(const attn_call *c, int i0, int nr, int h0, int g, const atte
             memset(s + (to - t0), 0, (size_t)(t1 - to) * sizeof *s);
         }
         const void *vr = kv_at(vc, row, sh);
-        if (dt != QLM_F32 && b->vw && nq >= WIDEN_MIN_VECTORS) {
-            for (int t = 0; t < m; t++) {
-                const uint16_t *src = (const uint16_t *)vr + (size_t)t * rs;
-                if (dt == QLM_BF16)
-                    qlm_bf16_to_f32_n(b->vw + (size_t)t * hd, src, hd);
-                else
-                    qlm_f16_to_f32_n(b->vw + (size_t)t * hd, src, hd);
-            }
+        if (dt != QLM_F32 && b->vw) {
+            void (*widen)(float *, const uint16_t *, long) = dt == QLM_BF16 ? qlm_bf16_to_f32_n : qlm_f16_to_f32_n;
+            for (int t = 0; t < m; t++) widen(b->vw + (size_t)t * hd, (const uint16_t *)vr + (size_t)t * rs, hd);
             qlm_weighted_sum(b->o, b->s, nq, KEY_CHUNK, b->vw, (size_t)hd, m, hd, QLM_F32);
         } else {
             qlm_weighted_sum(b->o, b->s, nq, KEY_CHUNK, vr, rs, m, hd, dt);
