@@ -1,6 +1,7 @@
 /* Kernel benchmark: memory bandwidth, then GEMV (decode, n = 1) and GEMM (prefill) speed per
- * weight dtype for the SmolLM2-135M matrix shapes (GEMM also flan-t5-base's), and a batched decode
- * step's attention (SmolLM2's self-attention, flan-t5-base's cross-attention).
+ * weight dtype for the SmolLM2-135M matrix shapes (GEMM also flan-t5-base's), a batched decode
+ * step's attention (SmolLM2's self-attention, flan-t5-base's cross-attention) and a prompt's
+ * (SmolLM2's causal self-attention over 512 and 2048 rows).
  *
  * GEMV runs "cold": it cycles through enough copies of the matrix to exceed the caches, as
  * decode does (a whole model never fits in L3), so GB/s is comparable with the measured
@@ -381,10 +382,56 @@ static int bench_attention_case(const attn_case *c, const options *o) {
     return 0;
 }
 
+/* One layer's causal self-attention over a whole prompt of len rows (prefill), SmolLM2-135M's heads,
+ * in each cache dtype: GFLOP/s counts 4 head_dim multiply-adds' FLOPs per (row, key it sees, head). */
+static int bench_prefill_attention(const options *o) {
+    enum { HEADS = 9, KV_HEADS = 3 };
+    static const int lens[] = {512, 2048};
+    static const qlm_dtype dts[] = {QLM_F32, QLM_BF16, QLM_F16};
+    printf("\nprefill attention: SmolLM2 self-attention (%d query, %d KV heads, head_dim %d), one layer\n%-6s %-5s %10s %9s\n",
+           HEADS, KV_HEADS, ATTN_HD, "rows", "cache", "ms", "GFLOP/s");
+    for (size_t li = 0; li < sizeof lens / sizeof lens[0]; li++) {
+        const int len = lens[li];
+        const size_t n_kv = (size_t)KV_HEADS * len * ATTN_HD;
+        float *kv = malloc(2 * n_kv * sizeof(float)), *q = malloc((size_t)len * HEADS * ATTN_HD * sizeof(float));
+        float *out = malloc((size_t)len * HEADS * ATTN_HD * sizeof(float));
+        uint16_t *kv16 = malloc(2 * n_kv * sizeof(uint16_t));
+        int *pos = malloc((size_t)len * sizeof(int));
+        if (!kv || !q || !out || !kv16 || !pos) {
+            free(kv), free(q), free(out), free(kv16), free(pos);
+            return qlm_errorf("bench: out of memory");
+        }
+        for (size_t i = 0; i < 2 * n_kv; i++) kv[i] = frand();
+        for (size_t i = 0; i < (size_t)len * HEADS * ATTN_HD; i++) q[i] = frand();
+        for (int i = 0; i < len; i++) pos[i] = i;
+        for (size_t di = 0; di < sizeof dts / sizeof dts[0]; di++) {
+            const qlm_dtype dt = dts[di];
+            const void *k = kv, *v = kv + n_kv;
+            if (dt != QLM_F32) {
+                qlm_convert_from_f32(kv16, dt, kv, (long)(2 * n_kv));
+                k = kv16, v = kv16 + n_kv;
+            }
+            const qlm_attn_shape sh = {.n_heads = HEADS, .n_kv_heads = KV_HEADS, .head_dim = ATTN_HD, .scale = 0.125f,
+                                       .row_stride = ATTN_HD, .head_stride = (size_t)len * ATTN_HD, .kv_dtype = dt};
+            double best = 1e30;
+            for (int rep = 0; rep < (o->quick ? 2 : 5); rep++) {
+                double t0 = qlm_now_s();
+                qlm_cpu_attention(out, q, k, v, len, pos, &sh);
+                double t = qlm_now_s() - t0;
+                if (t < best) best = t;
+            }
+            const double flops = 4.0 * ATTN_HD * HEADS * (double)len * (len + 1) / 2;
+            printf("%-6d %-5s %10.2f %9.1f\n", len, qlm_dtype_name(dt), best * 1e3, flops / best / 1e9);
+        }
+        free(kv), free(q), free(out), free(kv16), free(pos);
+    }
+    return 0;
+}
+
 static int bench_attention(const options *o) {
     for (size_t i = 0; i < sizeof k_attn_cases / sizeof k_attn_cases[0]; i++)
         if (bench_attention_case(&k_attn_cases[i], o) != 0) return -1;
-    return 0;
+    return bench_prefill_attention(o);
 }
 
 int main(int argc, char **argv) {

@@ -450,7 +450,7 @@ AVX512_FN void dot_rows_amx(float *y, long ldy, const void *x, int n, const void
                             long cols, qlm_dtype dt) {
     const amx_rows r = {w, w_stride * 2, rows, cols / 32, NULL, 1.0f, 0};
     if (dt != QLM_BF16 || cols % 32 != 0 || amx_gemm(y, ldy, x, cols, NULL, n, &r, 0, rows, NULL, 0) != 0)
-        dot_rows(y, ldy, x, n, w, w_stride, rows, cols, dt);
+        attention_scores(y, ldy, x, n, w, w_stride, rows, cols, dt);
 }
 
 /* The product x W of an I8 weight's backward (qlm_matmul_i8_xw): x in the I24 form as three planes

@@ -218,9 +218,10 @@ AVX512_INLINE void gemm_tile(float *y, long ldy, const char *x, long ldx, const 
     QLM_UNROLL(6)
     for (int i = 0; i < nx; i++) {
         float *yi = y + i * ldy;
-        if (nr == 1)
-            yi[0] = (add ? yi[0] : 0.0f) + _mm_cvtss_f32(hsum4(acc[0][i], acc[0][i], acc[0][i], acc[0][i]));
-        else
+        if (nr == 1) {
+            const float h = _mm_cvtss_f32(hsum4(acc[0][i], acc[0][i], acc[0][i], acc[0][i]));
+            yi[0] = add ? yi[0] + h : h;
+        } else
             QLM_UNROLL(2)
             for (int r = 0; r < nr; r += 4) {
                 __m128 h = hsum4(acc[r][i], acc[r + 1][i], acc[r + 2][i], acc[r + 3][i]);
@@ -454,6 +455,7 @@ AVX512_INLINE void weighted_sum_dt(float *o, const float *p, int g, long ldp, co
 }
 
 #include "kernel_rows.h"
+#include "kernel_key_lanes.h"
 
 #define DROPOUT_LANES 8
 #include "kernel_dropout.h"
@@ -462,7 +464,7 @@ AVX512_INLINE void weighted_sum_dt(float *o, const float *p, int g, long ldp, co
 #include "kernel_amx.h"
 QLM_SIMD_KERNEL_TABLE(AVX512_TABLE, AVX512_NAME, gemm_amx, dot_rows_amx, i24_planes, gemm_i8_xw);
 #else
-QLM_SIMD_KERNEL_TABLE(AVX512_TABLE, AVX512_NAME, gemm, dot_rows, NULL, NULL);
+QLM_SIMD_KERNEL_TABLE(AVX512_TABLE, AVX512_NAME, gemm, attention_scores, NULL, NULL);
 #endif
 
 #endif

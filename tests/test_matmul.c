@@ -643,12 +643,14 @@ static void test_batch_invariance(void **state) {
     batch_width(21, 40);
 }
 
-/* The attention kernels on every ISA: scores of n query rows (5, and 20: AMX's two layouts)
- * against strided key rows, each row's the same alone, and the weighted sum of strided value rows,
- * for head sizes that are not multiples of the vector width, with F32 keys and values and with
- * BF16 ones (the queries then rounded to BF16 as well). */
+/* The attention kernels on every ISA: scores of n query rows (5, and 20: AMX's two layouts, and
+ * the keys across the lanes of AVX-512's prefill) against strided key rows, each row's the same
+ * alone, and the weighted sum of strided value rows, for head sizes that are not multiples of the
+ * vector width, with F32 keys and values, with BF16 ones (the queries then rounded to BF16 as
+ * well) and with F16 ones. */
 static double round_to(float v, qlm_dtype dt) {
-    return dt == QLM_BF16 ? qlm_bf16_to_f32(qlm_f32_to_bf16(v)) : v;
+    if (dt == QLM_BF16) return qlm_bf16_to_f32(qlm_f32_to_bf16(v));
+    return dt == QLM_F16 ? qlm_f16_to_f32(qlm_f32_to_f16(v)) : v;
 }
 
 static void test_attention_kernels(void **state) {
@@ -656,18 +658,22 @@ static void test_attention_kernels(void **state) {
     static const int dims[] = {1, 7, 16, 17, 48, 55, 64, 70, 128};
     const int most = 20, rows = 37, stride = 300;
     float *kv = malloc((size_t)rows * stride * sizeof *kv), *x = malloc((size_t)most * 128 * sizeof *x);
-    uint16_t *kvb = malloc((size_t)rows * stride * sizeof *kvb);
+    uint16_t *kvb = malloc((size_t)rows * stride * sizeof *kvb), *kvh = malloc((size_t)rows * stride * sizeof *kvh);
     float *xb = malloc((size_t)most * 128 * sizeof *xb), *one = malloc((size_t)rows * sizeof *one);
     float *y = malloc((size_t)most * rows * sizeof *y), *o = malloc((size_t)most * 128 * sizeof *o);
     double *ref = malloc((size_t)most * 128 * sizeof *ref), *mag = malloc((size_t)most * 128 * sizeof *mag); /* rows < 128 */
-    assert_true(kv && x && kvb && xb && one && y && o && ref && mag);
+    assert_true(kv && x && kvb && kvh && xb && one && y && o && ref && mag);
     for (int i = 0; i < rows * stride; i++) kv[i] = frand();
     qlm_convert_from_f32(kvb, QLM_BF16, kv, (long)rows * stride);
+    qlm_convert_from_f32(kvh, QLM_F16, kv, (long)rows * stride);
     const char *orig = qlm_matmul_isa();
-    for (int pass = 0; pass < 4; pass++) {
-        const int n = pass < 2 ? 5 : most, bf = pass % 2;
-        const qlm_dtype dt = bf ? QLM_BF16 : QLM_F32;
-        const void *keys = bf ? (const void *)(kvb + 3) : kv + 3, *values = bf ? (const void *)(kvb + 5) : kv + 5;
+    static const qlm_dtype kv_dtypes[] = {QLM_F32, QLM_BF16, QLM_F16};
+    for (int pass = 0; pass < 6; pass++) {
+        const int n = pass < 3 ? 5 : most, bf = kv_dtypes[pass % 3] == QLM_BF16;
+        const qlm_dtype dt = kv_dtypes[pass % 3];
+        const char *base = dt == QLM_F32 ? (const char *)kv : (const char *)(bf ? kvb : kvh);
+        const size_t esize = dt == QLM_F32 ? sizeof(float) : sizeof(uint16_t);
+        const void *keys = base + 3 * esize, *values = base + 5 * esize;
         for (size_t di = 0; di < sizeof dims / sizeof dims[0]; di++) {
             int hd = dims[di];
             for (int i = 0; i < n * hd; i++) x[i] = frand();
@@ -689,7 +695,8 @@ static void test_attention_kernels(void **state) {
                     for (int r = 0; r < rows; r++) {
                         double s = 0, m = 0;
                         for (int d = 0; d < hd; d++) {
-                            double p = round_to(x[i * hd + d], dt) * round_to(kv[(size_t)r * stride + 3 + d], dt);
+                            double p = round_to(x[i * hd + d], bf ? QLM_BF16 : QLM_F32) *
+                                       round_to(kv[(size_t)r * stride + 3 + d], dt);
                             s += p;
                             m += fabs(p);
                         }
@@ -716,7 +723,7 @@ static void test_attention_kernels(void **state) {
         }
     }
     assert_int_equal(qlm_matmul_force_isa(orig), 0);
-    free(kv), free(x), free(kvb), free(xb), free(one), free(y), free(o), free(ref), free(mag);
+    free(kv), free(x), free(kvb), free(kvh), free(xb), free(one), free(y), free(o), free(ref), free(mag);
 }
 
 /* Units in the last place between a and the double b, at b's scale. */
