@@ -87,8 +87,8 @@ KERNEL_INLINE void lane_scores(float *y, long ldy, const float *x, long ldx, con
 }
 
 /* dot_rows for query rows in the x form of dt (rows cols apart) and whole steps of columns: keys
- * in blocks of LANE_COUNT, each widened and turned into kt, then met by LANE_QUERIES rows at a
- * time, the last few one by one. */
+ * in blocks of LANE_COUNT, each widened and turned in place in kt, then met by LANE_QUERIES rows at
+ * a time, the last few one by one. */
 KERNEL_INLINE void key_lane_scores(float *y, long ldy, const float *x, int n, const char *w, size_t stride, int rows,
                                    long cols, qlm_dtype dt) {
     LANE_VEC kt[LANE_KEYS_MAX_COLS];
@@ -96,13 +96,11 @@ KERNEL_INLINE void key_lane_scores(float *y, long ldy, const float *x, int n, co
     for (int r0 = 0; r0 < rows; r0 += LANE_COUNT) {
         const int nk = rows - r0 < LANE_COUNT ? rows - r0 : LANE_COUNT;
         for (int s = 0; s < steps; s++) {
-            LANE_VEC v[LANE_COUNT];
+            LANE_VEC *v = kt + LANE_COUNT * s;
             QLM_UNROLL(16)
             for (int k = 0; k < LANE_COUNT; k++)
                 v[k] = k < nk ? lanes_key_step(w + (size_t)(r0 + k) * stride, s, dt) : lanes_zero();
             lanes_transpose(v);
-            QLM_UNROLL(16)
-            for (int c = 0; c < LANE_COUNT; c++) kt[LANE_COUNT * s + c] = v[c];
         }
         float *yr = y + r0;
         int i = 0;

@@ -644,7 +644,7 @@ static void test_batch_invariance(void **state) {
 }
 
 /* The attention kernels on every ISA: scores of n query rows (5, and 20: AMX's two layouts, and
- * the keys across the lanes of AVX-512's prefill) against strided key rows, each row's the same
+ * the keys across the lanes of AVX-512's and AVX2's prefill) against strided key rows, each row's the same
  * alone, and the weighted sum of strided value rows, for head sizes that are not multiples of the
  * vector width, with F32 keys and values, with BF16 ones (the queries then rounded to BF16 as
  * well) and with F16 ones. */
