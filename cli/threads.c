@@ -1,31 +1,16 @@
 #include "threads.h"
 
+#include "../cpu/cpu_load.h"
+
 #include <omp.h>
 #include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
-#include <time.h>
 
 static int usable_cores(void) {
     cpu_set_t set;
     if (sched_getaffinity(0, sizeof set, &set) == 0 && CPU_COUNT(&set) > 0) return CPU_COUNT(&set);
     return omp_get_num_procs();
-}
-
-/* Runnable tasks of other programs: the fewest of a few samples of /proc/loadavg's running count
- * (a moment's fork or exit is not load), less this process's reading thread. -1 when unknown. */
-static int others_running(void) {
-    int fewest = -1;
-    for (int i = 0; i < 5; i++) {
-        FILE *f = fopen("/proc/loadavg", "r");
-        int running = 0;
-        int ok = f && fscanf(f, "%*f %*f %*f %d/", &running) == 1;
-        if (f) fclose(f);
-        if (!ok) return -1;
-        if (fewest < 0 || running - 1 < fewest) fewest = running - 1;
-        nanosleep(&(struct timespec){0, 2000000}, NULL);
-    }
-    return fewest;
 }
 
 int cli_threads_apply(int requested, int local_ranks, int quiet) {
@@ -36,7 +21,7 @@ int cli_threads_apply(int requested, int local_ranks, int quiet) {
      * about a chosen one. Other ranks of this job on the machine are load too, so only a lone
      * process looks. */
     int warn = threads > 0 && !quiet && !getenv("OMP_WAIT_POLICY");
-    int busy = ranks == 1 && (threads <= 0 || warn) ? others_running() : -1;
+    int busy = ranks == 1 && (threads <= 0 || warn) ? qlm_cpu_others_running() : -1;
     int free_cores = cores - (busy > 0 ? busy : 0);
     if (threads > 0) {
         /* libgomp reads its wait policy at start-up, so a count chosen past the free cores can only

@@ -4,6 +4,7 @@
 #include <cjson/cJSON.h>
 #include <math.h>
 #include <poll.h>
+#include <pthread.h>
 #include <pty.h>
 #include <sched.h>
 #include <signal.h>
@@ -11,6 +12,7 @@
 #include <unistd.h>
 
 #include "test_util.h"
+#include "../cpu/cpu_load.h"
 #include "../quant/matmul.h"
 
 
@@ -708,6 +710,28 @@ static void test_threads_under_load(void **state) {
     }
 }
 
+static void *spin_until_cleared(void *flag) {
+    while (__atomic_load_n((int *)flag, __ATOMIC_RELAXED)) continue;
+    return NULL;
+}
+
+/* The load that shrinks the default thread count is other programs': a process's own runnable
+ * threads (OpenBLAS's pool spins for a while after the library loads, so qlm took one thread on
+ * an idle 2-core machine) are not counted. Four spinning threads here, on any number of cores. */
+static void test_own_threads_are_not_load(void **state) {
+    (void)state;
+    enum { SPINNERS = 4 };
+    pthread_t t[SPINNERS];
+    int spin = 1;
+    for (int i = 0; i < SPINNERS; i++) assert_int_equal(pthread_create(&t[i], NULL, spin_until_cleared, &spin), 0);
+    usleep(50000);
+    int others = qlm_cpu_others_running();
+    __atomic_store_n(&spin, 0, __ATOMIC_RELAXED);
+    for (int i = 0; i < SPINNERS; i++) pthread_join(t[i], NULL);
+    assert_true(others >= 0);
+    if (others >= SPINNERS) fail_msg("%d other runnable threads counted beside this process's %d spinning ones", others, SPINNERS);
+}
+
 /* What a terminal shows of a child on a pseudo-terminal, read as it comes. */
 typedef struct {
     int fd;
@@ -1064,6 +1088,7 @@ int main(void) {
         cmocka_unit_test(test_chat_template_file),
         cmocka_unit_test(test_json_output),
         cmocka_unit_test(test_threads_under_load),
+        cmocka_unit_test(test_own_threads_are_not_load),
         cmocka_unit_test(test_chat_terminal),
         cmocka_unit_test(test_default_model),
         cmocka_unit_test(test_completion_and_install),
