@@ -307,7 +307,7 @@ for spec in "SmolLM2-135M-Instruct|$model|" "flan-t5-base shape, random weights|
         for bs in 1 8 32; do
             echo "bench: summarize $name, batch size $bs, round $round of $summary_reps ..." >&2
             rm -f "$tmp/out.jsonl"
-            "$qlm" summarize -m "$path" $extra --dtype bf16 --batch "$tmp/dialogues.jsonl" --out "$tmp/out.jsonl" \
+            "$qlm" summarize -m "$path" $extra --dtype bf16 --threads "$threads" --batch "$tmp/dialogues.jsonl" --out "$tmp/out.jsonl" \
                 --batch-size "$bs" -n "$summary_tokens" 2> "$tmp/summarize.log"
             # "summarize: N dialogues in S s (D dialogues/s), T tokens generated (R tok/s), K decode steps;
             #  U of P prompt tokens reused from an earlier prompt's cache"
@@ -340,7 +340,7 @@ lora_table=$("$(dirname "$qlm")/bench/bench_lora" "$model" "$tmp/lora1" "$tmp/lo
 # HTTP server: `qlm serve` (BF16, 16 sequences) on a free loopback port, loaded by
 # build/bench/bench_serve with 1, 4 and 16 concurrent streaming clients, in its two workloads.
 echo "bench: HTTP server ..." >&2
-"$qlm" serve -m "$model" --dtype bf16 --port 0 --max-seqs 16 --quiet > "$tmp/serve.out" 2> "$tmp/serve.err" &
+"$qlm" serve -m "$model" --dtype bf16 --threads "$threads" --port 0 --max-seqs 16 --quiet > "$tmp/serve.out" 2> "$tmp/serve.err" &
 serve_pid=$!
 url=""
 for _ in $(seq 600); do
@@ -488,7 +488,7 @@ fi
     echo "## Batch summarization"
     echo
     echo "\`qlm summarize --batch\` over the first $n_dialogues DialogSum test dialogues (zero-shot prompt; chat template for"
-    echo "SmolLM2, plain for T5), greedy, at most $summary_tokens new tokens each, BF16 weights, in the same run; each"
+    echo "SmolLM2, plain for T5), greedy, at most $summary_tokens new tokens each, BF16 weights, $threads threads, in the same run; each"
     echo "batch size's fastest of $summary_reps interleaved rounds. Each dialogue's prompt (T5: its encoder pass) is"
     echo "evaluated once, less the prefix it shares with an earlier prompt (SmolLM2's chat template and instruction),"
     echo "whose keys and values are copied; a prompt that fits joins a decode step, and decode steps are shared by"
@@ -514,7 +514,7 @@ fi
     echo
     echo "## HTTP server"
     echo
-    echo "\`qlm serve\` on SmolLM2-135M-Instruct (BF16, --max-seqs 16, same run), loaded by build/bench/bench_serve:"
+    echo "\`qlm serve\` on SmolLM2-135M-Instruct (BF16, --max-seqs 16, $threads threads, same run), loaded by build/bench/bench_serve:"
     echo "C concurrent clients send streaming requests (\"Request i. Write a short story about ...\", 16 different"
     echo "prompts in turn, greedy, max_tokens 64) back to back, max(16, 8C) requests per row. Workload chat: through"
     echo "/v1/chat/completions and the model's chat template, as an instruction-tuned model is used; its answers run"
