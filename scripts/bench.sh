@@ -526,6 +526,13 @@ fi
     echo "$serve_table"
     echo "$serve_table_raw"
     echo
+    chat16=$(awk -F'|' '$2 ~ /chat/ && $3 + 0 == 16 { print $4 + 0 }' <<< "$serve_table")
+    bf16_pp=$(json_field "$tmp/bf16.json" pp_tps)
+    echo "One client decodes at the memory's pace (every BF16 weight read for each token); sixteen share each"
+    echo "step's reads, and their products are then bound by arithmetic, whose rate here BF16's pp512 above"
+    printf 'measures: chat with 16 clients completes %.1f tok/s, %.0f%% of it (prompts and attention on top).\n' \
+        "$chat16" "$(calc "100 * $chat16 / $bf16_pp")"
+    echo
     echo "## LoRA training"
     echo
     echo "\`qlm train --lora\` (rank 16, alpha 32, all linear layers, dropout 0.05, AdamW, F32, batch 4, $train_steps steps) on"
