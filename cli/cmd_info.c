@@ -28,10 +28,10 @@ static const char *k_usage =
 static void print_devices(void) {
     printf("cpu: %d threads, matmul kernels: %s (this CPU runs: %s; QLM_ISA picks one)\n", omp_get_max_threads(),
            qlm_matmul_isa(), qlm_matmul_isas());
-    printf("  W8A8 for block weights: %s; OpenBLAS kernels (training's backward products): %s\n",
+    printf("  W8A8 for block weights: %s; OpenBLAS (training's backward products): kernels %s, threads %d\n",
            qlm_matmul_w8a8() ? "on by default (byte dot products; --no-w8a8 keeps 16-bit activations)"
                              : "off (these kernels have no byte dot products)",
-           openblas_get_corename());
+           openblas_get_corename(), openblas_get_num_threads());
     const qlm_backend *cuda = qlm_backend_cuda();
     char line[256];
     if (cuda) cuda->describe(line, sizeof line);
@@ -108,7 +108,8 @@ static cJSON *devices_json(cJSON *root) {
         !cJSON_AddStringToObject(cpu, "kernels", qlm_matmul_isa()) ||
         !cJSON_AddStringToObject(cpu, "kernel_sets", qlm_matmul_isas()) ||
         !cJSON_AddBoolToObject(cpu, "w8a8", qlm_matmul_w8a8()) ||
-        !cJSON_AddStringToObject(cpu, "openblas_core", openblas_get_corename()))
+        !cJSON_AddStringToObject(cpu, "openblas_core", openblas_get_corename()) ||
+        !cJSON_AddNumberToObject(cpu, "openblas_threads", openblas_get_num_threads()))
         return NULL;
     const qlm_backend *be = qlm_backend_cuda();
     char line[256];

@@ -7,11 +7,13 @@ set -u
 # The programs link OpenBLAS as qlm does, and run the kernels qlm runs: on a CPU newer than the
 # library, qlm names them itself (cli/blas_core.c) where the library alone takes its generic SSE3
 # ones (Emerald Rapids: the suite in 5m12s instead of 6m28s), and a test that compares its own
-# numbers with a qlm process's then compares one set of kernels.
+# numbers with a qlm process's then compares one set of kernels. As in qlm, OpenBLAS runs one
+# thread a call (the threads that call it are the programs' own), so it starts no pool to spin beside them.
 if [ -z "${OPENBLAS_CORETYPE:-}" ] && [ -n "${QLM_BIN:-}" ]; then
     core=$("$QLM_BIN" info --json 2>/dev/null | jq -r '.cpu.openblas_core // empty')
     if [ -n "$core" ]; then export OPENBLAS_CORETYPE=$core; fi
 fi
+export OPENBLAS_NUM_THREADS=${OPENBLAS_NUM_THREADS:-1}
 passed=0 failed=0 skipped=0 broken=()
 for t in "$@"; do
     name=$(basename "$t")

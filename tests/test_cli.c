@@ -732,6 +732,41 @@ static void test_own_threads_are_not_load(void **state) {
     if (others >= SPINNERS) fail_msg("%d other runnable threads counted beside this process's %d spinning ones", others, SPINNERS);
 }
 
+/* OPENBLAS_NUM_THREADS=1 unless the user set it: qlm's threads call OpenBLAS one thread each, and
+ * the pool the pthread build otherwise starts as it loads spins beside them (qlm restarts itself
+ * with the variable set). */
+static int openblas_threads_with(const char *value) {
+    char *saved = getenv("OPENBLAS_NUM_THREADS") ? strdup(getenv("OPENBLAS_NUM_THREADS")) : NULL;
+    if (value)
+        setenv("OPENBLAS_NUM_THREADS", value, 1);
+    else
+        unsetenv("OPENBLAS_NUM_THREADS");
+    char *out = NULL;
+    int rc = test_run_qlm(&out, "info --json");
+    if (saved)
+        setenv("OPENBLAS_NUM_THREADS", saved, 1);
+    else
+        unsetenv("OPENBLAS_NUM_THREADS");
+    free(saved);
+    assert_int_equal(rc, 0);
+    cJSON *root = cJSON_Parse(out);
+    const cJSON *n = cJSON_GetObjectItem(cJSON_GetObjectItem(root, "cpu"), "openblas_threads");
+    assert_true(cJSON_IsNumber(n));
+    int threads = n->valueint;
+    cJSON_Delete(root);
+    free(out);
+    return threads;
+}
+
+static void test_openblas_keeps_no_pool(void **state) {
+    (void)state;
+    assert_int_equal(openblas_threads_with(NULL), 1);
+    /* A count the user set stays (OpenBLAS holds it to the cores this process may use). */
+    cpu_set_t set;
+    assert_int_equal(sched_getaffinity(0, sizeof set, &set), 0);
+    assert_int_equal(openblas_threads_with("2"), CPU_COUNT(&set) < 2 ? CPU_COUNT(&set) : 2);
+}
+
 /* What a terminal shows of a child on a pseudo-terminal, read as it comes. */
 typedef struct {
     int fd;
@@ -1089,6 +1124,7 @@ int main(void) {
         cmocka_unit_test(test_json_output),
         cmocka_unit_test(test_threads_under_load),
         cmocka_unit_test(test_own_threads_are_not_load),
+        cmocka_unit_test(test_openblas_keeps_no_pool),
         cmocka_unit_test(test_chat_terminal),
         cmocka_unit_test(test_default_model),
         cmocka_unit_test(test_completion_and_install),
