@@ -48,17 +48,24 @@ static void kv_store_row(void *dst, qlm_dtype kv, const float *src, int n) {
         if ((h[i] & 0x7fffu) == QLM_F16_INF) h[i] = (uint16_t)((h[i] & 0x8000u) | QLM_F16_MAX_BITS);
 }
 
-static void cpu_kv_store(void *k_cache, void *v_cache, qlm_dtype kv, const float *k, const float *v, int n,
+/* Row i's keys and values into its slot's caches at position pos[i]. */
+static void kv_store_one(void *k_cache, void *v_cache, qlm_dtype kv, const float *k, const float *v, int i,
                          const int *slots, int slot, const int *pos, int heads, int hd, int max_pos) {
     size_t run = (size_t)max_pos * hd, esize = qlm_kv_elem_size(kv);
-    for (int i = 0; i < n; i++) {
-        size_t base = (size_t)(slots ? slots[i] : slot) * heads * run + (size_t)pos[i] * hd;
-        for (int h = 0; h < heads; h++) {
-            size_t at = (base + h * run) * esize, from = ((size_t)i * heads + h) * hd;
-            kv_store_row((char *)k_cache + at, kv, k + from, hd);
-            kv_store_row((char *)v_cache + at, kv, v + from, hd);
-        }
+    size_t base = (size_t)(slots ? slots[i] : slot) * heads * run + (size_t)pos[i] * hd;
+    for (int h = 0; h < heads; h++) {
+        size_t at = (base + h * run) * esize, from = ((size_t)i * heads + h) * hd;
+        kv_store_row((char *)k_cache + at, kv, k + from, hd);
+        kv_store_row((char *)v_cache + at, kv, v + from, hd);
     }
+}
+
+/* Rows store apart (no two rows of a call share a slot and position: a ring holds a call's rows),
+ * so a prompt's rows are split over the threads rather than converted by one while the others wait. */
+static void cpu_kv_store(void *k_cache, void *v_cache, qlm_dtype kv, const float *k, const float *v, int n,
+                         const int *slots, int slot, const int *pos, int heads, int hd, int max_pos) {
+#pragma omp parallel for if (n > 1)
+    for (int i = 0; i < n; i++) kv_store_one(k_cache, v_cache, kv, k, v, i, slots, slot, pos, heads, hd, max_pos);
 }
 
 /* Lanes of sum_squares: a double sum in order does not vectorize; 8 running sums do, and each is
@@ -86,24 +93,28 @@ static void cpu_rmsnorm(float *out, const float *x, const float *weight, int n, 
     }
 }
 
-/* Each (row, frequency) angle is computed once for the query heads and the key heads. */
-void qlm_cpu_rope_rotate(float *q, float *k, int n, const int *pos, int n_heads, int n_kv_heads, int head_dim,
-                         const float *inv_freq, float direction) {
+/* Row i of q and k rotated; each (row, frequency) angle is computed once for the query heads and
+ * the key heads. */
+static void rope_row(float *q, float *k, int i, const int *pos, int n_heads, int n_kv_heads, int head_dim,
+                     const float *inv_freq, float direction) {
     int half = head_dim / 2;
-#pragma omp parallel for if (n > 1)
-    for (int i = 0; i < n; i++) {
-        for (int j = 0; j < half; j++) {
-            float angle = (float)pos[i] * inv_freq[j];
-            float c = cosf(angle), s = direction * sinf(angle);
-            for (int h = 0; h < n_heads + n_kv_heads; h++) {
-                float *v = h < n_heads ? q + ((size_t)i * n_heads + h) * head_dim
-                                       : k + ((size_t)i * n_kv_heads + h - n_heads) * head_dim;
-                float a = v[j], b = v[j + half];
-                v[j] = a * c - b * s;
-                v[j + half] = b * c + a * s;
-            }
+    for (int j = 0; j < half; j++) {
+        float angle = (float)pos[i] * inv_freq[j];
+        float c = cosf(angle), s = direction * sinf(angle);
+        for (int h = 0; h < n_heads + n_kv_heads; h++) {
+            float *v = h < n_heads ? q + ((size_t)i * n_heads + h) * head_dim
+                                   : k + ((size_t)i * n_kv_heads + h - n_heads) * head_dim;
+            float a = v[j], b = v[j + half];
+            v[j] = a * c - b * s;
+            v[j + half] = b * c + a * s;
         }
     }
+}
+
+void qlm_cpu_rope_rotate(float *q, float *k, int n, const int *pos, int n_heads, int n_kv_heads, int head_dim,
+                         const float *inv_freq, float direction) {
+#pragma omp parallel for if (n > 1)
+    for (int i = 0; i < n; i++) rope_row(q, k, i, pos, n_heads, n_kv_heads, head_dim, inv_freq, direction);
 }
 
 static void cpu_rope(float *q, float *k, int n, const int *pos, int n_heads, int n_kv_heads, int head_dim,
@@ -111,10 +122,14 @@ static void cpu_rope(float *q, float *k, int n, const int *pos, int n_heads, int
     qlm_cpu_rope_rotate(q, k, n, pos, n_heads, n_kv_heads, head_dim, inv_freq, 1.0f);
 }
 
+/* Each row rotated and stored by one thread, in one parallel loop. */
 static void cpu_rope_store(float *q, float *k, const float *v, int n, const qlm_kv_step *kv) {
-    if (kv->inv_freq) cpu_rope(q, k, n, kv->pos, kv->n_heads, kv->n_kv_heads, kv->head_dim, kv->inv_freq);
-    cpu_kv_store(kv->k_cache, kv->v_cache, kv->kv, k, v, n, kv->slots, 0, kv->store_pos, kv->n_kv_heads, kv->head_dim,
-                 kv->max_pos);
+#pragma omp parallel for if (n > 1)
+    for (int i = 0; i < n; i++) {
+        if (kv->inv_freq) rope_row(q, k, i, kv->pos, kv->n_heads, kv->n_kv_heads, kv->head_dim, kv->inv_freq, 1.0f);
+        kv_store_one(kv->k_cache, kv->v_cache, kv->kv, k, v, i, kv->slots, 0, kv->store_pos, kv->n_kv_heads,
+                     kv->head_dim, kv->max_pos);
+    }
 }
 
 static _Thread_local qlm_cpu_scratch t_lora_x, t_lora_t, t_lora_u;
