@@ -224,22 +224,18 @@ __attribute__((target_clones("avx512f", "avx2", "default"))) static void act_blo
 /* Elements of a GLU or activation below which one thread takes them all. */
 #define MIN_PARALLEL_ACT 4096L
 
-/* Block b of n elements. */
-#define ACT_AT(b) ((b) * ACT_BLOCK)
-#define ACT_LEN(b, n) ((n) - ACT_AT(b) < ACT_BLOCK ? (n) - ACT_AT(b) : ACT_BLOCK)
+/* Block b (ACT_BLOCK elements from b * ACT_BLOCK) of act_block over n elements; up may be NULL. */
+static void act_block_at(float *out, const float *x, const float *up, long n, long b, qlm_act a) {
+    const long at = b * ACT_BLOCK;
+    act_block(out + at, x + at, up ? up + at : NULL, n - at < ACT_BLOCK ? n - at : ACT_BLOCK, a);
+}
 
 static void cpu_glu(float *out, const float *gate, const float *up, long n, qlm_act a) {
-    CPU_FOR(b, (n + ACT_BLOCK - 1) / ACT_BLOCK, n > MIN_PARALLEL_ACT,
-            act_block(out + ACT_AT(b), gate + ACT_AT(b), up + ACT_AT(b), ACT_LEN(b, n), a));
+    CPU_FOR(b, (n + ACT_BLOCK - 1) / ACT_BLOCK, n > MIN_PARALLEL_ACT, act_block_at(out, gate, up, n, b, a));
 }
 
 static void cpu_activate(float *x, long n, qlm_act a) {
-    CPU_FOR(b, (n + ACT_BLOCK - 1) / ACT_BLOCK, n > MIN_PARALLEL_ACT,
-            act_block(x + ACT_AT(b), x + ACT_AT(b), NULL, ACT_LEN(b, n), a));
-}
-
-static void cpu_add(float *y, const float *x, long n) {
-    CPU_FOR(i, n, n > 16384, y[i] += x[i]);
+    CPU_FOR(b, (n + ACT_BLOCK - 1) / ACT_BLOCK, n > MIN_PARALLEL_ACT, act_block_at(x, x, NULL, n, b, a));
 }
 
 static void cpu_embedding(float *out, const qlm_weight *table, const int *ids, int n) {
@@ -276,7 +272,7 @@ static const qlm_backend cpu_backend = {
     .attention = qlm_cpu_attention,
     .glu = cpu_glu,
     .activate = cpu_activate,
-    .add = cpu_add,
+    .add = qlm_add_f32,
     .embedding = cpu_embedding,
     .copy = cpu_copy,
     .to_device = cpu_memcpy,

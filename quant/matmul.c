@@ -579,23 +579,21 @@ static _Thread_local qlm_cpu_scratch t_sums;
  * would pay twice a layer. */
 #define MIN_ADD_PER_THREAD 8192L
 
-static void add_run(float *y, const float *sum, long from, long to) {
-    for (long i = from; i < to; i++) y[i] += sum[i];
+static void add_run(float *y, const float *x, long from, long to) {
+    for (long i = from; i < to; i++) y[i] += x[i];
 }
 
-/* y += sum over len floats: a prompt's residual stream (512 x 576 floats a product) split over the
- * threads rather than added by one while the others wait. */
-static void add_rows(float *y, const float *sum, long len) {
-    const long t = len / MIN_ADD_PER_THREAD, max = omp_get_max_threads();
+void qlm_add_f32(float *y, const float *x, long n) {
+    const long t = n / MIN_ADD_PER_THREAD, max = omp_get_max_threads();
     const int nth = t < 1 ? 1 : t < max ? (int)t : (int)max;
     if (nth == 1) {
-        add_run(y, sum, 0, len);
+        add_run(y, x, 0, n);
         return;
     }
 #pragma omp parallel num_threads(nth)
     {
         const long th = omp_get_thread_num(), nt = omp_get_num_threads();
-        add_run(y, sum, len * th / nt, len * (th + 1) / nt);
+        add_run(y, x, n * th / nt, n * (th + 1) / nt);
     }
 }
 
@@ -623,7 +621,7 @@ int qlm_matmul_group(const qlm_matmul_out *outs, int count, const float *x, int 
             const qlm_matmul_out *o = &outs[c0 + p];
             if (o->w->rows <= 0) continue;
             if (o->w->rope_heads) rope_rows_to_half(&(qlm_matmul_out){stored[p].y, o->w, o->bias, 0}, n);
-            if (o->add) add_rows(o->y, stored[p].y, (long)n * o->w->rows);
+            if (o->add) qlm_add_f32(o->y, stored[p].y, (long)n * o->w->rows);
         }
     }
     return 0;

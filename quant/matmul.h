@@ -47,6 +47,11 @@ void qlm_weighted_sum(float *o, const float *p, int g, long ldp, const void *v, 
  * NaN staying NaN; results below 3e-38 may be 0. Single-threaded. */
 void qlm_exp_f32(float *x, long n);
 
+/* y[i] += x[i] for i < n: a prompt's residual stream (512 x 576 floats a product) split over the
+ * threads from 8192 floats a thread, decode's one row by the calling thread without a parallel
+ * region. */
+void qlm_add_f32(float *y, const float *x, long n);
+
 /* Rows of x from which qlm_matmul_i8_xw takes a product. */
 #define QLM_I8_XW_MIN_ROWS 16
 
