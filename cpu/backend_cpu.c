@@ -12,6 +12,7 @@
 #include "../quant/quantize.h"
 #include "../core/backend.h"
 #include "backend_cpu_attention.h"
+#include "backend_cpu_lora.h"
 #include "backend_cpu_train.h"
 #include "../core/cpu_scratch.h"
 #include "../core/error.h"
@@ -143,39 +144,6 @@ static void cpu_rope_store(float *q, float *k, const float *v, int n, const qlm_
     CPU_FOR(i, n, n > 1, rope_store_row(q, k, v, (int)i, kv));
 }
 
-static _Thread_local qlm_cpu_scratch t_lora_x, t_lora_t, t_lora_u;
-static _Thread_local int *t_lora_rows;
-static _Thread_local size_t t_lora_rows_cap;
-
-/* Rows that share a pair are gathered and multiplied together: two thin matmuls per distinct
- * adapter, whatever the batch size. */
-static int cpu_lora(float *y, const float *x, int n, const qlm_lora_ref *const *per_row) {
-    if ((size_t)n > t_lora_rows_cap) {
-        int *r = realloc(t_lora_rows, (size_t)n * sizeof *r);
-        if (!r) return qlm_errorf("out of memory for LoRA scratch");
-        t_lora_rows = r;
-        t_lora_rows_cap = (size_t)n;
-    }
-    for (int i = 0; i < n; i++) {
-        int m = qlm_lora_group(per_row, n, i, t_lora_rows);
-        if (m == 0) continue;
-        const qlm_lora_ref *ref = per_row[i];
-        int in = ref->a->cols, r = ref->a->rows, out = ref->b->rows;
-        float *xs = qlm_cpu_scratch_get(&t_lora_x, (size_t)m * in), *ts = qlm_cpu_scratch_get(&t_lora_t, (size_t)m * r),
-              *us = qlm_cpu_scratch_get(&t_lora_u, (size_t)m * out);
-        if (!xs || !ts || !us) return qlm_errorf("out of memory for LoRA scratch");
-        for (int k = 0; k < m; k++) memcpy(xs + (size_t)k * in, x + (size_t)t_lora_rows[k] * in, (size_t)in * sizeof *xs);
-        qlm_matmul(ts, xs, m, ref->a, NULL);
-        qlm_matmul(us, ts, m, ref->b, NULL);
-        for (int k = 0; k < m; k++) {
-            float *yr = y + (size_t)t_lora_rows[k] * out;
-            const float *ur = us + (size_t)k * out;
-            for (int j = 0; j < out; j++) yr[j] += ref->scale * ur[j];
-        }
-    }
-    return 0;
-}
-
 /* Values per block of an activation: a block's exponentials go through the vectorized qlm_exp_f32. */
 #define ACT_BLOCK 256
 
@@ -266,7 +234,7 @@ static const qlm_backend cpu_backend = {
     .step_matmul_group = cpu_step_matmul_group,
     .kv_store = cpu_kv_store,
     .rope_store = cpu_rope_store,
-    .lora = cpu_lora,
+    .lora = qlm_cpu_lora,
     .rmsnorm = cpu_rmsnorm,
     .rope = cpu_rope,
     .attention = qlm_cpu_attention,

@@ -9,6 +9,7 @@
  * `tools/make_lora_fixtures.py --check DIR` (peft loads them and reproduces the logits). */
 #include <cjson/cJSON.h>
 #include <math.h>
+#include <omp.h>
 #include <unistd.h>
 
 #include "../runtime/batch.h"
@@ -471,6 +472,79 @@ static void test_mixed_batch(void **state) {
     (void)state;
     mixed_batch(QLM_F32);
     mixed_batch(QLM_I8);
+}
+
+/* Uniform in [-1, 1) from a 64-bit LCG. */
+static float uniform(uint64_t *s) {
+    *s = *s * 6364136223846793005ULL + 1442695040888963407ULL;
+    return (float)(*s >> 40) / (float)(1 << 23) - 1.0f;
+}
+
+/* The CPU lora op on a call of ten rows over three pairs (F32 rank 16, F32 rank 8, BF16 rank 16)
+ * and a row without one, 576 columns in and 1536 out, so that its threads split the pairs' rows
+ * and put x in form together: every value is the bits y + scale · B (A x) has from two
+ * qlm_matmul calls of the row alone, on one thread and on four. */
+static void test_lora_op_threads(void **state) {
+    (void)state;
+    enum { IN = 576, OUT = 1536, N = 10, PAIRS = 3 };
+    const int rank[PAIRS] = {16, 8, 16};
+    const qlm_dtype dt[PAIRS] = {QLM_F32, QLM_F32, QLM_BF16};
+    const int use[N] = {0, 1, -1, 0, 2, 1, 2, 0, 0, 2};
+    uint64_t seed = 12345;
+    float *x = malloc(sizeof(float) * N * IN), *y0 = malloc(sizeof(float) * N * OUT);
+    float *want = malloc(sizeof(float) * N * OUT), *got = malloc(sizeof(float) * N * OUT);
+    assert_non_null(x && y0 && want && got);
+    for (int i = 0; i < N * IN; i++) x[i] = uniform(&seed);
+    for (int i = 0; i < N * OUT; i++) y0[i] = uniform(&seed);
+    qlm_lora_ref ref[PAIRS];
+    qlm_weight w[PAIRS][2];
+    void *data[PAIRS][2];
+    for (int p = 0; p < PAIRS; p++)
+        for (int ab = 0; ab < 2; ab++) {
+            const int rows = ab ? OUT : rank[p], cols = ab ? rank[p] : IN;
+            const size_t count = (size_t)rows * cols;
+            float *f = malloc(count * sizeof *f);
+            assert_non_null(f);
+            for (size_t k = 0; k < count; k++) f[k] = uniform(&seed) * 0.2f;
+            data[p][ab] = f;
+            if (dt[p] == QLM_BF16) {
+                data[p][ab] = malloc(count * sizeof(uint16_t));
+                assert_non_null(data[p][ab]);
+                qlm_f32_to_bf16_n(data[p][ab], f, (long)count);
+                free(f);
+            }
+            w[p][ab] = (qlm_weight){.dtype = dt[p], .rows = rows, .cols = cols, .data = data[p][ab], .scale = 1.0f};
+        }
+    for (int p = 0; p < PAIRS; p++) ref[p] = (qlm_lora_ref){.a = &w[p][0], .b = &w[p][1], .scale = 0.5f + p};
+    const qlm_lora_ref *per_row[N];
+    memcpy(want, y0, sizeof(float) * N * OUT);
+    for (int i = 0; i < N; i++) {
+        per_row[i] = use[i] < 0 ? NULL : &ref[use[i]];
+        if (use[i] < 0) continue;
+        float t[16], u[OUT];
+        qlm_matmul(t, x + (size_t)i * IN, 1, per_row[i]->a, NULL);
+        qlm_matmul(u, t, 1, per_row[i]->b, NULL);
+        for (int o = 0; o < OUT; o++) want[(size_t)i * OUT + o] += per_row[i]->scale * u[o];
+    }
+    const int threads = omp_get_max_threads(), counts[2] = {1, 4};
+    for (int c = 0; c < 2; c++) {
+        omp_set_num_threads(counts[c]);
+        memcpy(got, y0, sizeof(float) * N * OUT);
+        assert_int_equal(qlm_backend_cpu()->lora(got, x, N, per_row), 0);
+        for (int i = 0; i < N * OUT; i++)
+            if (memcmp(&got[i], &want[i], sizeof got[i]) != 0)
+                fail_msg("%d threads: row %d column %d: %.9g, two products give %.9g", counts[c], i / OUT, i % OUT,
+                         got[i], want[i]);
+    }
+    omp_set_num_threads(threads);
+    for (int p = 0; p < PAIRS; p++) {
+        free(data[p][0]);
+        free(data[p][1]);
+    }
+    free(x);
+    free(y0);
+    free(want);
+    free(got);
 }
 
 /* The batch scheduler with adapters and prompts that share their first 20 tokens: a prompt only
@@ -1211,6 +1285,7 @@ int main(void) {
         cmocka_unit_test(test_merged_matches_peft),
         cmocka_unit_test(test_unmerged_matches_peft),
         cmocka_unit_test(test_mixed_batch),
+        cmocka_unit_test(test_lora_op_threads),
         cmocka_unit_test(test_batch_prefix_per_adapter),
         cmocka_unit_test(test_init),
         cmocka_unit_test(test_unmerge_bound),
