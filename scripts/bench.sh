@@ -13,7 +13,9 @@
 # section alone and prints it instead of writing docs/benchmarks.md. QLM_LLAMA_BENCH_AVX2 names a
 # llama-bench built for AVX2 alone (`scripts/build_llama_bench.sh DIR avx2`):
 # both engines then also run the default model's GGUFs with only AVX2, as a CPU without AVX-512
-# would (QLM_BENCH_ONLY=avx2 prints that section alone).
+# would (QLM_BENCH_ONLY=avx2 prints that section alone). Where QLM_BENCH_PYTHON (python3 unless set)
+# imports ctranslate2, torch and transformers, CTranslate2 summarizes the same dialogues as qlm
+# (QLM_BENCH_ONLY=ct2 prints that section alone).
 set -euo pipefail
 qlm=${1:-build/qlm}
 cd "$(dirname "$0")/.."
@@ -210,6 +212,104 @@ avx2_section() {
     done
 }
 
+# Both engines summarizing the same DialogSum dialogues on the CPU: CTranslate2 (its Python package,
+# dev-time only, run by bench/ct2_bench.py with QLM_BENCH_PYTHON) on models of SmolLM2-135M's and
+# flan-t5-base's configs with random weights, converted by its own converter; qlm with its own random
+# weights of the same configs. Both generate exactly $summary_tokens tokens a dialogue (CTranslate2's
+# min length; random weights never pick EOS first in practice, and each engine's count is printed).
+ct2_skip=""
+ct2_models=("SmolLM2-135M|$model" "flan-t5-base|$assets/flan-t5-base")
+# qlm weights | qlm flags | CTranslate2 quantization
+ct2_kinds=("F32|--dtype f32|float32" "INT8 per channel, 16-bit x|--dtype int8 --per-channel|int8"
+    "Q8_0, W8A8|--dtype q8_0 --w8a8|int8")
+ct2_batches=(1 32)
+bench_ct2() {
+    local py=${QLM_BENCH_PYTHON:-python3} m name path k label flags quant bs
+    if ! "$py" -c "import ctranslate2, torch, transformers" 2> /dev/null; then
+        ct2_skip="$py cannot import ctranslate2, torch and transformers (set QLM_BENCH_PYTHON to a Python that can)"
+        return
+    fi
+    ct2_version=$("$py" -c "import ctranslate2; print(ctranslate2.__version__)")
+    head -n "$n_dialogues" "$assets/dialogsum/dialogsum.test.jsonl" > "$tmp/ct2-dialogues.jsonl"
+    for m in "${ct2_models[@]}"; do
+        IFS='|' read -r name path <<< "$m"
+        for quant in float32 int8; do
+            echo "bench: CTranslate2 converting $name ($quant) ..." >&2
+            logged "$py" bench/ct2_bench.py convert "$path" "$tmp/ct2-$name-$quant" "$quant"
+        done
+        for k in "${ct2_kinds[@]}"; do
+            IFS='|' read -r label flags quant <<< "$k"
+            for bs in "${ct2_batches[@]}"; do
+                echo "bench: $name, $label, batch $bs: qlm, then CTranslate2 ..." >&2
+                logged "$qlm" summarize -m "$path" --random-weights $flags --threads "$threads" \
+                    --batch "$tmp/ct2-dialogues.jsonl" --out "$tmp/ct2-out.jsonl" --batch-size "$bs" -n "$summary_tokens"
+                rm -f "$tmp/ct2-out.jsonl"
+                grep '^summarize: .* dialogues in ' "$tmp/step.log" > "$tmp/ct2-qlm-$name-$label-$bs.log"
+                # CTranslate2 at the faster of one thread and $threads: on a 2-core VM its two threads
+                # ran slower than one (3.8 vs 5.8 s for two dialogues, whatever KMP_BLOCKTIME or
+                # OMP_WAIT_POLICY said).
+                for t in $(printf '%s\n' 1 "$threads" | sort -un); do
+                    "$py" bench/ct2_bench.py run "$tmp/ct2-$name-$quant" "$path" "$tmp/ct2-dialogues.jsonl" "$bs" \
+                        "$summary_tokens" "$t" > "$tmp/ct2-run.json" 2> "$tmp/step.log" ||
+                        { cat "$tmp/step.log" >&2; exit 1; }
+                    c="$tmp/ct2-$name-$label-$bs.json"
+                    if [ ! -f "$c" ] || [ "$(calc "$(json_field "$tmp/ct2-run.json" seconds) < $(json_field "$c" seconds)")" = 1.000000 ]; then
+                        sed "s/}\$/, \"threads\": $t}/" "$tmp/ct2-run.json" > "$c"
+                    fi
+                done
+            done
+        done
+    done
+}
+ct2_section() {
+    local m name path k label flags quant bs line qs qtok c cs ctok
+    echo "## qlm and CTranslate2"
+    echo
+    if [ -n "$ct2_skip" ]; then
+        echo "Not measured: $ct2_skip."
+        return
+    fi
+    echo "Batch summarization of the first $n_dialogues DialogSum test dialogues on the CPU, $threads threads, same run:"
+    echo "\`qlm summarize --batch\` and CTranslate2 $ct2_version (bench/ct2_bench.py: its Generator for SmolLM2, its"
+    echo "Translator for T5, one batch at a time after a warm-up batch, at the faster of intra_threads 1 and $threads) with the same prompts"
+    echo "(SmolLM2's chat template; T5's plain prompt and </s>), greedy, exactly $summary_tokens new tokens each. Models of"
+    echo "SmolLM2-135M-Instruct's and flan-t5-base's configs with random weights (speed does not depend on their"
+    echo "values): qlm's own, and transformers' converted by CTranslate2's converter to float32 or int8 (its int8:"
+    echo "weights with a scale per row, activations quantized to 8 bits per row as it multiplies). CTranslate2 on"
+    echo "the CPU has no BF16; qlm's INT8 rows are its per-channel INT8 (x in 16 bits) and its Q8_0 with W8A8 (x"
+    echo "in 8 bits, a scale per 32), both against CTranslate2's int8. Each engine tokenizes the folder's tokenizer.json."
+    echo
+    echo "| model | qlm weights – CTranslate2 | batch | qlm dialogues/s | CTranslate2 dialogues/s | qlm / CTranslate2 | qlm gen tok/s | CTranslate2 gen tok/s | CTranslate2 threads |"
+    echo "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
+    for m in "${ct2_models[@]}"; do
+        IFS='|' read -r name path <<< "$m"
+        for k in "${ct2_kinds[@]}"; do
+            IFS='|' read -r label flags quant <<< "$k"
+            for bs in "${ct2_batches[@]}"; do
+                line=$(cat "$tmp/ct2-qlm-$name-$label-$bs.log")
+                qs=$(sed 's/.* dialogues in \([0-9.]*\) s .*/\1/' <<< "$line")
+                qtok=$(sed 's/.*), \([0-9]*\) tokens generated.*/\1/' <<< "$line")
+                c="$tmp/ct2-$name-$label-$bs.json"
+                cs=$(json_field "$c" seconds)
+                ctok=$(json_field "$c" generated_tokens)
+                printf "| %s | %s – %s | %s | %.2f | %.2f | %.2fx | %.1f | %.1f | %s |\n" "$name" "$label" "$quant" "$bs" \
+                    "$(calc "$n_dialogues / $qs")" "$(calc "$n_dialogues / $cs")" "$(calc "$cs / $qs")" \
+                    "$(calc "$qtok / $qs")" "$(calc "$ctok / $cs")" "$(json_field "$c" threads)"
+            done
+        done
+    done
+    echo
+    for m in "${ct2_models[@]}"; do
+        IFS='|' read -r name path <<< "$m"
+        label=${ct2_kinds[0]%%|*}
+        line=$(sed 's/.*steps; \([0-9]*\) of \([0-9]*\) prompt tokens.*/\1 \2/' "$tmp/ct2-qlm-$name-$label-1.log")
+        ctok=$(json_field "$tmp/ct2-$name-$label-1.json" prompt_tokens)
+        printf -- "- %s prompt tokens: qlm %s, CTranslate2 %s; qlm took %s of them from an earlier prompt's cache (a prefix\n" \
+            "$name" "${line#* }" "$ctok" "${line%% *}"
+        echo "  they share), CTranslate2 evaluates every prompt whole."
+    done
+}
+
 only=${QLM_BENCH_ONLY:-}
 case "$only" in
 "") ;;
@@ -223,7 +323,12 @@ llama1b)
     llama_1b_section
     exit 0
     ;;
-*) echo "bench: QLM_BENCH_ONLY=$only: the sections it can name are llama1b and avx2" >&2; exit 2 ;;
+ct2)
+    bench_ct2
+    ct2_section
+    exit 0
+    ;;
+*) echo "bench: QLM_BENCH_ONLY=$only: the sections it can name are llama1b, avx2 and ct2" >&2; exit 2 ;;
 esac
 
 # "stored": the GGUF's own blocks (Q4_1 layers, Q8_0 embedding), no --dtype. Block types with
@@ -292,6 +397,7 @@ if [ -n "$llama_bench" ] && [ -x "$llama_bench" ]; then
 fi
 bench_llama_1b
 bench_avx2
+bench_ct2
 
 # Batch summarization: the first DialogSum test dialogues through `qlm summarize --batch` at
 # several batch sizes, for SmolLM2 and for a model of flan-t5-base's exact shape (random weights:
@@ -503,6 +609,8 @@ fi
         printf "| %s | %s | %.1f | %.3f | %.1f | %s | %.2fx |\n" "$name" "$bs" "$secs" "$dps" "$tps" "$reused" \
             "$(calc "$dps / $base")"
     done
+    echo
+    ct2_section
     echo
     echo "## LoRA adapters, unmerged"
     echo
