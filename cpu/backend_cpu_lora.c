@@ -148,8 +148,7 @@ int qlm_cpu_lora(float *y, const float *x, int n, const qlm_lora_ref *const *per
         used += m;
     }
     if (c.count == 0) return 0;
-    const long max = omp_get_max_threads(), want = work / MIN_WORK_PER_THREAD;
-    const int nth = want < 1 ? 1 : want < max ? (int)want : (int)max;
+    const int nth = qlm_threads_for((double)work, MIN_WORK_PER_THREAD);
     char *xf = qlm_cpu_scratch_bytes(&t_x, x_bytes);
     float *t = qlm_cpu_scratch_get(&t_t, t_floats), *u = qlm_cpu_scratch_get(&t_u, u_floats);
     c.t_form_bytes = t_form_bytes;

@@ -409,10 +409,9 @@ static int min_int(int a, int b) {
     return a < b ? a : b;
 }
 
-/* Threads worth using for work multiply-adds, at most omp_get_max_threads(). */
-static int threads_for(double work) {
+int qlm_threads_for(double work, double min_per_thread) {
     int max = omp_get_max_threads();
-    double t = work / (double)MIN_WORK_PER_THREAD;
+    double t = work / min_per_thread;
     return t < 1 ? 1 : t < max ? (int)t : max;
 }
 
@@ -480,7 +479,7 @@ static void rows_parallel(const qlm_matmul_out *outs, int count, const x_form *f
     const int rg = f->kind == FORM_I8 ? QLM_PANEL_ROWS : ROW_GROUP;
     int groups = 0;
     for (int p = 0; p < count; p++) groups += (outs[p].w->rows + rg - 1) / rg;
-    int nth = threads_for((double)n * groups * rg * w0->cols);
+    int nth = qlm_threads_for((double)n * groups * rg * w0->cols, MIN_WORK_PER_THREAD);
     int split_form = f->xf && nth > 1 && n > 1 && (long)n * w0->cols >= MIN_PARALLEL_FORM;
     if (f->xf && !split_form) form_rows(f, 0, n, w0, kt);
 #pragma omp parallel num_threads(nth) if (nth > 1)
@@ -584,8 +583,7 @@ static void add_run(float *y, const float *x, long from, long to) {
 }
 
 void qlm_add_f32(float *y, const float *x, long n) {
-    const long t = n / MIN_ADD_PER_THREAD, max = omp_get_max_threads();
-    const int nth = t < 1 ? 1 : t < max ? (int)t : (int)max;
+    const int nth = qlm_threads_for((double)n, MIN_ADD_PER_THREAD);
     if (nth == 1) {
         add_run(y, x, 0, n);
         return;
@@ -676,7 +674,7 @@ int qlm_matmul_i8_xw(float *y, const float *x, int n, const qlm_weight *w, int a
     /* Per-channel scales go onto x before its integer form (output o's scale multiplies x's column
      * o); a tensor's scale multiplies the sums. */
     const float scale = w->row_scales ? 1.0f : w->scale;
-    const int nth = threads_for((double)n * (double)rows * w->cols);
+    const int nth = qlm_threads_for((double)n * (double)rows * w->cols, MIN_WORK_PER_THREAD);
 #pragma omp parallel num_threads(nth) if (nth > 1)
     {
         const int t = omp_get_thread_num(), nt = omp_get_num_threads();

@@ -52,6 +52,9 @@ void qlm_exp_f32(float *x, long n);
  * region. */
 void qlm_add_f32(float *y, const float *x, long n);
 
+/* Threads worth using for work units at min_per_thread a thread: 1 to omp_get_max_threads(). */
+int qlm_threads_for(double work, double min_per_thread);
+
 /* Rows of x from which qlm_matmul_i8_xw takes a product. */
 #define QLM_I8_XW_MIN_ROWS 16
 
