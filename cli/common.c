@@ -403,16 +403,17 @@ static void cache_dir(char *dir, size_t cap) {
 
 /* The panel cache file for this load into path, and the format label it is kept under: 1 when
  * there is one to read or write. It keeps what a load makes that is worth keeping: W8A8's panels,
- * and a dtype asked for that is not a block type (INT8, BF16 from F32, ...), converted. */
+ * a dtype asked for that is not a block type (INT8, BF16 from F32, ...), converted, and copies on
+ * cache lines of F32, F16 and BF16 matrices that the model file holds off them (param_pack.c). */
 static int panel_cache_path(const cli_model_opts *o, const qlm_model_options *mo, char *path, size_t cap, char *label,
                             size_t label_cap) {
     const int converts = !mo->as_stored && !qlm_dtype_is_block(mo->dtype);
     /* The file is mapped and read where it lies: weights in host memory only. */
-    if (!(mo->act8 || converts) || !mo->in_place || !mo->backend->host_memory || o->random_weights ||
-        o->no_panel_cache)
+    if (!(mo->act8 || converts || mo->as_stored) || !mo->in_place || !mo->backend->host_memory ||
+        o->random_weights || o->no_panel_cache)
         return 0;
     if (mo->as_stored)
-        snprintf(label, label_cap, "as-stored");
+        snprintf(label, label_cap, mo->act8 ? "as-stored" : "as-stored/16-bit-x");
     else if (converts)
         snprintf(label, label_cap, "%s%s", qlm_dtype_name(mo->dtype),
                  mo->dtype == QLM_I8 && mo->per_channel ? "/per-channel" : "");

@@ -137,5 +137,5 @@ int qlm_panel_cache_save(const char *path, const char *model_path, const char *f
     const char *const meta[] = {"qlm.panels.layout", PANEL_LAYOUT_VERSION, "qlm.panels.source", id.source,
                                 "qlm.panels.format", format, "qlm.panels.source_size", id.size,
                                 "qlm.panels.source_mtime", id.mtime, NULL};
-    return qlm_safetensors_save(path, panels, meta);
+    return qlm_safetensors_save_on_lines(path, panels, meta);
 }

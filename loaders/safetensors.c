@@ -635,6 +635,14 @@ static int cmp_out(const void *a, const void *b) {
     return strcmp(x->name, y->name);
 }
 
+/* For a file whose data start on a cache line (qlm_safetensors_save_on_lines): the tensors a whole
+ * number of lines long first, so that each of them starts on one, then as cmp_out orders. */
+static int cmp_out_lines(const void *a, const void *b) {
+    const st_out *x = a, *y = b;
+    int ox = x->nbytes % 64 != 0, oy = y->nbytes % 64 != 0;
+    return ox != oy ? ox - oy : cmp_out(a, b);
+}
+
 static int check_entry(const char *path, const qlm_tensor_entry *e) {
     if (qlm_dtype_is_block(e->dtype)) {
         if (e->ndim != 2 || !qlm_group_valid(e->group) || e->shape[0] < 0 || e->shape[1] < 0 ||
@@ -699,7 +707,9 @@ static void sb_meta(strbuf *b, int *count, const char *key, const char *value) {
     sb_json_str(b, value);
 }
 
-static int build_header(strbuf *b, st_out *out, int n, const char *const *metadata) {
+/* The header, padded with spaces so that the data start on a multiple of align (8: as the
+ * reference writer pads it) after the 8 bytes of its length. */
+static int build_header(strbuf *b, st_out *out, int n, const char *const *metadata, size_t align) {
     sb_str(b, "{");
     int count = 0;
     for (int i = 0; metadata && metadata[i]; i += 2) {
@@ -729,7 +739,7 @@ static int build_header(strbuf *b, st_out *out, int n, const char *const *metada
         sb_fmt(b, ",%lld]}", (long long)pos);
     }
     sb_str(b, "}");
-    while (!b->failed && b->len % 8) sb_str(b, " ");
+    while (!b->failed && (8 + b->len) % align) sb_str(b, " ");
     return b->failed ? qlm_errorf("out of memory building the safetensors header") : 0;
 }
 
@@ -748,7 +758,7 @@ static int write_file(const char *path, const strbuf *hdr, const st_out *out, in
     return qlm_atomic_commit(&af);
 }
 
-int qlm_safetensors_save(const char *path, const qlm_tensor_store *store, const char *const *metadata) {
+static int save(const char *path, const qlm_tensor_store *store, const char *const *metadata, int on_lines) {
     int cap = 2 * qlm_store_count(store);
     st_out *out = calloc((size_t)cap + 1, sizeof *out);
     if (!out) return qlm_errorf("out of memory");
@@ -756,8 +766,8 @@ int qlm_safetensors_save(const char *path, const qlm_tensor_store *store, const 
     strbuf hdr = {0};
     int rc = collect_out(path, store, out, &n);
     if (rc == 0) {
-        qsort(out, (size_t)n, sizeof *out, cmp_out);
-        rc = build_header(&hdr, out, n, metadata);
+        qsort(out, (size_t)n, sizeof *out, on_lines ? cmp_out_lines : cmp_out);
+        rc = build_header(&hdr, out, n, metadata, on_lines ? 64 : 8);
         if (rc != 0) qlm_error_context("%s", path);
     }
     if (rc == 0) rc = write_file(path, &hdr, out, n);
@@ -765,4 +775,12 @@ int qlm_safetensors_save(const char *path, const qlm_tensor_store *store, const 
     free(out);
     free(hdr.buf);
     return rc;
+}
+
+int qlm_safetensors_save(const char *path, const qlm_tensor_store *store, const char *const *metadata) {
+    return save(path, store, metadata, 0);
+}
+
+int qlm_safetensors_save_on_lines(const char *path, const qlm_tensor_store *store, const char *const *metadata) {
+    return save(path, store, metadata, 1);
 }

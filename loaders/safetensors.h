@@ -21,5 +21,9 @@ int qlm_safetensors_load_dir(const char *dir, qlm_tensor_store *store);
 /* Writes every entry of store (I8 entries with their "_scale" companion) to path atomically.
  * metadata: NULL-terminated key/value string pairs for "__metadata__", or NULL. */
 int qlm_safetensors_save(const char *path, const qlm_tensor_store *store, const char *const *metadata);
+/* The same file laid out for weights multiplied where a mapping holds them: the header padded so
+ * that the data start on a 64-byte cache line, and the tensors a whole number of lines long first,
+ * each on a line. Readers take it as any other safetensors file. */
+int qlm_safetensors_save_on_lines(const char *path, const qlm_tensor_store *store, const char *const *metadata);
 
 #endif

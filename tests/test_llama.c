@@ -12,6 +12,7 @@
 #include "../loaders/fused_weights.h"
 #include "../loaders/gguf.h"
 #include "../loaders/model_source.h"
+#include "../loaders/safetensors.h"
 #include "../quant/block_pack.h"
 #include "../quant/quantize.h"
 #include "test_util.h"
@@ -226,23 +227,37 @@ static void count_layers(void *user, int done, int total) {
     seen[1] = total;
 }
 
-/* Weights read in place from the file's mapping: no copy, the same logits bit for bit; a matrix
- * that needs converting (here to BF16) is still copied, and the build reports each layer. */
+/* Weights read in place from the file's mapping where their rows start on cache lines: no copy,
+ * the same logits bit for bit. The fixture's own file puts them 16 bytes past a line, so its
+ * matrices are copied onto lines (the same logits again); a matrix that needs converting (here to
+ * BF16) is copied too, and the build reports each layer. */
 static void test_in_place(void **state) {
     (void)state;
     qlm_source src;
     if (qlm_source_open(&src, "tests/fixtures/llama/gqa_tied", NULL) != 0) fail_msg("%s", qlm_last_error());
-    const qlm_tensor_entry *emb = qlm_store_find(src.store, "model.embed_tokens.weight");
+    char dir[256], aligned_path[300];
+    assert_non_null(test_tmpdir(dir, sizeof dir));
+    snprintf(aligned_path, sizeof aligned_path, "%s/model.safetensors", dir);
+    assert_int_equal(test_safetensors_repad("tests/fixtures/llama/gqa_tied/model.safetensors", aligned_path, 0), 0);
+    qlm_tensor_store *aligned = qlm_store_new();
+    assert_non_null(aligned);
+    if (qlm_safetensors_load(aligned_path, aligned) != 0) fail_msg("%s", qlm_last_error());
     reference r;
     load_reference("tests/fixtures/llama/gqa_tied", &r, src.cfg.vocab_size);
-    float *logits[2];
-    for (int in_place = 0; in_place < 2; in_place++) {
+    float *logits[3];
+    /* 0: copies asked for; 1: in place from the fixture (off the lines: copied); 2: in place, on lines */
+    for (int run = 0; run < 3; run++) {
+        const qlm_tensor_store *store = run == 2 ? aligned : src.store;
+        const qlm_tensor_entry *emb = qlm_store_find(store, "model.embed_tokens.weight");
+        assert_int_equal((uintptr_t)emb->data % 64 == 0, run == 2);
         qlm_model m;
-        qlm_model_options o = {.dtype = QLM_F32, .in_place = in_place, .backend = qlm_backend_cpu()};
-        if (qlm_model_build(&m, &src.cfg, src.store, &o) != 0) fail_msg("%s", qlm_last_error());
-        assert_int_equal(m.tok_embed.data == emb->data, in_place);
+        qlm_model_options o = {.dtype = QLM_F32, .in_place = run > 0, .backend = qlm_backend_cpu()};
+        if (qlm_model_build(&m, &src.cfg, store, &o) != 0) fail_msg("%s", qlm_last_error());
+        assert_int_equal(m.tok_embed.data == emb->data, run == 2);
+        assert_int_equal((uintptr_t)m.tok_embed.data % 64, 0);
+        assert_int_equal((uintptr_t)m.layers[0].wq.data % 64, 0);
         /* every matrix of this tied F32 model: the layers' and the embedding (the head) */
-        assert_int_equal(m.in_place_bytes, in_place ? qlm_model_weight_bytes(&m) : 0);
+        assert_int_equal(m.in_place_bytes, run == 2 ? qlm_model_weight_bytes(&m) : 0);
         /* held: every F32 parameter, read in place or copied (each copied part padded to 64 bytes) */
         size_t held = qlm_model_held_bytes(&m), params = (size_t)qlm_model_param_count(&m) * sizeof(float);
         assert_true(held >= params && held <= params + 64 * (size_t)(4 + 16 * src.cfg.n_layers));
@@ -255,27 +270,32 @@ static void test_in_place(void **state) {
                                                                                       4 * c->n_heads * c->head_dim));
         int n = r.n_tokens, last = n - 1, *pos = malloc((size_t)n * sizeof *pos);
         for (int i = 0; i < n; i++) pos[i] = i;
-        logits[in_place] = malloc((size_t)src.cfg.vocab_size * sizeof(float));
-        assert_int_equal(qlm_forward(&m, &st, r.tokens, pos, n, &last, 1, logits[in_place]), 0);
+        logits[run] = malloc((size_t)src.cfg.vocab_size * sizeof(float));
+        assert_int_equal(qlm_forward(&m, &st, r.tokens, pos, n, &last, 1, logits[run]), 0);
         free(pos);
         qlm_state_free(&st, &m);
         qlm_model_free(&m);
     }
-    assert_memory_equal(logits[0], logits[1], (size_t)src.cfg.vocab_size * sizeof(float));
+    for (int run = 1; run < 3; run++) {
+        assert_memory_equal(logits[0], logits[run], (size_t)src.cfg.vocab_size * sizeof(float));
+        free(logits[run]);
+    }
     free(logits[0]);
-    free(logits[1]);
     qlm_model m;
     int seen[2] = {0, 0};
     qlm_model_options o = {.dtype = QLM_BF16, .in_place = 1, .backend = qlm_backend_cpu(), .on_layer = count_layers,
                            .on_layer_user = seen};
-    if (qlm_model_build(&m, &src.cfg, src.store, &o) != 0) fail_msg("%s", qlm_last_error());
+    if (qlm_model_build(&m, &src.cfg, aligned, &o) != 0) fail_msg("%s", qlm_last_error());
     assert_int_equal(seen[0], src.cfg.n_layers);
     assert_int_equal(seen[1], src.cfg.n_layers);
-    assert_true(m.tok_embed.data != emb->data);
+    assert_true(m.tok_embed.data != qlm_store_find(aligned, "model.embed_tokens.weight")->data);
     assert_int_equal(m.in_place_bytes, 0);
     qlm_model_free(&m);
     free_reference(&r);
+    qlm_store_free(aligned);
     qlm_source_close(&src);
+    remove(aligned_path);
+    rmdir(dir);
 }
 
 /* A "llama" GGUF's Q/K, whose rows llama.cpp interleaved, used where they lie (rope_heads) give the

@@ -176,7 +176,73 @@ static void test_converted_cache(void **state) {
     assert_int_equal(test_remove_tree(f.dir), 0);
 }
 
+/* The 8-byte length of the safetensors header at path plus 8: where its data start. */
+static uint64_t data_start(const char *path) {
+    unsigned char len[8];
+    FILE *fp = fopen(path, "rb");
+    assert_non_null(fp);
+    assert_int_equal(fread(len, 1, 8, fp), 8);
+    fclose(fp);
+    uint64_t n = 0;
+    for (int i = 7; i >= 0; i--) n = n << 8 | len[i];
+    return 8 + n;
+}
+
+/* The default model as a BF16 safetensors folder (qlm quantize) at dir/name, its data starting
+ * `at` bytes past a cache line. */
+static void bf16_folder(const fixture *f, const char *name, int at, char *folder, size_t cap) {
+    const char *bin = getenv("QLM_BIN");
+    char cmd[2000], made[400], file[500], moved[500];
+    snprintf(made, sizeof made, "%s/made", f->dir);
+    if (access(made, F_OK) != 0) {
+        snprintf(cmd, sizeof cmd, "%s quantize '%s' '%s' --dtype bf16 2>/dev/null", bin && *bin ? bin : "build/qlm",
+                 f->model, made);
+        assert_int_equal(system(cmd), 0);
+    }
+    snprintf(folder, cap, "%s/%s", f->dir, name);
+    snprintf(cmd, sizeof cmd, "mkdir -p '%s' && cp '%s'/*.json '%s'", folder, made, folder);
+    assert_int_equal(system(cmd), 0);
+    snprintf(file, sizeof file, "%s/model.safetensors", made);
+    snprintf(moved, sizeof moved, "%s/model.safetensors", folder);
+    assert_int_equal(test_safetensors_repad(file, moved, at), 0);
+    assert_int_equal(data_start(moved) % 64, (uint64_t)at);
+}
+
+/* A BF16 safetensors model whose data start off a cache line, as most files' do: its matrices are
+ * copied onto lines at the first load and kept, and the next load maps them from the cache file,
+ * whose data start on a line, writing nothing; the same model file laid out on lines is read in
+ * place and leaves no file. The NLL is the same bits all along. */
+static void test_copies_on_lines(void **state) {
+    (void)state;
+    fixture f;
+    char file[800], off[sizeof f.model], on[sizeof f.model];
+    fixture_open(&f);
+    bf16_folder(&f, "off", 8, off, sizeof off);
+    bf16_folder(&f, "on", 0, on, sizeof on);
+    char *err = NULL;
+    snprintf(f.model, sizeof f.model, "%s", off);
+    const double nll = run(&f, "", &err);
+    expect_in(err, "kept in");
+    expect_in(err, "0.0 MiB read where the model file is mapped");
+    free(err);
+    assert_int_equal(panel_file(&f, file, sizeof file), 1);
+    assert_int_equal(data_start(file) % 64, 0);
+    assert_true(run(&f, "", &err) == nll);
+    assert_null(strstr(err, "kept in"));
+    expect_in(err, "0.0 MiB read where the model file is mapped, 256.5 MiB from the panel cache's mapping");
+    free(err);
+    assert_int_equal(test_remove_tree(f.cache), 0);
+    snprintf(f.model, sizeof f.model, "%s", on);
+    assert_true(run(&f, "", &err) == nll);
+    expect_in(err, "256.5 MiB read where the model file is mapped, 0.0 MiB from the panel cache's mapping");
+    assert_null(strstr(err, "kept in"));
+    free(err);
+    assert_int_equal(panel_file(&f, file, sizeof file), 0);
+    assert_int_equal(test_remove_tree(f.dir), 0);
+}
+
 int main(void) {
-    const struct CMUnitTest tests[] = {cmocka_unit_test(test_panel_cache), cmocka_unit_test(test_converted_cache)};
+    const struct CMUnitTest tests[] = {cmocka_unit_test(test_panel_cache), cmocka_unit_test(test_converted_cache),
+                                       cmocka_unit_test(test_copies_on_lines)};
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

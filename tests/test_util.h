@@ -107,6 +107,34 @@ static inline int test_write_file(const char *path, const void *data, size_t len
     return w == len ? 0 : -1;
 }
 
+/* A copy at `to` of the safetensors file at `from` whose tensor data start `at` bytes past a 64-byte
+ * cache line: its header (less the spaces that end it) padded with spaces, as the format allows.
+ * Returns 0 on success. */
+static inline int test_safetensors_repad(const char *from, const char *to, int at) {
+    size_t len;
+    unsigned char *d = (unsigned char *)test_read_file(from, &len);
+    uint64_t n = 0;
+    for (int i = 7; d && len >= 8 && i >= 0; i--) n = n << 8 | d[i];
+    if (!d || len < 8 || n > len - 8) {
+        free(d);
+        return -1;
+    }
+    size_t json = (size_t)n;
+    while (json > 0 && d[8 + json - 1] == ' ') json--;
+    const size_t pad = ((size_t)at + 128 - (8 + json) % 64) % 64, head = json + pad, rest = len - 8 - (size_t)n;
+    unsigned char *out = malloc(8 + head + rest);
+    if (out) {
+        for (int i = 0; i < 8; i++) out[i] = (unsigned char)((uint64_t)head >> (8 * i));
+        memcpy(out + 8, d + 8, json);
+        memset(out + 8 + json, ' ', pad);
+        memcpy(out + 8 + head, d + 8 + n, rest);
+    }
+    int rc = out ? test_write_file(to, out, 8 + head + rest) : -1;
+    free(out);
+    free(d);
+    return rc;
+}
+
 /* A fresh temporary directory (mkdtemp under $TMPDIR or /tmp); path written into buf. */
 static inline const char *test_tmpdir(char *buf, size_t cap) {
     const char *t = getenv("TMPDIR");
