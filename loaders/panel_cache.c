@@ -15,8 +15,9 @@
 #include "../core/error.h"
 #include "safetensors.h"
 
-/* Bumped whenever quant/block_pack.h's layout changes: older files are then stale. */
-#define PANEL_LAYOUT_VERSION "1"
+/* Bumped whenever the file's layout changes (quant/block_pack.h's panels; 2: the data on cache
+ * lines, whose F32, F16 and BF16 matrices alone are read in place): older files are then stale. */
+#define PANEL_LAYOUT_VERSION "2"
 
 /* The file whose identity a cache entry records: model_path itself, or a folder's one weights file. */
 static int weights_file(const char *model_path, char *out, size_t cap, struct stat *st) {
