@@ -36,7 +36,7 @@ KERNEL_INLINE void tile_group(float *y, long ldy, const char *x, long ldx, int n
  * from base, x rows ldx elements apart. Rows up to r1 exist (for the prefetch). Only the first
  * block of x rows prefetches: it reads the tile's rows from memory, and the later blocks find them
  * in L2, where the prefetches only took load slots and L1 room (SmolLM2's and flan-t5-base's F32
- * products over 217 rows of x: 0.65-0.87x -> 0.87-1.00x of OpenBLAS sgemm, one thread). */
+ * products over 217 rows of x: 0.64-0.87x -> 0.82-1.00x of OpenBLAS sgemm, one thread). */
 KERNEL_INLINE void tile_rows(float *y, long ldy, const void *x, long ldx, int n, const char *base, size_t stride,
                              long cols, int t, int te, int r1, qlm_dtype dt) {
     const size_t x_row = (size_t)ldx * X_SIZE(dt);

@@ -47,6 +47,14 @@ for r in json.load(open(sys.argv[1])):
 }
 # Runs a command with its output in $tmp/step.log, shown only when it fails.
 logged() { "$@" > "$tmp/step.log" 2>&1 || { cat "$tmp/step.log" >&2; echo "bench: failed: $*" >&2; exit 1; }; }
+# A section's heading; with a reason the section was not measured, that line too, and status 1.
+section_head() {
+    echo "## $1"
+    echo
+    [ -z "$2" ] && return 0
+    echo "Not measured: $2"
+    return 1
+}
 # Runs a command as logged does and keeps in FILE the least wall time it has taken so far.
 best_time() {
     local file=$1
@@ -122,13 +130,9 @@ bench_llama_1b() {
 # That section of docs/benchmarks.md, from bench_llama_1b's files.
 llama_1b_section() {
     local spec pair lt qn what lpp ltg lrss lload q qpp qtg qrss qload
-    echo "## qlm and llama.cpp on a TinyLlama-1.1B-shaped model"
-    echo
-    if [ -n "$llama_1b_skip" ]; then
-        echo "Not measured: $llama_1b_skip (scripts/bench.sh says what QLM_LLAMA_BENCH, QLM_LLAMA_CPP_SRC and"
-        echo "QLM_LLAMA_PYTHON name)."
-        return
-    fi
+    local why="$llama_1b_skip (scripts/bench.sh says what QLM_LLAMA_BENCH, QLM_LLAMA_CPP_SRC and
+QLM_LLAMA_PYTHON name)."
+    section_head "qlm and llama.cpp on a TinyLlama-1.1B-shaped model" "${llama_1b_skip:+$why}" || return 0
     echo "A model of TinyLlama-1.1B-Chat's config with random weights (\`qlm quantize --random-weights --dtype bf16\`, a"
     echo "safetensors folder), converted by the llama.cpp sources' convert_hf_to_gguf.py to BF16 and Q8_0 GGUFs and by"
     echo "llama-quantize to Q4_0 (its default mix: output.weight in Q6_K, which qlm runs as Q8_0). llama.cpp's"
@@ -190,12 +194,8 @@ bench_avx2() {
 }
 avx2_section() {
     local t l q lpp ltg
-    echo "## qlm and llama.cpp with AVX2 alone"
-    echo
-    if [ -n "$avx2_skip" ]; then
-        echo "Not measured: $avx2_skip (scripts/bench.sh says how to build one)."
-        return
-    fi
+    section_head "qlm and llama.cpp with AVX2 alone" \
+        "${avx2_skip:+$avx2_skip (scripts/bench.sh says how to build one).}" || return 0
     echo "What a CPU without AVX-512 gets: llama.cpp's \`llama-bench\` built from the same sources for AVX2 alone"
     echo "(\`-DGGML_NATIVE=OFF -DGGML_AVX512=OFF -DGGML_AVX_VNNI=OFF\`) and \`qlm bench\` with its AVX2 kernels"
     echo "(\`QLM_ISA=avx2\`: W8A8 through VPMADDUBSW, the default) on the default model's Q4_1 file and its Q4_0 and"
@@ -263,12 +263,7 @@ bench_ct2() {
 }
 ct2_section() {
     local m name path k label flags quant bs line qs qtok c cs ctok
-    echo "## qlm and CTranslate2"
-    echo
-    if [ -n "$ct2_skip" ]; then
-        echo "Not measured: $ct2_skip."
-        return
-    fi
+    section_head "qlm and CTranslate2" "${ct2_skip:+$ct2_skip.}" || return 0
     echo "Batch summarization of the first $n_dialogues DialogSum test dialogues on the CPU, $threads threads, same run:"
     echo "\`qlm summarize --batch\` and CTranslate2 $ct2_version (bench/ct2_bench.py: its Generator for SmolLM2, its"
     echo "Translator for T5, one batch at a time after a warm-up batch, at the faster of intra_threads 1 and $threads) with the same prompts"

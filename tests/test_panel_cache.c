@@ -183,9 +183,7 @@ static uint64_t data_start(const char *path) {
     assert_non_null(fp);
     assert_int_equal(fread(len, 1, 8, fp), 8);
     fclose(fp);
-    uint64_t n = 0;
-    for (int i = 7; i >= 0; i--) n = n << 8 | len[i];
-    return 8 + n;
+    return 8 + test_le64(len);
 }
 
 /* The default model as a BF16 safetensors folder (qlm quantize) at dir/name, its data starting

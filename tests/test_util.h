@@ -107,18 +107,24 @@ static inline int test_write_file(const char *path, const void *data, size_t len
     return w == len ? 0 : -1;
 }
 
+/* The unsigned 64-bit little-endian integer at p (a safetensors file's header length). */
+static inline uint64_t test_le64(const unsigned char *p) {
+    uint64_t v = 0;
+    for (int i = 7; i >= 0; i--) v = v << 8 | p[i];
+    return v;
+}
+
 /* A copy at `to` of the safetensors file at `from` whose tensor data start `at` bytes past a 64-byte
  * cache line: its header (less the spaces that end it) padded with spaces, as the format allows.
  * Returns 0 on success. */
 static inline int test_safetensors_repad(const char *from, const char *to, int at) {
     size_t len;
     unsigned char *d = (unsigned char *)test_read_file(from, &len);
-    uint64_t n = 0;
-    for (int i = 7; d && len >= 8 && i >= 0; i--) n = n << 8 | d[i];
-    if (!d || len < 8 || n > len - 8) {
+    if (!d || len < 8 || test_le64(d) > len - 8) {
         free(d);
         return -1;
     }
+    const uint64_t n = test_le64(d);
     size_t json = (size_t)n;
     while (json > 0 && d[8 + json - 1] == ' ') json--;
     const size_t pad = ((size_t)at + 128 - (8 + json) % 64) % 64, head = json + pad, rest = len - 8 - (size_t)n;
