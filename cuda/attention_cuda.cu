@@ -264,16 +264,15 @@ static void launch_attention(const void *p) {
 static void *g_part;
 static size_t g_part_cap;
 // The spans' counts: splits > 1 only below SPLIT_ROW_HEADS (row, head) pairs. Zero from the start
-// (set once, before any kernel uses them) and after every merge.
+// and after every merge. Not from the pool: a block freed by an op still queued could come back
+// and be written by it after the zeroing, which goes to the stream at once.
 enum { SPLIT_ROW_HEADS = 256 };
 static int *g_done;
 
 static int *split_counts(void) {
     if (!g_done) {
-        g_done = (int *)qlm_cuda_alloc(SPLIT_ROW_HEADS * sizeof(int));
-        if (!g_done) qlm_cuda_fail("attention", qlm_last_error(), __FILE__, __LINE__);
+        CUDA_CHECK(cudaMalloc((void **)&g_done, SPLIT_ROW_HEADS * sizeof(int)));
         CUDA_CHECK(cudaMemsetAsync(g_done, 0, SPLIT_ROW_HEADS * sizeof(int), qlm_cuda_stream));
-        CUDA_CHECK(cudaStreamSynchronize(qlm_cuda_stream));
     }
     return g_done;
 }

@@ -29,6 +29,11 @@ static size_t g_args_len, g_args_cap;
 static const size_t RING_INTS = (size_t)1 << 20;
 static int *g_ring_host, *g_ring_dev;
 static size_t g_ring_used;
+// Where the arrays of the op being prepared begin: an op hands out device addresses as it stages
+// each array and queues itself after the last, so the ring is only ever emptied between ops.
+static size_t g_ring_op;
+// What the ring keeps free for one op's arrays: a queue that leaves less runs at the op's end.
+static const size_t OP_RING_INTS = RING_INTS / 4;
 static cudaEvent_t g_ring_free; // recorded after the copy that last read the host ring
 
 // Graphs of earlier steps, found by the hash and bytes of their queue.
@@ -134,6 +139,8 @@ void qlm_cuda_submit(const char *name, qlm_cuda_launcher fn, const void *args, s
     memcpy(g_args + g_args_len, args, len);
     g_cmds[g_n_cmds++] = {fn, g_args_len, len};
     g_args_len += len;
+    g_ring_op = g_ring_used;
+    if (g_ring_used > RING_INTS - OP_RING_INTS) qlm_cuda_flush();
 }
 
 qlm_cuda_ints qlm_cuda_ints_of(const int *host, int n, int which) {
@@ -154,13 +161,19 @@ qlm_cuda_ints qlm_cuda_ints_of(const int *host, int n, int which) {
         a.dev = d;
         return a;
     }
-    if ((size_t)n > RING_INTS) qlm_cuda_fail("index array", "longer than the staging ring", __FILE__, __LINE__);
-    if (g_ring_used + (size_t)n > RING_INTS) qlm_cuda_flush();
+    const size_t need = ((size_t)n + 31) & ~(size_t)31;
+    if (g_ring_used + need > RING_INTS) {
+        // Emptying the ring here would let the next queue's copy overwrite this op's earlier arrays.
+        if (g_ring_used != g_ring_op || need > RING_INTS)
+            qlm_cuda_fail("index arrays", "one op's arrays are longer than the staging ring keeps for it", __FILE__,
+                          __LINE__);
+        qlm_cuda_flush();
+    }
     // The host ring is written again only once the copy of its last contents has run.
     if (g_ring_used == 0) CUDA_CHECK(cudaEventSynchronize(g_ring_free));
     memcpy(g_ring_host + g_ring_used, host, (size_t)n * sizeof(int));
     a.dev = g_ring_dev + g_ring_used;
-    g_ring_used += ((size_t)n + 31) & ~(size_t)31;
+    g_ring_used += need;
     return a;
 }
 
@@ -250,5 +263,7 @@ void qlm_cuda_flush(void) {
     CUDA_CHECK(cudaEventRecord(g_ring_free, qlm_cuda_stream));
     g_n_cmds = 0;
     g_args_len = 0;
-    g_ring_used = 0;
+    // A flush inside an op (the allocator's, to free cached blocks) leaves its arrays where they
+    // are, behind the ones just copied, so that the next queue's copy carries them too.
+    if (g_ring_used == g_ring_op) g_ring_used = g_ring_op = 0;
 }

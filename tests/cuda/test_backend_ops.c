@@ -718,6 +718,17 @@ static void check_rope_store(qlm_dtype kv, const int *slots) {
     gpu->free(dq), gpu->free(dk), gpu->free(dv), gpu->free(dinv), gpu->free(dkc), gpu->free(dvc);
 }
 
+/* The GPU's key and value caches equal the CPU's, byte for byte. */
+static void check_caches(const void *dkc, const void *dvc, const void *want_k, const void *want_v, size_t bytes) {
+    void *got = malloc(bytes);
+    assert_non_null(got);
+    gpu->to_host(got, dkc, bytes);
+    assert_memory_equal(got, want_k, bytes);
+    gpu->to_host(got, dvc, bytes);
+    assert_memory_equal(got, want_v, bytes);
+    free(got);
+}
+
 static void test_embedding_and_kv_store(void **state) {
     (void)state;
     const int ids[4] = {3, 0, 99, 3}, vocab = 100, dim = 48;
@@ -740,28 +751,50 @@ static void test_embedding_and_kv_store(void **state) {
         size_t src_bytes = (size_t)n * heads * hd * sizeof(float);
         float *k = randv(n * heads * hd, 12u, 1.0f), *v = randv(n * heads * hd, 13u, 1.0f);
         float *dk = to_gpu(k, src_bytes), *dv = to_gpu(v, src_bytes);
-        void *want_k = calloc(1, bytes), *want_v = calloc(1, bytes), *got = malloc(bytes);
+        void *want_k = calloc(1, bytes), *want_v = calloc(1, bytes);
         void *dkc = gpu->alloc(bytes), *dvc = gpu->alloc(bytes);
         gpu->to_device(dkc, want_k, bytes);
         gpu->to_device(dvc, want_v, bytes);
         cpu->kv_store(want_k, want_v, kv, k, v, n, slots, 0, pos, heads, hd, max_pos);
         gpu->kv_store(dkc, dvc, kv, dk, dv, n, slots, 0, pos, heads, hd, max_pos);
-        gpu->to_host(got, dkc, bytes);
-        assert_memory_equal(got, want_k, bytes);
-        gpu->to_host(got, dvc, bytes);
-        assert_memory_equal(got, want_v, bytes);
-        free(k), free(v), free(want_k), free(want_v), free(got);
+        check_caches(dkc, dvc, want_k, want_v, bytes);
+        free(k), free(v), free(want_k), free(want_v);
         gpu->free(dk), gpu->free(dv), gpu->free(dkc), gpu->free(dvc);
         check_rope_store(kv, slots);
         check_rope_store(kv, NULL);
     }
 }
 
+/* Index arrays fill the queue's staging ring (2^20 ints) twice over without a sync point: cache
+ * stores of 3072 rows, each staging its slots then its positions, 6144 ints an op. Had the ring
+ * been emptied between one op's two arrays (the 171st op's, at 1044480 + 3072 + 3072 ints), the
+ * next queue would have written its own arrays over that op's slots before it ran. Slots and
+ * positions change from op to op, so stale ones put rows in the wrong cells. */
+static void test_ring_between_arrays(void **state) {
+    (void)state;
+    enum { N = 3072, OPS = 360, SLOTS = 3, HEADS = 1, HD = 8, MAX_POS = 4096 };
+    const size_t bytes = (size_t)SLOTS * HEADS * MAX_POS * HD * sizeof(float);
+    float *k = randv((long)N * HEADS * HD, 41u, 1.0f), *v = randv((long)N * HEADS * HD, 42u, 1.0f);
+    float *dk = to_gpu(k, (size_t)N * HEADS * HD * sizeof *k), *dv = to_gpu(v, (size_t)N * HEADS * HD * sizeof *v);
+    void *want_k = calloc(1, bytes), *want_v = calloc(1, bytes);
+    void *dkc = to_gpu(want_k, bytes), *dvc = to_gpu(want_v, bytes);
+    int *slots = malloc(N * sizeof *slots), *pos = malloc(N * sizeof *pos);
+    for (int op = 0; op < OPS; op++) {
+        for (int i = 0; i < N; i++) slots[i] = (i + op) % SLOTS, pos[i] = (i + 5 * op) % MAX_POS;
+        cpu->kv_store(want_k, want_v, QLM_F32, k, v, N, slots, 0, pos, HEADS, HD, MAX_POS);
+        gpu->kv_store(dkc, dvc, QLM_F32, dk, dv, N, slots, 0, pos, HEADS, HD, MAX_POS);
+    }
+    check_caches(dkc, dvc, want_k, want_v, bytes);
+    free(k), free(v), free(want_k), free(want_v), free(slots), free(pos);
+    gpu->free(dk), gpu->free(dv), gpu->free(dkc), gpu->free(dvc);
+}
+
 /* One attention call on both backends: caches of n_slots slots of max_pos rows in the decode
  * layout (slots given; over fixed keys with each slot's heads packed) or one [keys][kv_dim] block
- * (no slots). */
+ * (no slots). window > 0: a sliding window over rolling caches of window + n rows, scores capped
+ * at 20 (Gemma 2's form). */
 static void check_attention(int n, int heads, int kv_heads, int hd, int keys, int n_keys_mode, int with_bias,
-                            int with_slots, int bf16) {
+                            int with_slots, int bf16, int window) {
     const int n_slots = with_slots ? 3 : 1;
     qlm_attn_shape sh = {.n_heads = heads, .n_kv_heads = kv_heads, .head_dim = hd, .scale = 1.0f / sqrtf((float)hd)};
     int *pos = malloc((size_t)n * sizeof *pos), *slots = malloc((size_t)n * sizeof *slots), slot_keys[3] = {keys, 1, keys / 2 + 1};
@@ -771,6 +804,7 @@ static void check_attention(int n, int heads, int kv_heads, int hd, int keys, in
         if (with_slots && !n_keys_mode) pos[i] = (i * 13) % keys;
     }
     if (n_keys_mode) sh.n_keys = keys;
+    if (window) sh.window = window, sh.ring = window + n, sh.softcap = 20.0f;
     long bias_len = 0;
     float *bias = NULL;
     if (with_bias) {
@@ -811,9 +845,9 @@ static void check_attention(int n, int heads, int kv_heads, int hd, int keys, in
     gpu->attention(dout, dq, dk, dv, n, pos, &gsh);
     float *got = from_gpu(dout, q_len);
     double d = rel_diff(got, want, q_len);
-    print_message("attention n %3d heads %d/%d hd %3d keys %4d %s%s%s%s: %.2e\n", n, heads, kv_heads, hd, keys,
+    print_message("attention n %3d heads %d/%d hd %3d keys %4d %s%s%s%s%s: %.2e\n", n, heads, kv_heads, hd, keys,
                   n_keys_mode ? "all keys" : "causal", with_bias ? " + bias" : "", with_slots ? " slots" : "",
-                  bf16 ? " bf16" : "", d);
+                  bf16 ? " bf16" : "", window ? " window, ring, softcap" : "", d);
     assert_true(d <= 2e-5);
     free(pos), free(slots), free(bias), free(q), free(k), free(v), free(want), free(got);
     if (bf16) free(kc), free(vc);
@@ -823,15 +857,19 @@ static void check_attention(int n, int heads, int kv_heads, int hd, int keys, in
 static void test_attention(void **state) {
     (void)state;
     for (int bf = 0; bf < 2; bf++) {
-        check_attention(1, 9, 3, 64, 70, 0, 0, 0, bf);    /* decode, GQA */
-        check_attention(20, 4, 2, 16, 20, 0, 0, 0, bf);   /* causal prefill */
-        check_attention(33, 8, 8, 64, 33, 1, 1, 0, bf);   /* T5 encoder: all keys + bias */
-        check_attention(6, 4, 4, 96, 300, 0, 1, 1, bf);   /* T5 decoder: slots + causal bias */
-        check_attention(7, 4, 4, 8, 45, 1, 0, 1, bf);     /* cross-attention: per-slot key counts */
-        check_attention(100, 6, 2, 256, 100, 0, 0, 0, bf); /* wide heads, many rows (device index arrays) */
-        check_attention(1, 32, 4, 64, 2048, 0, 0, 0, bf);  /* decode over a long context: keys split */
-        check_attention(3, 8, 8, 64, 1500, 1, 1, 1, bf);   /* split, per-slot key counts (one under a span), bias */
-        check_attention(2, 4, 4, 64, 40000, 0, 0, 0, bf);  /* more keys than MAX_SPLITS spans of 256 */
+        check_attention(1, 9, 3, 64, 70, 0, 0, 0, bf, 0);    /* decode, GQA */
+        check_attention(20, 4, 2, 16, 20, 0, 0, 0, bf, 0);   /* causal prefill */
+        check_attention(33, 8, 8, 64, 33, 1, 1, 0, bf, 0);   /* T5 encoder: all keys + bias */
+        check_attention(6, 4, 4, 96, 300, 0, 1, 1, bf, 0);   /* T5 decoder: slots + causal bias */
+        check_attention(7, 4, 4, 8, 45, 1, 0, 1, bf, 0);     /* cross-attention: per-slot key counts */
+        check_attention(100, 6, 2, 256, 100, 0, 0, 0, bf, 0); /* wide heads, many rows (device index arrays) */
+        check_attention(1, 32, 4, 64, 2048, 0, 0, 0, bf, 0);  /* decode over a long context: keys split */
+        check_attention(3, 8, 8, 64, 1500, 1, 1, 1, bf, 0);   /* split, per-slot key counts (one under a span), bias */
+        check_attention(2, 4, 4, 64, 40000, 0, 0, 0, bf, 0);  /* more keys than MAX_SPLITS spans of 256 */
+        check_attention(5, 4, 2, 50, 60, 0, 0, 1, bf, 0);     /* rows of 50: no 16-byte loads */
+        check_attention(3, 4, 2, 320, 90, 0, 1, 0, bf, 0);    /* head_dim over 256 */
+        check_attention(12, 4, 2, 64, 200, 0, 0, 1, bf, 16);  /* sliding window over rolling caches */
+        check_attention(1, 8, 2, 64, 3000, 0, 0, 0, bf, 512); /* split keys, most spans outside the window */
     }
 }
 
@@ -894,6 +932,7 @@ int main(void) {
         cmocka_unit_test(test_matmul_group),    cmocka_unit_test(test_step_matmul_group),
         cmocka_unit_test(test_step_matmul_group_kv),
         cmocka_unit_test(test_rows_ops),        cmocka_unit_test(test_embedding_and_kv_store),
+        cmocka_unit_test(test_ring_between_arrays),
         cmocka_unit_test(test_attention),       cmocka_unit_test(test_lora),
         cmocka_unit_test(test_out_of_memory),
     };

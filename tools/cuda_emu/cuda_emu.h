@@ -46,6 +46,7 @@ enum { cudaSuccess = 0, cudaMemcpyHostToDevice = 1, cudaMemcpyDeviceToHost = 2, 
 static inline int cudaStreamSynchronize(cudaStream_t) { return 0; }
 static inline int cudaGetLastError() { return 0; }
 static inline const char *cudaGetErrorString(int) { return "emu"; }
+static inline int cudaMalloc(void **p, size_t n) { return (*p = malloc(n ? n : 1)) ? 0 : 2; }
 static inline int cudaMemsetAsync(void *p, int v, size_t n, cudaStream_t) { memset(p, v, n); return 0; }
 static inline int cudaMemcpyAsync(void *d, const void *s, size_t n, int, cudaStream_t) { memmove(d, s, n); return 0; }
 
