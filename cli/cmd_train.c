@@ -111,7 +111,8 @@ typedef struct {
         warmup;
     int recompute, chat, save_every, resume, seed, threads, random_weights, no_check;
     int factor, prefetch, reshard, shard_given, offload, overwrite, distill;
-    float alpha, lora_dropout, lr, min_lr_ratio, weight_decay, clip, dist_timeout;
+    float alpha, lora_dropout, clip, dist_timeout;
+    double lr, min_lr_ratio, weight_decay; /* doubles, as the optimizer takes them (qlm_adamw_step) */
     qlm_shard_strategy shard;
     qlm_train_mode mode;
     qlm_lr_schedule schedule;
@@ -157,7 +158,7 @@ static int parse_args(int argc, char **argv, train_args *a) {
         {"dist-timeout", required_argument, 0, OPT_DIST_TIMEOUT}, {"reshard", no_argument, 0, OPT_RESHARD},
         {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
     *a = (train_args){.eval_every = 50, .eval_max = 200, .rank = 8, .lora_dropout = 0.05f, .targets = "all-linear",
-                      .batch = 4, .accum = 1, .seq_len = 512, .lr = -1, .min_lr_ratio = 0.1f, .weight_decay = 0.01f,
+                      .batch = 4, .accum = 1, .seq_len = 512, .lr = -1, .min_lr_ratio = 0.1, .weight_decay = 0.01,
                       .clip = 1.0f, .save_every = 50, .seed = 1, .mode = QLM_TRAIN_LORA,
                       .schedule = QLM_SCHEDULE_COSINE, .dtype = QLM_F32, .device = "cpu", .prefetch = 1, .qat_bits = 8,
                       .shard = QLM_SHARD_DDP};
@@ -203,7 +204,7 @@ static int parse_args(int argc, char **argv, train_args *a) {
         case OPT_ACCUM: bad = cli_int("--accum", optarg, 1, 4096, &a->accum); break;
         case OPT_SEQ_LEN: bad = cli_int("--seq-len", optarg, 2, 1 << 20, &a->seq_len); break;
         case OPT_PACK: a->pack = 1; break;
-        case OPT_LR: bad = cli_float("--lr", optarg, 0, 10, &a->lr); break;
+        case OPT_LR: bad = cli_double("--lr", optarg, 0, 10, &a->lr); break;
         case OPT_SCHEDULE:
             if (strcmp(optarg, "cosine") == 0) a->schedule = QLM_SCHEDULE_COSINE;
             else if (strcmp(optarg, "linear") == 0) a->schedule = QLM_SCHEDULE_LINEAR;
@@ -211,8 +212,8 @@ static int parse_args(int argc, char **argv, train_args *a) {
             else bad = fprintf(stderr, "qlm train: --schedule must be cosine, linear or constant\n") > 0;
             break;
         case OPT_WARMUP: bad = cli_int("--warmup", optarg, 0, 1 << 30, &a->warmup); break;
-        case OPT_MIN_LR: bad = cli_float("--min-lr-ratio", optarg, 0, 1, &a->min_lr_ratio); break;
-        case OPT_WD: bad = cli_float("--weight-decay", optarg, 0, 10, &a->weight_decay); break;
+        case OPT_MIN_LR: bad = cli_double("--min-lr-ratio", optarg, 0, 1, &a->min_lr_ratio); break;
+        case OPT_WD: bad = cli_double("--weight-decay", optarg, 0, 10, &a->weight_decay); break;
         case OPT_CLIP: bad = cli_float("--clip", optarg, 0, 1e6, &a->clip); break;
         case OPT_TDTYPE:
             if (qlm_dtype_parse(optarg, &a->dtype) != 0 || a->dtype == QLM_I8 || qlm_dtype_is_block(a->dtype))
@@ -258,7 +259,7 @@ static int parse_args(int argc, char **argv, train_args *a) {
         fprintf(stderr, "qlm train: --resume continues the run in --out, --overwrite replaces it: choose one\n");
         return 2;
     }
-    if (a->lr < 0) a->lr = a->mode == QLM_TRAIN_LORA ? 2e-4f : 2e-5f;
+    if (a->lr < 0) a->lr = a->mode == QLM_TRAIN_LORA ? 2e-4 : 2e-5;
     if (a->alpha <= 0) a->alpha = 2.0f * a->rank;
     if (a->mode == QLM_TRAIN_QAT && a->dtype != QLM_F32) {
         fprintf(stderr, "qlm train: --qat computes in f32 (the fake-quantized weights)\n");

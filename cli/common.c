@@ -49,7 +49,7 @@ int cli_int(const char *flag, const char *arg, long min, long max, int *out) {
     return 0;
 }
 
-int cli_float(const char *flag, const char *arg, double min, double max, float *out) {
+int cli_double(const char *flag, const char *arg, double min, double max, double *out) {
     char *end;
     errno = 0;
     double v = strtod(arg, &end);
@@ -57,6 +57,13 @@ int cli_float(const char *flag, const char *arg, double min, double max, float *
         fprintf(stderr, "qlm: %s expects a number in [%g, %g], got '%s'\n", flag, min, max, arg);
         return -1;
     }
+    *out = v;
+    return 0;
+}
+
+int cli_float(const char *flag, const char *arg, double min, double max, float *out) {
+    double v;
+    if (cli_double(flag, arg, min, max, &v) != 0) return -1;
     *out = (float)v;
     return 0;
 }

@@ -172,6 +172,7 @@ int cli_emit_text(void *user, const char *text, size_t len);
 /* Strict number parsing with a message naming the flag. */
 int cli_int(const char *flag, const char *arg, long min, long max, int *out);
 int cli_float(const char *flag, const char *arg, double min, double max, float *out);
+int cli_double(const char *flag, const char *arg, double min, double max, double *out);
 
 typedef struct {
     qlm_source src;

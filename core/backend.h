@@ -110,9 +110,13 @@ typedef struct {
     int max_pos;
 } qlm_kv_step;
 
-/* One AdamW update as torch.optim.AdamW computes it (decoupled weight decay, bias correction). */
+/* One AdamW update as torch.optim.AdamW computes it (decoupled weight decay, bias correction). The
+ * hyper-parameters are doubles, as torch's are Python floats: each of the update's constants (1 -
+ * lr * decay, 1 - beta, lr over the bias correction ...) is computed from them in double and rounded
+ * to float once, as torch rounds a Python scalar for a float32 tensor. From float hyper-parameters
+ * 1 - 0.999f is 1.3e-5 away from torch's 0.001f and 1 - 0.999f^1 5e-5 from its first correction. */
 typedef struct {
-    float lr, beta1, beta2, eps, weight_decay;
+    double lr, beta1, beta2, eps, weight_decay;
     long step; /* 1 for the first update */
 } qlm_adamw_step;
 

@@ -376,14 +376,14 @@ void qlm_cuda_adamw(float *p, const float *g, float *m, float *v, long n, const 
     memset(&a, 0, sizeof a);
     a.p = p, a.g = g, a.m = m, a.v = v, a.n = n;
     // The step's constants as the CPU computes them (on the host, in double where it uses double).
-    double bc1 = 1.0 - pow((double)h->beta1, (double)h->step), bc2 = 1.0 - pow((double)h->beta2, (double)h->step);
-    a.decay = 1.0f - h->lr * h->weight_decay;
+    double bc1 = 1.0 - pow(h->beta1, (double)h->step), bc2 = 1.0 - pow(h->beta2, (double)h->step);
+    a.decay = (float)(1.0 - h->lr * h->weight_decay);
     a.step_size = (float)(h->lr / bc1);
     a.bc2_sqrt = (float)sqrt(bc2);
-    a.one_minus_b1 = 1.0f - h->beta1;
-    a.b2 = h->beta2;
-    a.one_minus_b2 = 1.0f - h->beta2;
-    a.eps = h->eps;
+    a.one_minus_b1 = (float)(1.0 - h->beta1);
+    a.b2 = (float)h->beta2;
+    a.one_minus_b2 = (float)(1.0 - h->beta2);
+    a.eps = (float)h->eps;
     qlm_cuda_submit("adamw", launch_adamw, &a, sizeof a);
 }
 

@@ -71,8 +71,8 @@ static void check_full(const char *name, int tight_steps, double late_tol) {
     qlm_train_options o;
     qlm_train_options_init(&o);
     o.mode = QLM_TRAIN_FULL;
-    o.lr = 1e-3f;
-    o.weight_decay = 0.1f;
+    o.lr = 1e-3;
+    o.weight_decay = 0.1;
     o.schedule = QLM_SCHEDULE_CONSTANT;
     qlm_trainer t;
     if (qlm_trainer_init(&t, NULL, &m, NULL, &o, &k_shape) != 0) fail_msg("%s", qlm_last_error());
@@ -110,8 +110,8 @@ static void check_lora(const char *name, int tight_steps, double late_tol) {
     if (qlm_lora_load(&a, dir, "trained", NULL, &src.t5, QLM_F32) != 0) fail_msg("%s", qlm_last_error());
     qlm_train_options o;
     qlm_train_options_init(&o);
-    o.lr = 1e-2f;
-    o.weight_decay = 0.01f;
+    o.lr = 1e-2;
+    o.weight_decay = 0.01;
     o.schedule = QLM_SCHEDULE_CONSTANT;
     qlm_trainer t;
     if (qlm_trainer_init(&t, NULL, &m, &a, &o, &k_shape) != 0) fail_msg("%s", qlm_last_error());

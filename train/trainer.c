@@ -25,9 +25,9 @@ static long qat_span(const qlm_train_options *o, long cols) {
 }
 
 void qlm_train_options_init(qlm_train_options *o) {
-    *o = (qlm_train_options){.mode = QLM_TRAIN_LORA, .compute = QLM_F32, .lr = 2e-4f, .min_lr_ratio = 0.1f,
-                             .schedule = QLM_SCHEDULE_COSINE, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f,
-                             .weight_decay = 0.01f, .clip = 1.0f, .loss_scale = 65536.0f,
+    *o = (qlm_train_options){.mode = QLM_TRAIN_LORA, .compute = QLM_F32, .lr = 2e-4, .min_lr_ratio = 0.1,
+                             .schedule = QLM_SCHEDULE_COSINE, .beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8,
+                             .weight_decay = 0.01, .clip = 1.0f, .loss_scale = 65536.0f,
                              .loss_scale_window = 2000, .inject_overflow_step = -1, .qat_bits = 8,
                              .dist = {.strategy = QLM_SHARD_NONE, .prefetch = 1}};
 }
@@ -47,14 +47,14 @@ int qlm_shard_strategy_parse(const char *name, qlm_shard_strategy *out) {
     return -1;
 }
 
-float qlm_train_lr(const qlm_train_options *o, long step) {
-    if (o->warmup_steps > 0 && step < o->warmup_steps) return o->lr * (float)(step + 1) / (float)o->warmup_steps;
+double qlm_train_lr(const qlm_train_options *o, long step) {
+    if (o->warmup_steps > 0 && step < o->warmup_steps) return o->lr * (double)(step + 1) / (double)o->warmup_steps;
     if (o->schedule == QLM_SCHEDULE_CONSTANT || o->total_steps <= o->warmup_steps) return o->lr;
     double frac = (double)(step - o->warmup_steps) / (double)(o->total_steps - o->warmup_steps);
     if (frac > 1) frac = 1;
     double min_lr = o->lr * o->min_lr_ratio;
     double shape = o->schedule == QLM_SCHEDULE_LINEAR ? 1.0 - frac : 0.5 * (1.0 + cos(M_PI * frac));
-    return (float)(min_lr + (o->lr - min_lr) * shape);
+    return min_lr + (o->lr - min_lr) * shape;
 }
 
 static int init_full(qlm_trainer *t) {
@@ -409,7 +409,7 @@ int qlm_trainer_step(qlm_trainer *t, const qlm_train_batch *micro, int n_micro, 
                         .step = ++t->adam_step};
     for (int i = 0; i < t->n_t; i++) {
         qlm_train_tensor *e = &t->t[i];
-        h.weight_decay = e->decay ? t->o.weight_decay : 0.0f;
+        h.weight_decay = e->decay ? t->o.weight_decay : 0.0;
         be->adamw(e->p, e->g, e->m, e->v, e->n, &h);
         if (e->qat_scale_of >= 0) be->fake_quant_clamp_scales(e->p, e->n);
     }

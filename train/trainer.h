@@ -49,10 +49,11 @@ typedef struct {
     int qat_per_channel; /* QAT: one learned scale per output row */
     int qat_group;       /* QAT: one learned scale per this many weights along each row (0: see qat_per_channel) */
     int qat_bits;        /* QAT: 8 (symmetric, -127..127) or 4 (-8..7, Q4_0's values) */
-    float lr, min_lr_ratio; /* the schedule decays to lr * min_lr_ratio */
+    double lr, min_lr_ratio; /* the schedule decays to lr * min_lr_ratio */
     long warmup_steps, total_steps;
     qlm_lr_schedule schedule;
-    float beta1, beta2, eps, weight_decay; /* decay applies to matrices (and adapters), not to norms or biases */
+    /* decay applies to matrices (and adapters), not to norms or biases; doubles as qlm_adamw_step's */
+    double beta1, beta2, eps, weight_decay;
     float clip;          /* global gradient-norm bound; 0: none */
     int dynamic_loss_scale;       /* F16: start at loss_scale, halve and skip on inf/NaN, double after window clean steps */
     float loss_scale;
@@ -93,7 +94,8 @@ typedef struct {
     long n_targets, n_tokens;
     double grad_norm;    /* before clipping (unscaled) */
     double comm_s;       /* distributed: seconds in gradient reductions and parameter gathers of the step */
-    float lr, loss_scale;
+    double lr;
+    float loss_scale;
     int skipped;         /* inf/NaN gradients: no update */
 } qlm_train_step_stats;
 
@@ -131,7 +133,7 @@ int qlm_trainer_init(qlm_trainer *t, qlm_model *llama, qlm_t5_model *t5, qlm_lor
 void qlm_trainer_free(qlm_trainer *t);
 
 /* The learning rate of step (0-based) under the schedule. */
-float qlm_train_lr(const qlm_train_options *o, long step);
+double qlm_train_lr(const qlm_train_options *o, long step);
 
 /* One optimizer step over n_micro micro-batches (gradient accumulation): the loss is the mean
  * over all their target tokens. */

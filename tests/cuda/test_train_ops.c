@@ -276,7 +276,7 @@ static void test_adamw(void **state) {
     const long steps[2] = {1, 7};
     for (int s = 0; s < 2; s++) {
         float *g = randv(n, 83u + (unsigned)s, 0.1f), *d_g = to_gpu(g, (size_t)n * sizeof *g);
-        qlm_adamw_step h = {.lr = 1e-3f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f, .weight_decay = 0.01f,
+        qlm_adamw_step h = {.lr = 1e-3, .beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8, .weight_decay = 0.01,
                             .step = steps[s]};
         cpu->adamw(p, g, m, v, n, &h);
         gpu->adamw(d_p, d_g, d_m, d_v, n, &h);
