@@ -308,6 +308,24 @@ static int tp_wait(qlm_transport *base, void *handle, double timeout_s) {
     return rc;
 }
 
+// NCCL connects two members in the first group that has them exchange, and that group waits for
+// the peer under the start-up deadline: a member whose first collective comes much later than its
+// peers' (a sharded server's, until its first request) would end the job there. So every pair
+// connects while all members are known to be present, right after the communicator starts.
+static int connect_all(nccl_tp *t) {
+    int n = t->base.size, me = t->base.rank;
+    if (n == 1) return 0;
+    qlm_xfer *x = (qlm_xfer *)calloc((size_t)(2 * (n - 1)), sizeof *x);
+    if (!x) return qlm_errorf("out of memory");
+    for (int q = 0, k = 0; q < n; q++)
+        if (q != me) x[k] = {q, NULL, 0}, x[n - 1 + k] = {q, NULL, 0}, k++;
+    void *op = NULL;
+    int rc = tp_start(&t->base, x, n - 1, x + n - 1, n - 1, &op);
+    if (rc == 0) rc = tp_wait(&t->base, op, t->timeout_s);
+    free(x);
+    return rc;
+}
+
 // ---- split ----
 
 // Every member's color and key into all[2 q], all[2 q + 1] (a collective call over t). The copies
@@ -393,6 +411,11 @@ static qlm_transport *tp_split(qlm_transport *base, int color, int key) {
         s->base.rank = rank;
         for (int i = 0; i < count; i++) s->base.world[i] = t->base.world[members[i]];
         s->bootstrap = t->bootstrap;
+        if (connect_all(s) != 0) {
+            abort_comm(&s->comm);
+            release(s);
+            s = NULL;
+        }
     }
     free(all);
     free(members);
@@ -490,7 +513,8 @@ extern "C" qlm_transport *qlm_transport_nccl_world(const qlm_launch *l, qlm_tran
     if (!t) return NULL;
     t->base.rank = l->rank;
     for (int r = 0; r < l->size; r++) t->base.world[r] = r;
-    if (init_comm(t, id) != 0) {
+    if (init_comm(t, id) != 0 || connect_all(t) != 0) {
+        abort_comm(&t->comm);
         release(t);
         return NULL;
     }

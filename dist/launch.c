@@ -18,6 +18,14 @@ static int env_int(const char *name, int lo, int hi, int *out) {
     return 1;
 }
 
+/* The rank on this machine and the ranks there, where the variables are set. */
+static int read_local(const char *lrank_var, const char *lsize_var, qlm_launch *l) {
+    if (env_int(lrank_var, 0, 1 << 20, &l->local_rank) < 0 || env_int(lsize_var, 1, 1 << 20, &l->local_size) < 0)
+        return -1;
+    if (l->local_rank >= l->local_size) l->local_size = l->local_rank + 1;
+    return 0;
+}
+
 /* Reads rank and size variables; *found 1 when the rank variable is set. */
 static int read_pair(const char *rank_var, const char *size_var, const char *lrank_var, const char *lsize_var,
                      qlm_launch *l, int *found) {
@@ -29,10 +37,7 @@ static int read_pair(const char *rank_var, const char *size_var, const char *lra
     if (s == 0) return qlm_errorf("%s is set but %s is not", rank_var, size_var);
     if (l->rank >= l->size) return qlm_errorf("%s=%d is not below %s=%d", rank_var, l->rank, size_var, l->size);
     l->local_rank = 0, l->local_size = 1;
-    if (lrank_var && env_int(lrank_var, 0, 1 << 20, &l->local_rank) < 0) return -1;
-    if (lsize_var && env_int(lsize_var, 1, 1 << 20, &l->local_size) < 0) return -1;
-    if (l->local_rank >= l->local_size) l->local_size = l->local_rank + 1;
-    return 0;
+    return read_local(lrank_var, lsize_var, l);
 }
 
 int qlm_launch_detect(qlm_launch *l) {
@@ -42,7 +47,13 @@ int qlm_launch_detect(qlm_launch *l) {
     if (read_pair("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
                   "OMPI_COMM_WORLD_LOCAL_SIZE", l, &found) != 0)
         return -1;
-    if (!found && read_pair("PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS", l, &found) != 0) return -1;
+    if (!found) {
+        if (read_pair("PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS", l, &found) != 0) return -1;
+        /* Slurm's srun (PMI-2) sets PMI_RANK but not MPICH's local rank: without Slurm's own, every
+         * rank of a machine would take its first GPU. */
+        if (found && !getenv("MPI_LOCALRANKID") && read_local("SLURM_LOCALID", "SLURM_NTASKS_PER_NODE", l) != 0)
+            return -1;
+    }
     if (found) {
         l->kind = QLM_LAUNCH_MPI;
         return 0;

@@ -249,13 +249,35 @@ static void test_killed_rank_ends_job(void **state) {
     expect_job_end("kill", "rank 2", 30);
 }
 
+/* The launchers' variables: MPICH's PMI names the local rank itself; Slurm's srun (PMI-2) leaves it
+ * to SLURM_LOCALID, which must be read, or every rank of a machine takes its first GPU. */
+static void test_launch_local_rank(void **state) {
+    (void)state;
+    static const char *const vars[] = {"PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS", "SLURM_LOCALID",
+                                       "SLURM_NTASKS_PER_NODE"};
+    qlm_launch l;
+    setenv("PMI_RANK", "3", 1), setenv("PMI_SIZE", "4", 1);
+    setenv("SLURM_LOCALID", "1", 1), setenv("SLURM_NTASKS_PER_NODE", "2", 1);
+    assert_int_equal(qlm_launch_detect(&l), 0);
+    assert_int_equal(l.kind, QLM_LAUNCH_MPI);
+    assert_true(l.rank == 3 && l.size == 4 && l.local_rank == 1 && l.local_size == 2);
+    setenv("MPI_LOCALRANKID", "0", 1), setenv("MPI_LOCALNRANKS", "4", 1);
+    assert_int_equal(qlm_launch_detect(&l), 0);
+    assert_true(l.local_rank == 0 && l.local_size == 4);
+    unsetenv("MPI_LOCALRANKID"), unsetenv("MPI_LOCALNRANKS");
+    setenv("SLURM_LOCALID", "x", 1);
+    assert_int_equal(qlm_launch_detect(&l), -1);
+    assert_non_null(strstr(qlm_last_error(), "SLURM_LOCALID=x"));
+    for (size_t i = 0; i < sizeof vars / sizeof *vars; i++) unsetenv(vars[i]);
+}
+
 int main(int argc, char **argv) {
     g_self = argv[0];
     if (argc == 3 && strcmp(argv[1], "--rank") == 0) return rank_main(argv[2]);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_collectives_1),      cmocka_unit_test(test_collectives_2),
         cmocka_unit_test(test_collectives_4),      cmocka_unit_test(test_hung_rank_is_named),
-        cmocka_unit_test(test_killed_rank_ends_job),
+        cmocka_unit_test(test_killed_rank_ends_job), cmocka_unit_test(test_launch_local_rank),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
