@@ -609,7 +609,7 @@ static int write_outputs(const train_args *a, qlm_trainer *t, cli_model *cm) {
 
 /* What each rank held and did, gathered on every rank: [rank][DIST_FIELDS]. */
 enum { DIST_PARAMS, DIST_GRADS, DIST_OPTIM, DIST_TRANSIENT, DIST_RSS, DIST_COMM, DIST_WAIT, DIST_GATHERS,
-       DIST_FIELDS };
+       DIST_GATHERS_UNUSED, DIST_FIELDS };
 
 static double *gather_rank_stats(const cli_dist *d, const qlm_trainer *t, double train_rss, double comm_s) {
     double *all = calloc((size_t)d->size * DIST_FIELDS, sizeof *all);
@@ -620,7 +620,7 @@ static double *gather_rank_stats(const cli_dist *d, const qlm_trainer *t, double
     qlm_train_memory m = qlm_trainer_memory(t);
     qlm_train_split sp = qlm_trainer_split(t);
     double mine[DIST_FIELDS] = {m.params, m.grads, m.optim, m.transient_peak, train_rss, comm_s, sp.gather_wait_s,
-                                (double)sp.gathers};
+                                (double)sp.gathers, (double)sp.gathers_unused};
     memcpy(all + (size_t)d->rank * DIST_FIELDS, mine, sizeof mine);
     if (qlm_comm_sum_host(d->world, all, d->size * DIST_FIELDS) != 0) {
         free(all);
@@ -652,7 +652,7 @@ static int write_summary(const train_args *a, const qlm_trainer *t, const run_to
     cJSON_AddNumberToObject(dist, "prefetch", a->prefetch);
     static const char *const names[DIST_FIELDS] = {"params_bytes", "grads_bytes", "optim_bytes",
                                                    "transient_peak_bytes", "train_peak_rss_mib", "comm_seconds",
-                                                   "gather_wait_seconds", "gathers"};
+                                                   "gather_wait_seconds", "gathers", "gathers_unused"};
     cJSON *per_rank = cJSON_AddArrayToObject(dist, "per_rank");
     for (int r = 0; ranks && r < d->size; r++) {
         cJSON *o = cJSON_CreateObject();

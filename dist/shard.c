@@ -150,6 +150,7 @@ struct qlm_shard {
     void **full;            /* per unit: gathered buffer, or NULL */
     qlm_comm_op **inflight; /* per unit: its gather, or NULL */
     int *users;
+    unsigned char *unused; /* per unit: gathered, and no use has come since */
     qlm_layout *G; /* gradients: sharded when set */
     float **gpart, **gfull;
     pending_rs pend[MAX_PENDING];
@@ -162,7 +163,7 @@ struct qlm_shard {
     size_t *offsets; /* scratch: size + 1 */
     qlm_shard_memory mem;
     double wait_s;
-    long gathers;
+    long gathers, gathers_unused;
     buffer_pool pool;
 };
 
@@ -235,6 +236,7 @@ static int gather_start(qlm_shard *s, int u) {
     for (int r = 0; r <= s->comm->size; r++) s->offsets[r] = qlm_layout_begin(L, u, r);
     s->full[u] = full;
     s->gathers++;
+    s->unused[u] = 1;
     s->inflight[u] = qlm_comm_start_allgather(s->comm, full, s->offsets);
     return s->inflight[u] ? 0 : -1;
 }
@@ -252,6 +254,8 @@ static int gather_wait(qlm_shard *s, int u) {
 
 static void release(qlm_shard *s, int u) {
     if (!s->full[u]) return;
+    s->gathers_unused += s->unused[u];
+    s->unused[u] = 0;
     pool_put(s, s->full[u], s->P->bytes[u]);
     s->mem.gathered -= (double)s->P->bytes[u];
     s->full[u] = NULL;
@@ -340,6 +344,7 @@ static int shard_use(void *ctx, int u) {
     s->users[u]++;
     if (!s->full[u] && gather_start(s, u) != 0) return -1;
     if (gather_wait(s, u) != 0) return -1;
+    s->unused[u] = 0;
     for (int j = 1; j <= s->prefetch; j++) {
         int v = upcoming(s, j);
         if (v >= 0 && !s->full[v] && gather_start(s, v) != 0) return -1;
@@ -422,10 +427,11 @@ static int alloc_arrays(qlm_shard *s, int n_units) {
     s->full = calloc(n, sizeof *s->full);
     s->inflight = calloc(n, sizeof *s->inflight);
     s->users = calloc(n, sizeof *s->users);
+    s->unused = calloc(n, sizeof *s->unused);
     s->gpart = calloc(n, sizeof *s->gpart);
     s->gfull = calloc(n, sizeof *s->gfull);
     s->offsets = calloc((size_t)s->comm->size + 1, sizeof *s->offsets);
-    if (!s->part || !s->full || !s->inflight || !s->users || !s->gpart || !s->gfull || !s->offsets)
+    if (!s->part || !s->full || !s->inflight || !s->users || !s->unused || !s->gpart || !s->gfull || !s->offsets)
         return qlm_errorf("out of memory");
     return 0;
 }
@@ -484,7 +490,7 @@ void qlm_shard_free(qlm_shard *s) {
         if (s->gpart && s->gpart[u]) s->be->free(s->gpart[u]);
     }
     for (int i = 0; i < s->pool.n; i++) s->be->free(s->pool.p[i]);
-    free(s->part), free(s->full), free(s->inflight), free(s->users), free(s->gpart), free(s->gfull);
+    free(s->part), free(s->full), free(s->inflight), free(s->users), free(s->unused), free(s->gpart), free(s->gfull);
     free(s->offsets), free(s->trace);
     for (int k = 0; k < QLM_PASS_KINDS; k++) free(s->plan[k]);
     free(s);
@@ -512,7 +518,8 @@ int qlm_shard_consolidate(qlm_shard *s) {
 
 qlm_shard_memory qlm_shard_memory_now(const qlm_shard *s) { return s->mem; }
 
-void qlm_shard_timing(const qlm_shard *s, double *wait_s, long *gathers) {
+void qlm_shard_timing(const qlm_shard *s, double *wait_s, long *gathers, long *unused) {
     *wait_s = s->wait_s;
     *gathers = s->gathers;
+    *unused = s->gathers_unused;
 }

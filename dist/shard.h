@@ -97,7 +97,8 @@ int qlm_shard_drop(qlm_shard *s);
 int qlm_shard_consolidate(qlm_shard *s);
 qlm_shard_memory qlm_shard_memory_now(const qlm_shard *s);
 /* Totals since the shard began: seconds the passes waited for gathers, timed around each unit's
- * use (the communication not hidden behind compute), and the number of gathers. */
-void qlm_shard_timing(const qlm_shard *s, double *wait_s, long *gathers);
+ * use (the communication not hidden behind compute), the number of gathers, and how many of them
+ * were released before any use (a prefetch the passes did not follow: traffic for nothing). */
+void qlm_shard_timing(const qlm_shard *s, double *wait_s, long *gathers, long *unused);
 
 #endif

@@ -20,8 +20,10 @@ typedef struct {
     int n_views;
 } qlm_unit;
 
-/* The kinds of pass a model runs, each with its own order of units (what prefetching follows). */
-enum { QLM_PASS_FORWARD, QLM_PASS_TRAIN, QLM_PASS_EVAL, QLM_PASS_KINDS };
+/* The kinds of pass a model runs, each with its own order of units (what prefetching follows);
+ * REFRESH: the trainer's use of unit 0 after a step to refresh derived tensors, kept out of the
+ * training pass's order, where it had the next step's pass prefetch unit 0 for nothing. */
+enum { QLM_PASS_FORWARD, QLM_PASS_TRAIN, QLM_PASS_EVAL, QLM_PASS_REFRESH, QLM_PASS_KINDS };
 
 /* What a sharded run does around each use of a unit: begin at the start of a pass, its
  * parameters (use/done), and in a training pass its gradients (grads_use before the first write,

@@ -133,8 +133,28 @@ static double weight_diff(const char *a, const char *b, int mode, int *identical
     return worst;
 }
 
+/* Every rank's gathers of the run in summary.json: *unused, those no pass used (a prefetch of a unit
+ * the passes then did not take). Returns the gathers. */
+static long read_gathers(const char *name, long *unused) {
+    char path[500];
+    snprintf(path, sizeof path, "%s/%s/summary.json", g_dir, name);
+    char *text = test_read_file(path, NULL);
+    assert_non_null(text);
+    cJSON *j = cJSON_Parse(text);
+    const cJSON *ranks = cJSON_GetObjectItem(cJSON_GetObjectItem(j, "dist"), "per_rank"), *r;
+    long gathers = 0;
+    *unused = 0;
+    cJSON_ArrayForEach(r, ranks) {
+        gathers += (long)cJSON_GetNumberValue(cJSON_GetObjectItem(r, "gathers"));
+        *unused += (long)cJSON_GetNumberValue(cJSON_GetObjectItem(r, "gathers_unused"));
+    }
+    cJSON_Delete(j);
+    free(text);
+    return gathers;
+}
+
 /* Runs `name` (extra: more flags, or NULL) and holds it to the reference run `ref`: every step's
- * loss and the final weights. */
+ * loss and the final weights; under FSDP over several ranks, every gather is used. */
 static void check_against(const char *ref, const char *name, int mode, int np, const char *split, double loss_tol,
                           double weight_tol, const char *extra) {
     assert_int_equal(train(name, mode, np, split, extra), 0);
@@ -148,6 +168,12 @@ static void check_against(const char *ref, const char *name, int mode, int np, c
                   split ? split : "", worst, w, identical ? " (identical)" : "");
     assert_true(worst <= loss_tol);
     assert_true(w <= weight_tol);
+    if (np > 1 && split && strstr(split, "fsdp")) {
+        long unused, gathers = read_gathers(name, &unused);
+        print_message("%-22s %d ranks %-34s %ld gathers, %ld unused\n", k_modes[mode], np, split, gathers, unused);
+        assert_true(gathers > 0);
+        assert_int_equal(unused, 0);
+    }
 }
 
 /* Every strategy at 1 (bit-identical to one process), 2 and 4 ranks, and hybrid at 4 ranks. */

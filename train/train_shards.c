@@ -431,10 +431,10 @@ int qlm_train_sync_params(qlm_trainer *t) {
     } else if (rc == 0 && full_training(t) && t->arch->derived) {
         /* The derived tensors come from unit 0, split under FSDP: gathered for the refresh. */
         const qlm_unit_hooks *h = qlm_shard_hooks(sh->fwd);
-        rc = h->use(h->ctx, 0);
+        rc = qlm_unit_begin(h, QLM_PASS_REFRESH) != 0 ? -1 : qlm_unit_use(h, 0);
         if (rc == 0) {
             t->arch->refresh(fwd);
-            h->done(h->ctx, 0);
+            qlm_unit_done(h, 0);
         }
     }
     return timed(sh, rc, t0);
@@ -501,6 +501,6 @@ qlm_train_split qlm_trainer_split(const qlm_trainer *t) {
     const struct qlm_train_shards *sh = t->sh;
     int N = sh->world ? sh->world->size : 1;
     qlm_train_split out = {.strategy = sh->strategy, .group = sh->S, .replicas = N / sh->S};
-    if (sh->fwd) qlm_shard_timing(sh->fwd, &out.gather_wait_s, &out.gathers);
+    if (sh->fwd) qlm_shard_timing(sh->fwd, &out.gather_wait_s, &out.gathers, &out.gathers_unused);
     return out;
 }

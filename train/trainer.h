@@ -156,12 +156,13 @@ typedef struct {
 } qlm_train_memory;
 qlm_train_memory qlm_trainer_memory(const qlm_trainer *t);
 /* How the run is split: the strategy in effect, the ranks of a shard group and how many groups
- * replicate it, and (FSDP) the seconds the passes waited for gathers and how many there were. */
+ * replicate it, and (FSDP) the seconds the passes waited for gathers, how many there were and how
+ * many no pass used. */
 typedef struct {
     qlm_shard_strategy strategy;
     int group, replicas;
     double gather_wait_s;
-    long gathers;
+    long gathers, gathers_unused;
 } qlm_train_split;
 qlm_train_split qlm_trainer_split(const qlm_trainer *t);
 /* The name of the backend the trainer runs on. */
