@@ -76,6 +76,14 @@ int qlm_launch_detect(qlm_launch *l) {
         int r = env_int("MASTER_PORT", 1, 65535, &port);
         if (r < 0) return -1;
         if (r == 0) return qlm_errorf("RANK/WORLD_SIZE are set but MASTER_PORT is not (the rendezvous port)");
+        /* torchrun's agent keeps its own store listening at MASTER_PORT for the whole job, and says
+         * so in its workers' TORCHELASTIC_USE_AGENT_STORE: the rendezvous takes the next port. */
+        const char *agent = getenv("TORCHELASTIC_USE_AGENT_STORE");
+        if (agent && strcmp(agent, "True") == 0) {
+            if (port == 65535)
+                return qlm_errorf("MASTER_PORT=65535 is torchrun's store: qlm's rendezvous needs the port after it");
+            port++;
+        }
         snprintf(l->master_addr, sizeof l->master_addr, "%s", addr);
         l->master_port = port;
     }

@@ -271,6 +271,25 @@ static void test_launch_local_rank(void **state) {
     for (size_t i = 0; i < sizeof vars / sizeof *vars; i++) unsetenv(vars[i]);
 }
 
+/* torchrun's workers: its agent's store holds MASTER_PORT, so the rendezvous listens on the next. */
+static void test_launch_torchrun_port(void **state) {
+    (void)state;
+    static const char *const vars[] = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
+                                       "MASTER_PORT", "TORCHELASTIC_USE_AGENT_STORE"};
+    qlm_launch l;
+    setenv("RANK", "1", 1), setenv("WORLD_SIZE", "2", 1), setenv("LOCAL_RANK", "1", 1);
+    setenv("LOCAL_WORLD_SIZE", "2", 1), setenv("MASTER_ADDR", "127.0.0.1", 1), setenv("MASTER_PORT", "29500", 1);
+    assert_int_equal(qlm_launch_detect(&l), 0);
+    assert_true(l.kind == QLM_LAUNCH_ENV && l.master_port == 29500 && l.local_rank == 1);
+    setenv("TORCHELASTIC_USE_AGENT_STORE", "True", 1);
+    assert_int_equal(qlm_launch_detect(&l), 0);
+    assert_int_equal(l.master_port, 29501);
+    setenv("MASTER_PORT", "65535", 1);
+    assert_int_equal(qlm_launch_detect(&l), -1);
+    assert_non_null(strstr(qlm_last_error(), "torchrun's store"));
+    for (size_t i = 0; i < sizeof vars / sizeof *vars; i++) unsetenv(vars[i]);
+}
+
 int main(int argc, char **argv) {
     g_self = argv[0];
     if (argc == 3 && strcmp(argv[1], "--rank") == 0) return rank_main(argv[2]);
@@ -278,6 +297,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_collectives_1),      cmocka_unit_test(test_collectives_2),
         cmocka_unit_test(test_collectives_4),      cmocka_unit_test(test_hung_rank_is_named),
         cmocka_unit_test(test_killed_rank_ends_job), cmocka_unit_test(test_launch_local_rank),
+        cmocka_unit_test(test_launch_torchrun_port),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
