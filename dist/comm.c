@@ -239,7 +239,12 @@ int qlm_comm_wait(qlm_comm_op *op) {
         rc = start_allgather(op, op->buf, 1);
         if (rc == 0) rc = wait_transfers(op);
     }
-    if (rc != 0) qlm_error_context("%s", k_op_names[op->kind]);
+    if (rc != 0) {
+        qlm_error_context("%s", k_op_names[op->kind]);
+        /* A failed wait leaves its receives posted while the job ends (both transports): one that
+         * lands late must not write into memory handed out again, so the slots stay allocated. */
+        op->slots = NULL;
+    }
     op_free(op);
     return rc;
 }
