@@ -2,9 +2,10 @@
 // keys at a time (a lane per key for the scores, a lane per pair of elements for the values) with the
 // softmax carried online, so no score matrix is ever stored; the warps' partial sums meet in shared
 // memory. When few (row, head) blocks would each walk many keys (decode over a long context), the
-// keys are split into up to MAX_SPLITS spans of at least SPLIT_KEYS, each block writes its running max, sum and weighted
-// values, and the span's block that finishes last merges them (as flash-decoding does, without
-// its second kernel: decode on a GPU is bound by its count of kernels).
+// keys a row sees (a sliding window's only) are split into up to MAX_SPLITS spans of at least
+// SPLIT_KEYS, each block writes its running max, sum and weighted values, and the span's block that
+// finishes last merges them (as flash-decoding does, without its second kernel: decode on a GPU is
+// bound by its count of kernels).
 // Covers every shape of qlm_attn_shape: causal or fixed key counts, GQA, T5's relative-position
 // bias, a batch of slots, F32 or BF16 caches.
 #include <math.h>
@@ -158,10 +159,11 @@ __global__ void __launch_bounds__(ATTN_WARPS * 32) attention_kernel(attn_args a)
     const int p = qlm_ints_at(a.pos, i);
     const int slot = a.slots.present ? qlm_ints_at(a.slots, i) : 0;
     const int all_keys = a.n_keys > 0 ? (a.slot_keys.present ? qlm_ints_at(a.slot_keys, slot) : a.n_keys) : p + 1;
+    // Spans count from the row's first visible key, so that a sliding window's keys are split
+    // however far along the sequence it lies.
     const int window_first = a.n_keys == 0 && a.window > 0 && p >= a.window ? p - a.window + 1 : 0;
-    const int split_first = a.splits > 1 ? z * a.keys_per_split : 0;
-    const int first = split_first > window_first ? split_first : window_first;
-    const int nk = a.splits > 1 && split_first + a.keys_per_split < all_keys ? split_first + a.keys_per_split : all_keys;
+    const int first = window_first + (a.splits > 1 ? z * a.keys_per_split : 0);
+    const int nk = a.splits > 1 && first + a.keys_per_split < all_keys ? first + a.keys_per_split : all_keys;
     const size_t head_stride = a.heads_packed ? (size_t)all_keys * hd : a.head_stride;
     const size_t base = (size_t)slot * a.slot_stride + (size_t)(h / a.group) * head_stride;
     const float *qi = a.q + ((size_t)i * a.n_heads + h) * hd;
@@ -313,10 +315,12 @@ void qlm_cuda_attention(float *out, const float *q, const void *k, const void *v
     a.row_stride = sh->row_stride ? sh->row_stride : (size_t)sh->n_kv_heads * hd;
     a.head_stride = sh->head_stride ? sh->head_stride : (size_t)hd;
     a.heads_packed = sh->heads_packed;
-    // Split the keys when the (row, head) blocks alone would leave most of the GPU idle.
+    // Split the keys a row sees (a window's at most) when the (row, head) blocks alone would leave
+    // most of the GPU idle.
     int max_keys = 0;
     for (int i = 0; i < n; i++) {
         int nk = sh->n_keys > 0 ? (sh->slots && sh->slot_keys ? sh->slot_keys[sh->slots[i]] : sh->n_keys) : pos[i] + 1;
+        if (sh->n_keys == 0 && sh->window > 0 && nk > sh->window) nk = sh->window;
         if (nk > max_keys) max_keys = nk;
     }
     a.splits = 1;
