@@ -3,11 +3,13 @@
 # without building there: build/cuda's programs (stripped), the shared libraries they link beyond
 # glibc, CUDA and NCCL (the machine has those: its PyTorch brings NCCL, 200 MB that would not fit
 # the 64 MiB a call carries), the assets the tests and benchmarks read, and the default model's
-# config and tokenizer. Writes OUT (default .gpu/, which .git/info/exclude should list) as two
-# tarballs; each further FILE (llama.cpp's CUDA llama-bench with its converter as llama.tar.xz,
-# the default model's GGUF) is split into OUT/parts/FILE.partNN of at most 24 MiB, with
-# FILE.sha256, so that each rides in a call of its own. scripts/gpu_run.sh unpacks and joins them
-# there and runs the tests and benchmarks.
+# config and tokenizer. Writes OUT (default .gpu/, which .gitignore lists: a call carries it only
+# by name) as two tarballs; each further FILE (the default model's GGUF) is split into
+# OUT/parts/FILE.partNN of at most 24 MiB, with FILE.sha256, so that each rides in a call of its
+# own. A FILE that is a folder (scripts/build_llama_bench.sh's OUT of kind cuda, named llama) is
+# packed first as NAME.tar.xz: llama-bench stripped, the converter, and not llama-quantize, which
+# no GPU stage runs (2 parts instead of 4). scripts/gpu_run.sh unpacks and joins them there and
+# runs the tests and benchmarks. Run from the repository root.
 # Usage: scripts/gpu_bundle.sh [OUT [FILE...]]
 set -euo pipefail
 out=${1:-.gpu}
@@ -18,8 +20,8 @@ stage=$(mktemp -d)
 trap 'rm -rf "$stage"' EXIT
 mkdir -p "$stage/gpu/lib" "$stage/gpu/bin/tests/cuda" "$stage/gpu/assets" "$stage/gpu/smollm2"
 cp build/cuda/qlm build/cuda/bench/bench_cuda "$stage/gpu/bin/"
-cp build/cuda/tests/test_* "$stage/gpu/bin/tests/"
-cp build/cuda/tests/cuda/test_* "$stage/gpu/bin/tests/cuda/"
+# The Makefile's CUDA tests only: build/cuda/tests may hold programs of tests since removed.
+for t in $(sed -n 's/^CUDA_TESTS := //p' Makefile); do cp "build/cuda/$t" "$stage/gpu/bin/$t"; done
 find "$stage/gpu/bin" -type f -exec strip {} +
 ldd build/cuda/qlm build/cuda/tests/test_llama | awk '/=> \// {print $3}' | sort -u |
     grep -Ev '/(libc|libm|libpthread|libdl|librt|libstdc\+\+|libgcc_s|libcuda|libcudart|libcublas|libcublasLt|libnccl)\.so' |
@@ -34,6 +36,14 @@ cache=${QLM_CACHE:-$HOME/.cache/qlm}
 cp "$cache/SmolLM2-135M-Instruct/"{config.json,tokenizer.json,tokenizer_config.json} "$stage/gpu/smollm2/"
 tar -C "$stage" -I "xz -T0" -cf "$out/assets.tar.xz" gpu/assets gpu/smollm2
 for f in "$@"; do
+    if [ -d "$f" ]; then
+        dir=$(basename "$f")
+        cp -r "$f" "$stage/$dir"
+        rm -f "$stage/$dir/llama-quantize"
+        [ -f "$stage/$dir/llama-bench" ] && strip "$stage/$dir/llama-bench"
+        tar -C "$stage" -I "xz -6 -T0" -cf "$stage/$dir.tar.xz" "$dir"
+        f=$stage/$dir.tar.xz
+    fi
     name=$(basename "$f")
     mkdir -p "$out/parts"
     rm -f "$out/parts/$name".*

@@ -20,9 +20,12 @@ cd "$(dirname "$0")/.." || exit 1
 g=/tmp/gpu
 out=${OUT:-$g/out}
 mkdir -p "$g/parts" "$out"
+# Each tarball is unpacked once, and again when a later call carries another (a rebuilt bundle).
 for t in qlm assets; do
-    if [ -f ".gpu/$t.tar.xz" ] && [ ! -e "$g/.$t" ]; then
-        tar xJf ".gpu/$t.tar.xz" -C /tmp && touch "$g/.$t"
+    [ -f ".gpu/$t.tar.xz" ] || continue
+    sum=$(sha256sum <".gpu/$t.tar.xz")
+    if [ "$(cat "$g/.$t" 2>/dev/null)" != "$sum" ]; then
+        tar xJf ".gpu/$t.tar.xz" -C /tmp && echo "$sum" >"$g/.$t"
     fi
 done
 [ -d .gpu/parts ] && cp -n .gpu/parts/* "$g/parts/"
@@ -44,6 +47,8 @@ for sums in "$g"/parts/*.sha256; do
 done
 [ -e "$g/llama.tar.xz" ] && [ ! -d "$g/llama" ] && tar xJf "$g/llama.tar.xz" -C "$g"
 if [ ! -x "$g/bin/qlm" ]; then echo "gpu_run: no qlm in $g/bin: carry .gpu (scripts/gpu_bundle.sh)" >&2; exit 1; fi
+# test_smollm2 runs the default model's GGUF once its parts are joined (else it is skipped).
+[ -e "$g/SmolLM2-135M-Instruct.Q4_1.gguf" ] && export QLM_DEFAULT_MODEL=$g/SmolLM2-135M-Instruct.Q4_1.gguf
 nccl=$(find / -name libnccl.so.2 -not -path '/proc/*' 2>/dev/null | head -n1)
 export LD_LIBRARY_PATH="$g/lib${nccl:+:$(dirname "$nccl")}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export QLM_ASSETS=$g/assets
@@ -61,8 +66,8 @@ for stage in "$@"; do
             >"$g/grads.md" && (. scripts/doc_block.sh && doc_block gpu-grads "$g/grads.md")
         tail -n 25 "$out/tests.log" ;;
     memcheck)
+        # One log (each program's report inside it): $OUT brings back 8 files at most.
         scripts/memcheck_cuda.sh "$g/bin" >"$out/memcheck.log" 2>&1 || rc=1
-        cp "$g"/bin/memcheck_*.log "$out/" 2>/dev/null
         tail -n 20 "$out/memcheck.log" ;;
     bench)
         llama=()
@@ -82,6 +87,7 @@ for stage in "$@"; do
     *) echo "gpu_run: unknown stage $stage" >&2; rc=1 ;;
     esac
     echo "gpu_run: $stage took $((SECONDS - t0)) s" >&2
+    # After each stage, so that a call cut off at its time limit still brings back what ended.
+    cp docs/benchmarks.md "$out/"
 done
-cp docs/benchmarks.md "$out/"
 exit $rc

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # compute-sanitizer's memcheck over the GPU's op tests built by `make test-cuda-build` (BUILD_DIR
 # holds them): every kernel's reads and writes, on the shapes the tests give them. Each program's
-# report goes to BUILD_DIR/memcheck_NAME.log; exits non-zero if one found an error.
+# report goes to BUILD_DIR/memcheck_NAME.log and is printed whole; exits non-zero if one found an
+# error. A runtime whose compute-sanitizer refuses the device (gVisor's: "Device not supported")
+# is a skip, said as such, not a failure.
 # Usage: scripts/memcheck_cuda.sh BUILD_DIR
 set -u
 build=$1
@@ -18,7 +20,11 @@ for t in test_backend_ops test_attention_backward test_train_ops test_fake_quant
     "$sanitizer" --tool memcheck --report-api-errors no --error-exitcode 3 --log-file "$build/memcheck_$t.log" \
         "$build/tests/cuda/$t" >/dev/null 2>&1
     s=$?
-    tail -n 3 "$build/memcheck_$t.log"
+    cat "$build/memcheck_$t.log"
+    if grep -q "Device not supported" "$build/memcheck_$t.log"; then
+        echo "compute-sanitizer does not support this machine's device (its runtime): memcheck skipped"
+        exit 0
+    fi
     if [ "$s" -ne 0 ]; then echo "memcheck failed (exit $s), see $build/memcheck_$t.log"; rc=1; fi
 done
 exit $rc

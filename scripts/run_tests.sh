@@ -10,7 +10,8 @@ set -u
 # numbers with a qlm process's then compares one set of kernels. As in qlm, OpenBLAS runs one
 # thread a call (the threads that call it are the programs' own), so it starts no pool to spin beside them.
 if [ -z "${OPENBLAS_CORETYPE:-}" ] && [ -n "${QLM_BIN:-}" ]; then
-    core=$("$QLM_BIN" info --json 2>/dev/null | jq -r '.cpu.openblas_core // empty')
+    # sed, not jq: the GPU machine's image has no jq.
+    core=$("$QLM_BIN" info --json 2>/dev/null | sed -n 's/^[[:space:]]*"openblas_core":[[:space:]]*"\([^"]*\)".*/\1/p')
     if [ -n "$core" ]; then export OPENBLAS_CORETYPE=$core; fi
 fi
 export OPENBLAS_NUM_THREADS=${OPENBLAS_NUM_THREADS:-1}
