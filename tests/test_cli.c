@@ -100,6 +100,10 @@ static void test_stories260k_perplexity(void **state) {
     if (strchr(log, '\r') || !strstr(log, "bench: repetition 2/2, pp16 ") || !strstr(log, "tok/s, tg8 "))
         fail_msg("%s", log);
     free(log);
+    /* Fewer tokens than the warm-up's four: its context is the runs'. */
+    assert_int_equal(test_run_qlm(&log, "bench -m %s --pp 0 --tg 1 --reps 1 2>&1 >/dev/null", model), 0);
+    if (!strstr(log, "tg1 ")) fail_msg("%s", log);
+    free(log);
 }
 
 /* Block weights at load time: perplexity of tinystories-656K in Q8_0 near F32, 4-bit within a
