@@ -88,4 +88,18 @@ static inline QLM_HD int qlm_dropout_drops(uint64_t base, long index, uint64_t t
     return qlm_mix64(base + (uint64_t)index * QLM_DROPOUT_STEP) < threshold;
 }
 
+/* One AdamW step's constants, each computed from the double hyper-parameters and rounded to float
+ * once, as torch rounds a Python scalar for a float32 tensor (host only: both backends compute
+ * them before their loop or launch). */
+typedef struct {
+    float decay, one_minus_b1, b2, one_minus_b2, step_size, bc2_sqrt, eps;
+} qlm_adamw_consts;
+
+static inline qlm_adamw_consts qlm_adamw_constants(const qlm_adamw_step *h) {
+    double bc1 = 1.0 - pow(h->beta1, (double)h->step), bc2 = 1.0 - pow(h->beta2, (double)h->step);
+    qlm_adamw_consts c = {(float)(1.0 - h->lr * h->weight_decay), (float)(1.0 - h->beta1), (float)h->beta2,
+                          (float)(1.0 - h->beta2), (float)(h->lr / bc1), (float)sqrt(bc2), (float)h->eps};
+    return c;
+}
+
 #endif

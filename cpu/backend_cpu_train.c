@@ -338,16 +338,13 @@ void qlm_cpu_dropout(float *out, const float *x, long n, float p, uint64_t seed,
 }
 
 void qlm_cpu_adamw(float *p, const float *g, float *m, float *v, long n, const qlm_adamw_step *h) {
-    double bc1 = 1.0 - pow(h->beta1, (double)h->step), bc2 = 1.0 - pow(h->beta2, (double)h->step);
-    float decay = (float)(1.0 - h->lr * h->weight_decay), step_size = (float)(h->lr / bc1), bc2_sqrt = (float)sqrt(bc2);
-    float one_minus_b1 = (float)(1.0 - h->beta1), b2 = (float)h->beta2, one_minus_b2 = (float)(1.0 - h->beta2);
-    float eps = (float)h->eps;
+    const qlm_adamw_consts c = qlm_adamw_constants(h);
 #pragma omp parallel for if (n > 65536)
     for (long i = 0; i < n; i++) {
-        p[i] *= decay;
-        m[i] += one_minus_b1 * (g[i] - m[i]);
-        v[i] = v[i] * b2 + one_minus_b2 * g[i] * g[i];
-        p[i] -= step_size * m[i] / (sqrtf(v[i]) / bc2_sqrt + eps);
+        p[i] *= c.decay;
+        m[i] += c.one_minus_b1 * (g[i] - m[i]);
+        v[i] = v[i] * c.b2 + c.one_minus_b2 * g[i] * g[i];
+        p[i] -= c.step_size * m[i] / (sqrtf(v[i]) / c.bc2_sqrt + c.eps);
     }
 }
 

@@ -348,7 +348,7 @@ struct adamw_args {
     float *p, *m, *v;
     const float *g;
     long n;
-    float decay, one_minus_b1, b2, one_minus_b2, step_size, bc2_sqrt, eps;
+    qlm_adamw_consts c;
 };
 
 // The CPU's operations in its order, each rounded on its own (no FMA contraction): the same bits.
@@ -356,11 +356,12 @@ __global__ void adamw_kernel(adamw_args a) {
     long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= a.n) return;
     const float g = a.g[i];
-    const float p = __fmul_rn(a.p[i], a.decay);
-    const float m = __fadd_rn(a.m[i], __fmul_rn(a.one_minus_b1, __fsub_rn(g, a.m[i])));
-    const float v = __fadd_rn(__fmul_rn(a.v[i], a.b2), __fmul_rn(__fmul_rn(a.one_minus_b2, g), g));
-    const float denom = __fadd_rn(__fdiv_rn(__fsqrt_rn(v), a.bc2_sqrt), a.eps);
-    a.p[i] = __fsub_rn(p, __fdiv_rn(__fmul_rn(a.step_size, m), denom));
+    const qlm_adamw_consts &c = a.c;
+    const float p = __fmul_rn(a.p[i], c.decay);
+    const float m = __fadd_rn(a.m[i], __fmul_rn(c.one_minus_b1, __fsub_rn(g, a.m[i])));
+    const float v = __fadd_rn(__fmul_rn(a.v[i], c.b2), __fmul_rn(__fmul_rn(c.one_minus_b2, g), g));
+    const float denom = __fadd_rn(__fdiv_rn(__fsqrt_rn(v), c.bc2_sqrt), c.eps);
+    a.p[i] = __fsub_rn(p, __fdiv_rn(__fmul_rn(c.step_size, m), denom));
     a.m[i] = m;
     a.v[i] = v;
 }
@@ -375,15 +376,7 @@ void qlm_cuda_adamw(float *p, const float *g, float *m, float *v, long n, const 
     adamw_args a;
     memset(&a, 0, sizeof a);
     a.p = p, a.g = g, a.m = m, a.v = v, a.n = n;
-    // The step's constants as the CPU computes them (on the host, in double where it uses double).
-    double bc1 = 1.0 - pow(h->beta1, (double)h->step), bc2 = 1.0 - pow(h->beta2, (double)h->step);
-    a.decay = (float)(1.0 - h->lr * h->weight_decay);
-    a.step_size = (float)(h->lr / bc1);
-    a.bc2_sqrt = (float)sqrt(bc2);
-    a.one_minus_b1 = (float)(1.0 - h->beta1);
-    a.b2 = (float)h->beta2;
-    a.one_minus_b2 = (float)(1.0 - h->beta2);
-    a.eps = (float)h->eps;
+    a.c = qlm_adamw_constants(h);
     qlm_cuda_submit("adamw", launch_adamw, &a, sizeof a);
 }
 
