@@ -80,7 +80,20 @@ typedef struct {
     void *host_buf, *dev_buf;
 } test_weight;
 
-/* The device copy of t->host_buf (data bytes of weights, then rows F32 row scales). */
+/* t->host_buf for a rows x cols weight of dtype dt: its bytes, then (at *data, 64-aligned as
+ * models/param_pack.c places them; a kernel's 4-byte loads of them fault on the GPU otherwise) room
+ * for rows F32 row scales, *total bytes in all. t->host describes the weight, scale 1, no row
+ * scales yet. Returns the row scales' place. */
+static inline float *alloc_weight(test_weight *t, qlm_dtype dt, int rows, int cols, size_t *data, size_t *total) {
+    *data = ((size_t)rows * cols * qlm_dtype_size(dt) + 63) & ~(size_t)63;
+    *total = *data + (size_t)rows * sizeof(float);
+    t->host_buf = malloc(*total);
+    assert_non_null(t->host_buf);
+    t->host = (qlm_weight){.dtype = dt, .rows = rows, .cols = cols, .data = t->host_buf, .scale = 1.0f};
+    return (float *)((char *)t->host_buf + *data);
+}
+
+/* The device copy of t->host_buf (alloc_weight's). */
 static inline void upload_weight(test_weight *t, size_t data, size_t total) {
     void *copy = malloc(total);
     assert_non_null(copy);
@@ -97,11 +110,8 @@ static inline void upload_weight(test_weight *t, size_t data, size_t total) {
 static inline void make_weight_amp(test_weight *t, qlm_dtype dt, int per_channel, int rows, int cols, unsigned seed,
                                    float amp) {
     float *w = randv((long)rows * cols, seed, amp);
-    size_t data = (size_t)rows * cols * qlm_dtype_size(dt), total = data + (size_t)rows * sizeof(float);
-    t->host_buf = malloc(total);
-    assert_non_null(t->host_buf);
-    float *rs = (float *)((char *)t->host_buf + data);
-    t->host = (qlm_weight){.dtype = dt, .rows = rows, .cols = cols, .data = t->host_buf, .scale = 1.0f};
+    size_t data, total;
+    float *rs = alloc_weight(t, dt, rows, cols, &data, &total);
     if (dt == QLM_I8 && per_channel) {
         qlm_quantize_i8_rows(t->host_buf, rs, w, rows, cols);
         t->host.row_scales = rs;

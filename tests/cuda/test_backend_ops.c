@@ -17,11 +17,8 @@ static float bf16_round(float x) { return qlm_bf16_to_f32(qlm_f32_to_bf16(x)); }
 static void make_int_weight(test_weight *t, qlm_dtype dt, int per_channel, int rows, int cols, unsigned seed) {
     float *w = randv((long)rows * cols, seed, 1.0f);
     for (long i = 0; i < (long)rows * cols; i++) w[i] = (float)(int)(w[i] * 127.0f);
-    size_t data = (size_t)rows * cols * qlm_dtype_size(dt), total = data + (size_t)rows * sizeof(float);
-    t->host_buf = malloc(total);
-    assert_non_null(t->host_buf);
-    float *rs = (float *)((char *)t->host_buf + data);
-    t->host = (qlm_weight){.dtype = dt, .rows = rows, .cols = cols, .data = t->host_buf, .scale = 1.0f};
+    size_t data, total;
+    float *rs = alloc_weight(t, dt, rows, cols, &data, &total);
     if (dt == QLM_I8) {
         for (long i = 0; i < (long)rows * cols; i++) ((signed char *)t->host_buf)[i] = (signed char)w[i];
         float *sv = randv(rows, seed + 1u, 1.0f);
