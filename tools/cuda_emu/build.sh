@@ -1,8 +1,14 @@
 #!/usr/bin/env bash
 # Builds a GPU test against qlm's CUDA kernels compiled as host C++ (the host emulation: cuda_emu.h,
 # emu.cpp, asm.pl), to check what new or changed kernels compute on a machine without a GPU. Not a
-# substitute for `make test-cuda` on a GPU (no timing, no memory model, no compute-sanitizer) and
-# slow (minutes for test_backend_ops' bigger tests); nothing in `make test` uses it.
+# substitute for `make test-cuda` on a GPU (no timing, no memory model, none of the host side of
+# the backend: graphs, pool, streams) and slow (minutes for test_backend_ops' bigger tests); nothing
+# in `make test` uses it. What would fault on the GPU stops the run: a vector access at an address
+# not aligned to its size (-fsanitize=alignment), a block over 1024 threads or its kernel's
+# __launch_bounds__, a grid over its limits, dynamic shared memory over what the kernel may take.
+# With QLM_EMU_ASAN=1 the kernels and device memory are also under AddressSanitizer: an access out of
+# a cudaMalloc'd buffer or of shared memory is reported, which stands in for compute-sanitizer's
+# memcheck where that cannot run (1-3x slower). check.sh runs every op test this way.
 # Usage (from the repository root, after `make`, which builds build/libqlm.a):
 #   tools/cuda_emu/build.sh OUT TEST.c FILE.cu...
 #   OUT [cmocka test name]                     # e.g. QLM_TEST_DEVICE=cuda for the model tests
@@ -15,7 +21,9 @@ here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-cxx=(g++ -std=c++20 -O1 -g -w -I"$here/include" -I"$root" -I"$root/cuda")
+san=(-fsanitize=alignment -fno-sanitize-recover=alignment)
+[ "${QLM_EMU_ASAN:-0}" = 1 ] && san+=(-fsanitize=address)
+cxx=(g++ -std=c++20 -O1 -g -w "${san[@]}" -I"$here/include" -I"$root" -I"$root/cuda")
 objs=()
 for cu in "$@"; do
     b=$(basename "$cu" .cu)
@@ -39,6 +47,6 @@ int main(int argc, char **argv) {
 }
 C
 cc -c "$work/main.c" -o "$work/main.o"
-g++ -o "$out" "$work/test.o" "$work/main.o" "${objs[@]}" "$work/emu.o" "$root/build/libqlm.a" -lcmocka -lopenblas \
+g++ "${san[@]}" -o "$out" "$work/test.o" "$work/main.o" "${objs[@]}" "$work/emu.o" "$root/build/libqlm.a" -lcmocka -lopenblas \
     -lpcre2-8 -lcjson -lcurl -lmicrohttpd -lcrypto -ledit $(pkg-config --libs ompi-c 2>/dev/null || echo -lmpi) -lm \
     -lpthread -fopenmp

@@ -21,17 +21,17 @@ using std::min;
 #define __device__
 #define __host__
 #define __forceinline__ inline
-#define __launch_bounds__(...)
 #define __restrict__ __restrict
-#define __shared__ static
 #define __align__(n) __attribute__((aligned(n)))
 #define __cvta_generic_to_shared(p) ((size_t)(p))
 struct dim3 { unsigned x, y, z; dim3(unsigned a = 1, unsigned b = 1, unsigned c = 1) : x(a), y(b), z(c) {} };
-struct uint4 { unsigned x, y, z, w; };
-struct uint2 { unsigned x, y; };
-struct float4 { float x, y, z, w; };
-struct float2 { float x, y; };
-struct int4 { int x, y, z, w; };
+// Aligned as CUDA's: a kernel's vector access at an address that is not is a fault on the GPU, and
+// build.sh's -fsanitize=alignment reports it here.
+struct alignas(16) uint4 { unsigned x, y, z, w; };
+struct alignas(8) uint2 { unsigned x, y; };
+struct alignas(16) float4 { float x, y, z, w; };
+struct alignas(8) float2 { float x, y; };
+struct alignas(16) int4 { int x, y, z, w; };
 static inline uint4 make_uint4(unsigned a, unsigned b, unsigned c, unsigned d) { return {a, b, c, d}; }
 static inline uint2 make_uint2(unsigned a, unsigned b) { return {a, b}; }
 static inline float4 make_float4(float a, float b, float c, float d) { return {a, b, c, d}; }
@@ -46,10 +46,42 @@ enum { cudaSuccess = 0, cudaMemcpyHostToDevice = 1, cudaMemcpyDeviceToHost = 2, 
 static inline int cudaStreamSynchronize(cudaStream_t) { return 0; }
 static inline int cudaGetLastError() { return 0; }
 static inline const char *cudaGetErrorString(int) { return "emu"; }
-static inline int cudaMalloc(void **p, size_t n) { return (*p = malloc(n ? n : 1)) ? 0 : 2; }
+// Device memory as cudaMalloc's: 256-byte aligned, and exactly as long as asked (the AddressSanitizer
+// build reports a kernel's access past the end).
+void *emu_device_alloc(size_t n);
+static inline int cudaMalloc(void **p, size_t n) { return (*p = emu_device_alloc(n)) ? 0 : 2; }
 static inline int cudaMemsetAsync(void *p, int v, size_t n, cudaStream_t) { memset(p, v, n); return 0; }
 static inline int cudaMemcpyAsync(void *d, const void *s, size_t n, int, cudaStream_t) { memmove(d, s, n); return 0; }
 
+// A kernel's __launch_bounds__, which asm.pl makes its first statement: a launch with more threads a
+// block fails on the GPU.
+static inline void emu_launch_bounds(int max_threads, int = 0) {
+    if ((int)(blockDim.x * blockDim.y * blockDim.z) > max_threads) {
+        fprintf(stderr, "emu: block of %u threads for a kernel bounded to %d\n", blockDim.x * blockDim.y * blockDim.z,
+                max_threads);
+        abort();
+    }
+}
+// A __shared__ array, which asm.pl makes a static with one of these beside it, and a call of arrive
+// after it: the first of a block's threads to get there fills it with 0xff bytes (NaN, -1), since on
+// the GPU a block's shared memory starts as garbage, not as the block before left it; the others
+// wait until it has. emu_launch moves emu_block_epoch on for each block.
+extern std::atomic<unsigned> emu_block_epoch;
+extern std::mutex emu_shared_mutex;
+struct emu_shared_array {
+    void *p;
+    size_t n;
+    std::atomic<unsigned> epoch{0};
+    emu_shared_array(void *p_, size_t n_) : p(p_), n(n_) {}
+    void arrive() {
+        const unsigned now = emu_block_epoch.load();
+        if (epoch.load(std::memory_order_acquire) == now) return;
+        std::lock_guard<std::mutex> g(emu_shared_mutex);
+        if (epoch.load() == now) return;
+        memset(p, 0xff, n);
+        epoch.store(now, std::memory_order_release);
+    }
+};
 void emu_syncthreads();
 void emu_warp_xchg(uint64_t v, uint64_t *out, int src);
 static inline void __syncthreads() { emu_syncthreads(); }
@@ -124,7 +156,7 @@ static inline int atomicAdd(int *p, int v) { return std::atomic_ref<int>(*p).fet
 static inline unsigned atomicAdd(unsigned *p, unsigned v) { return std::atomic_ref<unsigned>(*p).fetch_add(v); }
 // BF16 and F16 as their bits.
 struct __nv_bfloat16 { unsigned short x; };
-struct __nv_bfloat162 { __nv_bfloat16 x, y; };
+struct alignas(4) __nv_bfloat162 { __nv_bfloat16 x, y; };
 static inline __nv_bfloat16 __float2bfloat16_rn(float f) {
     unsigned u = __float_as_uint(f);
     if ((u & 0x7fffffffu) > 0x7f800000u) return {(unsigned short)((u >> 16) | 0x40)};
@@ -135,7 +167,7 @@ static inline unsigned short __bfloat16_as_ushort(__nv_bfloat16 h) { return h.x;
 static inline float __bfloat162float(__nv_bfloat16 h) { return __uint_as_float((unsigned)h.x << 16); }
 static inline __nv_bfloat162 __floats2bfloat162_rn(float a, float b) { return {__float2bfloat16_rn(a), __float2bfloat16_rn(b)}; }
 struct __half { _Float16 v; };
-struct __half2 { __half x, y; };
+struct alignas(4) __half2 { __half x, y; };
 static inline float __half2float(__half h) { return (float)h.v; }
 static inline __half __float2half_rn(float f) { return {(_Float16)f}; }
 static inline __half __float2half(float f) { return {(_Float16)f}; }
@@ -154,8 +186,10 @@ struct cudaLaunchConfig_t {
     cudaLaunchAttribute *attrs;
     unsigned numAttrs;
 };
-// kernel<<<grid, block, smem, stream>>>(args) becomes emu_launch([&] { kernel(args); }, grid, block, smem).
-void emu_launch(std::function<void()> fn, dim3 grid, dim3 block, size_t smem = 0, cudaStream_t = 0);
+// kernel<<<grid, block, smem, stream>>>(args) becomes emu_launch(kernel, [&] { kernel(args); }, grid, block,
+// smem); kernel names the function for its dynamic shared memory limit (cudaFuncSetAttribute's).
+void emu_launch(const void *kernel, std::function<void()> fn, dim3 grid, dim3 block, size_t smem = 0,
+                cudaStream_t = 0);
 // cuBLAS, as much of it as the backend calls, by plain loops.
 typedef void *cublasHandle_t;
 typedef int cublasStatus_t;
@@ -177,13 +211,17 @@ static inline cublasStatus_t cublasSgemm(cublasHandle_t h, cublasOperation_t ta,
                         CUBLAS_COMPUTE_32F, 0);
 }
 enum { cudaFuncAttributeMaxDynamicSharedMemorySize, cudaDevAttrMultiProcessorCount };
-template <class F> static inline int cudaFuncSetAttribute(F, int, int) { return 0; }
+void emu_set_smem_limit(const void *kernel, int bytes);
+template <class F> static inline int cudaFuncSetAttribute(F f, int attr, int v) {
+    if (attr == cudaFuncAttributeMaxDynamicSharedMemorySize) emu_set_smem_limit((const void *)f, v);
+    return 0;
+}
 static inline int cudaDeviceGetAttribute(int *v, int, int) { *v = 132; return 0; }
 // mma.sync.m16n8k16.row.col.f32.bf16.bf16.f32 with C = 0, from the PTX ISA's fragment layout.
 void emu_mma_bf16(float d[4], unsigned a0, unsigned a1, unsigned a2, unsigned a3, unsigned b0, unsigned b1);
 // mma.sync.m16n8k32.row.col.s32.s8.s8.s32 with C = D, likewise.
 void emu_mma_i8(int c[4], unsigned a0, unsigned a1, unsigned a2, unsigned a3, unsigned b0, unsigned b1);
 template <class... P, class... A> static inline int cudaLaunchKernelEx(const cudaLaunchConfig_t *c, void (*k)(P...), A &&...args) {
-    emu_launch([&] { k(args...); }, c->gridDim, c->blockDim, c->dynamicSmemBytes);
+    emu_launch((const void *)k, [&] { k(args...); }, c->gridDim, c->blockDim, c->dynamicSmemBytes);
     return 0;
 }

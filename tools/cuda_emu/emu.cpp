@@ -5,6 +5,8 @@
 // mma is computed from the PTX ISA's fragment layout. qlm_backend_cuda() is a table of the ops of
 // whichever .cu files were linked (the others stay NULL). Slow (a launch starts its block's threads)
 // and blind to timing: it checks what kernels compute, not how fast.
+#include <map>
+
 #include "cuda/cuda_internal.h"
 #define W __attribute__((weak))
 #define OPS(X) X(matmul, qlm_cuda_matmul) X(matmul_group, qlm_cuda_matmul_group) \
@@ -55,12 +57,35 @@ void emu_warp_xchg(uint64_t v, uint64_t *out, int src) {
 
 void emu_syncwarp() { g_warp_bar[linear_tid() >> 5]->arrive_and_wait(); }
 
-void emu_launch(std::function<void()> fn, dim3 grid, dim3 block, size_t smem, cudaStream_t) {
+// Dynamic shared memory a kernel may take: 48 KiB, or what cudaFuncSetAttribute raised it to, up to
+// the 227 KiB of a Hopper block (static shared memory not counted: it is not known here).
+enum { SMEM_DEFAULT = 48 << 10, SMEM_OPT_IN_MAX = 227 << 10 };
+static std::mutex g_smem_mutex;
+static std::map<const void *, int> g_smem_limit;
+void emu_set_smem_limit(const void *kernel, int bytes) {
+    if (bytes > SMEM_OPT_IN_MAX) { fprintf(stderr, "emu: shared memory limit of %d bytes asked\n", bytes); abort(); }
+    std::lock_guard<std::mutex> g(g_smem_mutex);
+    g_smem_limit[kernel] = bytes;
+}
+
+std::atomic<unsigned> emu_block_epoch{1};
+std::mutex emu_shared_mutex;
+
+void emu_launch(const void *kernel, std::function<void()> fn, dim3 grid, dim3 block, size_t smem, cudaStream_t) {
     const int nt = block.x * block.y * block.z;
     if (nt <= 0 || nt > 1024) { fprintf(stderr, "emu: block of %d threads\n", nt); abort(); }
+    if (grid.y > 65535 || grid.z > 65535) { fprintf(stderr, "emu: grid of %u x %u x %u\n", grid.x, grid.y, grid.z); abort(); }
+    {
+        std::lock_guard<std::mutex> g(g_smem_mutex);
+        auto it = g_smem_limit.find(kernel);
+        const size_t limit = it == g_smem_limit.end() ? SMEM_DEFAULT : it->second;
+        if (smem > limit) { fprintf(stderr, "emu: %zu bytes of dynamic shared memory, limit %zu\n", smem, limit); abort(); }
+    }
     if ((long)grid.x * grid.y * grid.z == 0) return;
     blockDim = block, gridDim = grid;
-    std::vector<unsigned char> dyn(smem + 16);
+    // Exactly smem bytes (16-aligned, as new gives), so that the AddressSanitizer build reports a
+    // kernel's access past them.
+    std::vector<unsigned char> dyn(smem ? smem : 1);
     emu_dyn_smem = dyn.data();
     std::barrier<> pool(nt);
     std::vector<std::thread> th;
@@ -75,6 +100,7 @@ void emu_launch(std::function<void()> fn, dim3 grid, dim3 block, size_t smem, cu
                             for (int w = 0; w < (nt + 31) / 32; w++)
                                 g_warp_bar[w] = std::make_unique<std::barrier<>>(std::min(32, nt - 32 * w));
                             memset(dyn.data(), 0xff, dyn.size()); // NaNs: shared memory starts as garbage
+                            emu_block_epoch++; // static shared arrays too (emu_shared_array)
                         }
                         pool.arrive_and_wait();
                         blockIdx = dim3(bx, by, bz);
@@ -126,10 +152,20 @@ void qlm_cuda_fail(const char *what, const char *why, const char *file, int line
     fprintf(stderr, "emu: %s: %s (%s:%d)\n", what, why, file, line);
     abort();
 }
-void *qlm_cuda_alloc(size_t bytes) { return malloc(bytes ? bytes : 1); }
+void *emu_device_alloc(size_t bytes) {
+    void *p = NULL;
+    return posix_memalign(&p, 256, bytes ? bytes : 1) == 0 ? p : NULL;
+}
+// As backend_cuda.cu's pool answers a failed cudaMalloc (under AddressSanitizer with
+// allocator_may_return_null=1, which check.sh sets, an impossible size fails here too).
+void *qlm_cuda_alloc(size_t bytes) {
+    void *p = emu_device_alloc(bytes);
+    if (!p) qlm_errorf("out of GPU memory: %.1f MiB needed (host emulation)", bytes / 1048576.0);
+    return p;
+}
 void qlm_cuda_free(void *p) { free(p); }
 void *qlm_cuda_scratch(void **buf, size_t *cap, size_t bytes) {
-    if (bytes > *cap) { free(*buf); *buf = malloc(bytes); *cap = bytes; }
+    if (bytes > *cap) { free(*buf); *buf = emu_device_alloc(bytes); *cap = bytes; }
     return *buf;
 }
 void *qlm_cuda_scratch_try(void **buf, size_t *cap, size_t bytes) { return qlm_cuda_scratch(buf, cap, bytes); }
@@ -154,7 +190,7 @@ qlm_cuda_ints qlm_cuda_ints_of(const int *host, int n, int which) {
     else { memcpy(g_ints[which], host, n * sizeof(int)); a.dev = g_ints[which]; }
     return a;
 }
-static void *emu_alloc(size_t b) { return malloc(b ? b : 1); }
+static void *emu_alloc(size_t b) { return qlm_cuda_alloc(b); }
 static void emu_free(void *p) { free(p); }
 static void emu_copy(void *d, const void *s, size_t b) { memcpy(d, s, b); }
 static void emu_describe(char *out, size_t len) { snprintf(out, len, "host emulation of the CUDA kernels"); }
