@@ -2,8 +2,8 @@
 # Builds a GPU test against qlm's CUDA kernels compiled as host C++ (the host emulation: cuda_emu.h,
 # emu.cpp, asm.pl), to check what new or changed kernels compute on a machine without a GPU. Not a
 # substitute for `make test-cuda` on a GPU (no timing, no memory model, none of the host side of
-# the backend: graphs, pool, streams) and slow (minutes for test_backend_ops' bigger tests); nothing
-# in `make test` uses it. What would fault on the GPU stops the run: a vector access at an address
+# the backend: graphs, pool, streams) and slower than the CPU backend (seconds to a few minutes a
+# test; the model and training tests, QLM_TEST_DEVICE=cuda, run too); nothing in `make test` uses it. What would fault on the GPU stops the run: a vector access at an address
 # not aligned to its size (-fsanitize=alignment), a block over 1024 threads or its kernel's
 # __launch_bounds__, a grid over its limits, dynamic shared memory over what the kernel may take.
 # With QLM_EMU_ASAN=1 the kernels and device memory are also under AddressSanitizer: an access out of

@@ -2,8 +2,8 @@
 # Runs every test of the CUDA op test programs (tests/cuda/, all but NCCL's) through the host
 # emulation, under AddressSanitizer unless QLM_EMU_ASAN=0 (build.sh says what else stops a run),
 # one test at a time, and prints a line per test and a summary: what a GPU session's `make
-# test-cuda` and memcheck would find in the kernels, on a machine without a GPU. Takes about 25
-# minutes on 2 cores (test_attention, test_matmul and test_matmul_backward_x are most of it).
+# test-cuda` and memcheck would find in the kernels, on a machine without a GPU. Takes about 10
+# minutes on 2 cores, half of it building (test_matmul_backward_x is most of the rest).
 # Usage (from the repository root, after `make`): tools/cuda_emu/check.sh [TEST_NAME...]
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)

@@ -36,7 +36,7 @@ static inline uint4 make_uint4(unsigned a, unsigned b, unsigned c, unsigned d) {
 static inline uint2 make_uint2(unsigned a, unsigned b) { return {a, b}; }
 static inline float4 make_float4(float a, float b, float c, float d) { return {a, b, c, d}; }
 static inline float2 make_float2(float a, float b) { return {a, b}; }
-extern thread_local dim3 threadIdx, blockIdx;
+extern dim3 threadIdx, blockIdx;
 extern dim3 blockDim, gridDim;
 extern unsigned char *emu_dyn_smem;
 typedef void *cudaStream_t;

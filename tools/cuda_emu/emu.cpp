@@ -1,10 +1,13 @@
 // The host emulation's runtime: launches run a grid one block at a time, the block's threads as
-// host threads (so __syncthreads is a barrier and each warp's shuffles meet in an exchange array),
-// blocks in order, so a race between blocks shows up as a wrong result instead of hiding; device
-// memory is host memory, the op queue runs each op at once, cuBLAS is plain loops in double, and
-// mma is computed from the PTX ISA's fragment layout. qlm_backend_cuda() is a table of the ops of
-// whichever .cu files were linked (the others stay NULL). Slow (a launch starts its block's threads)
-// and blind to timing: it checks what kernels compute, not how fast.
+// fibers on the launching thread (so __syncthreads is a barrier and each warp's shuffles meet in an
+// exchange array), blocks in order, so a race between blocks shows up as a wrong result instead of
+// hiding; device memory is host memory, the op queue runs each op at once, cuBLAS is plain loops in
+// double, and mma is computed from the PTX ISA's fragment layout. qlm_backend_cuda() is a table of
+// the ops of whichever .cu files were linked (the others stay NULL). Blind to timing: it checks
+// what kernels compute, not how fast. x86-64 only (emu_switch).
+#include <pthread.h>
+#include <sys/mman.h>
+
 #include <map>
 
 #include "cuda/cuda_internal.h"
@@ -26,36 +29,130 @@
 #define WEAK(field, fn) extern __typeof__(fn) fn W;
 OPS(WEAK)
 
-thread_local dim3 threadIdx, blockIdx;
+dim3 threadIdx, blockIdx;
 dim3 blockDim, gridDim;
 unsigned char *emu_dyn_smem;
 cudaStream_t qlm_cuda_stream;
 cublasHandle_t qlm_cuda_blas;
 int qlm_cuda_device;
-static std::unique_ptr<std::barrier<>> g_block_bar, g_warp_bar[32];
+
+// A block's threads are fibers on the launching thread, each on a stack of its own, switched only
+// at barriers (a thread waiting at one hands over to the next): no system call per switch, where
+// a host thread per GPU thread spent most of its time in futex waits and thread starts.
+enum { FIBER_STACK = 256 << 10, MAX_THREADS = 1024 };
+struct fiber {
+    void *sp;          // saved stack pointer while switched out
+    char *stack;       // FIBER_STACK bytes
+    dim3 idx;
+    bool done;
+};
+static fiber g_fibers[MAX_THREADS];
+static int g_cur;
+static void *g_sched_sp;
+static const std::function<void()> *g_fn;
+
+// emu_switch(save, to): saves the callee-saved registers and the stack pointer in *save, continues
+// on the stack at to (the System V x86-64 ABI's callee-saved set: rbx, rbp, r12-r15).
+extern "C" void emu_switch(void **save, void *to);
+asm(R"(
+.text
+.globl emu_switch
+.type emu_switch, @function
+emu_switch:
+    pushq %rbp
+    pushq %rbx
+    pushq %r12
+    pushq %r13
+    pushq %r14
+    pushq %r15
+    movq %rsp, (%rdi)
+    movq %rsi, %rsp
+    popq %r15
+    popq %r14
+    popq %r13
+    popq %r12
+    popq %rbx
+    popq %rbp
+    ret
+.size emu_switch, .-emu_switch
+)");
+
+// AddressSanitizer is told of each switch of stacks, and a fiber's stack is made addressable again
+// before it is reused (the frame of fiber_main, which never returns, keeps its poisoned redzones).
+#if defined(__SANITIZE_ADDRESS__)
+#include <sanitizer/asan_interface.h>
+#include <sanitizer/common_interface_defs.h>
+static void *g_fake;
+static void switch_begin(const char *stack, size_t size) { __sanitizer_start_switch_fiber(&g_fake, stack, size); }
+static void switch_end() { __sanitizer_finish_switch_fiber(g_fake, NULL, NULL); }
+static void stack_reset(char *stack, size_t size) { __asan_unpoison_memory_region(stack, size); }
+#else
+static void switch_begin(const char *, size_t) {}
+static void switch_end() {}
+static void stack_reset(char *, size_t) {}
+#endif
+// The launching thread's stack (the scheduler's), for the switches back to it.
+static const char *g_sched_stack;
+static size_t g_sched_stack_size;
+static void find_sched_stack() {
+    if (g_sched_stack) return;
+    pthread_attr_t a;
+    void *addr;
+    if (pthread_getattr_np(pthread_self(), &a) != 0 || pthread_attr_getstack(&a, &addr, &g_sched_stack_size) != 0) {
+        fprintf(stderr, "emu: the thread's stack is unknown\n");
+        abort();
+    }
+    pthread_attr_destroy(&a);
+    g_sched_stack = (const char *)addr;
+}
+
+// The current fiber hands over to the scheduler, which resumes it later.
+static void yield() {
+    switch_begin(g_sched_stack, g_sched_stack_size);
+    emu_switch(&g_fibers[g_cur].sp, g_sched_sp);
+    switch_end();
+}
+
+// A barrier of `expected` live threads; a thread that ends leaves it (arrive_and_drop).
+struct barrier {
+    int expected, arrived;
+    unsigned phase;
+    void arrive_and_wait() {
+        const unsigned p = phase;
+        if (++arrived == expected) {
+            arrived = 0, phase++;
+            return;
+        }
+        while (phase == p) yield();
+    }
+    void arrive_and_drop() {
+        if (--expected > 0 && arrived == expected) arrived = 0, phase++;
+    }
+};
+static barrier g_block_bar, g_warp_bar[32];
 static uint64_t g_xchg[32][32];
 
 static int linear_tid() { return threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z); }
-void emu_syncthreads() { g_block_bar->arrive_and_wait(); }
-static std::atomic<int> g_or;
+void emu_syncthreads() { g_block_bar.arrive_and_wait(); }
+static int g_or;
 int emu_syncthreads_or(int p) {
-    if (p) g_or.store(1);
-    g_block_bar->arrive_and_wait();
-    int r = g_or.load();
-    g_block_bar->arrive_and_wait();
-    if (linear_tid() == 0) g_or.store(0);
-    g_block_bar->arrive_and_wait();
+    if (p) g_or = 1;
+    g_block_bar.arrive_and_wait();
+    int r = g_or;
+    g_block_bar.arrive_and_wait();
+    if (linear_tid() == 0) g_or = 0;
+    g_block_bar.arrive_and_wait();
     return r;
 }
 void emu_warp_xchg(uint64_t v, uint64_t *out, int src) {
     int t = linear_tid(), w = t >> 5, lane = t & 31;
     g_xchg[w][lane] = v;
-    g_warp_bar[w]->arrive_and_wait();
+    g_warp_bar[w].arrive_and_wait();
     *out = g_xchg[w][src];
-    g_warp_bar[w]->arrive_and_wait();
+    g_warp_bar[w].arrive_and_wait();
 }
 
-void emu_syncwarp() { g_warp_bar[linear_tid() >> 5]->arrive_and_wait(); }
+void emu_syncwarp() { g_warp_bar[linear_tid() >> 5].arrive_and_wait(); }
 
 // Dynamic shared memory a kernel may take: 48 KiB, or what cudaFuncSetAttribute raised it to, up to
 // the 227 KiB of a Hopper block (static shared memory not counted: it is not known here).
@@ -71,9 +168,39 @@ void emu_set_smem_limit(const void *kernel, int bytes) {
 std::atomic<unsigned> emu_block_epoch{1};
 std::mutex emu_shared_mutex;
 
+// Where a fiber starts (emu_switch's ret lands here): runs the kernel, leaves the barriers, and
+// hands over for good.
+static void fiber_main() {
+    switch_end();
+    (*g_fn)();
+    fiber &f = g_fibers[g_cur];
+    f.done = true;
+    g_block_bar.arrive_and_drop();
+    g_warp_bar[linear_tid() >> 5].arrive_and_drop();
+    switch_begin(g_sched_stack, g_sched_stack_size);
+    emu_switch(&f.sp, g_sched_sp);
+    abort(); // never resumed
+}
+
+// A fresh stack for fiber f whose first switch returns into fiber_main, with the stack pointer as
+// after a call (16-aligned plus the return address).
+static void fiber_start(fiber &f) {
+    if (!f.stack) {
+        f.stack = (char *)mmap(NULL, FIBER_STACK, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (f.stack == MAP_FAILED) { fprintf(stderr, "emu: no memory for a fiber's stack\n"); abort(); }
+    }
+    stack_reset(f.stack, FIBER_STACK);
+    void **top = (void **)(f.stack + FIBER_STACK);
+    *--top = NULL;                         // fiber_main's return address: it never returns
+    *--top = (void *)fiber_main;           // emu_switch's ret
+    for (int r = 0; r < 6; r++) *--top = NULL; // rbp, rbx, r12-r15
+    f.sp = top;
+    f.done = false;
+}
+
 void emu_launch(const void *kernel, std::function<void()> fn, dim3 grid, dim3 block, size_t smem, cudaStream_t) {
     const int nt = block.x * block.y * block.z;
-    if (nt <= 0 || nt > 1024) { fprintf(stderr, "emu: block of %d threads\n", nt); abort(); }
+    if (nt <= 0 || nt > MAX_THREADS) { fprintf(stderr, "emu: block of %d threads\n", nt); abort(); }
     if (grid.y > 65535 || grid.z > 65535) { fprintf(stderr, "emu: grid of %u x %u x %u\n", grid.x, grid.y, grid.z); abort(); }
     {
         std::lock_guard<std::mutex> g(g_smem_mutex);
@@ -87,30 +214,32 @@ void emu_launch(const void *kernel, std::function<void()> fn, dim3 grid, dim3 bl
     // kernel's access past them.
     std::vector<unsigned char> dyn(smem ? smem : 1);
     emu_dyn_smem = dyn.data();
-    std::barrier<> pool(nt);
-    std::vector<std::thread> th;
-    for (int t = 0; t < nt; t++)
-        th.emplace_back([&, t] {
-            threadIdx = dim3(t % block.x, t / block.x % block.y, t / block.x / block.y);
-            for (unsigned bz = 0; bz < grid.z; bz++)
-                for (unsigned by = 0; by < grid.y; by++)
-                    for (unsigned bx = 0; bx < grid.x; bx++) {
-                        if (t == 0) {
-                            g_block_bar = std::make_unique<std::barrier<>>(nt);
-                            for (int w = 0; w < (nt + 31) / 32; w++)
-                                g_warp_bar[w] = std::make_unique<std::barrier<>>(std::min(32, nt - 32 * w));
-                            memset(dyn.data(), 0xff, dyn.size()); // NaNs: shared memory starts as garbage
-                            emu_block_epoch++; // static shared arrays too (emu_shared_array)
-                        }
-                        pool.arrive_and_wait();
-                        blockIdx = dim3(bx, by, bz);
-                        fn();
-                        g_block_bar->arrive_and_drop();
-                        g_warp_bar[t >> 5]->arrive_and_drop();
-                        pool.arrive_and_wait();
+    g_fn = &fn;
+    find_sched_stack();
+    for (unsigned bz = 0; bz < grid.z; bz++)
+        for (unsigned by = 0; by < grid.y; by++)
+            for (unsigned bx = 0; bx < grid.x; bx++) {
+                blockIdx = dim3(bx, by, bz);
+                g_block_bar = {nt, 0, 0};
+                for (int w = 0; w < (nt + 31) / 32; w++) g_warp_bar[w] = {std::min(32, nt - 32 * w), 0, 0};
+                memset(dyn.data(), 0xff, dyn.size()); // NaNs: shared memory starts as garbage
+                emu_block_epoch++;                     // static shared arrays too (emu_shared_array)
+                for (int t = 0; t < nt; t++) {
+                    g_fibers[t].idx = dim3(t % block.x, t / block.x % block.y, t / block.x / block.y);
+                    fiber_start(g_fibers[t]);
+                }
+                for (int live = nt; live > 0;)
+                    for (int t = 0; t < nt; t++) {
+                        fiber &f = g_fibers[t];
+                        if (f.done) continue;
+                        g_cur = t;
+                        threadIdx = f.idx;
+                        switch_begin(f.stack, FIBER_STACK);
+                        emu_switch(&g_sched_sp, f.sp);
+                        switch_end();
+                        if (f.done) live--;
                     }
-        });
-    for (auto &x : th) x.join();
+            }
 }
 
 static double elem(const void *p, cudaDataType t, size_t i) {
@@ -212,7 +341,7 @@ void emu_mma_bf16(float d[4], unsigned a0, unsigned a1, unsigned a2, unsigned a3
     int t = linear_tid(), w = t >> 5, lane = t & 31;
     unsigned *f = g_frag[w][lane];
     f[0] = a0, f[1] = a1, f[2] = a2, f[3] = a3, f[4] = b0, f[5] = b1;
-    g_warp_bar[w]->arrive_and_wait();
+    g_warp_bar[w].arrive_and_wait();
     auto bf = [](unsigned r, int hi) { return __uint_as_float(hi ? r & 0xffff0000u : r << 16); };
     auto A = [&](int row, int k) { // row g: regs 0 (k 0-7), 2 (k 8-15); row g + 8: regs 1, 3
         int g = row & 7, hi8 = row >> 3, tt = (k & 7) >> 1, reg = hi8 + 2 * (k >> 3);
@@ -226,13 +355,13 @@ void emu_mma_bf16(float d[4], unsigned a0, unsigned a1, unsigned a2, unsigned a3
         for (int k = 0; k < 16; k++) s += (double)A(row, k) * B(k, col);
         d[i] = (float)s;
     }
-    g_warp_bar[w]->arrive_and_wait();
+    g_warp_bar[w].arrive_and_wait();
 }
 void emu_mma_i8(int c[4], unsigned a0, unsigned a1, unsigned a2, unsigned a3, unsigned b0, unsigned b1) {
     int t = linear_tid(), w = t >> 5, lane = t & 31;
     unsigned *f = g_frag[w][lane];
     f[0] = a0, f[1] = a1, f[2] = a2, f[3] = a3, f[4] = b0, f[5] = b1;
-    g_warp_bar[w]->arrive_and_wait();
+    g_warp_bar[w].arrive_and_wait();
     auto byte = [](unsigned r, int k) { return (r >> (8 * (k & 3))) & 0xff; };
     auto A = [&](int row, int k) { // row g: regs 0 (k 0-15), 2 (k 16-31); row g + 8: regs 1, 3
         int g = row & 7, hi8 = row >> 3, tt = (k & 15) >> 2, reg = hi8 + 2 * (k >> 4);
@@ -248,6 +377,6 @@ void emu_mma_i8(int c[4], unsigned a0, unsigned a1, unsigned a2, unsigned a3, un
         for (int k = 0; k < 32; k++) s += (long long)A(row, k) * B(k, col);
         d[i] = (int)(unsigned)s;
     }
-    g_warp_bar[w]->arrive_and_wait();
+    g_warp_bar[w].arrive_and_wait();
     for (int i = 0; i < 4; i++) c[i] = d[i];
 }
