@@ -64,22 +64,18 @@ static inline void emu_launch_bounds(int max_threads, int = 0) {
 }
 // A __shared__ array, which asm.pl makes a static with one of these beside it, and a call of arrive
 // after it: the first of a block's threads to get there fills it with 0xff bytes (NaN, -1), since on
-// the GPU a block's shared memory starts as garbage, not as the block before left it; the others
-// wait until it has. emu_launch moves emu_block_epoch on for each block.
-extern std::atomic<unsigned> emu_block_epoch;
-extern std::mutex emu_shared_mutex;
+// the GPU a block's shared memory starts as garbage, not as the block before left it (a block's
+// threads are fibers of one host thread: no locking). emu_launch moves emu_block_epoch on per block.
+extern unsigned emu_block_epoch;
 struct emu_shared_array {
     void *p;
     size_t n;
-    std::atomic<unsigned> epoch{0};
+    unsigned epoch = 0;
     emu_shared_array(void *p_, size_t n_) : p(p_), n(n_) {}
     void arrive() {
-        const unsigned now = emu_block_epoch.load();
-        if (epoch.load(std::memory_order_acquire) == now) return;
-        std::lock_guard<std::mutex> g(emu_shared_mutex);
-        if (epoch.load() == now) return;
+        if (epoch == emu_block_epoch) return;
         memset(p, 0xff, n);
-        epoch.store(now, std::memory_order_release);
+        epoch = emu_block_epoch;
     }
 };
 void emu_syncthreads();

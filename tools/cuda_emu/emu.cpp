@@ -165,8 +165,7 @@ void emu_set_smem_limit(const void *kernel, int bytes) {
     g_smem_limit[kernel] = bytes;
 }
 
-std::atomic<unsigned> emu_block_epoch{1};
-std::mutex emu_shared_mutex;
+unsigned emu_block_epoch = 1;
 
 // Where a fiber starts (emu_switch's ret lands here): runs the kernel, leaves the barriers, and
 // hands over for good.
