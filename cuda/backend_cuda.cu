@@ -45,9 +45,21 @@ static void release_cached(void) {
     g_n_cached = 0;
 }
 
+// QLM_CUDA_POOL=0: every block is a cudaMalloc of exactly its size, freed at once, so that
+// compute-sanitizer (and the host emulation's AddressSanitizer) see an access past a buffer's end
+// where the pool's rounding and reuse would hide it. For checking, not speed: each free waits.
+static int pooled(void) {
+    static int on = -1;
+    if (on < 0) {
+        const char *e = getenv("QLM_CUDA_POOL");
+        on = !(e && strcmp(e, "0") == 0);
+    }
+    return on;
+}
+
 void *qlm_cuda_alloc(size_t bytes) {
-    size_t size = (bytes + 511) & ~(size_t)511;
-    if (size == 0) size = 512;
+    size_t size = pooled() ? (bytes + 511) & ~(size_t)511 : bytes;
+    if (size == 0) size = pooled() ? 512 : 1;
     // The smallest cached block that wastes at most a quarter of itself.
     size_t best = g_n_cached;
     for (size_t i = 0; i < g_n_cached; i++)
@@ -84,6 +96,11 @@ void qlm_cuda_free(void *p) {
         if (g_live[i].p == p) {
             pool_block b = g_live[i];
             g_live[i] = g_live[--g_n_live];
+            if (!pooled()) {
+                qlm_cuda_flush(); // queued ops may still use it
+                CUDA_CHECK(cudaFree(b.p));
+                return;
+            }
             // A block queued work may still use goes back only in stream order: kernels read it
             // before any later op can be handed the same memory.
             if (push_block(&g_cached, &g_n_cached, &g_cap_cached, b) != 0) {

@@ -15,6 +15,8 @@ fi
 rc=0
 # No leak check: the memory pool keeps freed blocks for reuse until the process ends; no API
 # error reports: the out-of-memory test provokes one on purpose, and qlm checks every call itself.
+# QLM_CUDA_POOL=0: each buffer a cudaMalloc of its own size, so an access past its end is reported.
+export QLM_CUDA_POOL=0
 for t in test_backend_ops test_attention_backward test_train_ops test_fake_quant_cuda; do
     echo "compute-sanitizer memcheck: $build/tests/cuda/$t"
     "$sanitizer" --tool memcheck --report-api-errors no --error-exitcode 3 --log-file "$build/memcheck_$t.log" \

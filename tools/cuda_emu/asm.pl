@@ -9,7 +9,7 @@ s/(unsigned b1\) \{)\s*float d\[4\];\s*asm volatile\(.*?\);/$1\n    float d[4];\
 s/(__device__ __forceinline__ void mma_i8\(int c\[4\], uint4 a, unsigned b0, unsigned b1\) \{).*?\n\}/$1\n    emu_mma_i8(c, a.x, a.y, a.z, a.w, b0, b1);\n}/s;
 s/(__device__ __forceinline__ void prefetch_l2\(const char \*p\)) \{.*?\}/$1 {}/;
 s/__grid_constant__//g;
-s/([\w:]+(?:<[^<>;]*>)?)\s*<<<(.+?)>>>\s*\((.*?)\);/emu_launch((const void *)$1, [&] { $1($3); }, $2);/gs;
+s/([\w:]+(?:<[^<>;]*>)?)\s*<<<(.+?)>>>\s*\((.*?)\);/my ($k, $c, $a) = ($1, $2, $3); "emu_launch_kernel($k, $c" . ($a =~ m{\S} ? ", $a" : "") . ");"/gse;
 s/extern __shared__ (\w+) (\w+)\[\];/$1 *$2 = ($1 *)emu_dyn_smem;/g;
 s/__launch_bounds__(\((?:[^()]++|(?1))*\))(.*?\{)/$2 emu_launch_bounds$1;/gs;
 s{__shared__\s+([^;]*);}{

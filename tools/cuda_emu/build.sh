@@ -1,39 +1,63 @@
 #!/usr/bin/env bash
-# Builds a GPU test against qlm's CUDA kernels compiled as host C++ (the host emulation: cuda_emu.h,
-# emu.cpp, asm.pl), to check what new or changed kernels compute on a machine without a GPU. Not a
-# substitute for `make test-cuda` on a GPU (no timing, no memory model, none of the host side of
-# the backend: graphs, pool, streams) and slower than the CPU backend (seconds to a few minutes a
-# test; the model and training tests, QLM_TEST_DEVICE=cuda, run too); nothing in `make test` uses it. What would fault on the GPU stops the run: a vector access at an address
-# not aligned to its size (-fsanitize=alignment), a block over 1024 threads or its kernel's
-# __launch_bounds__, a grid over its limits, dynamic shared memory over what the kernel may take.
-# With QLM_EMU_ASAN=1 the kernels and device memory are also under AddressSanitizer: an access out of
-# a cudaMalloc'd buffer or of shared memory is reported, which stands in for compute-sanitizer's
-# memcheck where that cannot run (1-3x slower). check.sh runs every op test this way.
+# Builds a GPU test, or qlm itself, against qlm's CUDA backend compiled as host C++ (the host
+# emulation: cuda_emu.h, emu.cpp, runtime.cpp, asm.pl), to check what new or changed kernels and the
+# backend's host side do on a machine without a GPU. Not a substitute for `make test-cuda` on a GPU
+# (no timing, no concurrency between the GPU and the host, no memory model) and slower than the
+# CPU backend (seconds to a few minutes a test; the model and training tests, QLM_TEST_DEVICE=cuda,
+# run too); nothing in `make test` uses it. What would fault on the GPU stops the run: a vector
+# access at an address not aligned to its size (-fsanitize=alignment), a block over 1024 threads or
+# its kernel's __launch_bounds__, a grid over its limits, dynamic shared memory over what the
+# kernel may take. With QLM_EMU_ASAN=1 the kernels and device memory are also under
+# AddressSanitizer: an access out of a cudaMalloc'd buffer or of shared memory is reported, which
+# stands in for compute-sanitizer's memcheck where that cannot run (1-3x slower; with
+# QLM_CUDA_POOL=0 every buffer is its own cudaMalloc). check.sh runs every op test this way.
+# The backend's host side runs as it is (backend_cuda.cu's pool, graph_cuda.cu's queue and graphs)
+# over runtime.cpp, whose streams run work only when the host waits for it and whose captures fail
+# on what the driver forbids in them (see there). Every cuda/*.cu but NCCL's is compiled once into
+# build/cuda_emu (build/cuda_emu_asan with QLM_EMU_ASAN=1) and again when it or the emulation changes.
 # Usage (from the repository root, after `make`, which builds build/libqlm.a):
-#   tools/cuda_emu/build.sh OUT TEST.c FILE.cu...
-#   OUT [cmocka test name]                     # e.g. QLM_TEST_DEVICE=cuda for the model tests
-# e.g. tools/cuda_emu/build.sh /tmp/ops tests/cuda/test_backend_ops.c cuda/ops_cuda.cu \
-#          cuda/attention_cuda.cu cuda/matmul_cuda.cu cuda/lora_cuda.cu && /tmp/ops test_attention
+#   tools/cuda_emu/build.sh OUT tests/TEST.c     # OUT [cmocka test name]; QLM_TEST_DEVICE=cuda
+#                                                # for the model tests
+#   tools/cuda_emu/build.sh OUT cli/*.c          # qlm itself: OUT train --device cuda ...
+# e.g. tools/cuda_emu/build.sh /tmp/ops tests/cuda/test_backend_ops.c && /tmp/ops test_attention
 set -euo pipefail
-out=$1 test=$2
-shift 2
+out=$1
+shift
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 san=(-fsanitize=alignment -fno-sanitize-recover=alignment)
-[ "${QLM_EMU_ASAN:-0}" = 1 ] && san+=(-fsanitize=address)
+objdir=$root/build/cuda_emu
+if [ "${QLM_EMU_ASAN:-0}" = 1 ]; then san+=(-fsanitize=address); objdir=${objdir}_asan; fi
+mkdir -p "$objdir"
 cxx=(g++ -std=c++20 -O1 -g -w "${san[@]}" -I"$here/include" -I"$root" -I"$root/cuda")
+deps=("$root/cuda/cuda_internal.h" "$here/cuda_emu.h" "$here/asm.pl" "$here/build.sh")
+stale() { # stale OBJ SRC: OBJ is missing or older than SRC or the emulation
+    local f
+    for f in "${@:2}" "${deps[@]}"; do [ "$1" -nt "$f" ] || return 0; done
+    return 1
+}
 objs=()
-for cu in "$@"; do
+for cu in "$root"/cuda/*.cu; do
     b=$(basename "$cu" .cu)
-    perl -0p "$here/asm.pl" "$root/$cu" >"$work/$b.cpp"
-    "${cxx[@]}" -c "$work/$b.cpp" -o "$work/$b.o"
-    objs+=("$work/$b.o")
+    [ "$b" = transport_nccl ] && continue
+    if stale "$objdir/$b.o" "$cu"; then
+        echo "emu: compiling $b.cu" >&2
+        perl -0p "$here/asm.pl" "$cu" >"$work/$b.cpp"
+        "${cxx[@]}" -c "$work/$b.cpp" -o "$objdir/$b.o"
+    fi
+    objs+=("$objdir/$b.o")
 done
-"${cxx[@]}" -c "$here/emu.cpp" -o "$work/emu.o"
-cc -O1 -g -w -I"$root" -Dmain=test_main -c "$root/$test" -o "$work/test.o"
-cat >"$work/main.c" <<'C'
+for src in emu runtime; do
+    if stale "$objdir/$src.o" "$here/$src.cpp"; then "${cxx[@]}" -c "$here/$src.cpp" -o "$objdir/$src.o"; fi
+    objs+=("$objdir/$src.o")
+done
+cobjs=()
+cflags=(-O1 -g -w -D_GNU_SOURCE -I"$root" $(pkg-config --cflags libpcre2-8 libcjson ompi-c 2>/dev/null))
+if [ $# -eq 1 ] && [[ $1 == tests/* ]]; then
+    cc "${cflags[@]}" -Dmain=test_main -c "$root/$1" -o "$work/test.o"
+    cat >"$work/main.c" <<'C'
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -46,7 +70,15 @@ int main(int argc, char **argv) {
     return test_main();
 }
 C
-cc -c "$work/main.c" -o "$work/main.o"
-g++ "${san[@]}" -o "$out" "$work/test.o" "$work/main.o" "${objs[@]}" "$work/emu.o" "$root/build/libqlm.a" -lcmocka -lopenblas \
+    cc -c "$work/main.c" -o "$work/main.o"
+    cobjs=("$work/test.o" "$work/main.o")
+else
+    for c in "$@"; do
+        o=$work/$(basename "$c" .c).o
+        cc "${cflags[@]}" -fopenmp -c "$root/$c" -o "$o"
+        cobjs+=("$o")
+    done
+fi
+g++ "${san[@]}" -o "$out" "${cobjs[@]}" "${objs[@]}" "$root/build/libqlm.a" -lcmocka -lopenblas \
     -lpcre2-8 -lcjson -lcurl -lmicrohttpd -lcrypto -ledit $(pkg-config --libs ompi-c 2>/dev/null || echo -lmpi) -lm \
     -lpthread -fopenmp

@@ -3,25 +3,24 @@
 # emulation, under AddressSanitizer unless QLM_EMU_ASAN=0 (build.sh says what else stops a run),
 # one test at a time, and prints a line per test and a summary: what a GPU session's `make
 # test-cuda` and memcheck would find in the kernels, on a machine without a GPU. Takes about 10
-# minutes on 2 cores, half of it building (test_matmul_backward_x is most of the rest).
+# minutes on 2 cores, a third of it building (test_matmul_backward_x is most of the rest).
 # Usage (from the repository root, after `make`): tools/cuda_emu/check.sh [TEST_NAME...]
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
 cd "$root"
-kernels=(cuda/ops_cuda.cu cuda/attention_cuda.cu cuda/matmul_cuda.cu cuda/lora_cuda.cu cuda/train_ops_cuda.cu
-    cuda/matmul_backward_cuda.cu cuda/attention_backward_cuda.cu cuda/fake_quant_cuda.cu)
 programs=(test_backend_ops test_train_ops test_attention_backward test_fake_quant_cuda)
 bin=$(mktemp -d)
 logs=${QLM_EMU_LOGS:-$(mktemp -d)}
 trap 'rm -rf "$bin"' EXIT
-export QLM_EMU_ASAN=${QLM_EMU_ASAN:-1} OPENBLAS_NUM_THREADS=1
+# Each buffer its own cudaMalloc of its exact size, so AddressSanitizer sees where it ends.
+export QLM_EMU_ASAN=${QLM_EMU_ASAN:-1} QLM_CUDA_POOL=0 OPENBLAS_NUM_THREADS=1
 # A failed cudaMalloc is an answer the backend handles (test_out_of_memory), not an abort.
 export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=0:allocator_may_return_null=1}
 failed=0 ran=0
 for p in "${programs[@]}"; do
     echo "check: building $p ..." >&2
-    "$here/build.sh" "$bin/$p" "tests/cuda/$p.c" "${kernels[@]}"
+    "$here/build.sh" "$bin/$p" "tests/cuda/$p.c"
     for t in $(grep -o 'cmocka_unit_test([a-z_0-9]*' "tests/cuda/$p.c" | cut -d'(' -f2); do
         [ $# -gt 0 ] && [[ " $* " != *" $t "* ]] && continue
         t0=$SECONDS

@@ -14,6 +14,7 @@
 #include <memory>
 #include <mutex>
 #include <thread>
+#include <tuple>
 #include <vector>
 using std::max;
 using std::min;
@@ -39,19 +40,55 @@ static inline float2 make_float2(float a, float b) { return {a, b}; }
 extern dim3 threadIdx, blockIdx;
 extern dim3 blockDim, gridDim;
 extern unsigned char *emu_dyn_smem;
-typedef void *cudaStream_t;
-typedef void *cudaEvent_t;
+// The runtime (runtime.cpp): streams whose work runs only when the host waits for it, events,
+// graphs by stream capture, device and pinned memory, the calls that capture forbids.
+typedef struct emu_stream *cudaStream_t;
+typedef struct emu_event *cudaEvent_t;
+typedef struct emu_graph *cudaGraph_t;
+typedef struct emu_graph *cudaGraphExec_t;
 typedef int cudaError_t;
-enum { cudaSuccess = 0, cudaMemcpyHostToDevice = 1, cudaMemcpyDeviceToHost = 2, cudaMemcpyDeviceToDevice = 3 };
-static inline int cudaStreamSynchronize(cudaStream_t) { return 0; }
-static inline int cudaGetLastError() { return 0; }
-static inline const char *cudaGetErrorString(int) { return "emu"; }
-// Device memory as cudaMalloc's: 256-byte aligned, and exactly as long as asked (the AddressSanitizer
-// build reports a kernel's access past the end).
-void *emu_device_alloc(size_t n);
-static inline int cudaMalloc(void **p, size_t n) { return (*p = emu_device_alloc(n)) ? 0 : 2; }
-static inline int cudaMemsetAsync(void *p, int v, size_t n, cudaStream_t) { memset(p, v, n); return 0; }
-static inline int cudaMemcpyAsync(void *d, const void *s, size_t n, int, cudaStream_t) { memmove(d, s, n); return 0; }
+enum {
+    cudaSuccess = 0, cudaErrorInvalidValue = 1, cudaErrorMemoryAllocation = 2, cudaErrorInvalidResourceHandle = 400,
+    cudaErrorStreamCaptureUnsupported = 900, cudaErrorStreamCaptureInvalidated = 901,
+};
+enum cudaMemcpyKind { cudaMemcpyHostToDevice = 1, cudaMemcpyDeviceToHost = 2, cudaMemcpyDeviceToDevice = 3 };
+enum { cudaStreamNonBlocking = 1, cudaEventDisableTiming = 2, cudaHostAllocDefault = 0 };
+enum cudaStreamCaptureMode { cudaStreamCaptureModeGlobal, cudaStreamCaptureModeThreadLocal, cudaStreamCaptureModeRelaxed };
+struct cudaDeviceProp {
+    char name[256];
+    int major, minor, multiProcessorCount;
+    size_t totalGlobalMem;
+};
+const char *cudaGetErrorString(cudaError_t e);
+cudaError_t cudaGetLastError();
+cudaError_t cudaGetDeviceCount(int *n);
+cudaError_t cudaSetDevice(int d);
+cudaError_t cudaGetDeviceProperties(cudaDeviceProp *p, int d);
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned flags);
+cudaError_t cudaStreamDestroy(cudaStream_t s);
+cudaError_t cudaStreamSynchronize(cudaStream_t s);
+cudaError_t cudaStreamBeginCapture(cudaStream_t s, cudaStreamCaptureMode mode);
+cudaError_t cudaStreamEndCapture(cudaStream_t s, cudaGraph_t *g);
+cudaError_t cudaGraphInstantiate(cudaGraphExec_t *e, cudaGraph_t g, unsigned long long flags);
+cudaError_t cudaGraphLaunch(cudaGraphExec_t e, cudaStream_t s);
+cudaError_t cudaGraphDestroy(cudaGraph_t g);
+cudaError_t cudaGraphExecDestroy(cudaGraphExec_t e);
+cudaError_t cudaEventCreate(cudaEvent_t *e);
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t *e, unsigned flags);
+cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s);
+cudaError_t cudaEventSynchronize(cudaEvent_t e);
+cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t a, cudaEvent_t b);
+cudaError_t cudaEventDestroy(cudaEvent_t e);
+cudaError_t cudaMalloc(void **p, size_t n);
+template <class T> static inline cudaError_t cudaMalloc(T **p, size_t n) { return cudaMalloc((void **)p, n); }
+cudaError_t cudaFree(void *p);
+cudaError_t cudaMemGetInfo(size_t *free_b, size_t *total_b);
+cudaError_t cudaHostAlloc(void **p, size_t n, unsigned flags);
+template <class T> static inline cudaError_t cudaHostAlloc(T **p, size_t n, unsigned f) { return cudaHostAlloc((void **)p, n, f); }
+cudaError_t cudaMemsetAsync(void *p, int v, size_t n, cudaStream_t s);
+cudaError_t cudaMemcpyAsync(void *d, const void *s, size_t n, cudaMemcpyKind kind, cudaStream_t st);
+// Work for stream s: run when the host waits for it, or kept in the graph s is capturing.
+void emu_enqueue(cudaStream_t s, std::function<void()> work);
 
 // A kernel's __launch_bounds__, which asm.pl makes its first statement: a launch with more threads a
 // block fails on the GPU.
@@ -182,18 +219,27 @@ struct cudaLaunchConfig_t {
     cudaLaunchAttribute *attrs;
     unsigned numAttrs;
 };
-// kernel<<<grid, block, smem, stream>>>(args) becomes emu_launch(kernel, [&] { kernel(args); }, grid, block,
-// smem); kernel names the function for its dynamic shared memory limit (cudaFuncSetAttribute's).
-void emu_launch(const void *kernel, std::function<void()> fn, dim3 grid, dim3 block, size_t smem = 0,
-                cudaStream_t = 0);
-// cuBLAS, as much of it as the backend calls, by plain loops.
-typedef void *cublasHandle_t;
+// kernel<<<grid, block, smem, stream>>>(args) becomes emu_launch_kernel(kernel, grid, block, smem,
+// stream, args): the launch is checked at once and queued on the stream with the arguments' values
+// as the kernel's parameters take them; kernel names the function for its dynamic shared memory
+// limit (cudaFuncSetAttribute's).
+void emu_launch(const void *kernel, std::function<void()> fn, dim3 grid, dim3 block, size_t smem, cudaStream_t stream);
+template <class... P, class... A>
+static inline void emu_launch_kernel(void (*k)(P...), dim3 grid, dim3 block, size_t smem, cudaStream_t s, A &&...args) {
+    std::tuple<std::decay_t<P>...> params(static_cast<A &&>(args)...);
+    emu_launch((const void *)k, [k, params] { std::apply(k, params); }, grid, block, smem, s);
+}
+// cuBLAS, as much of it as the backend calls, by plain loops queued on the handle's stream.
+typedef struct emu_blas *cublasHandle_t;
 typedef int cublasStatus_t;
-enum { CUBLAS_STATUS_SUCCESS = 0 };
+enum { CUBLAS_STATUS_SUCCESS = 0, CUBLAS_STATUS_INVALID_VALUE = 7, CUBLAS_STATUS_NOT_SUPPORTED = 15 };
 typedef enum { CUBLAS_OP_N, CUBLAS_OP_T } cublasOperation_t;
 typedef enum { CUDA_R_32F, CUDA_R_16BF, CUDA_R_16F, CUDA_R_8I, CUDA_R_32I } cudaDataType;
 enum { CUBLAS_COMPUTE_32F, CUBLAS_COMPUTE_32I, CUBLAS_GEMM_DEFAULT };
-static inline const char *cublasGetStatusString(int) { return "emu"; }
+const char *cublasGetStatusString(cublasStatus_t s);
+cublasStatus_t cublasCreate(cublasHandle_t *h);
+cublasStatus_t cublasSetStream(cublasHandle_t h, cudaStream_t s);
+cublasStatus_t cublasSetWorkspace(cublasHandle_t h, void *workspace, size_t bytes);
 // CUBLAS_COMPUTE_32I: alpha and beta are int, C int32 (exact sums, wrapped as the hardware's).
 cublasStatus_t cublasGemmEx(cublasHandle_t, cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k,
                             const void *alpha, const void *A, cudaDataType at, int lda, const void *B,
@@ -212,12 +258,12 @@ template <class F> static inline int cudaFuncSetAttribute(F f, int attr, int v) 
     if (attr == cudaFuncAttributeMaxDynamicSharedMemorySize) emu_set_smem_limit((const void *)f, v);
     return 0;
 }
-static inline int cudaDeviceGetAttribute(int *v, int, int) { *v = 132; return 0; }
+cudaError_t cudaDeviceGetAttribute(int *v, int attr, int device);
 // mma.sync.m16n8k16.row.col.f32.bf16.bf16.f32 with C = 0, from the PTX ISA's fragment layout.
 void emu_mma_bf16(float d[4], unsigned a0, unsigned a1, unsigned a2, unsigned a3, unsigned b0, unsigned b1);
 // mma.sync.m16n8k32.row.col.s32.s8.s8.s32 with C = D, likewise.
 void emu_mma_i8(int c[4], unsigned a0, unsigned a1, unsigned a2, unsigned a3, unsigned b0, unsigned b1);
-template <class... P, class... A> static inline int cudaLaunchKernelEx(const cudaLaunchConfig_t *c, void (*k)(P...), A &&...args) {
-    emu_launch((const void *)k, [&] { k(args...); }, c->gridDim, c->blockDim, c->dynamicSmemBytes);
-    return 0;
+template <class... P, class... A> static inline cudaError_t cudaLaunchKernelEx(const cudaLaunchConfig_t *c, void (*k)(P...), A &&...args) {
+    emu_launch_kernel(k, c->gridDim, c->blockDim, c->dynamicSmemBytes, c->stream, static_cast<A &&>(args)...);
+    return cudaSuccess;
 }

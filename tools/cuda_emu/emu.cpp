@@ -1,40 +1,19 @@
-// The host emulation's runtime: launches run a grid one block at a time, the block's threads as
-// fibers on the launching thread (so __syncthreads is a barrier and each warp's shuffles meet in an
+// The host emulation's kernels: a launch is checked at once and queued on its stream
+// (runtime.cpp runs the queue); a grid runs one block at a time, the block's threads as fibers on
+// the host thread that runs it (so __syncthreads is a barrier and each warp's shuffles meet in an
 // exchange array), blocks in order, so a race between blocks shows up as a wrong result instead of
-// hiding; device memory is host memory, the op queue runs each op at once, cuBLAS is plain loops in
-// double, and mma is computed from the PTX ISA's fragment layout. qlm_backend_cuda() is a table of
-// the ops of whichever .cu files were linked (the others stay NULL). Blind to timing: it checks
-// what kernels compute, not how fast. x86-64 only (emu_switch).
+// hiding; mma is computed from the PTX ISA's fragment layout. Blind to timing: it checks what
+// kernels compute, not how fast. x86-64 only (emu_switch).
 #include <pthread.h>
 #include <sys/mman.h>
 
 #include <map>
 
-#include "cuda/cuda_internal.h"
-#define W __attribute__((weak))
-#define OPS(X) X(matmul, qlm_cuda_matmul) X(matmul_group, qlm_cuda_matmul_group) \
-    X(step_matmul_group, qlm_cuda_step_matmul_group) X(lora, qlm_cuda_lora) \
-    X(rmsnorm, qlm_cuda_rmsnorm) X(rope, qlm_cuda_rope) X(attention, qlm_cuda_attention) \
-    X(attention_backward, qlm_cuda_attention_backward) X(glu, qlm_cuda_glu) X(activate, qlm_cuda_activate) \
-    X(add, qlm_cuda_add) X(embedding, qlm_cuda_embedding) X(copy, qlm_cuda_copy) X(kv_store, qlm_cuda_kv_store) \
-    X(scale, qlm_cuda_scale) X(zero, qlm_cuda_zero) X(matmul_backward_x, qlm_cuda_matmul_backward_x) \
-    X(matmul_backward_w, qlm_cuda_matmul_backward_w) X(rmsnorm_backward, qlm_cuda_rmsnorm_backward) \
-    X(rope_backward, qlm_cuda_rope_backward) X(glu_backward, qlm_cuda_glu_backward) \
-    X(activate_backward, qlm_cuda_activate_backward) X(embedding_backward, qlm_cuda_embedding_backward) \
-    X(cross_entropy, qlm_cuda_cross_entropy) X(sum_squares, qlm_cuda_sum_squares) X(dropout, qlm_cuda_dropout) \
-    X(adamw, qlm_cuda_adamw) X(store_weight, qlm_cuda_store_weight) \
-    X(fake_quant_forward, qlm_cuda_fake_quant_forward) X(fake_quant_backward, qlm_cuda_fake_quant_backward) \
-    X(fake_quant_clamp_scales, qlm_cuda_fake_quant_clamp_scales) \
-    X(rope_store, qlm_cuda_rope_store)
-#define WEAK(field, fn) extern __typeof__(fn) fn W;
-OPS(WEAK)
+#include "cuda_emu.h"
 
 dim3 threadIdx, blockIdx;
 dim3 blockDim, gridDim;
 unsigned char *emu_dyn_smem;
-cudaStream_t qlm_cuda_stream;
-cublasHandle_t qlm_cuda_blas;
-int qlm_cuda_device;
 
 // A block's threads are fibers on the launching thread, each on a stack of its own, switched only
 // at barriers (a thread waiting at one hands over to the next): no system call per switch, where
@@ -50,6 +29,7 @@ static fiber g_fibers[MAX_THREADS];
 static int g_cur;
 static void *g_sched_sp;
 static const std::function<void()> *g_fn;
+
 
 // emu_switch(save, to): saves the callee-saved registers and the stack pointer in *save, continues
 // on the stack at to (the System V x86-64 ABI's callee-saved set: rbx, rbp, r12-r15).
@@ -91,9 +71,9 @@ static void switch_begin(const char *, size_t) {}
 static void switch_end() {}
 static void stack_reset(char *, size_t) {}
 #endif
-// The launching thread's stack (the scheduler's), for the switches back to it.
-static const char *g_sched_stack;
-static size_t g_sched_stack_size;
+// The stack of the thread that runs the grid (the scheduler's), for the switches back to it.
+static thread_local const char *g_sched_stack;
+static thread_local size_t g_sched_stack_size;
 static void find_sched_stack() {
     if (g_sched_stack) return;
     pthread_attr_t a;
@@ -197,17 +177,9 @@ static void fiber_start(fiber &f) {
     f.done = false;
 }
 
-void emu_launch(const void *kernel, std::function<void()> fn, dim3 grid, dim3 block, size_t smem, cudaStream_t) {
+// One grid, run to its end on the calling thread (runtime.cpp serializes the queues' runs).
+static void run_grid(const std::function<void()> &fn, dim3 grid, dim3 block, size_t smem) {
     const int nt = block.x * block.y * block.z;
-    if (nt <= 0 || nt > MAX_THREADS) { fprintf(stderr, "emu: block of %d threads\n", nt); abort(); }
-    if (grid.y > 65535 || grid.z > 65535) { fprintf(stderr, "emu: grid of %u x %u x %u\n", grid.x, grid.y, grid.z); abort(); }
-    {
-        std::lock_guard<std::mutex> g(g_smem_mutex);
-        auto it = g_smem_limit.find(kernel);
-        const size_t limit = it == g_smem_limit.end() ? SMEM_DEFAULT : it->second;
-        if (smem > limit) { fprintf(stderr, "emu: %zu bytes of dynamic shared memory, limit %zu\n", smem, limit); abort(); }
-    }
-    if ((long)grid.x * grid.y * grid.z == 0) return;
     blockDim = block, gridDim = grid;
     // Exactly smem bytes (16-aligned, as new gives), so that the AddressSanitizer build reports a
     // kernel's access past them.
@@ -241,100 +213,24 @@ void emu_launch(const void *kernel, std::function<void()> fn, dim3 grid, dim3 bl
             }
 }
 
-static double elem(const void *p, cudaDataType t, size_t i) {
-    if (t == CUDA_R_32F) return ((const float *)p)[i];
-    if (t == CUDA_R_8I) return ((const signed char *)p)[i];
-    if (t == CUDA_R_16BF) return __uint_as_float((unsigned)((const unsigned short *)p)[i] << 16);
-    return (float)((const _Float16 *)p)[i];
-}
-cublasStatus_t cublasGemmEx(cublasHandle_t, cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k,
-                            const void *alpha, const void *A, cudaDataType at, int lda, const void *B,
-                            cudaDataType bt, int ldb, const void *beta, void *C, cudaDataType ct, int ldc, int compute,
-                            int) {
-    // The integer GEMM's tensor-core requirements: 4-byte aligned pointers; m, k and the leading
-    // dimensions multiples of 4.
-    if (compute == CUBLAS_COMPUTE_32I && (at != CUDA_R_8I || bt != CUDA_R_8I || ct != CUDA_R_32I || m % 4 || k % 4 ||
-                                          lda % 4 || ldb % 4 || ldc % 4 || (uintptr_t)A % 4 || (uintptr_t)B % 4 ||
-                                          (uintptr_t)C % 4))
-        return 1;
-    for (int j = 0; j < n; j++)
-        for (int i = 0; i < m; i++) {
-            double s = 0;
-            for (int p = 0; p < k; p++)
-                s += elem(A, at, ta == CUBLAS_OP_T ? p + (size_t)i * lda : i + (size_t)p * lda) *
-                     elem(B, bt, tb == CUBLAS_OP_N ? p + (size_t)j * ldb : j + (size_t)p * ldb);
-            const size_t c = i + (size_t)j * ldc;
-            if (compute == CUBLAS_COMPUTE_32I) {
-                const long long v = *(const int *)alpha * (long long)s +
-                                    (*(const int *)beta ? *(const int *)beta * (long long)((int *)C)[c] : 0);
-                ((int *)C)[c] = (int)(unsigned)v;
-            } else {
-                float *y = (float *)C + c;
-                *y = (float)(*(const float *)alpha * s + (*(const float *)beta != 0 ? *(const float *)beta * *y : 0));
-            }
-        }
-    return 0;
+// What the GPU refuses at launch stops the run here, where the launch is; the grid runs when
+// its stream is waited for.
+void emu_launch(const void *kernel, std::function<void()> fn, dim3 grid, dim3 block, size_t smem, cudaStream_t stream) {
+    const int nt = block.x * block.y * block.z;
+    if (nt <= 0 || nt > MAX_THREADS) { fprintf(stderr, "emu: block of %d threads\n", nt); abort(); }
+    if (grid.x == 0 || grid.y == 0 || grid.z == 0 || grid.y > 65535 || grid.z > 65535) {
+        fprintf(stderr, "emu: grid of %u x %u x %u\n", grid.x, grid.y, grid.z);
+        abort();
+    }
+    {
+        std::lock_guard<std::mutex> g(g_smem_mutex);
+        auto it = g_smem_limit.find(kernel);
+        const size_t limit = it == g_smem_limit.end() ? SMEM_DEFAULT : it->second;
+        if (smem > limit) { fprintf(stderr, "emu: %zu bytes of dynamic shared memory, limit %zu\n", smem, limit); abort(); }
+    }
+    emu_enqueue(stream, [fn = std::move(fn), grid, block, smem] { run_grid(fn, grid, block, smem); });
 }
 
-void qlm_cuda_fail(const char *what, const char *why, const char *file, int line) {
-    fprintf(stderr, "emu: %s: %s (%s:%d)\n", what, why, file, line);
-    abort();
-}
-void *emu_device_alloc(size_t bytes) {
-    void *p = NULL;
-    return posix_memalign(&p, 256, bytes ? bytes : 1) == 0 ? p : NULL;
-}
-// As backend_cuda.cu's pool answers a failed cudaMalloc (under AddressSanitizer with
-// allocator_may_return_null=1, which check.sh sets, an impossible size fails here too).
-void *qlm_cuda_alloc(size_t bytes) {
-    void *p = emu_device_alloc(bytes);
-    if (!p) qlm_errorf("out of GPU memory: %.1f MiB needed (host emulation)", bytes / 1048576.0);
-    return p;
-}
-void qlm_cuda_free(void *p) { free(p); }
-void *qlm_cuda_scratch(void **buf, size_t *cap, size_t bytes) {
-    if (bytes > *cap) { free(*buf); *buf = emu_device_alloc(bytes); *cap = bytes; }
-    return *buf;
-}
-void *qlm_cuda_scratch_try(void **buf, size_t *cap, size_t bytes) { return qlm_cuda_scratch(buf, cap, bytes); }
-void qlm_cuda_submit(const char *, qlm_cuda_launcher fn, const void *args, size_t) { fn(args); }
-void qlm_cuda_flush(void) {}
-// QLM_CUDA_PDL=1 picks the kernels' overlapping instances, which run here as plain launches.
-int qlm_cuda_pdl(void) {
-    const char *e = getenv("QLM_CUDA_PDL");
-    return e && strcmp(e, "1") == 0;
-}
-int qlm_cuda_fused(void) {
-    const char *e = getenv("QLM_CUDA_FUSE");
-    return !(e && strcmp(e, "0") == 0);
-}
-static int g_ints[4][1 << 16];
-qlm_cuda_ints qlm_cuda_ints_of(const int *host, int n, int which) {
-    qlm_cuda_ints a;
-    memset(&a, 0, sizeof a);
-    a.present = host != NULL;
-    if (!host) return a;
-    if (n <= QLM_CUDA_SMALL) memcpy(a.small, host, n * sizeof(int));
-    else { memcpy(g_ints[which], host, n * sizeof(int)); a.dev = g_ints[which]; }
-    return a;
-}
-static void *emu_alloc(size_t b) { return qlm_cuda_alloc(b); }
-static void emu_free(void *p) { free(p); }
-static void emu_copy(void *d, const void *s, size_t b) { memcpy(d, s, b); }
-static void emu_describe(char *out, size_t len) { snprintf(out, len, "host emulation of the CUDA kernels"); }
-static qlm_backend g_emu;
-extern "C" const qlm_backend *qlm_backend_cuda(void) {
-    g_emu.name = "cuda";
-    g_emu.alloc = emu_alloc;
-    g_emu.free = emu_free;
-    g_emu.to_device = emu_copy;
-    g_emu.to_host = emu_copy;
-    g_emu.describe = emu_describe;
-    g_emu.upload = [](void *h, size_t) { return h; };
-#define SET(field, fn) if (&fn) g_emu.field = fn;
-    OPS(SET)
-    return &g_emu;
-}
 static unsigned g_frag[32][32][6];
 void emu_mma_bf16(float d[4], unsigned a0, unsigned a1, unsigned a2, unsigned a3, unsigned b0, unsigned b1) {
     int t = linear_tid(), w = t >> 5, lane = t & 31;
