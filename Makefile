@@ -43,7 +43,7 @@ CLI_OBJS  := $(CLI_SRCS:%.c=$(BUILD)/%.o)
 TEST_BINS := $(TEST_SRCS:tests/%.c=$(BUILD)/tests/%)
 LIB       := $(BUILD)/libqlm.a
 
-.PHONY: all install test asan fuzz build-clang run bench bench-dist eval train-eval qat-eval int4-eval w8a8-eval clean setup setup-test check-tests test-cuda test-cuda-build
+.PHONY: all install test asan fuzz build-clang run bench bench-dist eval train-eval qat-eval int4-eval w8a8-eval clean setup setup-test check-tests test-cuda test-cuda-build test-cuda-emu
 
 all: $(BUILD)/qlm
 
@@ -128,6 +128,13 @@ CUDA_TESTS := tests/cuda/test_backend_ops tests/cuda/test_attention_backward tes
 
 test-cuda-build:
 	@$(MAKE) --no-print-directory CUDA=1 BUILD=build/cuda build/cuda/qlm build/cuda/bench/bench_cuda $(CUDA_TESTS:%=build/cuda/%)
+
+# The CUDA backend on the host emulation (tools/cuda_emu; no GPU): op tests that take the queue, its
+# graphs, the index ring and the pool through their paths, and qlm decoding with --device cuda.
+CUDA_EMU_TESTS := test_matmul_group test_step_matmul_group_kv test_ring_between_arrays test_attention test_lora \
+	test_out_of_memory test_cross_entropy test_adamw test_store_weight test_attention_backward test_fake_quant_nan
+test-cuda-emu: all
+	@QLM_EMU_ASAN=0 tools/cuda_emu/check.sh $(CUDA_EMU_TESTS)
 
 test-cuda: setup-test test-cuda-build
 	@scripts/run_cuda_tests.sh build/cuda $(CUDA_TESTS); rc=$$?; scripts/memcheck_cuda.sh build/cuda && exit $$rc

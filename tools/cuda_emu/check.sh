@@ -2,8 +2,11 @@
 # Runs every test of the CUDA op test programs (tests/cuda/, all but NCCL's) through the host
 # emulation, under AddressSanitizer unless QLM_EMU_ASAN=0 (build.sh says what else stops a run),
 # one test at a time, and prints a line per test and a summary: what a GPU session's `make
-# test-cuda` and memcheck would find in the kernels, on a machine without a GPU. Takes about 10
-# minutes on 2 cores, a third of it building (test_matmul_backward_x is most of the rest).
+# test-cuda` and memcheck would find in the kernels, on a machine without a GPU. Then qlm itself,
+# built on the emulation, decodes stories260K with --device cuda (the queue, its graphs and the
+# pool on a whole model) and must give the CPU's tokens. Takes about 10 minutes on 2 cores, a
+# third of it building (test_matmul_backward_x is most of the rest); `make test-cuda-emu` runs a
+# few of the tests without AddressSanitizer in about 2 minutes (CI does).
 # Usage (from the repository root, after `make`): tools/cuda_emu/check.sh [TEST_NAME...]
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -29,5 +32,20 @@ for p in "${programs[@]}"; do
         printf '%-26s %-28s %-7s %5d s\n' "$p" "$t" "$r" $((SECONDS - t0))
     done
 done
+echo "check: building qlm ..." >&2
+"$here/build.sh" "$bin/qlm" cli/*.c
+model=${QLM_ASSETS:-../shared/assets}/stories260K/stories260K.bin
+t0=$SECONDS
+ran=$((ran + 1))
+if [ ! -f "$model" ]; then
+    r="FAILED (no $model)" failed=$((failed + 1))
+elif "$bin/qlm" generate -m "$model" --device cuda --temp 0 -n 40 >"$logs/generate_cuda.txt" 2>"$logs/generate_cuda.log" &&
+    build/qlm generate -m "$model" --device cpu --temp 0 -n 40 >"$logs/generate_cpu.txt" 2>/dev/null &&
+    cmp -s "$logs/generate_cuda.txt" "$logs/generate_cpu.txt"; then
+    r=passed
+else
+    r=FAILED failed=$((failed + 1))
+fi
+printf '%-26s %-28s %-7s %5d s\n' qlm "generate --device cuda" "$r" $((SECONDS - t0))
 echo "check: $((ran - failed)) of $ran passed (logs in $logs)"
 [ "$failed" -eq 0 ]
