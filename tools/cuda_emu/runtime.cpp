@@ -184,15 +184,6 @@ cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned) {
     return cudaSuccess;
 }
 
-cudaError_t cudaStreamDestroy(cudaStream_t s) {
-    std::lock_guard<std::recursive_mutex> g(g_rt);
-    if (!s || s->capture) return fail(cudaErrorInvalidValue, "cudaStreamDestroy of stream 0 or of one being captured");
-    run_until(s, s->queued); // its work still runs, as on the GPU
-    g_streams.erase(std::find(g_streams.begin(), g_streams.end(), s));
-    delete s;
-    return cudaSuccess;
-}
-
 cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
     std::lock_guard<std::recursive_mutex> g(g_rt);
     emu_stream *s = stream_of(stream);
