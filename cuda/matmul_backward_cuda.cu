@@ -31,7 +31,8 @@ __global__ void i8_to_bf16_kernel(unsigned short *out, const signed char *q, lon
 
 // The PLANES BF16 planes (plane elements apart) of v = dy[i][r0 + c] times weight row r0 + c's
 // scale, for ne values of rows i of bc columns (dy's rows have `rows`); a value that is not finite
-// stays whole in hi.
+// stays whole in hi, and a finite one that BF16 rounds to Inf takes BF16's largest finite value
+// there, the rest in the planes below (else hi - v would be Inf and the sum NaN).
 __global__ void split_bf16_kernel(unsigned short *planes, long plane, const float *dy, long ne, int rows, int r0,
                                   int bc, const float *row_scales, float scale) {
     long t = (long)blockIdx.x * blockDim.x + threadIdx.x;
@@ -41,7 +42,8 @@ __global__ void split_bf16_kernel(unsigned short *planes, long plane, const floa
     const bool finite = fabsf(v) < INFINITY;
 #pragma unroll
     for (int p = 0; p < PLANES; p++) {
-        const unsigned short b = qlm_f32_to_bf16(v);
+        unsigned short b = qlm_f32_to_bf16(v);
+        if (finite && (b & 0x7fff) == 0x7f80) b -= 1; // 0x7f7f: 3.3895e38, with v's sign
         planes[p * plane + t] = b;
         v = finite ? __fsub_rn(v, qlm_bf16_to_f32(b)) : 0.0f;
     }

@@ -60,6 +60,26 @@ static void test_matmul_backward_x(void **state) {
             }
 }
 
+/* A finite dy above BF16's largest finite value (it rounds to Inf in BF16) against BF16 weights:
+ * dx is finite and the CPU's, not NaN (the split into BF16 planes keeps such a value finite). */
+static void test_matmul_backward_x_huge_dy(void **state) {
+    (void)state;
+    const int rows = 8, cols = 16, n = 2;
+    test_weight t;
+    make_weight(&t, QLM_BF16, 0, rows, cols, 11u);
+    float *dy = randv((long)n * rows, 12u, 1.0f), *want = calloc((size_t)n * cols, sizeof *want);
+    assert_non_null(want);
+    dy[3] = 3.3999e38f, dy[rows + 5] = -3.4e38f;
+    float *ddy = to_gpu(dy, (size_t)n * rows * sizeof *dy), *ddx = nan_gpu((long)n * cols);
+    assert_int_equal(cpu->matmul_backward_x(want, dy, n, &t.host, 0), 0);
+    assert_int_equal(gpu->matmul_backward_x(ddx, ddy, n, &t.dev, 0), 0);
+    for (long i = 0; i < (long)n * cols; i++) assert_true(isfinite(want[i]));
+    check_close("matmul_backward_x bf16, |dy| 3.4e38", ddx, want, (long)n * cols, 1e-5);
+    free(dy), free(want);
+    free_weight(&t);
+    gpu->free(ddy), gpu->free(ddx);
+}
+
 /* dw and db accumulate; db's column sums run in the CPU's order. */
 static void test_matmul_backward_w(void **state) {
     (void)state;
@@ -337,7 +357,8 @@ int main(void) {
     gpu->describe(line, sizeof line);
     printf("%s\n", line);
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_matmul_backward_x), cmocka_unit_test(test_matmul_backward_w),
+        cmocka_unit_test(test_matmul_backward_x), cmocka_unit_test(test_matmul_backward_x_huge_dy),
+        cmocka_unit_test(test_matmul_backward_w),
         cmocka_unit_test(test_rmsnorm_backward),  cmocka_unit_test(test_rope_backward),
         cmocka_unit_test(test_act_backward),      cmocka_unit_test(test_embedding_backward),
         cmocka_unit_test(test_cross_entropy),     cmocka_unit_test(test_sum_squares),
