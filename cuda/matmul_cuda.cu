@@ -178,29 +178,36 @@ __device__ __forceinline__ uint2 i16_bytes(float4 v, float inv) {
 
 // Lane t's vector of steps s + FROM .. s + TO - 1 of rows wa and wb, all loads issued before any
 // is used. Steps past s1 are not loaded (their registers keep what they held: the loops stop before
-// them). A lane past the row's nvec vectors reads the row's last vector again: x is 0 there, and
-// the weights are finite (a weight that is not leaves the row's product not finite anyway), so it
-// adds 0 with no register zeroed.
-template <int FROM = 0, int TO = GEMV_STEPS>
+// them). A lane past the row's nvec vectors, where x is 0, reads the row's last vector again for
+// INT8 (adding 0 exactly, no register zeroed) and gets zero weights for BF16, whose tensor-core
+// products it joins: an infinite weight times x's 0 would turn the row's infinite sum into NaN.
+template <int DT, int FROM = 0, int TO = GEMV_STEPS>
 __device__ __forceinline__ void load_steps(uint4 (&ra)[GEMV_STEPS], uint4 (&rb)[GEMV_STEPS], const char *wa,
                                            const char *wb, int s, int s1, int t, int nvec) {
 #pragma unroll
     for (int u = FROM; u < TO; u++) {
-        const size_t v = (size_t)min((s + u) * 4 + t, nvec - 1);
-        ld_weights_if(ra[u], wa + v * 16, s + u < s1);
-        ld_weights_if(rb[u], wb + v * 16, s + u < s1);
+        const int v = (s + u) * 4 + t;
+        if constexpr (DT == QLM_BF16) {
+            ld_weights_if(ra[u], wa + (size_t)v * 16, s + u < s1 && v < nvec);
+            ld_weights_if(rb[u], wb + (size_t)v * 16, s + u < s1 && v < nvec);
+            if (v >= nvec) ra[u] = rb[u] = make_uint4(0, 0, 0, 0);
+        } else {
+            const size_t last = (size_t)min(v, nvec - 1);
+            ld_weights_if(ra[u], wa + last * 16, s + u < s1);
+            ld_weights_if(rb[u], wb + last * 16, s + u < s1);
+        }
     }
 }
 
 // The batch of steps from s: whole, but for the warp's first (s0), whose first PRE steps the kernel
 // loaded first thing (gemv_preload).
-template <int PRE>
+template <int DT, int PRE>
 __device__ __forceinline__ void load_batch(uint4 (&ra)[GEMV_STEPS], uint4 (&rb)[GEMV_STEPS], const char *wa,
                                            const char *wb, int s, int s0, int s1, int t, int nvec) {
     if (PRE == 0 || s != s0)
-        load_steps(ra, rb, wa, wb, s, s1, t, nvec);
+        load_steps<DT>(ra, rb, wa, wb, s, s1, t, nvec);
     else
-        load_steps<PRE>(ra, rb, wa, wb, s, s1, t, nvec);
+        load_steps<DT, PRE>(ra, rb, wa, wb, s, s1, t, nvec);
 }
 
 // Where a GEMV's x comes from: x as given, or formed as it is loaded from the step's inputs, the
@@ -285,7 +292,7 @@ __device__ __forceinline__ void tile_mma(float c[4], uint4 (&ra)[GEMV_STEPS], ui
     const int t = lane & 3;
     c[0] = c[1] = c[2] = c[3] = 0;
     for (int s = s0; s < s1; s += GEMV_STEPS) {
-        load_batch<PRE>(ra, rb, wa, wb, s, s0, s1, t, nvec);
+        load_batch<QLM_BF16, PRE>(ra, rb, wa, wb, s, s0, s1, t, nvec);
         unsigned px[X::SLOTS][2];
 #pragma unroll
         for (int k = 0; k < X::SLOTS; k++) {
@@ -381,7 +388,7 @@ __device__ __forceinline__ void tile_imma(long long c[4], unsigned char *image, 
     const unsigned char *mask = image + MASK * I8_IMAGE_STRIDE + t * 32;
     int da[4] = {0, 0, 0, 0}, db[4] = {0, 0, 0, 0}, wsa[4] = {0, 0, 0, 0}, wsb[4] = {0, 0, 0, 0};
     for (int s = s0; s < s1; s += GEMV_STEPS) {
-        load_batch<PRE>(ra, rb, wa, wb, s, s0, s1, t, nvec);
+        load_batch<QLM_I8, PRE>(ra, rb, wa, wb, s, s0, s1, t, nvec);
 #pragma unroll
         for (int h = 0; h < GEMV_STEPS; h += I8_IMAGE_STEPS) {
             const int sh = s + h;
@@ -444,7 +451,7 @@ __device__ __forceinline__ void tile_fma(typename wtraits<DT>::sum c[4], const c
         constexpr int U = GEMV_STEPS, V = 16 / wtraits<DT>::size;
         uint4 ra[U] = {}, rb[U] = {};
         for (int s = s0; s < s1; s += U) {
-            load_steps(ra, rb, wa, wb, s, s1, t, nvec);
+            load_steps<DT>(ra, rb, wa, wb, s, s1, t, nvec);
 #pragma unroll
             for (int u = 0; u < U; u++) {
                 const int v = (s + u) * 4 + t;
@@ -603,7 +610,7 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32, gemv_min_blocks<DT, VEC, NR>(
         }
     constexpr int PRE = gemv_preload<DT, VEC, FORM, PDL>();
     uint4 ra[GEMV_STEPS] = {}, rb[GEMV_STEPS] = {};
-    if (PRE && s0 < s1) load_steps<0, PRE>(ra, rb, wa, wb, s0, s1, t, nvec);
+    if (PRE && s0 < s1) load_steps<DT, 0, PRE>(ra, rb, wa, wb, s0, s1, t, nvec);
     qlm_pdl_wait();
     qlm_pdl_trigger();
     // The tile's row scales and biases start on their way to shared memory now (no registers held

@@ -200,7 +200,7 @@ static void test_matmul(void **state) {
      * 176 rows: 11 tiles of 16. 203 columns fill no vectors (the scalar loop). 5632 columns (the
      * FFN's down projection): every warp of a tile takes more than one batch of steps; 5648, a
      * vector more, ends its rows in a partial step after several batches (INT8 lanes past the row
-     * keep the last batch's weights, which x's zeros there must cancel). */
+     * read its last vector again, which x's zeros there must cancel). */
     const int shapes[][2] = {{37, 64},  {96, 203},  {130, 1536}, {176, 176},
                              {64, 176}, {176, 64}, {24, 5632},  {24, 5648}};
     const int ns[] = {1, 2, 3, 4, 5, 7, 8, 9, 40};
@@ -305,6 +305,59 @@ static void test_matmul_int8_special_x(void **state) {
                 gpu->free(dx), gpu->free(db);
                 free_weight(&t);
             }
+}
+
+/* 0 finite, 1 +inf, 2 -inf, 3 NaN. */
+static int float_class(float v) { return isnan(v) ? 3 : isinf(v) ? (v > 0 ? 1 : 2) : 0; }
+
+/* F32, F16 and BF16 weights (loaded with --no-check) with +inf in a row's last column (the last
+ * 16-byte vector of the mma GEMV, or the scalar tail), -inf in the first, NaN in the middle, against
+ * x with zeros, +inf and NaN where they meet them and finite elsewhere: every output NaN, +inf,
+ * -inf or finite as the CPU backend's, in the GEMV (n <= 8) and in cuBLAS, over whole vectors (64,
+ * 5648 columns: several batches of steps) and not (203). */
+static void test_matmul_special_weight(void **state) {
+    (void)state;
+    const qlm_dtype dts[3] = {QLM_F32, QLM_F16, QLM_BF16};
+    const int widths[3] = {64, 203, 5648}, ns[4] = {1, 4, 8, 9}, rows = 37;
+    for (int d = 0; d < 3; d++)
+        for (int c = 0; c < 3; c++) {
+            const int cols = widths[c];
+            float *w = randv((long)rows * cols, 17u + (unsigned)c, 1.0f);
+            w[3L * cols + cols - 1] = INFINITY;
+            w[5L * cols] = -INFINITY;
+            w[7L * cols + cols / 2] = NAN;
+            test_weight t;
+            size_t data, total;
+            alloc_weight(&t, dts[d], rows, cols, &data, &total);
+            qlm_convert_from_f32(t.host_buf, dts[d], w, (long)rows * cols);
+            upload_weight(&t, data, total);
+            long mismatched = 0, special = 0;
+            for (int k = 0; k < 4; k++) {
+                const int n = ns[k];
+                float *x = randv((long)n * cols, 29u + (unsigned)n, 3.0f);
+                x[cols - 1] = 2.0f, x[0] = 0.5f;   /* row 0: w's infinities times finite x */
+                if (n > 1) x[2L * cols - 1] = 0;   /* row 1: +inf times 0 */
+                if (n > 2) x[2L * cols + 9] = INFINITY; /* row 2: +inf times every row's w */
+                if (n > 3) x[3L * cols + cols - 2] = NAN;
+                float *dx = to_gpu(x, (size_t)n * cols * sizeof *x);
+                float *y = gpu_matmul(&t, dx, n, NULL), *want = malloc((size_t)n * rows * sizeof *want);
+                assert_non_null(want);
+                cpu->matmul(want, x, n, &t.host, NULL);
+                for (long i = 0; i < (long)n * rows; i++) {
+                    mismatched += float_class(y[i]) != float_class(want[i]);
+                    special += float_class(want[i]) != 0;
+                }
+                free(x), free(y), free(want);
+                gpu->free(dx);
+            }
+            print_message("matmul %-4s %2d x %4d with inf and NaN weights, n 1-9: %ld of %ld non-finite outputs, %ld "
+                          "of another kind than the CPU's\n",
+                          qlm_dtype_name(dts[d]), rows, cols, special, (long)(1 + 4 + 8 + 9) * rows, mismatched);
+            assert_true(special > 0);
+            assert_int_equal(mismatched, 0);
+            free(w);
+            free_weight(&t);
+        }
 }
 
 /* INT8 products larger than one GEMM call of launch_gemm_i8: rows wider than its column chunk
@@ -924,7 +977,7 @@ int main(void) {
     printf("%s\n", line);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_matmul),          cmocka_unit_test(test_matmul_exact),
-        cmocka_unit_test(test_matmul_int8_special_x),
+        cmocka_unit_test(test_matmul_int8_special_x), cmocka_unit_test(test_matmul_special_weight),
         cmocka_unit_test(test_matmul_int8_large),
         cmocka_unit_test(test_matmul_group),    cmocka_unit_test(test_step_matmul_group),
         cmocka_unit_test(test_step_matmul_group_kv),
