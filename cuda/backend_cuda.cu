@@ -49,11 +49,7 @@ static void release_cached(void) {
 // compute-sanitizer (and the host emulation's AddressSanitizer) see an access past a buffer's end
 // where the pool's rounding and reuse would hide it. For checking, not speed: each free waits.
 static int pooled(void) {
-    static int on = -1;
-    if (on < 0) {
-        const char *e = getenv("QLM_CUDA_POOL");
-        on = !(e && strcmp(e, "0") == 0);
-    }
+    static const int on = !qlm_cuda_env_is("QLM_CUDA_POOL", "0");
     return on;
 }
 
@@ -230,21 +226,18 @@ void qlm_cuda_flush_and_record(cudaEvent_t after) {
     if (after) CUDA_CHECK(cudaEventRecord(after, qlm_cuda_stream));
 }
 
+int qlm_cuda_env_is(const char *name, const char *value) {
+    const char *e = getenv(name);
+    return e && strcmp(e, value) == 0;
+}
+
 int qlm_cuda_fused(void) {
-    static int on = -1;
-    if (on < 0) {
-        const char *e = getenv("QLM_CUDA_FUSE");
-        on = !(e && strcmp(e, "0") == 0);
-    }
+    static const int on = !qlm_cuda_env_is("QLM_CUDA_FUSE", "0");
     return on;
 }
 
 int qlm_cuda_pdl(void) {
-    static int on = -1;
-    if (on < 0) {
-        const char *e = getenv("QLM_CUDA_PDL");
-        on = e && strcmp(e, "1") == 0 && g_prop.major >= 9;
-    }
+    static const int on = qlm_cuda_env_is("QLM_CUDA_PDL", "1") && g_prop.major >= 9;
     return on;
 }
 

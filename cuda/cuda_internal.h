@@ -159,6 +159,10 @@ static inline int qlm_cuda_rows_within(long cap, long per_row, int rows) {
     return r < 1 ? 1 : r < rows ? (int)r : rows;
 }
 
+// Whether the environment variable is set to value: the QLM_CUDA_* switches that tune or check the
+// backend, each read once, at its first use.
+int qlm_cuda_env_is(const char *name, const char *value);
+
 // 0 when QLM_CUDA_FUSE=0: step_matmul_group runs its ops one after the other (each its own kernel)
 // instead of inside the GEMV, for measuring what the fused kernels save and for telling a fault in
 // them from one elsewhere; the results are the same bits either way.

@@ -51,9 +51,8 @@ static int g_next_seen;
 
 static int enabled(void) {
     if (g_enabled < 0) {
-        const char *e = getenv("QLM_CUDA_GRAPHS"), *p = getenv("QLM_CUDA_PROFILE");
-        g_profiling = p && strcmp(p, "1") == 0;
-        g_enabled = !(e && strcmp(e, "0") == 0) && !g_profiling;
+        g_profiling = qlm_cuda_env_is("QLM_CUDA_PROFILE", "1");
+        g_enabled = !qlm_cuda_env_is("QLM_CUDA_GRAPHS", "0") && !g_profiling;
         if (g_enabled) {
             CUDA_CHECK(cudaHostAlloc((void **)&g_ring_host, RING_INTS * sizeof(int), cudaHostAllocDefault));
             CUDA_CHECK(cudaMalloc((void **)&g_ring_dev, RING_INTS * sizeof(int)));
