@@ -227,8 +227,10 @@ typedef struct qlm_backend {
      * softcap * tanh(logit / softcap), and the gradient goes through the cap. */
     void (*cross_entropy)(float *row_loss, float *logits, const int *targets, const float *teacher, int n, int vocab,
                           float grad_scale, float softcap);
-    /* Sum of squares in double (gradient norms; inf/NaN propagate). */
-    double (*sum_squares)(const float *x, long n);
+    /* out[i] = the sum of squares of x[i]'s n[i] values in double, for count arrays (a gradient
+     * norm's tensors) in one call, so that a device that queues work is waited for once; inf and
+     * NaN propagate. */
+    void (*sum_squares)(double *out, const float *const *x, const long *n, int count);
     /* x *= s over n values. */
     void (*scale)(float *x, long n, float s);
     /* out = x * keep / (1 - p), keep[i] = 0 with probability p, a pure function of (seed, first + i):

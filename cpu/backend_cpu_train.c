@@ -306,7 +306,7 @@ void qlm_cpu_cross_entropy(float *row_loss, float *logits, const int *targets, c
 
 enum { REDUCE_CHUNK = 1 << 16 };
 
-double qlm_cpu_sum_squares(const float *x, long n) {
+static double sum_squares_of(const float *x, long n) {
     long n_chunks = (n + REDUCE_CHUNK - 1) / REDUCE_CHUNK;
     double total = 0;
     /* Fixed chunks summed in order: independent of the thread count. */
@@ -319,6 +319,10 @@ double qlm_cpu_sum_squares(const float *x, long n) {
         total += s;
     }
     return total;
+}
+
+void qlm_cpu_sum_squares(double *out, const float *const *x, const long *n, int count) {
+    for (int i = 0; i < count; i++) out[i] = sum_squares_of(x[i], n[i]);
 }
 
 void qlm_cpu_scale(float *x, long n, float s) {

@@ -23,7 +23,7 @@ void qlm_cpu_activate_backward(float *dx, const float *dout, const float *x, lon
 void qlm_cpu_embedding_backward(float *dtable, const float *dout, const int *ids, int n, int dim);
 void qlm_cpu_cross_entropy(float *row_loss, float *logits, const int *targets, const float *teacher, int n, int vocab,
                            float grad_scale, float softcap);
-double qlm_cpu_sum_squares(const float *x, long n);
+void qlm_cpu_sum_squares(double *out, const float *const *x, const long *n, int count);
 void qlm_cpu_scale(float *x, long n, float s);
 void qlm_cpu_zero(float *x, long n);
 void qlm_cpu_dropout(float *out, const float *x, long n, float p, uint64_t seed, long first);

@@ -246,7 +246,7 @@ void qlm_cuda_activate_backward(float *dx, const float *dout, const float *x, lo
 void qlm_cuda_embedding_backward(float *dtable, const float *dout, const int *ids, int n, int dim);
 void qlm_cuda_cross_entropy(float *row_loss, float *logits, const int *targets, const float *teacher, int n, int vocab,
                             float grad_scale, float softcap);
-double qlm_cuda_sum_squares(const float *x, long n);
+void qlm_cuda_sum_squares(double *out, const float *const *x, const long *n, int count);
 void qlm_cuda_dropout(float *out, const float *x, long n, float p, uint64_t seed, long first);
 void qlm_cuda_adamw(float *p, const float *g, float *m, float *v, long n, const qlm_adamw_step *h);
 void qlm_cuda_store_weight(qlm_weight *w, const float *src);

@@ -265,48 +265,93 @@ void qlm_cuda_cross_entropy(float *row_loss, float *logits, const int *targets, 
 
 // ---- sum_squares ----
 
-// SS_BLOCKS blocks sum grid-stride shares of x's squares in double, then one block sums their
-// partials: a fixed order whatever the device, so the total repeats exactly.
-enum { SS_BLOCKS = 1024 };
+// Array j's squares are summed in double by ss_blocks(n[j]) blocks over grid-stride shares, then its
+// partials by one block, in a fixed order: the partition depends on n alone, so the sums repeat
+// bit for bit on any device. Every array's kernels are queued before the one wait for all the sums
+// (a gradient norm over hundreds of LoRA tensors waits once a step, not once a tensor).
+enum { SS_MAX_BLOCKS = 1024, SS_PER_THREAD = 16 };
 
-// out[blockIdx.x] = the sum of the block's share of x (squared with SQUARE) in double.
-template <typename T, bool SQUARE> __global__ void __launch_bounds__(THREADS) sum_kernel(double *out, const T *x, long n) {
+static int ss_blocks(long n) {
+    if (n <= 0) return 0;
+    const long b = (n + (long)THREADS * SS_PER_THREAD - 1) / ((long)THREADS * SS_PER_THREAD);
+    return b < SS_MAX_BLOCKS ? (int)b : SS_MAX_BLOCKS;
+}
+
+__global__ void __launch_bounds__(THREADS) sum_squares_kernel(double *partial, const float *x, long n) {
     __shared__ double shared[WARPS];
     double s = 0;
     for (long i = (long)blockIdx.x * THREADS + threadIdx.x; i < n; i += (long)gridDim.x * THREADS)
-        s += SQUARE ? (double)x[i] * x[i] : (double)x[i];
+        s += (double)x[i] * x[i];
+    s = block_reduce(s, shared, sum_op());
+    if (threadIdx.x == 0) partial[blockIdx.x] = s;
+}
+
+// out[j] = the sum of partials first[j] .. first[j + 1] - 1 (block j).
+__global__ void __launch_bounds__(THREADS) sum_partials_kernel(double *out, const double *partial, qlm_cuda_ints first) {
+    __shared__ double shared[WARPS];
+    const int end = qlm_ints_at(first, blockIdx.x + 1);
+    double s = 0;
+    for (int i = qlm_ints_at(first, blockIdx.x) + threadIdx.x; i < end; i += THREADS) s += partial[i];
     s = block_reduce(s, shared, sum_op());
     if (threadIdx.x == 0) out[blockIdx.x] = s;
 }
 
 struct sum_squares_args {
     const float *x;
-    double *partial; // SS_BLOCKS partials, then the total
+    double *partial;
     long n;
 };
 
 static void launch_sum_squares(const void *p) {
     const sum_squares_args &a = *(const sum_squares_args *)p;
-    sum_kernel<float, true><<<SS_BLOCKS, THREADS, 0, qlm_cuda_stream>>>(a.partial, a.x, a.n);
+    sum_squares_kernel<<<ss_blocks(a.n), THREADS, 0, qlm_cuda_stream>>>(a.partial, a.x, a.n);
     LAUNCH_CHECK();
-    sum_kernel<double, false><<<1, THREADS, 0, qlm_cuda_stream>>>(a.partial + SS_BLOCKS, a.partial, SS_BLOCKS);
+}
+
+struct sum_partials_args {
+    double *out;
+    const double *partial;
+    qlm_cuda_ints first;
+    int count;
+};
+
+static void launch_sum_partials(const void *p) {
+    const sum_partials_args &a = *(const sum_partials_args *)p;
+    sum_partials_kernel<<<a.count, THREADS, 0, qlm_cuda_stream>>>(a.out, a.partial, a.first);
+    LAUNCH_CHECK();
 }
 
 static void *g_sums;
 static size_t g_sums_cap;
+static int *g_first;
+static int g_first_cap;
 
-double qlm_cuda_sum_squares(const float *x, long n) {
-    if (n <= 0) return 0;
-    sum_squares_args a;
+void qlm_cuda_sum_squares(double *out, const float *const *x, const long *n, int count) {
+    if (count <= 0) return;
+    if (count + 1 > g_first_cap) {
+        int *f = (int *)realloc(g_first, (size_t)(count + 1) * sizeof *f);
+        if (!f) qlm_cuda_fail("sum_squares", "out of host memory for the arrays' offsets", __FILE__, __LINE__);
+        g_first = f, g_first_cap = count + 1;
+    }
+    g_first[0] = 0;
+    for (int j = 0; j < count; j++) g_first[j + 1] = g_first[j] + ss_blocks(n[j]);
+    // The count sums, then every array's partials.
+    double *sums = (double *)qlm_cuda_scratch(&g_sums, &g_sums_cap, ((size_t)count + g_first[count]) * sizeof(double));
+    for (int j = 0; j < count; j++) {
+        if (n[j] <= 0) continue;
+        sum_squares_args a;
+        memset(&a, 0, sizeof a);
+        a.x = x[j], a.partial = sums + count + g_first[j], a.n = n[j];
+        qlm_cuda_submit("sum_squares", launch_sum_squares, &a, sizeof a);
+    }
+    sum_partials_args a;
     memset(&a, 0, sizeof a);
-    a.x = x, a.n = n;
-    a.partial = (double *)qlm_cuda_scratch(&g_sums, &g_sums_cap, (SS_BLOCKS + 1) * sizeof(double));
-    qlm_cuda_submit("sum_squares", launch_sum_squares, &a, sizeof a);
+    a.out = sums, a.partial = sums + count, a.count = count;
+    a.first = qlm_cuda_ints_of(g_first, count + 1, 0);
+    qlm_cuda_submit("sum_squares", launch_sum_partials, &a, sizeof a);
     qlm_cuda_flush();
-    double total = 0;
-    CUDA_CHECK(cudaMemcpyAsync(&total, a.partial + SS_BLOCKS, sizeof total, cudaMemcpyDeviceToHost, qlm_cuda_stream));
+    CUDA_CHECK(cudaMemcpyAsync(out, sums, (size_t)count * sizeof *out, cudaMemcpyDeviceToHost, qlm_cuda_stream));
     CUDA_CHECK(cudaStreamSynchronize(qlm_cuda_stream));
-    return total;
 }
 
 // ---- dropout ----

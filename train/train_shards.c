@@ -330,12 +330,21 @@ int qlm_train_sum_world(const qlm_trainer *t, double *x, int n) {
 
 int qlm_train_grad_sumsq(const qlm_trainer *t, double *ss) {
     const qlm_backend *be = t->arch->backend(t->model);
+    const float **g = malloc((size_t)t->n_t * sizeof *g);
+    long *n = malloc((size_t)t->n_t * sizeof *n);
+    double *each = malloc((size_t)t->n_t * sizeof *each);
+    if (t->n_t > 0 && (!g || !n || !each)) {
+        free(g), free(n), free(each);
+        return qlm_errorf("out of memory for the gradient norm of %d tensors", t->n_t);
+    }
+    for (int i = 0; i < t->n_t; i++) g[i] = t->t[i].g, n[i] = t->t[i].n;
+    be->sum_squares(each, g, n, t->n_t);
     double pieces = 0, replicated = 0;
     for (int i = 0; i < t->n_t; i++) {
-        const qlm_train_tensor *e = &t->t[i];
-        if (e->replicated) replicated += be->sum_squares(e->g, e->n);
-        else pieces += be->sum_squares(e->g, e->n);
+        if (t->t[i].replicated) replicated += each[i];
+        else pieces += each[i];
     }
+    free(g), free(n), free(each);
     struct qlm_train_shards *sh = t->sh;
     if (sh->group && sh->group->size > 1) {
         double t0 = qlm_now_s();

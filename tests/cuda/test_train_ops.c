@@ -254,18 +254,41 @@ static void test_cross_entropy(void **state) {
     check_cross_entropy(70, 300, 0, 0); /* more than QLM_CUDA_SMALL targets */
 }
 
-/* Against the CPU's double sum, over one block's share and over many blocks' grid strides. */
+/* 72 arrays in one call (more offsets than fit a launch's parameters) against the CPU's double
+ * sums: empty, one block's share, a few blocks, 3000001 values (the most blocks, grid strides),
+ * one with +inf and one with NaN; a second call gives the same bits. */
 static void test_sum_squares(void **state) {
     (void)state;
-    for (long n = 1000; n <= 3000001; n += 2999001) {
-        float *x = randv(n, 60u, 3.0f), *d_x = to_gpu(x, (size_t)n * sizeof *x);
-        double want = cpu->sum_squares(x, n), got = gpu->sum_squares(d_x, n), again = gpu->sum_squares(d_x, n);
-        double d = fabs(got - want) / want;
-        print_message("sum_squares of %7ld values: %.17g against %.17g, %.2e\n", n, got, want, d);
+    enum { COUNT = 72 };
+    const float *x[COUNT], *d_x[COUNT];
+    long n[COUNT];
+    double want[COUNT], got[COUNT], again[COUNT];
+    for (int j = 0; j < COUNT; j++) {
+        n[j] = j == 0 ? 0 : j == 1 ? 3000001 : j == 2 ? 4097 : j == 3 ? 70000 : 1000 + 37 * j;
+        float *v = randv(n[j] > 0 ? n[j] : 1, 60u + (unsigned)j, 3.0f);
+        if (j == 4) v[n[j] - 1] = INFINITY;
+        if (j == 5) v[17] = NAN;
+        x[j] = v, d_x[j] = to_gpu(v, (size_t)(n[j] > 0 ? n[j] : 1) * sizeof *v);
+    }
+    cpu->sum_squares(want, x, n, COUNT);
+    gpu->sum_squares(got, d_x, n, COUNT);
+    gpu->sum_squares(again, d_x, n, COUNT);
+    double worst = 0;
+    for (int j = 0; j < COUNT; j++) {
+        if (j == 4 || j == 5) {
+            assert_true(j == 4 ? isinf(got[j]) && got[j] > 0 : isnan(got[j]));
+            continue;
+        }
+        const double d = want[j] == 0 ? fabs(got[j]) : fabs(got[j] - want[j]) / want[j];
+        worst = fmax(worst, d);
         assert_true(d <= 1e-12);
-        assert_true(again == got);
-        free(x);
-        gpu->free(d_x);
+        assert_memory_equal(&again[j], &got[j], sizeof got[j]);
+    }
+    print_message("sum_squares of %d arrays of 0 to %ld values: worst %.2e from the CPU's\n", COUNT, n[1], worst);
+    assert_true(got[0] == 0);
+    for (int j = 0; j < COUNT; j++) {
+        free((void *)x[j]);
+        gpu->free((void *)d_x[j]);
     }
 }
 

@@ -4,9 +4,10 @@
 # one test at a time, and prints a line per test and a summary: what a GPU session's `make
 # test-cuda` and memcheck would find in the kernels, on a machine without a GPU. Then qlm itself,
 # built on the emulation, decodes stories260K with --device cuda (the queue, its graphs and the
-# pool on a whole model) and must give the CPU's tokens. Takes about 10 minutes on 2 cores, a
+# pool on a whole model) and must give the CPU's tokens, and trains two LoRA steps on it with the
+# CPU's losses and gradient norms. Takes about 10 minutes on 2 cores, a
 # third of it building (test_matmul_backward_x is most of the rest); `make test-cuda-emu` runs a
-# few of the tests without AddressSanitizer in about 2 minutes (CI does).
+# few of the tests without AddressSanitizer, and the two qlm checks, in about 3 minutes (CI does).
 # Usage (from the repository root, after `make`): tools/cuda_emu/check.sh [TEST_NAME...]
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -34,18 +35,39 @@ for p in "${programs[@]}"; do
 done
 echo "check: building qlm ..." >&2
 "$here/build.sh" "$bin/qlm" cli/*.c
-model=${QLM_ASSETS:-../shared/assets}/stories260K/stories260K.bin
-t0=$SECONDS
-ran=$((ran + 1))
-if [ ! -f "$model" ]; then
-    r="FAILED (no $model)" failed=$((failed + 1))
-elif "$bin/qlm" generate -m "$model" --device cuda --temp 0 -n 40 >"$logs/generate_cuda.txt" 2>"$logs/generate_cuda.log" &&
-    build/qlm generate -m "$model" --device cpu --temp 0 -n 40 >"$logs/generate_cpu.txt" 2>/dev/null &&
-    cmp -s "$logs/generate_cuda.txt" "$logs/generate_cpu.txt"; then
-    r=passed
-else
-    r=FAILED failed=$((failed + 1))
-fi
-printf '%-26s %-28s %-7s %5d s\n' qlm "generate --device cuda" "$r" $((SECONDS - t0))
+assets=${QLM_ASSETS:-../shared/assets}
+model=$assets/stories260K/stories260K.bin
+# Greedy decoding on the emulated GPU gives the CPU's tokens.
+same_generation() {
+    "$bin/qlm" generate -m "$model" --device cuda --temp 0 -n 40 >"$logs/generate_cuda.txt" &&
+        build/qlm generate -m "$model" --device cpu --temp 0 -n 40 >"$logs/generate_cpu.txt" &&
+        cmp "$logs/generate_cuda.txt" "$logs/generate_cpu.txt"
+}
+# Two LoRA steps on DialogSum dialogues: each step's loss and gradient norm within 1e-5 of the CPU's
+# (sums in another order, as the op tests allow).
+same_training() {
+    head -n 8 "$assets/dialogsum/dialogsum.dev.jsonl" >"$bin/train.jsonl"
+    local args=(train -m "$model" -t "$assets/stories260K/tok512.bin" --data "$bin/train.jsonl" --target-field summary
+                --lora --rank 4 --steps 2 --batch 2 --seq-len 64 --threads 1)
+    "$bin/qlm" "${args[@]}" --device cuda --out "$bin/train_cuda" &&
+        build/qlm "${args[@]}" --device cpu --out "$bin/train_cpu" &&
+        paste <(step_metrics "$bin/train_cuda") <(step_metrics "$bin/train_cpu") | tee "$logs/train_steps.txt" |
+        awk '{ n++; for (i = 1; i <= 4; i++) if ($i !~ /^-?[0-9][0-9.e+-]*$/) bad = 1 # not a number (mawk: NaN <= x)
+               for (i = 1; i <= 2; i++) { d = $i - $(i + 2); if (d * d > 1e-10 * $(i + 2) * $(i + 2)) bad = 1 } }
+             END { exit (n != 2 || bad) }'
+}
+step_metrics() { sed -n 's/.*"loss":\([^,]*\),.*"grad_norm":\([^,]*\),.*/\1 \2/p' "$1/metrics.jsonl"; }
+for c in same_generation same_training; do
+    t0=$SECONDS
+    ran=$((ran + 1))
+    if [ ! -f "$model" ]; then
+        r="FAILED (no $model)" failed=$((failed + 1))
+    elif "$c" >"$logs/$c.log" 2>&1; then
+        r=passed
+    else
+        r=FAILED failed=$((failed + 1))
+    fi
+    printf '%-26s %-28s %-7s %5d s\n' qlm "$c" "$r" $((SECONDS - t0))
+done
 echo "check: $((ran - failed)) of $ran passed (logs in $logs)"
 [ "$failed" -eq 0 ]
