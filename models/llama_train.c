@@ -71,7 +71,7 @@ int qlm_llama_train_state_init(qlm_llama_train_state *s, const qlm_model *m, int
              {&s->dgate, R * c->hidden_dim}, {&s->dup, R * c->hidden_dim}, {&s->tmp, R * wide},
              {&s->tmp_in, R * wide},     {&s->lora_du, R * (lora_rank ? lora_rank : 1)},
              {&s->head_x, (size_t)QLM_HEAD_CHUNK * c->dim}, {&s->head_xn, (size_t)QLM_HEAD_CHUNK * c->dim},
-             {&s->logits, (size_t)QLM_HEAD_CHUNK * c->vocab_size}, {&s->row_loss, QLM_HEAD_CHUNK},
+             {&s->logits, (size_t)QLM_HEAD_CHUNK * c->vocab_size}, {&s->row_loss, R},
              {&s->dq_pre, c->qk_norm ? R * q : 0}, {&s->dk_pre, c->qk_norm ? R * kv : 0}};
     for (size_t i = 0; i < sizeof b / sizeof b[0]; i++) {
         if (!b[i].n) continue;

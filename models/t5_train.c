@@ -101,7 +101,7 @@ int qlm_t5_train_state_init(qlm_t5_train_state *s, const qlm_t5_model *m, int ma
              {&s->tmp_in, R * wide},  {&s->lora_du, R * (lora_rank ? lora_rank : 1)}, {&s->d_head_norm, d},
              {&s->enc_bias, table},   {&s->dec_bias, table},    {&s->d_enc_bias, table},  {&s->d_dec_bias, table},
              {&s->head_x, QLM_HEAD_CHUNK * d}, {&s->head_xn, QLM_HEAD_CHUNK * d},
-             {&s->logits, (size_t)QLM_HEAD_CHUNK * c->vocab_size}, {&s->row_loss, QLM_HEAD_CHUNK}};
+             {&s->logits, (size_t)QLM_HEAD_CHUNK * c->vocab_size}, {&s->row_loss, R}};
     for (size_t i = 0; i < sizeof b / sizeof b[0]; i++) {
         *b[i].p = be->alloc(b[i].n * sizeof(float));
         if (!*b[i].p) goto oom;

@@ -1,6 +1,8 @@
 /* The shared layers of training passes: linear layer with its adapter, and the loss head. */
 #include "train_layers.h"
 
+#include <stdlib.h>
+
 #include "adapter.h"
 #include "../core/error.h"
 
@@ -61,7 +63,9 @@ int qlm_train_head_pass(const qlm_train_head *h, const float *x, const qlm_train
     const qlm_backend *be = h->be;
     const int *targets = b->targets;
     int row = 0, dim = h->dim, n = b->n_rows;
-    size_t done = 0; /* target rows before this chunk */
+    size_t done = 0; /* target rows so far */
+    /* x's rows as a table the chunk's target rows are gathered from (one op, not one a row). */
+    const qlm_weight rows_of_x = {.dtype = QLM_F32, .rows = n, .cols = dim, .data = x, .scale = 1.0f};
     while (row < n) {
         int k = 0;
         for (; row < n && k < QLM_HEAD_CHUNK; row++) {
@@ -70,29 +74,34 @@ int qlm_train_head_pass(const qlm_train_head *h, const float *x, const qlm_train
                 return qlm_errorf("target token %d is outside the vocabulary (0..%d)", targets[row], h->vocab - 1);
             h->rows[k] = row;
             h->targets[k] = targets[row];
-            be->copy(h->head_x + (size_t)k * dim, x + (size_t)row * dim, dim);
             k++;
         }
         if (k == 0) break;
+        be->embedding(h->head_x, &rows_of_x, h->rows, k);
         be->rmsnorm(h->head_xn, h->head_x, h->norm, k, dim, h->eps);
         be->matmul(h->logits, h->head_xn, k, h->lm_head, NULL);
-        float *teacher = b->teacher_logits ? b->teacher_logits + done * (size_t)h->vocab : NULL;
+        const size_t first = done;
+        float *teacher = b->teacher_logits ? b->teacher_logits + first * (size_t)h->vocab : NULL;
         done += (size_t)k;
         if (b->writes_teacher) {
             be->copy(teacher, h->logits, (long)k * h->vocab);
             continue;
         }
-        be->cross_entropy(h->row_loss, h->logits, h->targets, teacher, k, h->vocab, grad_scale, h->softcap);
-        float losses[QLM_HEAD_CHUNK];
-        be->to_host(losses, h->row_loss, (size_t)k * sizeof *losses);
-        for (int i = 0; i < k; i++) *loss_sum += losses[i];
+        be->cross_entropy(h->row_loss + first, h->logits, h->targets, teacher, k, h->vocab, grad_scale, h->softcap);
         if (!backward) continue;
         /* d(normed rows) into dnorm, then through the final norm into compact rows dxn. */
         if (be->matmul_backward_x(h->dnorm, h->logits, k, h->lm_head, 0) != 0) return -1;
         if (h->g_head) be->matmul_backward_w((float *)h->g_head->data, NULL, h->logits, h->head_xn, k, h->vocab, dim);
         be->zero(h->dxn, (long)k * dim);
         be->rmsnorm_backward(h->dxn, h->g_norm, h->dnorm, h->head_x, h->norm, k, dim, h->eps);
-        for (int i = 0; i < k; i++) be->add(dx + (size_t)h->rows[i] * dim, h->dxn + (size_t)i * dim, dim);
+        be->embedding_backward(dx, h->dxn, h->rows, k, dim); /* dx's row rows[i] += dxn's row i */
     }
+    if (b->writes_teacher || done == 0) return 0;
+    /* The rows' losses come to the host once a pass, not once a chunk (a wait for the device each). */
+    float *losses = malloc(done * sizeof *losses);
+    if (!losses) return qlm_errorf("out of memory for the losses of %zu rows", done);
+    be->to_host(losses, h->row_loss, done * sizeof *losses);
+    for (size_t i = 0; i < done; i++) *loss_sum += losses[i];
+    free(losses);
     return 0;
 }

@@ -42,8 +42,8 @@ typedef struct {
     float *g_norm;            /* gradients (NULL: frozen) */
     const qlm_weight *g_head;
     float softcap;            /* of the logits (0: none) */
-    /* Scratch: head_x/head_xn [CHUNK][dim], logits [CHUNK][vocab], row_loss [CHUNK], dxn and
-     * dnorm [CHUNK][dim], rows/targets [CHUNK] (host). */
+    /* Scratch: head_x/head_xn [CHUNK][dim], logits [CHUNK][vocab], row_loss [rows of the pass], dxn
+     * and dnorm [CHUNK][dim], rows/targets [CHUNK] (host). */
     float *head_x, *head_xn, *logits, *row_loss, *dxn, *dnorm;
     int *rows, *targets;
 } qlm_train_head;
