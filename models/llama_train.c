@@ -81,7 +81,8 @@ int qlm_llama_train_state_init(qlm_llama_train_state *s, const qlm_model *m, int
     }
     s->head_rows = malloc((size_t)QLM_HEAD_CHUNK * sizeof *s->head_rows);
     s->head_targets = malloc((size_t)QLM_HEAD_CHUNK * sizeof *s->head_targets);
-    if (!s->head_rows || !s->head_targets || qlm_rope_dynamic_init(&s->rope, m) != 0) goto oom;
+    s->head_losses = malloc(R * sizeof *s->head_losses);
+    if (!s->head_rows || !s->head_targets || !s->head_losses || qlm_rope_dynamic_init(&s->rope, m) != 0) goto oom;
     return 0;
 oom:;
     double want = s->peak_bytes;
@@ -103,6 +104,7 @@ void qlm_llama_train_state_free(qlm_llama_train_state *s, const qlm_model *m) {
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) be->free(bufs[i]);
     free(s->head_rows);
     free(s->head_targets);
+    free(s->head_losses);
     qlm_rope_dynamic_free(&s->rope, m);
     memset(s, 0, sizeof *s);
 }
@@ -260,7 +262,8 @@ static int head_pass(const pass *p, float grad_scale, int backward, double *loss
                         .g_head = p->g ? &p->g->lm_head : NULL, .softcap = m->cfg.final_softcap,
                         .head_x = s->head_x, .head_xn = s->head_xn,
                         .logits = s->logits, .row_loss = s->row_loss, .dxn = s->dxn, .dnorm = s->tmp,
-                        .rows = s->head_rows, .targets = s->head_targets};
+                        .rows = s->head_rows, .targets = s->head_targets,
+                        .losses = s->head_losses};
     if (backward) m->be->zero(s->dx, (long)p->n * m->cfg.dim);
     return qlm_train_head_pass(&h, s->x_in[m->cfg.n_layers], p->b, grad_scale, backward, loss_sum, s->dx);
 }

@@ -25,6 +25,7 @@ typedef struct {
     float *dq_pre, *dk_pre; /* with qk_norm: gradients of the projections before their norm */
     float *head_x, *head_xn, *logits, *row_loss; /* one chunk of target rows */
     int *head_rows, *head_targets;
+    float *head_losses;    /* host: the target rows' losses */
     double peak_bytes;     /* activation memory held */
     qlm_rope_dynamic rope;
 } qlm_llama_train_state;

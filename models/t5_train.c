@@ -83,8 +83,9 @@ int qlm_t5_train_state_init(qlm_t5_train_state *s, const qlm_t5_model *m, int ma
     s->bias_host = malloc(((size_t)c->n_heads * s->span + (size_t)c->rel_buckets * c->n_heads) * sizeof *s->bias_host);
     s->head_rows = malloc(QLM_HEAD_CHUNK * sizeof *s->head_rows);
     s->head_targets = malloc(QLM_HEAD_CHUNK * sizeof *s->head_targets);
+    s->head_losses = malloc(R * sizeof *s->head_losses);
     if (!inputs_ok(s->enc_x, c->n_layers + 1) || !inputs_ok(s->dec_x, c->n_dec_layers + 1) || !s->enc_tr ||
-        !s->dec_tr || !s->iota || !s->bias_host || !s->head_rows || !s->head_targets)
+        !s->dec_tr || !s->iota || !s->bias_host || !s->head_rows || !s->head_targets || !s->head_losses)
         goto oom;
     for (int i = 0; i < max_len; i++) s->iota[i] = i;
     for (int t = 0; t < s->n_enc_tr; t++)
@@ -133,6 +134,7 @@ void qlm_t5_train_state_free(qlm_t5_train_state *s, const qlm_t5_model *m) {
     free(s->bias_host);
     free(s->head_rows);
     free(s->head_targets);
+    free(s->head_losses);
     memset(s, 0, sizeof *s);
 }
 
@@ -408,7 +410,8 @@ int qlm_t5_train_pass(const qlm_t5_model *m, const qlm_t5_model *grads, const ql
     qlm_train_head hd = {.be = be, .dim = c->d_model, .vocab = c->vocab_size, .eps = c->norm_eps, .norm = m->head_norm,
                          .lm_head = &m->lm_head, .g_norm = G ? s->d_head_norm : NULL, .g_head = G ? &p.g->lm_head : NULL,
                          .head_x = s->head_x, .head_xn = s->head_xn, .logits = s->logits, .row_loss = s->row_loss,
-                         .dxn = s->dxn, .dnorm = s->tmp, .rows = s->head_rows, .targets = s->head_targets};
+                         .dxn = s->dxn, .dnorm = s->tmp, .rows = s->head_rows, .targets = s->head_targets,
+                         .losses = s->head_losses};
     if (backward) {
         be->zero(s->dx, (long)n * c->d_model);
         if (G) be->zero(s->d_head_norm, c->d_model), be->zero(s->d_dec_bias, (long)c->n_heads * s->span);

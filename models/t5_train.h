@@ -30,6 +30,7 @@ typedef struct {
     float *bias_host;            /* host room for one table and the [buckets][heads] parameters */
     float *head_x, *head_xn, *logits, *row_loss;
     int *head_rows, *head_targets;
+    float *head_losses;          /* host: the target rows' losses */
     double peak_bytes;
 } qlm_t5_train_state;
 

@@ -43,9 +43,10 @@ typedef struct {
     const qlm_weight *g_head;
     float softcap;            /* of the logits (0: none) */
     /* Scratch: head_x/head_xn [CHUNK][dim], logits [CHUNK][vocab], row_loss [rows of the pass], dxn
-     * and dnorm [CHUNK][dim], rows/targets [CHUNK] (host). */
+     * and dnorm [CHUNK][dim]; on the host rows/targets [CHUNK] and losses [rows of the pass]. */
     float *head_x, *head_xn, *logits, *row_loss, *dxn, *dnorm;
     int *rows, *targets;
+    float *losses;
 } qlm_train_head;
 
 /* The loss of rows x[0..b->n_rows) against b's targets (-1: none), added to *loss_sum; with

@@ -281,6 +281,12 @@ int qlm_train_shards_init(qlm_trainer *t) {
     if (layout_of(t, full ? t->model : (void *)t->lora, NULL, &sh->Lm, &sh->cuts) != 0) return -1;
     sh->n_units = sh->Lm.n_units;
     if (split_state(t) != 0 || list_pieces(t) != 0) return -1;
+    int n = t->n_t > 0 ? t->n_t : 1;
+    sh->norm_g = malloc((size_t)n * sizeof *sh->norm_g);
+    sh->norm_n = malloc((size_t)n * sizeof *sh->norm_n);
+    sh->norm_sums = malloc((size_t)n * sizeof *sh->norm_sums);
+    if (!sh->norm_g || !sh->norm_n || !sh->norm_sums) return qlm_errorf("out of memory");
+    for (int i = 0; i < t->n_t; i++) sh->norm_g[i] = t->t[i].g, sh->norm_n[i] = t->t[i].n;
     return sh->grads_part ? 0 : find_whole_grads(t);
 }
 
@@ -308,6 +314,9 @@ void qlm_train_shards_free(qlm_trainer *t) {
     free(sh->cuts);
     free(sh->grads_whole);
     free(sh->grads_bytes);
+    free(sh->norm_g);
+    free(sh->norm_n);
+    free(sh->norm_sums);
     qlm_comm_free(sh->replica);
     qlm_comm_free(sh->group);
     free(sh);
@@ -330,22 +339,13 @@ int qlm_train_sum_world(const qlm_trainer *t, double *x, int n) {
 
 int qlm_train_grad_sumsq(const qlm_trainer *t, double *ss) {
     const qlm_backend *be = t->arch->backend(t->model);
-    const float **g = malloc((size_t)t->n_t * sizeof *g);
-    long *n = malloc((size_t)t->n_t * sizeof *n);
-    double *each = malloc((size_t)t->n_t * sizeof *each);
-    if (t->n_t > 0 && (!g || !n || !each)) {
-        free(g), free(n), free(each);
-        return qlm_errorf("out of memory for the gradient norm of %d tensors", t->n_t);
-    }
-    for (int i = 0; i < t->n_t; i++) g[i] = t->t[i].g, n[i] = t->t[i].n;
-    be->sum_squares(each, g, n, t->n_t);
+    struct qlm_train_shards *sh = t->sh;
+    be->sum_squares(sh->norm_sums, sh->norm_g, sh->norm_n, t->n_t);
     double pieces = 0, replicated = 0;
     for (int i = 0; i < t->n_t; i++) {
-        if (t->t[i].replicated) replicated += each[i];
-        else pieces += each[i];
+        if (t->t[i].replicated) replicated += sh->norm_sums[i];
+        else pieces += sh->norm_sums[i];
     }
-    free(g), free(n), free(each);
-    struct qlm_train_shards *sh = t->sh;
     if (sh->group && sh->group->size > 1) {
         double t0 = qlm_now_s();
         if (timed(sh, qlm_comm_sum_host(sh->group, &pieces, 1), t0) != 0) return -1;

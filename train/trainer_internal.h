@@ -26,6 +26,10 @@ struct qlm_train_shards {
     void **master_part, **grads_part, **copy_part, **m_part, **v_part;
     float **grads_whole; /* per unit, when the gradients stay whole: the buffer and its bytes */
     size_t *grads_bytes;
+    /* The pieces' gradients and lengths as one sum_squares call takes them, and its sums. */
+    const float **norm_g;
+    long *norm_n;
+    double *norm_sums;
     double comm_s;     /* seconds in collectives this step */
 };
 
