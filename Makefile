@@ -11,6 +11,11 @@ CC      := gcc
 endif
 NVCC    ?= nvcc
 BUILD   ?= build
+# The builds inside the commands below (make test, make run ...) compile a file per core unless make
+# was given -j itself; they run after setup.sh, which installs what they compile against. The
+# top-level make stays serial by default (`make clean all` must not race); `make -j` as usual.
+JOBS    ?= $(shell nproc 2>/dev/null || echo 1)
+SUBMAKE  = $(MAKE) --no-print-directory $(if $(filter -j%,$(MAKEFLAGS)),,-j$(JOBS))
 # GCC's -O2 vectorizes only loops whose trip count the vector width divides; the "cheap" model
 # also takes loops with a scalar tail (elementwise ops, softmax passes): pp512 +3%, same results
 # (reductions stay in order without -ffast-math). Clang has no such option. No compiler may
@@ -94,10 +99,10 @@ check-tests: $(BUILD)/qlm $(TEST_BINS)
 	@scripts/run_isa_tests.sh $(BUILD)
 
 test: setup-test
-	@$(MAKE) --no-print-directory check-tests
+	@$(SUBMAKE) check-tests
 
 asan: setup-test
-	@$(MAKE) --no-print-directory BUILD=build/asan OPT="-O1 -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=undefined" \
+	@$(SUBMAKE) BUILD=build/asan OPT="-O1 -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=undefined" \
 		check-tests
 
 # The fuzzer links libFuzzer's main; the library under it is built by clang with its coverage hooks.
@@ -109,7 +114,7 @@ $(BUILD)/fuzz/%: fuzz/%.c $(LIB)
 
 fuzz:
 	@scripts/setup.sh --fuzz
-	@$(MAKE) --no-print-directory CC=clang BUILD=build/fuzz \
+	@$(SUBMAKE) CC=clang BUILD=build/fuzz \
 		OPT="-O1 -fno-omit-frame-pointer $(FUZZ_SAN) -fsanitize=fuzzer-no-link" build/fuzz/fuzz/fuzz_loaders
 	@scripts/fuzz.sh build/fuzz/fuzz/fuzz_loaders
 
@@ -119,7 +124,7 @@ CPU_BENCHES := $(filter-out bench/bench_cuda,$(BENCH_SRCS:%.c=%))
 
 build-clang:
 	@scripts/setup.sh --fuzz
-	@$(MAKE) --no-print-directory CC=clang BUILD=build/clang build/clang/qlm $(TEST_SRCS:tests/%.c=build/clang/tests/%) \
+	@$(SUBMAKE) CC=clang BUILD=build/clang build/clang/qlm $(TEST_SRCS:tests/%.c=build/clang/tests/%) \
 		$(CPU_BENCHES:%=build/clang/%)
 
 # The GPU's tests: the op table against references, and the model tests rerun with
@@ -127,42 +132,52 @@ build-clang:
 CUDA_TESTS := tests/cuda/test_backend_ops tests/cuda/test_attention_backward tests/cuda/test_train_ops tests/cuda/test_fake_quant_cuda tests/cuda/test_comm_nccl tests/test_llama tests/test_t5 tests/test_batch tests/test_lora tests/test_smollm2 tests/test_train tests/test_train_t5 tests/test_train_cli
 
 test-cuda-build:
-	@$(MAKE) --no-print-directory CUDA=1 BUILD=build/cuda build/cuda/qlm build/cuda/bench/bench_cuda $(CUDA_TESTS:%=build/cuda/%)
+	@$(SUBMAKE) CUDA=1 BUILD=build/cuda build/cuda/qlm build/cuda/bench/bench_cuda $(CUDA_TESTS:%=build/cuda/%)
 
 # The CUDA backend on the host emulation (tools/cuda_emu; no GPU): op tests that take the queue, its
 # graphs, the index ring and the pool through their paths, and qlm with --device cuda: greedy decoding
 # gives the CPU's tokens, two LoRA training steps its losses and gradient norms.
 CUDA_EMU_TESTS := test_matmul_group test_matmul_special_weight test_step_matmul_group_kv test_ring_between_arrays test_attention test_lora \
 	test_out_of_memory test_matmul_backward_x_huge_dy test_cross_entropy test_sum_squares test_adamw test_store_weight test_attention_backward test_fake_quant_nan
-test-cuda-emu: all
+test-cuda-emu:
+	@$(SUBMAKE) all
 	@QLM_EMU_ASAN=0 tools/cuda_emu/check.sh $(CUDA_EMU_TESTS)
 
-test-cuda: setup-test test-cuda-build
+test-cuda: setup-test
+	@$(SUBMAKE) test-cuda-build
 	@scripts/run_cuda_tests.sh build/cuda $(CUDA_TESTS); rc=$$?; scripts/memcheck_cuda.sh build/cuda && exit $$rc
 
-run: setup $(BUILD)/qlm
+run: setup
+	@$(SUBMAKE) $(BUILD)/qlm
 	@scripts/run_main_job.sh $(BUILD)/qlm
 
-bench: setup $(BUILD)/qlm $(BUILD)/bench/bench_lora $(BUILD)/bench/bench_serve $(BUILD)/bench/weights_diff
+bench: setup
+	@$(SUBMAKE) $(BUILD)/qlm $(BUILD)/bench/bench_lora $(BUILD)/bench/bench_serve $(BUILD)/bench/weights_diff
 	@scripts/bench.sh $(BUILD)/qlm
 	@if [ "$${QLM_BENCH_DIST:-1}" != 0 ]; then scripts/bench_dist.sh $(BUILD)/qlm; fi
 
-bench-dist: setup $(BUILD)/qlm $(BUILD)/bench/weights_diff
+bench-dist: setup
+	@$(SUBMAKE) $(BUILD)/qlm $(BUILD)/bench/weights_diff
 	@scripts/bench_dist.sh $(BUILD)/qlm
 
-eval: setup $(BUILD)/qlm
+eval: setup
+	@$(SUBMAKE) $(BUILD)/qlm
 	@scripts/eval_dialogsum.sh $(BUILD)/qlm
 
-train-eval: setup $(BUILD)/qlm
+train-eval: setup
+	@$(SUBMAKE) $(BUILD)/qlm
 	@scripts/train_dialogsum.sh $(BUILD)/qlm
 
-qat-eval: setup $(BUILD)/qlm
+qat-eval: setup
+	@$(SUBMAKE) $(BUILD)/qlm
 	@scripts/qat_eval.sh $(BUILD)/qlm
 
-int4-eval: setup $(BUILD)/qlm
+int4-eval: setup
+	@$(SUBMAKE) $(BUILD)/qlm
 	@scripts/int4_eval.sh $(BUILD)/qlm
 
-w8a8-eval: setup $(BUILD)/qlm
+w8a8-eval: setup
+	@$(SUBMAKE) $(BUILD)/qlm
 	@scripts/w8a8_eval.sh $(BUILD)/qlm
 
 clean:

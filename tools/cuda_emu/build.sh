@@ -38,16 +38,27 @@ stale() { # stale OBJ SRC: OBJ is missing or older than SRC or the emulation
     for f in "${@:2}" "${deps[@]}"; do [ "$1" -nt "$f" ] || return 0; done
     return 1
 }
+# A file per core at a time; a failed compile leaves its mark in $work and stops the build after the rest.
+compile() {
+    perl -0p "$here/asm.pl" "$1" >"$work/$2.cpp" && "${cxx[@]}" -c "$work/$2.cpp" -o "$objdir/$2.o" ||
+        touch "$work/$2.failed"
+}
 objs=()
 for cu in "$root"/cuda/*.cu; do
     b=$(basename "$cu" .cu)
     [ "$b" = transport_nccl ] && continue
     if stale "$objdir/$b.o" "$cu"; then
         echo "emu: compiling $b.cu" >&2
-        perl -0p "$here/asm.pl" "$cu" >"$work/$b.cpp"
-        "${cxx[@]}" -c "$work/$b.cpp" -o "$objdir/$b.o"
+        while [ "$(jobs -rp | wc -l)" -ge "$(nproc)" ]; do wait -n || true; done
+        compile "$cu" "$b" &
     fi
     objs+=("$objdir/$b.o")
+done
+wait
+for f in "$work"/*.failed; do
+    [ -e "$f" ] || continue
+    echo "emu: $(basename "$f" .failed).cu did not compile" >&2
+    exit 1
 done
 for src in emu runtime; do
     if stale "$objdir/$src.o" "$here/$src.cpp"; then "${cxx[@]}" -c "$here/$src.cpp" -o "$objdir/$src.o"; fi
