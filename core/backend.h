@@ -117,8 +117,19 @@ typedef struct {
  * 1 - 0.999f is 1.3e-5 away from torch's 0.001f and 1 - 0.999f^1 5e-5 from its first correction. */
 typedef struct {
     double lr, beta1, beta2, eps, weight_decay;
-    long step; /* 1 for the first update */
+    long step;      /* 1 for the first update */
+    float grad_mul; /* each gradient is multiplied by this first, as torch's clip_grad_norm_ does (1: none) */
 } qlm_adamw_step;
+
+/* The tensors one optimizer step updates (a trainer builds the list once): tensor i's n[i]
+ * parameters p[i], gradients g[i] and moments m[i], v[i]; decay[i] 0 exempts it from weight decay. */
+typedef struct {
+    float *const *p, *const *m, *const *v;
+    const float *const *g;
+    const long *n;
+    const unsigned char *decay;
+    int count;
+} qlm_adamw_tensors;
 
 typedef struct qlm_backend {
     const char *name;
@@ -238,8 +249,9 @@ typedef struct qlm_backend {
     void (*dropout)(float *out, const float *x, long n, float p, uint64_t seed, long first);
     /* x = 0 over n values. */
     void (*zero)(float *x, long n);
-    /* One AdamW update of n parameters with their gradients and moments. */
-    void (*adamw)(float *p, const float *g, float *m, float *v, long n, const qlm_adamw_step *h);
+    /* One AdamW update of every tensor of the list (in one launch where the device queues work:
+     * a LoRA adapter has hundreds of small tensors). */
+    void (*adamw)(const qlm_adamw_tensors *t, const qlm_adamw_step *h);
     /* Stores F32 values into a weight in its storage dtype (F32, BF16 or F16): the compute copy of
      * F32 master weights in mixed-precision training. */
     void (*store_weight)(qlm_weight *w, const float *src);

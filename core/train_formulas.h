@@ -92,13 +92,15 @@ static inline QLM_HD int qlm_dropout_drops(uint64_t base, long index, uint64_t t
  * once, as torch rounds a Python scalar for a float32 tensor (host only: both backends compute
  * them before their loop or launch). */
 typedef struct {
-    float decay, one_minus_b1, b2, one_minus_b2, step_size, bc2_sqrt, eps;
+    float decay, one_minus_b1, b2, one_minus_b2, step_size, bc2_sqrt, eps, grad_mul;
 } qlm_adamw_consts;
 
-static inline qlm_adamw_consts qlm_adamw_constants(const qlm_adamw_step *h) {
+/* with_decay 0: a tensor exempt from weight decay (p * 1, its value unchanged). */
+static inline qlm_adamw_consts qlm_adamw_constants(const qlm_adamw_step *h, int with_decay) {
     double bc1 = 1.0 - pow(h->beta1, (double)h->step), bc2 = 1.0 - pow(h->beta2, (double)h->step);
-    qlm_adamw_consts c = {(float)(1.0 - h->lr * h->weight_decay), (float)(1.0 - h->beta1), (float)h->beta2,
-                          (float)(1.0 - h->beta2), (float)(h->lr / bc1), (float)sqrt(bc2), (float)h->eps};
+    qlm_adamw_consts c = {with_decay ? (float)(1.0 - h->lr * h->weight_decay) : 1.0f,
+                          (float)(1.0 - h->beta1), (float)h->beta2, (float)(1.0 - h->beta2), (float)(h->lr / bc1),
+                          (float)sqrt(bc2), (float)h->eps, h->grad_mul};
     return c;
 }
 

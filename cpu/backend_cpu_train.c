@@ -341,14 +341,20 @@ void qlm_cpu_dropout(float *out, const float *x, long n, float p, uint64_t seed,
     }
 }
 
-void qlm_cpu_adamw(float *p, const float *g, float *m, float *v, long n, const qlm_adamw_step *h) {
-    const qlm_adamw_consts c = qlm_adamw_constants(h);
+void qlm_cpu_adamw(const qlm_adamw_tensors *t, const qlm_adamw_step *h) {
+    for (int j = 0; j < t->count; j++) {
+        const qlm_adamw_consts c = qlm_adamw_constants(h, t->decay[j]);
+        float *p = t->p[j], *m = t->m[j], *v = t->v[j];
+        const float *gj = t->g[j];
+        const long n = t->n[j];
 #pragma omp parallel for if (n > 65536)
-    for (long i = 0; i < n; i++) {
-        p[i] *= c.decay;
-        m[i] += c.one_minus_b1 * (g[i] - m[i]);
-        v[i] = v[i] * c.b2 + c.one_minus_b2 * g[i] * g[i];
-        p[i] -= c.step_size * m[i] / (sqrtf(v[i]) / c.bc2_sqrt + c.eps);
+        for (long i = 0; i < n; i++) {
+            const float g = gj[i] * c.grad_mul;
+            p[i] *= c.decay;
+            m[i] += c.one_minus_b1 * (g - m[i]);
+            v[i] = v[i] * c.b2 + c.one_minus_b2 * g * g;
+            p[i] -= c.step_size * m[i] / (sqrtf(v[i]) / c.bc2_sqrt + c.eps);
+        }
     }
 }
 

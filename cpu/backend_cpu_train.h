@@ -27,7 +27,7 @@ void qlm_cpu_sum_squares(double *out, const float *const *x, const long *n, int 
 void qlm_cpu_scale(float *x, long n, float s);
 void qlm_cpu_zero(float *x, long n);
 void qlm_cpu_dropout(float *out, const float *x, long n, float p, uint64_t seed, long first);
-void qlm_cpu_adamw(float *p, const float *g, float *m, float *v, long n, const qlm_adamw_step *h);
+void qlm_cpu_adamw(const qlm_adamw_tensors *t, const qlm_adamw_step *h);
 void qlm_cpu_store_weight(qlm_weight *w, const float *src);
 void qlm_cpu_fake_quant_forward(float *out, const float *w, int rows, int cols, const float *scales, int per_row,
                                 int qmin, int qmax);

@@ -69,6 +69,9 @@ struct qlm_cuda_ints {
 };
 // which (0..3) picks one of the direct-launch scratch areas, so one op can pass several arrays.
 qlm_cuda_ints qlm_cuda_ints_of(const int *host, int n, int which);
+// Any host array (a table of structs) as a device address, staged as a long int array is (an op's
+// arrays may take 1 MB of the ring); which as above.
+const void *qlm_cuda_stage(const void *host, size_t bytes, int which);
 __device__ __forceinline__ int qlm_ints_at(const qlm_cuda_ints &a, int i) { return a.dev ? a.dev[i] : a.small[i]; }
 
 __device__ __forceinline__ float qlm_bf16_to_f32(unsigned short b) { return __uint_as_float((unsigned)b << 16); }
@@ -248,7 +251,7 @@ void qlm_cuda_cross_entropy(float *row_loss, float *logits, const int *targets, 
                             float grad_scale, float softcap);
 void qlm_cuda_sum_squares(double *out, const float *const *x, const long *n, int count);
 void qlm_cuda_dropout(float *out, const float *x, long n, float p, uint64_t seed, long first);
-void qlm_cuda_adamw(float *p, const float *g, float *m, float *v, long n, const qlm_adamw_step *h);
+void qlm_cuda_adamw(const qlm_adamw_tensors *l, const qlm_adamw_step *h);
 void qlm_cuda_store_weight(qlm_weight *w, const float *src);
 // fake_quant_cuda.cu
 void qlm_cuda_fake_quant_forward(float *out, const float *w, int rows, int cols, const float *scales, int per_row,

@@ -142,25 +142,17 @@ void qlm_cuda_submit(const char *name, qlm_cuda_launcher fn, const void *args, s
     if (g_ring_used > RING_INTS - OP_RING_INTS) qlm_cuda_flush();
 }
 
-qlm_cuda_ints qlm_cuda_ints_of(const int *host, int n, int which) {
-    qlm_cuda_ints a;
-    memset(&a, 0, sizeof a);
-    a.present = host != NULL;
-    if (!host || n <= 0) return a;
+const void *qlm_cuda_stage(const void *host, size_t bytes, int which) {
+    const size_t n = (bytes + sizeof(int) - 1) / sizeof(int);
     if (!enabled()) {
-        if (n <= QLM_CUDA_SMALL) {
-            memcpy(a.small, host, (size_t)n * sizeof(int));
-            return a;
-        }
         static void *scratch[4];
         static size_t cap[4];
-        int *d = (int *)qlm_cuda_scratch(&scratch[which], &cap[which], (size_t)n * sizeof(int));
+        void *d = qlm_cuda_scratch(&scratch[which], &cap[which], n * sizeof(int));
         // From pageable memory the copy is staged before the call returns, so host may change after.
-        CUDA_CHECK(cudaMemcpyAsync(d, host, (size_t)n * sizeof(int), cudaMemcpyHostToDevice, qlm_cuda_stream));
-        a.dev = d;
-        return a;
+        CUDA_CHECK(cudaMemcpyAsync(d, host, bytes, cudaMemcpyHostToDevice, qlm_cuda_stream));
+        return d;
     }
-    const size_t need = ((size_t)n + 31) & ~(size_t)31;
+    const size_t need = (n + 31) & ~(size_t)31; // 128-byte steps: any struct's alignment holds
     if (g_ring_used + need > RING_INTS) {
         // Emptying the ring here would let the next queue's copy overwrite this op's earlier arrays.
         if (g_ring_used != g_ring_op || need > RING_INTS)
@@ -170,9 +162,21 @@ qlm_cuda_ints qlm_cuda_ints_of(const int *host, int n, int which) {
     }
     // The host ring is written again only once the copy of its last contents has run.
     if (g_ring_used == 0) CUDA_CHECK(cudaEventSynchronize(g_ring_free));
-    memcpy(g_ring_host + g_ring_used, host, (size_t)n * sizeof(int));
-    a.dev = g_ring_dev + g_ring_used;
+    memcpy(g_ring_host + g_ring_used, host, bytes);
+    const int *d = g_ring_dev + g_ring_used;
     g_ring_used += need;
+    return d;
+}
+
+qlm_cuda_ints qlm_cuda_ints_of(const int *host, int n, int which) {
+    qlm_cuda_ints a;
+    memset(&a, 0, sizeof a);
+    a.present = host != NULL;
+    if (!host || n <= 0) return a;
+    if (!enabled() && n <= QLM_CUDA_SMALL)
+        memcpy(a.small, host, (size_t)n * sizeof(int));
+    else
+        a.dev = (const int *)qlm_cuda_stage(host, (size_t)n * sizeof(int), which);
     return a;
 }
 

@@ -263,27 +263,64 @@ void qlm_cuda_cross_entropy(float *row_loss, float *logits, const int *targets, 
     qlm_cuda_submit("cross_entropy", launch_cross_entropy, &a, sizeof a);
 }
 
+// ---- tensor lists ----
+
+// The list ops (sum_squares, adamw) take a step's hundreds of tensors in one launch: the grid is
+// every tensor's blocks one after another, each block finds its tensor in a staged table by a
+// binary search over the tensors' first blocks, and works on that tensor alone, as a launch per
+// tensor would. A table holds up to LIST_MAX tensors (longer lists take a launch per LIST_MAX).
+enum { LIST_MAX = 4096 };
+
+// The last of count tensors whose first block is at most b (tensors without blocks are passed over).
+template <typename T> __device__ int list_find(const T *t, int count, long b) {
+    int lo = 0, hi = count - 1;
+    while (lo < hi) {
+        const int mid = (lo + hi + 1) / 2;
+        if (t[mid].first_block <= b) lo = mid;
+        else hi = mid - 1;
+    }
+    return lo;
+}
+
+// A host table that grows, for the list ops' staging (they run under the op table's lock).
+static void *list_table(void **buf, size_t *cap, size_t bytes) {
+    if (bytes > *cap) {
+        void *q = realloc(*buf, bytes);
+        if (!q) qlm_cuda_fail("tensor list", "out of host memory for the list's table", __FILE__, __LINE__);
+        *buf = q, *cap = bytes;
+    }
+    return *buf;
+}
+
 // ---- sum_squares ----
 
 // Array j's squares are summed in double by ss_blocks(n[j]) blocks over grid-stride shares, then its
 // partials by one block, in a fixed order: the partition depends on n alone, so the sums repeat
-// bit for bit on any device. Every array's kernels are queued before the one wait for all the sums
-// (a gradient norm over hundreds of LoRA tensors waits once a step, not once a tensor).
+// bit for bit on any device. Every array's blocks are one launch, then one for the partials, then
+// the one wait for all the sums (a gradient norm over hundreds of LoRA tensors waits once a step).
 enum { SS_MAX_BLOCKS = 1024, SS_PER_THREAD = 16 };
 
-static int ss_blocks(long n) {
+static __host__ __device__ int ss_blocks(long n) {
     if (n <= 0) return 0;
     const long b = (n + (long)THREADS * SS_PER_THREAD - 1) / ((long)THREADS * SS_PER_THREAD);
     return b < SS_MAX_BLOCKS ? (int)b : SS_MAX_BLOCKS;
 }
 
-__global__ void __launch_bounds__(THREADS) sum_squares_kernel(double *partial, const float *x, long n) {
+struct ss_array {
+    const float *x;
+    long n;
+    long first_block; // in this launch's grid
+    long partial;     // where its partials go
+};
+
+__global__ void __launch_bounds__(THREADS) sum_squares_kernel(double *partial, const ss_array *arrays, int count) {
     __shared__ double shared[WARPS];
+    const ss_array &a = arrays[list_find(arrays, count, blockIdx.x)];
+    const long block = blockIdx.x - a.first_block, blocks = ss_blocks(a.n);
     double s = 0;
-    for (long i = (long)blockIdx.x * THREADS + threadIdx.x; i < n; i += (long)gridDim.x * THREADS)
-        s += (double)x[i] * x[i];
+    for (long i = block * THREADS + threadIdx.x; i < a.n; i += blocks * THREADS) s += (double)a.x[i] * a.x[i];
     s = block_reduce(s, shared, sum_op());
-    if (threadIdx.x == 0) partial[blockIdx.x] = s;
+    if (threadIdx.x == 0) partial[a.partial + block] = s;
 }
 
 // out[j] = the sum of partials first[j] .. first[j + 1] - 1 (block j).
@@ -297,14 +334,14 @@ __global__ void __launch_bounds__(THREADS) sum_partials_kernel(double *out, cons
 }
 
 struct sum_squares_args {
-    const float *x;
     double *partial;
-    long n;
+    const ss_array *arrays;
+    int count, blocks;
 };
 
 static void launch_sum_squares(const void *p) {
     const sum_squares_args &a = *(const sum_squares_args *)p;
-    sum_squares_kernel<<<ss_blocks(a.n), THREADS, 0, qlm_cuda_stream>>>(a.partial, a.x, a.n);
+    sum_squares_kernel<<<a.blocks, THREADS, 0, qlm_cuda_stream>>>(a.partial, a.arrays, a.count);
     LAUNCH_CHECK();
 }
 
@@ -325,6 +362,8 @@ static void *g_sums;
 static size_t g_sums_cap;
 static int *g_first;
 static int g_first_cap;
+static void *g_ss_table;
+static size_t g_ss_table_cap;
 
 void qlm_cuda_sum_squares(double *out, const float *const *x, const long *n, int count) {
     if (count <= 0) return;
@@ -337,17 +376,26 @@ void qlm_cuda_sum_squares(double *out, const float *const *x, const long *n, int
     for (int j = 0; j < count; j++) g_first[j + 1] = g_first[j] + ss_blocks(n[j]);
     // The count sums, then every array's partials.
     double *sums = (double *)qlm_cuda_scratch(&g_sums, &g_sums_cap, ((size_t)count + g_first[count]) * sizeof(double));
-    for (int j = 0; j < count; j++) {
-        if (n[j] <= 0) continue;
+    ss_array *table = (ss_array *)list_table(&g_ss_table, &g_ss_table_cap, (size_t)LIST_MAX * sizeof(ss_array));
+    for (int j0 = 0; j0 < count; j0 += LIST_MAX) {
+        const int k = count - j0 < LIST_MAX ? count - j0 : LIST_MAX;
+        for (int j = 0; j < k; j++) {
+            ss_array &t = table[j];
+            memset(&t, 0, sizeof t);
+            t.x = x[j0 + j], t.n = n[j0 + j], t.first_block = g_first[j0 + j] - g_first[j0];
+            t.partial = g_first[j0 + j];
+        }
         sum_squares_args a;
         memset(&a, 0, sizeof a);
-        a.x = x[j], a.partial = sums + count + g_first[j], a.n = n[j];
+        a.partial = sums + count, a.count = k, a.blocks = g_first[j0 + k] - g_first[j0];
+        if (a.blocks == 0) continue;
+        a.arrays = (const ss_array *)qlm_cuda_stage(table, (size_t)k * sizeof *table, 0);
         qlm_cuda_submit("sum_squares", launch_sum_squares, &a, sizeof a);
     }
     sum_partials_args a;
     memset(&a, 0, sizeof a);
     a.out = sums, a.partial = sums + count, a.count = count;
-    a.first = qlm_cuda_ints_of(g_first, count + 1, 0);
+    a.first = qlm_cuda_ints_of(g_first, count + 1, 1);
     qlm_cuda_submit("sum_squares", launch_sum_partials, &a, sizeof a);
     qlm_cuda_flush();
     CUDA_CHECK(cudaMemcpyAsync(out, sums, (size_t)count * sizeof *out, cudaMemcpyDeviceToHost, qlm_cuda_stream));
@@ -389,40 +437,73 @@ void qlm_cuda_dropout(float *out, const float *x, long n, float p, uint64_t seed
 
 // ---- adamw ----
 
-struct adamw_args {
+// Every tensor of the list in one launch, ADAMW_CHUNK values a block.
+enum { ADAMW_CHUNK = THREADS * 8 };
+
+struct adamw_tensor {
     float *p, *m, *v;
     const float *g;
     long n;
+    long first_block;
+    float decay; // 1 - lr * weight_decay, or 1 for a tensor without decay
+};
+
+struct adamw_args {
+    const adamw_tensor *tensors;
+    int count;
+    long blocks;
     qlm_adamw_consts c;
 };
 
 // The CPU's operations in its order, each rounded on its own (no FMA contraction): the same bits.
-__global__ void adamw_kernel(adamw_args a) {
-    long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= a.n) return;
-    const float g = a.g[i];
+__global__ void __launch_bounds__(THREADS) adamw_kernel(adamw_args a) {
+    const adamw_tensor &t = a.tensors[list_find(a.tensors, a.count, blockIdx.x)];
     const qlm_adamw_consts &c = a.c;
-    const float p = __fmul_rn(a.p[i], c.decay);
-    const float m = __fadd_rn(a.m[i], __fmul_rn(c.one_minus_b1, __fsub_rn(g, a.m[i])));
-    const float v = __fadd_rn(__fmul_rn(a.v[i], c.b2), __fmul_rn(__fmul_rn(c.one_minus_b2, g), g));
-    const float denom = __fadd_rn(__fdiv_rn(__fsqrt_rn(v), c.bc2_sqrt), c.eps);
-    a.p[i] = __fsub_rn(p, __fdiv_rn(__fmul_rn(c.step_size, m), denom));
-    a.m[i] = m;
-    a.v[i] = v;
+    const long start = (blockIdx.x - t.first_block) * (long)ADAMW_CHUNK;
+    const long end = start + ADAMW_CHUNK < t.n ? start + ADAMW_CHUNK : t.n;
+    for (long i = start + threadIdx.x; i < end; i += THREADS) {
+        const float g = __fmul_rn(t.g[i], c.grad_mul);
+        const float p = __fmul_rn(t.p[i], t.decay);
+        const float m = __fadd_rn(t.m[i], __fmul_rn(c.one_minus_b1, __fsub_rn(g, t.m[i])));
+        const float v = __fadd_rn(__fmul_rn(t.v[i], c.b2), __fmul_rn(__fmul_rn(c.one_minus_b2, g), g));
+        const float denom = __fadd_rn(__fdiv_rn(__fsqrt_rn(v), c.bc2_sqrt), c.eps);
+        t.p[i] = __fsub_rn(p, __fdiv_rn(__fmul_rn(c.step_size, m), denom));
+        t.m[i] = m;
+        t.v[i] = v;
+    }
 }
 
 static void launch_adamw(const void *p) {
     const adamw_args &a = *(const adamw_args *)p;
-    adamw_kernel<<<qlm_cuda_blocks(a.n, THREADS), THREADS, 0, qlm_cuda_stream>>>(a);
+    adamw_kernel<<<(unsigned)a.blocks, THREADS, 0, qlm_cuda_stream>>>(a);
+    LAUNCH_CHECK();
 }
 
-void qlm_cuda_adamw(float *p, const float *g, float *m, float *v, long n, const qlm_adamw_step *h) {
-    if (n <= 0) return;
-    adamw_args a;
-    memset(&a, 0, sizeof a);
-    a.p = p, a.g = g, a.m = m, a.v = v, a.n = n;
-    a.c = qlm_adamw_constants(h);
-    qlm_cuda_submit("adamw", launch_adamw, &a, sizeof a);
+static void *g_adamw_table;
+static size_t g_adamw_table_cap;
+
+void qlm_cuda_adamw(const qlm_adamw_tensors *l, const qlm_adamw_step *h) {
+    adamw_tensor *table =
+        (adamw_tensor *)list_table(&g_adamw_table, &g_adamw_table_cap, (size_t)LIST_MAX * sizeof(adamw_tensor));
+    const qlm_adamw_consts c = qlm_adamw_constants(h, 1);
+    for (int j0 = 0; j0 < l->count; j0 += LIST_MAX) {
+        const int k = l->count - j0 < LIST_MAX ? l->count - j0 : LIST_MAX;
+        long blocks = 0;
+        for (int j = 0; j < k; j++) {
+            adamw_tensor &t = table[j];
+            memset(&t, 0, sizeof t);
+            t.p = l->p[j0 + j], t.m = l->m[j0 + j], t.v = l->v[j0 + j], t.g = l->g[j0 + j], t.n = l->n[j0 + j];
+            t.first_block = blocks;
+            t.decay = l->decay[j0 + j] ? c.decay : 1.0f;
+            blocks += (t.n + ADAMW_CHUNK - 1) / ADAMW_CHUNK;
+        }
+        if (blocks == 0) continue;
+        adamw_args a;
+        memset(&a, 0, sizeof a);
+        a.count = k, a.blocks = blocks, a.c = c;
+        a.tensors = (const adamw_tensor *)qlm_cuda_stage(table, (size_t)k * sizeof *table, 0);
+        qlm_cuda_submit("adamw", launch_adamw, &a, sizeof a);
+    }
 }
 
 // ---- store_weight ----

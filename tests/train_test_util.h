@@ -36,12 +36,12 @@ static inline double ref_at(const cJSON *ref, const char *key, int i) {
     return v->valuedouble;
 }
 
-/* Every trainable tensor's value (what = 'p') or gradient times grad_factor ('g') against dir/file's
+/* Every trainable tensor's value (what = 'p') or gradient ('g') against dir/file's
  * tensor of the same name, which must hold exactly those tensors: |diff| <= tol * max(1, max |ref|)
  * for each element, except that one in 10,000 of the file's elements (rounded down) may lie up to
  * outlier_tol * that scale away. */
 static inline void compare_tensors_outliers(const qlm_trainer *t, const char *dir, const char *file, char what,
-                                            double grad_factor, double tol, double outlier_tol) {
+                                            double tol, double outlier_tol) {
     char path[600];
     snprintf(path, sizeof path, "%s/%s", dir, file);
     qlm_tensor_store *store = qlm_store_new();
@@ -63,8 +63,7 @@ static inline void compare_tensors_outliers(const qlm_trainer *t, const char *di
         for (long k = 0; k < e->n; k++)
             if (fabs(ref[k]) > max_ref) max_ref = fabs(ref[k]);
         for (long k = 0; k < e->n; k++) {
-            double got = what == 'p' ? ours[k] : ours[k] * grad_factor;
-            double d = fabs(ref[k] - got) / max_ref;
+            double d = fabs(ref[k] - ours[k]) / max_ref;
             outliers += d > tol;
             if (d > worst) worst = d, worst_name = e->name;
         }
@@ -80,9 +79,8 @@ static inline void compare_tensors_outliers(const qlm_trainer *t, const char *di
 }
 
 /* The same with no element beyond tol. */
-static inline void compare_tensors(const qlm_trainer *t, const char *dir, const char *file, char what,
-                                   double grad_factor, double tol) {
-    compare_tensors_outliers(t, dir, file, what, grad_factor, tol, tol);
+static inline void compare_tensors(const qlm_trainer *t, const char *dir, const char *file, char what, double tol) {
+    compare_tensors_outliers(t, dir, file, what, tol, tol);
 }
 
 #endif

@@ -281,12 +281,24 @@ int qlm_train_shards_init(qlm_trainer *t) {
     if (layout_of(t, full ? t->model : (void *)t->lora, NULL, &sh->Lm, &sh->cuts) != 0) return -1;
     sh->n_units = sh->Lm.n_units;
     if (split_state(t) != 0 || list_pieces(t) != 0) return -1;
-    int n = t->n_t > 0 ? t->n_t : 1;
-    sh->norm_g = malloc((size_t)n * sizeof *sh->norm_g);
-    sh->norm_n = malloc((size_t)n * sizeof *sh->norm_n);
-    sh->norm_sums = malloc((size_t)n * sizeof *sh->norm_sums);
-    if (!sh->norm_g || !sh->norm_n || !sh->norm_sums) return qlm_errorf("out of memory");
-    for (int i = 0; i < t->n_t; i++) sh->norm_g[i] = t->t[i].g, sh->norm_n[i] = t->t[i].n;
+    size_t n = t->n_t > 0 ? (size_t)t->n_t : 1;
+    sh->piece_g = malloc(n * sizeof *sh->piece_g);
+    sh->piece_n = malloc(n * sizeof *sh->piece_n);
+    sh->norm_sums = malloc(n * sizeof *sh->norm_sums);
+    sh->piece_p = malloc(n * sizeof *sh->piece_p);
+    sh->piece_m = malloc(n * sizeof *sh->piece_m);
+    sh->piece_v = malloc(n * sizeof *sh->piece_v);
+    sh->piece_decay = malloc(n);
+    if (!sh->piece_g || !sh->piece_n || !sh->norm_sums || !sh->piece_p || !sh->piece_m || !sh->piece_v ||
+        !sh->piece_decay)
+        return qlm_errorf("out of memory");
+    for (int i = 0; i < t->n_t; i++) {
+        const qlm_train_tensor *e = &t->t[i];
+        sh->piece_g[i] = e->g, sh->piece_n[i] = e->n, sh->piece_decay[i] = e->decay != 0;
+        sh->piece_p[i] = e->p, sh->piece_m[i] = e->m, sh->piece_v[i] = e->v;
+    }
+    sh->adamw = (qlm_adamw_tensors){.p = sh->piece_p, .m = sh->piece_m, .v = sh->piece_v, .g = sh->piece_g,
+                                    .n = sh->piece_n, .decay = sh->piece_decay, .count = t->n_t};
     return sh->grads_part ? 0 : find_whole_grads(t);
 }
 
@@ -314,9 +326,13 @@ void qlm_train_shards_free(qlm_trainer *t) {
     free(sh->cuts);
     free(sh->grads_whole);
     free(sh->grads_bytes);
-    free(sh->norm_g);
-    free(sh->norm_n);
+    free(sh->piece_g);
+    free(sh->piece_n);
     free(sh->norm_sums);
+    free(sh->piece_p);
+    free(sh->piece_m);
+    free(sh->piece_v);
+    free(sh->piece_decay);
     qlm_comm_free(sh->replica);
     qlm_comm_free(sh->group);
     free(sh);
@@ -340,7 +356,7 @@ int qlm_train_sum_world(const qlm_trainer *t, double *x, int n) {
 int qlm_train_grad_sumsq(const qlm_trainer *t, double *ss) {
     const qlm_backend *be = t->arch->backend(t->model);
     struct qlm_train_shards *sh = t->sh;
-    be->sum_squares(sh->norm_sums, sh->norm_g, sh->norm_n, t->n_t);
+    be->sum_squares(sh->norm_sums, sh->piece_g, sh->piece_n, t->n_t);
     double pieces = 0, replicated = 0;
     for (int i = 0; i < t->n_t; i++) {
         if (t->t[i].replicated) replicated += sh->norm_sums[i];

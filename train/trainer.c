@@ -400,19 +400,14 @@ int qlm_trainer_step(qlm_trainer *t, const qlm_train_batch *micro, int n_micro, 
         t->loss_scale *= 2.0f;
         t->clean_steps = 0;
     }
-    if (t->o.clip > 0) {
-        float coef = (float)(t->o.clip / (st->grad_norm + 1e-6));
-        if (coef < 1.0f)
-            for (int i = 0; i < t->n_t; i++) be->scale(t->t[i].g, t->t[i].n, coef);
-    }
+    /* Clipping scales the gradients as AdamW reads them (torch's clip_grad_norm_ factor, in the
+     * update's one pass): the gradients in memory stay the step's own. */
+    float clip = t->o.clip > 0 ? (float)(t->o.clip / (st->grad_norm + 1e-6)) : 1.0f;
     qlm_adamw_step h = {.lr = st->lr, .beta1 = t->o.beta1, .beta2 = t->o.beta2, .eps = t->o.eps,
-                        .step = ++t->adam_step};
-    for (int i = 0; i < t->n_t; i++) {
-        qlm_train_tensor *e = &t->t[i];
-        h.weight_decay = e->decay ? t->o.weight_decay : 0.0;
-        be->adamw(e->p, e->g, e->m, e->v, e->n, &h);
-        if (e->qat_scale_of >= 0) be->fake_quant_clamp_scales(e->p, e->n);
-    }
+                        .weight_decay = t->o.weight_decay, .step = ++t->adam_step, .grad_mul = fminf(clip, 1.0f)};
+    be->adamw(&t->sh->adamw, &h);
+    for (int i = 0; i < t->n_t; i++)
+        if (t->t[i].qat_scale_of >= 0) be->fake_quant_clamp_scales(t->t[i].p, t->t[i].n);
     int rc = qlm_trainer_refresh(t);
     st->comm_s = t->sh->comm_s;
     return rc == 0 ? 0 : qlm_error_context("step %ld", t->step);

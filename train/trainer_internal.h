@@ -26,10 +26,14 @@ struct qlm_train_shards {
     void **master_part, **grads_part, **copy_part, **m_part, **v_part;
     float **grads_whole; /* per unit, when the gradients stay whole: the buffer and its bytes */
     size_t *grads_bytes;
-    /* The pieces' gradients and lengths as one sum_squares call takes them, and its sums. */
-    const float **norm_g;
-    long *norm_n;
+    /* The pieces as the step's list ops take them, made once: their gradients and lengths (one
+     * sum_squares call, its sums in norm_sums) and the AdamW list over the same arrays. */
+    const float **piece_g;
+    long *piece_n;
     double *norm_sums;
+    float **piece_p, **piece_m, **piece_v;
+    unsigned char *piece_decay;
+    qlm_adamw_tensors adamw;
     double comm_s;     /* seconds in collectives this step */
 };
 

@@ -254,17 +254,17 @@ static void test_cross_entropy(void **state) {
     check_cross_entropy(70, 300, 0, 0); /* more than QLM_CUDA_SMALL targets */
 }
 
-/* 72 arrays in one call (more offsets than fit a launch's parameters) against the CPU's double
+/* 4200 arrays in one call (more than one launch's table holds, 4096) against the CPU's double
  * sums: empty, one block's share, a few blocks, 3000001 values (the most blocks, grid strides),
- * one with +inf and one with NaN; a second call gives the same bits. */
+ * one with +inf and one with NaN, then thousands of small ones; a second call gives the same bits. */
 static void test_sum_squares(void **state) {
     (void)state;
-    enum { COUNT = 72 };
-    const float *x[COUNT], *d_x[COUNT];
-    long n[COUNT];
-    double want[COUNT], got[COUNT], again[COUNT];
+    enum { COUNT = 4200 };
+    static const float *x[COUNT], *d_x[COUNT];
+    static long n[COUNT];
+    static double want[COUNT], got[COUNT], again[COUNT];
     for (int j = 0; j < COUNT; j++) {
-        n[j] = j == 0 ? 0 : j == 1 ? 3000001 : j == 2 ? 4097 : j == 3 ? 70000 : 1000 + 37 * j;
+        n[j] = j == 0 ? 0 : j == 1 ? 3000001 : j == 2 ? 4097 : j == 3 ? 70000 : j < 72 ? 1000 + 37 * j : 1 + j % 300;
         float *v = randv(n[j] > 0 ? n[j] : 1, 60u + (unsigned)j, 3.0f);
         if (j == 4) v[n[j] - 1] = INFINITY;
         if (j == 5) v[17] = NAN;
@@ -308,33 +308,54 @@ static void test_dropout(void **state) {
     gpu->free(d_x), gpu->free(d_out);
 }
 
-/* Two updates (steps 1 and 7) of the same state on both backends: p, m and v bit for bit. */
+/* Two updates (step 1, and step 7 with clipping's factor) of one list of tensors on both backends:
+ * p, m and v bit for bit. The list has more tensors than one launch's table holds (4096): empty
+ * ones, one value, a block's share and one more, 3000001 values (thousands of blocks) and many
+ * small ones, some without weight decay, all in four shared buffers as a trainer's pieces are. */
 static void test_adamw(void **state) {
     (void)state;
-    const long n = 10007;
-    float *p = randv(n, 80u, 1.0f), *m = randv(n, 81u, 0.01f), *v = randv(n, 82u, 1e-4f);
-    for (long i = 0; i < n; i++) v[i] = fabsf(v[i]);
-    float *d_p = to_gpu(p, (size_t)n * sizeof *p), *d_m = to_gpu(m, (size_t)n * sizeof *m);
-    float *d_v = to_gpu(v, (size_t)n * sizeof *v);
-    const long steps[2] = {1, 7};
-    for (int s = 0; s < 2; s++) {
-        float *g = randv(n, 83u + (unsigned)s, 0.1f), *d_g = to_gpu(g, (size_t)n * sizeof *g);
-        qlm_adamw_step h = {.lr = 1e-3, .beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8, .weight_decay = 0.01,
-                            .step = steps[s]};
-        cpu->adamw(p, g, m, v, n, &h);
-        gpu->adamw(d_p, d_g, d_m, d_v, n, &h);
-        char what[96];
-        snprintf(what, sizeof what, "adamw step %ld: p", steps[s]);
-        check_same(what, d_p, p, (size_t)n * sizeof *p);
-        snprintf(what, sizeof what, "adamw step %ld: m", steps[s]);
-        check_same(what, d_m, m, (size_t)n * sizeof *m);
-        snprintf(what, sizeof what, "adamw step %ld: v", steps[s]);
-        check_same(what, d_v, v, (size_t)n * sizeof *v);
-        free(g);
-        gpu->free(d_g);
+    enum { COUNT = 4100 };
+    static long n[COUNT], at[COUNT];
+    static float *p[COUNT], *m[COUNT], *v[COUNT], *d_p[COUNT], *d_m[COUNT], *d_v[COUNT];
+    static const float *g[COUNT], *d_g[COUNT];
+    static unsigned char decay[COUNT];
+    const long sizes[] = {0, 1, 2047, 2048, 2049, 10007, 3000001, 0};
+    long total = 0;
+    for (int j = 0; j < COUNT; j++) {
+        n[j] = j < (int)(sizeof sizes / sizeof *sizes) ? sizes[j] : 1 + j % 97;
+        at[j] = total, total += n[j];
+        decay[j] = j % 3 != 0;
     }
-    free(p), free(m), free(v);
-    gpu->free(d_p), gpu->free(d_m), gpu->free(d_v);
+    float *hp = randv(total, 80u, 1.0f), *hm = randv(total, 81u, 0.01f), *hv = randv(total, 82u, 1e-4f);
+    for (long i = 0; i < total; i++) hv[i] = fabsf(hv[i]);
+    float *dp = to_gpu(hp, (size_t)total * sizeof *hp), *dm = to_gpu(hm, (size_t)total * sizeof *hm);
+    float *dv = to_gpu(hv, (size_t)total * sizeof *hv);
+    const long steps[2] = {1, 7};
+    const float clip[2] = {1.0f, 0.37f};
+    for (int s = 0; s < 2; s++) {
+        float *hg = randv(total, 83u + (unsigned)s, 0.1f), *dg = to_gpu(hg, (size_t)total * sizeof *hg);
+        for (int j = 0; j < COUNT; j++) {
+            p[j] = hp + at[j], m[j] = hm + at[j], v[j] = hv + at[j], g[j] = hg + at[j];
+            d_p[j] = dp + at[j], d_m[j] = dm + at[j], d_v[j] = dv + at[j], d_g[j] = dg + at[j];
+        }
+        const qlm_adamw_tensors host = {.p = p, .m = m, .v = v, .g = g, .n = n, .decay = decay, .count = COUNT};
+        const qlm_adamw_tensors dev = {.p = d_p, .m = d_m, .v = d_v, .g = d_g, .n = n, .decay = decay, .count = COUNT};
+        qlm_adamw_step h = {.lr = 1e-3, .beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8, .weight_decay = 0.01,
+                            .step = steps[s], .grad_mul = clip[s]};
+        cpu->adamw(&host, &h);
+        gpu->adamw(&dev, &h);
+        char what[96];
+        snprintf(what, sizeof what, "adamw step %ld, %d tensors, grad x %g: p", steps[s], COUNT, clip[s]);
+        check_same(what, dp, hp, (size_t)total * sizeof *hp);
+        snprintf(what, sizeof what, "adamw step %ld: m", steps[s]);
+        check_same(what, dm, hm, (size_t)total * sizeof *hm);
+        snprintf(what, sizeof what, "adamw step %ld: v", steps[s]);
+        check_same(what, dv, hv, (size_t)total * sizeof *hv);
+        free(hg);
+        gpu->free(dg);
+    }
+    free(hp), free(hm), free(hv);
+    gpu->free(dp), gpu->free(dm), gpu->free(dv);
 }
 
 /* F32, BF16 and F16 (rounded to nearest even, past F16's range to infinity, into its subnormals),
