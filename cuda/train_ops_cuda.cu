@@ -282,16 +282,6 @@ template <typename T> __device__ int list_find(const T *t, int count, long b) {
     return lo;
 }
 
-// A host table that grows, for the list ops' staging (they run under the op table's lock).
-static void *list_table(void **buf, size_t *cap, size_t bytes) {
-    if (bytes > *cap) {
-        void *q = realloc(*buf, bytes);
-        if (!q) qlm_cuda_fail("tensor list", "out of host memory for the list's table", __FILE__, __LINE__);
-        *buf = q, *cap = bytes;
-    }
-    return *buf;
-}
-
 // ---- sum_squares ----
 
 // Array j's squares are summed in double by ss_blocks(n[j]) blocks over grid-stride shares, then its
@@ -309,8 +299,7 @@ static __host__ __device__ int ss_blocks(long n) {
 struct ss_array {
     const float *x;
     long n;
-    long first_block; // in this launch's grid
-    long partial;     // where its partials go
+    long first_block; // in this launch's grid, and its first partial past the launch's
 };
 
 __global__ void __launch_bounds__(THREADS) sum_squares_kernel(double *partial, const ss_array *arrays, int count) {
@@ -320,7 +309,7 @@ __global__ void __launch_bounds__(THREADS) sum_squares_kernel(double *partial, c
     double s = 0;
     for (long i = block * THREADS + threadIdx.x; i < a.n; i += blocks * THREADS) s += (double)a.x[i] * a.x[i];
     s = block_reduce(s, shared, sum_op());
-    if (threadIdx.x == 0) partial[a.partial + block] = s;
+    if (threadIdx.x == 0) partial[a.first_block + block] = s;
 }
 
 // out[j] = the sum of partials first[j] .. first[j + 1] - 1 (block j).
@@ -362,8 +351,7 @@ static void *g_sums;
 static size_t g_sums_cap;
 static int *g_first;
 static int g_first_cap;
-static void *g_ss_table;
-static size_t g_ss_table_cap;
+static ss_array g_ss_table[LIST_MAX]; // the host table a launch's is staged from (under the op table's lock)
 
 void qlm_cuda_sum_squares(double *out, const float *const *x, const long *n, int count) {
     if (count <= 0) return;
@@ -376,18 +364,17 @@ void qlm_cuda_sum_squares(double *out, const float *const *x, const long *n, int
     for (int j = 0; j < count; j++) g_first[j + 1] = g_first[j] + ss_blocks(n[j]);
     // The count sums, then every array's partials.
     double *sums = (double *)qlm_cuda_scratch(&g_sums, &g_sums_cap, ((size_t)count + g_first[count]) * sizeof(double));
-    ss_array *table = (ss_array *)list_table(&g_ss_table, &g_ss_table_cap, (size_t)LIST_MAX * sizeof(ss_array));
+    ss_array *table = g_ss_table;
     for (int j0 = 0; j0 < count; j0 += LIST_MAX) {
         const int k = count - j0 < LIST_MAX ? count - j0 : LIST_MAX;
         for (int j = 0; j < k; j++) {
             ss_array &t = table[j];
             memset(&t, 0, sizeof t);
             t.x = x[j0 + j], t.n = n[j0 + j], t.first_block = g_first[j0 + j] - g_first[j0];
-            t.partial = g_first[j0 + j];
         }
         sum_squares_args a;
         memset(&a, 0, sizeof a);
-        a.partial = sums + count, a.count = k, a.blocks = g_first[j0 + k] - g_first[j0];
+        a.partial = sums + count + g_first[j0], a.count = k, a.blocks = g_first[j0 + k] - g_first[j0];
         if (a.blocks == 0) continue;
         a.arrays = (const ss_array *)qlm_cuda_stage(table, (size_t)k * sizeof *table, 0);
         qlm_cuda_submit("sum_squares", launch_sum_squares, &a, sizeof a);
@@ -479,12 +466,10 @@ static void launch_adamw(const void *p) {
     LAUNCH_CHECK();
 }
 
-static void *g_adamw_table;
-static size_t g_adamw_table_cap;
+static adamw_tensor g_adamw_table[LIST_MAX];
 
 void qlm_cuda_adamw(const qlm_adamw_tensors *l, const qlm_adamw_step *h) {
-    adamw_tensor *table =
-        (adamw_tensor *)list_table(&g_adamw_table, &g_adamw_table_cap, (size_t)LIST_MAX * sizeof(adamw_tensor));
+    adamw_tensor *table = g_adamw_table;
     const qlm_adamw_consts c = qlm_adamw_constants(h, 1);
     for (int j0 = 0; j0 < l->count; j0 += LIST_MAX) {
         const int k = l->count - j0 < LIST_MAX ? l->count - j0 : LIST_MAX;
