@@ -118,7 +118,7 @@ typedef struct {
 typedef struct {
     double lr, beta1, beta2, eps, weight_decay;
     long step;      /* 1 for the first update */
-    float grad_mul; /* each gradient is multiplied by this first, as torch's clip_grad_norm_ does (1: none) */
+    float grad_mul; /* each gradient is multiplied by this first: the clip factor over the loss scale (1: none) */
 } qlm_adamw_step;
 
 /* The tensors one optimizer step updates (a trainer builds the list once): tensor i's n[i]

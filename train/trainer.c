@@ -380,11 +380,13 @@ int qlm_trainer_step(qlm_trainer *t, const qlm_train_batch *micro, int n_micro, 
         be->to_device(t->t[0].g, &inf, sizeof inf);
     }
     if (t->o.mode == QLM_TRAIN_QAT && qat_backward(t) != 0) return qlm_error_context("step %ld", t->step + 1);
-    if (t->loss_scale != 1.0f)
-        for (int i = 0; i < t->n_t; i++) be->scale(t->t[i].g, t->t[i].n, 1.0f / t->loss_scale);
+    /* The gradients stay multiplied by the loss scale: the norm and the update unscale them as they
+     * read them (a power of two, as the dynamic scale always is, multiplies exactly, so the results
+     * are those of unscaling in place, as torch's GradScaler does, without a pass over them). */
+    const double unscale = 1.0 / t->loss_scale;
     double ss = 0;
     if (qlm_train_grad_sumsq(t, &ss) != 0) return qlm_error_context("step %ld", t->step + 1);
-    st->grad_norm = sqrt(ss);
+    st->grad_norm = sqrt(ss * unscale * unscale);
     st->lr = qlm_train_lr(&t->o, t->step);
     st->loss_scale = t->loss_scale;
     t->step++;
@@ -401,10 +403,11 @@ int qlm_trainer_step(qlm_trainer *t, const qlm_train_batch *micro, int n_micro, 
         t->clean_steps = 0;
     }
     /* Clipping scales the gradients as AdamW reads them (torch's clip_grad_norm_ factor, in the
-     * update's one pass): the gradients in memory stay the step's own. */
+     * update's one pass), with the unscale: the gradients in memory stay the step's own. */
     float clip = t->o.clip > 0 ? (float)(t->o.clip / (st->grad_norm + 1e-6)) : 1.0f;
     qlm_adamw_step h = {.lr = st->lr, .beta1 = t->o.beta1, .beta2 = t->o.beta2, .eps = t->o.eps,
-                        .weight_decay = t->o.weight_decay, .step = ++t->adam_step, .grad_mul = fminf(clip, 1.0f)};
+                        .weight_decay = t->o.weight_decay, .step = ++t->adam_step,
+                        .grad_mul = (float)(fminf(clip, 1.0f) * unscale)};
     be->adamw(&t->sh->adamw, &h);
     for (int i = 0; i < t->n_t; i++)
         if (t->t[i].qat_scale_of >= 0) be->fake_quant_clamp_scales(t->t[i].p, t->t[i].n);
