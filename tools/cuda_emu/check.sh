@@ -2,12 +2,16 @@
 # Runs every test of the CUDA op test programs (tests/cuda/, all but NCCL's) through the host
 # emulation, under AddressSanitizer unless QLM_EMU_ASAN=0 (build.sh says what else stops a run),
 # one test at a time, and prints a line per test and a summary: what a GPU session's `make
-# test-cuda` and memcheck would find in the kernels, on a machine without a GPU. Then qlm itself,
+# test-cuda` and memcheck would find in the kernels, on a machine without a GPU. Each test runs
+# with the blocks and threads scheduled first to last and again last to first (QLM_EMU_ORDER, see
+# emu.cpp; QLM_EMU_ORDERS=forward runs the one order), which shows a missing barrier whichever
+# side of it runs first. Then qlm itself,
 # built on the emulation, decodes stories260K with --device cuda (the queue, its graphs and the
 # pool on a whole model) and must give the CPU's tokens, and trains two LoRA steps on it with the
 # CPU's losses and gradient norms. Takes about 10 minutes on 2 cores, a
-# third of it building (test_matmul_backward_x is most of the rest); `make test-cuda-emu` runs a
-# few of the tests without AddressSanitizer, and the two qlm checks, in about 3 minutes (CI does).
+# third of it building (test_matmul_backward_x is most of the rest), half again for the second
+# order; `make test-cuda-emu` runs a few of the tests without AddressSanitizer, and the two qlm
+# checks, in about 3 minutes (CI does).
 # Usage (from the repository root, after `make`): tools/cuda_emu/check.sh [TEST_NAME...]
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -28,7 +32,12 @@ for p in "${programs[@]}"; do
     for t in $(grep -o 'cmocka_unit_test([a-z_0-9]*' "tests/cuda/$p.c" | cut -d'(' -f2); do
         [ $# -gt 0 ] && [[ " $* " != *" $t "* ]] && continue
         t0=$SECONDS
-        if "$bin/$p" "$t" >"$logs/$t.log" 2>&1; then r=passed; else r=FAILED failed=$((failed + 1)); fi
+        bad=
+        for order in ${QLM_EMU_ORDERS:-forward reverse}; do
+            QLM_EMU_ORDER=$order "$bin/$p" "$t" >"$logs/$t.$order.log" 2>&1 || bad+=" $order"
+        done
+        r=passed
+        [ -z "$bad" ] || r="FAILED ($bad )" failed=$((failed + 1))
         ran=$((ran + 1))
         printf '%-26s %-28s %-7s %5d s\n' "$p" "$t" "$r" $((SECONDS - t0))
     done

@@ -177,9 +177,25 @@ static void fiber_start(fiber &f) {
     f.done = false;
 }
 
+// QLM_EMU_ORDER=reverse runs a grid's blocks, and a block's threads between two barriers, last to
+// first. Fibers switch only at barriers, so a missing __syncthreads or __syncwarp goes unseen when
+// the thread that writes runs before the one that reads; one run in each order shows both sides of
+// such a race, as a race between blocks that one order hides.
+static bool reverse_order() {
+    static const bool rev = [] {
+        const char *e = getenv("QLM_EMU_ORDER");
+        if (!e || !*e || strcmp(e, "forward") == 0) return false;
+        if (strcmp(e, "reverse") == 0) return true;
+        fprintf(stderr, "emu: QLM_EMU_ORDER=%s (forward or reverse)\n", e);
+        abort();
+    }();
+    return rev;
+}
+
 // One grid, run to its end on the calling thread (runtime.cpp serializes the queues' runs).
 static void run_grid(const std::function<void()> &fn, dim3 grid, dim3 block, size_t smem) {
     const int nt = block.x * block.y * block.z;
+    const bool rev = reverse_order();
     blockDim = block, gridDim = grid;
     // Exactly smem bytes (16-aligned, as new gives), so that the AddressSanitizer build reports a
     // kernel's access past them.
@@ -187,30 +203,31 @@ static void run_grid(const std::function<void()> &fn, dim3 grid, dim3 block, siz
     emu_dyn_smem = dyn.data();
     g_fn = &fn;
     find_sched_stack();
-    for (unsigned bz = 0; bz < grid.z; bz++)
-        for (unsigned by = 0; by < grid.y; by++)
-            for (unsigned bx = 0; bx < grid.x; bx++) {
-                blockIdx = dim3(bx, by, bz);
-                g_block_bar = {nt, 0, 0};
-                for (int w = 0; w < (nt + 31) / 32; w++) g_warp_bar[w] = {std::min(32, nt - 32 * w), 0, 0};
-                memset(dyn.data(), 0xff, dyn.size()); // NaNs: shared memory starts as garbage
-                emu_block_epoch++;                     // static shared arrays too (emu_shared_array)
-                for (int t = 0; t < nt; t++) {
-                    g_fibers[t].idx = dim3(t % block.x, t / block.x % block.y, t / block.x / block.y);
-                    fiber_start(g_fibers[t]);
-                }
-                for (int live = nt; live > 0;)
-                    for (int t = 0; t < nt; t++) {
-                        fiber &f = g_fibers[t];
-                        if (f.done) continue;
-                        g_cur = t;
-                        threadIdx = f.idx;
-                        switch_begin(f.stack, FIBER_STACK);
-                        emu_switch(&g_sched_sp, f.sp);
-                        switch_end();
-                        if (f.done) live--;
-                    }
+    const size_t nb = (size_t)grid.x * grid.y * grid.z;
+    for (size_t i = 0; i < nb; i++) {
+        const size_t b = rev ? nb - 1 - i : i;
+        blockIdx = dim3(b % grid.x, b / grid.x % grid.y, b / grid.x / grid.y);
+        g_block_bar = {nt, 0, 0};
+        for (int w = 0; w < (nt + 31) / 32; w++) g_warp_bar[w] = {std::min(32, nt - 32 * w), 0, 0};
+        memset(dyn.data(), 0xff, dyn.size()); // NaNs: shared memory starts as garbage
+        emu_block_epoch++;                     // static shared arrays too (emu_shared_array)
+        for (int t = 0; t < nt; t++) {
+            g_fibers[t].idx = dim3(t % block.x, t / block.x % block.y, t / block.x / block.y);
+            fiber_start(g_fibers[t]);
+        }
+        for (int live = nt; live > 0;)
+            for (int j = 0; j < nt; j++) {
+                const int t = rev ? nt - 1 - j : j;
+                fiber &f = g_fibers[t];
+                if (f.done) continue;
+                g_cur = t;
+                threadIdx = f.idx;
+                switch_begin(f.stack, FIBER_STACK);
+                emu_switch(&g_sched_sp, f.sp);
+                switch_end();
+                if (f.done) live--;
             }
+    }
 }
 
 // What the GPU refuses at launch stops the run here, where the launch is; the grid runs when
