@@ -7,7 +7,9 @@
 // positions, slots), is not in the arguments: it is staged into a pinned ring that the graph's
 // first node copies to the device, so kernels read it from the same device addresses each time.
 // QLM_CUDA_GRAPHS=0 launches each op as it comes (for compute-sanitizer and debugging);
-// QLM_CUDA_PROFILE=1 also times each one (see print_profile).
+// QLM_CUDA_PROFILE=1 also times each one (see print_profile); QLM_CUDA_GRAPHS=report prints at exit
+// how many queues were replayed, captured and launched op by op (a step that never replays has
+// something in its arguments that changes every time).
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -49,10 +51,21 @@ static int g_next_graph;
 static unsigned long long g_seen[SEEN_SLOTS]; // hashes of queues run once, not yet captured
 static int g_next_seen;
 
+// QLM_CUDA_GRAPHS=report: flushed queues by what became of them, and the ops in each kind.
+enum { REPLAYED, CAPTURED, LAUNCHED, FLUSH_KINDS };
+static long g_flushes[FLUSH_KINDS], g_flushed_ops[FLUSH_KINDS];
+
+static void print_report(void) {
+    fprintf(stderr, "qlm cuda graphs: %ld queues replayed (%ld ops), %ld captured (%ld ops), %ld launched op by op (%ld ops)\n",
+            g_flushes[REPLAYED], g_flushed_ops[REPLAYED], g_flushes[CAPTURED], g_flushed_ops[CAPTURED],
+            g_flushes[LAUNCHED], g_flushed_ops[LAUNCHED]);
+}
+
 static int enabled(void) {
     if (g_enabled < 0) {
         g_profiling = qlm_cuda_env_is("QLM_CUDA_PROFILE", "1");
         g_enabled = !qlm_cuda_env_is("QLM_CUDA_GRAPHS", "0") && !g_profiling;
+        if (g_enabled && qlm_cuda_env_is("QLM_CUDA_GRAPHS", "report")) atexit(print_report);
         if (g_enabled) {
             CUDA_CHECK(cudaHostAlloc((void **)&g_ring_host, RING_INTS * sizeof(int), cudaHostAllocDefault));
             CUDA_CHECK(cudaMalloc((void **)&g_ring_dev, RING_INTS * sizeof(int)));
@@ -240,9 +253,12 @@ void qlm_cuda_flush(void) {
     for (int i = 0; i < SEEN_SLOTS && !seen; i++) seen = g_seen[i] == h;
     size_t sig_len = 0;
     unsigned char *sig = NULL;
-    if (found >= 0) {
+    const int kind = found >= 0 ? REPLAYED : seen && (sig = queue_sig(&sig_len)) ? CAPTURED : LAUNCHED;
+    g_flushes[kind]++;
+    g_flushed_ops[kind] += (long)g_n_cmds;
+    if (kind == REPLAYED) {
         CUDA_CHECK(cudaGraphLaunch(g_graphs[found].exec, qlm_cuda_stream)); // its first node copies the ring
-    } else if (seen && (sig = queue_sig(&sig_len))) {
+    } else if (kind == CAPTURED) {
         // The second time this step runs: capture it (the ring copy included) and keep the graph.
         cudaGraph_t graph;
         CUDA_CHECK(cudaStreamBeginCapture(qlm_cuda_stream, cudaStreamCaptureModeThreadLocal));

@@ -56,10 +56,11 @@ echo "| mode | engine | tokens/s | peak GPU MiB | model TFLOP/s (6 N tokens/s) |
 echo "| --- | --- | ---: | ---: | ---: | --- |"
 for mode in lora full; do
     flags=$([ $mode = lora ] && echo "--lora --rank 16 --alpha 32 --lora-dropout 0.05" || echo "--full")
-    with_peak "$bin/qlm" train -m "$smol" --random-weights --device cuda --data "$work/train.jsonl" --out "$work/q_$mode" \
+    QLM_CUDA_GRAPHS=report with_peak "$bin/qlm" train -m "$smol" --random-weights --device cuda --data "$work/train.jsonl" --out "$work/q_$mode" \
         $flags --steps "$steps" --batch $batch --seq-len $seq --target-field summary --template "$template" \
         --lr 4e-4 --save-every 100000 2>"$work/q_$mode.log" >/dev/null || { tail -n 20 "$work/q_$mode.log" >&2; exit 1; }
     q_tps=$(field "$work/q_$mode/summary.json" tokens_per_s) q_mem=$(cat "$work/peak")
+    grep -h 'qlm cuda graphs' "$work/q_$mode.log" | sed "s/^/$mode: /" >&2
     hf_flags=$([ $mode = full ] && echo "--full" || true)
     with_peak python3 "$here/bench/peft_train_bench.py" "$smol" "$work/train_pc.jsonl" "$steps" $batch 8 --device cuda \
         --random-weights --seq-len $seq $hf_flags >"$work/hf_$mode.out" 2>"$work/hf_$mode.log" ||
