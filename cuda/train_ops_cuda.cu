@@ -391,18 +391,23 @@ void qlm_cuda_sum_squares(double *out, const float *const *x, const long *n, int
 
 // ---- dropout ----
 
-__global__ void dropout_kernel(float *out, const float *x, long n, uint64_t base, uint64_t threshold, long first,
+// The seed changes every step; staged like an index array it leaves the launch's arguments the
+// same from step to step, so a LoRA step with dropout is replayed from its graph.
+__global__ void dropout_kernel(float *out, const float *x, long n, qlm_cuda_ints base, uint64_t threshold, long first,
                                float keep_scale) {
     long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) out[i] = qlm_dropout_drops(base, first + i, threshold) ? 0.0f : x[i] * keep_scale;
+    if (i >= n) return;
+    const uint64_t b = (uint64_t)(unsigned)qlm_ints_at(base, 1) << 32 | (unsigned)qlm_ints_at(base, 0);
+    out[i] = qlm_dropout_drops(b, first + i, threshold) ? 0.0f : x[i] * keep_scale;
 }
 
 struct dropout_args {
     float *out;
     const float *x;
     long n, first;
-    uint64_t base, threshold;
+    uint64_t threshold;
     float keep_scale;
+    qlm_cuda_ints base;
 };
 
 static void launch_dropout(const void *p) {
@@ -418,7 +423,9 @@ void qlm_cuda_dropout(float *out, const float *x, long n, float p, uint64_t seed
     a.out = out, a.x = x, a.n = n, a.first = first;
     a.threshold = qlm_dropout_threshold(p);
     a.keep_scale = 1.0f / (1.0f - p);
-    a.base = qlm_mix64(seed);
+    const uint64_t base = qlm_mix64(seed);
+    const int halves[2] = {(int)(unsigned)(base & 0xffffffffu), (int)(unsigned)(base >> 32)};
+    a.base = qlm_cuda_ints_of(halves, 2, 0);
     qlm_cuda_submit("dropout", launch_dropout, &a, sizeof a);
 }
 

@@ -7,8 +7,8 @@
 # emu.cpp; QLM_EMU_ORDERS=forward runs the one order), which shows a missing barrier whichever
 # side of it runs first. Then qlm itself,
 # built on the emulation, decodes stories260K with --device cuda (the queue, its graphs and the
-# pool on a whole model) and must give the CPU's tokens, and trains two LoRA steps on it with the
-# CPU's losses and gradient norms. Takes about 10 minutes on 2 cores, a
+# pool on a whole model) and must give the CPU's tokens, and trains three LoRA steps on it with the
+# CPU's losses and gradient norms, the last replayed from a graph. Takes about 10 minutes on 2 cores, a
 # third of it building (test_matmul_backward_x is most of the rest), half again for the second
 # order; `make test-cuda-emu` runs a few of the tests without AddressSanitizer, and the two qlm
 # checks, in about 3 minutes (CI does).
@@ -37,7 +37,7 @@ for p in "${programs[@]}"; do
             QLM_EMU_ORDER=$order "$bin/$p" "$t" >"$logs/$t.$order.log" 2>&1 || bad+=" $order"
         done
         r=passed
-        [ -z "$bad" ] || r="FAILED ($bad )" failed=$((failed + 1))
+        [ -z "$bad" ] || r="FAILED (${bad# })" failed=$((failed + 1))
         ran=$((ran + 1))
         printf '%-26s %-28s %-7s %5d s\n' "$p" "$t" "$r" $((SECONDS - t0))
     done
@@ -52,18 +52,20 @@ same_generation() {
         build/qlm generate -m "$model" --device cpu --temp 0 -n 40 >"$logs/generate_cpu.txt" &&
         cmp "$logs/generate_cuda.txt" "$logs/generate_cpu.txt"
 }
-# Two LoRA steps on DialogSum dialogues: each step's loss and gradient norm within 1e-5 of the CPU's
-# (sums in another order, as the op tests allow).
+# Three LoRA steps on DialogSum dialogues, dropout on: each step's loss and gradient norm within 1e-5
+# of the CPU's (sums in another order, as the op tests allow); the third step's forward and backward
+# replay the graph captured in the second, with that step's own dropout seed.
 same_training() {
     head -n 8 "$assets/dialogsum/dialogsum.dev.jsonl" >"$bin/train.jsonl"
     local args=(train -m "$model" -t "$assets/stories260K/tok512.bin" --data "$bin/train.jsonl" --target-field summary
-                --lora --rank 4 --steps 2 --batch 2 --seq-len 64 --threads 1)
-    "$bin/qlm" "${args[@]}" --device cuda --out "$bin/train_cuda" &&
+                --lora --rank 4 --steps 3 --batch 2 --seq-len 64 --threads 1)
+    QLM_CUDA_GRAPHS=report "$bin/qlm" "${args[@]}" --device cuda --out "$bin/train_cuda" 2>"$logs/train_cuda.err" &&
+        grep -q 'graphs: [1-9][0-9]* queues replayed' "$logs/train_cuda.err" &&
         build/qlm "${args[@]}" --device cpu --out "$bin/train_cpu" &&
         paste <(step_metrics "$bin/train_cuda") <(step_metrics "$bin/train_cpu") | tee "$logs/train_steps.txt" |
         awk '{ n++; for (i = 1; i <= 4; i++) if ($i !~ /^-?[0-9][0-9.e+-]*$/) bad = 1 # not a number (mawk: NaN <= x)
                for (i = 1; i <= 2; i++) { d = $i - $(i + 2); if (d * d > 1e-10 * $(i + 2) * $(i + 2)) bad = 1 } }
-             END { exit (n != 2 || bad) }'
+             END { exit (n != 3 || bad) }'
 }
 step_metrics() { sed -n 's/.*"loss":\([^,]*\),.*"grad_norm":\([^,]*\),.*/\1 \2/p' "$1/metrics.jsonl"; }
 for c in same_generation same_training; do
