@@ -504,10 +504,7 @@ void qlm_cuda_adamw(const qlm_adamw_tensors *l, const qlm_adamw_step *h) {
 __global__ void narrow_kernel(void *out, const float *src, long n, int bf16) {
     long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
-    if (bf16)
-        ((unsigned short *)out)[i] = qlm_f32_to_bf16(src[i]);
-    else
-        ((__half *)out)[i] = __float2half_rn(src[i]);
+    ((unsigned short *)out)[i] = bf16 ? qlm_f32_to_bf16(src[i]) : qlm_f32_to_f16(src[i]);
 }
 
 struct store_weight_args {

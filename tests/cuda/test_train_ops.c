@@ -367,6 +367,9 @@ static void test_store_weight(void **state) {
     float *src = randv(n, 90u, 2.0f);
     const float special[] = {70000.0f, 65519.0f, -65520.0f, 1e-6f, -3e-8f, -0.0f, INFINITY, 1.00390625f, 1.01171875f};
     memcpy(src, special, sizeof special);
+    /* NaNs of either sign, quiet and signalling, with payload bits in what BF16 and F16 keep. */
+    const uint32_t nans[] = {0x7fc00000u, 0xffc00000u, 0x7f812345u, 0xff80a000u, 0x7fffe000u};
+    memcpy(src + sizeof special / sizeof *special, nans, sizeof nans);
     float *d_src = to_gpu(src, (size_t)n * sizeof *src);
     const qlm_dtype dts[] = {QLM_F32, QLM_BF16, QLM_F16};
     for (int k = 0; k < 3; k++) {

@@ -189,7 +189,7 @@ struct __nv_bfloat16 { unsigned short x; };
 struct alignas(4) __nv_bfloat162 { __nv_bfloat16 x, y; };
 static inline __nv_bfloat16 __float2bfloat16_rn(float f) {
     unsigned u = __float_as_uint(f);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return {(unsigned short)((u >> 16) | 0x40)};
+    if ((u & 0x7fffffffu) > 0x7f800000u) return {0x7fff}; // the GPU's canonical NaN
     u += 0x7fffu + ((u >> 16) & 1);
     return {(unsigned short)(u >> 16)};
 }
@@ -199,8 +199,12 @@ static inline __nv_bfloat162 __floats2bfloat162_rn(float a, float b) { return {_
 struct __half { _Float16 v; };
 struct alignas(4) __half2 { __half x, y; };
 static inline float __half2float(__half h) { return (float)h.v; }
-static inline __half __float2half_rn(float f) { return {(_Float16)f}; }
-static inline __half __float2half(float f) { return {(_Float16)f}; }
+// A NaN becomes the GPU's canonical NaN, whatever its sign and payload.
+static inline __half __float2half_rn(float f) {
+    if (f != f) { __half h; const unsigned short nan = 0x7fff; memcpy(&h, &nan, 2); return h; }
+    return {(_Float16)f};
+}
+static inline __half __float2half(float f) { return __float2half_rn(f); }
 static inline float2 __half22float2(__half2 h) { return {(float)h.x.v, (float)h.y.v}; }
 static inline unsigned short __half_as_ushort(__half h) { unsigned short u; memcpy(&u, &h, 2); return u; }
 // Launches with attributes (programmatic dependent launch): run as plain launches.
