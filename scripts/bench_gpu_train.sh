@@ -60,7 +60,7 @@ for mode in lora full; do
         $flags --steps "$steps" --batch $batch --seq-len $seq --target-field summary --template "$template" \
         --lr 4e-4 --save-every 100000 2>"$work/q_$mode.log" >/dev/null || { tail -n 20 "$work/q_$mode.log" >&2; exit 1; }
     q_tps=$(field "$work/q_$mode/summary.json" tokens_per_s) q_mem=$(cat "$work/peak")
-    grep -h 'qlm cuda graphs' "$work/q_$mode.log" | sed "s/^/$mode: /" >&2
+    grep -h 'qlm cuda graphs' "$work/q_$mode.log" | sed "s/^/$mode: /" >&2 || true # a diagnostic: never the bench's end
     hf_flags=$([ $mode = full ] && echo "--full" || true)
     with_peak python3 "$here/bench/peft_train_bench.py" "$smol" "$work/train_pc.jsonl" "$steps" $batch 8 --device cuda \
         --random-weights --seq-len $seq $hf_flags >"$work/hf_$mode.out" 2>"$work/hf_$mode.log" ||
