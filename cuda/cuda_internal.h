@@ -11,6 +11,7 @@
 extern "C" {
 #include "../core/backend.h"
 #include "../core/error.h"
+#include "../quant/half_nan.h"
 }
 
 // A failed CUDA or cuBLAS call past start-up is a device fault (a kernel bug or a lost GPU); the
@@ -75,18 +76,14 @@ const void *qlm_cuda_stage(const void *host, size_t bytes, int which);
 __device__ __forceinline__ int qlm_ints_at(const qlm_cuda_ints &a, int i) { return a.dev ? a.dev[i] : a.small[i]; }
 
 __device__ __forceinline__ float qlm_bf16_to_f32(unsigned short b) { return __uint_as_float((unsigned)b << 16); }
-// Nearest even. A NaN keeps its sign and top payload bits, made quiet, as the CPU's conversions
-// (quant/half.h) keep them, where the GPU's own cvt gives one canonical NaN: a stored NaN has the
-// same bits on both backends.
+// Nearest even; a NaN as the CPU stores it (quant/half_nan.h).
 __device__ __forceinline__ unsigned short qlm_f32_to_bf16(float f) {
     const unsigned u = __float_as_uint(f);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (unsigned short)(u >> 16 | 0x40);
-    return __bfloat16_as_ushort(__float2bfloat16_rn(f));
+    return qlm_f32_bits_are_nan(u) ? qlm_bf16_of_nan(u) : __bfloat16_as_ushort(__float2bfloat16_rn(f));
 }
 __device__ __forceinline__ unsigned short qlm_f32_to_f16(float f) {
     const unsigned u = __float_as_uint(f);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (unsigned short)(u >> 16 & 0x8000 | 0x7e00 | (u >> 13 & 0x3ff));
-    return __half_as_ushort(__float2half_rn(f));
+    return qlm_f32_bits_are_nan(u) ? qlm_f16_of_nan(u) : __half_as_ushort(__float2half_rn(f));
 }
 
 // x as BF16 weights meet it on every path (cuBLAS takes x rounded to BF16 for them, so the GEMV

@@ -33,7 +33,7 @@ uint16_t qlm_f32_to_f16(float f) {
     memcpy(&u, &f, 4);
     uint16_t sign = (uint16_t)((u >> 16) & 0x8000u);
     uint32_t a = u & 0x7fffffffu;
-    if (a > 0x7f800000u) return (uint16_t)(sign | 0x7e00u | ((a >> 13) & 0x3ffu));
+    if (qlm_f32_bits_are_nan(u)) return qlm_f16_of_nan(u);
     /* 65520 is the midpoint between 65504 (odd mantissa) and 2^16, so it ties up to Inf. */
     if (a >= 0x477ff000u) return (uint16_t)(sign | 0x7c00u);
     if (a >= 0x38800000u) {

@@ -5,6 +5,8 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "half_nan.h"
+
 static inline float qlm_bf16_to_f32(uint16_t h) {
     uint32_t u = (uint32_t)h << 16;
     float f;
@@ -15,7 +17,7 @@ static inline float qlm_bf16_to_f32(uint16_t h) {
 static inline uint16_t qlm_f32_to_bf16(float f) {
     uint32_t u;
     memcpy(&u, &f, 4);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40); /* quiet NaN */
+    if (qlm_f32_bits_are_nan(u)) return qlm_bf16_of_nan(u);
     u += 0x7fffu + ((u >> 16) & 1u);
     return (uint16_t)(u >> 16);
 }
