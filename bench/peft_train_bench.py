@@ -4,10 +4,13 @@ memory of Hugging Face transformers (+ peft for LoRA) on the same data, model, r
 lengths as `qlm train` in the same run.
 
 Usage: peft_train_bench.py MODEL_FOLDER DATA.jsonl STEPS BATCH THREADS [--device cuda] [--random-weights]
-                           [--full] [--seq-len N]
+                           [--full] [--seq-len N] [--dtype f32|bf16]
 DATA.jsonl holds {"prompt", "completion"} lines; each example is prompt + completion + EOS tokens (cut to
---seq-len) with the loss on the completion and EOS, batches of BATCH examples in file order, F32 (TF32 off),
-AdamW, gradient clipping at 1; LoRA r=16 alpha=32 dropout 0.05 on all linear layers, or --full. Prints one
+--seq-len) with the loss on the completion and EOS, batches of BATCH examples in file order, AdamW, gradient
+clipping at 1; LoRA r=16 alpha=32 dropout 0.05 on all linear layers, or --full. --dtype f32 (default): F32
+throughout, TF32 off. --dtype bf16, the mixed precision `qlm train --dtype bf16` runs: the forward and
+backward under torch.autocast to BF16, the trained weights and AdamW in F32, and for LoRA a frozen base
+stored in BF16 (peft keeps the adapters F32). Prints one
 line: tokens/s, peak memory MiB (host RSS on the CPU; the GPU's peak reserved by torch's allocator plus
 its context, as nvidia-smi would count, on cuda), tokens, seconds. Never used by qlm."""
 import argparse
@@ -31,6 +34,7 @@ def main():
     ap.add_argument("--random-weights", action="store_true")
     ap.add_argument("--full", action="store_true")
     ap.add_argument("--seq-len", type=int, default=0)
+    ap.add_argument("--dtype", choices=("f32", "bf16"), default="f32")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     torch.backends.cuda.matmul.allow_tf32 = False
@@ -38,10 +42,12 @@ def main():
     torch.manual_seed(1)
     dev = torch.device(a.device)
     tok = AutoTokenizer.from_pretrained(a.folder)
+    bf16 = a.dtype == "bf16"
+    weights = torch.bfloat16 if bf16 and not a.full else torch.float32
     if a.random_weights:
-        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(a.folder), dtype=torch.float32)
+        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(a.folder), dtype=weights)
     else:
-        model = AutoModelForCausalLM.from_pretrained(a.folder, dtype=torch.float32)
+        model = AutoModelForCausalLM.from_pretrained(a.folder, dtype=weights)
     if not a.full:
         model = get_peft_model(model, LoraConfig(r=16, lora_alpha=32, lora_dropout=0.05, target_modules="all-linear",
                                                  task_type="CAUSAL_LM"))
@@ -68,7 +74,8 @@ def main():
         for b, (x, y) in enumerate(chunk):
             ids[b, :len(x)], labels[b, :len(y)], mask[b, :len(x)] = torch.tensor(x), torch.tensor(y), 1
             tokens += len(x)
-        loss = model(input_ids=ids.to(dev), attention_mask=mask.to(dev), labels=labels.to(dev)).loss
+        with torch.autocast(device_type=dev.type, dtype=torch.bfloat16, enabled=bf16):
+            loss = model(input_ids=ids.to(dev), attention_mask=mask.to(dev), labels=labels.to(dev)).loss
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
