@@ -209,8 +209,12 @@ typedef struct qlm_backend {
      * matmul_backward_x) runs inference only. ---- */
     /* dx[n][cols] = dy[n][rows] W (accumulate 0), or += (accumulate 1); W in any storage dtype. */
     int (*matmul_backward_x)(float *dx, const float *dy, int n, const qlm_weight *w, int accumulate);
-    /* dw[rows][cols] += dy^T x, db[rows] += the column sums of dy (db NULL: no bias). */
-    void (*matmul_backward_w)(float *dw, float *db, const float *dy, const float *x, int n, int rows, int cols);
+    /* dw[rows][cols] += dy^T x, db[rows] += the column sums of dy (db NULL: no bias). inputs QLM_BF16
+     * (the gradient of a BF16 compute copy): dy and x enter the product rounded to BF16, with F32
+     * sums, as the forward's x enters a BF16 matmul (torch's autocast does the same); QLM_F32: as
+     * they are. db always sums dy as it is. 0, or -1 with the error set (no scratch for the rounding). */
+    int (*matmul_backward_w)(float *dw, float *db, const float *dy, const float *x, int n, int rows, int cols,
+                             qlm_dtype inputs);
     /* dx += the gradient through out = rmsnorm(x) * weight; dweight += its gradient (NULL: not wanted). */
     void (*rmsnorm_backward)(float *dx, float *dweight, const float *dout, const float *x, const float *weight,
                              int n, int dim, float eps);

@@ -18,8 +18,10 @@
 
 /* Rows of a non-F32 weight converted to F32 at a time in matmul_backward_x. */
 enum { DEQUANT_BLOCK_ROWS = 512 };
+/* Values of dy and x rounded to BF16 at a time in matmul_backward_w (rows of both as many as fit). */
+enum { ROUNDED_ELEMS = 8 << 20 };
 
-static _Thread_local qlm_cpu_scratch t_wf, t_attn_rows, t_attn_work;
+static _Thread_local qlm_cpu_scratch t_wf, t_rounded, t_attn_rows, t_attn_work;
 
 /* All parallelism comes from OpenMP: OpenBLAS is held at one thread while our threads call it
  * (its own pool would fight them for the cores), as quant/matmul.c does. */
@@ -68,19 +70,55 @@ int qlm_cpu_matmul_backward_x(float *dx, const float *dy, int n, const qlm_weigh
     return 0;
 }
 
-void qlm_cpu_matmul_backward_w(float *dw, float *db, const float *dy, const float *x, int n, int rows, int cols) {
+/* dw += dy^T x, each thread a run of dw's rows. */
+static void gemm_dw(float *dw, const float *dy, const float *x, int n, int rows, int cols) {
     int nt = omp_get_max_threads(), held = blas_hold();
 #pragma omp parallel for num_threads(nt) if ((long)rows * cols > 32768)
     for (int t = 0; t < nt; t++) {
         int r0 = (int)((long)rows * t / nt), r1 = (int)((long)rows * (t + 1) / nt);
-        if (r1 <= r0) continue;
-        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, r1 - r0, cols, n, 1.0f, dy + r0, rows, x, cols, 1.0f,
-                    dw + (size_t)r0 * cols, cols);
-        if (db)
-            for (int i = 0; i < n; i++)
-                for (int r = r0; r < r1; r++) db[r] += dy[(size_t)i * rows + r];
+        if (r1 > r0)
+            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, r1 - r0, cols, n, 1.0f, dy + r0, rows, x, cols, 1.0f,
+                        dw + (size_t)r0 * cols, cols);
     }
     blas_release(held);
+}
+
+/* db[r] += dy[i][r] over i in order (the CUDA backend's order too). */
+static void add_column_sums(float *db, const float *dy, int n, int rows) {
+    int nt = omp_get_max_threads();
+#pragma omp parallel for num_threads(nt) if ((long)n * rows > 32768)
+    for (int t = 0; t < nt; t++) {
+        int r0 = (int)((long)rows * t / nt), r1 = (int)((long)rows * (t + 1) / nt);
+        for (int i = 0; i < n; i++)
+            for (int r = r0; r < r1; r++) db[r] += dy[(size_t)i * rows + r];
+    }
+}
+
+static void round_to_bf16(float *out, const float *in, long n) {
+#pragma omp parallel for if (n > 65536)
+    for (long i = 0; i < n; i++) out[i] = qlm_bf16_to_f32(qlm_f32_to_bf16(in[i]));
+}
+
+int qlm_cpu_matmul_backward_w(float *dw, float *db, const float *dy, const float *x, int n, int rows, int cols,
+                              qlm_dtype inputs) {
+    if (n <= 0 || rows <= 0 || cols <= 0) return 0;
+    if (db) add_column_sums(db, dy, n, rows);
+    if (inputs != QLM_BF16) {
+        gemm_dw(dw, dy, x, n, rows, cols);
+        return 0;
+    }
+    const long per_row = (long)rows + cols, fit = ROUNDED_ELEMS / per_row;
+    const int chunk = fit < 1 ? 1 : fit < n ? (int)fit : n;
+    float *dyr = qlm_cpu_scratch_get(&t_rounded, (size_t)chunk * per_row);
+    if (!dyr) return qlm_errorf("out of memory for %d rows of dy and x rounded to BF16", chunk);
+    float *xr = dyr + (size_t)chunk * rows;
+    for (int i0 = 0; i0 < n; i0 += chunk) {
+        const int nc = n - i0 < chunk ? n - i0 : chunk;
+        round_to_bf16(dyr, dy + (size_t)i0 * rows, (long)nc * rows);
+        round_to_bf16(xr, x + (size_t)i0 * cols, (long)nc * cols);
+        gemm_dw(dw, dyr, xr, nc, rows, cols);
+    }
+    return 0;
 }
 
 void qlm_cpu_rmsnorm_backward(float *dx, float *dweight, const float *dout, const float *x, const float *weight, int n,

@@ -6,7 +6,8 @@
 #include "../core/backend.h"
 
 int qlm_cpu_matmul_backward_x(float *dx, const float *dy, int n, const qlm_weight *w, int accumulate);
-void qlm_cpu_matmul_backward_w(float *dw, float *db, const float *dy, const float *x, int n, int rows, int cols);
+int qlm_cpu_matmul_backward_w(float *dw, float *db, const float *dy, const float *x, int n, int rows, int cols,
+                              qlm_dtype inputs);
 void qlm_cpu_rmsnorm_backward(float *dx, float *dweight, const float *dout, const float *x, const float *weight, int n,
                               int dim, float eps);
 /* Rotate-half RoPE of queries and keys by +angle (direction 1: the forward) or -angle (-1: its

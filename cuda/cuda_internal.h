@@ -244,7 +244,10 @@ void qlm_cuda_rope_backward(float *dq, float *dk, int n, const int *pos, int n_h
                             const float *inv_freq);
 // matmul_backward_cuda.cu
 int qlm_cuda_matmul_backward_x(float *dx, const float *dy, int n, const qlm_weight *w, int accumulate);
-void qlm_cuda_matmul_backward_w(float *dw, float *db, const float *dy, const float *x, int n, int rows, int cols);
+int qlm_cuda_matmul_backward_w(float *dw, float *db, const float *dy, const float *x, int n, int rows, int cols,
+                               qlm_dtype inputs);
+// out[i] = x[i] rounded to BF16, i < n, on the stream (matmul_cuda.cu).
+void qlm_cuda_to_bf16(unsigned short *out, const float *x, long n);
 // train_ops_cuda.cu
 // For launchers: out[j] += the sum of m[i][j] over i = 0..n_rows-1 in order, a thread per j, on the stream.
 void qlm_cuda_add_column_sums(float *out, const float *m, int n_rows, int cols);

@@ -16,6 +16,8 @@
 enum { BLOCK_ROWS = 4096, BLOCK_ELEMS = 16 << 20 };
 // Values of dy split into planes at a time (rows of dy as many as fit).
 enum { SPLIT_ELEMS = 16 << 20, PLANES = 3 };
+// Values of dy and x rounded to BF16 at a time in matmul_backward_w (rows of both as many as fit).
+enum { ROUNDED_ELEMS = 16 << 20 };
 
 // out[t] = element t of rows r0.. of w as F32, over ne elements.
 __global__ void widen_rows_kernel(float *out, qlm_weight w, int r0, long ne) {
@@ -154,23 +156,51 @@ int qlm_cuda_matmul_backward_x(float *dx, const float *dy, int n, const qlm_weig
 struct backward_w_args {
     float *dw, *db;
     const float *dy, *x;
-    int n, rows, cols;
+    unsigned short *rounded; // BF16 inputs: chunk rows of dy, then chunk rows of x
+    int n, rows, cols, chunk;
 };
+
+// dw^T (col-major [cols][rows]) += x^T (col-major [cols][n]) times dy (dy^T is col-major [rows][n]),
+// both of type t.
+static void gemm_dw(float *dw, const void *dy, const void *x, cudaDataType t, int n, int rows, int cols) {
+    const float one = 1.0f;
+    CUBLAS_CHECK(cublasGemmEx(qlm_cuda_blas, CUBLAS_OP_N, CUBLAS_OP_T, cols, rows, n, &one, x, t, cols, dy, t, rows,
+                              &one, dw, CUDA_R_32F, cols, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+}
 
 static void launch_backward_w(const void *p) {
     const backward_w_args &a = *(const backward_w_args *)p;
-    const float one = 1.0f;
-    // dw^T (col-major [cols][rows]) += x^T (col-major [cols][n]) times dy (dy^T is col-major [rows][n]).
-    CUBLAS_CHECK(cublasSgemm(qlm_cuda_blas, CUBLAS_OP_N, CUBLAS_OP_T, a.cols, a.rows, a.n, &one, a.x, a.cols, a.dy,
-                             a.rows, &one, a.dw, a.cols));
+    if (!a.rounded) {
+        gemm_dw(a.dw, a.dy, a.x, CUDA_R_32F, a.n, a.rows, a.cols);
+    } else {
+        // The BF16 tensor cores, a chunk of rows of dy and x at a time.
+        unsigned short *xr = a.rounded + (size_t)a.chunk * a.rows;
+        for (int i0 = 0; i0 < a.n; i0 += a.chunk) {
+            const int nc = a.n - i0 < a.chunk ? a.n - i0 : a.chunk;
+            qlm_cuda_to_bf16(a.rounded, a.dy + (size_t)i0 * a.rows, (long)nc * a.rows);
+            qlm_cuda_to_bf16(xr, a.x + (size_t)i0 * a.cols, (long)nc * a.cols);
+            gemm_dw(a.dw, a.rounded, xr, CUDA_R_16BF, nc, a.rows, a.cols);
+        }
+    }
     // db[r] += dy[i][r] for i in order: the CPU's order, so the same bits.
     if (a.db) qlm_cuda_add_column_sums(a.db, a.dy, a.n, a.rows);
 }
 
-void qlm_cuda_matmul_backward_w(float *dw, float *db, const float *dy, const float *x, int n, int rows, int cols) {
-    if (n <= 0 || rows <= 0 || cols <= 0) return;
+static void *g_rounded;
+static size_t g_rounded_cap;
+
+int qlm_cuda_matmul_backward_w(float *dw, float *db, const float *dy, const float *x, int n, int rows, int cols,
+                               qlm_dtype inputs) {
+    if (n <= 0 || rows <= 0 || cols <= 0) return 0;
     backward_w_args a;
     memset(&a, 0, sizeof a);
     a.dw = dw, a.db = db, a.dy = dy, a.x = x, a.n = n, a.rows = rows, a.cols = cols;
+    if (inputs == QLM_BF16) {
+        a.chunk = qlm_cuda_rows_within(ROUNDED_ELEMS, (long)rows + cols, n);
+        a.rounded = (unsigned short *)qlm_cuda_scratch_try(&g_rounded, &g_rounded_cap,
+                                                           (size_t)a.chunk * ((size_t)rows + cols) * 2);
+        if (!a.rounded) return qlm_error_context("matmul_backward_w: %d rows of dy and x in BF16", a.chunk);
+    }
     qlm_cuda_submit("matmul_backward_w", launch_backward_w, &a, sizeof a);
+    return 0;
 }

@@ -778,6 +778,11 @@ __global__ void to_bf16_kernel(unsigned short *out, const float *x, long n) {
     if (i < n) out[i] = qlm_f32_to_bf16(x[i]);
 }
 
+void qlm_cuda_to_bf16(unsigned short *out, const float *x, long n) {
+    to_bf16_kernel<<<qlm_cuda_blocks(n, 256), 256, 0, qlm_cuda_stream>>>(out, x, n);
+    LAUNCH_CHECK();
+}
+
 __global__ void widen_f16_kernel(float *out, const __half *w, long n) {
     long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) out[i] = __half2float(w[i]);
@@ -941,9 +946,7 @@ static void launch_gemm(const void *p) {
     if (w->dtype == QLM_F32) {
         gemm(y, rows, w->data, CUDA_R_32F, a.x, CUDA_R_32F, rows, n, cols, 1.0f);
     } else if (w->dtype == QLM_BF16) {
-        long nx = (long)n * cols;
-        to_bf16_kernel<<<qlm_cuda_blocks(nx, 256), 256, 0, qlm_cuda_stream>>>((unsigned short *)a.xform, a.x, nx);
-        LAUNCH_CHECK();
+        qlm_cuda_to_bf16((unsigned short *)a.xform, a.x, (long)n * cols);
         gemm(y, rows, w->data, CUDA_R_16BF, a.xform, CUDA_R_16BF, rows, n, cols, 1.0f);
     } else {
         for (int r0 = 0; r0 < rows; r0 += a.chunk) {

@@ -34,21 +34,29 @@ void qlm_train_linear_forward(const qlm_train_linear *c, float *y, const float *
     be->add(y, c->tmp, (long)n * w->rows);
 }
 
+/* The precision of a weight's gradient product: a BF16 compute copy's takes BF16 inputs, as its
+ * forward does; every other weight's (F32 masters, F16 under loss scaling, QAT's fake-quantized
+ * copies, the adapters) F32. */
+static qlm_dtype grad_inputs(const qlm_weight *w) { return w->dtype == QLM_BF16 ? QLM_BF16 : QLM_F32; }
+
 int qlm_train_linear_backward(const qlm_train_linear *c, float *dx, int accumulate, const float *dy, const float *x,
                               int n, const qlm_weight *w, const qlm_weight *gw, float *gbias, const qlm_lora_module *mod,
                               const float *u, long row0) {
     const qlm_backend *be = c->be;
     if (be->matmul_backward_x(dx, dy, n, w, accumulate) != 0) return -1;
-    if (gw) be->matmul_backward_w((float *)gw->data, gbias, dy, x, n, w->rows, w->cols);
+    if (gw && be->matmul_backward_w((float *)gw->data, gbias, dy, x, n, w->rows, w->cols, grad_inputs(w)) != 0)
+        return -1;
     if (!mod) return 0;
     float *dA = qlm_lora_train_grad(c->lora, mod->a.data), *dB = qlm_lora_train_grad(c->lora, mod->b.data);
     uint64_t seed = dropout_seed(c->lora, mod);
     long n_in = (long)n * w->cols;
-    be->matmul_backward_w(dB, NULL, dy, u, n, mod->b.rows, mod->b.cols);
+    if (be->matmul_backward_w(dB, NULL, dy, u, n, mod->b.rows, mod->b.cols, QLM_F32) != 0) return -1;
     if (be->matmul_backward_x(c->du, dy, n, &mod->b, 0) != 0) return -1;
     be->scale(c->du, (long)n * mod->r, mod->scale);
     long first = row0 * w->cols;
-    be->matmul_backward_w(dA, NULL, c->du, adapter_input(c, x, n_in, seed, first), n, mod->a.rows, mod->a.cols);
+    if (be->matmul_backward_w(dA, NULL, c->du, adapter_input(c, x, n_in, seed, first), n, mod->a.rows, mod->a.cols,
+                              QLM_F32) != 0)
+        return -1;
     if (c->lora->dropout <= 0) return be->matmul_backward_x(dx, c->du, n, &mod->a, 1);
     if (be->matmul_backward_x(c->tmp_in, c->du, n, &mod->a, 0) != 0) return -1;
     be->dropout(c->tmp_in, c->tmp_in, n_in, c->lora->dropout, seed, first);
@@ -89,7 +97,9 @@ int qlm_train_head_pass(const qlm_train_head *h, const float *x, const qlm_train
         if (!backward) continue;
         /* d(normed rows) into dnorm, then through the final norm into compact rows dxn. */
         if (be->matmul_backward_x(h->dnorm, h->logits, k, h->lm_head, 0) != 0) return -1;
-        if (h->g_head) be->matmul_backward_w((float *)h->g_head->data, NULL, h->logits, h->head_xn, k, h->vocab, dim);
+        if (h->g_head && be->matmul_backward_w((float *)h->g_head->data, NULL, h->logits, h->head_xn, k, h->vocab, dim,
+                                               grad_inputs(h->lm_head)) != 0)
+            return -1;
         be->zero(h->dxn, (long)k * dim);
         be->rmsnorm_backward(h->dxn, h->g_norm, h->dnorm, h->head_x, h->norm, k, dim, h->eps);
         be->embedding_backward(dx, h->dxn, h->rows, k, dim); /* dx's row rows[i] += dxn's row i */

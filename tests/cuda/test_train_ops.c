@@ -9,6 +9,7 @@
  * GPU. */
 #include <math.h>
 
+#include "../../quant/half.h"
 #include "gpu_test_util.h"
 
 /* The device's bytes against want, bit for bit. */
@@ -80,28 +81,69 @@ static void test_matmul_backward_x_huge_dy(void **state) {
     gpu->free(ddy), gpu->free(ddx);
 }
 
-/* dw and db accumulate; db's column sums run in the CPU's order. */
+/* dw0 + dy^T x in double, dy and x rounded to BF16 first (inputs QLM_BF16) or not. */
+static float *reference_dw(const float *dw0, const float *dy, const float *x, int n, int rows, int cols,
+                           qlm_dtype inputs) {
+    float *want = malloc((size_t)rows * cols * sizeof *want);
+    assert_non_null(want);
+    for (int r = 0; r < rows; r++)
+        for (int c = 0; c < cols; c++) {
+            double sum = dw0[(size_t)r * cols + c];
+            for (int i = 0; i < n; i++) {
+                float a = dy[(size_t)i * rows + r], b = x[(size_t)i * cols + c];
+                if (inputs == QLM_BF16) a = qlm_bf16_to_f32(qlm_f32_to_bf16(a)), b = qlm_bf16_to_f32(qlm_f32_to_bf16(b));
+                sum += (double)a * b;
+            }
+            want[(size_t)r * cols + c] = (float)sum;
+        }
+    return want;
+}
+
+/* dw and db accumulate; db's column sums run in the CPU's order. Both backends against a
+ * reference in double, F32 inputs and BF16-rounded ones (whose dw must differ from the F32 one:
+ * the rounding happened), over more rows of dy and x than either rounds at a time (8M values on
+ * the CPU, 16M on the GPU). */
 static void test_matmul_backward_w(void **state) {
     (void)state;
-    const int shapes[][3] = {{70, 130, 33}, {300, 257, 100}}; /* rows, cols, n */
+    const int shapes[][3] = {{70, 130, 33}, {300, 257, 100}, {4096, 4, 4100}}; /* rows, cols, n */
+    const qlm_dtype inputs[] = {QLM_F32, QLM_BF16};
     for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
         for (int with_db = 0; with_db < 2; with_db++) {
             const int rows = shapes[s][0], cols = shapes[s][1], n = shapes[s][2];
             float *dy = randv((long)n * rows, 5u, 1.0f), *x = randv((long)n * cols, 6u, 2.0f);
-            float *dw = randv((long)rows * cols, 7u, 1.0f), *db = randv(rows, 8u, 1.0f);
-            float *ddy = to_gpu(dy, (size_t)n * rows * sizeof *dy), *dx = to_gpu(x, (size_t)n * cols * sizeof *x);
-            float *ddw = to_gpu(dw, (size_t)rows * cols * sizeof *dw), *ddb = to_gpu(db, (size_t)rows * sizeof *db);
-            cpu->matmul_backward_w(dw, with_db ? db : NULL, dy, x, n, rows, cols);
-            gpu->matmul_backward_w(ddw, with_db ? ddb : NULL, ddy, dx, n, rows, cols);
-            char what[96];
-            snprintf(what, sizeof what, "matmul_backward_w %3d x %3d, %3d rows%s: dw", rows, cols, n,
-                     with_db ? " + bias" : "");
-            check_close(what, ddw, dw, (long)rows * cols, 1e-5);
-            snprintf(what, sizeof what, "matmul_backward_w %3d x %3d, %3d rows%s: db", rows, cols, n,
-                     with_db ? " + bias" : "");
-            check_same(what, ddb, db, (size_t)rows * sizeof *db); /* untouched without a bias */
-            free(dy), free(x), free(dw), free(db);
-            gpu->free(ddy), gpu->free(dx), gpu->free(ddw), gpu->free(ddb);
+            float *dw0 = randv((long)rows * cols, 7u, 1.0f), *f32_dw = NULL;
+            for (size_t k = 0; k < 2; k++) {
+                float *dw = malloc((size_t)rows * cols * sizeof *dw), *db = randv(rows, 8u, 1.0f);
+                assert_non_null(dw);
+                memcpy(dw, dw0, (size_t)rows * cols * sizeof *dw);
+                float *ddy = to_gpu(dy, (size_t)n * rows * sizeof *dy), *dx = to_gpu(x, (size_t)n * cols * sizeof *x);
+                float *ddw = to_gpu(dw, (size_t)rows * cols * sizeof *dw), *ddb = to_gpu(db, (size_t)rows * sizeof *db);
+                float *want = reference_dw(dw0, dy, x, n, rows, cols, inputs[k]);
+                assert_int_equal(cpu->matmul_backward_w(dw, with_db ? db : NULL, dy, x, n, rows, cols, inputs[k]), 0);
+                assert_int_equal(gpu->matmul_backward_w(ddw, with_db ? ddb : NULL, ddy, dx, n, rows, cols, inputs[k]), 0);
+                char label[80], what[96];
+                snprintf(label, sizeof label, "matmul_backward_w %4d x %3d, %4d rows, %s%s", rows, cols, n,
+                         qlm_dtype_name(inputs[k]), with_db ? " + bias" : "");
+                double d = rel_diff(dw, want, (long)rows * cols);
+                snprintf(what, sizeof what, "%s: cpu", label);
+                print_message("%-52s %.2e\n", what, d);
+                assert_true(d <= 1e-5);
+                snprintf(what, sizeof what, "%s: dw", label);
+                check_close(what, ddw, dw, (long)rows * cols, 1e-5);
+                snprintf(what, sizeof what, "%s: db", label);
+                check_same(what, ddb, db, (size_t)rows * sizeof *db); /* untouched without a bias */
+                if (inputs[k] == QLM_F32) {
+                    f32_dw = dw;
+                } else {
+                    d = rel_diff(dw, f32_dw, (long)rows * cols);
+                    print_message("%-52s %.2e\n", "  bf16 inputs against f32 ones", d);
+                    assert_true(d > 1e-4);
+                    free(dw), free(f32_dw);
+                }
+                free(want), free(db);
+                gpu->free(ddy), gpu->free(dx), gpu->free(ddw), gpu->free(ddb);
+            }
+            free(dy), free(x), free(dw0);
         }
 }
 
