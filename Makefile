@@ -140,7 +140,7 @@ test-cuda-build:
 
 # The CUDA backend on the host emulation (tools/cuda_emu; no GPU): op tests that take the queue, its
 # graphs, the index ring and the pool through their paths, and qlm with --device cuda: greedy decoding
-# gives the CPU's tokens, two LoRA training steps its losses and gradient norms.
+# gives the CPU's tokens, three LoRA training steps its losses and gradient norms.
 CUDA_EMU_TESTS := test_matmul_group test_matmul_special_weight test_step_matmul_group_kv test_ring_between_arrays test_attention test_lora \
 	test_out_of_memory test_matmul_backward_x_huge_dy test_cross_entropy test_sum_squares test_adamw test_store_weight test_attention_backward test_fake_quant_nan
 test-cuda-emu:
