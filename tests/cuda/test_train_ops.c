@@ -81,21 +81,27 @@ static void test_matmul_backward_x_huge_dy(void **state) {
     gpu->free(ddy), gpu->free(ddx);
 }
 
+/* Copies of n values, rounded to BF16 (inputs QLM_BF16) or as they are. */
+static float *inputs_as(const float *v, long n, qlm_dtype inputs) {
+    float *out = malloc((size_t)n * sizeof *out);
+    assert_non_null(out);
+    for (long i = 0; i < n; i++) out[i] = inputs == QLM_BF16 ? qlm_bf16_to_f32(qlm_f32_to_bf16(v[i])) : v[i];
+    return out;
+}
+
 /* dw0 + dy^T x in double, dy and x rounded to BF16 first (inputs QLM_BF16) or not. */
 static float *reference_dw(const float *dw0, const float *dy, const float *x, int n, int rows, int cols,
                            qlm_dtype inputs) {
     float *want = malloc((size_t)rows * cols * sizeof *want);
+    float *a = inputs_as(dy, (long)n * rows, inputs), *b = inputs_as(x, (long)n * cols, inputs);
     assert_non_null(want);
     for (int r = 0; r < rows; r++)
         for (int c = 0; c < cols; c++) {
             double sum = dw0[(size_t)r * cols + c];
-            for (int i = 0; i < n; i++) {
-                float a = dy[(size_t)i * rows + r], b = x[(size_t)i * cols + c];
-                if (inputs == QLM_BF16) a = qlm_bf16_to_f32(qlm_f32_to_bf16(a)), b = qlm_bf16_to_f32(qlm_f32_to_bf16(b));
-                sum += (double)a * b;
-            }
+            for (int i = 0; i < n; i++) sum += (double)a[(size_t)i * rows + r] * b[(size_t)i * cols + c];
             want[(size_t)r * cols + c] = (float)sum;
         }
+    free(a), free(b);
     return want;
 }
 
